@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what beamdiag's build, tests and demo need, from Debian's packages.
+# As root it installs what is missing; otherwise it prints the exact command.
+# Usage: scripts/setup.sh [build|test|demo]
+set -euo pipefail
+what=${1:-build}
+
+need_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_erl_app() { erl -noshell -eval "case code:lib_dir($1) of {error,_} -> halt(1); _ -> halt(0) end." >/dev/null 2>&1; }
+
+pkgs=()
+need_cmd erl || pkgs+=(erlang-nox erlang-dev)
+need_cmd rebar3 || pkgs+=(rebar3)
+if [ "$what" != build ]; then
+    have_erl_app common_test || pkgs+=(erlang-common-test)
+    have_erl_app runtime_tools || pkgs+=(erlang-runtime-tools)
+    need_cmd perf || pkgs+=(linux-perf)
+fi
+if [ "$what" = test ]; then
+    have_erl_app dialyzer || pkgs+=(erlang-dialyzer)
+    need_cmd redis-server || pkgs+=(redis-server)
+    need_cmd chromium || pkgs+=(chromium)
+    need_cmd tmux || pkgs+=(tmux)
+    # Building the lock-counting emulator from Debian's source package.
+    need_cmd dpkg-source || pkgs+=(dpkg-dev)
+    need_cmd gcc || pkgs+=(build-essential)
+    need_cmd autoconf || pkgs+=(autoconf)
+    dpkg -s libncurses-dev >/dev/null 2>&1 || pkgs+=(libncurses-dev)
+    dpkg -s libssl-dev >/dev/null 2>&1 || pkgs+=(libssl-dev)
+fi
+
+if [ ${#pkgs[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "beamdiag needs: ${pkgs[*]}" >&2
+    echo "run: sudo apt-get update && sudo apt-get install -y --no-install-recommends ${pkgs[*]}" >&2
+    exit 1
+fi
+echo "setup: installing ${pkgs[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null

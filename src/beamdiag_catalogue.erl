@@ -1,0 +1,316 @@
+%%% @doc The finding catalogue: every finding beamdiag can report, in one place.
+%%%
+%%% The rules (`beamdiag_rules', `beamdiag_lock_rules', `beamdiag_profile_rules')
+%%% name a finding by its id and fill in the evidence they measured; the
+%%% catalogue supplies the title, what the finding means, the fix and when
+%%% not to apply it. `docs/FINDINGS.md' is generated from this module
+%%% (`beamdiag catalogue'), and a test keeps the two in step.
+%%%
+%%% ```
+%%% 1> beamdiag_catalogue:entry(busy_wait).
+%%% #{id => busy_wait, area => ledger, title => <<"Schedulers burn CPU busy-waiting">>, ...}
+%%% '''
+-module(beamdiag_catalogue).
+
+-export([entries/0, entry/1, ids/0, markdown/0]).
+
+-export_type([entry/0, id/0]).
+
+-type id() :: atom().
+-type entry() :: #{
+    id := id(),
+    area := ledger | locks | profile,
+    title := binary(),
+    meaning := binary(),
+    fix := binary(),
+    when_not := binary()
+}.
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc All catalogue entries, in the order the docs list them.
+-spec entries() -> [entry()].
+entries() ->
+    [
+        #{
+            id => busy_wait,
+            area => ledger,
+            title => <<"Schedulers burn CPU busy-waiting">>,
+            meaning =>
+                <<"The OS counts scheduler threads on CPU for much longer than the BEAM "
+                  "counts them busy. Before a scheduler sleeps it spins, looking for work; "
+                  "that spinning shows as CPU use in top, in container metrics and on the "
+                  "bill, but does no work.">>,
+            fix =>
+                <<"Start the node with +sbwt none +sbwtdcpu none +sbwtdio none "
+                  "(in vm.args, or ERL_FLAGS). Prove it with `beamdiag experiment` under "
+                  "your own load: OS CPU per unit of work should drop while throughput "
+                  "and latency stay within noise.">>,
+            when_not =>
+                <<"On a dedicated host where nothing else needs the CPU and wake-up "
+                  "latency matters more than the CPU bill, the spinning is cheap and buys "
+                  "lower latency: leave the default.">>
+        },
+        #{
+            id => cpu_starvation,
+            area => ledger,
+            title => <<"Scheduler threads wait for a CPU">>,
+            meaning =>
+                <<"Scheduler threads were runnable but the kernel had no CPU for them: "
+                  "another process on the host (or a noisy neighbour, or the hypervisor: "
+                  "see steal) takes the cores the BEAM needs. The BEAM counts this time as "
+                  "busy, so scheduler utilization looks high while little work is done.">>,
+            fix =>
+                <<"Find the competitor (top -H, the host's steal time) and move it away or "
+                  "give the BEAM dedicated cores (cpuset, taskset). If the host is simply "
+                  "oversubscribed, lower the node's schedulers to the CPUs it really gets "
+                  "(+S N:N) so that its threads do not queue behind each other.">>,
+            when_not =>
+                <<"Short bursts during deploys or batch jobs are expected; act when it "
+                  "persists under normal load.">>
+        },
+        #{
+            id => cpu_throttling,
+            area => ledger,
+            title => <<"The container's CPU quota throttles the node">>,
+            meaning =>
+                <<"The cgroup's CPU quota ran out inside scheduling periods and the kernel "
+                  "stopped every thread of the node until the next period. Scheduler "
+                  "threads sit idle-but-busy, latency jumps by up to a period (100 ms by "
+                  "default).">>,
+            fix =>
+                <<"Raise the CPU limit, or match the schedulers to the quota: "
+                  "+S Q:Q with Q the quota in whole CPUs (recent OTP releases do this by "
+                  "default unless +S is set), and turn busy waiting off "
+                  "(+sbwt none +sbwtdcpu none +sbwtdio none) so spinning does not eat the "
+                  "quota.">>,
+            when_not =>
+                <<"A burst quota that is meant to cap a batch job; then the throttling is "
+                  "the intended behaviour.">>
+        },
+        #{
+            id => scheduler_blocking,
+            area => ledger,
+            title => <<"Busy schedulers are blocked, not running">>,
+            meaning =>
+                <<"The BEAM counts schedulers busy for longer than the OS had them on a "
+                  "CPU or waiting for one: the thread was asleep in the kernel while "
+                  "the BEAM believed it was working. Causes: lock waits inside the VM "
+                  "(allocators, ETS, run queues), page faults, or NIFs and drivers that "
+                  "block in a system call.">>,
+            fix =>
+                <<"Run the lock session: start the node on the lock-counting emulator "
+                  "(`beamdiag flavor build --install`, then `erl -emu_type lcnt`) and "
+                  "diagnose again; it names the lock. Move blocking native code to "
+                  "dirty IO schedulers (ERL_NIF_DIRTY_JOB_IO_BOUND). Check major page "
+                  "faults in the evidence.">>,
+            when_not =>
+                <<"Dirty IO schedulers are expected to block on I/O; this finding only "
+                  "looks at normal and dirty CPU schedulers.">>
+        },
+        #{
+            id => high_system_cpu,
+            area => ledger,
+            title => <<"The kernel takes a large share of the node's CPU">>,
+            meaning =>
+                <<"Much of the node's CPU time is system time: system calls, page faults, "
+                  "futex wake-ups, or kernel work triggered by the node (auditd rules, "
+                  "file I/O, socket work).">>,
+            fix =>
+                <<"Profile the kernel side with `beamdiag flame` (perf shows the system "
+                  "calls). Usual causes: many small file or socket writes (batch them), "
+                  "auditd or other syscall auditing (exclude the node), page faults from "
+                  "memory churn (+MMscs to pre-reserve a super carrier), futex wake-ups "
+                  "from busy-wait and sleep cycling (+sbwt none, +swt low).">>,
+            when_not =>
+                <<"An I/O-heavy node (proxies, file servers) legitimately spends time in "
+                  "the kernel; compare against a healthy baseline with `beamdiag compare`.">>
+        },
+        #{
+            id => dirty_cpu_gc,
+            area => ledger,
+            title => <<"Garbage collection of large heaps runs on dirty CPU schedulers">>,
+            meaning =>
+                <<"Processes with large heaps are collected on dirty CPU schedulers. "
+                  "Unless the dirty schedulers have allocator instances of their own, "
+                  "they share one, and large-heap GC contends on it (the eheap_alloc "
+                  "lock).">>,
+            fix =>
+                <<"Give dirty schedulers their own allocator instances with +Mdai max "
+                  "(OTP 24.2 and later). Keep big data out of process heaps: store it in "
+                  "ETS or binaries, or split the process.">>,
+            when_not =>
+                <<"+Mdai max costs memory per dirty scheduler; on a memory-tight node with "
+                  "little dirty GC leave it.">>
+        },
+        #{
+            id => scheduler_imbalance,
+            area => ledger,
+            title => <<"Work is unevenly spread over the schedulers">>,
+            meaning =>
+                <<"Some schedulers are much busier than others while the node is not "
+                  "saturated: one hot process, or scheduler compaction parks work on a few "
+                  "schedulers.">>,
+            fix =>
+                <<"Look for a single busy process (`beamdiag flame`, recon:proc_window/3). "
+                  "If the load is many processes, try +scl false (no load compaction) and "
+                  "+sub true (balance on utilization) and prove it with "
+                  "`beamdiag experiment`.">>,
+            when_not =>
+                <<"At low load compaction is deliberate: it lets idle schedulers sleep.">>
+        },
+        #{
+            id => cpu_saturated,
+            area => ledger,
+            title => <<"The node uses all the CPU it has">>,
+            meaning =>
+                <<"Schedulers are busy and on CPU nearly all the time and the OS confirms "
+                  "it: the node is CPU bound, not blocked and not spinning.">>,
+            fix =>
+                <<"Find what burns the CPU with `beamdiag flame` and optimise it, or add "
+                  "capacity (more cores, more nodes).">>,
+            when_not => <<"A batch job is meant to use every core.">>
+        },
+        #{
+            id => schedulers_exceed_cpus,
+            area => ledger,
+            title => <<"More schedulers online than CPUs available">>,
+            meaning =>
+                <<"The node runs more scheduler threads than it has CPUs (cores, affinity "
+                  "mask or cgroup quota). The threads then queue for CPUs and preempt each "
+                  "other, often in the middle of holding a lock.">>,
+            fix =>
+                <<"Set the schedulers to the CPUs available: +S N:N, or "
+                  "erlang:system_flag(schedulers_online, N) at run time.">>,
+            when_not =>
+                <<"A node that mostly waits on I/O can carry a few extra schedulers "
+                  "without harm.">>
+        },
+        #{
+            id => lock_contention,
+            area => locks,
+            title => <<"Threads wait on a VM lock">>,
+            meaning =>
+                <<"Lock counting shows threads waiting on one class of VM lock for a "
+                  "noticeable share of the window.">>,
+            fix =>
+                <<"See the lock class in the evidence; the lock catalogue in "
+                  "docs/LOCKS.md says what it protects and how to relieve it.">>,
+            when_not => <<"Waits below a fraction of a percent of the window are noise.">>
+        },
+        #{
+            id => ets_contention,
+            area => locks,
+            title => <<"One ETS table is written by everybody">>,
+            meaning =>
+                <<"Threads queue on the locks of one ETS table (db_hash_slot, db_tab): "
+                  "many processes on many schedulers write the same table.">>,
+            fix =>
+                <<"Create the table with {write_concurrency, true} (or auto) and "
+                  "{decentralized_counters, true}; if it is still hot, shard the data over "
+                  "one table per scheduler, as the peep metrics library does.">>,
+            when_not =>
+                <<"write_concurrency costs memory and makes whole-table operations "
+                  "(tab2list, size) slower; a table that is mostly read wants "
+                  "read_concurrency instead.">>
+        },
+        #{
+            id => allocator_contention,
+            area => locks,
+            title => <<"Threads contend on a shared memory allocator">>,
+            meaning =>
+                <<"Threads wait on an allocator instance lock (alcu_allocator), typically "
+                  "eheap_alloc shared by the dirty schedulers during large-heap GC.">>,
+            fix =>
+                <<"+Mdai max gives each dirty scheduler its own allocator instance "
+                  "(OTP 24.2 and later).">>,
+            when_not => <<"+Mdai max costs some memory per dirty scheduler.">>
+        },
+        #{
+            id => run_queue_contention,
+            area => locks,
+            title => <<"Schedulers contend on run queue locks">>,
+            meaning =>
+                <<"Schedulers wait on each other's run queue locks, mostly during work "
+                  "stealing when many short processes wake up and sleep.">>,
+            fix =>
+                <<"OTP 28 reworked work stealing (steal half, trylock, skip busy victims): "
+                  "upgrade. Before that: fewer schedulers (+S), binding (+sbt db) to keep "
+                  "stealing local, or batch work into fewer, longer-running processes.">>,
+            when_not => <<"Binding schedulers hurts when the node shares its host.">>
+        },
+        #{
+            id => process_table_contention,
+            area => locks,
+            title => <<"Something walks the whole process table">>,
+            meaning =>
+                <<"The process_table lock is contended: code calls erlang:processes/0 "
+                  "(observer, metrics, debugging helpers) while processes spawn and exit.">>,
+            fix =>
+                <<"Find and stop the code that lists all processes on a timer; keep "
+                  "registries of the processes you care about instead.">>,
+            when_not => <<"One-off debugging sessions are fine.">>
+        },
+        #{
+            id => single_process_bottleneck,
+            area => locks,
+            title => <<"One process is a bottleneck">>,
+            meaning =>
+                <<"The main or message-queue lock of one process is contended: many "
+                  "processes send to it or inspect it at once.">>,
+            fix =>
+                <<"Shard the process (one per scheduler, or a pool), move its state to "
+                  "ETS, or let callers do the work; enable "
+                  "{message_queue_data, off_heap} for a process with a busy queue.">>,
+            when_not => <<"A serialisation point that is intended (a writer, a lock).">>
+        },
+        #{
+            id => hot_function,
+            area => profile,
+            title => <<"A single function takes a large share of the CPU">>,
+            meaning =>
+                <<"The profile shows one function (Erlang or native) with a large share "
+                  "of the samples.">>,
+            fix => <<"See the function in the evidence and the profile knowledge base.">>,
+            when_not => <<"Work the node exists to do.">>
+        }
+    ].
+
+%% @doc The entry for one finding id; crashes on an id that is not catalogued.
+-spec entry(id()) -> entry().
+entry(Id) ->
+    case [E || E = #{id := I} <- entries(), I =:= Id] of
+        [E] -> E;
+        [] -> error({unknown_finding, Id})
+    end.
+
+%% @doc Every catalogued id.
+-spec ids() -> [id()].
+ids() ->
+    [Id || #{id := Id} <- entries()].
+
+%% @doc The catalogue as a Markdown document (docs/FINDINGS.md).
+-spec markdown() -> iolist().
+markdown() ->
+    [
+        "# Findings\n\n",
+        "Generated by `beamdiag catalogue` from `src/beamdiag_catalogue.erl`; do not edit.\n\n",
+        "| id | area | title |\n|---|---|---|\n",
+        [["| `", atom_to_list(Id), "` | ", atom_to_list(A), " | ", T, " |\n"]
+         || #{id := Id, area := A, title := T} <- entries()],
+        [entry_markdown(E) || E <- entries()]
+    ].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+entry_markdown(#{id := Id, title := T, meaning := M, fix := F, when_not := W}) ->
+    [
+        "\n## `", atom_to_list(Id), "`: ", T, "\n\n",
+        M, "\n\n",
+        "**Fix.** ", F, "\n\n",
+        "**When not.** ", W, "\n"
+    ].

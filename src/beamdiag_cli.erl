@@ -1,0 +1,348 @@
+%%% @doc The `beamdiag' command line: parses arguments, calls the library, prints.
+%%%
+%%% Each command is a module `beamdiag_cli_<command>' implementing the
+%%% `beamdiag_cli' behaviour: `spec/0' gives its arguments as data (so the
+%%% spec can move to OTP 26's argparse later) and `run/2' does the work
+%%% through the library and returns what to print. `main/1' only calls
+%%% `run/1' and halts with its exit code, so tests call `run/1'.
+%%%
+%%% ```
+%%% 1> beamdiag_cli:run(["diagnose", "--help"]).
+%%% 0
+%%% '''
+%%%
+%%% Exit codes: 0 done (whatever was found), 1 a finding at or above
+%%% `--fail-on', 2 usage error, 3 the node cannot be reached, 4 the run
+%%% failed (the target died mid-window, a tool is missing, bad input file).
+-module(beamdiag_cli).
+
+-export([main/1, run/1, run/2, parse/2, usage/1, commands/0, format_error/1]).
+
+-export_type([spec/0, option/0, io/0, result/0]).
+
+-define(EXIT_OK, 0).
+-define(EXIT_FINDINGS, 1).
+-define(EXIT_USAGE, 2).
+-define(EXIT_UNREACHABLE, 3).
+-define(EXIT_FAILED, 4).
+
+-type type() ::
+    string
+    | binary
+    | boolean
+    | {integer, integer(), integer()}
+    | {float, float(), float()}
+    | {enum, [atom()]}
+    | {list, string}.
+-type option() :: #{
+    key := atom(),
+    long := string(),
+    type := type(),
+    help := string(),
+    default => term(),
+    short => char(),
+    metavar => string()
+}.
+-type positional() :: #{key := atom(), help := string(), required := boolean(), metavar => string(),
+                        repeat => boolean()}.
+-type spec() :: #{
+    name := string(),
+    summary := string(),
+    example := string(),
+    positional := [positional()],
+    options := [option()]
+}.
+%% Where a command writes: `out' is standard output, `err' standard error
+%% (progress and warnings), `colour' whether standard output is a terminal
+%% that wants colour.
+-type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean()}.
+%% What a command returns: the exit code; everything it printed went through io().
+-type result() :: non_neg_integer().
+
+-callback spec() -> spec().
+-callback run(Opts :: map(), IO :: io()) -> result().
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Escript entry point.
+-spec main([string()]) -> no_return().
+main(Args) ->
+    Code = run(Args),
+    erlang:halt(Code, [{flush, true}]).
+
+%% @doc Runs a command line and returns its exit code, printing to the
+%% standard streams.
+-spec run([string()]) -> result().
+run(Args) ->
+    run(Args, default_io()).
+
+%% @doc Runs a command line with the given output functions.
+-spec run([string()], io()) -> result().
+run([], #{err := Err}) ->
+    Err(top_usage()),
+    ?EXIT_USAGE;
+run([H | _], #{out := Out}) when H =:= "--help"; H =:= "-h"; H =:= "help" ->
+    Out(top_usage()),
+    ?EXIT_OK;
+run(["--version" | _], #{out := Out}) ->
+    {ok, Vsn} = application:get_key(beamdiag, vsn),
+    Out(["beamdiag ", Vsn, "\n"]),
+    ?EXIT_OK;
+run([Cmd | Rest], IO = #{out := Out, err := Err}) ->
+    case lists:keyfind(Cmd, 1, commands()) of
+        false ->
+            Err(["beamdiag: unknown command '", printable(Cmd), "'\n\n", top_usage()]),
+            ?EXIT_USAGE;
+        {Cmd, Mod, _} ->
+            Spec = Mod:spec(),
+            case lists:member("--help", Rest) orelse lists:member("-h", Rest) of
+                true ->
+                    Out(usage(Spec)),
+                    ?EXIT_OK;
+                false ->
+                    case parse(Spec, Rest) of
+                        {ok, Opts} ->
+                            Mod:run(Opts, IO);
+                        {error, Reason} ->
+                            Err([
+                                "beamdiag ", Cmd, ": ", format_error(Reason), "\n",
+                                "try: beamdiag ", Cmd, " --help\n"
+                            ]),
+                            ?EXIT_USAGE
+                    end
+            end
+    end.
+
+%% @doc The commands, their modules and one-line summaries.
+-spec commands() -> [{string(), module(), string()}].
+commands() ->
+    [
+        {Name, Mod, Summary}
+     || Mod <- command_modules(),
+        #{name := Name, summary := Summary} <- [Mod:spec()]
+    ].
+
+%% @doc Parses arguments against a command spec: `{ok, Opts}' with every
+%% default filled in, or `{error, Reason}' for `format_error/1'.
+-spec parse(spec(), [string()]) -> {ok, map()} | {error, term()}.
+parse(#{options := Options, positional := Positional}, Args) ->
+    Defaults = maps:from_list([{K, D} || #{key := K, default := D} <- Options]),
+    case parse_args(Args, Options, Defaults, []) of
+        {ok, Opts, Pos} -> bind_positional(Positional, lists:reverse(Pos), Opts);
+        {error, _} = E -> E
+    end.
+
+%% @doc The help text of one command.
+-spec usage(spec()) -> iolist().
+usage(#{name := Name, summary := Summary, example := Example, positional := Pos, options := Opts}) ->
+    [
+        "usage: beamdiag ", Name,
+        [[" ", positional_usage(P)] || P <- Pos],
+        case Opts of [] -> ""; _ -> " [options]" end, "\n\n",
+        Summary, "\n",
+        case Pos of
+            [] -> "";
+            _ -> ["\narguments:\n", [option_line(metavar(P), H) || P = #{help := H} <- Pos]]
+        end,
+        case Opts of
+            [] -> "";
+            _ -> ["\noptions:\n", [option_line(option_usage(O), option_help(O)) || O <- Opts]]
+        end,
+        "\nexample:\n  ", Example, "\n",
+        "\nexit codes: 0 done, 1 finding at or above --fail-on, 2 usage error,\n",
+        "            3 node unreachable, 4 run failed\n"
+    ].
+
+%% @doc Turns a parse error into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({unknown_option, O}) -> ["unknown option ", printable(O)];
+format_error({missing_value, O}) -> ["option ", O, " needs a value"];
+format_error({bad_value, O, V, Why}) -> ["bad value '", printable(V), "' for ", O, ": ", Why];
+format_error({missing_argument, M}) -> ["missing argument ", M];
+format_error({extra_argument, A}) -> ["unexpected argument '", printable(A), "'"].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+command_modules() ->
+    [
+        beamdiag_cli_diagnose,
+        beamdiag_cli_lab,
+        beamdiag_cli_catalogue
+    ] ++ optional_commands().
+
+%% Commands whose modules are present in this build.
+optional_commands() ->
+    [
+        M
+     || M <- [
+            beamdiag_cli_flavor,
+            beamdiag_cli_flame,
+            beamdiag_cli_report,
+            beamdiag_cli_compare,
+            beamdiag_cli_experiment,
+            beamdiag_cli_watch
+        ],
+        code:ensure_loaded(M) =:= {module, M}
+    ].
+
+default_io() ->
+    #{
+        out => fun(D) -> io:put_chars(standard_io, D) end,
+        err => fun(D) -> io:put_chars(standard_error, D) end,
+        colour => want_colour()
+    }.
+
+want_colour() ->
+    os:getenv("NO_COLOR") =:= false andalso os:getenv("TERM") =/= "dumb" andalso
+        io:columns(standard_io) =/= {error, enotsup}.
+
+top_usage() ->
+    [
+        "usage: beamdiag COMMAND [options]\n\n",
+        "Explains where a live BEAM node's CPU time goes.\n\ncommands:\n",
+        [io_lib:format("  ~-12s ~s~n", [N, S]) || {N, _, S} <- commands()],
+        "\nbeamdiag COMMAND --help shows a command's options and an example.\n"
+    ].
+
+parse_args([], _Options, Acc, Pos) ->
+    {ok, Acc, Pos};
+parse_args(["--" | Rest], _Options, Acc, Pos) ->
+    {ok, Acc, lists:reverse(Rest, Pos)};
+parse_args([[$-, $- | _] = Arg | Rest], Options, Acc, Pos) ->
+    {Long, Inline} =
+        case string:split(Arg, "=") of
+            [L, V] -> {L, {value, V}};
+            [L] -> {L, none}
+        end,
+    case [O || O = #{long := L2} <- Options, L2 =:= Long] of
+        [O] -> take_value(O, Inline, Rest, Options, Acc, Pos);
+        [] -> {error, {unknown_option, Long}}
+    end;
+parse_args([[$-, C] = Arg | Rest], Options, Acc, Pos) ->
+    case [O || O = #{short := S} <- Options, S =:= C] of
+        [O] -> take_value(O, none, Rest, Options, Acc, Pos);
+        [] -> {error, {unknown_option, Arg}}
+    end;
+parse_args([A | Rest], Options, Acc, Pos) ->
+    parse_args(Rest, Options, Acc, [A | Pos]).
+
+take_value(#{key := K, type := boolean}, none, Rest, Options, Acc, Pos) ->
+    parse_args(Rest, Options, Acc#{K => true}, Pos);
+take_value(#{long := L, type := boolean}, {value, _}, _Rest, _Options, _Acc, _Pos) ->
+    {error, {bad_value, L, "=...", "takes no value"}};
+take_value(#{long := L} = O, none, Rest, Options, Acc, Pos) ->
+    case Rest of
+        [V | Rest2] -> store(O, V, Rest2, Options, Acc, Pos);
+        [] -> {error, {missing_value, L}}
+    end;
+take_value(O, {value, V}, Rest, Options, Acc, Pos) ->
+    store(O, V, Rest, Options, Acc, Pos).
+
+store(#{key := K, long := L, type := T}, V, Rest, Options, Acc, Pos) ->
+    case convert(T, V) of
+        {ok, {list, X}} ->
+            Prev = case maps:get(K, Acc, []) of P when is_list(P) -> P; _ -> [] end,
+            %% A repeatable option also takes the values that follow it up to
+            %% the next option.
+            {More, Rest2} = lists:splitwith(fun(A) -> not lists:prefix("-", A) end, Rest),
+            parse_args(Rest2, Options, Acc#{K => Prev ++ [X | More]}, Pos);
+        {ok, X} ->
+            parse_args(Rest, Options, Acc#{K => X}, Pos);
+        {error, Why} ->
+            {error, {bad_value, L, V, Why}}
+    end.
+
+convert(string, V) ->
+    {ok, V};
+convert(binary, V) ->
+    {ok, unicode:characters_to_binary(V)};
+convert({list, string}, V) ->
+    {ok, {list, V}};
+convert({integer, Min, Max}, V) ->
+    case string:to_integer(V) of
+        {I, ""} when I >= Min, I =< Max -> {ok, I};
+        {I, ""} when is_integer(I) -> {error, io_lib:format("must be between ~b and ~b", [Min, Max])};
+        _ -> {error, "not an integer"}
+    end;
+convert({float, Min, Max}, V) ->
+    case to_number(V) of
+        {ok, F} when F >= Min, F =< Max -> {ok, F};
+        {ok, _} -> {error, io_lib:format("must be between ~g and ~g", [Min, Max])};
+        error -> {error, "not a number"}
+    end;
+convert({enum, Allowed}, V) ->
+    case [A || A <- Allowed, atom_to_list(A) =:= V] of
+        [A] -> {ok, A};
+        [] -> {error, ["one of: ", lists:join(", ", [atom_to_list(A) || A <- Allowed])]}
+    end.
+
+to_number(V) ->
+    case string:to_float(V) of
+        {F, ""} ->
+            {ok, F};
+        _ ->
+            case string:to_integer(V) of
+                {I, ""} when is_integer(I) -> {ok, float(I)};
+                _ -> error
+            end
+    end.
+
+bind_positional([], [], Opts) ->
+    {ok, Opts};
+bind_positional([], [Extra | _], _Opts) ->
+    {error, {extra_argument, Extra}};
+bind_positional([#{key := K, repeat := true} | _], Values, Opts) when Values =/= [] ->
+    {ok, Opts#{K => Values}};
+bind_positional([#{key := K} | Rest], [V | Vs], Opts) ->
+    bind_positional(Rest, Vs, Opts#{K => V});
+bind_positional([P = #{required := true} | _], [], _Opts) ->
+    {error, {missing_argument, metavar(P)}};
+bind_positional([_ | Rest], [], Opts) ->
+    bind_positional(Rest, [], Opts).
+
+positional_usage(P = #{required := true}) -> metavar(P);
+positional_usage(P) -> ["[", metavar(P), "]"].
+
+metavar(#{metavar := M}) -> M;
+metavar(#{key := K}) -> string:uppercase(atom_to_list(K)).
+
+option_usage(#{long := L, type := boolean}) ->
+    L;
+option_usage(O = #{long := L}) ->
+    [L, " ", option_metavar(O)].
+
+option_metavar(#{metavar := M}) -> M;
+option_metavar(#{type := {enum, As}}) -> lists:join("|", [atom_to_list(A) || A <- As]);
+option_metavar(#{key := K}) -> string:uppercase(atom_to_list(K)).
+
+option_help(#{help := H, default := D}) when D =/= undefined, D =/= false, D =/= [] ->
+    [H, " (default: ", default_text(D), ")"];
+option_help(#{help := H}) ->
+    H.
+
+default_text(D) when is_atom(D) -> atom_to_list(D);
+default_text(D) when is_integer(D) -> integer_to_list(D);
+default_text(D) when is_float(D) -> io_lib:format("~g", [D]);
+default_text(D) when is_binary(D) -> D;
+default_text(D) -> io_lib:format("~p", [D]).
+
+option_line(Left, Help) ->
+    L = lists:flatten(io_lib:format("~s", [Left])),
+    case length(L) of
+        N when N =< 24 -> io_lib:format("  ~-24s ~s~n", [L, Help]);
+        _ -> io_lib:format("  ~s~n  ~24s ~s~n", [L, "", Help])
+    end.
+
+%% Echoes user input in errors without letting control characters through.
+printable(S) ->
+    [
+        case C of
+            _ when C < 32; C =:= 127 -> $?;
+            _ -> C
+        end
+     || C <- lists:sublist(unicode:characters_to_list(S), 200)
+    ].
