@@ -1,0 +1,48 @@
+# beamdiag: the two commands a new user needs are `make demo` and `make test`.
+REBAR ?= rebar3
+BIN := _build/default/bin/beamdiag
+DEMO ?= busy_wait
+
+.PHONY: all build demo test unit ct check docs bench setup-build setup-test clean
+
+all: build
+
+setup-build:
+	@scripts/setup.sh build
+
+setup-test:
+	@scripts/setup.sh test
+
+build: setup-build
+	$(REBAR) escriptize
+
+# Start a lab node that busy-waits and diagnose it, as a user would a live node.
+demo: build
+	$(BIN) lab $(DEMO) --diagnose --window 5
+
+test: setup-test build
+	scripts/lcnt-emulator.sh
+	$(REBAR) do eunit, ct --cover=false
+	$(MAKE) check
+
+unit: build
+	$(REBAR) eunit
+
+ct: build
+	$(REBAR) ct
+
+# Static checks: xref and dialyzer, and the generated docs in step.
+check:
+	$(REBAR) xref
+	$(REBAR) dialyzer
+	$(BIN) catalogue | diff -u docs/FINDINGS.md - || (echo "docs/FINDINGS.md is stale: make docs" >&2; exit 1)
+
+docs: build
+	$(BIN) catalogue > docs/FINDINGS.md
+
+bench: build
+	bench/run.sh
+
+clean:
+	$(REBAR) clean
+	rm -rf _build/test/logs

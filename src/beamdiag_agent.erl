@@ -1,0 +1,230 @@
+%%% @doc The agent: one process on the target node that samples for a window
+%%% and streams each tick to its caller.
+%%%
+%%% The agent turns on what it needs (scheduler_wall_time, microstate
+%%% accounting, lock counting when the emulator has it), remembers what it
+%%% found, and puts everything back when the window ends, when its caller
+%%% dies or its connection drops (it monitors the caller), or when its own
+%%% hard deadline passes. When it was loaded over distribution it then
+%%% unloads its modules, so nothing of beamdiag stays on the target.
+%%%
+%%% Messages to the caller, all `{beamdiag, Ref, Event}':
+%%% `{start, Info}', `{tick, Sample}' every interval, `{done, Extras}' at
+%%% the end, or `{aborted, Reason}'.
+%%%
+%%% ```
+%%% 1> {ok, Pid, Ref} = beamdiag_agent:start(self(), #{duration_ms => 2000, interval_ms => 1000}).
+%%% 2> flush().
+%%% Shell got {beamdiag, Ref, {start, #{...}}}
+%%% Shell got {beamdiag, Ref, {tick, #{t => ..., threads => ..., vm => ...}}}
+%%% '''
+-module(beamdiag_agent).
+
+-export([start/2, stop/1, modules/0, sample/1]).
+
+%% Internal: the agent process entry point.
+-export([init/4]).
+
+-export_type([sample/0, opts/0]).
+
+-type opts() :: #{
+    duration_ms := pos_integer(),
+    interval_ms := pos_integer(),
+    msacc => boolean(),
+    locks => boolean(),
+    sampler => boolean(),
+    unload => [module()],
+    proc_root => file:filename()
+}.
+-type sample() :: #{
+    t := integer(),
+    vm := beamdiag_vm:counters(),
+    threads := #{integer() => beamdiag_proc:thread()} | {error, term()},
+    host := beamdiag_proc:host() | {error, term()},
+    cgroup := beamdiag_cgroup:stat() | {error, term()},
+    tick_cost_us := non_neg_integer()
+}.
+
+%% Past the window, the agent cleans up on its own after this long even if
+%% nobody asked it to.
+-define(GRACE_MS, 5000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Starts an agent that reports to Caller. Runs on the target node
+%% (called locally or over erpc); returns at once.
+-spec start(pid(), opts()) -> {ok, pid(), reference()}.
+start(Caller, Opts = #{duration_ms := D, interval_ms := I}) when
+    is_pid(Caller), is_integer(D), D > 0, is_integer(I), I > 0
+->
+    Ref = make_ref(),
+    Pid = proc_lib:spawn(?MODULE, init, [Caller, Ref, Opts, self()]),
+    {ok, Pid, Ref}.
+
+%% @doc Ends the window early; the agent sends `{done, Extras}' and cleans up.
+-spec stop(pid()) -> ok.
+stop(Pid) ->
+    Pid ! {beamdiag_stop, self()},
+    ok.
+
+%% @doc The modules the agent needs on the target.
+-spec modules() -> [module()].
+modules() ->
+    [?MODULE, beamdiag_proc, beamdiag_cgroup, beamdiag_vm] ++ optional_modules().
+
+%% @doc One sample, as the agent takes it each tick.
+-spec sample(map()) -> sample().
+sample(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}) ->
+    T0 = erlang:monotonic_time(microsecond),
+    Sample = #{
+        t => erlang:monotonic_time(nanosecond),
+        vm => beamdiag_vm:counters(#{msacc => Msacc}),
+        threads => ok_or_error(beamdiag_proc:threads(Root, OsPid)),
+        host => ok_or_error(beamdiag_proc:host(Root)),
+        cgroup => cgroup(State)
+    },
+    Sample#{tick_cost_us => erlang:monotonic_time(microsecond) - T0}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% @private
+-spec init(pid(), reference(), opts(), pid()) -> no_return().
+init(Caller, Ref, Opts, _Starter) ->
+    process_flag(trap_exit, true),
+    process_flag(priority, high),
+    MRef = erlang:monitor(process, Caller),
+    Root = maps:get(proc_root, Opts, "/proc"),
+    OsPid = os:getpid(),
+    WantMsacc = maps:get(msacc, Opts, true),
+    Restore0 = #{swt => erlang:system_flag(scheduler_wall_time, true)},
+    Restore1 =
+        case WantMsacc of
+            true -> Restore0#{msacc => erlang:system_flag(microstate_accounting, true)};
+            false -> Restore0
+        end,
+    {Locks, Restore} = start_locks(Opts, Restore1),
+    Cg = case beamdiag_cgroup:locate(Root, OsPid) of
+             {ok, L} -> L;
+             {error, _} = E -> E
+         end,
+    State = #{
+        caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
+        pid => OsPid, proc_root => Root, msacc => WantMsacc, cgroup_location => Cg,
+        locks => Locks
+    },
+    Start = erlang:monotonic_time(millisecond),
+    #{duration_ms := Duration, interval_ms := Interval} = Opts,
+    Caller ! {beamdiag, Ref, {start, #{
+        agent => self(),
+        node => atom_to_binary(node()),
+        settings => beamdiag_vm:settings(),
+        cgroup_location => location_info(Cg),
+        msacc_was_on => maps:get(msacc, Restore, false),
+        locks => Locks =/= undefined,
+        wall_start_ms => erlang:system_time(millisecond)
+    }}},
+    Caller ! {beamdiag, Ref, {tick, sample(State)}},
+    HardDeadline = Start + Duration + ?GRACE_MS,
+    loop(State, Start, 1, Interval, Start + Duration, HardDeadline).
+
+loop(State = #{caller := Caller, ref := Ref, mref := MRef}, Start, K, Interval, End, Hard) ->
+    Now = erlang:monotonic_time(millisecond),
+    Next = min(Start + K * Interval, End),
+    Wait = max(0, Next - Now),
+    receive
+        {'DOWN', MRef, process, Caller, Reason} ->
+            finish(State, {aborted, {caller_down, Reason}});
+        {beamdiag_stop, _} ->
+            Caller ! {beamdiag, Ref, {tick, sample(State)}},
+            finish(State, done);
+        {'EXIT', _, shutdown} ->
+            finish(State, {aborted, shutdown})
+    after Wait ->
+        case erlang:monotonic_time(millisecond) of
+            T when T >= Hard ->
+                finish(State, {aborted, deadline});
+            _ ->
+                Caller ! {beamdiag, Ref, {tick, sample(State)}},
+                case Next >= End of
+                    true -> finish(State, done);
+                    false -> loop(State, Start, K + 1, Interval, End, Hard)
+                end
+        end
+    end.
+
+finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
+    Extras = collect_extras(State),
+    restore(Restore, State),
+    case How of
+        done -> Caller ! {beamdiag, Ref, {done, Extras}};
+        {aborted, Why} -> Caller ! {beamdiag, Ref, {aborted, Why}}
+    end,
+    unload(maps:get(unload, maps:get(opts, State), [])),
+    exit(normal).
+
+collect_extras(#{locks := undefined}) ->
+    #{};
+collect_extras(#{locks := LockState}) ->
+    try
+        #{locks => beamdiag_lcnt:collect(LockState)}
+    catch
+        Class:Reason ->
+            #{locks => #{error => iolist_to_binary(io_lib:format("~p:~p", [Class, Reason]))}}
+    end.
+
+start_locks(Opts, Restore) ->
+    case maps:get(locks, Opts, true) andalso lcnt_available() of
+        true ->
+            case beamdiag_lcnt:start(#{}) of
+                {ok, LS} -> {LS, Restore#{locks => LS}};
+                {error, _} -> {undefined, Restore}
+            end;
+        false ->
+            {undefined, Restore}
+    end.
+
+lcnt_available() ->
+    code:ensure_loaded(beamdiag_lcnt) =:= {module, beamdiag_lcnt} andalso
+        beamdiag_lcnt:available().
+
+%% Puts every flag back as it was found.
+restore(Restore, _State) ->
+    case maps:find(msacc, Restore) of
+        {ok, Was} -> _ = erlang:system_flag(microstate_accounting, Was);
+        error -> ok
+    end,
+    case maps:find(locks, Restore) of
+        {ok, LS} -> catch beamdiag_lcnt:stop(LS);
+        error -> ok
+    end,
+    %% scheduler_wall_time is reference counted per process: turning it off
+    %% drops only this process's reference, so it stays on for anybody else
+    %% who had turned it on.
+    _ = erlang:system_flag(scheduler_wall_time, false),
+    ok.
+
+%% Removes modules loaded for this session. The agent runs the old code of
+%% its own module after the delete; the purge runs in a process of its own,
+%% from an external fun, and may end the agent, which has nothing left to do.
+unload([]) ->
+    ok;
+unload(Mods) ->
+    _ = [code:delete(M) || M <- Mods],
+    _ = spawn(lists, foreach, [fun code:purge/1, Mods]),
+    ok.
+
+cgroup(#{cgroup_location := {error, _} = E}) -> E;
+cgroup(#{cgroup_location := L}) -> ok_or_error(beamdiag_cgroup:read(L)).
+
+location_info({error, {M, R}}) -> #{error => iolist_to_binary(M:format_error(R))};
+location_info(#{version := V, dir := D}) -> #{version => V, dir => iolist_to_binary(D)}.
+
+ok_or_error({ok, V}) -> V;
+ok_or_error({error, _} = E) -> E.
+
+optional_modules() ->
+    [M || M <- [beamdiag_lcnt, beamdiag_sampler], code:which(M) =/= non_existing].

@@ -1,0 +1,240 @@
+%%% @doc cgroup v1 and v2: the CPU quota a process lives under and its
+%%% throttling counters.
+%%%
+%%% `locate/2' finds the process's CPU cgroup directory once; `read/1' reads
+%%% quota and counters from it each tick. Parsers are pure.
+%%%
+%%% ```
+%%% 1> {ok, Cg} = beamdiag_cgroup:locate("/proc", os:getpid()).
+%%% {ok, #{version => 1, dir => "/sys/fs/cgroup/cpu/..."}}
+%%% 2> beamdiag_cgroup:read(Cg).
+%%% {ok, #{quota_cpus => 2.0, nr_periods => 10, nr_throttled => 3, throttled_ns => ...}}
+%%% '''
+-module(beamdiag_cgroup).
+
+-export([locate/2, locate/3, read/1]).
+-export([parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
+-export([format_error/1]).
+
+-export_type([location/0, stat/0]).
+
+-type location() :: #{version := 1 | 2, dir := file:filename()}.
+-type stat() :: #{
+    version := 1 | 2,
+    quota_cpus := float() | unlimited,
+    period_us => non_neg_integer(),
+    nr_periods => non_neg_integer(),
+    nr_throttled => non_neg_integer(),
+    throttled_ns => non_neg_integer(),
+    usage_ns => non_neg_integer()
+}.
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Finds the CPU cgroup of a process from /proc/PID/cgroup and
+%% /proc/PID/mountinfo.
+-spec locate(file:filename(), string() | integer()) ->
+    {ok, location()} | {error, {beamdiag_cgroup, term()}}.
+locate(ProcRoot, Pid) ->
+    locate(ProcRoot, Pid, "").
+
+%% @doc As locate/2, with a prefix put before the mount points found (tests
+%% point it at a recorded tree).
+-spec locate(file:filename(), string() | integer(), file:filename()) ->
+    {ok, location()} | {error, {beamdiag_cgroup, term()}}.
+locate(ProcRoot, Pid, Prefix) ->
+    PidDir = filename:join(ProcRoot, to_list(Pid)),
+    case {read_file(filename:join(PidDir, "cgroup")), read_file(filename:join(PidDir, "mountinfo"))} of
+        {{ok, CgBin}, {ok, MiBin}} ->
+            choose(parse_proc_cgroup(CgBin), parse_mountinfo(MiBin), Prefix);
+        {{error, _}, _} ->
+            {error, {beamdiag_cgroup, no_cgroup}};
+        {_, {error, _}} ->
+            {error, {beamdiag_cgroup, no_mountinfo}}
+    end.
+
+%% @doc Reads the quota and the throttling counters.
+-spec read(location()) -> {ok, stat()} | {error, {beamdiag_cgroup, term()}}.
+read(#{version := 2, dir := Dir}) ->
+    Quota =
+        case read_file(filename:join(Dir, "cpu.max")) of
+            {ok, Max} -> parse_cpu_max(Max);
+            {error, _} -> {unlimited, 100000}
+        end,
+    case read_file(filename:join(Dir, "cpu.stat")) of
+        {ok, Bin} -> {ok, with_quota(parse_cpu_stat(2, Bin), Quota, 2)};
+        {error, _} -> {error, {beamdiag_cgroup, {unreadable, Dir}}}
+    end;
+read(#{version := 1, dir := Dir}) ->
+    Quota =
+        case {read_int(filename:join(Dir, "cpu.cfs_quota_us")),
+              read_int(filename:join(Dir, "cpu.cfs_period_us"))} of
+            {{ok, Q}, {ok, P}} when Q > 0, P > 0 -> {Q / P, P};
+            {_, {ok, P}} -> {unlimited, P};
+            _ -> {unlimited, 100000}
+        end,
+    case read_file(filename:join(Dir, "cpu.stat")) of
+        {ok, Bin} -> {ok, with_quota(parse_cpu_stat(1, Bin), Quota, 1)};
+        {error, _} -> {error, {beamdiag_cgroup, {unreadable, Dir}}}
+    end.
+
+%% @doc Parses /proc/PID/cgroup into `{v2, Path}' and `{v1, Controllers, Path}' entries.
+-spec parse_proc_cgroup(binary()) -> [{v2, binary()} | {v1, [binary()], binary()}].
+parse_proc_cgroup(Bin) ->
+    lists:filtermap(
+        fun(Line) ->
+            case binary:split(Line, <<":">>, [global]) of
+                [<<"0">>, <<>>, Path] -> {true, {v2, Path}};
+                [_, Ctrls, Path] when Ctrls =/= <<>> ->
+                    {true, {v1, binary:split(Ctrls, <<",">>, [global]), Path}};
+                _ -> false
+            end
+        end,
+        binary:split(Bin, <<"\n">>, [global, trim_all])
+    ).
+
+%% @doc Parses /proc/PID/mountinfo into cgroup mounts:
+%% `{Version, Root, MountPoint, SuperOptions}'.
+-spec parse_mountinfo(binary()) -> [{1 | 2, binary(), binary(), [binary()]}].
+parse_mountinfo(Bin) ->
+    lists:filtermap(
+        fun(Line) ->
+            case binary:split(Line, <<" - ">>) of
+                [Left, Right] ->
+                    L = binary:split(Left, <<" ">>, [global, trim_all]),
+                    R = binary:split(Right, <<" ">>, [global, trim_all]),
+                    case {L, R} of
+                        {[_, _, _, Root, Mount | _], [<<"cgroup2">>, _ | _]} ->
+                            {true, {2, Root, Mount, []}};
+                        {[_, _, _, Root, Mount | _], [<<"cgroup">>, _, Opts | _]} ->
+                            {true, {1, Root, Mount, binary:split(Opts, <<",">>, [global])}};
+                        _ ->
+                            false
+                    end;
+                _ ->
+                    false
+            end
+        end,
+        binary:split(Bin, <<"\n">>, [global, trim_all])
+    ).
+
+%% @doc Parses cgroup v2 cpu.max ("max 100000" or "200000 100000") into
+%% `{QuotaCpus | unlimited, PeriodUs}'.
+-spec parse_cpu_max(binary()) -> {float() | unlimited, pos_integer()}.
+parse_cpu_max(Bin) ->
+    case binary:split(string:trim(Bin), <<" ">>, [global, trim_all]) of
+        [<<"max">>, P] -> {unlimited, to_int(P, 100000)};
+        [Q, P] ->
+            case {to_int(Q, 0), to_int(P, 0)} of
+                {Qi, Pi} when Qi > 0, Pi > 0 -> {Qi / Pi, Pi};
+                _ -> {unlimited, 100000}
+            end;
+        _ -> {unlimited, 100000}
+    end.
+
+%% @doc Parses cpu.stat of either version into common keys (nanoseconds).
+-spec parse_cpu_stat(1 | 2, binary()) -> map().
+parse_cpu_stat(Version, Bin) ->
+    lists:foldl(
+        fun(Line, Acc) ->
+            case binary:split(Line, <<" ">>) of
+                [K, V] ->
+                    case {stat_key(Version, K), to_int(V, undefined)} of
+                        {{Key, Mult}, I} when is_integer(I) -> Acc#{Key => I * Mult};
+                        _ -> Acc
+                    end;
+                _ ->
+                    Acc
+            end
+        end,
+        #{},
+        binary:split(Bin, <<"\n">>, [global, trim_all])
+    ).
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error(no_cgroup) -> "no cgroup information (/proc/PID/cgroup unreadable)";
+format_error(no_mountinfo) -> "no mount information (/proc/PID/mountinfo unreadable)";
+format_error(no_cpu_controller) -> "no CPU cgroup controller mounted";
+format_error({unreadable, Dir}) -> io_lib:format("cannot read the cgroup's cpu.stat in ~ts", [Dir]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+choose(Cgroups, Mounts, Prefix) ->
+    V2 = [{Path, Root, Mount} || {v2, Path} <- Cgroups, {2, Root, Mount, _} <- Mounts],
+    V1 = [{Path, Root, Mount}
+          || {v1, Ctrls, Path} <- Cgroups,
+             lists:member(<<"cpu">>, Ctrls),
+             {1, Root, Mount, Opts} <- Mounts,
+             lists:member(<<"cpu">>, Opts)],
+    case {V1, V2} of
+        {[{Path, Root, Mount} | _], _} ->
+            {ok, #{version => 1, dir => dir(Prefix, Mount, Root, Path)}};
+        {[], [{Path, Root, Mount} | _]} ->
+            {ok, #{version => 2, dir => dir(Prefix, Mount, Root, Path)}};
+        {[], []} ->
+            {error, {beamdiag_cgroup, no_cpu_controller}}
+    end.
+
+%% The cgroup path is relative to the hierarchy's root; the mount shows the
+%% part of the hierarchy under Root, so strip Root from Path.
+dir(Prefix, Mount, Root, Path) ->
+    Rel =
+        case {Root, Path} of
+            {<<"/">>, _} -> Path;
+            _ ->
+                case binary:match(Path, Root) of
+                    {0, N} -> binary:part(Path, N, byte_size(Path) - N);
+                    _ -> <<"/">>
+                end
+        end,
+    Full = filename:join([Prefix ++ binary_to_list(Mount), "." ++ binary_to_list(Rel)]),
+    Clean = filename:join(filename:split(Full) -- ["."]),
+    case prim_file:read_file_info(Clean) of
+        {ok, _} -> Clean;
+        %% In a container the cgroup path seen from outside is not mounted
+        %% inside: the mount itself is the process's cgroup.
+        {error, _} -> Prefix ++ binary_to_list(Mount)
+    end.
+
+with_quota(Stat, {Quota, Period}, Version) ->
+    Stat#{version => Version, quota_cpus => Quota, period_us => Period}.
+
+stat_key(_, <<"nr_periods">>) -> {nr_periods, 1};
+stat_key(_, <<"nr_throttled">>) -> {nr_throttled, 1};
+stat_key(1, <<"throttled_time">>) -> {throttled_ns, 1};
+stat_key(2, <<"throttled_usec">>) -> {throttled_ns, 1000};
+stat_key(2, <<"usage_usec">>) -> {usage_ns, 1000};
+stat_key(_, _) -> undefined.
+
+read_file(File) ->
+    case prim_file:read_file(File) of
+        {ok, Bin} when byte_size(Bin) =< 1048576 -> {ok, Bin};
+        {ok, _} -> {error, too_large};
+        {error, _} = E -> E
+    end.
+
+read_int(File) ->
+    case read_file(File) of
+        {ok, Bin} ->
+            case to_int(string:trim(Bin), undefined) of
+                undefined -> {error, bad};
+                I -> {ok, I}
+            end;
+        E ->
+            E
+    end.
+
+to_int(B, Default) ->
+    try binary_to_integer(string:trim(B)) of
+        I -> I
+    catch
+        error:badarg -> Default
+    end.
+
+to_list(P) when is_integer(P) -> integer_to_list(P);
+to_list(P) when is_list(P) -> P.

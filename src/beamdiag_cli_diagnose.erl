@@ -1,0 +1,163 @@
+%%% @doc `beamdiag diagnose NODE': sample a live node for a window and print
+%%% what its CPU time went to.
+-module(beamdiag_cli_diagnose).
+
+-behaviour(beamdiag_cli).
+
+-export([spec/0, run/2, node_options/0, output/3, progress/1]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The command's arguments.
+-spec spec() -> beamdiag_cli:spec().
+spec() ->
+    #{
+        name => "diagnose",
+        summary => "Sample a live node for a window; print findings and the time ledger.",
+        example => "beamdiag diagnose app@db1 --cookie-file /etc/app/cookie --duration 10",
+        positional => [#{key => node, metavar => "NODE", required => true,
+                         help => "the node, name@host (short or long names inferred)"}],
+        options => node_options() ++ [
+            #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
+              metavar => "SECONDS", help => "length of the window"},
+            #{key => interval, long => "--interval", type => {integer, 10, 60000},
+              default => 1000, metavar => "MS", help => "time between samples"},
+            #{key => json, long => "--json", type => boolean, default => false,
+              help => "print one JSON document (schema beamdiag.diagnosis/1)"},
+            #{key => out, long => "--out", type => string, metavar => "FILE",
+              help => "write the report to FILE instead of standard output"},
+            #{key => save, long => "--save", type => string, metavar => "FILE",
+              help => "also save the whole capture to FILE (beamdiag report FILE re-renders it)"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "also write a self-contained HTML report to FILE"},
+            #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
+              help => "do not turn on microstate accounting"},
+            #{key => no_locks, long => "--no-locks", type => boolean, default => false,
+              help => "do not count locks even on the lock-counting emulator"},
+            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
+              help => "exit 1 when a finding is at least this severe"}
+        ]
+    }.
+
+%% @doc Options shared by every command that reaches a node.
+-spec node_options() -> [beamdiag_cli:option()].
+node_options() ->
+    [
+        #{key => cookie, long => "--cookie", type => string, metavar => "COOKIE",
+          help => "the cookie (visible in the process list: prefer --cookie-file or "
+                  "BEAMDIAG_COOKIE)"},
+        #{key => cookie_file, long => "--cookie-file", type => string, metavar => "FILE",
+          help => "file holding the cookie (default ~/.erlang.cookie)"}
+    ].
+
+%% @doc Runs the command.
+-spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
+    case maps:is_key(cookie, Opts) of
+        true -> Err("beamdiag: warning: --cookie shows the cookie in the process list; "
+                    "prefer --cookie-file or BEAMDIAG_COOKIE\n");
+        false -> ok
+    end,
+    LibOpts = maps:merge(
+        maps:with([cookie, cookie_file], Opts),
+        #{duration => D, interval => I,
+          msacc => not maps:get(no_msacc, Opts),
+          locks => not maps:get(no_locks, Opts),
+          progress => progress(IO)}),
+    Result = beamdiag:diagnose(Node, LibOpts),
+    end_progress(IO),
+    case Result of
+        {ok, Diagnosis} ->
+            output(Diagnosis, Opts, IO);
+        {error, {beamdiag, {partial, _, Diagnosis}} = Reason} ->
+            Err(["beamdiag: ", beamdiag:format_error(element(2, Reason)), "\n"]),
+            _ = output(Diagnosis, Opts, IO),
+            4;
+        {error, {beamdiag_remote, R}} ->
+            Err(["beamdiag: ", beamdiag_remote:format_error(R), "\n"]),
+            case R of
+                {unreachable, _, _} -> 3;
+                {unreachable, _, _, _} -> 3;
+                {bad_node, _} -> 2;
+                no_cookie -> 2;
+                {cookie_file, _, _} -> 2;
+                _ -> 4
+            end;
+        {error, {M, R}} ->
+            Err(["beamdiag: ", M:format_error(R), "\n"]),
+            4
+    end.
+
+%% @doc Prints or writes a diagnosis as the options ask; returns the exit
+%% code (1 when a finding reaches --fail-on).
+-spec output(beamdiag:diagnosis(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+output(Diagnosis = #{findings := Findings}, Opts, #{out := Out, err := Err, colour := Colour}) ->
+    Text =
+        case maps:get(json, Opts, false) of
+            true -> beamdiag_format_json:diagnosis(Diagnosis);
+            false -> beamdiag_format_text:diagnosis(Diagnosis, #{colour => Colour andalso
+                                                                   not maps:is_key(out, Opts)})
+        end,
+    Written0 =
+        case maps:find(out, Opts) of
+            {ok, File} ->
+                case file:write_file(File, Text) of
+                    ok -> Err(["beamdiag: report written to ", File, "\n"]), ok;
+                    {error, R} -> {error, R}
+                end;
+            error ->
+                Out(Text)
+        end,
+    Written = lists:foldl(fun(Step, ok) -> Step(); (_, E) -> E end, Written0,
+                          [fun() -> save(Diagnosis, Opts, Err) end,
+                           fun() -> html(Diagnosis, Opts, Err) end]),
+    case Written of
+        ok ->
+            case maps:get(fail_on, Opts, undefined) of
+                undefined -> 0;
+                Level ->
+                    case [F || F <- Findings, beamdiag_finding:at_least(F, Level)] of
+                        [] -> 0;
+                        _ -> 1
+                    end
+            end;
+        {error, Why} when is_atom(Why), Why =/= save, Why =/= html ->
+            Err(["beamdiag: cannot write ", maps:get(out, Opts), ": ", file:format_error(Why), "\n"]),
+            4;
+        {error, _} ->
+            4
+    end.
+
+%% @doc A progress fun that draws a countdown on standard error.
+-spec progress(beamdiag_cli:io()) -> fun((non_neg_integer(), pos_integer()) -> ok).
+progress(#{err := Err}) ->
+    fun(Elapsed, Total) ->
+        Left = max(0, (Total - Elapsed + 999) div 1000),
+        Err(io_lib:format("\rbeamdiag: sampling, ~bs left ", [Left]))
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+end_progress(#{err := Err}) ->
+    Err("\r                                  \r").
+
+save(Diagnosis, #{save := File}, Err) ->
+    case beamdiag_capture:save(File, Diagnosis) of
+        ok -> Err(["beamdiag: capture saved to ", File, "\n"]), ok;
+        {error, {M, R}} -> Err(["beamdiag: ", M:format_error(R), "\n"]), {error, save}
+    end;
+save(_, _, _) ->
+    ok.
+
+html(Diagnosis, #{html := File}, Err) ->
+    case file:write_file(File, beamdiag_format_html:diagnosis(Diagnosis)) of
+        ok -> Err(["beamdiag: HTML report written to ", File, "\n"]), ok;
+        {error, R} -> Err(["beamdiag: cannot write ", File, ": ", file:format_error(R), "\n"]),
+                      {error, html}
+    end;
+html(_, _, _) ->
+    ok.

@@ -1,0 +1,90 @@
+%%% @doc `beamdiag lab SCENARIO': start a local node that reproduces one
+%%% pathology; with `--diagnose', diagnose it at once, as a user would.
+-module(beamdiag_cli_lab).
+
+-behaviour(beamdiag_cli).
+
+-export([spec/0, run/2]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The command's arguments.
+-spec spec() -> beamdiag_cli:spec().
+spec() ->
+    #{
+        name => "lab",
+        summary => "Start a local node that reproduces one pathology ('list' lists them).",
+        example => "beamdiag lab busy_wait --diagnose --window 5",
+        positional => [#{key => scenario, metavar => "SCENARIO", required => true,
+                         help => "a scenario name, or 'list'"}],
+        options => [
+            #{key => duration, long => "--duration", type => {integer, 1, 3600}, default => 60,
+              metavar => "SECONDS", help => "how long the node and its load run"},
+            #{key => diagnose, long => "--diagnose", type => boolean, default => false,
+              help => "diagnose the node once it runs, then stop it"},
+            #{key => window, long => "--window", type => {float, 0.5, 600.0}, default => 5.0,
+              metavar => "SECONDS", help => "the diagnosis window with --diagnose"},
+            #{key => json, long => "--json", type => boolean, default => false,
+              help => "with --diagnose, print JSON"},
+            #{key => out, long => "--out", type => string, metavar => "FILE",
+              help => "with --diagnose, write the report to FILE"}
+        ]
+    }.
+
+%% @doc Runs the command.
+-spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(#{scenario := "list"}, #{out := Out}) ->
+    Out([io_lib:format("~-22s ~ts~n", [N, S]) || #{name := N, summary := S} <- beamdiag_lab:scenarios()]),
+    0;
+run(Opts = #{scenario := Name, duration := Duration}, IO = #{err := Err}) ->
+    Dur = case maps:get(diagnose, Opts) of
+              true -> max(Duration, ceil(maps:get(window, Opts)) + 30);
+              false -> Duration
+          end,
+    Err(["beamdiag: starting lab node for ", Name, "\n"]),
+    case beamdiag_lab:start(Name, #{duration => Dur}) of
+        {ok, Lab} ->
+            try
+                case maps:get(diagnose, Opts) of
+                    true -> diagnose(Lab, Opts, IO);
+                    false -> hold(Lab, Duration, IO)
+                end
+            after
+                beamdiag_lab:stop(Lab)
+            end;
+        {error, {beamdiag_lab, R}} ->
+            Err(["beamdiag: ", beamdiag_lab:format_error(R), "\n"]),
+            case R of
+                {unknown_scenario, _, _} -> 2;
+                _ -> 4
+            end
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+diagnose(Lab, Opts, IO = #{err := Err}) ->
+    Node = beamdiag_lab:node(Lab),
+    Err(["beamdiag: diagnosing ", atom_to_list(Node), "\n"]),
+    case beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab),
+                                   duration => maps:get(window, Opts),
+                                   progress => beamdiag_cli_diagnose:progress(IO)}) of
+        {ok, D} ->
+            Err("\r                                   \r"),
+            beamdiag_cli_diagnose:output(D, Opts, IO);
+        {error, {M, R}} ->
+            Err(["beamdiag: ", M:format_error(R), "\n"]),
+            4
+    end.
+
+hold(Lab, Duration, #{out := Out}) ->
+    Node = beamdiag_lab:node(Lab),
+    Out(io_lib:format("lab node ~s runs for ~b s.~n"
+                      "diagnose it from another shell with:~n"
+                      "  BEAMDIAG_COOKIE=~s beamdiag diagnose ~s~n",
+                      [Node, Duration, beamdiag_lab:cookie(Lab), Node])),
+    timer:sleep(Duration * 1000),
+    0.

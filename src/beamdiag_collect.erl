@@ -1,0 +1,140 @@
+%%% @doc A collection session: starts the agent on a node (this one or a
+%%% connected one), gathers its ticks for the window and returns the capture.
+%%%
+%%% If the target dies mid-window the ticks gathered so far are kept and
+%%% returned with the error, so the caller can still show them.
+%%%
+%%% ```
+%%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
+%%% 2> length(maps:get(samples, Capture)).
+%%% 4
+%%% '''
+-module(beamdiag_collect).
+
+-export([run/2, format_error/1]).
+
+-export_type([capture/0]).
+
+-type capture() :: #{
+    schema := binary(),
+    node := binary(),
+    settings := map(),
+    interval_ms := pos_integer(),
+    duration_ms := pos_integer(),
+    wall_start_ms := integer(),
+    samples := [beamdiag_agent:sample()],
+    extras := map(),
+    complete := boolean(),
+    notes := [binary()],
+    cgroup_location => map(),
+    msacc_was_on => boolean()
+}.
+
+-define(SCHEMA, <<"beamdiag.capture/1">>).
+%% How long past the window we wait for the agent's last word.
+-define(LATE_MS, 2000).
+-define(CALL_TIMEOUT, 5000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Runs one window on Node. Options: `duration_ms', `interval_ms',
+%% `msacc', `locks', `unload' (modules the agent removes when done) and
+%% `progress', a fun called with (ElapsedMs, DurationMs) after each tick.
+-spec run(node(), map()) -> {ok, capture()} | {error, {beamdiag_collect, term()}}.
+run(Node, Opts) ->
+    AgentOpts = maps:with([duration_ms, interval_ms, msacc, locks, unload, proc_root], Opts),
+    Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
+    case start_agent(Node, AgentOpts) of
+        {ok, Agent, Ref} ->
+            MRef = erlang:monitor(process, Agent),
+            #{duration_ms := D} = AgentOpts,
+            Deadline = erlang:monotonic_time(millisecond) + D + ?LATE_MS + ?CALL_TIMEOUT,
+            Result = gather(Ref, MRef, Deadline, Progress, D, undefined, []),
+            erlang:demonitor(MRef, [flush]),
+            flush(Ref),
+            Result;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({agent_start, Node, Reason}) ->
+    io_lib:format("cannot start the agent on ~s: ~p", [Node, Reason]);
+format_error({target_down, Reason, #{samples := S}}) ->
+    io_lib:format("the target went away mid-window (~p) after ~b samples; "
+                  "the partial capture is kept", [Reason, length(S)]);
+format_error({target_down, Reason, undefined}) ->
+    io_lib:format("the target went away before the first sample (~p)", [Reason]);
+format_error({agent_aborted, Why}) ->
+    io_lib:format("the agent stopped early: ~p", [Why]);
+format_error(timeout) ->
+    "the agent did not finish in time".
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+start_agent(Node, Opts) when Node =:= node() ->
+    beamdiag_agent:start(self(), Opts);
+start_agent(Node, Opts) ->
+    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], ?CALL_TIMEOUT) of
+        {ok, _, _} = Ok -> Ok
+    catch
+        Class:Reason -> {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
+    end.
+
+gather(Ref, MRef, Deadline, Progress, D, Info, Samples) ->
+    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {beamdiag, Ref, {start, I}} ->
+            gather(Ref, MRef, Deadline, Progress, D, I, Samples);
+        {beamdiag, Ref, {tick, S}} ->
+            Samples2 = [S | Samples],
+            report_progress(Progress, Samples2, D),
+            gather(Ref, MRef, Deadline, Progress, D, Info, Samples2);
+        {beamdiag, Ref, {done, Extras}} ->
+            {ok, capture(Info, Samples, Extras, true, D)};
+        {beamdiag, Ref, {aborted, Why}} ->
+            {error, {beamdiag_collect, {agent_aborted, Why}}};
+        {'DOWN', MRef, process, _, Reason} ->
+            Partial = case Info of
+                          undefined -> undefined;
+                          _ -> capture(Info, Samples, #{}, false, D)
+                      end,
+            {error, {beamdiag_collect, {target_down, Reason, Partial}}}
+    after Wait ->
+        {error, {beamdiag_collect, timeout}}
+    end.
+
+report_progress(Progress, [#{t := T} | _] = Samples, D) ->
+    #{t := T0} = lists:last(Samples),
+    Progress((T - T0) div 1000000, D).
+
+capture(Info, RevSamples, Extras, Complete, D) ->
+    Base = #{
+        schema => ?SCHEMA,
+        node => maps:get(node, Info),
+        settings => maps:get(settings, Info),
+        interval_ms => 0,
+        duration_ms => D,
+        wall_start_ms => maps:get(wall_start_ms, Info),
+        samples => lists:reverse(RevSamples),
+        extras => Extras,
+        complete => Complete,
+        notes => [],
+        cgroup_location => maps:get(cgroup_location, Info),
+        msacc_was_on => maps:get(msacc_was_on, Info)
+    },
+    Base#{interval_ms => interval(Base)}.
+
+interval(#{samples := [#{t := A}, #{t := B} | _]}) -> max(1, (B - A) div 1000000);
+interval(_) -> 1000.
+
+flush(Ref) ->
+    receive
+        {beamdiag, Ref, _} -> flush(Ref)
+    after 0 -> ok
+    end.

@@ -1,0 +1,894 @@
+%%% @doc Folds `perf script' text into folded stacks.
+%%%
+%%% A folded stack is one line `root;...;leaf COUNT', the format
+%%% flamegraph.pl, inferno and speedscope read. The first frame of every
+%%% stack is the thread type the sample came from, with thread numbers
+%%% removed (`scheduler', `dirty_cpu', `dirty_io', `aux', `poll', ...), so
+%%% all schedulers add up in one tower.
+%%%
+%%% The folder reads its input in large chunks, cuts them at sample
+%%% boundaries and folds the chunks in parallel, one worker per online
+%%% scheduler. It never creates atoms from its input; lines that are not
+%%% perf output are skipped and counted, over-long lines are skipped and
+%%% counted, and the number of distinct stacks is bounded.
+%%%
+%%% Frame names: the symbol without its `+0x..' offset; a symbol perf
+%%% could not name but whose object it knows becomes `[object]' (for
+%%% example `[beam.smp]' for a static function of a stripped emulator);
+%%% only an address perf could place nowhere is `[unknown]'. The
+%%% end-of-unwind marker that DWARF unwinding leaves (address
+%%% `ffffffffffffffff' or `0') is dropped and counted as a truncated
+%%% stack. With `perf_map' the folder resolves `[unknown]' addresses
+%%% against a JIT perf map (`/tmp/perf-PID.map') itself.
+%%%
+%%% ```
+%%% 1> {ok, P} = beamdiag_fold:fold_file("perf.txt", #{}).
+%%% 2> maps:get(unknown_share, beamdiag_fold:summary(P)).
+%%% 0.004
+%%% 3> file:write_file("profile.folded", beamdiag_fold:to_iolist(P)).
+%%% '''
+-module(beamdiag_fold).
+
+-export([
+    fold_file/2,
+    fold_binary/2,
+    to_iolist/1,
+    summary/1,
+    top/2,
+    format_top/2,
+    thread_type/1,
+    frame_kind/1,
+    merge/2,
+    from_counts/1,
+    format_error/1
+]).
+
+-export_type([profile/0, stack/0, options/0, top_row/0]).
+
+%% Root-first list of frames; the first element is the thread type.
+-type stack() :: [binary()].
+-type profile() :: #{
+    stacks := #{stack() => pos_integer()},
+    samples := non_neg_integer(),
+    unknown_samples := non_neg_integer(),
+    truncated_samples := non_neg_integer(),
+    skipped_lines := non_neg_integer(),
+    huge_lines := non_neg_integer(),
+    overflow_samples := non_neg_integer(),
+    bytes := non_neg_integer()
+}.
+-type options() :: #{
+    workers => pos_integer(),
+    chunk_size => pos_integer(),
+    max_stacks => pos_integer(),
+    max_line => pos_integer(),
+    unknown => keep | cut,
+    perf_map => file:filename_all() | undefined,
+    thread_types => all | [binary()]
+}.
+-type top_row() :: #{
+    name := binary(),
+    kind := erlang | native | kernel | unknown,
+    self := non_neg_integer(),
+    total := non_neg_integer(),
+    self_share := float(),
+    total_share := float()
+}.
+
+-define(DEFAULTS, #{
+    workers => undefined,
+    chunk_size => 4 * 1024 * 1024,
+    max_stacks => 200000,
+    max_line => 16384,
+    unknown => keep,
+    perf_map => undefined,
+    thread_types => all
+}).
+-define(CACHE_MAX, 100000).
+-define(TAIL, 262144).
+-define(UNKNOWN, <<"[unknown]">>).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Folds a `perf script' text file, streaming it in large chunks.
+-spec fold_file(file:filename_all(), options()) -> {ok, profile()} | {error, {?MODULE, term()}}.
+fold_file(Path, Opts0) ->
+    case options(Opts0) of
+        {ok, Opts} ->
+            case file:open(Path, [read, raw, binary]) of
+                {ok, Fd} ->
+                    try
+                        run(file_reader(Fd), Opts)
+                    after
+                        ok = file:close(Fd)
+                    end;
+                {error, Why} ->
+                    {error, {?MODULE, {open, Path, Why}}}
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Folds `perf script' text held in memory.
+-spec fold_binary(binary(), options()) -> {ok, profile()} | {error, {?MODULE, term()}}.
+fold_binary(Bin, Opts0) when is_binary(Bin) ->
+    case options(Opts0) of
+        {ok, Opts} ->
+            run(binary_reader(Bin, 0), Opts);
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc A profile from stacks counted elsewhere (the Erlang-level sampler).
+-spec from_counts(#{stack() => pos_integer()}) -> profile().
+from_counts(Stacks) ->
+    Samples = lists:sum(maps:values(Stacks)),
+    Unknown = lists:sum([C || {S, C} <- maps:to_list(Stacks), lists:member(?UNKNOWN, S)]),
+    (empty())#{stacks := Stacks, samples := Samples, unknown_samples := Unknown}.
+
+%% @doc Adds two profiles.
+-spec merge(profile(), profile()) -> profile().
+merge(A, B) ->
+    maps:fold(
+        fun
+            (stacks, SB, Acc = #{stacks := SA}) ->
+                Acc#{stacks := add_counts(SB, SA)};
+            (K, V, Acc) when is_integer(V) ->
+                Acc#{K := maps:get(K, Acc, 0) + V};
+            (_, _, Acc) ->
+                Acc
+        end,
+        A,
+        B
+    ).
+
+%% @doc The folded text: one `frame;frame;frame count' line per stack,
+%% most frequent first.
+-spec to_iolist(profile()) -> iolist().
+to_iolist(#{stacks := Stacks}) ->
+    Sorted = lists:sort(fun({_, A}, {_, B}) -> A >= B end, maps:to_list(Stacks)),
+    [[lists:join($;, S), $\s, integer_to_binary(C), $\n] || {S, C} <- Sorted].
+
+%% @doc Sample counts and the share of samples with an `[unknown]' frame.
+-spec summary(profile()) -> #{atom() => number()}.
+summary(P = #{samples := N, unknown_samples := U, truncated_samples := T}) ->
+    Types = maps:fold(
+        fun([Type | _], C, Acc) -> maps:update_with(Type, fun(X) -> X + C end, C, Acc);
+           ([], _, Acc) -> Acc
+        end,
+        #{},
+        maps:get(stacks, P)
+    ),
+    #{
+        samples => N,
+        unknown_samples => U,
+        unknown_share => share(U, N),
+        truncated_samples => T,
+        truncated_share => share(T, N),
+        skipped_lines => maps:get(skipped_lines, P),
+        huge_lines => maps:get(huge_lines, P),
+        overflow_samples => maps:get(overflow_samples, P),
+        distinct_stacks => map_size(maps:get(stacks, P)),
+        thread_types => map_size(Types)
+    }.
+
+%% @doc The functions with the largest total share: self counts samples
+%% where the function is the leaf, total counts samples where it appears
+%% anywhere in the stack (once per sample). `Kind' is `erlang', `native'
+%% or `all'; thread-type roots are left out.
+-spec top(profile(), #{kind => erlang | native | all, limit => pos_integer()}) -> [top_row()].
+top(#{stacks := Stacks, samples := N}, Opts) ->
+    Kind = maps:get(kind, Opts, all),
+    Limit = maps:get(limit, Opts, 20),
+    {Self, Total} = maps:fold(
+        fun
+            ([_Type | Frames = [_ | _]], C, {S, T}) ->
+                Leaf = lists:last(Frames),
+                Uniq = lists:usort(Frames),
+                {
+                    maps:update_with(Leaf, fun(X) -> X + C end, C, S),
+                    lists:foldl(fun(F, Acc) -> maps:update_with(F, fun(X) -> X + C end, C, Acc) end,
+                                T, Uniq)
+                };
+            (_, _, Acc) ->
+                Acc
+        end,
+        {#{}, #{}},
+        Stacks
+    ),
+    Rows = [
+        #{
+            name => F,
+            kind => K,
+            self => maps:get(F, Self, 0),
+            total => Tot,
+            self_share => share(maps:get(F, Self, 0), N),
+            total_share => share(Tot, N)
+        }
+     || {F, Tot} <- maps:to_list(Total),
+        K <- [frame_kind(F)],
+        Kind =:= all orelse K =:= Kind
+    ],
+    Sorted = lists:sort(
+        fun(#{total := A, self := SA}, #{total := B, self := SB}) -> {A, SA} >= {B, SB} end, Rows),
+    lists:sublist(Sorted, Limit).
+
+%% @doc A top table as text.
+-spec format_top(string() | binary(), [top_row()]) -> iolist().
+format_top(Title, Rows) ->
+    [
+        Title, "\n",
+        io_lib:format("  ~7s ~7s  ~s~n", ["self", "total", "function"]),
+        [io_lib:format("  ~6.2f% ~6.2f%  ~ts~n", [100 * S, 100 * T, printable(Name)])
+         || #{self_share := S, total_share := T, name := Name} <- Rows]
+    ].
+
+%% @doc The thread type of a perf `comm' (thread name), numbers removed:
+%% `1_scheduler' and `erts_sched_1' are both `<<"scheduler">>'.
+-spec thread_type(binary()) -> binary().
+thread_type(Comm) ->
+    case strip_number(Comm) of
+        <<"scheduler">> -> <<"scheduler">>;
+        <<"sched">> -> <<"scheduler">>;
+        <<"dirty_cpu_sch">> -> <<"dirty_cpu">>;
+        <<"dcpus">> -> <<"dirty_cpu">>;
+        <<"dirty_io_sche">> -> <<"dirty_io">>;
+        <<"dirty_io_sch">> -> <<"dirty_io">>;
+        <<"dios">> -> <<"dirty_io">>;
+        <<"aux">> -> <<"aux">>;
+        <<"poller">> -> <<"poll">>;
+        <<"poll">> -> <<"poll">>;
+        <<"async">> -> <<"async">>;
+        <<"sys_sig_dispatc">> -> <<"sys_sig_dispatch">>;
+        <<"ssig_disp">> -> <<"sys_sig_dispatch">>;
+        <<"sys_msg_dispatc">> -> <<"sys_msg_dispatch">>;
+        <<"smsg_disp">> -> <<"sys_msg_dispatch">>;
+        <<"runq_sup">> -> <<"runq_supervisor">>;
+        <<"beam.smp">> -> <<"main">>;
+        Other -> sanitize(Other)
+    end.
+
+%% @doc What a frame name is: an Erlang function (`$lists:foldl/3' or
+%% `lists:foldl/3'), a kernel or native function, or unknown.
+-spec frame_kind(binary()) -> erlang | native | kernel | unknown.
+frame_kind(?UNKNOWN) -> unknown;
+frame_kind(<<"[", _/binary>>) -> unknown;
+frame_kind(F) when byte_size(F) > 4, binary_part(F, byte_size(F), -4) =:= <<"_[k]">> -> kernel;
+frame_kind(<<"$global::", _/binary>>) -> native;
+frame_kind(<<"$", Rest/binary>>) -> erlang_or_native(Rest);
+frame_kind(F) -> erlang_or_native(F).
+
+%% @doc Turns an error reason into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({open, Path, Why}) ->
+    io_lib:format("cannot open ~ts: ~ts", [Path, file:format_error(Why)]);
+format_error({read, Why}) ->
+    io_lib:format("reading the perf script text failed: ~p", [Why]);
+format_error({bad_option, K, V}) ->
+    io_lib:format("bad fold option ~p => ~p", [K, V]);
+format_error({perf_map, Path, Why}) ->
+    io_lib:format("cannot read the perf map ~ts: ~ts", [Path, file:format_error(Why)]);
+format_error({worker, Reason}) ->
+    io_lib:format("a fold worker failed: ~p", [Reason]);
+format_error(not_perf_output) ->
+    "the input holds no perf script samples".
+
+%%%===================================================================
+%%% Internal: options and driver
+%%%===================================================================
+
+options(Opts) when is_map(Opts) ->
+    case maps:keys(maps:without(maps:keys(?DEFAULTS), Opts)) of
+        [K | _] ->
+            {error, {?MODULE, {bad_option, K, maps:get(K, Opts)}}};
+        [] ->
+            O = maps:merge(?DEFAULTS, Opts),
+            W = case maps:get(workers, O) of
+                undefined -> erlang:system_info(schedulers_online);
+                N -> N
+            end,
+            case load_map(maps:get(perf_map, O)) of
+                {ok, Map} -> {ok, O#{workers := W, perf_map := Map}};
+                {error, _} = E -> E
+            end
+    end.
+
+file_reader(Fd) ->
+    fun(N) ->
+        case file:read(Fd, N) of
+            {ok, Data} -> {ok, Data, file_reader(Fd)};
+            Other -> Other
+        end
+    end.
+
+binary_reader(Bin, Pos) ->
+    fun(N) ->
+        case byte_size(Bin) - Pos of
+            0 ->
+                eof;
+            Left ->
+                Take = min(N, Left),
+                {ok, binary:part(Bin, Pos, Take), binary_reader(Bin, Pos + Take)}
+        end
+    end.
+
+run(Read, Opts = #{workers := W, chunk_size := CS}) ->
+    Ctx = ctx(Opts),
+    Parent = self(),
+    Workers = [spawn_monitor(fun() -> worker(Parent, Ctx) end) || _ <- lists:seq(1, W)],
+    Result =
+        try
+            feed(Read, CS, <<>>, Workers, Workers, #{}, 0, 0)
+        catch
+            throw:{fold_error, R} -> {error, {?MODULE, R}}
+        end,
+    case Result of
+        {ok, Bytes, Huge0} ->
+            Profiles = [collect(P, M) || {P, M} <- Workers],
+            case [E || {error, E} <- Profiles] of
+                [Why | _] ->
+                    {error, {?MODULE, {worker, Why}}};
+                [] ->
+                    Merged = lists:foldl(fun merge/2, empty(), [P || {ok, P} <- Profiles]),
+                    P2 = Merged#{bytes := Bytes, huge_lines := maps:get(huge_lines, Merged) + Huge0},
+                    case P2 of
+                        #{samples := 0} when Bytes > 0 -> {error, {?MODULE, not_perf_output}};
+                        _ -> {ok, P2}
+                    end
+            end;
+        {error, _} = E ->
+            [begin erlang:demonitor(M, [flush]), exit(P, kill) end || {P, M} <- Workers],
+            E
+    end.
+
+%% Reads chunks, cuts them at a sample boundary and hands them to the
+%% workers round-robin, at most two chunks in flight per worker.
+feed(Read, CS, Buf, [], All, InFlight, Bytes, Huge) ->
+    feed(Read, CS, Buf, All, All, InFlight, Bytes, Huge);
+feed(Read, CS, Buf, [W | Ws], All, InFlight, Bytes, Huge) ->
+    case Read(CS) of
+        {ok, Data, Read2} ->
+            Buf2 = <<Buf/binary, Data/binary>>,
+            case cut(Buf2) of
+                {Chunk, Rest} ->
+                    InFlight2 = send(W, Chunk, InFlight),
+                    feed(Read2, CS, Rest, Ws, All, InFlight2, Bytes + byte_size(Data), Huge);
+                none when byte_size(Buf2) > 4 * CS ->
+                    %% No line end in a long stretch: binary junk or one
+                    %% huge line; drop it.
+                    feed(Read2, CS, <<>>, [W | Ws], All, InFlight, Bytes + byte_size(Data), Huge + 1);
+                none ->
+                    feed(Read2, CS, Buf2, [W | Ws], All, InFlight, Bytes + byte_size(Data), Huge)
+            end;
+        eof ->
+            InFlight2 = case Buf of
+                <<>> -> InFlight;
+                _ -> send(W, Buf, InFlight)
+            end,
+            wait_all(InFlight2),
+            {ok, Bytes, Huge};
+        {error, Why} ->
+            throw({fold_error, {read, Why}})
+    end.
+
+send({Pid, _} = W, Chunk, InFlight) ->
+    N = maps:get(Pid, InFlight, 0),
+    InFlight2 = case N >= 2 of
+        true -> wait_ack(Pid, InFlight);
+        false -> InFlight
+    end,
+    Pid ! {chunk, Chunk},
+    _ = W,
+    maps:update_with(Pid, fun(X) -> X + 1 end, 1, InFlight2).
+
+wait_ack(Pid, InFlight) ->
+    receive
+        {ack, Pid} -> maps:update_with(Pid, fun(X) -> X - 1 end, InFlight);
+        {'DOWN', _, process, _, Reason} -> throw({fold_error, {worker, Reason}})
+    end.
+
+wait_all(InFlight) ->
+    maps:fold(fun(Pid, N, ok) -> wait_n(Pid, N) end, ok, InFlight).
+
+wait_n(_Pid, 0) -> ok;
+wait_n(Pid, N) ->
+    receive
+        {ack, Pid} -> wait_n(Pid, N - 1);
+        {'DOWN', _, process, _, Reason} -> throw({fold_error, {worker, Reason}})
+    end.
+
+collect(Pid, Mon) ->
+    Pid ! {done, self()},
+    receive
+        {profile, Pid, P} ->
+            erlang:demonitor(Mon, [flush]),
+            {ok, P};
+        {'DOWN', Mon, process, Pid, Reason} ->
+            {error, Reason}
+    end.
+
+%% Splits a buffer after its last sample boundary (a blank line) near its
+%% end, or after its last line end when the text has no blank lines
+%% (perf script without call chains).
+cut(Buf) ->
+    Size = byte_size(Buf),
+    Tail = min(Size, ?TAIL),
+    Scope = {Size - Tail, Tail},
+    case binary:matches(Buf, <<"\n\n">>, [{scope, Scope}]) of
+        [_ | _] = Ms ->
+            {Pos, _} = lists:last(Ms),
+            split_at(Buf, Pos + 2);
+        [] ->
+            case binary:matches(Buf, <<"\n\n">>) of
+                [_ | _] = Ms ->
+                    {Pos, _} = lists:last(Ms),
+                    split_at(Buf, Pos + 2);
+                [] ->
+                    case binary:matches(Buf, <<"\n">>, [{scope, Scope}]) of
+                        [_ | _] = Ms ->
+                            {Pos, _} = lists:last(Ms),
+                            split_at(Buf, Pos + 1);
+                        [] ->
+                            none
+                    end
+            end
+    end.
+
+split_at(Buf, Pos) ->
+    <<Chunk:Pos/binary, Rest/binary>> = Buf,
+    {Chunk, binary:copy(Rest)}.
+
+%%%===================================================================
+%%% Internal: the worker
+%%%===================================================================
+
+-record(ctx, {
+    max_stacks :: pos_integer(),
+    max_line :: pos_integer(),
+    cut_unknown :: boolean(),
+    perf_map :: tuple() | undefined,
+    types :: all | [binary()],
+    nl :: binary:cp()
+}).
+
+-record(st, {
+    stacks = #{} :: map(),
+    cache = #{} :: map(),
+    comms = #{} :: map(),
+    samples = 0 :: non_neg_integer(),
+    unknown = 0 :: non_neg_integer(),
+    truncated = 0 :: non_neg_integer(),
+    skipped = 0 :: non_neg_integer(),
+    huge = 0 :: non_neg_integer(),
+    overflow = 0 :: non_neg_integer()
+}).
+
+ctx(#{max_stacks := MS, max_line := ML, unknown := U, perf_map := PM, thread_types := TT}) ->
+    #ctx{
+        max_stacks = MS,
+        max_line = ML,
+        cut_unknown = U =:= cut,
+        perf_map = PM,
+        types = TT,
+        nl = binary:compile_pattern(<<"\n">>)
+    }.
+
+worker(Parent, Ctx) ->
+    worker_loop(Parent, Ctx, #st{}).
+
+worker_loop(Parent, Ctx, St) ->
+    receive
+        {chunk, Chunk} ->
+            St2 = fold_chunk(Chunk, Ctx, St),
+            Parent ! {ack, self()},
+            worker_loop(Parent, Ctx, St2);
+        {done, From} ->
+            From ! {profile, self(), to_profile(St)}
+    end.
+
+to_profile(#st{stacks = S, samples = N, unknown = U, truncated = T, skipped = Sk, huge = H,
+               overflow = O}) ->
+    (empty())#{
+        stacks := S,
+        samples := N,
+        unknown_samples := U,
+        truncated_samples := T,
+        skipped_lines := Sk,
+        huge_lines := H,
+        overflow_samples := O
+    }.
+
+empty() ->
+    #{
+        stacks => #{},
+        samples => 0,
+        unknown_samples => 0,
+        truncated_samples => 0,
+        skipped_lines => 0,
+        huge_lines => 0,
+        overflow_samples => 0,
+        bytes => 0
+    }.
+
+fold_chunk(Chunk, Ctx = #ctx{nl = NL}, St) ->
+    Lines = binary:split(Chunk, NL, [global]),
+    St2 = lines(Lines, Ctx, St, none, [], false, false),
+    %% Drop references into the chunk from the caches' keys: they were
+    %% copied on insert, so only the per-chunk garbage goes.
+    St2.
+
+%% Sample state: Type (binary | none | skip), Frames (root-first), Unknown
+%% and Truncated flags.
+lines([], Ctx, St, Type, Frames, U, T) ->
+    emit(Ctx, St, Type, Frames, U, T);
+lines([<<>> | Rest], Ctx, St, Type, Frames, U, T) ->
+    lines(Rest, Ctx, emit(Ctx, St, Type, Frames, U, T), none, [], false, false);
+lines([Line | Rest], Ctx, St, Type, Frames, U, T) when byte_size(Line) > Ctx#ctx.max_line ->
+    lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Type, Frames, U, T);
+lines([<<C, _/binary>> = Line | Rest], Ctx, St, Type, Frames, U, T) when C =:= $\t; C =:= $\s ->
+    case Type of
+        none ->
+            %% A frame line outside a sample.
+            lines(Rest, Ctx, St#st{skipped = St#st.skipped + 1}, Type, Frames, U, T);
+        skip ->
+            lines(Rest, Ctx, St, Type, Frames, U, T);
+        _ ->
+            {Frame, St2} = frame(Line, Ctx, St),
+            case Frame of
+                drop -> lines(Rest, Ctx, St2, Type, Frames, U, true);
+                junk -> lines(Rest, Ctx, St2#st{skipped = St2#st.skipped + 1}, Type, Frames, U, T);
+                ?UNKNOWN -> lines(Rest, Ctx, St2, Type, [?UNKNOWN | Frames], true, T);
+                _ -> lines(Rest, Ctx, St2, Type, [Frame | Frames], U, T)
+            end
+    end;
+lines([Line | Rest], Ctx, St, Type, Frames, U, T) ->
+    %% A header line; a previous sample without a blank line ends here.
+    St1 = emit(Ctx, St, Type, Frames, U, T),
+    case header(Line) of
+        {ok, Comm, <<>>} ->
+            {Ty, St2} = type(Comm, Ctx, St1),
+            lines(Rest, Ctx, St2, Ty, [], false, false);
+        {ok, Comm, Inline} ->
+            %% perf script without call chains: the leaf on the header line.
+            {Ty, St2} = type(Comm, Ctx, St1),
+            {Frame, St3} = frame(Inline, Ctx, St2),
+            case Frame of
+                F when F =:= drop; F =:= junk ->
+                    lines(Rest, Ctx, St3, Ty, [], false, false);
+                ?UNKNOWN ->
+                    lines(Rest, Ctx, St3, Ty, [?UNKNOWN], true, false);
+                _ ->
+                    lines(Rest, Ctx, St3, Ty, [Frame], false, false)
+            end;
+        error ->
+            lines(Rest, Ctx, St1#st{skipped = St1#st.skipped + 1}, none, [], false, false)
+    end.
+
+emit(_Ctx, St, none, _, _, _) ->
+    St;
+emit(_Ctx, St, skip, _, _, _) ->
+    St;
+emit(#ctx{max_stacks = Max, cut_unknown = Cut}, St, Type, Frames0, U, T) ->
+    Frames =
+        case Frames0 of
+            [] -> [<<"[no stack]">>];
+            _ when U, Cut -> cut_unknown(Frames0);
+            _ -> Frames0
+        end,
+    Key = [Type | Frames],
+    #st{stacks = S, samples = N} = St,
+    St2 = case S of
+        #{Key := C} ->
+            St#st{stacks = S#{Key := C + 1}};
+        _ when map_size(S) < Max ->
+            St#st{stacks = S#{Key => 1}};
+        _ ->
+            K2 = [Type, <<"[other stacks]">>],
+            St#st{stacks = maps:update_with(K2, fun(X) -> X + 1 end, 1, S),
+                  overflow = St#st.overflow + 1}
+    end,
+    St3 = case U of
+        true -> St2#st{unknown = St2#st.unknown + 1};
+        false -> St2
+    end,
+    St4 = case T of
+        true -> St3#st{truncated = St3#st.truncated + 1};
+        false -> St3
+    end,
+    St4#st{samples = N + 1}.
+
+%% Keeps the frames leafwards of the last [unknown] frame (frames are
+%% root-first): with frame-pointer unwinding everything rootwards of an
+%% unknown frame is garbage.
+cut_unknown(Frames) ->
+    case lists:splitwith(fun(F) -> F =/= ?UNKNOWN end, lists:reverse(Frames)) of
+        {[], _} -> [?UNKNOWN];
+        {Leafward, _} -> lists:reverse(Leafward)
+    end.
+
+type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
+    case Cs of
+        #{Comm := Ty} ->
+            {Ty, St};
+        _ ->
+            Ty0 = thread_type(Comm),
+            Ty = case Types =:= all orelse lists:member(Ty0, Types) of
+                true -> Ty0;
+                false -> skip
+            end,
+            Cs2 = case map_size(Cs) < 10000 of
+                true -> Cs#{binary:copy(Comm) => Ty};
+                false -> Cs
+            end,
+            {Ty, St#st{comms = Cs2}}
+    end.
+
+frame(Line, Ctx, St = #st{cache = Cache}) ->
+    case Cache of
+        #{Line := F} ->
+            {F, St};
+        _ ->
+            F = parse_frame(Line, Ctx),
+            Cache2 = case map_size(Cache) < ?CACHE_MAX of
+                true -> Cache#{binary:copy(Line) => F};
+                false -> Cache
+            end,
+            {F, St#st{cache = Cache2}}
+    end.
+
+%% "\t    7f96... sym+0x1f (dso)" -> frame name | drop | junk.
+parse_frame(Line0, Ctx) ->
+    Line = skip_ws(Line0),
+    case binary:match(Line, <<" ">>) of
+        nomatch ->
+            junk;
+        {Sp, 1} ->
+            <<Addr:Sp/binary, " ", Rest/binary>> = Line,
+            case is_hex(Addr) of
+                false -> junk;
+                true -> name(Addr, Rest, Ctx)
+            end
+    end.
+
+name(Addr, Rest, Ctx) ->
+    {Sym0, Dso} =
+        case binary:matches(Rest, <<" (">>) of
+            [] ->
+                {Rest, <<>>};
+            Ms ->
+                {P, _} = lists:last(Ms),
+                <<S:P/binary, " (", D0/binary>> = Rest,
+                {S, strip_paren(D0)}
+        end,
+    Sym = strip_offset(Sym0),
+    case Sym of
+        ?UNKNOWN when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
+            case Addr of
+                <<"ffffffffffffffff">> -> drop;
+                <<"0">> -> drop;
+                _ -> resolve(Addr, Ctx)
+            end;
+        ?UNKNOWN ->
+            <<"[", (basename(Dso))/binary, "]">>;
+        <<>> ->
+            junk;
+        _ when Dso =:= <<"[kernel.kallsyms]">> ->
+            <<(sanitize(Sym))/binary, "_[k]">>;
+        _ ->
+            sanitize(Sym)
+    end.
+
+resolve(_Addr, #ctx{perf_map = undefined}) ->
+    ?UNKNOWN;
+resolve(Addr, #ctx{perf_map = Map}) ->
+    A = binary_to_integer(Addr, 16),
+    case lookup(Map, A, 1, tuple_size(Map)) of
+        none -> ?UNKNOWN;
+        Name -> Name
+    end.
+
+lookup(_Map, _A, Lo, Hi) when Lo > Hi ->
+    none;
+lookup(Map, A, Lo, Hi) ->
+    Mid = (Lo + Hi) div 2,
+    {Start, Size, Name} = element(Mid, Map),
+    if
+        A < Start -> lookup(Map, A, Lo, Mid - 1);
+        A >= Start + Size -> lookup(Map, A, Mid + 1, Hi);
+        true -> Name
+    end.
+
+load_map(undefined) ->
+    {ok, undefined};
+load_map(Path) ->
+    case file:read_file(Path) of
+        {ok, Bin} ->
+            Entries = lists:filtermap(fun map_line/1, binary:split(Bin, <<"\n">>, [global])),
+            {ok, list_to_tuple(lists:keysort(1, Entries))};
+        {error, Why} ->
+            {error, {?MODULE, {perf_map, Path, Why}}}
+    end.
+
+map_line(Line) ->
+    case binary:split(Line, <<" ">>, [global]) of
+        [A, S | NameParts] when NameParts =/= [] ->
+            try
+                {true, {hex(A), hex(S), sanitize(iolist_to_binary(lists:join(<<" ">>, NameParts)))}}
+            catch
+                error:badarg -> false
+            end;
+        _ ->
+            false
+    end.
+
+hex(<<"0x", H/binary>>) -> binary_to_integer(H, 16);
+hex(H) -> binary_to_integer(H, 16).
+
+strip_paren(D) ->
+    case byte_size(D) of
+        0 -> D;
+        N ->
+            case binary:last(D) of
+                $) -> binary:part(D, 0, N - 1);
+                _ -> D
+            end
+    end.
+
+strip_offset(Sym) ->
+    case binary:matches(Sym, <<"+0x">>) of
+        [] ->
+            Sym;
+        Ms ->
+            {P, _} = lists:last(Ms),
+            binary:part(Sym, 0, P)
+    end.
+
+basename(Path) ->
+    case binary:matches(Path, <<"/">>) of
+        [] -> sanitize(Path);
+        Ms ->
+            {P, _} = lists:last(Ms),
+            sanitize(binary:part(Path, P + 1, byte_size(Path) - P - 1))
+    end.
+
+skip_ws(<<C, R/binary>>) when C =:= $\s; C =:= $\t -> skip_ws(R);
+skip_ws(B) -> B.
+
+is_hex(<<>>) -> false;
+is_hex(B) -> is_hex1(B).
+
+is_hex1(<<>>) -> true;
+is_hex1(<<C, R/binary>>) when C >= $0, C =< $9; C >= $a, C =< $f; C >= $A, C =< $F -> is_hex1(R);
+is_hex1(_) -> false.
+
+%% Header: "COMM  TID [CPU] TIME: PERIOD EVENT: [inline frame]". The comm
+%% may hold spaces; the time token ("123.456:") anchors the parse.
+header(Line) ->
+    Tokens = binary:split(Line, <<" ">>, [global, trim_all]),
+    header(Tokens, []).
+
+header([], _) ->
+    error;
+header([Tok | Rest], Before) ->
+    case is_time(Tok) of
+        true when Before =/= [] -> header_after(Rest, Before);
+        _ -> header(Rest, [Tok | Before])
+    end.
+
+header_after(Rest, Before) ->
+    %% Before is reversed: tid (and maybe [cpu]) first, then the comm.
+    CommTokens = case Before of
+        [<<"[", _/binary>>, _Tid | C] -> C;
+        [_Tid | C] -> C
+    end,
+    case CommTokens of
+        [] ->
+            error;
+        _ ->
+            Comm = iolist_to_binary(lists:join(<<" ">>, lists:reverse(CommTokens))),
+            {ok, Comm, inline(Rest)}
+    end.
+
+%% After the time: optional period, the event name ending in ':', then an
+%% inline frame when perf recorded no call chain.
+inline([]) -> <<>>;
+inline([P, E | Frame]) ->
+    case is_digits(P) of
+        true -> inline_event([E | Frame]);
+        false -> inline_event([P, E | Frame])
+    end;
+inline(Other) -> inline_event(Other).
+
+inline_event([E | Frame]) ->
+    case binary:last(E) of
+        $: when Frame =/= [] -> iolist_to_binary(lists:join(<<" ">>, Frame));
+        _ -> <<>>
+    end;
+inline_event([]) ->
+    <<>>.
+
+is_time(Tok) ->
+    byte_size(Tok) > 2 andalso binary:last(Tok) =:= $: andalso
+        is_time1(binary:part(Tok, 0, byte_size(Tok) - 1), false).
+
+is_time1(<<>>, Dot) -> Dot;
+is_time1(<<$., R/binary>>, false) -> is_time1(R, true);
+is_time1(<<C, R/binary>>, Dot) when C >= $0, C =< $9 -> is_time1(R, Dot);
+is_time1(_, _) -> false.
+
+is_digits(<<>>) -> false;
+is_digits(B) -> is_digits1(B).
+
+is_digits1(<<>>) -> true;
+is_digits1(<<C, R/binary>>) when C >= $0, C =< $9 -> is_digits1(R);
+is_digits1(_) -> false.
+
+strip_number(Comm) ->
+    C1 = case Comm of
+        <<"erts_", R/binary>> -> R;
+        _ -> Comm
+    end,
+    strip_trailing_number(strip_leading_number(C1)).
+
+strip_leading_number(<<C, R/binary>> = B) when C >= $0, C =< $9 ->
+    case drop_digits(R) of
+        <<"_", R2/binary>> when R2 =/= <<>> -> R2;
+        _ -> B
+    end;
+strip_leading_number(B) ->
+    B.
+
+drop_digits(<<C, R/binary>>) when C >= $0, C =< $9 -> drop_digits(R);
+drop_digits(B) -> B.
+
+strip_trailing_number(B) ->
+    case binary:matches(B, <<"_">>) of
+        [] -> B;
+        Ms ->
+            {P, _} = lists:last(Ms),
+            Tail = binary:part(B, P + 1, byte_size(B) - P - 1),
+            case is_digits(Tail) andalso P > 0 of
+                true -> binary:part(B, 0, P);
+                false -> B
+            end
+    end.
+
+%% Frame names go into ';'-separated folded lines: no ';' or line ends.
+sanitize(B) ->
+    case binary:match(B, [<<";">>, <<"\r">>, <<"\n">>]) of
+        nomatch -> B;
+        _ -> binary:replace(B, [<<";">>, <<"\r">>, <<"\n">>], <<"_">>, [global])
+    end.
+
+erlang_or_native(F) ->
+    case binary:match(F, <<":">>) of
+        nomatch ->
+            native;
+        {P, 1} ->
+            case binary:match(F, <<"/">>, [{scope, {P, byte_size(F) - P}}]) of
+                nomatch ->
+                    native;
+                {S, 1} ->
+                    Ar = binary:part(F, S + 1, byte_size(F) - S - 1),
+                    case is_digits(Ar) of
+                        true -> erlang;
+                        false -> native
+                    end
+            end
+    end.
+
+add_counts(Small, Big) when map_size(Small) > map_size(Big) ->
+    add_counts(Big, Small);
+add_counts(Small, Big) ->
+    maps:fold(fun(K, V, Acc) -> maps:update_with(K, fun(X) -> X + V end, V, Acc) end, Big, Small).
+
+share(_, 0) -> 0.0;
+share(A, B) -> A / B.
+
+printable(B) ->
+    case unicode:characters_to_list(B) of
+        L when is_list(L) -> L;
+        _ -> [C || <<C>> <= B, C >= 32, C < 127]
+    end.

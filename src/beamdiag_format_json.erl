@@ -1,0 +1,64 @@
+%%% @doc The JSON report, schema "beamdiag.diagnosis/1".
+%%%
+%%% Top-level keys: `schema', `node', `otp_release', `window_s', `complete',
+%%% `settings' (only the flags beamdiag reads; never the emulator's argument
+%%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
+%%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
+%%% `locks' (when counted), `findings' (most severe first) and `notes'.
+%%%
+%%% ```
+%%% 1> iolist_to_binary(beamdiag_format_json:diagnosis(D)).
+%%% <<"{\"by_type\":{...},\"findings\":[...],\"schema\":\"beamdiag.diagnosis/1\",...}">>
+%%% '''
+-module(beamdiag_format_json).
+
+-export([diagnosis/1, document/1]).
+
+-define(SCHEMA, <<"beamdiag.diagnosis/1">>).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The diagnosis as JSON text, one document, newline-terminated.
+-spec diagnosis(beamdiag:diagnosis()) -> iolist().
+diagnosis(D) ->
+    [beamdiag_json:encode(document(D)), "\n"].
+
+%% @doc The diagnosis as the map the JSON text encodes.
+-spec document(beamdiag:diagnosis()) -> map().
+document(#{capture := C, ledger := L, findings := F}) ->
+    Settings = maps:get(settings, C),
+    Doc = #{
+        schema => ?SCHEMA,
+        node => maps:get(node, C),
+        otp_release => maps:get(otp_release, Settings),
+        window_s => maps:get(window_s, L),
+        samples => length(maps:get(samples, C)),
+        complete => maps:get(complete, C, true),
+        settings => Settings,
+        threads => [thread(T) || T <- maps:get(threads, L)],
+        by_type => maps:get(by_type, L),
+        totals => maps:get(totals, L),
+        host => maps:get(host, L),
+        cgroup => maps:get(cgroup, L),
+        vm => maps:get(vm, L),
+        msacc => maps:get(msacc, L),
+        findings => [finding(X) || X <- F],
+        notes => maps:get(notes, L)
+    },
+    case maps:get(extras, C, #{}) of
+        #{locks := Locks} -> Doc#{locks => Locks};
+        _ -> Doc
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+thread(T) ->
+    maps:with([tid, name, type, index, scheduler_id, wall, busy, on_cpu, user, sys, runq,
+               off_cpu, spin, blocked, nvcsw, nivcsw, minflt, majflt], T).
+
+finding(F) ->
+    maps:with([id, severity, title, evidence, metrics, fix, when_not], F).

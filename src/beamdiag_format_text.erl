@@ -1,0 +1,211 @@
+%%% @doc The text report: findings first, then the time ledger by thread
+%%% type with the worst outliers, then msacc and notes. Fits 80 columns
+%%% whatever the number of schedulers.
+%%%
+%%% ```
+%%% 1> io:put_chars(beamdiag_format_text:diagnosis(D, #{colour => false})).
+%%% beamdiag: lab_busy_wait@host, OTP 25 (jit), 10.0 s window, 11 samples
+%%% ...
+%%% '''
+-module(beamdiag_format_text).
+
+-export([diagnosis/2, ledger_table/2, findings/2, pct/1, wrap/3]).
+
+-define(WIDTH, 80).
+-define(OUTLIERS, 3).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The whole report. Options: `colour' (false).
+-spec diagnosis(beamdiag:diagnosis(), map()) -> iolist().
+diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
+    [
+        header(C, L),
+        "\n",
+        findings(F, Opts),
+        "\n",
+        ledger_table(L, Opts),
+        msacc(L),
+        locks(C),
+        notes(L)
+    ].
+
+%% @doc The findings section.
+-spec findings([beamdiag_finding:finding()], map()) -> iolist().
+findings([], _Opts) ->
+    "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation\n";
+findings(Findings, Opts) ->
+    ["FINDINGS\n", [finding(F, Opts) || F <- Findings]].
+
+%% @doc The ledger table: one line per thread type, then the outliers.
+-spec ledger_table(beamdiag_ledger:ledger(), map()) -> iolist().
+ledger_table(#{threads := []}, _Opts) ->
+    "TIME LEDGER\n  no per-thread figures (see notes)\n";
+ledger_table(#{by_type := ByType, threads := Threads}, _Opts) ->
+    Head = io_lib:format("~-10s ~4s ~6s ~6s ~6s ~6s ~6s ~6s ~6s ~7s~n",
+                         ["type", "n", "busy", "on-cpu", "user", "sys", "runq", "off", "spin",
+                          "blocked"]),
+    Rows = [type_line(T, maps:get(T, ByType)) || T <- beamdiag_threads:types(),
+                                                 maps:is_key(T, ByType)],
+    [
+        "TIME LEDGER (share of wall time per thread, summed by type)\n",
+        Head,
+        Rows,
+        outliers(Threads)
+    ].
+
+%% @doc A share as a percentage with one decimal.
+-spec pct(number() | undefined) -> iolist().
+pct(undefined) -> "-";
+pct(X) -> io_lib:format("~.1f%", [100 * X]).
+
+%% @doc Wraps text to the width, every line after the first indented.
+-spec wrap(iodata(), non_neg_integer(), pos_integer()) -> iolist().
+wrap(Text, Indent, Width) ->
+    Words = string:lexemes(unicode:characters_to_list(Text), " \n"),
+    Pad = lists:duplicate(Indent, $\s),
+    {Lines, Last} = lists:foldl(
+        fun(W, {Acc, Cur}) ->
+            case Cur of
+                "" -> {Acc, W};
+                _ when length(Cur) + 1 + length(W) + Indent > Width -> {[Cur | Acc], W};
+                _ -> {Acc, Cur ++ " " ++ W}
+            end
+        end,
+        {[], ""},
+        Words
+    ),
+    lists:join(["\n", Pad], lists:reverse([Last | Lines])).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+header(#{node := Node, settings := S, samples := Samples} = C, L) ->
+    Complete = case maps:get(complete, C, true) of
+                   true -> "";
+                   false -> " (PARTIAL: the target went away)"
+               end,
+    H = maps:get(host, L, #{}),
+    T = maps:get(totals, L, #{}),
+    Cg = maps:get(cgroup, L, #{}),
+    [
+        io_lib:format("beamdiag: ~ts, OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
+                      [safe(Node), maps:get(otp_release, S), maps:get(emu_flavor, S),
+                       case maps:get(lock_counting, S, false) of true -> ", lcnt"; _ -> "" end,
+                       maps:get(window_s, L, 0.0), length(Samples), Complete]),
+        io_lib:format("schedulers ~b/~b online, dirty cpu ~b, dirty io ~b~n"
+                      "busy wait: +sbwt ~ts +sbwtdcpu ~ts +sbwtdio ~ts; +Mdai ~ts~n",
+                      [maps:get(schedulers_online, S), maps:get(schedulers, S),
+                       maps:get(dirty_cpu_schedulers_online, S), maps:get(dirty_io_schedulers, S),
+                       maps:get(sbwt, S), maps:get(sbwtdcpu, S), maps:get(sbwtdio, S),
+                       maps:get(mdai, S)]),
+        case H of
+            #{ncpu := N} ->
+                io_lib:format("host ~b CPUs, ~s busy, steal ~s; node used ~.2f of ~.2f CPUs~n"
+                              "cgroup quota: ~ts~n",
+                              [N, pct(maps:get(busy, H)), pct(maps:get(steal, H)),
+                               maps:get(cpus_used, T, 0.0),
+                               float(maps:get(cpus_available, T, 0)),
+                               quota(maps:get(quota_cpus, Cg, unlimited))]);
+            _ ->
+                ""
+        end
+    ].
+
+finding(#{id := Id, severity := Sev, title := Title, evidence := Ev, fix := Fix,
+          when_not := WhenNot}, Opts) ->
+    Tag = string:uppercase(atom_to_list(Sev)),
+    [
+        "\n", colour(Sev, ["[", Tag, "]"], Opts), " ", atom_to_list(Id), ": ", Title, "\n",
+        [["  - ", wrap(E, 4, ?WIDTH), "\n"] || E <- Ev],
+        "  fix: ", wrap(Fix, 7, ?WIDTH), "\n",
+        "  when not: ", wrap(WhenNot, 12, ?WIDTH), "\n"
+    ].
+
+colour(_, Text, #{colour := false}) -> Text;
+colour(critical, Text, #{colour := true}) -> ["\e[1;31m", Text, "\e[0m"];
+colour(warning, Text, #{colour := true}) -> ["\e[1;33m", Text, "\e[0m"];
+colour(info, Text, #{colour := true}) -> ["\e[36m", Text, "\e[0m"];
+colour(_, Text, _) -> Text.
+
+type_line(Type, Row = #{n := N, wall := Wall}) ->
+    Cells = [pct(share(K, Row, Wall)) || K <- [busy, on_cpu, user, sys, runq, off_cpu, spin]],
+    io_lib:format("~-10s ~4b ~6s ~6s ~6s ~6s ~6s ~6s ~6s ~7s~n",
+                  [atom_to_list(Type), N | Cells] ++ [pct(share(blocked, Row, Wall))]).
+
+share(K, Row, Wall) ->
+    case maps:get(K, Row) of
+        undefined -> undefined;
+        V -> beamdiag_ledger:share(K, #{K => V}, Wall)
+    end.
+
+%% The scheduler threads that stand out most from their type's mean on
+%% spin, blocked or runq.
+outliers(Threads) ->
+    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
+                  is_number(maps:get(busy, T))],
+    Scored = [{score(T, Sched), T} || T <- Sched],
+    Top = [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
+                S > 0.05],
+    case Top of
+        [] -> "";
+        _ ->
+            ["outliers:\n",
+             [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
+                            [safe(Name), pct(share(busy, T, W)), pct(share(on_cpu, T, W)),
+                             pct(share(runq, T, W)), pct(share(spin, T, W)),
+                             pct(share(blocked, T, W))])
+              || T = #{name := Name, wall := W} <- Top]]
+    end.
+
+score(T = #{type := Ty, wall := W}, All) ->
+    Same = [X || X = #{type := Y} <- All, Y =:= Ty],
+    lists:max([abs(share(K, T, W) - mean(K, Same)) || K <- [spin, blocked, runq, busy]]).
+
+mean(K, Rows) ->
+    lists:sum([share(K, R, W) || R = #{wall := W} <- Rows]) / max(1, length(Rows)).
+
+msacc(#{msacc := #{by_type := ByType, extra := Extra}}) ->
+    Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
+    [
+        "\nMICROSTATES (msacc, share of accounted time)",
+        case Extra of
+            true -> " with extra states\n";
+            false ->
+                "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
+                "  and send inside 'emulator'; gc_full inside 'gc'. For the split, build the\n"
+                "  lock-counting emulator with extra states: beamdiag flavor build --install\n"
+        end,
+        [msacc_line(T, maps:get(T, ByType)) || T <- Types]
+    ];
+msacc(_) ->
+    "".
+
+msacc_line(Type, #{shares := Shares}) ->
+    Top = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Shares))), 5),
+    io_lib:format("  ~-10s ~ts~n",
+                  [atom_to_list(Type),
+                   lists:join("  ", [[atom_to_list(S), " ", pct(V)] || {S, V} <- Top, V > 0.0005])]).
+
+locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
+    case code:ensure_loaded(beamdiag_lock_format) of
+        {module, _} -> ["\n", beamdiag_lock_format:text(Locks)];
+        _ -> ""
+    end;
+locks(_) ->
+    "".
+
+notes(#{notes := []}) -> "";
+notes(#{notes := Notes}) -> ["\nNOTES\n", [["  - ", wrap(N, 4, ?WIDTH), "\n"] || N <- Notes]].
+
+quota(unlimited) -> "none";
+quota(Q) when is_number(Q) -> io_lib:format("~.2f CPUs", [float(Q)]).
+
+%% Strings from the target: printable, one line, bounded.
+safe(B) when is_binary(B) ->
+    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
+     || C <- lists:sublist(unicode:characters_to_list(B), 120), is_integer(C)];
+safe(Other) -> io_lib:format("~p", [Other]).

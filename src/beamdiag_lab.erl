@@ -1,0 +1,258 @@
+%%% @doc The lab: local nodes that reproduce one pathology each, for demos
+%%% and tests.
+%%%
+%%% A scenario is data: the emulator flags of the node, the workload to
+%%% start on it (`{Module, Function, Args}', the module shipped to the node
+%%% over its control channel), an optional CPU competitor node and an
+%%% optional cgroup CPU quota. `start/2' starts the node with OTP's `peer'
+%%% over standard I/O, so the node dies with the session that started it;
+%%% every workload also stops on its own after its time bound.
+%%%
+%%% ```
+%%% 1> {ok, Lab} = beamdiag_lab:start(busy_wait, #{duration => 60}).
+%%% 2> beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab)}).
+%%% 3> beamdiag_lab:stop(Lab).
+%%% '''
+-module(beamdiag_lab).
+
+-export([scenarios/0, scenario/1, start/2, stop/1, node/1, cookie/1, format_error/1]).
+
+-export_type([scenario/0, lab/0]).
+
+-type scenario() :: #{
+    name := atom(),
+    summary := binary(),
+    emu_args := [string()],
+    load := {module(), atom(), [term()]},
+    emu_type => lcnt,
+    expect => [atom()],
+    competitor => #{cpus := pos_integer()},
+    cgroup => #{quota_cpus := float()},
+    warmup_ms => non_neg_integer()
+}.
+-type lab() :: #{
+    scenario := scenario(),
+    node := node(),
+    peer := pid(),
+    cookie := atom(),
+    competitor => pid(),
+    cgroup => file:filename()
+}.
+
+-define(DEFAULT_DURATION, 120).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Every scenario, from every lab module present in this build.
+-spec scenarios() -> [scenario()].
+scenarios() ->
+    lists:append([M:scenarios() || M <- [beamdiag_lab_ledger, beamdiag_lab_locks,
+                                        beamdiag_lab_cache],
+                                   code:ensure_loaded(M) =:= {module, M}]).
+
+%% @doc One scenario by name (atom or string); unknown names are an error value.
+-spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
+scenario(Name) ->
+    Str = case Name of A when is_atom(A) -> atom_to_list(A); L -> L end,
+    case [S || S = #{name := N} <- scenarios(), atom_to_list(N) =:= Str] of
+        [Found] -> {ok, Found};
+        [] -> {error, {beamdiag_lab, {unknown_scenario, Str, [N || #{name := N} <- scenarios()]}}}
+    end.
+
+%% @doc Starts the scenario's node and its workload. Options: `duration'
+%% (seconds the workload runs, default 120), `extra_args' (more emulator
+%% flags, e.g. a variant under test).
+-spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {beamdiag_lab, term()}}.
+start(Name, Opts) when is_atom(Name); is_list(Name) ->
+    case scenario(Name) of
+        {ok, S} -> start(S, Opts);
+        {error, _} = E -> E
+    end;
+start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
+    Duration = maps:get(duration, Opts, ?DEFAULT_DURATION),
+    Cookie = list_to_atom("lab_" ++ integer_to_list(erlang:unique_integer([positive])) ++
+                          "_" ++ integer_to_list(rand:uniform(1 bsl 40))),
+    NodeName = list_to_atom(lists:concat(["beamdiag_lab_", Name, "_", os:getpid(), "_",
+                                          erlang:unique_integer([positive])])),
+    EmuType = case maps:get(emu_type, S, undefined) of
+                  lcnt -> ["-emu_type", "lcnt"];
+                  _ -> []
+              end,
+    PeerArgs = EmuType ++ ["-setcookie", atom_to_list(Cookie), "-hidden"] ++ Args ++
+               maps:get(extra_args, Opts, []),
+    case peer:start(#{name => NodeName, connection => standard_io, args => PeerArgs,
+                      wait_boot => 30000}) of
+        {ok, Peer, Node} ->
+            Lab0 = #{scenario => S, node => Node, peer => Peer, cookie => Cookie},
+            case setup(Lab0, Mod, Fun, FArgs, Duration) of
+                {ok, Lab} ->
+                    timer:sleep(maps:get(warmup_ms, S, 1500)),
+                    {ok, Lab};
+                {error, _} = E ->
+                    stop(Lab0),
+                    E
+            end;
+        {error, Reason} ->
+            {error, {beamdiag_lab, {peer_start, Name, Reason}}}
+    end.
+
+%% @doc Stops the workload, the node, the competitor and removes the cgroup.
+-spec stop(lab()) -> ok.
+stop(Lab = #{peer := Peer}) ->
+    catch peer:stop(Peer),
+    case maps:find(competitor, Lab) of
+        {ok, C} -> catch peer:stop(C);
+        error -> ok
+    end,
+    case maps:find(cgroup, Lab) of
+        {ok, Dir} -> remove_cgroup(Dir);
+        error -> ok
+    end,
+    ok.
+
+%% @doc The lab node's name.
+-spec node(lab()) -> node().
+node(#{node := N}) -> N.
+
+%% @doc The lab node's cookie.
+-spec cookie(lab()) -> atom().
+cookie(#{cookie := C}) -> C.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({unknown_scenario, N, Known}) ->
+    io_lib:format("no lab scenario '~ts'; known: ~ts",
+                  [printable(N), lists:join(", ", [atom_to_list(K) || K <- Known])]);
+format_error({peer_start, Name, Reason}) ->
+    io_lib:format("cannot start the ~s lab node: ~p~ts", [Name, Reason, lcnt_hint(Reason)]);
+format_error({load, Mod, Reason}) ->
+    io_lib:format("cannot load ~s onto the lab node: ~p", [Mod, Reason]);
+format_error({cgroup, Why}) ->
+    io_lib:format("cannot set up a CPU-quota cgroup (needs root and a writable cgroup "
+                  "hierarchy): ~p", [Why]);
+format_error({workload, Reason}) ->
+    io_lib:format("the workload did not start: ~p", [Reason]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
+    Steps = [
+        fun(L) -> load(Peer, Mod, L) end,
+        fun(L) -> cgroup(S, L, Duration) end,
+        fun(L) -> competitor(S, L, Duration) end,
+        fun(L) ->
+            %% The atom '$duration_ms' in a scenario's arguments stands for the
+            %% workload's time bound.
+            Args = [case A of '$duration_ms' -> Duration * 1000; _ -> A end || A <- FArgs],
+            case catch peer:call(Peer, Mod, Fun, Args, 30000) of
+                ok -> {ok, L};
+                {ok, _} -> {ok, L};
+                Other -> {error, {beamdiag_lab, {workload, Other}}}
+            end
+        end
+    ],
+    lists:foldl(fun(Step, {ok, L}) -> Step(L); (_, E) -> E end, {ok, Lab}, Steps).
+
+load(Peer, Mod, Lab) ->
+    {Mod, Bin, File} = code:get_object_code(Mod),
+    case catch peer:call(Peer, code, load_binary, [Mod, File, Bin], 30000) of
+        {module, Mod} -> {ok, Lab};
+        Other -> {error, {beamdiag_lab, {load, Mod, Other}}}
+    end.
+
+%% A second node that burns the given number of CPUs, competing with the lab
+%% node for the host's cores.
+competitor(#{competitor := #{cpus := N}}, Lab, Duration) ->
+    Name = list_to_atom(lists:concat(["beamdiag_lab_competitor_", os:getpid(), "_",
+                                      erlang:unique_integer([positive])])),
+    case peer:start(#{name => Name, connection => standard_io,
+                      args => ["-hidden", "+S", integer_to_list(N)]}) of
+        {ok, C, _} ->
+            Lab2 = Lab#{competitor => C},
+            case load(C, beamdiag_lab_ledger, Lab2) of
+                {ok, _} ->
+                    ok = peer:call(C, beamdiag_lab_ledger, burn, [Duration * 1000, N * 2]),
+                    {ok, Lab2};
+                E ->
+                    E
+            end;
+        {error, Reason} ->
+            {error, {beamdiag_lab, {peer_start, competitor, Reason}}}
+    end;
+competitor(_, Lab, _) ->
+    {ok, Lab}.
+
+%% Puts the lab node into a cgroup of its own with a CPU quota.
+cgroup(#{cgroup := #{quota_cpus := Q}}, Lab = #{peer := Peer}, _Parent) ->
+    OsPid = peer:call(Peer, os, getpid, []),
+    case cgroup_dir() of
+        {ok, Version, Base} ->
+            Dir = filename:join(Base, "beamdiag_lab_" ++ OsPid),
+            Period = 100000,
+            Quota = integer_to_list(round(Q * Period)),
+            Writes =
+                case Version of
+                    1 -> [{"cpu.cfs_period_us", integer_to_list(Period)},
+                          {"cpu.cfs_quota_us", Quota},
+                          {"cgroup.procs", OsPid}];
+                    2 -> [{"cpu.max", Quota ++ " " ++ integer_to_list(Period)},
+                          {"cgroup.procs", OsPid}]
+                end,
+            case file:make_dir(Dir) of
+                R when R =:= ok; R =:= {error, eexist} ->
+                    case write_all(Dir, Writes) of
+                        ok -> {ok, Lab#{cgroup => Dir}};
+                        {error, Why} ->
+                            remove_cgroup(Dir),
+                            {error, {beamdiag_lab, {cgroup, Why}}}
+                    end;
+                {error, Why} ->
+                    {error, {beamdiag_lab, {cgroup, Why}}}
+            end;
+        {error, Why} ->
+            {error, {beamdiag_lab, {cgroup, Why}}}
+    end;
+cgroup(_, Lab, _) ->
+    {ok, Lab}.
+
+%% The CPU cgroup of this process, where the lab's own cgroup goes.
+cgroup_dir() ->
+    case beamdiag_cgroup:locate("/proc", os:getpid()) of
+        {ok, #{version := V, dir := D}} -> {ok, V, D};
+        {error, {_, Why}} -> {error, Why}
+    end.
+
+write_all(_Dir, []) ->
+    ok;
+write_all(Dir, [{F, V} | Rest]) ->
+    case file:write_file(filename:join(Dir, F), V) of
+        ok -> write_all(Dir, Rest);
+        {error, Why} -> {error, {F, Why}}
+    end.
+
+%% The node is stopped by now; an empty cgroup can be removed. Retry while
+%% the kernel finishes moving the exiting threads out.
+remove_cgroup(Dir) ->
+    remove_cgroup(Dir, 20).
+
+remove_cgroup(Dir, 0) ->
+    _ = file:del_dir(Dir),
+    ok;
+remove_cgroup(Dir, N) ->
+    case file:del_dir(Dir) of
+        ok -> ok;
+        {error, enoent} -> ok;
+        {error, _} ->
+            timer:sleep(100),
+            remove_cgroup(Dir, N - 1)
+    end.
+
+lcnt_hint(_) ->
+    "".
+
+printable(S) ->
+    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 60)].

@@ -1,0 +1,225 @@
+%%% @doc Lab scenarios that produce (or avoid) VM lock contention.
+%%%
+%%% Each scenario runs on a peer node started with the lock-counting
+%%% emulator (`emu_type => lcnt') and the scenario's extra emulator flags.
+%%% The lab loads this module onto the peer and calls the scenario's `load'
+%%% there (the lab replaces `'$duration_ms'' in the arguments with the
+%%% time bound); `run/2' starts the workload and returns at once. The workload
+%%% stops by itself after `duration_s' seconds (default 120), when
+%%% `stop/1' is called, when the process that started it exits abnormally,
+%%% when that process's group leader goes down (the session that started
+%%% it went away) or when an optional `owner' pid goes down.
+%%%
+%%% ```
+%%% 1> [S | _] = beamdiag_lab_locks:scenarios(), maps:get(name, S).
+%%% ets_hot
+%%% 2> {ok, Pid} = beamdiag_lab_locks:run(ets_hot, #{duration_s => 30}).
+%%% 3> beamdiag_lab_locks:stop(Pid).
+%%% ok
+%%% '''
+%%%
+%%% The workloads:
+%%% <ul>
+%%% <li>`ets_hot': 4 writers per scheduler bump 4 counters in one public
+%%%   table, `beamdiag_hot_table' (write_concurrency on, as a metrics
+%%%   library would create it). Every writer hits the same few hash-slot
+%%%   locks.</li>
+%%% <li>`ets_sharded': the same writers and counters over one table per
+%%%   scheduler (`beamdiag_shard_N'); a writer bumps the table of the
+%%%   scheduler it runs on.</li>
+%%% <li>`dirty_gc_alloc' and `dirty_gc_alloc_mdai': 2 processes per dirty CPU
+%%%   scheduler keep about 200k words live each and collect garbage in a
+%%%   loop; collections of heaps that large run on the dirty CPU schedulers,
+%%%   which by default share one eheap_alloc instance. The second scenario
+%%%   runs with +Mdai max.</li>
+%%% </ul>
+-module(beamdiag_lab_locks).
+
+-export([scenarios/0, run/2, stop/1]).
+
+-export_type([scenario/0]).
+
+-define(HOT_TABLE, beamdiag_hot_table).
+-define(KEYS, 4).
+-define(WRITERS_PER_SCHEDULER, 4).
+-define(GC_WORKERS_PER_DIRTY, 2).
+-define(GC_LIVE_WORDS, 200000).
+
+-type scenario() :: #{
+    name := atom(),
+    summary := binary(),
+    emu_args := [string()],
+    emu_type => lcnt,
+    load := {module(), atom(), [term()]}
+}.
+-type run_opts() :: #{duration_s => pos_integer(), owner => pid()}.
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The lock scenarios, for the lab.
+-spec scenarios() -> [scenario()].
+scenarios() ->
+    [
+        #{
+            name => ets_hot,
+            summary =>
+                <<"Many writers on all schedulers bump a few counters in one public ETS "
+                  "table (beamdiag_hot_table): expect ets_contention naming it.">>,
+            emu_args => [],
+            emu_type => lcnt,
+            load => {?MODULE, run, [ets_hot, '$duration_ms']}
+        },
+        #{
+            name => ets_sharded,
+            summary =>
+                <<"The same writers over one ETS table per scheduler: expect no ETS "
+                  "lock finding.">>,
+            emu_args => [],
+            emu_type => lcnt,
+            load => {?MODULE, run, [ets_sharded, '$duration_ms']}
+        },
+        #{
+            name => dirty_gc_alloc,
+            summary =>
+                <<"Large heaps collected on the dirty CPU schedulers, which share one "
+                  "eheap_alloc instance by default: expect allocator_contention.">>,
+            emu_args => [],
+            emu_type => lcnt,
+            load => {?MODULE, run, [dirty_gc, '$duration_ms']}
+        },
+        #{
+            name => dirty_gc_alloc_mdai,
+            summary =>
+                <<"The dirty GC load with +Mdai max (an allocator instance per dirty "
+                  "scheduler): expect far less allocator contention.">>,
+            emu_args => ["+Mdai", "max"],
+            emu_type => lcnt,
+            load => {?MODULE, run, [dirty_gc, '$duration_ms']}
+        }
+    ].
+
+%% @doc Starts a workload on this node and returns its coordinator at once.
+%% The second argument is the time bound in milliseconds (the lab passes
+%% it for `'$duration_ms'') or a map of options: `duration_s' (default 120)
+%% and `owner'.
+-spec run(ets_hot | ets_sharded | dirty_gc, pos_integer() | run_opts()) -> {ok, pid()}.
+run(Load, DurationMs) when is_integer(DurationMs), DurationMs > 0 ->
+    run(Load, #{duration_s => max(1, DurationMs div 1000)});
+run(Load, Opts) when
+    (Load =:= ets_hot orelse Load =:= ets_sharded orelse Load =:= dirty_gc), is_map(Opts)
+->
+    Starter = self(),
+    {group_leader, GL} = erlang:process_info(Starter, group_leader),
+    DurationMs = 1000 * maps:get(duration_s, Opts, 120),
+    Owner = maps:get(owner, Opts, undefined),
+    Ref = make_ref(),
+    Pid = spawn(fun() -> coordinator(Load, Starter, GL, Owner, DurationMs, Ref) end),
+    receive
+        {Ref, started} -> {ok, Pid}
+    after 10000 ->
+        exit(Pid, kill),
+        error({workload_start_timeout, Load})
+    end.
+
+%% @doc Stops a workload started by `run/2'.
+-spec stop(pid()) -> ok.
+stop(Pid) ->
+    MRef = erlang:monitor(process, Pid),
+    exit(Pid, shutdown),
+    receive
+        {'DOWN', MRef, process, _, _} -> ok
+    after 5000 ->
+        exit(Pid, kill),
+        ok
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+-spec coordinator(atom(), pid(), pid(), pid() | undefined, pos_integer(), reference()) ->
+    no_return().
+coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
+    StarterMon = erlang:monitor(process, Starter),
+    GLMon = erlang:monitor(process, GL),
+    _ =
+        case Owner of
+            undefined -> ok;
+            _ -> erlang:monitor(process, Owner)
+        end,
+    %% The workers are linked: when this process exits, they do too.
+    ok = start_load(Load),
+    Starter ! {Ref, started},
+    TRef = erlang:start_timer(DurationMs, self(), done),
+    wait(StarterMon, GLMon, TRef).
+
+-spec wait(reference(), reference(), reference()) -> no_return().
+wait(StarterMon, GLMon, TRef) ->
+    receive
+        {'DOWN', StarterMon, process, _, normal} ->
+            wait(StarterMon, GLMon, TRef);
+        {'DOWN', _, process, _, Reason} ->
+            exit({shutdown, {owner_down, Reason}});
+        {timeout, TRef, done} ->
+            exit({shutdown, done})
+    end.
+
+-spec start_load(atom()) -> ok.
+start_load(ets_hot) ->
+    T = ets:new(?HOT_TABLE, table_opts()),
+    true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+    Writers = ?WRITERS_PER_SCHEDULER * erlang:system_info(schedulers_online),
+    _ = [spawn_link(fun() -> hot_writer(T) end) || _ <- lists:seq(1, Writers)],
+    ok;
+start_load(ets_sharded) ->
+    N = erlang:system_info(schedulers_online),
+    Tables = list_to_tuple([
+        begin
+            Name = list_to_atom("beamdiag_shard_" ++ integer_to_list(I)),
+            T = ets:new(Name, table_opts()),
+            true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+            T
+        end
+     || I <- lists:seq(1, N)
+    ]),
+    Writers = ?WRITERS_PER_SCHEDULER * N,
+    _ = [spawn_link(fun() -> sharded_writer(Tables, N) end) || _ <- lists:seq(1, Writers)],
+    ok;
+start_load(dirty_gc) ->
+    Workers = ?GC_WORKERS_PER_DIRTY * max(1, erlang:system_info(dirty_cpu_schedulers_online)),
+    _ = [spawn_link(fun() -> gc_worker(I) end) || I <- lists:seq(1, Workers)],
+    ok.
+
+-spec table_opts() -> [term()].
+table_opts() ->
+    [set, public, named_table, {write_concurrency, true}, {read_concurrency, false}].
+
+-spec hot_writer(ets:table()) -> no_return().
+hot_writer(T) ->
+    _ = ets:update_counter(T, 1 + rand_key(), 1),
+    hot_writer(T).
+
+-spec sharded_writer(tuple(), pos_integer()) -> no_return().
+sharded_writer(Tables, N) ->
+    Shard = min(N, erlang:system_info(scheduler_id)),
+    _ = ets:update_counter(element(Shard, Tables), 1 + rand_key(), 1),
+    sharded_writer(Tables, N).
+
+-spec rand_key() -> non_neg_integer().
+rand_key() ->
+    erlang:unique_integer([positive]) rem ?KEYS.
+
+%% Keeps a large live heap and collects it in a loop, with some fresh
+%% garbage in between so that every collection has work to do.
+-spec gc_worker(pos_integer()) -> no_return().
+gc_worker(I) ->
+    Live = [{I, X} || X <- lists:seq(1, ?GC_LIVE_WORDS div 5)],
+    gc_loop(Live).
+
+-spec gc_loop(list()) -> no_return().
+gc_loop(Live) ->
+    _ = lists:seq(1, 20000),
+    true = erlang:garbage_collect(),
+    gc_loop(Live).

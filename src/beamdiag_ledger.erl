@@ -1,0 +1,332 @@
+%%% @doc The time ledger: for each thread over the window, where the wall
+%%% time went, by the OS's account and the BEAM's, side by side.
+%%%
+%%% For a scheduler thread over a window of W seconds:
+%%% <ul>
+%%% <li>`busy': the BEAM's active time (scheduler_wall_time), which counts
+%%%     time blocked on a mutex or descheduled by the OS, but not spinning;</li>
+%%% <li>`on_cpu' (`user' + `sys'): time the kernel ran the thread (schedstat);</li>
+%%% <li>`runq': time runnable but waiting for a CPU (schedstat);</li>
+%%% <li>`off_cpu' = W - on_cpu - runq: asleep in the kernel;</li>
+%%% <li>`spin' = max(0, on_cpu - busy): on CPU but not busy: busy-waiting;</li>
+%%% <li>`blocked' = max(0, busy - on_cpu - runq): busy but neither running
+%%%     nor waiting for a CPU: lock waits, page faults, blocking calls.</li>
+%%% </ul>
+%%% All pure: input is a capture, output plain maps.
+%%%
+%%% ```
+%%% 1> L = beamdiag_ledger:build(Capture).
+%%% 2> maps:get(scheduler, maps:get(by_type, L)).
+%%% #{n => 2, busy => 1.2, on_cpu => 3.9, spin => 2.7, ...}
+%%% '''
+-module(beamdiag_ledger).
+
+-export([build/1, share/3, fields/0]).
+
+-export_type([ledger/0, row/0]).
+
+-type row() :: #{atom() => number() | binary() | atom() | undefined}.
+-type ledger() :: #{
+    window_s := float(),
+    threads := [row()],
+    by_type := #{beamdiag_threads:type() => row()},
+    totals := row(),
+    host := map(),
+    cgroup := map(),
+    vm := map(),
+    msacc := map(),
+    series := [map()],
+    notes := [binary()]
+}.
+
+%% The seconds fields of a ledger row, in table order.
+-define(FIELDS, [busy, on_cpu, user, sys, runq, off_cpu, spin, blocked]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The ledger of a capture; a capture with fewer than two samples gives
+%% an empty ledger with a note.
+-spec build(beamdiag_collect:capture()) -> ledger().
+build(#{samples := Samples, settings := Settings} = Capture) when length(Samples) >= 2 ->
+    First = hd(Samples),
+    Last = lists:last(Samples),
+    Window = seconds(First, Last),
+    Threads = thread_rows(First, Last, Settings),
+    ByType = by_type(Threads),
+    Host = host(First, Last),
+    Cgroup = cgroup(First, Last, Window),
+    #{
+        window_s => Window,
+        threads => Threads,
+        by_type => ByType,
+        totals => totals(Threads, Window, Settings, Host, Cgroup),
+        host => Host,
+        cgroup => Cgroup,
+        vm => vm(Samples, Window, Settings),
+        msacc => msacc(First, Last),
+        series => series(Samples, Settings),
+        notes => notes(Capture, First)
+    };
+build(Capture) ->
+    #{
+        window_s => 0.0, threads => [], by_type => #{}, totals => #{}, host => #{},
+        cgroup => #{}, vm => #{}, msacc => #{}, series => [],
+        notes => [<<"fewer than two samples: no ledger">> | notes(Capture, #{})]
+    }.
+
+%% @doc A field of a row as a share of the row's wall time (0.0 when the
+%% row has none).
+-spec share(atom(), row(), float()) -> float().
+share(Field, Row, Wall) ->
+    case {maps:get(Field, Row, undefined), Wall} of
+        {V, W} when is_number(V), W > 0 -> V / W;
+        _ -> 0.0
+    end.
+
+%% @doc The seconds fields of a row, in table order.
+-spec fields() -> [atom()].
+fields() ->
+    ?FIELDS.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+seconds(#{t := A}, #{t := B}) -> max(1.0e-9, (B - A) / 1.0e9).
+
+thread_rows(#{threads := TA, vm := VA} = A, #{threads := TB, vm := VB} = B, Settings)
+  when is_map(TA), is_map(TB) ->
+    Wall = seconds(A, B),
+    Busy = busy_by_id(maps:get(swt, VA), maps:get(swt, VB)),
+    Rows = [thread_row(Tid, ThA, ThB, Wall, Busy, Settings)
+            || {Tid, ThA} <- maps:to_list(TA),
+               {ok, ThB} <- [maps:find(Tid, TB)]],
+    lists:sort(fun(X, Y) -> order(X) =< order(Y) end, Rows);
+thread_rows(_, _, _) ->
+    [].
+
+order(#{type := T, index := I, tid := Tid}) ->
+    {index_of(T, beamdiag_threads:types()), I, Tid}.
+
+index_of(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
+
+thread_row(Tid, A, B, Wall, Busy, Settings) ->
+    Name = maps:get(name, B),
+    {Type, Index} = beamdiag_threads:classify(Name),
+    SchedId = beamdiag_threads:scheduler_id({Type, Index}, Settings),
+    Hz = beamdiag_proc:clock_ticks(),
+    DU = delta(utime, A, B) / Hz,
+    DS = delta(stime, A, B) / Hz,
+    OnCpu =
+        case maps:is_key(run_ns, A) andalso maps:is_key(run_ns, B) of
+            true -> delta(run_ns, A, B) / 1.0e9;
+            false -> DU + DS
+        end,
+    {User, Sys} =
+        case DU + DS of
+            Z when Z == 0 -> {OnCpu, 0.0};
+            T -> {OnCpu * DU / T, OnCpu * DS / T}
+        end,
+    Runq = delta(wait_ns, A, B) / 1.0e9,
+    BusyS =
+        case maps:find(SchedId, Busy) of
+            {ok, Ratio} -> Ratio * Wall;
+            error -> undefined
+        end,
+    Base = #{
+        tid => Tid, name => Name, type => Type, index => Index, scheduler_id => SchedId,
+        wall => Wall, on_cpu => OnCpu, user => User, sys => Sys, runq => Runq,
+        off_cpu => max(0.0, Wall - OnCpu - Runq), busy => BusyS,
+        nvcsw => delta(nvcsw, A, B), nivcsw => delta(nivcsw, A, B),
+        minflt => delta(minflt, A, B), majflt => delta(majflt, A, B)
+    },
+    derive(Base).
+
+%% Spinning and blocking are derived from busy; threads the BEAM does not
+%% account (aux, poll...) have neither.
+derive(Row = #{busy := undefined}) ->
+    Row#{spin => undefined, blocked => undefined};
+derive(Row = #{busy := Busy, on_cpu := OnCpu, runq := Runq}) ->
+    Row#{spin => max(0.0, OnCpu - Busy), blocked => max(0.0, Busy - OnCpu - Runq)}.
+
+delta(K, A, B) ->
+    case {maps:get(K, A, undefined), maps:get(K, B, undefined)} of
+        {X, Y} when is_integer(X), is_integer(Y), Y >= X -> Y - X;
+        _ -> 0
+    end.
+
+%% Scheduler id => active share over the interval.
+busy_by_id(SA, SB) when is_list(SA), is_list(SB) ->
+    maps:from_list(
+        [{Id, clamp(ratio(Act2 - Act1, Tot2 - Tot1))}
+         || {Id, Act1, Tot1} <- SA, {Id2, Act2, Tot2} <- SB, Id =:= Id2]
+    );
+busy_by_id(_, _) ->
+    #{}.
+
+ratio(_, D) when D =< 0 -> 0.0;
+ratio(N, D) -> N / D.
+
+clamp(X) -> max(0.0, min(1.0, X)).
+
+by_type(Threads) ->
+    Groups = maps:groups_from_list(fun(#{type := T}) -> T end, Threads),
+    maps:map(fun(_, Rows) -> sum_rows(Rows) end, Groups).
+
+sum_rows(Rows) ->
+    Sum = fun(K) -> sum([maps:get(K, R) || R <- Rows]) end,
+    Base = maps:from_list([{K, Sum(K)} || K <- ?FIELDS ++ [wall, nvcsw, nivcsw, minflt, majflt]]),
+    Base#{n => length(Rows)}.
+
+%% undefined (no BEAM account) stays undefined when every row has none.
+sum(Vs) ->
+    case [V || V <- Vs, is_number(V)] of
+        [] -> undefined;
+        Ns -> lists:sum(Ns)
+    end.
+
+totals(Threads, Window, Settings, Host, Cgroup) ->
+    OnCpu = sum([maps:get(on_cpu, R) || R <- Threads]),
+    Sys = sum([maps:get(sys, R) || R <- Threads]),
+    Cpus = available_cpus(Settings, Host, Cgroup),
+    #{
+        on_cpu => OnCpu,
+        sys => Sys,
+        cpus_used => case OnCpu of undefined -> 0.0; _ -> OnCpu / Window end,
+        cpus_available => Cpus,
+        threads => length(Threads)
+    }.
+
+%% The CPUs the node can use: the affinity mask, cut by the cgroup quota.
+available_cpus(Settings, Host, Cgroup) ->
+    Logical =
+        case maps:get(logical_processors_available, Settings, null) of
+            N when is_integer(N) -> N;
+            _ -> maps:get(ncpu, Host, maps:get(schedulers, Settings))
+        end,
+    case maps:get(quota_cpus, Cgroup, unlimited) of
+        Q when is_number(Q) -> min(float(Logical), Q);
+        _ -> float(Logical)
+    end.
+
+host(#{host := #{cpu := A, ncpu := N} = HA}, #{host := #{cpu := B} = HB}) ->
+    Keys = [user, nice, system, idle, iowait, irq, softirq, steal],
+    D = maps:from_list([{K, max(0, maps:get(K, B, 0) - maps:get(K, A, 0))} || K <- Keys]),
+    Total = lists:sum(maps:values(D)),
+    Share = fun(K) -> ratio(maps:get(K, D), Total) end,
+    #{
+        ncpu => N,
+        busy => 1.0 - Share(idle) - Share(iowait),
+        user => Share(user) + Share(nice),
+        system => Share(system) + Share(irq) + Share(softirq),
+        iowait => Share(iowait),
+        steal => Share(steal),
+        loadavg => case maps:get(loadavg, HB, maps:get(loadavg, HA, undefined)) of
+                       {L1, L5, L15} -> [L1, L5, L15];
+                       _ -> null
+                   end
+    };
+host(_, _) ->
+    #{}.
+
+cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
+    D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,
+    Periods = D(nr_periods),
+    #{
+        version => maps:get(version, B),
+        quota_cpus => maps:get(quota_cpus, B),
+        periods => Periods,
+        throttled_periods => D(nr_throttled),
+        throttled_ratio => ratio(D(nr_throttled), Periods),
+        throttled_s => D(throttled_ns) / 1.0e9,
+        throttled_share => D(throttled_ns) / 1.0e9 / Window
+    };
+cgroup(_, _, _) ->
+    #{}.
+
+vm(Samples = [#{vm := A} | _], Window, Settings) ->
+    #{vm := B} = lists:last(Samples),
+    S = maps:get(schedulers, Settings),
+    %% run_queue_lengths_all: one queue per normal scheduler, then the dirty
+    %% CPU queue and the dirty IO queue.
+    Queues = [maps:get(run_queues, V) || #{vm := V} <- Samples],
+    Normal = [lists:sum(lists:sublist(Q, S)) || Q <- Queues],
+    DirtyCpu = [lists:nth(S + 1, Q) || Q <- Queues, length(Q) > S],
+    Avg = fun([]) -> 0.0; (L) -> lists:sum(L) / length(L) end,
+    D = fun(K) -> (maps:get(K, B) - maps:get(K, A)) / Window end,
+    #{
+        reductions_per_s => D(reductions),
+        gcs_per_s => D(gcs),
+        gc_words_per_s => D(gc_words),
+        context_switches_per_s => D(context_switches),
+        run_queue_avg => Avg(Normal),
+        run_queue_max => lists:max(Normal),
+        dirty_cpu_queue_avg => Avg(DirtyCpu),
+        process_count => maps:get(process_count, B),
+        tick_cost_us_avg => Avg([maps:get(tick_cost_us, X, 0) || X <- Samples])
+    }.
+
+%% Microstate accounting: per thread type, each state's share of the
+%% type's accounted time, and the seconds per state.
+msacc(#{vm := #{msacc := MA}}, #{vm := #{msacc := MB}}) when MA =/= [], MB =/= [] ->
+    Key = fun(#{type := T, id := I}) -> {T, I} end,
+    AMap = maps:from_list([{Key(M), C} || M = #{counters := C} <- MA]),
+    Deltas = [{msacc_type(T), maps:map(fun(S, V) -> max(0, V - maps:get(S, CA, 0)) end, CB)}
+              || M = #{type := T, counters := CB} <- MB,
+                 {ok, CA} <- [maps:find(Key(M), AMap)]],
+    Groups = maps:groups_from_list(fun({T, _}) -> T end, fun({_, C}) -> C end, Deltas),
+    Unit = erlang:convert_time_unit(1, second, perf_counter),
+    ByType = maps:map(
+        fun(_, Cs) ->
+            Sum = lists:foldl(fun(C, Acc) -> maps:fold(fun(K, V, A2) ->
+                      A2#{K => V + maps:get(K, A2, 0)} end, Acc, C) end, #{}, Cs),
+            Total = lists:sum(maps:values(Sum)),
+            #{
+                n => length(Cs),
+                shares => maps:map(fun(_, V) -> ratio(V, Total) end, Sum),
+                seconds => maps:map(fun(_, V) -> V / Unit end, Sum)
+            }
+        end,
+        Groups),
+    #{extra => beamdiag_vm:msacc_extra(MB), by_type => ByType};
+msacc(_, _) ->
+    #{}.
+
+msacc_type(scheduler) -> scheduler;
+msacc_type(dirty_cpu_scheduler) -> dirty_cpu;
+msacc_type(dirty_io_scheduler) -> dirty_io;
+msacc_type(T) -> T.
+
+%% Per tick and thread type: the ledger fields in seconds, for charts and for
+%% the run-to-run noise that compare uses.
+series([_], _Settings) ->
+    [];
+series([A, B | Rest], Settings) ->
+    Rows = thread_rows(A, B, Settings),
+    Types = maps:map(fun(_, R) -> maps:with(?FIELDS ++ [wall, n], R) end, by_type(Rows)),
+    [#{t => seconds(A, B), by_type => Types} | series([B | Rest], Settings)].
+
+notes(Capture, First) ->
+    Sources = [
+        {threads, <<"per-thread OS figures">>},
+        {host, <<"host CPU figures">>},
+        {cgroup, <<"cgroup CPU figures">>}
+    ],
+    SourceNotes = [
+        iolist_to_binary([Label, " unavailable: ", error_text(E)])
+     || {K, Label} <- Sources, {error, _} = E <- [maps:get(K, First, ok)]
+    ],
+    Swt = case First of
+              #{vm := #{swt := undefined}} -> [<<"scheduler_wall_time unavailable">>];
+              _ -> []
+          end,
+    maps:get(notes, Capture, []) ++ SourceNotes ++ Swt.
+
+error_text({error, {M, R}}) when is_atom(M) ->
+    try iolist_to_binary(M:format_error(R))
+    catch _:_ -> iolist_to_binary(io_lib:format("~p", [R]))
+    end;
+error_text(E) ->
+    iolist_to_binary(io_lib:format("~p", [E])).

@@ -1,0 +1,279 @@
+%%% @doc Linux /proc: the OS's view of a BEAM's threads and of the host.
+%%%
+%%% Readers take the /proc root as an argument (so tests can point them at
+%%% recorded fixtures) and return plain terms; the parsers are pure and
+%%% reject malformed text with `{error, {beamdiag_proc, Reason}}'. This module
+%%% runs on the target node: it uses `prim_file' directly, never the file
+%%% server, and reads each file once per tick.
+%%%
+%%% ```
+%%% 1> beamdiag_proc:threads("/proc", os:getpid()).
+%%% {ok, #{12345 => #{name => <<"1_scheduler">>, utime => 42, ...}, ...}}
+%%% '''
+-module(beamdiag_proc).
+
+-export([threads/2, threads/3, host/1, clock_ticks/0]).
+-export([parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1, parse_loadavg/1]).
+-export([format_error/1]).
+
+-export_type([thread/0, host/0]).
+
+%% Per-thread counters, cumulative since the thread started. CPU times in
+%% clock ticks (see clock_ticks/0), schedstat times in nanoseconds.
+-type thread() :: #{
+    name := binary(),
+    utime := non_neg_integer(),
+    stime := non_neg_integer(),
+    minflt := non_neg_integer(),
+    majflt := non_neg_integer(),
+    run_ns => non_neg_integer(),
+    wait_ns => non_neg_integer(),
+    nvcsw => non_neg_integer(),
+    nivcsw => non_neg_integer()
+}.
+%% Host-wide CPU times (clock ticks, summed over CPUs) and load.
+-type host() :: #{
+    cpu := #{atom() => non_neg_integer()},
+    ncpu := pos_integer(),
+    loadavg => {float(), float(), float()}
+}.
+
+-define(MAX_THREADS, 4096).
+-define(MAX_FILE, 65536).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc All threads of an OS process (bounded at 4096), with their counters.
+-spec threads(file:filename(), string() | integer()) ->
+    {ok, #{integer() => thread()}} | {error, {beamdiag_proc, term()}}.
+threads(Root, Pid) ->
+    threads(Root, Pid, #{status => true}).
+
+%% @doc As threads/2; `#{status => false}' skips the per-thread status file
+%% (context switches), one read per thread fewer.
+-spec threads(file:filename(), string() | integer(), #{status => boolean()}) ->
+    {ok, #{integer() => thread()}} | {error, {beamdiag_proc, term()}}.
+threads(Root, Pid, Opts) ->
+    TaskDir = filename:join([Root, to_list(Pid), "task"]),
+    case prim_file:list_dir(TaskDir) of
+        {ok, Names} ->
+            Tids = lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
+                                 ?MAX_THREADS),
+            WantStatus = maps:get(status, Opts, true),
+            {ok, maps:from_list([{Tid, T} || Tid <- Tids,
+                                             {ok, T} <- [thread(TaskDir, Tid, WantStatus)]])};
+        {error, Reason} ->
+            {error, {beamdiag_proc, {list_dir, TaskDir, Reason}}}
+    end.
+
+%% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
+-spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_proc, term()}}.
+host(Root) ->
+    case read(filename:join(Root, "stat")) of
+        {ok, Bin} ->
+            case parse_host_stat(Bin) of
+                {ok, Host} ->
+                    case read(filename:join(Root, "loadavg")) of
+                        {ok, L} ->
+                            case parse_loadavg(L) of
+                                {ok, Load} -> {ok, Host#{loadavg => Load}};
+                                {error, _} -> {ok, Host}
+                            end;
+                        {error, _} ->
+                            {ok, Host}
+                    end;
+                Error ->
+                    Error
+            end;
+        Error ->
+            Error
+    end.
+
+%% @doc Clock ticks per second for utime and stime: USER_HZ, 100 on every
+%% Linux architecture the BEAM runs on.
+-spec clock_ticks() -> pos_integer().
+clock_ticks() ->
+    100.
+
+%% @doc Parses /proc/PID/task/TID/stat. The thread name sits in parentheses
+%% and may itself hold spaces and parentheses, so the fields are counted from
+%% the last closing parenthesis.
+-spec parse_stat(binary()) -> {ok, thread()} | {error, {beamdiag_proc, term()}}.
+parse_stat(Bin) when is_binary(Bin) ->
+    case {binary:match(Bin, <<"(">>), last_paren(Bin)} of
+        {{Open, 1}, Close} when is_integer(Close), Close > Open ->
+            Name = binary:part(Bin, Open + 1, Close - Open - 1),
+            Rest = binary:part(Bin, Close + 1, byte_size(Bin) - Close - 1),
+            case binary:split(Rest, [<<" ">>, <<"\n">>], [global, trim_all]) of
+                %% Fields 3.. of proc(5): state ppid pgrp session tty tpgid flags
+                %% minflt cminflt majflt cmajflt utime stime ...
+                [_State, _, _, _, _, _, _, MinFlt, _, MajFlt, _, UTime, STime | _] ->
+                    case ints([MinFlt, MajFlt, UTime, STime]) of
+                        {ok, [Mi, Ma, U, S]} ->
+                            {ok, #{name => sanitize_name(Name), utime => U, stime => S,
+                                   minflt => Mi, majflt => Ma}};
+                        error ->
+                            {error, {beamdiag_proc, {bad_stat, non_numeric}}}
+                    end;
+                _ ->
+                    {error, {beamdiag_proc, {bad_stat, too_few_fields}}}
+            end;
+        _ ->
+            {error, {beamdiag_proc, {bad_stat, no_name}}}
+    end.
+
+%% @doc Parses /proc/PID/task/TID/schedstat: nanoseconds on CPU, nanoseconds
+%% runnable waiting for a CPU, number of time slices.
+-spec parse_schedstat(binary()) ->
+    {ok, #{run_ns := non_neg_integer(), wait_ns := non_neg_integer()}}
+    | {error, {beamdiag_proc, term()}}.
+parse_schedstat(Bin) when is_binary(Bin) ->
+    case binary:split(Bin, [<<" ">>, <<"\n">>], [global, trim_all]) of
+        [Run, Wait | _] ->
+            case ints([Run, Wait]) of
+                {ok, [R, W]} -> {ok, #{run_ns => R, wait_ns => W}};
+                error -> {error, {beamdiag_proc, {bad_schedstat, non_numeric}}}
+            end;
+        _ ->
+            {error, {beamdiag_proc, {bad_schedstat, too_few_fields}}}
+    end.
+
+%% @doc Parses the context switch counts out of /proc/PID/task/TID/status.
+-spec parse_status(binary()) ->
+    {ok, #{nvcsw => non_neg_integer(), nivcsw => non_neg_integer()}}.
+parse_status(Bin) when is_binary(Bin) ->
+    Lines = binary:split(Bin, <<"\n">>, [global]),
+    {ok, lists:foldl(fun status_line/2, #{}, Lines)}.
+
+%% @doc Parses /proc/stat: the aggregate `cpu' line and the number of `cpuN'
+%% lines.
+-spec parse_host_stat(binary()) -> {ok, host()} | {error, {beamdiag_proc, term()}}.
+parse_host_stat(Bin) when is_binary(Bin) ->
+    Lines = binary:split(Bin, <<"\n">>, [global]),
+    NCpu = length([L || <<"cpu", D, _/binary>> = L <- Lines, D >= $0, D =< $9]),
+    case [L || <<"cpu ", _/binary>> = L <- Lines] of
+        [<<"cpu ", Fields/binary>> | _] when NCpu > 0 ->
+            Keys = [user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice],
+            Values = binary:split(Fields, <<" ">>, [global, trim_all]),
+            case ints(lists:sublist(Values, length(Keys))) of
+                {ok, Ints} when length(Ints) >= 4 ->
+                    Cpu = maps:from_list(lists:zip(lists:sublist(Keys, length(Ints)), Ints)),
+                    {ok, #{cpu => Cpu, ncpu => NCpu}};
+                _ ->
+                    {error, {beamdiag_proc, {bad_host_stat, non_numeric}}}
+            end;
+        _ ->
+            {error, {beamdiag_proc, {bad_host_stat, no_cpu_line}}}
+    end.
+
+%% @doc Parses /proc/loadavg.
+-spec parse_loadavg(binary()) -> {ok, {float(), float(), float()}} | {error, {beamdiag_proc, term()}}.
+parse_loadavg(Bin) when is_binary(Bin) ->
+    case binary:split(Bin, [<<" ">>, <<"\n">>], [global, trim_all]) of
+        [A, B, C | _] ->
+            try
+                {ok, {binary_to_float(A), binary_to_float(B), binary_to_float(C)}}
+            catch
+                error:badarg -> {error, {beamdiag_proc, bad_loadavg}}
+            end;
+        _ ->
+            {error, {beamdiag_proc, bad_loadavg}}
+    end.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({list_dir, Dir, enoent}) ->
+    ["no such process directory ", Dir, " (not Linux, or the process is gone)"];
+format_error({list_dir, Dir, eacces}) ->
+    ["no permission to read ", Dir];
+format_error({list_dir, Dir, Reason}) ->
+    io_lib:format("cannot list ~ts: ~p", [Dir, Reason]);
+format_error({read, File, Reason}) ->
+    io_lib:format("cannot read ~ts: ~p", [File, Reason]);
+format_error({too_large, File}) ->
+    ["file too large: ", File];
+format_error({Kind, Why}) when is_atom(Kind), is_atom(Why) ->
+    io_lib:format("malformed /proc data (~p: ~p)", [Kind, Why]);
+format_error(Other) ->
+    io_lib:format("malformed /proc data (~p)", [Other]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+thread(TaskDir, Tid, WantStatus) ->
+    Dir = filename:join(TaskDir, integer_to_list(Tid)),
+    case read(filename:join(Dir, "stat")) of
+        {ok, StatBin} ->
+            case parse_stat(StatBin) of
+                {ok, T0} ->
+                    T1 = merge_optional(T0, filename:join(Dir, "schedstat"), fun parse_schedstat/1),
+                    T2 =
+                        case WantStatus of
+                            true -> merge_optional(T1, filename:join(Dir, "status"), fun parse_status/1);
+                            false -> T1
+                        end,
+                    {ok, T2};
+                Error ->
+                    Error
+            end;
+        Error ->
+            %% The thread exited between listing and reading.
+            Error
+    end.
+
+merge_optional(T, File, Parse) ->
+    case read(File) of
+        {ok, Bin} ->
+            case Parse(Bin) of
+                {ok, M} -> maps:merge(T, M);
+                {error, _} -> T
+            end;
+        {error, _} ->
+            T
+    end.
+
+read(File) ->
+    case prim_file:read_file(File) of
+        {ok, Bin} when byte_size(Bin) =< ?MAX_FILE -> {ok, Bin};
+        {ok, _} -> {error, {beamdiag_proc, {too_large, File}}};
+        {error, Reason} -> {error, {beamdiag_proc, {read, File, Reason}}}
+    end.
+
+last_paren(Bin) ->
+    case binary:matches(Bin, <<")">>) of
+        [] -> undefined;
+        Ms -> element(1, lists:last(Ms))
+    end.
+
+status_line(<<"voluntary_ctxt_switches:", V/binary>>, Acc) ->
+    put_int(nvcsw, V, Acc);
+status_line(<<"nonvoluntary_ctxt_switches:", V/binary>>, Acc) ->
+    put_int(nivcsw, V, Acc);
+status_line(_, Acc) ->
+    Acc.
+
+put_int(K, V, Acc) ->
+    case ints([string:trim(V)]) of
+        {ok, [I]} -> Acc#{K => I};
+        error -> Acc
+    end.
+
+ints(Bins) ->
+    try
+        {ok, [non_neg(binary_to_integer(B)) || B <- Bins]}
+    catch
+        error:badarg -> error
+    end.
+
+non_neg(I) when I >= 0 -> I;
+non_neg(_) -> error(badarg).
+
+%% Thread names are at most 15 bytes in the kernel; keep printable ASCII only.
+sanitize_name(Name) ->
+    << <<(case C of _ when C < 32; C > 126 -> $?; _ -> C end)>> || <<C>> <= binary:part(Name, 0, min(byte_size(Name), 64)) >>.
+
+to_list(P) when is_integer(P) -> integer_to_list(P);
+to_list(P) when is_list(P) -> P.

@@ -1,0 +1,262 @@
+%%% @doc The profile knowledge base: from hot functions to findings.
+%%%
+%%% Pure functions over a folded profile (`beamdiag_fold:profile()'). Each
+%%% entry of `families/0' names the frames that betray one known cost
+%%% (atom-heavy `binary_to_term', zlib in `term_to_binary', big ETS copies,
+%%% GC, memcpy, regex compilation in a loop, native lock waits, scheduler
+%%% busy-waiting) and what to do about it. A family's share is the share of
+%%% samples with at least one of its frames in the stack, so nested frames
+%%% are not counted twice. Every finding has the id `hot_function'; the
+%%% evidence names the functions and their shares.
+%%%
+%%% ```
+%%% 1> {ok, P} = beamdiag_fold:fold_file("perf.script", #{}).
+%%% 2> [#{evidence := [E | _]}] = beamdiag_profile_rules:findings(P, #{}).
+%%% 3> E.
+%%% <<"binary_to_term decoding atoms: 91.2% of samples (erts_atom_put 83.4%, ...)">>
+%%% '''
+-module(beamdiag_profile_rules).
+
+-export([findings/2, families/0, family_shares/1]).
+
+-export_type([family/0]).
+
+-type family() :: #{
+    key := atom(),
+    label := binary(),
+    frames := [binary()],
+    prefixes := [binary()],
+    unless := [binary()],
+    advice := binary()
+}.
+
+-define(INFO, 0.05).
+-define(WARN, 0.15).
+-define(CRIT, 0.35).
+-define(HOT_SELF, 0.15).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The known costs, most specific first.
+-spec families() -> [family()].
+families() ->
+    [
+        #{
+            key => atom_decode,
+            label => <<"binary_to_term decoding atoms">>,
+            frames => [<<"binary_to_term_1">>, <<"binary_to_term_2">>, <<"erts_atom_put">>,
+                       <<"erts_atom_put_index">>, <<"atom_hash">>, <<"dec_atom">>,
+                       <<"dec_term">>, <<"binary_to_term_int">>, <<"erts_atom_get">>],
+            prefixes => [<<"$erlang:binary_to_term/">>, <<"erlang:binary_to_term/">>],
+            unless => [],
+            advice =>
+                <<"Decoding atom-heavy terms (e.g. values from a remote cache such as Redis "
+                  "stored with term_to_binary) looks up every atom in the atom table under "
+                  "its lock. Keep decoded terms in an ETS tier in front of the remote cache "
+                  "(versioned keys make invalidation simple): a field report measured ETS "
+                  "6.43x faster than Redis plus binary_to_term for a large term, and 40% "
+                  "less CPU at peak. Or store fewer atoms (binaries for keys).">>
+        },
+        #{
+            key => zlib_inflate,
+            label => <<"zlib decompression of compressed terms">>,
+            frames => [<<"erl_zlib_inflate_chunk">>, <<"inflate">>, <<"inflate_fast">>,
+                       <<"adler32_z">>, <<"adler32">>],
+            prefixes => [],
+            unless => [],
+            advice =>
+                <<"binary_to_term inflates terms that were stored with "
+                  "term_to_binary(T, [compressed]). Cache the decoded term in ETS, or store "
+                  "uncompressed terms when the network or memory allow.">>
+        },
+        #{
+            key => zlib_deflate,
+            label => <<"zlib compression in term_to_binary">>,
+            frames => [<<"erl_zlib_deflate_chunk">>, <<"erl_zlib_deflate_start">>,
+                       <<"deflate">>, <<"deflate_slow">>, <<"deflate_fast">>,
+                       <<"longest_match">>, <<"compress_block">>, <<"fill_window">>],
+            prefixes => [],
+            unless => [],
+            advice =>
+                <<"term_to_binary(T, [compressed]) or {compressed, N} runs zlib on every "
+                  "call. Use a lower level ({compressed, 1}), compress only large terms, or "
+                  "encode once and reuse the binary.">>
+        },
+        #{
+            key => ets_copy,
+            label => <<"copying big terms out of ETS">>,
+            frames => [<<"db_get_element">>, <<"db_get_element_tree_common">>,
+                       <<"copy_struct_x">>, <<"copy_shallow_x">>, <<"db_copy_from_comp">>,
+                       <<"ets_lookup_2">>, <<"ets_lookup_element_3">>, <<"ets_select_2">>,
+                       <<"db_get_hash">>],
+            prefixes => [<<"copy_struct">>, <<"copy_shallow">>],
+            unless => [],
+            advice =>
+                <<"Every ets:lookup copies the whole object into the caller's heap. Store "
+                  "smaller objects, read single fields with ets:lookup_element/3, keep large "
+                  "immutable data in binaries (shared, not copied) or persistent_term when "
+                  "it is read-mostly.">>
+        },
+        #{
+            key => gc,
+            label => <<"garbage collection">>,
+            frames => [<<"erts_garbage_collect">>, <<"erts_garbage_collect_nobump">>,
+                       <<"erts_garbage_collect_hibernate">>, <<"garbage_collect">>,
+                       <<"erts_gc_after_bif_call">>, <<"erts_gc_after_bif_call_lhf">>],
+            prefixes => [<<"sweep_">>, <<"do_minor">>, <<"major_collection">>,
+                         <<"minor_collection">>, <<"erts_garbage_collect">>],
+            unless => [],
+            advice =>
+                <<"Processes allocate and drop much memory. Find them (recon:proc_count("
+                  "reductions/memory)); build fewer temporary terms, give known large "
+                  "processes a bigger min_heap_size via spawn_opt, and move big data to "
+                  "ETS or binaries.">>
+        },
+        #{
+            key => regex_compile,
+            label => <<"regular expressions compiled on every call">>,
+            frames => [<<"erts_pcre_compile">>, <<"erts_pcre_compile2">>, <<"re_compile_2">>,
+                       <<"re_compile_1">>],
+            prefixes => [<<"compile_branch">>, <<"compile_regex">>],
+            unless => [],
+            advice =>
+                <<"re:run/2,3 and re:replace with a string or binary pattern compile the "
+                  "regular expression on every call. Compile once with re:compile/2 and "
+                  "keep the result (persistent_term, state), or use binary:match/split "
+                  "for plain strings.">>
+        },
+        #{
+            key => memcpy,
+            label => <<"copying memory (memcpy)">>,
+            frames => [<<"memcpy">>, <<"memmove">>],
+            prefixes => [<<"__memcpy">>, <<"__memmove">>, <<"__memcpy_avx">>],
+            unless => [<<"erts_atom_put">>],
+            advice =>
+                <<"Large copies: binaries built by appending to copies, iolist_to_binary "
+                  "on big data, messages with large terms. Look at the Erlang callers in "
+                  "the flame graph (or run with --erlang).">>
+        },
+        #{
+            key => native_locks,
+            label => <<"waiting for native locks">>,
+            frames => [<<"ethr_mutex_lock">>, <<"ethr_mutex_lock_wait__">>,
+                       <<"ethr_event_wait">>, <<"ethr_event_swait">>,
+                       <<"ethr_rwmutex_rwlock">>, <<"ethr_rwmutex_rlock_wait">>,
+                       <<"ethr_rwmutex_rwlock_wait">>, <<"erts_mtx_lock">>],
+            prefixes => [<<"ethr_mutex_lock_wait">>, <<"ethr_rwmutex_rlock_wait">>,
+                         <<"ethr_rwmutex_rwlock_wait">>],
+            unless => [<<"erts_atom_put">>, <<"scheduler_wait">>, <<"erts_schedule">>],
+            advice =>
+                <<"Threads spin or sleep on a VM lock. perf cannot say which lock: run the "
+                  "lock session (start the node on the lock-counting emulator with "
+                  "`-emu_type lcnt` and diagnose again) to name it.">>
+        },
+        #{
+            key => busy_wait,
+            label => <<"schedulers spinning while idle">>,
+            frames => [<<"scheduler_wait">>, <<"sched_spin_wait">>, <<"sched_busy_wait">>,
+                       <<"erts_thr_progress_update">>, <<"erts_thr_progress_leader_update">>,
+                       <<"erts_thr_progress_prepare_wait">>, <<"ethr_event_swait">>],
+            prefixes => [<<"erts_thr_progress">>],
+            unless => [],
+            advice =>
+                <<"Schedulers spin looking for work before they sleep; the CPU is burnt "
+                  "but no work is done. Start the node with +sbwt none +sbwtdcpu none "
+                  "+sbwtdio none and confirm with `beamdiag diagnose` (busy_wait).">>
+        }
+    ].
+
+%% @doc The share of samples in which each family appears, with the
+%% family's frames and their own shares.
+-spec family_shares(beamdiag_fold:profile()) ->
+    [{family(), float(), [{binary(), float()}]}].
+family_shares(#{stacks := Stacks, samples := N}) ->
+    [
+        begin
+            {Count, PerFrame} = family_count(F, Stacks),
+            Frames = lists:reverse(lists:keysort(2, [{Fr, share(C, N)} || {Fr, C} <- maps:to_list(PerFrame)])),
+            {F, share(Count, N), Frames}
+        end
+     || F <- families()
+    ].
+
+%% @doc Findings (id `hot_function') for every family at or above 5% of
+%% the samples, and for a single function that is the leaf of at least
+%% 15% of the samples without being explained by a family. Options:
+%% `min_samples' (default 50): below that the profile is too thin to judge.
+-spec findings(beamdiag_fold:profile(), #{min_samples => non_neg_integer()}) ->
+    [beamdiag_finding:finding()].
+findings(P = #{samples := N}, Opts) ->
+    case N < maps:get(min_samples, Opts, 50) of
+        true ->
+            [];
+        false ->
+            Fam = [family_finding(F, S, Frames, P) || {F, S, Frames} <- family_shares(P), S >= ?INFO],
+            Covered = lists:append([maps:get(frames, F) || {F, S, _} <- family_shares(P), S >= ?INFO]),
+            Hot = [hot_finding(R, P) || R = #{name := Name, self_share := S, kind := K}
+                                        <- beamdiag_fold:top(P, #{limit => 5}),
+                                        S >= ?HOT_SELF, K =/= unknown,
+                                        not lists:member(Name, Covered)],
+            beamdiag_finding:sort(Fam ++ Hot)
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+family_count(#{frames := Frames, prefixes := Prefixes, unless := Unless}, Stacks) ->
+    maps:fold(
+        fun(Stack, C, {Count, PerFrame}) ->
+            Hits = lists:usort([F || F <- Stack, matches(F, Frames, Prefixes)]),
+            case Hits =/= [] andalso not lists:any(fun(U) -> lists:member(U, Stack) end, Unless) of
+                true ->
+                    {Count + C,
+                     lists:foldl(fun(H, Acc) -> maps:update_with(H, fun(X) -> X + C end, C, Acc) end,
+                                 PerFrame, Hits)};
+                false ->
+                    {Count, PerFrame}
+            end
+        end,
+        {0, #{}},
+        Stacks
+    ).
+
+matches(F, Frames, Prefixes) ->
+    Base = strip_suffix(F),
+    lists:member(Base, Frames) orelse
+        lists:any(fun(P) -> binary:longest_common_prefix([Base, P]) =:= byte_size(P) end, Prefixes).
+
+%% `name_[k]' kernel marks and `$' JIT prefixes do not change the name.
+strip_suffix(F) ->
+    case F of
+        <<"$", R/binary>> -> R;
+        _ -> F
+    end.
+
+family_finding(#{key := Key, label := Label, advice := Advice}, Share, Frames, #{samples := N}) ->
+    Severity = severity(Share),
+    Top = lists:sublist(Frames, 4),
+    E1 = io_lib:format("~ts: ~.1f% of samples (~ts)",
+                       [Label, 100 * Share,
+                        lists:join(", ", [io_lib:format("~ts ~.1f%", [Fr, 100 * S]) || {Fr, S} <- Top])]),
+    {TopFrame, TopShare} = case Top of [T | _] -> T; [] -> {<<>>, 0.0} end,
+    beamdiag_finding:new(hot_function, Severity, [E1, Advice],
+                         #{family => atom_to_binary(Key), share => Share,
+                           function => TopFrame, function_share => TopShare,
+                           samples => N}).
+
+hot_finding(#{name := Name, self_share := S, total_share := T, kind := K}, #{samples := N}) ->
+    E = io_lib:format("~ts (~s) is the leaf of ~.1f% of samples, on the stack in ~.1f%",
+                      [Name, K, 100 * S, 100 * T]),
+    beamdiag_finding:new(hot_function, severity(S),
+                         [E, <<"Not in the knowledge base: look at its callers in the flame graph.">>],
+                         #{function => Name, share => S, total_share => T, samples => N}).
+
+severity(S) when S >= ?CRIT -> critical;
+severity(S) when S >= ?WARN -> warning;
+severity(_) -> info.
+
+share(_, 0) -> 0.0;
+share(A, B) -> A / B.

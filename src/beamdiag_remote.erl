@@ -1,0 +1,264 @@
+%%% @doc Reaching a target node: hidden distribution, cookies, and loading
+%%% beamdiag's agent modules onto the target without installing anything.
+%%%
+%%% The local node starts as a hidden node that does not listen
+%%% (`dist_listen => false'), so it needs no epmd of its own and is not
+%%% listed in the target's `nodes()'. Modules are shipped with
+%%% `code:get_object_code/1' and `code:load_binary/3' over erpc; a module the
+%%% target already has in the same version is used as it is and left alone.
+%%%
+%%% ```
+%%% 1> {ok, Node} = beamdiag_remote:connect("app@host", #{cookie_file => "/home/me/.erlang.cookie"}).
+%%% 2> {ok, Loaded} = beamdiag_remote:load(Node, beamdiag_agent:modules()).
+%%% '''
+-module(beamdiag_remote).
+
+-export([connect/2, load/2, unload/2, disconnect/1, parse_node/1, format_error/1]).
+
+-define(CALL_TIMEOUT, 5000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Connects to a node given as "name@host" (short or long names,
+%% inferred from the host part). Cookie, in order of preference: `cookie',
+%% `cookie_file', the environment variable BEAMDIAG_COOKIE, ~/.erlang.cookie.
+-spec connect(string() | binary(), map()) -> {ok, node()} | {error, {beamdiag_remote, term()}}.
+connect(NodeStr, Opts) ->
+    case parse_node(NodeStr) of
+        {ok, Node, Domain} ->
+            case ensure_distributed(Domain) of
+                ok ->
+                    case cookie(Opts) of
+                        {ok, Cookie} ->
+                            true = erlang:set_cookie(Node, Cookie),
+                            try_connect(Node, maps:get(timeout, Opts, ?CALL_TIMEOUT));
+                        {error, _} = E ->
+                            E
+                    end;
+                {error, _} = E ->
+                    E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Loads modules onto the node; returns those it loaded (and so must
+%% unload). A module already on the target in the same version is used as
+%% it is; a different version is refused rather than replaced.
+-spec load(node(), [module()]) -> {ok, [module()]} | {error, {beamdiag_remote, term()}}.
+load(Node, Mods) when Node =:= node() ->
+    _ = [code:ensure_loaded(M) || M <- Mods],
+    {ok, []};
+load(Node, Mods) ->
+    load(Node, Mods, []).
+
+%% @doc Removes modules this session loaded onto the node.
+-spec unload(node(), [module()]) -> ok.
+unload(Node, Mods) when Node =/= node() ->
+    _ = [catch erpc:call(Node, code, delete, [M], ?CALL_TIMEOUT) || M <- Mods],
+    _ = [catch erpc:call(Node, code, purge, [M], ?CALL_TIMEOUT) || M <- Mods],
+    ok;
+unload(_, _) ->
+    ok.
+
+%% @doc Drops the connection to the node.
+-spec disconnect(node()) -> ok.
+disconnect(Node) when Node =:= node() ->
+    ok;
+disconnect(Node) ->
+    _ = erlang:disconnect_node(Node),
+    ok.
+
+%% @doc Parses "name@host" and infers the name domain: a host with a dot
+%% (or an IP address) means long names.
+-spec parse_node(string() | binary()) ->
+    {ok, node(), shortnames | longnames} | {error, {beamdiag_remote, term()}}.
+parse_node(Bin) when is_binary(Bin) ->
+    parse_node(unicode:characters_to_list(Bin));
+parse_node(Str) when is_list(Str) ->
+    case string:split(Str, "@") of
+        [Name, Host] when Name =/= "", Host =/= "", length(Str) =< 255 ->
+            case valid_part(Name) andalso valid_part(Host) of
+                true ->
+                    Domain =
+                        case lists:member($., Host) orelse lists:member($:, Host) of
+                            true -> longnames;
+                            false -> shortnames
+                        end,
+                    %% One atom for the node the user named; the dist layer
+                    %% needs it.
+                    {ok, list_to_atom(Str), Domain};
+                false ->
+                    {error, {beamdiag_remote, {bad_node, Str}}}
+            end;
+        _ ->
+            {error, {beamdiag_remote, {bad_node, Str}}}
+    end.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({bad_node, S}) ->
+    ["'", printable(S), "' is not a node name: expected name@host"];
+format_error({no_distribution, Reason}) ->
+    io_lib:format("cannot start distribution on this machine: ~p", [Reason]);
+format_error({cookie_file, F, Reason}) ->
+    io_lib:format("cannot read the cookie file ~ts: ~ts", [F, file:format_error(Reason)]);
+format_error(no_cookie) ->
+    "no cookie: give --cookie-file FILE, set BEAMDIAG_COOKIE, or create ~/.erlang.cookie";
+format_error({unreachable, Node, not_registered, Names}) ->
+    io_lib:format("cannot reach ~s: no node of that name is registered on its host "
+                  "(registered there: ~ts)", [Node, names(Names)]);
+format_error({unreachable, Node, no_epmd}) ->
+    io_lib:format("cannot reach ~s: no epmd answers on its host (is the node running?)", [Node]);
+format_error({unreachable, Node, refused}) ->
+    io_lib:format("cannot reach ~s: the node is running but refused the connection "
+                  "(wrong cookie?)", [Node]);
+format_error({version_conflict, Node, Mod}) ->
+    io_lib:format("~s already runs a different version of ~s; refusing to replace it",
+                  [Node, Mod]);
+format_error({load_failed, Node, Mod, Reason}) ->
+    io_lib:format("cannot load ~s onto ~s: ~p", [Mod, Node, Reason]);
+format_error({no_object_code, Mod}) ->
+    io_lib:format("cannot find the object code of ~s", [Mod]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+valid_part(S) ->
+    lists:all(
+        fun(C) ->
+            (C >= $a andalso C =< $z) orelse (C >= $A andalso C =< $Z) orelse
+                (C >= $0 andalso C =< $9) orelse lists:member(C, "_-.:")
+        end,
+        S
+    ).
+
+ensure_distributed(Domain) ->
+    case node() of
+        nonode@nohost ->
+            Name = list_to_atom("beamdiag_" ++ os:getpid() ++ "_" ++
+                                integer_to_list(erlang:unique_integer([positive]))),
+            Opts = #{name_domain => Domain, hidden => true, dist_listen => false},
+            case net_kernel:start(Name, Opts) of
+                {ok, _} -> ok;
+                {error, {already_started, _}} -> ok;
+                {error, Reason} -> {error, {beamdiag_remote, {no_distribution, Reason}}}
+            end;
+        _ ->
+            ok
+    end.
+
+cookie(Opts) ->
+    case {maps:get(cookie, Opts, undefined), maps:get(cookie_file, Opts, undefined)} of
+        {C, _} when C =/= undefined -> {ok, to_cookie(C)};
+        {undefined, F} when F =/= undefined -> read_cookie(F);
+        {undefined, undefined} ->
+            case os:getenv("BEAMDIAG_COOKIE") of
+                false ->
+                    case init:get_argument(home) of
+                        {ok, [[Home]]} ->
+                            case read_cookie(filename:join(Home, ".erlang.cookie")) of
+                                {ok, _} = Ok -> Ok;
+                                {error, _} -> {error, {beamdiag_remote, no_cookie}}
+                            end;
+                        _ ->
+                            {error, {beamdiag_remote, no_cookie}}
+                    end;
+                Env ->
+                    {ok, to_cookie(Env)}
+            end
+    end.
+
+read_cookie(File) ->
+    case file:read_file(File) of
+        {ok, Bin} when byte_size(Bin) > 0, byte_size(Bin) =< 1024 ->
+            {ok, to_cookie(string:trim(Bin))};
+        {ok, _} ->
+            {error, {beamdiag_remote, {cookie_file, File, einval}}};
+        {error, Reason} ->
+            {error, {beamdiag_remote, {cookie_file, File, Reason}}}
+    end.
+
+%% Cookies are atoms by the distribution's own API.
+to_cookie(C) when is_atom(C) -> C;
+to_cookie(C) when is_binary(C) -> binary_to_atom(C);
+to_cookie(C) when is_list(C) -> list_to_atom(C).
+
+try_connect(Node, Timeout) ->
+    Self = self(),
+    Tag = make_ref(),
+    {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, net_kernel:connect_node(Node)} end),
+    receive
+        {Tag, true} ->
+            erlang:demonitor(MRef, [flush]),
+            {ok, Node};
+        {Tag, _} ->
+            erlang:demonitor(MRef, [flush]),
+            {error, {beamdiag_remote, diagnose_unreachable(Node)}}
+    after Timeout ->
+        exit(Pid, kill),
+        erlang:demonitor(MRef, [flush]),
+        {error, {beamdiag_remote, diagnose_unreachable(Node)}}
+    end.
+
+diagnose_unreachable(Node) ->
+    [Name, Host] = string:split(atom_to_list(Node), "@"),
+    case net_adm:names(Host) of
+        {ok, Names} ->
+            case lists:keymember(Name, 1, Names) of
+                true -> {unreachable, Node, refused};
+                false -> {unreachable, Node, not_registered, [N || {N, _} <- Names]}
+            end;
+        {error, _} ->
+            {unreachable, Node, no_epmd}
+    end.
+
+load(_Node, [], Acc) ->
+    {ok, lists:reverse(Acc)};
+load(Node, [M | Rest], Acc) ->
+    case code:get_object_code(M) of
+        {M, Bin, File} ->
+            case remote_md5(Node, M) of
+                {ok, Md5} ->
+                    case M:module_info(md5) of
+                        Md5 -> load(Node, Rest, Acc);
+                        _ ->
+                            unload(Node, Acc),
+                            {error, {beamdiag_remote, {version_conflict, Node, M}}}
+                    end;
+                missing ->
+                    case catch erpc:call(Node, code, load_binary, [M, File, Bin], ?CALL_TIMEOUT) of
+                        {module, M} ->
+                            load(Node, Rest, [M | Acc]);
+                        Other ->
+                            unload(Node, Acc),
+                            {error, {beamdiag_remote, {load_failed, Node, M, Other}}}
+                    end
+            end;
+        error ->
+            unload(Node, Acc),
+            {error, {beamdiag_remote, {no_object_code, M}}}
+    end.
+
+remote_md5(Node, M) ->
+    case catch erpc:call(Node, code, is_loaded, [M], ?CALL_TIMEOUT) of
+        {file, _} ->
+            case catch erpc:call(Node, M, module_info, [md5], ?CALL_TIMEOUT) of
+                Md5 when is_binary(Md5) -> {ok, Md5};
+                _ -> missing
+            end;
+        _ ->
+            missing
+    end.
+
+names(Names) ->
+    case Names of
+        [] -> "none";
+        _ -> lists:join(", ", [printable(N) || N <- lists:sublist(Names, 10)])
+    end.
+
+printable(S) ->
+    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 100)].

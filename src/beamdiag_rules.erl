@@ -1,0 +1,341 @@
+%%% @doc The ledger rules: from a ledger and the VM's settings to findings.
+%%%
+%%% Each rule reads the ledger, compares a ratio with its thresholds and,
+%%% when it fires, builds a finding whose evidence quotes the numbers. The
+%%% thresholds are data (`thresholds/0'), documented in docs/LEDGER.md.
+%%% Lock and profile findings come from `beamdiag_lock_rules' and
+%%% `beamdiag_profile_rules' when the capture carries that data.
+%%%
+%%% ```
+%%% 1> [Id || #{id := Id} <- beamdiag_rules:findings(Capture, Ledger)].
+%%% [busy_wait]
+%%% '''
+-module(beamdiag_rules).
+
+-export([findings/2, thresholds/0]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Every finding for a capture and its ledger, most severe first.
+-spec findings(beamdiag_collect:capture(), beamdiag_ledger:ledger()) ->
+    [beamdiag_finding:finding()].
+findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
+    Settings = maps:get(settings, Capture),
+    T = thresholds(),
+    Ledgers = lists:append([
+        Rule(Ledger, Settings, T)
+     || Rule <- [
+            fun busy_wait/3,
+            fun cpu_throttling/3,
+            fun cpu_starvation/3,
+            fun scheduler_blocking/3,
+            fun high_system_cpu/3,
+            fun dirty_cpu_gc/3,
+            fun scheduler_imbalance/3,
+            fun cpu_saturated/3,
+            fun schedulers_exceed_cpus/3
+        ]
+    ]),
+    beamdiag_finding:sort(suppress(Ledgers) ++ extras(Capture, Ledger));
+findings(Capture, Ledger) ->
+    beamdiag_finding:sort(extras(Capture, Ledger)).
+
+%% @doc The thresholds the rules use.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        %% Spinning as a share of the schedulers' on-CPU time, and in CPUs.
+        spin_share_info => 0.25,
+        spin_share_warn => 0.40,
+        spin_cpus_min => 0.10,
+        %% Runnable-wait as a share of scheduler wall time.
+        runq_share_warn => 0.10,
+        runq_share_crit => 0.30,
+        %% Share of CFS periods throttled, and throttled time per second.
+        throttled_ratio_warn => 0.10,
+        throttled_ratio_crit => 0.40,
+        throttled_share_min => 0.02,
+        %% Blocked as a share of busy time (normal and dirty CPU schedulers).
+        blocked_share_warn => 0.25,
+        blocked_share_crit => 0.50,
+        blocked_cpus_min => 0.10,
+        %% System time as a share of the node's on-CPU time.
+        sys_share_warn => 0.30,
+        sys_share_crit => 0.60,
+        sys_cpus_min => 0.10,
+        %% GC on dirty CPU schedulers, in CPUs.
+        dirty_gc_cpus_warn => 0.10,
+        %% Busy spread between the busiest and idlest normal scheduler.
+        imbalance_spread => 0.50,
+        imbalance_mean_min => 0.15,
+        imbalance_mean_max => 0.75,
+        %% CPU used by the node as a share of the CPUs it has.
+        saturated_share => 0.90,
+        saturated_busy => 0.85
+    }.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+busy_wait(L, Settings, T) ->
+    Rows = sched_rows(L, [scheduler, dirty_cpu, dirty_io]),
+    OnCpu = sum(on_cpu, Rows),
+    Busy = sum(busy, Rows),
+    Spin = sum(spin, Rows),
+    W = window(L),
+    SpinCpus = Spin / W,
+    Share = ratio(Spin, OnCpu),
+    Flags = [maps:get(K, Settings, <<"medium">>) || K <- [sbwt, sbwtdcpu, sbwtdio]],
+    AllOff = lists:all(fun(F) -> F =:= <<"none">> end, Flags),
+    Severity =
+        if
+            AllOff -> none;
+            SpinCpus < map_get(spin_cpus_min, T) -> none;
+            Share >= map_get(spin_share_warn, T) ->
+                case contended(L, T) of
+                    true -> critical;
+                    false -> warning
+                end;
+            Share >= map_get(spin_share_info, T) -> info;
+            true -> none
+        end,
+    emit(busy_wait, Severity, [
+        fmt("scheduler threads were on CPU ~.2f CPU-seconds but busy ~.2f: ~.2f spinning (~s of their CPU time)",
+            [OnCpu, Busy, Spin, pct(Share)]),
+        fmt("spinning burns ~.2f CPUs of the ~.2f the node uses", [SpinCpus, cpus_used(L)]),
+        fmt("busy-wait flags in effect: +sbwt ~s +sbwtdcpu ~s +sbwtdio ~s", Flags)
+    ], #{spin_s => Spin, on_cpu_s => OnCpu, busy_s => Busy, spin_share => Share,
+         spin_cpus => SpinCpus}).
+
+cpu_starvation(L, _Settings, T) ->
+    Rows = sched_rows(L, [scheduler, dirty_cpu]),
+    Runq = sum(runq, Rows),
+    Wall = sum(wall, Rows),
+    Share = ratio(Runq, Wall),
+    Host = maps:get(host, L),
+    Steal = maps:get(steal, Host, 0.0),
+    Severity = level(Share, map_get(runq_share_warn, T), map_get(runq_share_crit, T)),
+    Worst = worst(runq, Rows),
+    emit(cpu_starvation, Severity, [
+        fmt("scheduler threads waited ~.2f s for a CPU: ~s of their wall time", [Runq, pct(Share)]),
+        fmt("worst thread ~s waited ~s of the window", [maps:get(name, Worst), pct(ratio(maps:get(runq, Worst), maps:get(wall, Worst)))]),
+        fmt("host: ~b CPUs, ~s busy, steal ~s, load ~s; the node itself used ~.2f CPUs",
+            [maps:get(ncpu, Host, 0), pct(maps:get(busy, Host, 0.0)), pct(Steal), load(Host), cpus_used(L)])
+    ], #{runq_s => Runq, runq_share => Share, steal_share => Steal,
+         host_busy => maps:get(busy, Host, 0.0)}).
+
+cpu_throttling(L, _Settings, T) ->
+    Cg = maps:get(cgroup, L),
+    Ratio = maps:get(throttled_ratio, Cg, 0.0),
+    Share = maps:get(throttled_share, Cg, 0.0),
+    Severity =
+        case Share >= map_get(throttled_share_min, T) of
+            true -> level(Ratio, map_get(throttled_ratio_warn, T), map_get(throttled_ratio_crit, T));
+            false -> none
+        end,
+    emit(cpu_throttling, Severity, [
+        fmt("~b of ~b CFS periods throttled (~s), ~.2f s throttled in a ~.1f s window",
+            [maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0), pct(Ratio),
+             maps:get(throttled_s, Cg, 0.0), window(L)]),
+        fmt("quota ~s CPUs; the node used ~.2f CPUs", [num(maps:get(quota_cpus, Cg, unlimited)), cpus_used(L)])
+    ], #{throttled_ratio => Ratio, throttled_share => Share,
+         quota_cpus => quota(maps:get(quota_cpus, Cg, unlimited))}).
+
+scheduler_blocking(L, _Settings, T) ->
+    Rows = sched_rows(L, [scheduler, dirty_cpu]),
+    Busy = sum(busy, Rows),
+    Blocked = sum(blocked, Rows),
+    Share = ratio(Blocked, Busy),
+    Severity =
+        case Blocked / window(L) >= map_get(blocked_cpus_min, T) of
+            true -> level(Share, map_get(blocked_share_warn, T), map_get(blocked_share_crit, T));
+            false -> none
+        end,
+    Maj = sum(majflt, Rows),
+    Vol = sum(nvcsw, Rows),
+    emit(scheduler_blocking, Severity, [
+        fmt("schedulers busy ~.2f s but on CPU or waiting for one only ~.2f s: ~.2f s blocked (~s of busy)",
+            [Busy, Busy - Blocked, Blocked, pct(Share)]),
+        fmt("~b voluntary context switches, ~b major page faults on these threads",
+            [round(Vol), round(Maj)]),
+        lock_hint(L)
+    ], #{blocked_s => Blocked, busy_s => Busy, blocked_share => Share, major_faults => Maj}).
+
+high_system_cpu(L, _Settings, T) ->
+    #{on_cpu := OnCpu, sys := Sys} = maps:get(totals, L),
+    Share = ratio(Sys, OnCpu),
+    Severity =
+        case Sys / window(L) >= map_get(sys_cpus_min, T) of
+            true -> level(Share, map_get(sys_share_warn, T), map_get(sys_share_crit, T));
+            false -> none
+        end,
+    Worst = worst(sys, maps:get(threads, L)),
+    Faults = sum(minflt, maps:get(threads, L)) + sum(majflt, maps:get(threads, L)),
+    emit(high_system_cpu, Severity, [
+        fmt("system time ~.2f s of ~.2f s on CPU (~s)", [Sys, OnCpu, pct(Share)]),
+        fmt("most in ~s (~.2f s); ~b page faults, ~b context switches/s on the node",
+            [maps:get(name, Worst), maps:get(sys, Worst), round(Faults),
+             round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
+    ], #{sys_s => Sys, on_cpu_s => OnCpu, sys_share => Share, page_faults => Faults}).
+
+dirty_cpu_gc(L, Settings, T) ->
+    case maps:get(msacc, L) of
+        #{by_type := #{dirty_cpu := #{seconds := Secs}}} ->
+            Gc = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
+            Cpus = Gc / window(L),
+            Mdai = maps:get(mdai, Settings, <<"0">>),
+            Severity =
+                case Cpus >= map_get(dirty_gc_cpus_warn, T) of
+                    true when Mdai =:= <<"0">> -> warning;
+                    true -> info;
+                    false -> none
+                end,
+            emit(dirty_cpu_gc, Severity, [
+                fmt("dirty CPU schedulers spent ~.2f s in garbage collection (~.2f CPUs)", [Gc, Cpus]),
+                fmt("~b GCs/s node-wide, ~.1f MB reclaimed/s; +Mdai is ~s (~b eheap_alloc instances for ~b schedulers)",
+                    [round(maps:get(gcs_per_s, maps:get(vm, L), 0.0)),
+                     maps:get(gc_words_per_s, maps:get(vm, L), 0.0) * 8 / 1.0e6, Mdai,
+                     maps:get(eheap_alloc_instances, Settings, 0), maps:get(schedulers, Settings)])
+            ], #{dirty_gc_s => Gc, dirty_gc_cpus => Cpus});
+        _ ->
+            []
+    end.
+
+scheduler_imbalance(L, Settings, T) ->
+    Online = maps:get(schedulers_online, Settings),
+    Rows = [R || R = #{type := scheduler, index := I} <- maps:get(threads, L), I =< Online,
+                 is_number(maps:get(busy, R))],
+    case length(Rows) >= 2 of
+        true ->
+            Shares = [ratio(maps:get(busy, R), maps:get(wall, R)) || R <- Rows],
+            Mean = lists:sum(Shares) / length(Shares),
+            Spread = lists:max(Shares) - lists:min(Shares),
+            Severity =
+                case Spread >= map_get(imbalance_spread, T) andalso
+                     Mean >= map_get(imbalance_mean_min, T) andalso
+                     Mean =< map_get(imbalance_mean_max, T) of
+                    true -> warning;
+                    false -> none
+                end,
+            emit(scheduler_imbalance, Severity, [
+                fmt("normal schedulers busy from ~s to ~s (mean ~s) over ~b online",
+                    [pct(lists:min(Shares)), pct(lists:max(Shares)), pct(Mean), Online]),
+                fmt("run queue ~.1f on average, +scl ~s, +sub ~s",
+                    [maps:get(run_queue_avg, maps:get(vm, L), 0.0),
+                     maps:get(scl, Settings, <<"true">>), maps:get(sub, Settings, <<"false">>)])
+            ], #{busy_min => lists:min(Shares), busy_max => lists:max(Shares), busy_mean => Mean});
+        false ->
+            []
+    end.
+
+cpu_saturated(L, Settings, T) ->
+    #{cpus_used := Used, cpus_available := Avail} = maps:get(totals, L),
+    Online = maps:get(schedulers_online, Settings),
+    Rows = [R || R = #{type := scheduler, index := I} <- maps:get(threads, L), I =< Online],
+    Busy = ratio(sum(busy, Rows), sum(wall, Rows)),
+    OnCpu = ratio(sum(on_cpu, Rows) + sum(runq, Rows), sum(wall, Rows)),
+    Share = ratio(Used, Avail),
+    Severity =
+        case (Share >= map_get(saturated_share, T) orelse Busy >= map_get(saturated_busy, T))
+             andalso OnCpu >= map_get(saturated_busy, T) of
+            true -> warning;
+            false -> none
+        end,
+    emit(cpu_saturated, Severity, [
+        fmt("the node used ~.2f of ~.2f CPUs (~s); schedulers busy ~s, on CPU or queued ~s",
+            [Used, float(Avail), pct(Share), pct(Busy), pct(OnCpu)]),
+        fmt("~.1f M reductions/s, run queue ~.1f on average",
+            [maps:get(reductions_per_s, maps:get(vm, L), 0.0) / 1.0e6,
+             maps:get(run_queue_avg, maps:get(vm, L), 0.0)])
+    ], #{cpus_used => Used, cpus_available => float(Avail), busy_share => Busy}).
+
+schedulers_exceed_cpus(L, Settings, _T) ->
+    Online = maps:get(schedulers_online, Settings),
+    Avail = maps:get(cpus_available, maps:get(totals, L)),
+    Cpus = max(1, ceil_(Avail)),
+    Severity = case Online > Cpus of true -> warning; false -> none end,
+    emit(schedulers_exceed_cpus, Severity, [
+        fmt("~b schedulers online, ~.2f CPUs available (~b logical processors available, quota ~s)",
+            [Online, float(Avail), val(maps:get(logical_processors_available, Settings, null)),
+             num(maps:get(quota_cpus, maps:get(cgroup, L), unlimited))])
+    ], #{schedulers_online => Online, cpus_available => float(Avail)}).
+
+%% A ledger that is throttled also looks blocked; name the cause, not the
+%% symptom.
+suppress(Findings) ->
+    Ids = [Id || #{id := Id, severity := S} <- Findings, S =/= info],
+    [F || F = #{id := Id} <- Findings,
+          not (Id =:= scheduler_blocking andalso lists:member(cpu_throttling, Ids)),
+          not (Id =:= cpu_saturated andalso lists:member(cpu_throttling, Ids))].
+
+%% Findings from lock counting and profiles, when the capture has them.
+extras(Capture, Ledger) ->
+    Extras = maps:get(extras, Capture, #{}),
+    W = maps:get(window_s, Ledger, 0.0),
+    Locks = case maps:find(locks, Extras) of
+                {ok, LockData = #{}} when not is_map_key(error, LockData) ->
+                    call_optional(beamdiag_lock_rules, findings, [LockData, W]);
+                _ -> []
+            end,
+    Profile = case maps:find(profile, Extras) of
+                  {ok, P = #{}} -> call_optional(beamdiag_profile_rules, findings, [P]);
+                  _ -> []
+              end,
+    Locks ++ Profile.
+
+call_optional(M, F, A) ->
+    case code:ensure_loaded(M) of
+        {module, M} -> apply(M, F, A);
+        _ -> []
+    end.
+
+contended(L, T) ->
+    Rows = sched_rows(L, [scheduler, dirty_cpu]),
+    ratio(sum(runq, Rows), sum(wall, Rows)) >= map_get(runq_share_warn, T) orelse
+        maps:get(throttled_ratio, maps:get(cgroup, L), 0.0) >= map_get(throttled_ratio_warn, T).
+
+lock_hint(L) ->
+    case maps:get(msacc, L) of
+        #{extra := true} -> "see the lock table and msacc states below";
+        _ -> "run the lock session for the lock names: beamdiag flavor build --install, "
+             "then restart the node with -emu_type lcnt"
+    end.
+
+emit(_Id, none, _Evidence, _Metrics) -> [];
+emit(Id, Severity, Evidence, Metrics) -> [beamdiag_finding:new(Id, Severity, Evidence, Metrics)].
+
+level(X, _Warn, Crit) when X >= Crit -> critical;
+level(X, Warn, _Crit) when X >= Warn -> warning;
+level(_, _, _) -> none.
+
+sched_rows(#{threads := Threads}, Types) ->
+    [R || R = #{type := Ty} <- Threads, lists:member(Ty, Types), is_number(maps:get(busy, R))].
+
+sum(K, Rows) -> lists:sum([V || R <- Rows, V <- [maps:get(K, R, 0)], is_number(V)]).
+
+worst(K, Rows) ->
+    case [R || R <- Rows, is_number(maps:get(K, R, undefined))] of
+        [] -> #{name => <<"-">>, K => 0.0, wall => 1.0};
+        Rs -> hd(lists:sort(fun(A, B) -> maps:get(K, A) >= maps:get(K, B) end, Rs))
+    end.
+
+window(#{window_s := W}) -> max(W, 1.0e-9).
+cpus_used(L) -> maps:get(cpus_used, maps:get(totals, L), 0.0).
+
+ratio(_, D) when D == 0 -> 0.0;
+ratio(N, D) -> N / D.
+
+pct(X) -> io_lib:format("~.1f%", [100 * X]).
+fmt(F, A) -> io_lib:format(F, A).
+num(unlimited) -> "unlimited";
+num(N) when is_number(N) -> io_lib:format("~.2f", [float(N)]).
+quota(unlimited) -> <<"unlimited">>;
+quota(N) -> N.
+val(N) when is_integer(N) -> N;
+val(_) -> 0.
+load(#{loadavg := [L1 | _]}) -> io_lib:format("~.2f", [float(L1)]);
+load(_) -> "unknown".
+ceil_(X) -> round(X + 0.4999).
