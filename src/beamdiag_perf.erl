@@ -134,6 +134,9 @@ format_error({not_permitted, Paranoid, Output}) ->
 format_error({target_gone, OsPid}) ->
     io_lib:format("OS process ~b is gone (the node stopped, or it runs on another host: "
                   "perf must run on the target's host)", [OsPid]);
+format_error({other_host, Host}) ->
+    io_lib:format("the node runs on host ~ts: perf must run on the node's host (run beamdiag "
+                  "there, or use the Erlang-level sampler, --erlang)", [Host]);
 format_error({perf_failed, Status, Output}) ->
     io_lib:format("perf exited with status ~b: ~ts", [Status, last_line(Output)]);
 format_error({timeout, Seconds}) ->

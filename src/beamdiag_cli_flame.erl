@@ -1,0 +1,221 @@
+%%% @doc `beamdiag flame NODE': a CPU profile of a live node as a flame graph.
+%%%
+%%% By default the native profile: `perf record' on the node's OS process
+%%% (this command must run on the node's host: perf attaches to a local
+%%% process id), folded per thread type. With `--erlang' the Erlang-level
+%%% sampler runs on the node instead (over distribution; works from any
+%%% host, needs no perf). Writes `profile.folded', `flame.svg' and
+%%% `top.txt' into `--out' and prints the top tables, the `[unknown]' frame
+%%% share and the findings.
+%%%
+%%% ```
+%%% $ beamdiag flame app@host --duration 10 --out /tmp/flame
+%%% '''
+-module(beamdiag_cli_flame).
+
+-behaviour(beamdiag_cli).
+
+-export([spec/0, run/2, profile/3, report/2]).
+
+-define(EXIT_OK, 0).
+-define(EXIT_FINDINGS, 1).
+-define(EXIT_UNREACHABLE, 3).
+-define(EXIT_FAILED, 4).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The command's arguments.
+-spec spec() -> beamdiag_cli:spec().
+spec() ->
+    #{
+        name => "flame",
+        summary => "Profile a node's CPU (perf, or the Erlang-level sampler) into a flame graph.",
+        example => "beamdiag flame app@host --duration 10 --out /tmp/flame",
+        positional => [#{key => node, help => "the node (name@host)", required => true,
+                         metavar => "NODE"}],
+        options => [
+            #{key => duration, long => "--duration", type => {integer, 1, 300}, default => 10,
+              metavar => "S", help => "seconds to sample"},
+            #{key => frequency, long => "--frequency", type => {integer, 1, 999}, default => 97,
+              metavar => "HZ", help => "samples per second per thread"},
+            #{key => out, long => "--out", type => string, default => "beamdiag-flame",
+              metavar => "DIR", help => "directory for profile.folded, flame.svg, top.txt"},
+            #{key => erlang, long => "--erlang", type => boolean, default => false,
+              help => "Erlang-level sampler on the node instead of perf (any host)"},
+            #{key => call_graph, long => "--call-graph", type => {enum, [dwarf, fp, none]},
+              default => dwarf, help => "perf call-chain method"},
+            #{key => perf, long => "--perf", type => string, metavar => "PATH",
+              help => "the perf executable (default: perf on the PATH)"},
+            #{key => cookie, long => "--cookie", type => string, metavar => "C",
+              help => "the node's cookie"},
+            #{key => cookie_file, long => "--cookie-file", type => string, metavar => "F",
+              help => "file holding the node's cookie"},
+            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info, none]},
+              default => none, help => "exit 1 when a finding is at least this severe"}
+        ]
+    }.
+
+%% @doc Connects, profiles, writes the files, prints the summary.
+-spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
+    RemoteOpts = maps:with([cookie, cookie_file], Opts),
+    case beamdiag_remote:connect(NodeStr, RemoteOpts) of
+        {ok, Node} ->
+            try
+                case profile(Node, Opts, IO) of
+                    {ok, Result} ->
+                        write_and_print(Result, Opts, IO);
+                    {error, {Mod, Reason}} ->
+                        Err(["beamdiag flame: ", Mod:format_error(Reason), "\n"]),
+                        ?EXIT_FAILED
+                end
+            after
+                beamdiag_remote:disconnect(Node)
+            end;
+        {error, {Mod, Reason}} ->
+            Err(["beamdiag flame: ", Mod:format_error(Reason), "\n"]),
+            ?EXIT_UNREACHABLE
+    end.
+
+%% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
+-spec profile(node(), map(), beamdiag_cli:io()) -> {ok, map()} | {error, {module(), term()}}.
+profile(Node, Opts = #{erlang := true}, #{err := Err}) ->
+    D = maps:get(duration, Opts, 10),
+    Hz = min(maps:get(frequency, Opts, 97), 199),
+    Err(io_lib:format("sampling Erlang stacks on ~p for ~b s at ~b Hz...~n", [Node, D, Hz])),
+    case beamdiag_sampler:profile(Node, #{duration => D, frequency => Hz}) of
+        {ok, R = #{stacks := Stacks}} ->
+            P = beamdiag_fold:from_counts(Stacks),
+            {ok, #{profile => P, method => erlang, node => Node, sampler => maps:remove(stacks, R),
+                   findings => beamdiag_profile_rules:findings(P, #{})}};
+        {error, _} = E ->
+            E
+    end;
+profile(Node, Opts, #{err := Err}) ->
+    Out = maps:get(out, Opts, "beamdiag-flame"),
+    case os_pid(Node) of
+        {ok, OsPid} ->
+            MapFile = "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map",
+            _ = case filelib:is_regular(MapFile) of
+                true -> ok;
+                false -> Err(["warning: ", MapFile, " is missing: Erlang code will show as "
+                              "[unknown]; start the node with +JPperf true (or +JPperf map)\n"])
+            end,
+            D = maps:get(duration, Opts, 10),
+            Err(io_lib:format("recording OS process ~b (~p) with perf for ~b s...~n", [OsPid, Node, D])),
+            PerfOpts = #{duration => D, frequency => maps:get(frequency, Opts, 97),
+                         call_graph => maps:get(call_graph, Opts, dwarf), dir => Out,
+                         perf => maps:get(perf, Opts, undefined)},
+            case beamdiag_perf:record(OsPid, PerfOpts) of
+                {ok, Rec = #{script := Script}} ->
+                    FoldOpts = case filelib:is_regular(MapFile) of
+                        true -> #{perf_map => MapFile};
+                        false -> #{}
+                    end,
+                    case beamdiag_fold:fold_file(Script, FoldOpts) of
+                        {ok, P} ->
+                            {ok, #{profile => P, method => perf, node => Node,
+                                   perf => maps:remove(record_output, Rec),
+                                   findings => beamdiag_profile_rules:findings(P, #{})}};
+                        {error, _} = E ->
+                            E
+                    end;
+                {error, _} = E ->
+                    E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc The printed summary of a profile result.
+-spec report(map(), map()) -> iolist().
+report(#{profile := P, findings := Findings, method := Method}, _Opts) ->
+    S = beamdiag_fold:summary(P),
+    [
+        io_lib:format("~b samples (~s), [unknown] frames in ~.1f% of samples, "
+                      "stacks cut short by the unwinder in ~.1f%~n",
+                      [maps:get(samples, S), Method, 100 * maps:get(unknown_share, S),
+                       100 * maps:get(truncated_share, S)]),
+        "\n",
+        beamdiag_fold:format_top("Erlang functions", beamdiag_fold:top(P, #{kind => erlang, limit => 15})),
+        "\n",
+        beamdiag_fold:format_top("Native functions", beamdiag_fold:top(P, #{kind => native, limit => 15})),
+        "\n",
+        case Findings of
+            [] -> "No findings.\n";
+            _ -> ["Findings:\n", [finding_text(F) || F <- Findings]]
+        end
+    ].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Opts, #{out := Print, err := Err}) ->
+    Dir = maps:get(out, Opts, "beamdiag-flame"),
+    Text = report(Result, Opts),
+    Files = [
+        {"profile.folded", beamdiag_fold:to_iolist(P)},
+        {"flame.svg", beamdiag_flamegraph:svg(P, #{title => io_lib:format("~p", [Node]),
+                                                     subtitle => subtitle(Result)})},
+        {"top.txt", Text}
+    ],
+    case write_all(Dir, Files) of
+        ok ->
+            Print(Text),
+            Print(["\nwrote ", filename:join(Dir, "flame.svg"), ", profile.folded, top.txt\n"]),
+            FailOn = maps:get(fail_on, Opts, none),
+            case FailOn =/= none andalso
+                     lists:any(fun(F) -> beamdiag_finding:at_least(F, FailOn) end, Findings) of
+                true -> ?EXIT_FINDINGS;
+                false -> ?EXIT_OK
+            end;
+        {error, Path, Why} ->
+            Err(["beamdiag flame: cannot write ", Path, ": ", file:format_error(Why), "\n"]),
+            ?EXIT_FAILED
+    end.
+
+write_all(Dir, Files) ->
+    case filelib:ensure_dir(filename:join(Dir, "x")) of
+        ok ->
+            lists:foldl(
+                fun({Name, Data}, ok) ->
+                        Path = filename:join(Dir, Name),
+                        case file:write_file(Path, Data) of
+                            ok -> ok;
+                            {error, Why} -> {error, Path, Why}
+                        end;
+                   (_, Err) -> Err
+                end, ok, Files);
+        {error, Why} ->
+            {error, Dir, Why}
+    end.
+
+subtitle(#{profile := P, method := Method}) ->
+    S = beamdiag_fold:summary(P),
+    io_lib:format("~s profile, ~b samples, [unknown] in ~.1f% of samples",
+                  [Method, maps:get(samples, S), 100 * maps:get(unknown_share, S)]).
+
+finding_text(#{severity := Sev, title := T, evidence := Ev, fix := Fix}) ->
+    [
+        io_lib:format("  [~s] ~ts~n", [Sev, T]),
+        [["    - ", E, "\n"] || E <- Ev],
+        ["    fix: ", Fix, "\n"]
+    ].
+
+%% The node's OS pid, and a check that it is a process of this host.
+os_pid(Node) ->
+    try
+        OsPid = list_to_integer(erpc:call(Node, os, getpid, [], 5000)),
+        {ok, Here} = inet:gethostname(),
+        There = erpc:call(Node, net_adm, localhost, [], 5000),
+        Host = hd(string:split(There, ".")),
+        case Host =:= hd(string:split(Here, ".")) of
+            false -> {error, {beamdiag_perf, {other_host, There}}};
+            true -> {ok, OsPid}
+        end
+    catch
+        Class:Reason -> {error, {beamdiag_sampler, {remote, Class, Reason}}}
+    end.
