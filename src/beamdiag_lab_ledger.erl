@@ -35,9 +35,11 @@ scenarios() ->
           summary => <<"the busy_wait load with +sbwt none (negative control)">>,
           emu_args => ?NO_SPIN,
           load => {?MODULE, wakeups, ['$duration_ms', 40]}, expect => []},
+        %% One scheduler on a host with more CPUs: saturated, with a core
+        %% to spare so that it is not also starved.
         #{name => cpu_saturated,
           summary => <<"pure Erlang work on every scheduler: CPU bound, nothing wrong">>,
-          emu_args => [], load => {?MODULE, burn_all, ['$duration_ms']},
+          emu_args => ["+S", "1:1"], load => {?MODULE, burn_all, ['$duration_ms']},
           expect => [cpu_saturated]},
         #{name => cpu_starvation,
           summary => <<"CPU-bound node sharing the host with a CPU-hungry competitor">>,

@@ -263,13 +263,15 @@ schedulers_exceed_cpus(L, Settings, _T) ->
              num(maps:get(quota_cpus, maps:get(cgroup, L), unlimited))])
     ], #{schedulers_online => Online, cpus_available => float(Avail)}).
 
-%% A ledger that is throttled also looks blocked; name the cause, not the
-%% symptom.
+%% A throttled node also looks starved (the kernel counts throttled time as
+%% waiting for a CPU), blocked and saturated; name the cause, not the
+%% symptoms.
 suppress(Findings) ->
     Ids = [Id || #{id := Id, severity := S} <- Findings, S =/= info],
+    Throttled = lists:member(cpu_throttling, Ids),
     [F || F = #{id := Id} <- Findings,
-          not (Id =:= scheduler_blocking andalso lists:member(cpu_throttling, Ids)),
-          not (Id =:= cpu_saturated andalso lists:member(cpu_throttling, Ids))].
+          not (Throttled andalso lists:member(Id, [scheduler_blocking, cpu_saturated,
+                                                   cpu_starvation]))].
 
 %% Findings from lock counting and profiles, when the capture has them.
 extras(Capture, Ledger) ->

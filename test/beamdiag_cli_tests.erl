@@ -1,0 +1,61 @@
+-module(beamdiag_cli_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+run(Args) ->
+    Self = self(),
+    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
+           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
+           colour => false},
+    Code = beamdiag_cli:run(Args, IO),
+    {Code, collect(out), collect(err)}.
+
+collect(Tag) ->
+    receive {Tag, B} -> <<B/binary, (collect(Tag))/binary>>
+    after 0 -> <<>>
+    end.
+
+no_args_is_usage_error_test() ->
+    {2, <<>>, Err} = run([]),
+    ?assertMatch({_, _}, binary:match(Err, <<"diagnose">>)).
+
+help_test() ->
+    {0, Out, _} = run(["--help"]),
+    ?assertMatch({_, _}, binary:match(Out, <<"lab">>)).
+
+command_help_has_example_test_() ->
+    [?_test(begin
+         {0, Out, _} = run([Name, "--help"]),
+         ?assertMatch({_, _}, binary:match(Out, <<"example:">>))
+     end) || {Name, _, _} <- beamdiag_cli:commands()].
+
+unknown_command_test() ->
+    {2, _, Err} = run(["frobnicate"]),
+    ?assertMatch({_, _}, binary:match(Err, <<"unknown command">>)).
+
+unknown_option_test() ->
+    {2, _, Err} = run(["diagnose", "a@b", "--bogus"]),
+    ?assertMatch({_, _}, binary:match(Err, <<"unknown option --bogus">>)).
+
+bad_values_test_() ->
+    [?_assertMatch({2, _, _}, run(A)) || A <- [
+        ["diagnose", "a@b", "--duration", "zero"],
+        ["diagnose", "a@b", "--duration", "-1"],
+        ["diagnose", "a@b", "--interval", "5"],
+        ["diagnose", "a@b", "--json=yes"],
+        ["diagnose", "a@b", "--duration"],
+        ["diagnose", "a@b", "extra"],
+        ["diagnose"],
+        ["diagnose", "a@b", "--fail-on", "sometimes"]]].
+
+bad_node_name_test() ->
+    {2, _, Err} = run(["diagnose", "no-at-sign", "--cookie-file", "/dev/null"]),
+    ?assertMatch({_, _}, binary:match(Err, <<"not a node name">>)).
+
+parse_defaults_test() ->
+    {ok, O} = beamdiag_cli:parse(beamdiag_cli_diagnose:spec(), ["n@h", "--duration=2.5"]),
+    ?assertEqual(#{node => "n@h", duration => 2.5, interval => 1000, json => false,
+                   no_msacc => false, no_locks => false}, O).
+
+control_characters_are_not_echoed_test() ->
+    {2, _, Err} = run(["diagnose", "a@b", "--x\e[31m"]),
+    ?assertEqual(nomatch, binary:match(Err, <<"\e">>)).

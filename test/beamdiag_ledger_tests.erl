@@ -1,0 +1,87 @@
+-module(beamdiag_ledger_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+capture(Name) ->
+    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
+    {ok, [C]} = file:consult(File),
+    C.
+
+by_type(Name, Type) ->
+    L = beamdiag_ledger:build(capture(Name)),
+    maps:get(Type, maps:get(by_type, L)).
+
+share(K, Row = #{wall := W}) -> beamdiag_ledger:share(K, Row, W).
+
+%% Two hand-made samples one second apart: every field is checked against
+%% arithmetic done by hand.
+arithmetic_test() ->
+    Settings = #{schedulers => 1, dirty_cpu_schedulers => 0, schedulers_online => 1,
+                 logical_processors_available => 2},
+    T = fun(Run, Wait, U, S) -> #{name => <<"1_scheduler">>, utime => U, stime => S,
+                                  minflt => 0, majflt => 0, run_ns => Run, wait_ns => Wait,
+                                  nvcsw => 0, nivcsw => 0} end,
+    Sample = fun(Tns, Act, Tot, Th) ->
+        #{t => Tns, threads => #{1 => Th}, host => {error, none}, cgroup => {error, none},
+          vm => #{swt => [{1, Act, Tot}], run_queues => [0, 0, 0], reductions => 0, gcs => 0,
+                  gc_words => 0, context_switches => 0, process_count => 1}}
+    end,
+    C = #{settings => Settings, notes => [],
+          samples => [Sample(0, 0, 0, T(0, 0, 0, 0)),
+                      %% busy 30% of 1 s; on CPU 0.6 s (3:1 user:sys); 0.1 s runnable.
+                      Sample(1000000000, 300, 1000, T(600000000, 100000000, 45, 15))]},
+    #{threads := [R], window_s := W} = beamdiag_ledger:build(C),
+    ?assertEqual(1.0, W),
+    ?assertEqual(0.3, maps:get(busy, R)),
+    ?assertEqual(0.6, maps:get(on_cpu, R)),
+    ?assert(abs(maps:get(user, R) - 0.45) < 1.0e-9),
+    ?assert(abs(maps:get(sys, R) - 0.15) < 1.0e-9),
+    ?assertEqual(0.1, maps:get(runq, R)),
+    ?assert(abs(maps:get(off_cpu, R) - 0.3) < 1.0e-9),
+    ?assert(abs(maps:get(spin, R) - 0.3) < 1.0e-9),
+    ?assertEqual(0.0, maps:get(blocked, R)).
+
+one_sample_gives_a_note_test() ->
+    #{notes := [N | _], threads := []} =
+        beamdiag_ledger:build(#{samples => [], settings => #{}, notes => []}),
+    ?assertMatch(<<"fewer than two", _/binary>>, N).
+
+%% The recorded scenarios show their signal in the ledger itself.
+busy_wait_spins_test() ->
+    R = by_type("busy_wait", scheduler),
+    ?assert(share(on_cpu, R) >= 2 * share(busy, R)).
+
+busy_wait_off_does_not_spin_test() ->
+    R = by_type("busy_wait_off", scheduler),
+    ?assert(share(spin, R) < 0.05).
+
+saturated_is_busy_test() ->
+    R = by_type("cpu_saturated", scheduler),
+    ?assert(share(busy, R) > 0.9).
+
+starvation_waits_test() ->
+    R = by_type("cpu_starvation", scheduler),
+    ?assert(share(runq, R) > 0.3).
+
+blocking_is_blocked_test() ->
+    R = by_type("scheduler_blocking", scheduler),
+    ?assert(share(blocked, R) > 0.5).
+
+system_cpu_test() ->
+    #{totals := #{sys := Sys, on_cpu := On}} = beamdiag_ledger:build(capture("high_system_cpu")),
+    ?assert(Sys / On > 0.5).
+
+throttling_test() ->
+    #{cgroup := Cg} = beamdiag_ledger:build(capture("cpu_throttling")),
+    ?assert(maps:get(throttled_ratio, Cg) > 0.5),
+    ?assertEqual(0.5, maps:get(quota_cpus, Cg)).
+
+dirty_gc_test() ->
+    #{msacc := #{by_type := #{dirty_cpu := #{seconds := S}}}, window_s := W} =
+        beamdiag_ledger:build(capture("dirty_cpu_gc")),
+    ?assert(maps:get(gc, S) / W > 0.2).
+
+series_per_tick_test() ->
+    #{series := Series, samples := _} = maps:merge(beamdiag_ledger:build(capture("idle")),
+                                                   #{samples => x}),
+    ?assert(length(Series) >= 3),
+    [#{by_type := #{scheduler := #{wall := _}}} | _] = Series.
