@@ -1,0 +1,991 @@
+%%% @doc The HTML report: one self-contained file that opens offline.
+%%%
+%%% Everything is inline: the style sheet, the data (one JSON document in a
+%%% `<script type="application/json">' element) and a small script that
+%%% draws the charts as SVG. The tables are rendered here, so the findings,
+%%% ledger, settings and lock tables read fine even with scripts off.
+%%%
+%%% Every string that came from the target (node, thread, process, table and
+%%% lock names, evidence, flag values) is HTML-escaped here, and the charts
+%%% set text with `textContent' only. The embedded JSON escapes `<', `>' and
+%%% `&', so no string can close the script element. A flamegraph SVG found in
+%%% the capture (`extras.profile.svg') is shown in a sandboxed frame, where
+%%% its own script can run but cannot reach the report.
+%%%
+%%% The script writes `data-rendered="N"' on the body when it has drawn N
+%%% charts, and `data-errors' when a chart failed; tests read them back.
+%%%
+%%% `compare/1' and `experiment/1' render any result map generically: maps
+%%% of numbers become tables, lists of maps become tables with one column
+%%% per key, findings are shown as in a diagnosis.
+%%%
+%%% ```
+%%% 1> {ok, D} = beamdiag:diagnose(#{duration => 5}).
+%%% 2> file:write_file("report.html", beamdiag_format_html:diagnosis(D)).
+%%% ok
+%%% '''
+-module(beamdiag_format_html).
+
+-export([diagnosis/1, compare/1, experiment/1, generic/2, escape/1]).
+
+%% Layers of the ledger charts, bottom to top.
+-define(LAYERS, [run, spin, blocked, runq, idle]).
+-define(OUTLIERS, 4).
+-define(MAX_ROWS, 500).
+-define(MAX_COLS, 40).
+-define(MAX_DEPTH, 6).
+-define(MAX_TEXT, 4000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The whole diagnosis as one HTML document.
+-spec diagnosis(beamdiag:diagnosis()) -> iodata().
+diagnosis(#{capture := C, ledger := L, findings := F}) ->
+    Node = maps:get(node, C, <<"?">>),
+    Extras = maps:get(extras, C, #{}),
+    Data = chart_data(C, L),
+    Sections = [
+        {"findings", "Findings", findings(F)},
+        {"ledger", "Time ledger", ledger_section(L)},
+        {"schedulers", "Schedulers", scheduler_section(L, Data)},
+        {"cpu", "OS CPU and scheduler utilisation", cpu_section(L)},
+        {"msacc", "Microstates", msacc_section(L)}
+    ] ++ locks_section(Extras) ++ profile_section(Extras) ++ [
+        {"settings", "VM and host", settings_section(C, L)},
+        {"notes", "Notes", notes_section(L, C)}
+    ],
+    page(["beamdiag: ", esc(lists:sublist(to_chars(Node), 200))], header(C, L, F), Sections, Data).
+
+%% @doc A compare result (any map) as one HTML document.
+-spec compare(map()) -> iodata().
+compare(Result) ->
+    result_page(<<"beamdiag compare">>, Result).
+
+%% @doc An experiment result (any map) as one HTML document.
+-spec experiment(map()) -> iodata().
+experiment(Result) ->
+    result_page(<<"beamdiag experiment">>, Result).
+
+%% @doc Any JSON-able term (maps, lists, numbers, binaries, atoms) as HTML
+%% tables, nested up to a depth; other terms are printed bounded. Option:
+%% `depth' (0).
+-spec generic(term(), map()) -> iodata().
+generic(Term, Opts) ->
+    value(Term, maps:get(depth, Opts, 0)).
+
+%% @doc HTML-escapes text (for element content and quoted attributes).
+%% Invalid UTF-8 becomes U+FFFD; control characters other than newline and
+%% tab become U+FFFD as well.
+-spec escape(iodata() | atom() | number()) -> binary().
+escape(X) ->
+    iolist_to_binary(esc(X)).
+
+%%%===================================================================
+%%% Internal: page
+%%%===================================================================
+
+page(Title, Header, Sections, Data) ->
+    [
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+        "frame-src 'self' about:\">\n",
+        "<title>", Title, "</title>\n<style>", css(), "</style>\n</head>\n<body>\n",
+        Header,
+        "<nav>", [["<a href=\"#", Id, "\">", Name, "</a>"] || {Id, Name, _} <- Sections], "</nav>\n",
+        "<main>\n",
+        [["<section id=\"", Id, "\">\n<h2>", Name, "</h2>\n", Body, "</section>\n"]
+         || {Id, Name, Body} <- Sections],
+        "</main>\n<footer>beamdiag ", vsn(), " &middot; this file is self-contained and "
+        "opens offline</footer>\n",
+        "<script type=\"application/json\" id=\"beamdiag-data\">", json(Data), "</script>\n",
+        "<script>", js(), "</script>\n</body>\n</html>\n"
+    ].
+
+result_page(Title, Result) ->
+    {Findings, Rest} =
+        case Result of
+            #{findings := Fs} when is_list(Fs), Fs =/= [] ->
+                case lists:all(fun is_finding/1, Fs) of
+                    true -> {[{"findings", "Findings", findings(Fs)}], maps:without([findings], Result)};
+                    false -> {[], Result}
+                end;
+            _ ->
+                {[], Result}
+        end,
+    Header = ["<header><h1>", esc(Title), "</h1><p class=\"meta\">generated ",
+              esc(now_text()), "</p></header>\n"],
+    page(esc(Title), Header, Findings ++ [{"result", "Result", value(Rest, 0)}],
+         #{kind => result}).
+
+header(C, L, F) ->
+    S = maps:get(settings, C, #{}),
+    Samples = length(maps:get(samples, C, [])),
+    Partial = case maps:get(complete, C, true) of
+                  true -> "";
+                  _ -> " <span class=\"badge critical\">partial: the target went away</span>"
+              end,
+    Counts = [{Sev, length([x || #{severity := S1} <- F, S1 =:= Sev])}
+              || Sev <- [critical, warning, info]],
+    [
+        "<header>\n<h1>beamdiag <span class=\"node\">", cell_text(maps:get(node, C, <<"?">>), 200),
+        "</span>", Partial, "</h1>\n<p class=\"meta\">OTP ", esc(maps:get(otp_release, S, <<"?">>)),
+        " (", esc(maps:get(emu_flavor, S, <<"?">>)), ") &middot; ",
+        fmt("~.1f", [float(maps:get(window_s, L, 0.0))]), " s window &middot; ",
+        integer_to_list(Samples), " samples &middot; started ", esc(start_text(C)),
+        "</p>\n<p class=\"summary\">",
+        case F of
+            [] -> "<span class=\"badge ok\">no findings</span>";
+            _ -> [["<span class=\"badge ", atom_to_list(Sev), "\">", integer_to_list(N), " ",
+                   atom_to_list(Sev), "</span> "] || {Sev, N} <- Counts, N > 0]
+        end,
+        cpus_line(L),
+        "</p>\n</header>\n"
+    ].
+
+cpus_line(#{totals := #{cpus_used := U, cpus_available := A}}) when is_number(U), is_number(A) ->
+    [" the node used <b>", fmt("~.2f", [float(U)]), "</b> of <b>", fmt("~.2f", [float(A)]),
+     "</b> CPUs"];
+cpus_line(_) ->
+    "".
+
+%%%===================================================================
+%%% Internal: findings
+%%%===================================================================
+
+findings([]) ->
+    "<p class=\"none\">No findings: no sign of busy-waiting, starvation, throttling, blocking "
+    "or saturation in this window.</p>\n";
+findings(Fs) ->
+    [finding(F) || F <- Fs].
+
+finding(F) ->
+    Sev = maps:get(severity, F, info),
+    [
+        "<article class=\"finding ", esc(Sev), "\">\n<h3><span class=\"badge ", esc(Sev), "\">",
+        esc(Sev), "</span> ", esc(maps:get(title, F, <<>>)), " <code>", esc(maps:get(id, F, <<>>)),
+        "</code></h3>\n",
+        "<ul class=\"evidence\">", [["<li>", cell_text(E, 1000), "</li>"] || E <- list(maps:get(evidence, F, []))],
+        "</ul>\n",
+        "<p class=\"fix\"><b>Fix:</b> ", esc(maps:get(fix, F, <<>>)), "</p>\n",
+        case maps:get(when_not, F, <<>>) of
+            <<>> -> "";
+            W -> ["<p class=\"whennot\"><b>When not:</b> ", esc(W), "</p>\n"]
+        end,
+        case maps:get(metrics, F, #{}) of
+            M when is_map(M), map_size(M) > 0 ->
+                ["<details><summary>metrics</summary>", value(M, 1), "</details>\n"];
+            _ -> ""
+        end,
+        "</article>\n"
+    ].
+
+%%%===================================================================
+%%% Internal: ledger sections
+%%%===================================================================
+
+ledger_section(#{threads := []}) ->
+    "<p class=\"none\">No per-thread figures in this capture (see the notes).</p>\n";
+ledger_section(#{by_type := ByType}) ->
+    [
+        "<p class=\"help\">Where each thread type's wall time went, tick by tick, as a share of "
+        "the type's thread-seconds: <b>running</b> (on CPU doing work), <b>spinning</b> (on CPU "
+        "but not busy: busy-waiting), <b>blocked</b> (busy by the BEAM's account but neither "
+        "running nor runnable: locks, page faults, blocking calls), <b>runnable-waiting</b> "
+        "(ready, waiting for a CPU) and <b>idle</b>.</p>\n",
+        legend(),
+        "<div class=\"charts\" id=\"ledger-charts\"></div>\n",
+        "<h3>Over the whole window</h3>\n",
+        "<table class=\"num\"><thead><tr><th>type</th><th>threads</th><th>running</th>"
+        "<th>spinning</th><th>blocked</th><th>runnable-waiting</th><th>idle</th>"
+        "<th>user</th><th>sys</th><th>busy (BEAM)</th><th>share of wall</th></tr></thead><tbody>\n",
+        [type_row(T, maps:get(T, ByType)) || T <- beamdiag_threads:types(), maps:is_key(T, ByType)],
+        "</tbody></table>\n"
+    ];
+ledger_section(_) ->
+    "".
+
+legend() ->
+    ["<div class=\"legend\">",
+     [["<span><i class=\"sw ", atom_to_list(K), "\"></i>", layer_name(K), "</span>"] || K <- ?LAYERS],
+     "</div>\n"].
+
+layer_name(run) -> "running";
+layer_name(spin) -> "spinning";
+layer_name(blocked) -> "blocked";
+layer_name(runq) -> "runnable-waiting";
+layer_name(idle) -> "idle".
+
+type_row(Type, Row) ->
+    Parts = parts(Row),
+    W = num(maps:get(wall, Row, 0)),
+    Sh = fun(K) -> case maps:get(K, Row, undefined) of
+                       V when is_number(V), W > 0 -> pct(V / W);
+                       _ -> "&ndash;"
+                   end
+         end,
+    ["<tr><th>", esc(Type), "</th><td>", integer_to_list(maps:get(n, Row, 0)), "</td>",
+     [["<td>", pct(maps:get(K, Parts)), "</td>"] || K <- ?LAYERS],
+     "<td>", Sh(user), "</td><td>", Sh(sys), "</td><td>", Sh(busy), "</td>",
+     "<td class=\"bar\">", bar(Parts), "</td></tr>\n"].
+
+%% A row's wall time split into the chart layers, as shares that add to 1.
+parts(Row) ->
+    W = num(maps:get(wall, Row, 0)),
+    case W > 0 of
+        false ->
+            #{run => 0.0, spin => 0.0, blocked => 0.0, runq => 0.0, idle => 0.0};
+        true ->
+            OnCpu = num(maps:get(on_cpu, Row, 0)),
+            Spin = num(maps:get(spin, Row, 0)),
+            Blocked = num(maps:get(blocked, Row, 0)),
+            Runq = num(maps:get(runq, Row, 0)),
+            Run = max(0.0, OnCpu - Spin),
+            Idle = max(0.0, W - Run - Spin - Blocked - Runq),
+            maps:map(fun(_, V) -> clamp(V / W) end,
+                     #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
+    end.
+
+bar(Parts) ->
+    ["<div class=\"hbar\">",
+     [["<i class=\"", atom_to_list(K), "\" style=\"width:", fmt("~.2f", [100 * maps:get(K, Parts)]),
+       "%\"></i>"] || K <- ?LAYERS, maps:get(K, Parts) > 0.0005],
+     "</div>"].
+
+scheduler_section(#{threads := Threads}, #{outliers := Outliers}) when Threads =/= [] ->
+    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty)],
+    Shown = lists:sublist(Sched, ?MAX_ROWS),
+    [
+        case Outliers of
+            [] -> "<p class=\"help\">No scheduler thread stands out from its type.</p>\n";
+            _ -> ["<p class=\"help\">The scheduler threads that stand out most from their type "
+                  "(spinning, blocked, runnable-waiting or busy), tick by tick.</p>\n",
+                  "<div class=\"charts\" id=\"outlier-charts\"></div>\n"]
+        end,
+        "<details", case length(Sched) =< 16 of true -> " open"; false -> "" end,
+        "><summary>every scheduler thread (", integer_to_list(length(Sched)), ")</summary>\n",
+        "<table class=\"num\"><thead><tr><th>thread</th><th>type</th><th>id</th><th>running</th>"
+        "<th>spinning</th><th>blocked</th><th>runnable-waiting</th><th>idle</th>"
+        "<th>share of wall</th></tr></thead><tbody>\n",
+        [thread_row(T) || T <- Shown],
+        "</tbody></table>\n",
+        case length(Sched) > ?MAX_ROWS of
+            true -> ["<p class=\"help\">", integer_to_list(length(Sched) - ?MAX_ROWS),
+                     " more not shown.</p>"];
+            false -> ""
+        end,
+        "</details>\n"
+    ];
+scheduler_section(_, _) ->
+    "<p class=\"none\">No per-thread figures.</p>\n".
+
+thread_row(T) ->
+    P = parts(T),
+    ["<tr><th>", cell_text(maps:get(name, T, <<>>), 40), "</th><td>", esc(maps:get(type, T, <<>>)),
+     "</td><td>", esc(maps:get(scheduler_id, T, <<>>)), "</td>",
+     [["<td>", pct(maps:get(K, P)), "</td>"] || K <- ?LAYERS],
+     "<td class=\"bar\">", bar(P), "</td></tr>\n"].
+
+cpu_section(#{threads := []}) ->
+    "<p class=\"none\">No per-thread figures.</p>\n";
+cpu_section(L) ->
+    T = maps:get(totals, L, #{}),
+    H = maps:get(host, L, #{}),
+    [
+        "<p class=\"help\">In CPUs, per tick: the CPU the node's threads got from the OS, the "
+        "schedulers' busy time as the BEAM counts it (normal and dirty CPU schedulers), the host's "
+        "busy CPUs, and the CPUs the node may use. OS CPU well above scheduler busy is spinning; "
+        "scheduler busy well above OS CPU is blocking or CPU starvation.</p>\n",
+        "<div class=\"charts\" id=\"cpu-charts\"></div>\n",
+        "<p>Over the window: node ", fmt("~.2f", [num(maps:get(cpus_used, T, 0))]), " CPUs of ",
+        fmt("~.2f", [num(maps:get(cpus_available, T, 0))]), " available",
+        case H of
+            #{ncpu := N, busy := B} -> [", host ", integer_to_list(N), " CPUs ", pct(B), " busy",
+                                        ", steal ", pct(num(maps:get(steal, H, 0)))];
+            _ -> ""
+        end,
+        ".</p>\n"
+    ].
+
+msacc_section(#{msacc := #{by_type := ByType} = M}) when map_size(ByType) > 0 ->
+    [
+        "<p class=\"help\">Microstate accounting: each state's share of the accounted time of "
+        "each thread type.",
+        case maps:get(extra, M, false) of
+            true -> " This emulator has the extra states.";
+            _ -> " Default states only: busy-waiting and timers are inside <i>other</i>; BIFs, "
+                 "ETS, NIFs and send inside <i>emulator</i>."
+        end,
+        "</p>\n<div class=\"charts\" id=\"msacc-charts\"></div>\n",
+        "<details><summary>table</summary>", msacc_table(ByType), "</details>\n"
+    ];
+msacc_section(_) ->
+    "<p class=\"none\">Microstate accounting was off for this capture.</p>\n".
+
+msacc_table(ByType) ->
+    States = lists:usort(lists:append([maps:keys(maps:get(shares, V, #{}))
+                                       || V <- maps:values(ByType), is_map(V)])),
+    ["<table class=\"num\"><thead><tr><th>type</th>", [["<th>", esc(S), "</th>"] || S <- States],
+     "</tr></thead><tbody>",
+     [["<tr><th>", esc(T), "</th>",
+       [["<td>", pct(num(maps:get(S, maps:get(shares, V, #{}), 0))), "</td>"] || S <- States],
+       "</tr>\n"] || {T, V} <- lists:sort(maps:to_list(ByType)), is_map(V)],
+     "</tbody></table>"].
+
+locks_section(#{locks := Locks}) ->
+    [{"locks", "Locks", ["<p class=\"help\">Lock counting over the window.</p>\n",
+                         value(Locks, 0)]}];
+locks_section(_) ->
+    [].
+
+profile_section(#{profile := #{svg := Svg}}) when is_binary(Svg); is_list(Svg) ->
+    Bin = iolist_to_binary(Svg),
+    Height = case re:run(Bin, "<svg[^>]*\\sheight=\"([0-9]+)", [{capture, all_but_first, list}]) of
+                 {match, [H]} -> min(4000, list_to_integer(H) + 20);
+                 _ -> 600
+             end,
+    [{"profile", "Flamegraph",
+      ["<p class=\"help\">Where the schedulers' CPU time went, by stack. Click a frame to zoom "
+       "when the graph supports it.</p>\n",
+       "<iframe class=\"flame\" sandbox=\"allow-scripts\" title=\"flamegraph\" style=\"height:",
+       integer_to_list(Height), "px\" srcdoc=\"",
+       esc(["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>body{margin:0}"
+            "svg{max-width:100%;height:auto}</style></head><body>", Bin, "</body></html>"]),
+       "\"></iframe>\n"]}];
+profile_section(#{profile := P}) ->
+    [{"profile", "Profile", value(maps:without([svg], P), 0)}];
+profile_section(_) ->
+    [].
+
+settings_section(C, L) ->
+    S = maps:get(settings, C, #{}),
+    Groups = [
+        {"Schedulers", [schedulers, schedulers_online, dirty_cpu_schedulers,
+                        dirty_cpu_schedulers_online, dirty_io_schedulers, bind_type,
+                        thread_pool_size]},
+        {"Busy wait and wake-up", [sbwt, sbwtdcpu, sbwtdio, swt, swtdcpu, swtdio, scl, sub, sfwi]},
+        {"Memory", [mdai, mmscs, eheap_alloc_instances]},
+        {"Emulator", [otp_release, erts_version, emu_flavor, build_type, lock_counting, jpperf,
+                      os, os_pid, logical_processors, logical_processors_available,
+                      logical_processors_online, process_limit, atom_count, atom_limit]}
+    ],
+    Known = lists:append([Ks || {_, Ks} <- Groups]),
+    Other = lists:sort(maps:keys(S) -- Known),
+    [
+        "<div class=\"grid\">",
+        [["<div><h3>", Name, "</h3>", kv_table([{K, maps:get(K, S)} || K <- Keys,
+                                                                      maps:is_key(K, S)]),
+          "</div>"] || {Name, Keys} <- Groups],
+        case Other of
+            [] -> "";
+            _ -> ["<div><h3>Other</h3>", kv_table([{K, maps:get(K, S)} || K <- Other]), "</div>"]
+        end,
+        [["<div><h3>", Name, "</h3>", value(V, 1), "</div>"]
+         || {Name, K} <- [{"Totals", totals}, {"Host", host}, {"cgroup", cgroup}, {"VM", vm}],
+            V <- [maps:get(K, L, #{})], is_map(V), map_size(V) > 0],
+        "</div>\n"
+    ].
+
+notes_section(L, C) ->
+    case maps:get(notes, L, []) ++ maps:get(notes, C, []) -- maps:get(notes, L, []) of
+        [] -> "<p class=\"none\">None.</p>\n";
+        Notes -> ["<ul>", [["<li>", esc(N), "</li>"] || N <- Notes], "</ul>\n"]
+    end.
+
+%%%===================================================================
+%%% Internal: chart data
+%%%===================================================================
+
+%% The data the charts draw: the ledger series per thread type, the
+%% outlier schedulers tick by tick, CPU per tick and msacc shares.
+chart_data(C, L) ->
+    Series = maps:get(series, L, []),
+    Ticks = ticks(C),
+    Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
+    Ends = ends(Series),
+    Outliers = outliers(maps:get(threads, L, [])),
+    #{
+        kind => diagnosis,
+        t => Ends,
+        ledger => [#{type => T, n => type_n(T, Series),
+                     points => [point(maps:get(T, maps:get(by_type, S), #{})) || S <- Series]}
+                   || T <- Types],
+        outliers => [#{name => Name, type => Ty,
+                       points => [point(thread_in(Tid, Tick)) || Tick <- Ticks]}
+                     || #{tid := Tid, name := Name, type := Ty} <- Outliers],
+        outlier_t => ends([#{t => W} || #{window_s := W} <- Ticks]),
+        cpu => cpu_data(Series, Ticks, L),
+        msacc => msacc_data(maps:get(msacc, L, #{}))
+    }.
+
+%% One ledger per tick, for per-thread and host figures tick by tick.
+ticks(#{samples := Samples} = C) when length(Samples) >= 2 ->
+    Pairs = lists:zip(lists:droplast(Samples), tl(Samples)),
+    [beamdiag_ledger:build(C#{samples => [A, B], notes => []}) || {A, B} <- Pairs];
+ticks(_) ->
+    [].
+
+ends(Series) ->
+    {_, Rev} = lists:foldl(fun(#{t := T}, {Acc, R}) -> {Acc + T, [Acc + T | R]} end, {0.0, []},
+                           Series),
+    [round3(X) || X <- lists:reverse(Rev)].
+
+shown_type(T, Series) ->
+    Rows = [R || #{by_type := B} <- Series, R <- [maps:get(T, B, undefined)], is_map(R)],
+    Rows =/= [] andalso
+        (beamdiag_threads:is_scheduler(T) orelse
+         lists:any(fun(R) -> num(maps:get(on_cpu, R, 0)) > 0.001 end, Rows)).
+
+type_n(T, [#{by_type := B} | _]) -> maps:get(n, maps:get(T, B, #{}), 0);
+type_n(_, []) -> 0.
+
+point(Row) ->
+    P = parts(Row),
+    [round4(maps:get(K, P)) || K <- ?LAYERS].
+
+thread_in(Tid, #{threads := Threads}) ->
+    case [T || T = #{tid := X} <- Threads, X =:= Tid] of
+        [T | _] -> T;
+        [] -> #{}
+    end.
+
+%% The scheduler threads that stand out most from their type's mean.
+outliers(Threads) ->
+    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
+                  is_number(maps:get(busy, T, undefined))],
+    Means = maps:map(fun(_, Rows) -> mean_parts(Rows) end,
+                     maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
+    Scored = [{score(parts(T), maps:get(Ty, Means)), T} || T = #{type := Ty} <- Sched],
+    [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS), S > 0.05].
+
+mean_parts(Rows) ->
+    Ps = [parts(R) || R <- Rows],
+    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)} || K <- ?LAYERS]).
+
+score(P, Mean) ->
+    lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [spin, blocked, runq, run]]).
+
+cpu_data(Series, Ticks, L) ->
+    Sum = fun(B, Types, K) ->
+              lists:sum([num(maps:get(K, maps:get(T, B, #{}), 0)) || T <- Types])
+          end,
+    All = beamdiag_threads:types(),
+    HostBusy = case length(Ticks) =:= length(Series) of
+                   true -> [case H of
+                                #{busy := Bu, ncpu := N} -> round3(Bu * N);
+                                _ -> null
+                            end || #{host := H} <- Ticks];
+                   false -> []
+               end,
+    #{
+        node_cpus => [round3(Sum(B, All, on_cpu) / max(1.0e-9, T)) || #{by_type := B, t := T} <- Series],
+        sched_busy => [round3(Sum(B, [scheduler, dirty_cpu], busy) / max(1.0e-9, T))
+                       || #{by_type := B, t := T} <- Series],
+        host_busy => HostBusy,
+        available => num(maps:get(cpus_available, maps:get(totals, L, #{}), 0))
+    }.
+
+msacc_data(#{by_type := ByType}) ->
+    Order = [scheduler, dirty_cpu, dirty_io, aux, poll, async],
+    Types = [T || T <- Order, maps:is_key(T, ByType)] ++
+            lists:sort([T || T <- maps:keys(ByType), not lists:member(T, Order)]),
+    [#{type => T, n => maps:get(n, V, 0),
+       shares => maps:map(fun(_, X) -> round4(num(X)) end, maps:get(shares, V, #{}))}
+     || T <- Types, V <- [maps:get(T, ByType)], is_map(V)];
+msacc_data(_) ->
+    [].
+
+%% JSON for a script element: < and > are escaped by the encoder; & too.
+json(Data) ->
+    binary:replace(iolist_to_binary(beamdiag_json:encode(Data)), <<"&">>, <<"\\u0026">>, [global]).
+
+%%%===================================================================
+%%% Internal: generic tables
+%%%===================================================================
+
+value(#{capture := C, ledger := L, findings := F}, _Depth) when is_map(C), is_map(L), is_list(F) ->
+    %% A whole diagnosis inside a result: its gist, not its samples.
+    kv_table([{node, maps:get(node, C, null)}, {window_s, maps:get(window_s, L, null)},
+              {cpus_used, maps:get(cpus_used, maps:get(totals, L, #{}), null)},
+              {findings, iolist_to_binary(lists:join(", ", [[atom_to_binary(S), " ", to_bin(Id)]
+                                                          || #{id := Id, severity := S} <- F]))}]);
+value(V, Depth) when Depth > ?MAX_DEPTH ->
+    ["<code>", cell_text(compact(V), 200), "</code>"];
+value(M, Depth) when is_map(M), map_size(M) =:= 0 ->
+    _ = Depth,
+    "<p class=\"none\">empty</p>";
+value(M, Depth) when is_map(M) ->
+    Pairs = sorted_pairs(M),
+    case table_of_maps(Pairs) of
+        true ->
+            rows_table([{K, V} || {K, V} <- Pairs], Depth);
+        false ->
+            {Scalars, Nested} = lists:partition(fun({_, V}) -> scalar(V) end, Pairs),
+            [
+                case Scalars of
+                    [] -> "";
+                    _ -> kv_table(Scalars)
+                end,
+                [["<details open class=\"nested\"><summary>", cell_text(key_text(K), 120),
+                  "</summary>", value(V, Depth + 1), "</details>\n"]
+                 || {K, V} <- lists:sublist(Nested, ?MAX_ROWS)]
+            ]
+    end;
+value([], _Depth) ->
+    "<p class=\"none\">none</p>";
+value(L, Depth) when is_list(L) ->
+    case io_lib:printable_unicode_list(L) of
+        true ->
+            ["<p>", cell_text(L, ?MAX_TEXT), "</p>"];
+        false ->
+            case lists:all(fun is_map/1, L) of
+                true ->
+                    rows_table([{I, M} || {I, M} <- lists:enumerate(L)], Depth, false);
+                false ->
+                    case lists:all(fun scalar/1, L) of
+                        true -> ["<p>", scalar_list(L), "</p>"];
+                        false -> ["<ol>", [["<li>", value(E, Depth + 1), "</li>"]
+                                           || E <- lists:sublist(L, ?MAX_ROWS)], "</ol>"]
+                    end
+            end
+    end;
+value(V, _Depth) ->
+    ["<p>", cell(V), "</p>"].
+
+%% A map whose values are all maps (of mostly scalars): one row per key.
+table_of_maps(Pairs) ->
+    length(Pairs) > 1 andalso
+        lists:all(fun({_, V}) -> is_map(V) andalso map_size(V) > 0 andalso
+                                     map_size(V) =< ?MAX_COLS end, Pairs) andalso
+        lists:all(fun({_, V}) -> lists:any(fun scalar/1, maps:values(V)) end, Pairs).
+
+rows_table(Rows, Depth) ->
+    rows_table(Rows, Depth, true).
+
+rows_table(Rows0, Depth, ShowKey) ->
+    Rows = lists:sublist(Rows0, ?MAX_ROWS),
+    Cols = columns([M || {_, M} <- Rows]),
+    [
+        "<table class=\"num\"><thead><tr>",
+        case ShowKey of true -> "<th></th>"; false -> "" end,
+        [["<th>", cell_text(key_text(C), 60), "</th>"] || C <- Cols],
+        "</tr></thead><tbody>\n",
+        [["<tr", case maps:get(significant, M, false) of true -> " class=\"sig\""; _ -> "" end, ">",
+          case ShowKey of true -> ["<th>", cell_text(key_text(K), 80), "</th>"]; false -> "" end,
+          [["<td>", nested_cell(maps:get(C, M, undefined), Depth), "</td>"] || C <- Cols],
+          "</tr>\n"] || {K, M} <- Rows],
+        "</tbody></table>\n",
+        case length(Rows0) > ?MAX_ROWS of
+            true -> ["<p class=\"help\">", integer_to_list(length(Rows0) - ?MAX_ROWS),
+                     " more rows not shown.</p>"];
+            false -> ""
+        end
+    ].
+
+%% The union of the rows' keys: those with scalar values first, in the
+%% order of first appearance, bounded.
+columns(Maps) ->
+    Keys = lists:foldl(fun(M, Acc) ->
+                           Acc ++ [K || {K, _} <- sorted_pairs(M), not lists:member(K, Acc)]
+                       end, [], lists:sublist(Maps, 50)),
+    IsScalar = fun(K) -> lists:all(fun(M) -> scalar(maps:get(K, M, null)) end, Maps) end,
+    {S, N} = lists:partition(IsScalar, Keys),
+    lists:sublist(S ++ N, ?MAX_COLS).
+
+nested_cell(undefined, _) -> "";
+nested_cell(V, Depth) ->
+    case scalar(V) of
+        true -> cell(V);
+        false when Depth < 2 -> ["<div class=\"inner\">", value(V, Depth + 2), "</div>"];
+        false -> ["<code>", cell_text(compact(V), 300), "</code>"]
+    end.
+
+kv_table(Pairs) ->
+    ["<table class=\"kv\"><tbody>",
+     [["<tr><th>", cell_text(key_text(K), 80), "</th><td>", cell(V), "</td></tr>\n"]
+      || {K, V} <- lists:sublist(Pairs, ?MAX_ROWS)],
+     "</tbody></table>\n"].
+
+sorted_pairs(M) ->
+    lists:sort(fun({A, _}, {B, _}) -> key_text(A) =< key_text(B) end, maps:to_list(M)).
+
+scalar(V) ->
+    is_number(V) orelse is_atom(V) orelse is_binary(V) orelse
+        (is_list(V) andalso V =/= [] andalso io_lib:printable_unicode_list(V)) orelse
+        (is_list(V) andalso length(V) =< 8 andalso lists:all(fun is_number/1, V)) orelse
+        (is_tuple(V) andalso tuple_size(V) =:= 2 andalso is_number(element(1, V)) andalso
+         is_number(element(2, V))).
+
+scalar_list(L) ->
+    Shown = lists:sublist(L, 50),
+    [lists:join(", ", [cell(E) || E <- Shown]),
+     case length(L) > 50 of true -> [" &hellip; (", integer_to_list(length(L)), ")"]; false -> "" end].
+
+cell(V) when is_float(V) -> ["<span class=\"n\">", float_text(V), "</span>"];
+cell(V) when is_integer(V) -> ["<span class=\"n\">", integer_to_list(V), "</span>"];
+cell(true) -> "true";
+cell(false) -> "false";
+cell(null) -> "&ndash;";
+cell(undefined) -> "&ndash;";
+cell(V) when is_atom(V) -> cell_text(atom_to_binary(V), 200);
+cell(V) when is_binary(V) -> cell_text(V, ?MAX_TEXT);
+cell(V) when is_list(V) ->
+    case io_lib:printable_unicode_list(V) of
+        true -> cell_text(V, ?MAX_TEXT);
+        false when V =/= [] -> case lists:all(fun is_number/1, V) of
+                                   true -> lists:join(", ", [cell(E) || E <- V]);
+                                   false -> ["<code>", cell_text(compact(V), 300), "</code>"]
+                               end;
+        false -> ""
+    end;
+cell({Lo, Hi}) when is_number(Lo), is_number(Hi) -> ["[", cell(Lo), ", ", cell(Hi), "]"];
+cell(V) -> ["<code>", cell_text(compact(V), 300), "</code>"].
+
+is_finding(F) ->
+    is_map(F) andalso is_map_key(severity, F) andalso is_map_key(title, F) andalso
+        is_map_key(evidence, F).
+
+to_bin(X) when is_atom(X) -> atom_to_binary(X);
+to_bin(X) -> unicode:characters_to_binary(to_chars(X)).
+
+%% Text bounded to Max characters; the full text (bounded) in a tooltip.
+cell_text(T, Max) ->
+    S = to_chars(T),
+    case length(S) > Max of
+        true -> ["<span title=\"", esc(lists:sublist(S, ?MAX_TEXT)), "\">",
+                 esc(lists:sublist(S, Max)), "&hellip;</span>"];
+        false -> esc(S)
+    end.
+
+key_text(K) when is_atom(K) -> atom_to_list(K);
+key_text(K) when is_binary(K) -> to_chars(K);
+key_text(K) when is_integer(K) -> integer_to_list(K);
+key_text(K) when is_list(K) -> to_chars(K);
+key_text(K) -> compact(K).
+
+compact(V) ->
+    lists:flatten(io_lib:format("~0tp", [V], [{chars_limit, 1000}])).
+
+float_text(F) when F == 0 -> "0";
+float_text(F) when abs(F) < 0.001 -> fmt("~.2e", [F]);
+float_text(F) when abs(F) >= 1.0e6 -> fmt("~.4e", [F]);
+float_text(F) -> float_to_list(F, [{decimals, 4}, compact]).
+
+%%%===================================================================
+%%% Internal: escaping and small helpers
+%%%===================================================================
+
+esc(X) when is_atom(X) -> esc(atom_to_binary(X));
+esc(X) when is_integer(X) -> integer_to_list(X);
+esc(X) when is_float(X) -> float_text(X);
+esc(X) -> [esc_char(C) || C <- to_chars(X)].
+
+esc_char($&) -> "&amp;";
+esc_char($<) -> "&lt;";
+esc_char($>) -> "&gt;";
+esc_char($") -> "&quot;";
+esc_char($') -> "&#39;";
+esc_char(C) when C =:= $\n; C =:= $\t -> C;
+esc_char(C) when C < 32; C =:= 127 -> <<"\xef\xbf\xbd">>;
+esc_char(C) when C >= 16#D800, C =< 16#DFFF -> <<"\xef\xbf\xbd">>;
+esc_char(C) -> <<C/utf8>>.
+
+%% Characters from binaries (UTF-8, invalid bytes replaced), lists, atoms.
+to_chars(B) when is_binary(B) ->
+    case unicode:characters_to_list(B, utf8) of
+        L when is_list(L) -> L;
+        {_, Good, Rest} -> Good ++ [16#FFFD | to_chars(skip1(Rest))]
+    end;
+to_chars(A) when is_atom(A) -> atom_to_list(A);
+to_chars(N) when is_number(N) -> esc(N);
+to_chars(L) when is_list(L) ->
+    try unicode:characters_to_list(L) of
+        R when is_list(R) -> R;
+        _ -> compact(L)
+    catch
+        _:_ -> compact(L)
+    end;
+to_chars(Other) -> compact(Other).
+
+skip1(<<_, R/binary>>) -> R;
+skip1(<<>>) -> <<>>.
+
+list(L) when is_list(L) -> L;
+list(X) -> [X].
+
+num(X) when is_number(X) -> float(X);
+num(_) -> 0.0.
+
+clamp(X) -> max(0.0, min(1.0, X)).
+
+pct(X) when is_number(X) -> fmt("~.1f%", [100 * X]);
+pct(_) -> "&ndash;".
+
+round3(X) -> round(X * 1000) / 1000.
+round4(X) -> round(X * 10000) / 10000.
+
+fmt(F, A) -> lists:flatten(io_lib:format(F, A)).
+
+start_text(#{wall_start_ms := Ms}) when is_integer(Ms) ->
+    calendar:system_time_to_rfc3339(Ms, [{unit, millisecond}, {offset, "Z"}]);
+start_text(_) -> "?".
+
+now_text() ->
+    calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]).
+
+vsn() ->
+    case application:get_key(beamdiag, vsn) of
+        {ok, V} -> esc(V);
+        _ -> ""
+    end.
+
+%%%===================================================================
+%%% Internal: style and script
+%%%===================================================================
+
+css() ->
+    <<"
+:root{--fg:#1f2328;--muted:#59636e;--bg:#fff;--panel:#f6f8fa;--line:#d1d9e0;
+--run:#2f6fde;--spin:#f0a020;--blocked:#d7302a;--runq:#8a5cd6;--idle:#e3e8ee;
+--critical:#c62828;--warning:#b26a00;--info:#0b6e99;--ok:#2e7d32}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+header{padding:18px 28px 8px;border-bottom:1px solid var(--line)}
+h1{margin:0 0 4px;font-size:22px;font-weight:600}
+h1 .node{font-family:ui-monospace,Menlo,Consolas,monospace;font-weight:500;word-break:break-all}
+h2{font-size:18px;margin:0 0 10px;padding-bottom:4px;border-bottom:1px solid var(--line)}
+h3{font-size:15px;margin:14px 0 6px}
+.meta,.help,footer{color:var(--muted)}
+.summary{margin:6px 0}
+nav{position:sticky;top:0;background:var(--bg);padding:6px 28px;border-bottom:1px solid var(--line);z-index:2;display:flex;flex-wrap:wrap;gap:14px}
+nav a{color:var(--info);text-decoration:none;font-size:13px}
+main{padding:8px 28px 28px;max-width:1400px}
+section{margin:22px 0}
+.badge{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;font-weight:600;color:#fff;background:var(--muted);text-transform:uppercase;vertical-align:middle}
+.badge.critical{background:var(--critical)}.badge.warning{background:var(--warning)}.badge.info{background:var(--info)}.badge.ok{background:var(--ok)}
+.finding{border:1px solid var(--line);border-left:5px solid var(--info);border-radius:6px;padding:4px 16px 8px;margin:10px 0;background:var(--panel)}
+.finding.critical{border-left-color:var(--critical)}.finding.warning{border-left-color:var(--warning)}
+.finding h3 code{font-size:12px;color:var(--muted);font-weight:400}
+.evidence{margin:4px 0;padding-left:20px}
+.fix{margin:6px 0}.whennot{margin:6px 0;color:var(--muted)}
+.none{color:var(--muted);font-style:italic}
+.legend{display:flex;flex-wrap:wrap;gap:14px;margin:6px 0 10px;font-size:13px}
+.legend span{display:inline-flex;align-items:center;gap:5px}
+.sw{display:inline-block;width:12px;height:12px;border-radius:2px}
+.sw.run,.hbar .run{background:var(--run)}.sw.spin,.hbar .spin{background:var(--spin)}
+.sw.blocked,.hbar .blocked{background:var(--blocked)}.sw.runq,.hbar .runq{background:var(--runq)}
+.sw.idle,.hbar .idle{background:var(--idle)}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:14px}
+.chart{border:1px solid var(--line);border-radius:6px;padding:8px 10px;background:#fff}
+.chart h4{margin:0 0 4px;font-size:13px;font-weight:600;word-break:break-all}
+.chart svg{width:100%;height:auto;display:block}
+.chart .legend{margin:4px 0 0;font-size:12px;gap:10px}
+table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
+th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top;max-width:520px;overflow-wrap:anywhere}
+thead th{background:var(--panel);font-weight:600}
+table.num td{text-align:right;font-variant-numeric:tabular-nums}
+table.kv th{font-weight:500;color:var(--muted)}
+td.bar{width:220px;min-width:160px}
+.hbar{display:flex;height:12px;border-radius:2px;overflow:hidden;background:var(--idle)}
+.hbar i{display:block;height:100%}
+.n{font-variant-numeric:tabular-nums}
+tr.sig td,tr.sig th{background:#fff6d6;font-weight:600}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;overflow-wrap:anywhere}
+details{margin:6px 0}summary{cursor:pointer;color:var(--info)}
+details.nested{margin-left:8px}
+.inner table{margin:0;font-size:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:6px 24px}
+iframe.flame{width:100%;border:1px solid var(--line);border-radius:6px}
+footer{padding:10px 28px 24px;font-size:12px}
+svg text{font:11px system-ui,sans-serif;fill:#59636e}
+svg .grid{stroke:#e6eaef}
+svg .hover{fill:transparent}svg .hover:hover{fill:rgba(0,0,0,.06)}
+">>.
+
+js() ->
+    <<"
+(function () {
+'use strict';
+var NS = 'http://www.w3.org/2000/svg';
+var body = document.body, rendered = 0, errors = 0;
+function fail(e) {
+  errors++;
+  body.setAttribute('data-errors', String(errors));
+  console.error('beamdiag chart failed: ' + (e && e.message ? e.message : e));
+}
+window.addEventListener('error', function () { errors++; body.setAttribute('data-errors', String(errors)); });
+function el(tag, attrs, parent) {
+  var e = document.createElementNS(NS, tag);
+  for (var k in attrs) { if (Object.prototype.hasOwnProperty.call(attrs, k)) e.setAttribute(k, String(attrs[k])); }
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function text(tag, attrs, s, parent) { var e = el(tag, attrs, parent); e.textContent = s; return e; }
+function html(tag, cls, s, parent) {
+  var e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (s !== undefined) e.textContent = s;
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function pct(x) { return (100 * x).toFixed(1) + '%'; }
+function fix(x, d) { return (typeof x === 'number' && isFinite(x)) ? x.toFixed(d) : '-'; }
+var LAYERS = [['run', 'running'], ['spin', 'spinning'], ['blocked', 'blocked'], ['runq', 'runnable-waiting'], ['idle', 'idle']];
+var COLOURS = {run: '#2f6fde', spin: '#f0a020', blocked: '#d7302a', runq: '#8a5cd6', idle: '#e3e8ee'};
+var W = 640, H = 220, M = {l: 46, r: 12, t: 10, b: 26};
+
+function frame(container, title) {
+  var box = html('div', 'chart', undefined, container);
+  html('h4', '', title, box);
+  var svg = el('svg', {viewBox: '0 0 ' + W + ' ' + H, role: 'img'}, box);
+  text('title', {}, title, svg);
+  return {box: box, svg: svg};
+}
+function xscale(ends) {
+  var t1 = ends.length ? ends[ends.length - 1] : 1;
+  return function (t) { return M.l + (W - M.l - M.r) * t / (t1 || 1); };
+}
+function axes(svg, ends, ymax, yfmt, x) {
+  var ih = H - M.t - M.b;
+  for (var i = 0; i <= 4; i++) {
+    var v = ymax * i / 4, y = M.t + ih - ih * i / 4;
+    el('line', {x1: M.l, x2: W - M.r, y1: y, y2: y, 'class': 'grid'}, svg);
+    text('text', {x: M.l - 5, y: y + 4, 'text-anchor': 'end'}, yfmt(v), svg);
+  }
+  var t1 = ends.length ? ends[ends.length - 1] : 0;
+  var step = Math.max(1, Math.ceil(t1 / 6));
+  for (var s = 0; s <= t1 + 1e-9; s += step) {
+    text('text', {x: x(s), y: H - 8, 'text-anchor': 'middle'}, s + ' s', svg);
+  }
+}
+function stacked(container, title, ends, points) {
+  var f = frame(container, title), svg = f.svg, x = xscale(ends);
+  var ih = H - M.t - M.b;
+  function y(v) { return M.t + ih - ih * Math.min(1, Math.max(0, v)); }
+  axes(svg, ends, 1, function (v) { return Math.round(v * 100) + '%'; }, x);
+  var lower = points.map(function () { return 0; });
+  LAYERS.forEach(function (layer, li) {
+    var upper = points.map(function (p, i) { return lower[i] + (p[li] || 0); });
+    var d = '', i, t0;
+    for (i = 0; i < points.length; i++) {
+      t0 = i === 0 ? 0 : ends[i - 1];
+      d += (i === 0 ? 'M' : 'L') + x(t0).toFixed(1) + ',' + y(upper[i]).toFixed(1) +
+           'L' + x(ends[i]).toFixed(1) + ',' + y(upper[i]).toFixed(1);
+    }
+    for (i = points.length - 1; i >= 0; i--) {
+      t0 = i === 0 ? 0 : ends[i - 1];
+      d += 'L' + x(ends[i]).toFixed(1) + ',' + y(lower[i]).toFixed(1) +
+           'L' + x(t0).toFixed(1) + ',' + y(lower[i]).toFixed(1);
+    }
+    if (points.length) el('path', {d: d + 'Z', fill: COLOURS[layer[0]], 'data-layer': layer[0]}, svg);
+    lower = upper;
+  });
+  points.forEach(function (p, i) {
+    var t0 = i === 0 ? 0 : ends[i - 1];
+    var r = el('rect', {x: x(t0), y: M.t, width: Math.max(1, x(ends[i]) - x(t0)), height: ih, 'class': 'hover'}, svg);
+    text('title', {}, t0.toFixed(1) + '-' + ends[i].toFixed(1) + ' s: ' +
+         LAYERS.map(function (l, li) { return l[1] + ' ' + pct(p[li] || 0); }).join(', '), r);
+  });
+  rendered++;
+}
+function lines(container, title, ends, series, ymax, unit) {
+  var f = frame(container, title), svg = f.svg, x = xscale(ends);
+  var ih = H - M.t - M.b;
+  function y(v) { return M.t + ih - ih * Math.min(1, Math.max(0, v / ymax)); }
+  axes(svg, ends, ymax, function (v) { return String(+v.toFixed(2)); }, x);
+  var legend = html('div', 'legend', undefined, f.box);
+  series.forEach(function (s) {
+    var d = '', started = false;
+    s.values.forEach(function (v, i) {
+      if (typeof v !== 'number') { started = false; return; }
+      var t0 = i === 0 ? 0 : ends[i - 1];
+      d += (started ? 'L' : 'M') + x(t0).toFixed(1) + ',' + y(v).toFixed(1) + 'L' + x(ends[i]).toFixed(1) + ',' + y(v).toFixed(1);
+      started = true;
+    });
+    if (d) el('path', {d: d, fill: 'none', stroke: s.colour, 'stroke-width': 2, 'stroke-dasharray': s.dash || 'none'}, svg);
+    var item = html('span', '', undefined, legend);
+    var sw = html('i', 'sw', undefined, item);
+    sw.style.background = s.colour;
+    item.appendChild(document.createTextNode(s.name));
+  });
+  ends.forEach(function (t1, i) {
+    var t0 = i === 0 ? 0 : ends[i - 1];
+    var r = el('rect', {x: x(t0), y: M.t, width: Math.max(1, x(t1) - x(t0)), height: ih, 'class': 'hover'}, svg);
+    text('title', {}, t0.toFixed(1) + '-' + t1.toFixed(1) + ' s: ' +
+         series.map(function (s) { return s.name + ' ' + fix(s.values[i], 2) + ' ' + unit; }).join(', '), r);
+  });
+  rendered++;
+}
+var PALETTE = ['#2f6fde', '#f0a020', '#d7302a', '#8a5cd6', '#2e9e6a', '#e0609b', '#6b7b8c', '#17a2b8', '#a0522d', '#9acd32', '#4b0082', '#ff7f50'];
+function bars(container, title, rows) {
+  var states = [];
+  rows.forEach(function (r) { Object.keys(r.shares).forEach(function (s) { if (states.indexOf(s) < 0) states.push(s); }); });
+  states.sort(function (a, b) { return a === 'sleep' ? 1 : b === 'sleep' ? -1 : (a < b ? -1 : a > b ? 1 : 0); });
+  var colour = {};
+  states.forEach(function (s, i) { colour[s] = s === 'sleep' ? '#e3e8ee' : PALETTE[i % PALETTE.length]; });
+  var bh = 22, h = M.t + rows.length * (bh + 8) + 24, lw = 110;
+  var box = html('div', 'chart', undefined, container);
+  html('h4', '', title, box);
+  var svg = el('svg', {viewBox: '0 0 ' + W + ' ' + h, role: 'img'}, box);
+  text('title', {}, title, svg);
+  var iw = W - lw - M.r;
+  rows.forEach(function (r, ri) {
+    var y = M.t + ri * (bh + 8), x = lw;
+    text('text', {x: lw - 6, y: y + bh / 2 + 4, 'text-anchor': 'end'}, r.type + ' (' + r.n + ')', svg);
+    states.forEach(function (s) {
+      var v = r.shares[s] || 0;
+      if (v <= 0) return;
+      var rect = el('rect', {x: x, y: y, width: Math.max(0.5, iw * v), height: bh, fill: colour[s]}, svg);
+      text('title', {}, r.type + ': ' + s + ' ' + pct(v), rect);
+      if (iw * v > 44) text('text', {x: x + 4, y: y + bh / 2 + 4, fill: s === 'sleep' ? '#59636e' : '#fff', style: 'fill:' + (s === 'sleep' ? '#59636e' : '#fff')}, s + ' ' + Math.round(v * 100) + '%', svg);
+      x += iw * v;
+    });
+  });
+  [0, 0.25, 0.5, 0.75, 1].forEach(function (v) {
+    text('text', {x: lw + iw * v, y: h - 6, 'text-anchor': 'middle'}, Math.round(v * 100) + '%', svg);
+  });
+  var legend = html('div', 'legend', undefined, box);
+  states.forEach(function (s) {
+    var item = html('span', '', undefined, legend);
+    var sw = html('i', 'sw', undefined, item);
+    sw.style.background = colour[s];
+    item.appendChild(document.createTextNode(s));
+  });
+  rendered++;
+}
+function run(name, f) { try { f(); } catch (e) { fail(name + ': ' + (e && e.message ? e.message : e)); } }
+var node = document.getElementById('beamdiag-data');
+var data = {};
+run('data', function () { data = JSON.parse(node.textContent); });
+if (data.kind === 'diagnosis') {
+  var lc = document.getElementById('ledger-charts');
+  if (lc) (data.ledger || []).forEach(function (s) {
+    run('ledger ' + s.type, function () { stacked(lc, s.type + ' (' + s.n + ' threads)', data.t, s.points); });
+  });
+  var oc = document.getElementById('outlier-charts');
+  if (oc) (data.outliers || []).forEach(function (o) {
+    run('outlier', function () { stacked(oc, o.name + ' (' + o.type + ')', data.outlier_t, o.points); });
+  });
+  var cc = document.getElementById('cpu-charts');
+  if (cc && data.cpu && data.t.length) run('cpu', function () {
+    var c = data.cpu, avail = data.t.map(function () { return c.available; });
+    var all = [].concat(c.node_cpus, c.sched_busy, c.host_busy || [], [c.available]).filter(function (v) { return typeof v === 'number'; });
+    var ymax = Math.max(1, Math.ceil(Math.max.apply(null, all.concat([0])) * 1.1));
+    if (ymax > 4) ymax = 4 * Math.ceil(ymax / 4);
+    var series = [
+      {name: 'node OS CPU', values: c.node_cpus, colour: '#2f6fde'},
+      {name: 'scheduler busy (BEAM)', values: c.sched_busy, colour: '#d7302a'}
+    ];
+    if (c.host_busy && c.host_busy.length) series.push({name: 'host busy', values: c.host_busy, colour: '#6b7b8c', dash: '2 3'});
+    series.push({name: 'CPUs available', values: avail, colour: '#2e9e6a', dash: '6 4'});
+    lines(cc, 'CPUs per tick', data.t, series, ymax, 'CPUs');
+  });
+  var mc = document.getElementById('msacc-charts');
+  if (mc && data.msacc && data.msacc.length) run('msacc', function () { bars(mc, 'msacc states by thread type', data.msacc); });
+}
+body.setAttribute('data-rendered', String(rendered));
+}());
+">>.

@@ -1,0 +1,373 @@
+%%% @doc A live view of a node: the agent streams ticks, and each tick the
+%%% ledger and findings are computed over a sliding window of the last few
+%%% samples.
+%%%
+%%% The session is data the caller drives: `start/2' connects, ships the
+%%% agent and starts it with a long window; `next/2' waits for the next
+%%% tick and returns the diagnosis of the sliding window; `stop/1' ends the
+%%% agent, which puts back every flag it changed and unloads itself.
+%%% `frame/2' renders a diagnosis as one screen that fits 80 columns
+%%% whatever the number of schedulers (aggregated by thread type, plus the
+%%% outliers). Printing is the CLI's job (`beamdiag_cli_watch').
+%%%
+%%% ```
+%%% 1> {ok, S0} = beamdiag_watch:start("app@host", #{interval => 1000}).
+%%% 2> {ok, S1, D} = beamdiag_watch:next(S0, 5000).
+%%% 3> io:put_chars(beamdiag_watch:frame(D, #{colour => false, tick => 1})).
+%%% 4> beamdiag_watch:stop(S1).
+%%% '''
+-module(beamdiag_watch).
+
+-export([start/2, next/2, stop/1, frame/2, options/1, format_error/1]).
+
+-export_type([session/0]).
+
+-opaque session() :: #{
+    node := node(),
+    agent := pid(),
+    ref := reference(),
+    mref := reference(),
+    loaded := [module()],
+    info := map() | undefined,
+    samples := [beamdiag_agent:sample()],
+    window := pos_integer(),
+    ticks := non_neg_integer()
+}.
+
+-define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false}).
+-define(REMOTE_KEYS, [cookie, cookie_file]).
+%% An agent needs a bounded window; "until stopped" is a day.
+-define(LONG_MS, 86400000).
+-define(CALL_TIMEOUT, 5000).
+-define(WIDTH, 80).
+-define(OUTLIERS, 3).
+-define(FINDINGS, 4).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Validates options and fills in defaults: `interval' ms between
+%% ticks (1000), `duration' seconds or `infinity' (infinity: a day),
+%% `window' samples per ledger (2: the last interval), `msacc' (false:
+%% microstate accounting costs a little on every state change, so a
+%% long-running view leaves it off unless asked), `cookie', `cookie_file'.
+%% Unknown options raise `badarg'.
+-spec options(map()) -> map().
+options(Opts) when is_map(Opts) ->
+    Allowed = maps:keys(?DEFAULTS) ++ ?REMOTE_KEYS,
+    case maps:keys(Opts) -- Allowed of
+        [] -> ok;
+        Unknown -> erlang:error({badarg, {unknown_options, Unknown, allowed, Allowed}})
+    end,
+    O = maps:merge(?DEFAULTS, Opts),
+    #{interval := I, duration := D, window := W} = O,
+    (is_integer(I) andalso I >= 100 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
+    (D =:= infinity orelse (is_number(D) andalso D > 0)) orelse erlang:error({badarg, {duration, D}}),
+    (is_integer(W) andalso W >= 2 andalso W =< 600) orelse erlang:error({badarg, {window, W}}),
+    O.
+
+%% @doc Connects to the node (this node when given `node()'), loads the
+%% agent there and starts it.
+-spec start(node() | string() | binary(), map()) ->
+    {ok, session()} | {error, {module(), term()}}.
+start(Node, Opts) when Node =:= node() ->
+    start_agent(Node, [], options(Opts));
+start(Node, Opts) when is_atom(Node) ->
+    start(atom_to_list(Node), Opts);
+start(NodeStr, Opts) ->
+    O = options(Opts),
+    case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
+        {ok, Node} ->
+            case beamdiag_remote:load(Node, beamdiag_agent:modules()) of
+                {ok, Loaded} -> start_agent(Node, Loaded, O);
+                {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Waits up to Timeout ms for the next tick. Returns the diagnosis of
+%% the sliding window once it holds two samples, `{wait, Session}' before
+%% that or when nothing came in time, `{done, Session}' when the agent's
+%% window ended, or an error when the target went away.
+-spec next(session(), timeout()) ->
+    {ok, session(), beamdiag:diagnosis()} | {wait, session()} | {done, session()}
+    | {error, {beamdiag_watch, term()}}.
+next(S = #{ref := Ref, mref := MRef}, Timeout) ->
+    receive
+        {beamdiag, Ref, {start, Info}} ->
+            next(S#{info => Info}, Timeout);
+        {beamdiag, Ref, {tick, Sample}} ->
+            S2 = push(Sample, S),
+            case diagnosis(S2) of
+                undefined -> {wait, S2};
+                D -> {ok, S2, D}
+            end;
+        {beamdiag, Ref, {done, _}} ->
+            erlang:demonitor(MRef, [flush]),
+            {done, S};
+        {beamdiag, Ref, {aborted, Why}} ->
+            erlang:demonitor(MRef, [flush]),
+            {error, {beamdiag_watch, {aborted, Why}}};
+        {'DOWN', MRef, process, _, Why} ->
+            {error, {beamdiag_watch, {target_down, Why}}}
+    after Timeout ->
+        {wait, S}
+    end.
+
+%% @doc Ends the agent; it restores the flags it changed and unloads its
+%% modules from the target.
+-spec stop(session()) -> ok.
+stop(#{agent := Agent, ref := Ref, mref := MRef}) ->
+    beamdiag_agent:stop(Agent),
+    receive
+        {beamdiag, Ref, {done, _}} -> ok;
+        {beamdiag, Ref, {aborted, _}} -> ok;
+        {'DOWN', MRef, process, _, _} -> ok
+    after ?CALL_TIMEOUT ->
+        ok
+    end,
+    erlang:demonitor(MRef, [flush]),
+    flush(Ref).
+
+%% @doc One screen for a diagnosis, at most 80 columns wide. Options:
+%% `colour' (false), `tick' (a counter shown in the header), `interval'
+%% (ms, shown in the header), `clock' (a time text for the header).
+-spec frame(beamdiag:diagnosis(), map()) -> iolist().
+frame(#{capture := C, ledger := L, findings := F}, Opts) ->
+    Colour = maps:get(colour, Opts, false),
+    [
+        header(C, L, Opts),
+        cpu_line(L),
+        "\n",
+        ledger(L, Colour),
+        outliers(maps:get(threads, L, []), Colour),
+        "\n",
+        findings(F, Colour)
+    ].
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({target_down, Why}) ->
+    io_lib:format("the target went away (~0p)", [Why]);
+format_error({aborted, Why}) ->
+    io_lib:format("the agent stopped (~0p)", [Why]);
+format_error({agent_start, Node, Why}) ->
+    io_lib:format("cannot start the agent on ~s: ~0p", [Node, Why]).
+
+%%%===================================================================
+%%% Internal: session
+%%%===================================================================
+
+start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := M}) ->
+    Duration = case D of
+                   infinity -> ?LONG_MS;
+                   _ -> max(I, round(D * 1000))
+               end,
+    AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M, locks => false,
+                  unload => Loaded},
+    Started = case Node =:= node() of
+                  true -> beamdiag_agent:start(self(), AgentOpts);
+                  false ->
+                      try erpc:call(Node, beamdiag_agent, start, [self(), AgentOpts], ?CALL_TIMEOUT)
+                      catch Class:Reason -> {error, {Class, Reason}}
+                      end
+              end,
+    case Started of
+        {ok, Agent, Ref} ->
+            {ok, #{node => Node, agent => Agent, ref => Ref,
+                   mref => erlang:monitor(process, Agent), loaded => Loaded,
+                   info => undefined, samples => [], window => W, ticks => 0}};
+        {error, Why} ->
+            beamdiag_remote:unload(Node, Loaded),
+            {error, {beamdiag_watch, {agent_start, Node, Why}}}
+    end.
+
+%% The newest sample first, at most Window kept.
+push(Sample, S = #{samples := Samples, window := W, ticks := T}) ->
+    S#{samples => lists:sublist([Sample | Samples], W), ticks => T + 1}.
+
+diagnosis(#{info := Info, samples := Samples}) when is_map(Info), length(Samples) >= 2 ->
+    Ordered = lists:reverse(Samples),
+    Capture = #{
+        schema => <<"beamdiag.capture/1">>,
+        node => maps:get(node, Info),
+        settings => maps:get(settings, Info),
+        interval_ms => 0,
+        duration_ms => 0,
+        wall_start_ms => maps:get(wall_start_ms, Info),
+        samples => Ordered,
+        extras => #{},
+        complete => true,
+        notes => []
+    },
+    beamdiag:analyse(Capture);
+diagnosis(_) ->
+    undefined.
+
+flush(Ref) ->
+    receive
+        {beamdiag, Ref, _} -> flush(Ref)
+    after 0 -> ok
+    end.
+
+%%%===================================================================
+%%% Internal: the screen
+%%%===================================================================
+
+header(C, L, Opts) ->
+    S = maps:get(settings, C, #{}),
+    Left = io_lib:format("beamdiag watch ~ts", [safe(maps:get(node, C, <<"?">>), 40)]),
+    Right = io_lib:format("~ts tick ~b, ~.1f s", [maps:get(clock, Opts, ""), maps:get(tick, Opts, 0),
+                                                 float(maps:get(window_s, L, 0.0))]),
+    [pad(Left, ?WIDTH - 1 - string:length(Right)), " ", Right, "\n",
+     io_lib:format("OTP ~ts, ~b schedulers, ~b dirty cpu, +sbwt ~ts; q or Ctrl-C quits~n",
+                   [safe(maps:get(otp_release, S, <<"?">>), 4), maps:get(schedulers_online, S, 0),
+                    maps:get(dirty_cpu_schedulers_online, S, 0),
+                    safe(maps:get(sbwt, S, <<"?">>), 10)])].
+
+cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
+    Host = case H of
+               #{ncpu := N, busy := B} ->
+                   io_lib:format(", host ~b CPUs ~s busy, steal ~s", [N, pct(B), pct(maps:get(steal, H, 0.0))]);
+               _ -> ""
+           end,
+    Throttle = case maps:get(throttled_ratio, Cg, undefined) of
+                   R when is_number(R), R > 0 -> [", throttled ", pct(R)];
+                   _ -> ""
+               end,
+    io_lib:format("CPU: node ~.2f of ~.2f~ts~ts~n",
+                  [float(maps:get(cpus_used, T, 0.0)), float(maps:get(cpus_available, T, 0.0)),
+                   Host, Throttle]);
+cpu_line(_) ->
+    "CPU: no per-thread figures\n".
+
+ledger(#{by_type := ByType, threads := Threads}, Colour) when Threads =/= [] ->
+    Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll],
+                  maps:is_key(T, ByType)],
+    [
+        "TIME LEDGER (share of wall time, by thread type)\n",
+        io_lib:format("~-15s ~3s ~6s ~6s ~6s ~6s ~6s  ~s~n",
+                      ["type", "n", "run", "spin", "block", "runq", "idle", legend(Colour)]),
+        [row(atom_to_list(T), maps:get(n, maps:get(T, ByType), 0), parts(maps:get(T, ByType)), Colour)
+         || T <- Types]
+    ];
+ledger(_, _) ->
+    "TIME LEDGER\n  no per-thread figures yet\n".
+
+row(Label, N, P, Colour) ->
+    [io_lib:format("~-15ts ~3b ~6s ~6s ~6s ~6s ~6s  ",
+                   [Label, N | [pct(maps:get(K, P)) || K <- [run, spin, blocked, runq, idle]]]),
+     bar(P, 20, Colour), "\n"].
+
+outliers(Threads, Colour) ->
+    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
+                  is_number(maps:get(busy, T, undefined))],
+    Means = maps:map(fun(_, Rows) -> mean(Rows) end,
+                     maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
+    Scored = [{score(parts(T), maps:get(Ty, Means)), T} || T = #{type := Ty} <- Sched],
+    Top = [T || {Sc, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
+                Sc > 0.05],
+    case Top of
+        [] -> "";
+        _ -> ["outliers:\n",
+              [row(safe(Name, 15), 1, parts(T), Colour) || T = #{name := Name} <- Top]]
+    end.
+
+findings([], _Colour) ->
+    "FINDINGS: none\n";
+findings(F, Colour) ->
+    Shown = lists:sublist(F, ?FINDINGS),
+    ["FINDINGS\n",
+     [[colour(Sev, io_lib:format("~-10s", ["[" ++ string:uppercase(atom_to_list(Sev)) ++ "]"]), Colour),
+       " ", cut([atom_to_list(Id), ": ", Title], ?WIDTH - 12), "\n",
+       case Ev of
+           [E | _] -> ["           ", cut(E, ?WIDTH - 12), "\n"];
+           [] -> ""
+       end] || #{severity := Sev, id := Id, title := Title, evidence := Ev} <- Shown],
+     case length(F) > ?FINDINGS of
+         true -> io_lib:format("  and ~b more~n", [length(F) - ?FINDINGS]);
+         false -> ""
+     end].
+
+parts(Row) ->
+    W = num(maps:get(wall, Row, 0)),
+    case W > 0 of
+        false ->
+            #{run => 0.0, spin => 0.0, blocked => 0.0, runq => 0.0, idle => 1.0};
+        true ->
+            Spin = num(maps:get(spin, Row, 0)),
+            Blocked = num(maps:get(blocked, Row, 0)),
+            Runq = num(maps:get(runq, Row, 0)),
+            Run = max(0.0, num(maps:get(on_cpu, Row, 0)) - Spin),
+            Idle = max(0.0, W - Run - Spin - Blocked - Runq),
+            maps:map(fun(_, V) -> max(0.0, min(1.0, V / W)) end,
+                     #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
+    end.
+
+mean(Rows) ->
+    Ps = [parts(R) || R <- Rows],
+    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)}
+                    || K <- [run, spin, blocked, runq, idle]]).
+
+score(P, Mean) ->
+    lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [run, spin, blocked, runq]]).
+
+%% A bar of Width characters: one glyph per layer, coloured on a terminal.
+bar(P, Width, Colour) ->
+    Layers = [{run, $#}, {spin, $~}, {blocked, $!}, {runq, $r}],
+    Counts = [{K, G, round(maps:get(K, P) * Width)} || {K, G} <- Layers],
+    Used = lists:sum([N || {_, _, N} <- Counts]),
+    Cells = [[paint(K, lists:duplicate(N, G), Colour) || {K, G, N} <- Counts, N > 0],
+             lists:duplicate(max(0, Width - Used), $.)],
+    case Used > Width of
+        true -> lists:sublist(lists:flatten([lists:duplicate(N, G) || {_, G, N} <- Counts]), Width);
+        false -> Cells
+    end.
+
+legend(false) -> "#run ~spin !block rq";
+legend(true) -> [paint(run, "#", true), "run ", paint(spin, "~", true), "spin ",
+                 paint(blocked, "!", true), "block ", paint(runq, "r", true), "q"].
+
+paint(_, Text, false) -> Text;
+paint(run, Text, true) -> ["\e[34m", Text, "\e[0m"];
+paint(spin, Text, true) -> ["\e[33m", Text, "\e[0m"];
+paint(blocked, Text, true) -> ["\e[31m", Text, "\e[0m"];
+paint(runq, Text, true) -> ["\e[35m", Text, "\e[0m"].
+
+colour(_, Text, false) -> Text;
+colour(critical, Text, true) -> ["\e[1;31m", Text, "\e[0m"];
+colour(warning, Text, true) -> ["\e[1;33m", Text, "\e[0m"];
+colour(_, Text, true) -> ["\e[36m", Text, "\e[0m"].
+
+pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
+pct(_) -> "-".
+
+num(X) when is_number(X) -> float(X);
+num(_) -> 0.0.
+
+pad(Text, Width) ->
+    S = lists:flatten(Text),
+    case string:length(S) of
+        N when N >= Width -> string:slice(S, 0, Width);
+        N -> S ++ lists:duplicate(Width - N, $\s)
+    end.
+
+cut(Text, Width) ->
+    S = [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
+         || C <- unicode:characters_to_list(Text)],
+    case string:length(S) > Width of
+        true -> [string:slice(S, 0, Width - 3), "..."];
+        false -> S
+    end.
+
+%% Strings from the target: printable, one line, bounded.
+safe(B, Max) when is_binary(B) ->
+    L = case unicode:characters_to_list(B) of
+            S when is_list(S) -> S;
+            _ -> binary_to_list(B)
+        end,
+    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end || C <- lists:sublist(L, Max)];
+safe(Other, Max) ->
+    lists:sublist(lists:flatten(io_lib:format("~0tp", [Other])), Max).

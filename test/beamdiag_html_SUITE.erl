@@ -1,0 +1,238 @@
+%%% The HTML report in a real browser: every ledger lab scenario is
+%%% diagnosed, rendered, opened in headless Chromium, checked for console
+%%% errors and drawn charts, and screenshotted into the test's log
+%%% directory. A capture full of hostile strings must render without running
+%%% any of them.
+-module(beamdiag_html_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([ledger_scenarios/1, hostile_strings/1, generic_results/1]).
+
+-define(WINDOW_S, 3).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [hostile_strings, generic_results, ledger_scenarios].
+
+init_per_suite(Config) ->
+    case os:find_executable("chromium") of
+        false ->
+            ct:fail("chromium is not installed (scripts/setup.sh test installs it)");
+        Exe ->
+            [{chromium, Exe} | Config]
+    end.
+
+end_per_suite(_Config) ->
+    ok.
+
+%%%===================================================================
+%%% Cases
+%%%===================================================================
+
+%% Each ledger scenario: diagnose a lab node for a short window, render the
+%% report, open it in Chromium.
+ledger_scenarios(Config) ->
+    Results = [scenario(S, Config) || S <- beamdiag_lab_ledger:scenarios()],
+    ct:pal("scenarios: ~p", [Results]),
+    Failed = [R || {_, {failed, _}} = R <- Results],
+    Rendered = [N || {N, {ok, _}} <- Results],
+    ?assertEqual([], Failed),
+    ?assert(length(Rendered) >= length(Results) - 1),
+    {comment, io_lib:format("~b scenarios rendered; skipped: ~p",
+                            [length(Rendered), [N || {N, {skipped, _}} <- Results]])}.
+
+%% Node, thread, table and lock names, evidence, settings and a profile SVG
+%% with markup, quotes, newlines and huge lengths: nothing of it runs.
+hostile_strings(Config) ->
+    {ok, D0} = beamdiag:diagnose(#{duration => 1, interval => 250}),
+    D = hostile(D0),
+    Html = iolist_to_binary(beamdiag_format_html:diagnosis(D)),
+    %% Only the report's own two script elements, no image, no handler.
+    ?assertEqual(2, count(Html, <<"<script">>)),
+    ?assertEqual(2, count(Html, <<"</script">>)),
+    ?assertEqual(0, count(Html, <<"<img">>)),
+    ?assertEqual(0, count(Html, <<"<iframe src">>)),
+    %% Every < in the page is the report's own: with the (double-quoted,
+    %% escaped) attribute values taken out, no tag carries a handler.
+    Tags = re:replace(Html, "\"[^\"]*\"", "\"\"", [global, {return, binary}]),
+    ?assertEqual(nomatch, re:run(Tags, "<[^<>]*\\son[a-z]+\\s*=", [caseless])),
+    %% The flamegraph frame is sandboxed and its markup attribute-escaped.
+    ?assertEqual(1, count(Html, <<"sandbox=\"allow-scripts\"">>)),
+    #{dom := Dom, rendered := N} = browse(<<"hostile">>, Html, Config),
+    ?assert(N >= 3),
+    ?assertEqual(0, count(Dom, <<"data-pwned=\"">>)),
+    ok.
+
+%% compare/1 and experiment/1 take whatever maps their producers return.
+generic_results(Config) ->
+    Result = #{
+        runs => 3,
+        metrics => #{busy_share => #{a => 0.12, b => 0.34, delta => 0.22, noise => 0.01},
+                     spin_share => #{a => 0.5, b => 0.01, delta => -0.49, noise => 0.02}},
+        variants => [#{name => <<"+sbwt none">>, cpu => 1.5, throughput => 1000},
+                     #{name => <<"<b>default</b>">>, cpu => 2.5, extra => [1, 2, 3]}],
+        verdict => <<"variant b uses less CPU & keeps throughput \"within noise\"">>,
+        odd => {tuple, self(), make_ref()},
+        nested => #{a => #{b => #{c => #{d => #{e => #{f => #{g => #{h => 1}}}}}}}},
+        empty => #{},
+        findings => [beamdiag_finding:new(busy_wait, warning, [<<"<i>x</i>">>], #{s => 1.0})]
+    },
+    C = iolist_to_binary(beamdiag_format_html:compare(Result)),
+    E = iolist_to_binary(beamdiag_format_html:experiment(Result#{extra => [a, <<"b">>, 3]})),
+    ?assertEqual(0, count(C, <<"<b>default">>)),
+    ?assertEqual(0, count(C, <<"<i>x">>)),
+    #{errors := 0} = browse(<<"compare">>, C, Config),
+    #{errors := 0} = browse(<<"experiment">>, E, Config),
+    ok.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+scenario(#{name := Name}, Config) ->
+    T0 = erlang:monotonic_time(millisecond),
+    case beamdiag_lab:start(Name, #{duration => 30}) of
+        {ok, Lab} ->
+            try
+                Res = beamdiag:diagnose(beamdiag_lab:node(Lab),
+                                        #{cookie => beamdiag_lab:cookie(Lab),
+                                          duration => ?WINDOW_S}),
+                case Res of
+                    {ok, D} ->
+                        Html = beamdiag_format_html:diagnosis(D),
+                        B = browse(atom_to_binary(Name), iolist_to_binary(Html), Config),
+                        #{rendered := N, charts := Charts} = B,
+                        %% Ledger charts per type, CPU, msacc: at least 3, and
+                        %% every chart box the page made holds an SVG.
+                        case N >= 3 andalso N =:= Charts of
+                            true ->
+                                {Name, {ok, #{charts => N,
+                                              ms => erlang:monotonic_time(millisecond) - T0}}};
+                            false ->
+                                {Name, {failed, {charts, N, Charts}}}
+                        end;
+                    {error, {M, R}} ->
+                        {Name, {failed, iolist_to_binary(M:format_error(R))}}
+                end
+            catch
+                Class:Reason:St ->
+                    {Name, {failed, {Class, Reason, St}}}
+            after
+                beamdiag_lab:stop(Lab)
+            end;
+        {error, {beamdiag_lab, {cgroup, _} = R}} ->
+            %% Quota scenarios need a writable cgroup hierarchy.
+            {Name, {skipped, iolist_to_binary(beamdiag_lab:format_error(R))}};
+        {error, {M, R}} ->
+            {Name, {failed, iolist_to_binary(M:format_error(R))}}
+    end.
+
+%% Writes the page, opens it twice in headless Chromium (a screenshot, then
+%% the DOM after the scripts ran), fails on any console message or script
+%% error, and returns what it found.
+browse(Name, Html, Config) ->
+    Chromium = ?config(chromium, Config),
+    Dir = ?config(priv_dir, Config),
+    File = filename:join(Dir, <<Name/binary, ".html">>),
+    Png = filename:join(Dir, <<Name/binary, ".png">>),
+    ok = file:write_file(File, Html),
+    Url = "file://" ++ unicode:characters_to_list(File),
+    Profile = filename:join(Dir, "chromium-profile"),
+    Common = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+              "--user-data-dir=" ++ Profile, "--enable-logging=stderr", "--v=0"],
+    {_, ShotErr} = chromium(Chromium, Dir, Common ++ ["--window-size=1280,2400",
+                                                 "--screenshot=" ++ unicode:characters_to_list(Png),
+                                                 Url]),
+    {Dom, DomErr} = chromium(Chromium, Dir, Common ++ ["--dump-dom", Url]),
+    Console = [L || L <- string:split(<<ShotErr/binary, DomErr/binary>>, <<"\n">>, all),
+                   binary:match(L, <<":CONSOLE">>) =/= nomatch],
+    ct:log("<a href=\"~ts\">~ts.html</a> <a href=\"~ts\">~ts.png</a>",
+           [File, Name, Png, Name]),
+    ?assertEqual([], Console),
+    {ok, <<137, "PNG", _/binary>> = Shot} = file:read_file(Png),
+    ?assert(byte_size(Shot) > 10000),
+    Rendered = attr(Dom, <<"data-rendered">>),
+    Errors = attr(Dom, <<"data-errors">>),
+    ?assertEqual(undefined, Errors),
+    ?assertNotEqual(undefined, Rendered),
+    #{dom => Dom, rendered => Rendered, errors => 0,
+      charts => count(Dom, <<"<div class=\"chart\"><h4>">>)}.
+
+chromium(Exe, Dir, Args) ->
+    Err = filename:join(Dir, "chromium-" ++ integer_to_list(erlang:unique_integer([positive])) ++
+                        ".log"),
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_ERR\"" | [Exe | Args]]},
+                      {env, [{"BEAMDIAG_ERR", Err}]},
+                      exit_status, binary, use_stdio, hide]),
+    Out = collect(Port, [], erlang:monotonic_time(millisecond) + 90000),
+    {ok, ErrText} = file:read_file(Err),
+    {Out, ErrText}.
+
+collect(Port, Acc, Deadline) ->
+    receive
+        {Port, {data, D}} -> collect(Port, [D | Acc], Deadline);
+        {Port, {exit_status, 0}} -> iolist_to_binary(lists:reverse(Acc));
+        {Port, {exit_status, S}} -> ct:fail({chromium_exit, S, iolist_to_binary(lists:reverse(Acc))})
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        catch port_close(Port),
+        ct:fail(chromium_timeout)
+    end.
+
+attr(Dom, Name) ->
+    case re:run(Dom, <<Name/binary, "=\"([0-9]+)\"">>, [{capture, all_but_first, binary}]) of
+        {match, [N]} -> binary_to_integer(N);
+        nomatch -> undefined
+    end.
+
+count(Bin, Pat) ->
+    length(binary:matches(Bin, Pat)).
+
+%% A diagnosis whose every target string is hostile.
+hostile(#{capture := C0}) ->
+    Script = <<"<script>document.documentElement.setAttribute('data-pwned','1')</script>">>,
+    Img = <<"\"><img src=x onerror=\"document.documentElement.setAttribute('data-pwned','2')\">">>,
+    Long = binary:copy(<<"A&<>\"'\n">>, 20000),
+    Names = [Script, Img, <<"quote\"s 'and' \\back\\slash\nnew\rline\t\0nul">>, Long,
+             <<"</script><script>x()</script>">>, <<255, 254, "bad utf8 <b>">>],
+    Samples = [rename_threads(S, Names) || S <- maps:get(samples, C0)],
+    Locks = #{window_ns => 1000000000, lock_count => 2,
+              locks => [#{class => <<"db_hash_slot">>, id => Script, wait_pct => 50.0,
+                          locations => [#{location => Img, tries => 3}]},
+                        #{class => Img, id => Long, wait_pct => 1.5}],
+              tables => [#{name => Script, owner => Img}]},
+    %% The flamegraph as its producer makes it, from hostile frame names.
+    Svg = iolist_to_binary(beamdiag_flamegraph:svg(#{[Script, Img, Long] => 10,
+                                                     [<<"main">>, Script] => 5},
+                                                   #{title => Img})),
+    C = C0#{node => <<Script/binary, "@", Img/binary>>,
+            samples => Samples,
+            settings => (maps:get(settings, C0))#{sbwt => Img, os => Script, Long => Script},
+            notes => [Script, Long]},
+    %% The extras go in after the analysis: they are here for the page, not
+    %% for the lock and profile rules.
+    D0 = beamdiag:analyse(C),
+    D = D0#{capture => C#{extras => #{locks => Locks, profile => #{svg => Svg, Script => Img}}}},
+    #{ledger := L, findings := F} = D,
+    Threads = [T#{name => lists:nth(1 + I rem length(Names), Names)}
+               || {I, T} <- lists:enumerate(maps:get(threads, L))],
+    Hostile = beamdiag_finding:new(busy_wait, critical, [Script, Img, Long],
+                                   #{Script => 1.0, note => Img}),
+    D#{ledger => L#{threads => Threads, notes => [Img]}, findings => [Hostile | F]}.
+
+rename_threads(S = #{threads := Th}, Names) when is_map(Th) ->
+    S#{threads => maps:map(
+        fun(Tid, T = #{name := N}) ->
+            case beamdiag_threads:classify(N) of
+                {Ty, _} when Ty =:= main; Ty =:= sys; Ty =:= async ->
+                    T#{name => lists:nth(1 + Tid rem length(Names), Names)};
+                _ -> T
+            end
+        end, Th)};
+rename_threads(S, _) ->
+    S.
