@@ -271,10 +271,21 @@ entries() ->
             area => profile,
             title => <<"A single function takes a large share of the CPU">>,
             meaning =>
-                <<"The profile shows one function (Erlang or native) with a large share "
-                  "of the samples.">>,
-            fix => <<"See the function in the evidence and the profile knowledge base.">>,
-            when_not => <<"Work the node exists to do.">>
+                <<"The profile (perf, or the Erlang-level sampler) shows one function or "
+                  "one known family of functions with a large share of the samples: "
+                  "decoding atom-heavy terms with binary_to_term, zlib in "
+                  "term_to_binary, big copies out of ETS, garbage collection, memcpy, "
+                  "regular expressions compiled on every call, native lock waits or "
+                  "scheduler busy-waiting.">>,
+            fix =>
+                <<"The evidence names the functions, their share of the samples and, for "
+                  "a known family, the usual cause and its fix (for atom-heavy "
+                  "binary_to_term of cached values: keep the decoded terms in an ETS tier "
+                  "in front of the remote cache). For an unknown function, read its "
+                  "callers in flame.svg.">>,
+            when_not =>
+                <<"Work the node exists to do: a hot function is only a problem when it "
+                  "is not the job itself, or costs more than it should.">>
         }
     ].
 

@@ -54,25 +54,25 @@ svg(Stacks, Opts) when is_map(Stacks) ->
     Height = ?PAD_TOP + (Depth + 1) * ?FRAME_H + ?PAD_BOTTOM,
     [
         <<"<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n">>,
-        io_lib:format(
+        fmt(
             "<svg version=\"1.1\" width=\"~b\" height=\"~b\" viewBox=\"0 0 ~b ~b\" "
             "xmlns=\"http://www.w3.org/2000/svg\" data-total=\"~b\" data-depth=\"~b\">\n",
             [Width, Height, Width, Height, Total, Depth]),
         style(),
         script(Width, Height),
-        io_lib:format("<rect x=\"0\" y=\"0\" width=\"~b\" height=\"~b\" fill=\"#f8f8f8\"/>\n",
+        fmt("<rect x=\"0\" y=\"0\" width=\"~b\" height=\"~b\" fill=\"#f8f8f8\"/>\n",
                       [Width, Height]),
-        io_lib:format("<text class=\"title\" x=\"~b\" y=\"20\">~ts</text>\n",
+        fmt("<text class=\"title\" x=\"~b\" y=\"20\">~ts</text>\n",
                       [Width div 2, escape(Title)]),
-        io_lib:format("<text class=\"sub\" x=\"~b\" y=\"36\">~ts</text>\n",
+        fmt("<text class=\"sub\" x=\"~b\" y=\"36\">~ts</text>\n",
                       [Width div 2, escape(Sub)]),
-        io_lib:format("<text id=\"reset\" class=\"btn\" x=\"~b\" y=\"20\">Reset zoom</text>\n",
+        fmt("<text id=\"reset\" class=\"btn\" x=\"~b\" y=\"20\">Reset zoom</text>\n",
                       [?PAD_SIDE]),
-        io_lib:format("<text id=\"search\" class=\"btn\" x=\"~b\" y=\"20\">Search</text>\n",
+        fmt("<text id=\"search\" class=\"btn\" x=\"~b\" y=\"20\">Search</text>\n",
                       [Width - ?PAD_SIDE - 60]),
-        io_lib:format("<text id=\"matched\" x=\"~b\" y=\"~b\"> </text>\n",
+        fmt("<text id=\"matched\" x=\"~b\" y=\"~b\"> </text>\n",
                       [Width - ?PAD_SIDE - 160, Height - 10]),
-        io_lib:format("<text id=\"details\" x=\"~b\" y=\"~b\"> </text>\n",
+        fmt("<text id=\"details\" x=\"~b\" y=\"~b\"> </text>\n",
                       [?PAD_SIDE, Height - 10]),
         "<g id=\"frames\">\n",
         [rect(N, C, X, W, D, Total, Height) || {N, C, X, W, D} <- lists:reverse(Rects)],
@@ -93,6 +93,9 @@ escape(Text) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+fmt(Format, Args) ->
+    unicode:characters_to_binary(io_lib:format(Format, Args)).
 
 esc($&) -> "&amp;";
 esc($<) -> "&lt;";
@@ -143,7 +146,7 @@ rect(Name, Count, X0, W, Depth, Total, Height) ->
     E = escape(Name),
     X = float(X0 + ?PAD_SIDE),
     Y = Height - ?PAD_BOTTOM - (Depth + 1) * ?FRAME_H,
-    io_lib:format(
+    fmt(
         "<g class=\"f\" data-x=\"~.2f\" data-w=\"~.2f\" data-d=\"~b\">"
         "<title>~ts (~b samples, ~.2f%)</title>"
         "<rect x=\"~.2f\" y=\"~b\" width=\"~.2f\" height=\"~b\" fill=\"~s\"/>"
@@ -154,10 +157,10 @@ rect(Name, Count, X0, W, Depth, Total, Height) ->
 colour(Name) ->
     V = erlang:phash2(Name, 55),
     case beamdiag_fold:frame_kind(Name) of
-        erlang -> io_lib:format("rgb(~b,~b,~b)", [80 + V, 190 + V div 2, 80 + V]);
-        kernel -> io_lib:format("rgb(~b,~b,~b)", [90 + V, 140 + V, 220]);
-        unknown -> io_lib:format("rgb(~b,~b,~b)", [170 + V, 170 + V, 170 + V]);
-        native -> io_lib:format("rgb(~b,~b,~b)", [220, 110 + 2 * V, 50 + V])
+        erlang -> fmt("rgb(~b,~b,~b)", [80 + V, 190 + V div 2, 80 + V]);
+        kernel -> fmt("rgb(~b,~b,~b)", [90 + V, 140 + V, 220]);
+        unknown -> fmt("rgb(~b,~b,~b)", [170 + V, 170 + V, 170 + V]);
+        native -> fmt("rgb(~b,~b,~b)", [220, 110 + 2 * V, 50 + V])
     end.
 
 style() ->
@@ -176,7 +179,7 @@ style() ->
 script(Width, Height) ->
     [
         "<script type=\"text/ecmascript\"><![CDATA[\n",
-        io_lib:format("var W = ~b, H = ~b, FH = ~b, PAD = ~b, BOTTOM = ~b;\n",
+        fmt("var W = ~b, H = ~b, FH = ~b, PAD = ~b, BOTTOM = ~b;\n",
                       [Width, Height, ?FRAME_H, ?PAD_SIDE, ?PAD_BOTTOM]),
         <<"
 var frames = [], zoomed = null, term = null;

@@ -85,6 +85,7 @@
     thread_types => all
 }).
 -define(CACHE_MAX, 100000).
+-define(BLOCKS_MAX, 20000).
 -define(TAIL, 262144).
 -define(UNKNOWN, <<"[unknown]">>).
 
@@ -456,6 +457,7 @@ split_at(Buf, Pos) ->
 -record(st, {
     stacks = #{} :: map(),
     cache = #{} :: map(),
+    blocks = #{} :: map(),
     comms = #{} :: map(),
     samples = 0 :: non_neg_integer(),
     unknown = 0 :: non_neg_integer(),
@@ -512,12 +514,78 @@ empty() ->
         bytes => 0
     }.
 
+%% Samples of perf script with call chains end in a blank line. Each
+%% sample is a header line and a block of frame lines; the same block
+%% (same addresses) recurs often, so blocks are cached whole and only new
+%% blocks are parsed line by line. Text without blank lines (no call
+%% chains, or not perf output) goes line by line.
 fold_chunk(Chunk, Ctx = #ctx{nl = NL}, St) ->
-    Lines = binary:split(Chunk, NL, [global]),
-    St2 = lines(Lines, Ctx, St, none, [], false, false),
-    %% Drop references into the chunk from the caches' keys: they were
-    %% copied on insert, so only the per-chunk garbage goes.
-    St2.
+    case binary:matches(Chunk, <<"\n\n">>) of
+        [] ->
+            lines(binary:split(Chunk, NL, [global]), Ctx, St, none, [], false, false);
+        Ms ->
+            samples(Chunk, 0, Ms, Ctx, St)
+    end.
+
+samples(Chunk, Start, [], Ctx = #ctx{nl = NL}, St) ->
+    Tail = binary:part(Chunk, Start, byte_size(Chunk) - Start),
+    lines(binary:split(Tail, NL, [global]), Ctx, St, none, [], false, false);
+samples(Chunk, Start, [{Pos, 2} | Ms], Ctx, St) ->
+    Sample = binary:part(Chunk, Start, Pos - Start),
+    samples(Chunk, Pos + 2, Ms, Ctx, sample(Sample, Ctx, St)).
+
+sample(Sample, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
+    case binary:match(Sample, NL) of
+        {P, 1} when P =< Max ->
+            Header = binary:part(Sample, 0, P),
+            Block = binary:part(Sample, P + 1, byte_size(Sample) - P - 1),
+            case Header of
+                <<C, _/binary>> when C =/= $\t ->
+                    case header(Header) of
+                        {ok, Comm, <<>>} ->
+                            {Type, St2} = type(Comm, Ctx, St),
+                            block(Type, Block, Ctx, St2);
+                        _ ->
+                            sample_lines(Sample, Ctx, St)
+                    end;
+                _ ->
+                    sample_lines(Sample, Ctx, St)
+            end;
+        _ ->
+            sample_lines(Sample, Ctx, St)
+    end.
+
+sample_lines(Sample, Ctx = #ctx{nl = NL}, St) ->
+    lines(binary:split(Sample, NL, [global]) ++ [<<>>], Ctx, St, none, [], false, false).
+
+block(skip, _Block, _Ctx, St) ->
+    St;
+block(Type, Block, Ctx, St = #st{blocks = Blocks}) ->
+    case Blocks of
+        #{Block := {Frames, U, T, Bad}} ->
+            emit(Ctx, St#st{skipped = St#st.skipped + Bad}, Type, Frames, U, T);
+        _ ->
+            {Frames, U, T, Bad, St2} = block_lines(binary:split(Block, Ctx#ctx.nl, [global]),
+                                                   Ctx, St, [], false, false, 0),
+            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX of
+                true -> Blocks#{binary:copy(Block) => {Frames, U, T, Bad}};
+                false -> Blocks
+            end,
+            emit(Ctx, St2#st{blocks = Blocks2, skipped = St2#st.skipped + Bad}, Type, Frames, U, T)
+    end.
+
+block_lines([], _Ctx, St, Frames, U, T, Bad) ->
+    {Frames, U, T, Bad, St};
+block_lines([Line | Rest], Ctx, St, Frames, U, T, Bad) when byte_size(Line) > Ctx#ctx.max_line ->
+    block_lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Frames, U, T, Bad);
+block_lines([Line | Rest], Ctx, St, Frames, U, T, Bad) ->
+    {Frame, St2} = frame(Line, Ctx, St),
+    case Frame of
+        drop -> block_lines(Rest, Ctx, St2, Frames, U, true, Bad);
+        junk -> block_lines(Rest, Ctx, St2, Frames, U, T, Bad + 1);
+        ?UNKNOWN -> block_lines(Rest, Ctx, St2, [?UNKNOWN | Frames], true, T, Bad);
+        _ -> block_lines(Rest, Ctx, St2, [Frame | Frames], U, T, Bad)
+    end.
 
 %% Sample state: Type (binary | none | skip), Frames (root-first), Unknown
 %% and Truncated flags.
@@ -527,7 +595,20 @@ lines([<<>> | Rest], Ctx, St, Type, Frames, U, T) ->
     lines(Rest, Ctx, emit(Ctx, St, Type, Frames, U, T), none, [], false, false);
 lines([Line | Rest], Ctx, St, Type, Frames, U, T) when byte_size(Line) > Ctx#ctx.max_line ->
     lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Type, Frames, U, T);
-lines([<<C, _/binary>> = Line | Rest], Ctx, St, Type, Frames, U, T) when C =:= $\t; C =:= $\s ->
+lines([<<$\s, _/binary>> = Line | Rest], Ctx, St, Type, Frames, U, T) ->
+    %% Header lines of perf script without call chains start with the
+    %% right-aligned thread name; call-chain lines of some versions start
+    %% with spaces.
+    case header(Line) of
+        {ok, _, _} -> header_line(Line, Rest, Ctx, St, Type, Frames, U, T);
+        error -> frame_line(Line, Rest, Ctx, St, Type, Frames, U, T)
+    end;
+lines([<<$\t, _/binary>> = Line | Rest], Ctx, St, Type, Frames, U, T) ->
+    frame_line(Line, Rest, Ctx, St, Type, Frames, U, T);
+lines([Line | Rest], Ctx, St, Type, Frames, U, T) ->
+    header_line(Line, Rest, Ctx, St, Type, Frames, U, T).
+
+frame_line(Line, Rest, Ctx, St, Type, Frames, U, T) ->
     case Type of
         none ->
             %% A frame line outside a sample.
@@ -542,9 +623,10 @@ lines([<<C, _/binary>> = Line | Rest], Ctx, St, Type, Frames, U, T) when C =:= $
                 ?UNKNOWN -> lines(Rest, Ctx, St2, Type, [?UNKNOWN | Frames], true, T);
                 _ -> lines(Rest, Ctx, St2, Type, [Frame | Frames], U, T)
             end
-    end;
-lines([Line | Rest], Ctx, St, Type, Frames, U, T) ->
-    %% A header line; a previous sample without a blank line ends here.
+    end.
+
+%% A header line; a previous sample without a blank line ends here.
+header_line(Line, Rest, Ctx, St, Type, Frames, U, T) ->
     St1 = emit(Ctx, St, Type, Frames, U, T),
     case header(Line) of
         {ok, Comm, <<>>} ->
@@ -571,11 +653,13 @@ emit(_Ctx, St, none, _, _, _) ->
 emit(_Ctx, St, skip, _, _, _) ->
     St;
 emit(#ctx{max_stacks = Max, cut_unknown = Cut}, St, Type, Frames0, U, T) ->
-    Frames =
+    {Frames, U1, T1} =
         case Frames0 of
-            [] -> [<<"[no stack]">>];
-            _ when U, Cut -> cut_unknown(Frames0);
-            _ -> Frames0
+            [] -> {[<<"[no stack]">>], U, T};
+            _ when U, Cut ->
+                Kept = cut_unknown(Frames0),
+                {Kept, lists:member(?UNKNOWN, Kept), true};
+            _ -> {Frames0, U, T}
         end,
     Key = [Type | Frames],
     #st{stacks = S, samples = N} = St,
@@ -589,11 +673,11 @@ emit(#ctx{max_stacks = Max, cut_unknown = Cut}, St, Type, Frames0, U, T) ->
             St#st{stacks = maps:update_with(K2, fun(X) -> X + 1 end, 1, S),
                   overflow = St#st.overflow + 1}
     end,
-    St3 = case U of
+    St3 = case U1 of
         true -> St2#st{unknown = St2#st.unknown + 1};
         false -> St2
     end,
-    St4 = case T of
+    St4 = case T1 of
         true -> St3#st{truncated = St3#st.truncated + 1};
         false -> St3
     end,
@@ -862,17 +946,18 @@ sanitize(B) ->
         _ -> binary:replace(B, [<<";">>, <<"\r">>, <<"\n">>], <<"_">>, [global])
     end.
 
+%% `mod:fun/arity': a ':' and, after the last '/', digits only.
 erlang_or_native(F) ->
     case binary:match(F, <<":">>) of
         nomatch ->
             native;
         {P, 1} ->
-            case binary:match(F, <<"/">>, [{scope, {P, byte_size(F) - P}}]) of
-                nomatch ->
+            case binary:matches(F, <<"/">>, [{scope, {P, byte_size(F) - P}}]) of
+                [] ->
                     native;
-                {S, 1} ->
-                    Ar = binary:part(F, S + 1, byte_size(F) - S - 1),
-                    case is_digits(Ar) of
+                Ms ->
+                    {S, 1} = lists:last(Ms),
+                    case is_digits(binary:part(F, S + 1, byte_size(F) - S - 1)) of
                         true -> erlang;
                         false -> native
                     end

@@ -32,6 +32,7 @@
     start/3,
     stop/1,
     ops/1,
+    redis_os_pid/1,
     atom_term/1,
     start_redis/1,
     stop_redis/1,
@@ -150,6 +151,12 @@ ops(Name) ->
         Ref -> counters:get(Ref, 1)
     end.
 
+%% @doc The OS pid of a running scenario's redis-server (that of its
+%% `timeout' wrapper when there is one), or `undefined'.
+-spec redis_os_pid(redis_cache | atom_decode) -> non_neg_integer() | undefined.
+redis_os_pid(Name) ->
+    persistent_term:get({?MODULE, Name, redis}, undefined).
+
 %% @doc An atom-heavy term: records as tuples of atoms, lists of atoms,
 %% `N' distinct atoms in all.
 -spec atom_term(pos_integer()) -> term().
@@ -257,14 +264,18 @@ setup(atom_decode, #{atoms := N}) ->
     {ok, fun(Ops) -> decode_loop(Bin, Ops) end, fun() -> ok end};
 setup(redis_cache, #{atoms := N, keys := K, duration := D}) ->
     case start_redis(D + 30) of
-        {ok, R = #{port := Port}} ->
+        {ok, R = #{port := Port, os_pid := OsPid}} ->
+            persistent_term:put({?MODULE, redis_cache, redis}, OsPid),
             case seed(Port, N, K) of
                 ok ->
                     Loop = fun(Ops) ->
                         {ok, C} = beamdiag_resp:connect(Port, 2000),
                         redis_loop(C, K, Ops)
                     end,
-                    {ok, Loop, fun() -> stop_redis(R) end};
+                    {ok, Loop, fun() ->
+                        stop_redis(R),
+                        persistent_term:erase({?MODULE, redis_cache, redis})
+                    end};
                 {error, _} = E ->
                     stop_redis(R),
                     E

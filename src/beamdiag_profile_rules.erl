@@ -193,18 +193,36 @@ findings(P = #{samples := N}, Opts) ->
         true ->
             [];
         false ->
-            Fam = [family_finding(F, S, Frames, P) || {F, S, Frames} <- family_shares(P), S >= ?INFO],
-            Covered = lists:append([maps:get(frames, F) || {F, S, _} <- family_shares(P), S >= ?INFO]),
+            Fired = [{F, S, Frames} || {F, S, Frames} <- family_shares(P), S >= ?INFO],
+            Fam = [family_finding(F, S, Frames, P) || {F, S, Frames} <- Fired],
             Hot = [hot_finding(R, P) || R = #{name := Name, self_share := S, kind := K}
                                         <- beamdiag_fold:top(P, #{limit => 5}),
                                         S >= ?HOT_SELF, K =/= unknown,
-                                        not lists:member(Name, Covered)],
+                                        not explained(Name, [F || {F, _, _} <- Fired], P)],
             beamdiag_finding:sort(Fam ++ Hot)
     end.
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% A hot function is explained when most of its samples sit under a
+%% family that already made a finding (hash_get under erts_atom_put).
+explained(Name, Families, #{stacks := Stacks}) ->
+    {In, All} = maps:fold(
+        fun(Stack, C, {I, A}) ->
+            case lists:member(Name, Stack) of
+                false ->
+                    {I, A};
+                true ->
+                    Hit = lists:any(
+                        fun(#{frames := Fs, prefixes := Ps}) ->
+                            lists:any(fun(F) -> matches(F, Fs, Ps) end, Stack)
+                        end, Families),
+                    {case Hit of true -> I + C; false -> I end, A + C}
+            end
+        end, {0, 0}, Stacks),
+    All > 0 andalso In * 2 >= All.
 
 family_count(#{frames := Frames, prefixes := Prefixes, unless := Unless}, Stacks) ->
     maps:fold(
@@ -228,7 +246,7 @@ matches(F, Frames, Prefixes) ->
     lists:member(Base, Frames) orelse
         lists:any(fun(P) -> binary:longest_common_prefix([Base, P]) =:= byte_size(P) end, Prefixes).
 
-%% `name_[k]' kernel marks and `$' JIT prefixes do not change the name.
+%% A `$' JIT prefix does not change the name.
 strip_suffix(F) ->
     case F of
         <<"$", R/binary>> -> R;

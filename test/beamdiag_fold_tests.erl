@@ -1,0 +1,243 @@
+%%% Tests of the perf script folder on real perf captures of BEAM nodes
+%%% (test/fixtures/perf) and on generated garbage.
+-module(beamdiag_fold_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-export([fixture/1]).
+
+fixture(Name) ->
+    Candidates = [
+        filename:join(["test", "fixtures", "perf", Name]),
+        filename:join([code:lib_dir(beamdiag), "test", "fixtures", "perf", Name]),
+        filename:join([filename:dirname(code:which(?MODULE)), "fixtures", "perf", Name])
+    ],
+    case [F || F <- Candidates, filelib:is_regular(F)] of
+        [F | _] -> F;
+        [] -> error({no_fixture, Name})
+    end.
+
+fold(Name) ->
+    fold(Name, #{}).
+
+fold(Name, Opts) ->
+    {ok, P} = beamdiag_fold:fold_file(fixture(Name), Opts),
+    P.
+
+dwarf_fixture_test() ->
+    P = fold("dwarf_atom_decode.txt"),
+    S = beamdiag_fold:summary(P),
+    ?assertEqual(150, maps:get(samples, S)),
+    ?assert(maps:get(unknown_share, S) < 0.05),
+    ?assertEqual(0, maps:get(skipped_lines, S)),
+    %% Every stack starts with a normalized thread type.
+    Types = lists:usort([T || [T | _] <- maps:keys(maps:get(stacks, P))]),
+    ?assert(lists:all(fun(T) -> lists:member(T, [<<"scheduler">>, <<"dirty_cpu">>, <<"dirty_io">>,
+                                                 <<"aux">>, <<"poll">>, <<"main">>]) end, Types)),
+    ?assert(lists:member(<<"scheduler">>, Types)).
+
+folded_text_round_trip_test() ->
+    P = fold("dwarf_redis_cache.txt"),
+    Text = iolist_to_binary(beamdiag_fold:to_iolist(P)),
+    Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
+    Counts = [begin
+                  [Stack, C] = string:split(L, " ", trailing),
+                  ?assertMatch([_, _ | _], binary:split(Stack, <<";">>, [global])),
+                  binary_to_integer(C)
+              end || L <- Lines],
+    ?assertEqual(maps:get(samples, P), lists:sum(Counts)).
+
+fp_unknown_test() ->
+    Keep = beamdiag_fold:summary(fold("fp_mixed.txt")),
+    Cut = beamdiag_fold:summary(fold("fp_mixed.txt", #{unknown => cut})),
+    %% Frame-pointer chains through C code end in unknown addresses...
+    ?assert(maps:get(unknown_share, Keep) > 0.1),
+    %% ...which the cut mode drops, keeping the leafward part.
+    ?assert(maps:get(unknown_share, Cut) < 0.05),
+    ?assertEqual(maps:get(samples, Keep), maps:get(samples, Cut)).
+
+fp_erlang_stacks_test() ->
+    P = fold("fp_mixed.txt"),
+    Erl = [S || S <- maps:keys(maps:get(stacks, P)), lists:member(<<"$mix:erl_loop/1">>, S)],
+    ?assertNotEqual([], Erl),
+    Top = beamdiag_fold:top(P, #{kind => erlang, limit => 50}),
+    ?assert(lists:any(fun(#{name := N}) -> N =:= <<"$lists:foldl_1/3">> end, Top)).
+
+leaf_only_test() ->
+    P = fold("leaf_mixed.txt"),
+    ?assertEqual(301, maps:get(samples, P)),
+    ?assert(lists:all(fun(S) -> length(S) =:= 2 end, maps:keys(maps:get(stacks, P)))),
+    ?assertEqual(0, maps:get(skipped_lines, P)).
+
+chunking_does_not_change_result_test() ->
+    {ok, Bin} = file:read_file(fixture("dwarf_atom_decode.txt")),
+    {ok, A} = beamdiag_fold:fold_binary(Bin, #{}),
+    {ok, B} = beamdiag_fold:fold_binary(Bin, #{chunk_size => 997, workers => 3}),
+    ?assertEqual(maps:get(stacks, A), maps:get(stacks, B)),
+    {ok, Leaf} = file:read_file(fixture("leaf_mixed.txt")),
+    {ok, C} = beamdiag_fold:fold_binary(Leaf, #{}),
+    {ok, D} = beamdiag_fold:fold_binary(Leaf, #{chunk_size => 333, workers => 2}),
+    ?assertEqual(maps:get(stacks, C), maps:get(stacks, D)).
+
+thread_type_test_() ->
+    [?_assertEqual(Want, beamdiag_fold:thread_type(Comm))
+     || {Comm, Want} <- [
+            {<<"1_scheduler">>, <<"scheduler">>},
+            {<<"12_scheduler">>, <<"scheduler">>},
+            {<<"2_dirty_cpu_sch">>, <<"dirty_cpu">>},
+            {<<"1_dirty_io_sche">>, <<"dirty_io">>},
+            {<<"10_dirty_io_sch">>, <<"dirty_io">>},
+            {<<"1_aux">>, <<"aux">>},
+            {<<"0_poller">>, <<"poll">>},
+            {<<"async_1">>, <<"async">>},
+            {<<"sys_sig_dispatc">>, <<"sys_sig_dispatch">>},
+            {<<"sys_msg_dispatc">>, <<"sys_msg_dispatch">>},
+            {<<"erts_sched_1">>, <<"scheduler">>},
+            {<<"erts_sched_16">>, <<"scheduler">>},
+            {<<"erts_dcpus_1">>, <<"dirty_cpu">>},
+            {<<"erts_dios_1">>, <<"dirty_io">>},
+            {<<"erts_aux_1">>, <<"aux">>},
+            {<<"erts_poll_0">>, <<"poll">>},
+            {<<"erts_async_1">>, <<"async">>},
+            {<<"erts_ssig_disp">>, <<"sys_sig_dispatch">>},
+            {<<"erts_smsg_disp">>, <<"sys_msg_dispatch">>},
+            {<<"erts_runq_sup">>, <<"runq_supervisor">>},
+            {<<"beam.smp">>, <<"main">>},
+            {<<"some;thing">>, <<"some_thing">>}
+        ]].
+
+frame_kind_test_() ->
+    [?_assertEqual(Want, beamdiag_fold:frame_kind(F))
+     || {F, Want} <- [
+            {<<"$lists:foldl/3">>, erlang},
+            {<<"lists:foldl/3">>, erlang},
+            {<<"$mix:'-erl_loop/1-fun-1-'/2">>, erlang},
+            {<<"$global::call_light_bif_shared">>, native},
+            {<<"erts_atom_put">>, native},
+            {<<"do_syscall_64_[k]">>, kernel},
+            {<<"[beam.smp]">>, unknown},
+            {<<"[unknown]">>, unknown}
+        ]].
+
+perf_map_resolution_test() ->
+    Map = filename:join(tmp_dir(), "perf-test.map"),
+    ok = file:write_file(Map, <<"7f0000001000 100 $mymod:hot/2\n7f0000002000 80 $global::x\nnot a line\n">>),
+    Text = <<"1_scheduler  4242   1.000000:   10309278 cpu-clock: \n"
+             "\t    7f0000001010 [unknown] ([unknown])\n"
+             "\t    7f0000002000 [unknown] ([unknown])\n"
+             "\t    7f0000009999 [unknown] ([unknown])\n\n">>,
+    {ok, P} = beamdiag_fold:fold_binary(Text, #{perf_map => Map}),
+    ?assertEqual(#{[<<"scheduler">>, <<"[unknown]">>, <<"$global::x">>, <<"$mymod:hot/2">>] => 1},
+                 maps:get(stacks, P)),
+    ?assertMatch({error, {beamdiag_fold, {perf_map, _, enoent}}},
+                 beamdiag_fold:fold_binary(Text, #{perf_map => "/nonexistent/perf.map"})).
+
+end_of_unwind_marker_test() ->
+    Text = <<"2_scheduler  7   9.5:   1 cpu-clock: \n"
+             "\t          2e921a ethr_rwmutex_runlock+0x2a (/usr/lib/erlang/erts-13.1.5/bin/beam.smp)\n"
+             "\t          1ab0b1 [unknown] (/usr/lib/erlang/erts-13.1.5/bin/beam.smp)\n"
+             "\tffffffffffffffff [unknown] ([unknown])\n\n">>,
+    {ok, P} = beamdiag_fold:fold_binary(Text, #{}),
+    ?assertEqual(#{[<<"scheduler">>, <<"[beam.smp]">>, <<"ethr_rwmutex_runlock">>] => 1},
+                 maps:get(stacks, P)),
+    ?assertEqual(1, maps:get(truncated_samples, P)),
+    ?assertEqual(0, maps:get(unknown_samples, P)).
+
+bad_options_test() ->
+    ?assertMatch({error, {beamdiag_fold, {bad_option, nope, 1}}},
+                 beamdiag_fold:fold_binary(<<>>, #{nope => 1})),
+    ?assertMatch({error, {beamdiag_fold, {open, _, enoent}}},
+                 beamdiag_fold:fold_file("/nonexistent/perf.txt", #{})),
+    [?assert(is_list(beamdiag_fold:format_error(R)) orelse is_binary(iolist_to_binary(beamdiag_fold:format_error(R))))
+     || R <- [not_perf_output, {read, x}, {worker, x}, {bad_option, a, b},
+              {open, "f", enoent}, {perf_map, "f", enoent}]].
+
+%% Garbage never crashes the folder and never creates atoms.
+garbage_test_() ->
+    {timeout, 60, fun() ->
+        rand:seed(exsss, {1, 2, 3}),
+        {ok, Real} = file:read_file(fixture("dwarf_redis_cache.txt")),
+        Atoms0 = erlang:system_info(atom_count),
+        Inputs = [
+            rand:bytes(2000000),
+            binary:copy(<<0>>, 100000),
+            binary:copy(<<"\n">>, 100000),
+            binary:copy(<<"\t">>, 100000),
+            << <<(rand:uniform(3) - 1 + $\t)>> || _ <- lists:seq(1, 300000) >>,
+            %% A huge line in the middle of real samples.
+            iolist_to_binary([Real, binary:copy(<<"x">>, 3000000), "\n\n", Real]),
+            %% Real text cut at random places and shuffled.
+            iolist_to_binary(shuffle_pieces(Real, 200)),
+            %% Real text with random bytes flipped.
+            flip(Real, 500),
+            %% Thread names with odd characters.
+            <<"a;b c\xff  12  3.5:  1 cpu-clock: \n\t  1f x;y+0x1 (/lib/a;b.so)\n\n">>
+        ],
+        [begin
+             case beamdiag_fold:fold_binary(In, #{chunk_size => 65536}) of
+                 {ok, P} ->
+                     _ = iolist_to_binary(beamdiag_fold:to_iolist(P)),
+                     _ = beamdiag_fold:top(P, #{}),
+                     [?assertEqual(nomatch, binary:match(F, [<<";">>, <<"\n">>]))
+                      || S <- maps:keys(maps:get(stacks, P)), F <- S];
+                 {error, {beamdiag_fold, not_perf_output}} ->
+                     ok
+             end
+         end || In <- Inputs],
+        {ok, Huge} = beamdiag_fold:fold_binary(lists:nth(6, Inputs), #{chunk_size => 65536}),
+        ?assertEqual(300, maps:get(samples, Huge)),
+        ?assert(maps:get(huge_lines, Huge) >= 1),
+        %% Only atoms of the code itself (loaded lazily) may appear; none
+        %% per input line.
+        ?assert(erlang:system_info(atom_count) - Atoms0 < 50)
+    end}.
+
+max_stacks_bound_test() ->
+    Text = iolist_to_binary([io_lib:format("1_scheduler 1 ~b.0: 1 cpu-clock: \n\t ~.16b f~b (/x)\n\n", [I, I, I])
+                             || I <- lists:seq(1, 5000)]),
+    {ok, P} = beamdiag_fold:fold_binary(Text, #{max_stacks => 100}),
+    ?assertEqual(5000, maps:get(samples, P)),
+    ?assert(map_size(maps:get(stacks, P)) =< 101),
+    ?assert(maps:get(overflow_samples, P) > 0).
+
+top_test() ->
+    P = fold("dwarf_atom_decode.txt"),
+    [First | _] = Top = beamdiag_fold:top(P, #{kind => native, limit => 10}),
+    ?assert(length(Top) =< 10),
+    ?assert(lists:all(fun(#{self_share := S, total_share := T}) -> S =< T andalso T =< 1.0 end, Top)),
+    ?assertMatch(#{kind := native}, First),
+    Text = iolist_to_binary(beamdiag_fold:format_top("Native", Top)),
+    ?assertMatch({_, _}, binary:match(Text, <<"erts_atom_put">>)).
+
+from_counts_and_merge_test() ->
+    A = beamdiag_fold:from_counts(#{[<<"erlang">>, <<"a:b/1">>] => 3, [<<"erlang">>, <<"[unknown]">>] => 1}),
+    ?assertEqual(4, maps:get(samples, A)),
+    ?assertEqual(1, maps:get(unknown_samples, A)),
+    M = beamdiag_fold:merge(A, A),
+    ?assertEqual(8, maps:get(samples, M)),
+    ?assertEqual(6, maps:get([<<"erlang">>, <<"a:b/1">>], maps:get(stacks, M))).
+
+%%% Helpers
+
+tmp_dir() ->
+    D = filename:join(["/tmp", "beamdiag_fold_tests_" ++ os:getpid()]),
+    ok = filelib:ensure_dir(filename:join(D, "x")),
+    D.
+
+shuffle_pieces(Bin, N) ->
+    Cuts = lists:usort([rand:uniform(byte_size(Bin)) || _ <- lists:seq(1, N)]),
+    Pieces = pieces(Bin, 0, Cuts, []),
+    [P || {_, P} <- lists:sort([{rand:uniform(), P} || P <- Pieces])].
+
+pieces(Bin, Start, [], Acc) ->
+    [binary:part(Bin, Start, byte_size(Bin) - Start) | Acc];
+pieces(Bin, Start, [C | Cs], Acc) ->
+    pieces(Bin, C, Cs, [binary:part(Bin, Start, C - Start) | Acc]).
+
+flip(Bin, N) ->
+    lists:foldl(
+        fun(_, B) ->
+            P = rand:uniform(byte_size(B)) - 1,
+            <<H:P/binary, _, T/binary>> = B,
+            <<H/binary, (rand:uniform(256) - 1), T/binary>>
+        end, Bin, lists:seq(1, N)).

@@ -1,0 +1,76 @@
+%%% Tests of the profile knowledge base on real perf captures and on
+%%% synthetic folded stacks, one per family.
+-module(beamdiag_profile_rules_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+fold(Name) ->
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture(Name), #{}),
+    P.
+
+family(#{metrics := #{family := F}}) -> F;
+family(_) -> undefined.
+
+atom_decode_capture_test() ->
+    Findings = beamdiag_profile_rules:findings(fold("dwarf_atom_decode.txt"), #{}),
+    [F | _] = [X || X <- Findings, family(X) =:= <<"atom_decode">>],
+    ?assertMatch(#{id := hot_function, severity := critical}, F),
+    #{evidence := [E | _], metrics := #{share := Share}} = F,
+    ?assert(Share > 0.5),
+    ?assertMatch({_, _}, binary:match(E, <<"erts_atom_put">>)),
+    %% hash_get sits under erts_atom_put: no separate finding for it.
+    ?assertEqual([], [X || X = #{metrics := #{function := <<"hash_get">>}} <- Findings,
+                           family(X) =:= undefined]).
+
+redis_cache_capture_test() ->
+    Findings = beamdiag_profile_rules:findings(fold("dwarf_redis_cache.txt"), #{}),
+    Fams = [family(F) || F <- Findings],
+    ?assert(lists:member(<<"atom_decode">>, Fams)).
+
+thin_profile_test() ->
+    P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"erts_atom_put">>] => 10}),
+    ?assertEqual([], beamdiag_profile_rules:findings(P, #{})),
+    ?assertMatch([_ | _], beamdiag_profile_rules:findings(P, #{min_samples => 1})).
+
+families_test_() ->
+    Cases = [
+        {<<"zlib_deflate">>, [<<"$erlang:term_to_binary/2">>, <<"term_to_binary_2">>,
+                              <<"erl_zlib_deflate_chunk">>, <<"deflate">>, <<"longest_match">>]},
+        {<<"ets_copy">>, [<<"$ets:lookup/2">>, <<"ets_lookup_2">>, <<"db_get_hash">>,
+                          <<"copy_struct_x">>]},
+        {<<"gc">>, [<<"erts_garbage_collect_nobump">>, <<"[beam.smp]">>]},
+        {<<"regex_compile">>, [<<"$re:run/3">>, <<"re_run_3">>, <<"erts_pcre_compile2">>]},
+        {<<"memcpy">>, [<<"binary_to_list_1">>, <<"__memcpy_avx_unaligned_erms">>]},
+        {<<"native_locks">>, [<<"erts_db_lookup">>, <<"ethr_mutex_lock_wait__">>]},
+        {<<"busy_wait">>, [<<"$global::process_main">>, <<"erts_schedule">>, <<"scheduler_wait">>,
+                           <<"sched_spin_wait">>]},
+        {<<"atom_decode">>, [<<"$global::call_light_bif_shared">>, <<"binary_to_term_1">>,
+                             <<"erts_atom_put">>]}
+    ],
+    [{Fam, fun() ->
+          P = beamdiag_fold:from_counts(#{[<<"scheduler">> | Stack] => 40,
+                                          [<<"scheduler">>, <<"$app:work/1">>, <<"$lists:map/2">>] => 60}),
+          Findings = beamdiag_profile_rules:findings(P, #{}),
+          [F] = [X || X <- Findings, family(X) =:= Fam],
+          #{severity := critical, evidence := [E, _Advice], metrics := #{share := S}} = F,
+          ?assertEqual(0.4, S),
+          ?assertMatch({_, _}, binary:match(E, <<"40.0%">>))
+      end} || {Fam, Stack} <- Cases].
+
+no_double_count_test() ->
+    %% A stack with several frames of one family counts once.
+    P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"binary_to_term_1">>, <<"erts_atom_put">>,
+                                     <<"erts_atom_put_index">>] => 100}),
+    [#{metrics := #{share := S}}] = [F || F <- beamdiag_profile_rules:findings(P, #{}),
+                                          family(F) =:= <<"atom_decode">>],
+    ?assertEqual(1.0, S).
+
+unknown_hot_function_test() ->
+    P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"$app:work/1">>, <<"$app:crunch/2">>] => 70,
+                                    [<<"scheduler">>, <<"$app:idle/0">>] => 10,
+                                    [<<"scheduler">>, <<"$app:other/0">>] => 10,
+                                    [<<"scheduler">>, <<"$app:more/0">>] => 10}),
+    [F] = beamdiag_profile_rules:findings(P, #{}),
+    ?assertMatch(#{id := hot_function, metrics := #{function := <<"$app:crunch/2">>}}, F),
+    #{evidence := [E | _]} = F,
+    ?assertMatch({_, _}, binary:match(E, <<"70.0%">>)).
