@@ -12,8 +12,7 @@
 
 -export([scenarios/0]).
 %% Workloads, called on the lab node.
--export([idle/1, wakeups/2, burn/2, burn_all/1, dev_zero/2, big_heap_gc/3, blocking/3,
-         hot_process/1]).
+-export([idle/1, wakeups/2, burn/2, burn_all/1, dev_zero/2, big_heap_gc/3, blocking/3]).
 
 -define(NO_SPIN, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"]).
 
@@ -46,9 +45,9 @@ scenarios() ->
           emu_args => [], load => {?MODULE, burn_all, ['$duration_ms']},
           competitor => #{cpus => 2}, expect => [cpu_starvation]},
         #{name => cpu_throttling,
-          summary => <<"CPU-bound node in a cgroup with a quota of half a CPU">>,
+          summary => <<"CPU-bound node in a cgroup with a quota of a fifth of a CPU">>,
           emu_args => [], load => {?MODULE, burn_all, ['$duration_ms']},
-          cgroup => #{quota_cpus => 0.5}, expect => [cpu_throttling]},
+          cgroup => #{quota_cpus => 0.2}, expect => [cpu_throttling]},
         #{name => high_system_cpu,
           summary => <<"workers reading /dev/zero in 1 MB chunks: the kernel does the work">>,
           emu_args => [], load => {?MODULE, dev_zero, ['$duration_ms', 4]},
@@ -60,11 +59,7 @@ scenarios() ->
         #{name => scheduler_blocking,
           summary => <<"work that blocks its scheduler thread in the kernel, as a blocking NIF does">>,
           emu_args => [], load => {?MODULE, blocking, ['$duration_ms', 4, 20]},
-          expect => [scheduler_blocking]},
-        #{name => scheduler_imbalance,
-          summary => <<"one hot process and a few light ones: one scheduler does all the work">>,
-          emu_args => [], load => {?MODULE, hot_process, ['$duration_ms']},
-          expect => [scheduler_imbalance]}
+          expect => [scheduler_blocking]}
     ].
 
 %% @doc Nothing but a timer.
@@ -117,15 +112,6 @@ blocking(Ms, N, SleepMs) ->
     owner(Ms, fun() ->
         _ = erts_debug:set_internal_state(available_internal_state, true),
         [spawn_link(fun() -> blocking_loop(SleepMs) end) || _ <- lists:seq(1, N)]
-    end).
-
-%% @doc One process that never stops computing, plus light ones woken now
-%% and then.
--spec hot_process(pos_integer()) -> ok.
-hot_process(Ms) ->
-    owner(Ms, fun() ->
-        [spawn_link(fun() -> burn_loop(0) end) |
-         [spawn_link(fun() -> light_loop() end) || _ <- lists:seq(1, 4)]]
     end).
 
 %%%===================================================================
@@ -181,10 +167,3 @@ blocking_loop(SleepMs) ->
     _ = erts_debug:set_internal_state(sleep, SleepMs),
     _ = work(2000),
     blocking_loop(SleepMs).
-
-light_loop() ->
-    receive
-    after 50 -> ok
-    end,
-    _ = work(1000),
-    light_loop().

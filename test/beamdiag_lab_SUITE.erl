@@ -1,0 +1,214 @@
+%%% Every ledger lab scenario on a real node: the raw signal first, then
+%%% the diagnosis, then the target is checked for anything left behind.
+%%% Timing-dependent checks are ratios with margins, never absolute times.
+-module(beamdiag_lab_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
+-export([idle/1, busy_wait/1, busy_wait_off/1, cpu_saturated/1, cpu_starvation/1,
+         cpu_throttling/1, high_system_cpu/1, dirty_cpu_gc/1, scheduler_blocking/1,
+         cli_json/1, cli_unreachable/1, flags_left_on_stay_on/1]).
+
+-define(WINDOW, 4).
+
+suite() -> [{timetrap, {minutes, 3}}].
+
+all() ->
+    [idle, busy_wait, busy_wait_off, cpu_saturated, cpu_starvation, cpu_throttling,
+     high_system_cpu, dirty_cpu_gc, scheduler_blocking, cli_json, cli_unreachable,
+     flags_left_on_stay_on].
+
+init_per_testcase(cli_unreachable, Config) ->
+    Config;
+init_per_testcase(Case, Config) ->
+    Scenario = case Case of
+                   cli_json -> idle;
+                   flags_left_on_stay_on -> idle;
+                   _ -> Case
+               end,
+    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60}),
+    [{lab, Lab} | Config].
+
+end_per_testcase(_, Config) ->
+    case proplists:get_value(lab, Config) of
+        undefined -> ok;
+        Lab -> beamdiag_lab:stop(Lab)
+    end.
+
+%%% Scenarios
+
+idle(Config) ->
+    {L, F} = diagnose(Config),
+    ?assert(share(busy, sched(L)) < 0.10),
+    ?assertEqual([], serious(F)).
+
+busy_wait(Config) ->
+    {L, F} = diagnose(Config),
+    S = sched(L),
+    ct:pal("busy ~.3f on-cpu ~.3f", [share(busy, S), share(on_cpu, S)]),
+    ?assert(share(on_cpu, S) >= 2 * share(busy, S)),
+    ?assert(lists:member(busy_wait, serious(F))).
+
+busy_wait_off(Config) ->
+    {L, F} = diagnose(Config),
+    S = sched(L),
+    ct:pal("on-cpu ~.3f spin ~.3f", [share(on_cpu, S), share(spin, S)]),
+    ?assert(share(spin, S) < 0.05),
+    ?assertNot(lists:member(busy_wait, ids(F))).
+
+cpu_saturated(Config) ->
+    {L, F} = diagnose(Config),
+    S = sched(L),
+    ?assert(share(busy, S) >= 0.85),
+    ?assert(lists:member(cpu_saturated, serious(F))),
+    ?assertNot(lists:member(scheduler_blocking, ids(F))),
+    %% A healthy saturated node is not starved, unless something else on the
+    %% host really takes its CPUs: only then may starvation show.
+    case external_cpus(L) of
+        X when X < 0.5 -> ?assertNot(lists:member(cpu_starvation, serious(F)));
+        X -> ct:pal("host busy with ~.2f CPUs of other work: starvation not asserted", [X])
+    end.
+
+cpu_starvation(Config) ->
+    {L, F} = diagnose(Config),
+    S = sched(L),
+    ct:pal("runq ~.3f", [share(runq, S)]),
+    ?assert(share(runq, S) > 0.30),
+    ?assert(lists:member(cpu_starvation, serious(F))).
+
+cpu_throttling(Config) ->
+    {L, F} = diagnose(Config),
+    Cg = maps:get(cgroup, L),
+    ct:pal("cgroup ~p", [Cg]),
+    ?assert(maps:get(throttled_ratio, Cg) > 0.3),
+    ?assert(lists:member(cpu_throttling, serious(F))),
+    ?assertNot(lists:member(cpu_starvation, ids(F))).
+
+high_system_cpu(Config) ->
+    {L = #{totals := #{sys := Sys, on_cpu := On}}, F} = diagnose(Config),
+    ct:pal("sys ~.3f of ~.3f on cpu", [Sys, On]),
+    ?assert(Sys / On > 0.5),
+    ?assert(lists:member(high_system_cpu, serious(F))),
+    ?assertNot(lists:member(busy_wait, serious(F))),
+    _ = L.
+
+dirty_cpu_gc(Config) ->
+    {L, F} = diagnose(Config),
+    #{msacc := #{by_type := #{dirty_cpu := #{seconds := Secs}}}, window_s := W} = L,
+    ct:pal("dirty cpu gc ~.3f s in ~.1f s", [maps:get(gc, Secs), W]),
+    ?assert(maps:get(gc, Secs) / W > 0.10),
+    ?assert(lists:member(dirty_cpu_gc, serious(F))).
+
+scheduler_blocking(Config) ->
+    {L, F} = diagnose(Config),
+    S = sched(L),
+    ct:pal("busy ~.3f blocked ~.3f", [share(busy, S), share(blocked, S)]),
+    ?assert(share(blocked, S) > 0.5 * share(busy, S)),
+    ?assert(lists:member(scheduler_blocking, serious(F))),
+    ?assertNot(lists:member(cpu_saturated, serious(F))).
+
+%% The escript as a user runs it: JSON on stdout, exit 0, cookie from the
+%% environment.
+cli_json(Config) ->
+    Lab = ?config(lab, Config),
+    {Code, Out} = escript(["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--json",
+                           "--duration", "2"],
+                          [{"BEAMDIAG_COOKIE", atom_to_list(beamdiag_lab:cookie(Lab))}]),
+    ?assertEqual(0, Code),
+    ?assertMatch({_, _}, binary:match(Out, <<"\"schema\":\"beamdiag.diagnosis/1\"">>)),
+    ?assertEqual(nomatch, binary:match(Out, atom_to_binary(beamdiag_lab:cookie(Lab)))),
+    ?assertEqual(nomatch, binary:match(Out, <<"sampling">>)),
+    no_leftovers(Lab).
+
+cli_unreachable(_Config) ->
+    {Code, _} = escript(["diagnose", "nobody_here@localhost", "--duration", "1"],
+                        [{"BEAMDIAG_COOKIE", "whatever"}]),
+    ?assertEqual(3, Code).
+
+%% Flags that were on before the run are still on after it.
+flags_left_on_stay_on(Config) ->
+    Lab = #{peer := Peer} = ?config(lab, Config),
+    false = peer:call(Peer, erlang, system_flag, [microstate_accounting, true]),
+    %% A process of the target's own turns scheduler_wall_time on and keeps it.
+    {ok, Tokens, _} = erl_scan:string(
+        "erlang:system_flag(scheduler_wall_time, true), timer:sleep(60000)."),
+    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+    _ = peer:call(Peer, erlang, spawn, [erl_eval, exprs, [Exprs, []]]),
+    timer:sleep(200),
+    ?assertNotEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
+    {ok, _} = beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                          duration => 1}),
+    timer:sleep(500),
+    ?assertNotEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
+    ?assert(peer:call(Peer, erlang, system_flag, [microstate_accounting, true])).
+
+%%% Helpers
+
+diagnose(Config) ->
+    Lab = ?config(lab, Config),
+    {ok, #{ledger := L, findings := F}} =
+        beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                    duration => ?WINDOW}),
+    ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
+    no_leftovers(Lab),
+    {L, F}.
+
+%% Nothing of beamdiag stays on the target: flags off, agent modules gone.
+no_leftovers(Lab = #{peer := Peer}) ->
+    wait_until(fun() ->
+        Mods = [M || {M, _} <- peer:call(Peer, code, all_loaded, []),
+                     lists:prefix("beamdiag_", atom_to_list(M)),
+                     not lists:prefix("beamdiag_lab", atom_to_list(M))],
+        Mods =:= [] andalso
+            peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
+    end, 40),
+    %% msacc was off before the run: it is off again.
+    ?assertNot(peer:call(Peer, erlang, system_flag, [microstate_accounting, false])),
+    _ = Lab,
+    ok.
+
+wait_until(F, 0) ->
+    ?assert(F());
+wait_until(F, N) ->
+    case F() of
+        true -> ok;
+        false -> timer:sleep(50), wait_until(F, N - 1)
+    end.
+
+sched(#{by_type := #{scheduler := S}}) -> S.
+
+share(K, Row = #{wall := W}) -> beamdiag_ledger:share(K, Row, W).
+
+ids(F) -> [Id || #{id := Id} <- F].
+serious(F) -> [Id || X = #{id := Id} <- F, beamdiag_finding:at_least(X, warning)].
+
+external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) ->
+    B * N - U.
+
+escript(Args, Env) ->
+    Bin = filename:join([project_root(), "_build", "default", "bin", "beamdiag"]),
+    Port = open_port({spawn_executable, Bin}, [{args, Args}, {env, Env}, exit_status, binary, hide]),
+    read_port(Port, <<>>).
+
+read_port(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after 60000 -> error(escript_timeout)
+    end.
+
+%% The directory holding rebar.config, above this source file.
+project_root() ->
+    Starts = [filename:dirname(code:which(?MODULE)), filename:dirname(filename:absname(?FILE))],
+    case [R || S <- Starts, R <- [up(S)], R =/= none] of
+        [Root | _] -> Root;
+        [] -> error(no_project_root)
+    end.
+
+up(Dir) ->
+    case filelib:is_regular(filename:join([Dir, "_build", "default", "bin", "beamdiag"])) of
+        true -> Dir;
+        false when Dir =:= "/" -> none;
+        false -> up(filename:dirname(Dir))
+    end.
