@@ -1,0 +1,65 @@
+%%% @doc `beamdiag compare A B': two saved captures side by side, each delta
+%%% tested against the per-tick noise of both.
+-module(beamdiag_cli_compare).
+
+-behaviour(beamdiag_cli).
+
+-export([spec/0, run/2]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The command's arguments.
+-spec spec() -> beamdiag_cli:spec().
+spec() ->
+    #{
+        name => "compare",
+        summary => "Compare two saved captures: ledger deltas beyond noise, findings.",
+        example => "beamdiag compare before.capture after.capture",
+        positional => [#{key => a, metavar => "A", required => true,
+                         help => "the baseline capture (diagnose --save)"},
+                       #{key => b, metavar => "B", required => true,
+                         help => "the capture to compare with it"}],
+        options => [
+            #{key => json, long => "--json", type => boolean, default => false,
+              help => "print one JSON document (schema beamdiag.compare/1)"},
+            #{key => out, long => "--out", type => string, metavar => "FILE",
+              help => "write the comparison to FILE instead of standard output"},
+            #{key => alpha, long => "--alpha", type => {float, 1.0e-6, 0.2}, default => 0.01,
+              metavar => "P", help => "significance level of each test"}
+        ]
+    }.
+
+%% @doc Runs the command. Exit code 0 whatever the deltas.
+-spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(#{a := FA, b := FB} = Opts, #{out := Out, err := Err}) ->
+    case {beamdiag_capture:load(FA), beamdiag_capture:load(FB)} of
+        {{ok, A}, {ok, B}} ->
+            C = beamdiag_compare:compare(A, B, #{alpha => maps:get(alpha, Opts)}),
+            Text = case maps:get(json, Opts) of
+                       true -> [beamdiag_json:encode(beamdiag_compare:document(C)), "\n"];
+                       false -> beamdiag_compare:text(C)
+                   end,
+            case maps:find(out, Opts) of
+                {ok, File} ->
+                    case file:write_file(File, Text) of
+                        ok ->
+                            Err(["beamdiag: comparison written to ", File, "\n"]),
+                            0;
+                        {error, R} ->
+                            Err(["beamdiag: cannot write ", File, ": ",
+                                 file:format_error(R), "\n"]),
+                            4
+                    end;
+                error ->
+                    Out(Text),
+                    0
+            end;
+        {{error, {M, R}}, _} ->
+            Err(["beamdiag: ", M:format_error(R), "\n"]),
+            4;
+        {_, {error, {M, R}}} ->
+            Err(["beamdiag: ", M:format_error(R), "\n"]),
+            4
+    end.

@@ -1,0 +1,45 @@
+%%% @doc `beamdiag report FILE': re-render a saved capture (or saved
+%%% experiment results) with the current rules, as text, JSON or HTML.
+-module(beamdiag_cli_report).
+
+-behaviour(beamdiag_cli).
+
+-export([spec/0, run/2]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The command's arguments.
+-spec spec() -> beamdiag_cli:spec().
+spec() ->
+    #{
+        name => "report",
+        summary => "Re-render a saved capture (diagnose --save) or experiment results.",
+        example => "beamdiag report node.capture --html node.html",
+        positional => [#{key => file, metavar => "FILE", required => true,
+                         help => "a file written by --save"}],
+        options => [
+            #{key => json, long => "--json", type => boolean, default => false,
+              help => "print JSON instead of text"},
+            #{key => out, long => "--out", type => string, metavar => "FILE",
+              help => "write the report to FILE instead of standard output"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "also write a self-contained HTML report to FILE (captures only)"},
+            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
+              help => "exit 1 when a finding is at least this severe"}
+        ]
+    }.
+
+%% @doc Runs the command.
+-spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(Opts = #{file := File}, IO = #{err := Err}) ->
+    case beamdiag_capture:read(File) of
+        {ok, {diagnosis, D}} ->
+            beamdiag_cli_diagnose:output(D, maps:remove(save, Opts), IO);
+        {ok, {experiment, E}} ->
+            beamdiag_cli_experiment:output(E, maps:without([save, html], Opts), IO);
+        {error, {M, R}} ->
+            Err(["beamdiag: ", M:format_error(R), "\n"]),
+            4
+    end.

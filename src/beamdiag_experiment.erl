@@ -1,0 +1,701 @@
+%%% @doc Experiments: does a change of emulator flags (or of workload) really
+%%% help under the same load? Runs each arm on fresh nodes, alternately, and
+%%% reports every figure against the first arm with a confidence interval.
+%%%
+%%% An arm is a workload and a variant (a string of emulator flags,
+%%% `"default"' for none). Each run starts a fresh lab node with the arm's
+%%% flags, starts a closed-loop driver on it (C workers each calling the
+%%% unit of work again and again, counting completions with `counters' and
+%%% keeping latency samples in a bounded reservoir), lets it warm up, then
+%%% measures for the window while diagnosing the node for the ledger.
+%%% Runs go A B A B ... so that drift of the host cancels out.
+%%%
+%%% Per run: throughput (units/s), OS CPU seconds per unit (the ledger's
+%%% on-CPU time of every thread over the window, divided by the units done
+%%% in it), scheduler utilization (busy share of the normal schedulers),
+%%% the node's CPUs, and latency p50/p99/p99.9 of a unit. Each arm is
+%%% compared with the first by a paired bootstrap over runs (run i of the
+%%% arm against run i of the first arm, 2000 resamples, fixed seed) of the
+%%% relative change of the means, with its 95% interval, and a verdict:
+%%% better, worse, or no difference at this noise when the interval holds 0.
+%%%
+%%% Workloads: `{lab, Name}' for the lab scenarios that have a unit of work
+%%% (see `lab_units/0'), or `{mfa, Module, Function}', a function of arity
+%%% 0 that does one unit; its module is shipped to the node.
+%%%
+%%% ```
+%%% 1> {ok, W} = beamdiag_experiment:workload("lab:busy_wait").
+%%% 2> {ok, R} = beamdiag_experiment:run(#{workloads => [W],
+%%%        variants => ["default", "+sbwt none +sbwtdcpu none +sbwtdio none"],
+%%%        runs => 3, duration => 5}).
+%%% 3> io:put_chars(beamdiag_experiment:text(R)).
+%%% '''
+-module(beamdiag_experiment).
+
+-export([run/1, options/1, workload/1, workload_name/1, lab_units/0, summarise/1,
+         text/1, document/1, format_error/1]).
+%% The driver, run on the experiment's node.
+-export([driver_start/1, driver_measure/1]).
+
+-export_type([workload/0, result/0]).
+
+-type workload() :: {lab, atom()} | {mfa, module(), atom()}.
+-type result() :: #{kind := experiment, _ => _}.
+
+-define(SCHEMA, <<"beamdiag.experiment/1">>).
+-define(DEFAULTS, #{
+    workloads => [],
+    variants => ["default"],
+    runs => 3,
+    duration => 5,
+    warmup => 2,
+    concurrency => undefined,
+    reservoir => 20000,
+    bootstrap => 2000,
+    progress => undefined
+}).
+-define(DRIVER, beamdiag_experiment_driver).
+-define(MAX_VARIANT_ARGS, 40).
+-define(STOP_TIMEOUT, 15000).
+%% Metrics: key, label, which way is better.
+-define(METRICS, [
+    {throughput, "throughput (units/s)", higher},
+    {cpu_us_per_unit, "OS CPU per unit (us)", lower},
+    {cpus_used, "node CPUs used", lower},
+    {sched_util, "scheduler utilization", neutral},
+    {p50_us, "latency p50 (us)", lower},
+    {p99_us, "latency p99 (us)", lower},
+    {p999_us, "latency p99.9 (us)", lower}
+]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Runs an experiment. Options (defaults): `workloads' (required, a
+%% list of `workload()'), `variants' (["default"]), `runs' per arm (3),
+%% `duration' of the measured window in seconds (5), `warmup' seconds (2),
+%% `concurrency' (the workload's default), `reservoir' latency samples per
+%% run (20000), `bootstrap' resamples (2000), `progress' a fun of one event
+%% map. Arms are every workload with every variant; the first is the
+%% baseline.
+-spec run(map()) -> {ok, result()} | {error, {beamdiag_experiment, term()}}.
+run(Opts0) ->
+    Opts = options(Opts0),
+    case arms(Opts) of
+        {ok, Arms} ->
+            #{runs := N} = Opts,
+            Schedule = [{R, A} || R <- lists:seq(1, N), A <- Arms],
+            Total = length(Schedule),
+            Started = erlang:monotonic_time(millisecond),
+            case run_schedule(Schedule, 1, Total, Opts, []) of
+                {ok, Runs} ->
+                    Result = #{
+                        kind => experiment,
+                        schema => ?SCHEMA,
+                        started_ms => erlang:system_time(millisecond),
+                        elapsed_s => (erlang:monotonic_time(millisecond) - Started) / 1000,
+                        settings => settings(Opts),
+                        arms => [maps:without([unit, code, emu_args], A) || A <- Arms],
+                        runs => Runs
+                    },
+                    {ok, Result#{summary => summarise(Result)}};
+                {error, _} = E ->
+                    E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Validates options and fills in defaults; raises `badarg' on unknown
+%% keys or bad values.
+-spec options(map()) -> map().
+options(Opts) when is_map(Opts) ->
+    case maps:keys(Opts) -- maps:keys(?DEFAULTS) of
+        [] -> ok;
+        Unknown -> erlang:error({badarg, {unknown_options, Unknown}})
+    end,
+    O = maps:merge(?DEFAULTS, Opts),
+    #{workloads := Ws, variants := Vs, runs := N, duration := D, warmup := Wu,
+      concurrency := C, reservoir := Res, bootstrap := B} = O,
+    check(is_list(Ws) andalso Ws =/= [], workloads, Ws),
+    check(is_list(Vs) andalso Vs =/= [] andalso lists:all(fun io_lib:printable_unicode_list/1, Vs),
+          variants, Vs),
+    check(is_integer(N) andalso N >= 1 andalso N =< 100, runs, N),
+    check(is_number(D) andalso D >= 1 andalso D =< 3600, duration, D),
+    check(is_number(Wu) andalso Wu >= 0 andalso Wu =< 600, warmup, Wu),
+    check(C =:= undefined orelse (is_integer(C) andalso C >= 1 andalso C =< 100000),
+          concurrency, C),
+    check(is_integer(Res) andalso Res >= 100 andalso Res =< 1000000, reservoir, Res),
+    check(is_integer(B) andalso B >= 100 andalso B =< 100000, bootstrap, B),
+    O;
+options(Other) ->
+    erlang:error({badarg, Other}).
+
+%% @doc Parses a workload given on the command line: `lab:NAME' or
+%% `Module:Function' (arity 0, the module on the code path). Creates the
+%% module's atom only when a `.beam' file of that name is on the path.
+-spec workload(string()) -> {ok, workload()} | {error, {beamdiag_experiment, term()}}.
+workload("lab:" ++ Name) ->
+    case [L || L <- maps:keys(lab_units()), atom_to_list(L) =:= Name] of
+        [Lab] -> {ok, {lab, Lab}};
+        [] -> {error, {beamdiag_experiment, {unknown_lab, Name}}}
+    end;
+workload(Str) when is_list(Str) ->
+    case string:split(Str, ":") of
+        [M, F] when M =/= "", F =/= "", length(Str) =< 255 ->
+            case valid_name(M) andalso valid_name(F) of
+                true -> user_workload(M, F);
+                false -> {error, {beamdiag_experiment, {bad_workload, Str}}}
+            end;
+        _ ->
+            {error, {beamdiag_experiment, {bad_workload, Str}}}
+    end.
+
+%% @doc A workload as text, as `workload/1' reads it.
+-spec workload_name(workload()) -> binary().
+workload_name({lab, L}) -> iolist_to_binary(["lab:", atom_to_list(L)]);
+workload_name({mfa, M, F}) -> iolist_to_binary([atom_to_list(M), ":", atom_to_list(F)]).
+
+%% @doc The lab scenarios that have a unit of work, with the unit and the
+%% default concurrency. Emulator flags come from the lab scenario of the
+%% same name when there is one (its lock-counting emulator is not used).
+-spec lab_units() -> #{atom() => #{unit := tuple(), concurrency := pos_integer(),
+                                   summary := binary()}}.
+lab_units() ->
+    #{
+        busy_wait => #{unit => {wakeup, 1, 200}, concurrency => 40,
+                       summary => <<"unit: sleep 1 ms, then hash 200 integers">>},
+        busy_wait_off => #{unit => {wakeup, 1, 200}, concurrency => 40,
+                           summary => <<"the busy_wait unit with +sbwt none">>},
+        cpu_saturated => #{unit => {work, 20000}, concurrency => 8,
+                           summary => <<"unit: hash 20000 integers">>},
+        ets_hot => #{unit => {ets_hot, 100}, concurrency => 8,
+                     summary => <<"unit: 100 update_counter calls on one shared table">>},
+        ets_sharded => #{unit => {ets_sharded, 100}, concurrency => 8,
+                         summary => <<"unit: 100 update_counter calls on the table of the "
+                                      "scheduler it runs on">>}
+    }.
+
+%% @doc Each arm against the first: means and standard deviations per arm,
+%% and per metric the relative change with its bootstrap interval and
+%% verdict.
+-spec summarise(map()) -> map().
+summarise(#{arms := Arms, runs := Runs} = R) ->
+    Iters = maps:get(bootstrap, maps:get(settings, R, #{}), 2000),
+    ByArm = maps:groups_from_list(fun(#{arm := A}) -> A end, Runs),
+    Stats = fun(Idx) ->
+                Rs = maps:get(Idx, ByArm, []),
+                maps:from_list([{K, #{mean => beamdiag_compare:mean(vals(K, Rs)),
+                                      sd => math:sqrt(beamdiag_compare:variance(vals(K, Rs)))}}
+                                || {K, _, _} <- ?METRICS])
+            end,
+    [#{index := Base} | Others] = Arms,
+    BaseRuns = maps:get(Base, ByArm, []),
+    #{
+        arms => [#{index => I, stats => Stats(I)} || #{index := I} <- Arms],
+        versus => [#{index => I, against => Base,
+                     metrics => [versus(K, Dir, BaseRuns, maps:get(I, ByArm, []), Iters)
+                                 || {K, _, Dir} <- ?METRICS]}
+                   || #{index := I} <- Others]
+    }.
+
+%% @doc The results as text: arms, per-run figures, each arm against the
+%% first.
+-spec text(result()) -> iolist().
+text(R = #{arms := Arms, runs := Runs, settings := S}) ->
+    #{arms := ArmStats, versus := Versus} = maps:get(summary, R, summarise(R)),
+    Letter = fun(I) -> [$A + I - 1] end,
+    [
+        io_lib:format("beamdiag experiment: ~b arms x ~b runs (alternated), ~ts s windows "
+                      "after ~ts s warm-up~n",
+                      [length(Arms), maps:get(runs, S), num(maps:get(duration, S)),
+                       num(maps:get(warmup, S))]),
+        [io_lib:format("  ~s  ~ts, flags: ~ts, concurrency ~b~n",
+                       [Letter(I), W, V, C])
+         || #{index := I, workload := W, variant := V, concurrency := C} <- Arms],
+        "\nRUNS (in the order they ran)\n",
+        io_lib:format("  ~-4s ~3s ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",
+                      ["arm", "run", "units/s", "cpu us/u", "cpus", "sched", "p50 us",
+                       "p99 us", "p99.9 us"]),
+        [io_lib:format("  ~-4s ~3b ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",
+                       [Letter(A), N, num(T), num(Cu), num(Cpus), pct(Su), num(P50), num(P99),
+                        num(P999)])
+         || #{arm := A, run := N, throughput := T, cpu_us_per_unit := Cu, cpus_used := Cpus,
+              sched_util := Su, p50_us := P50, p99_us := P99, p999_us := P999} <- Runs],
+        "\nMEANS (sd over runs)\n",
+        io_lib:format("  ~-24s~ts~n", ["", [io_lib:format("~20s", [Letter(I)])
+                                             || #{index := I} <- ArmStats]]),
+        [io_lib:format("  ~-24s~ts~n",
+                       [Label, [io_lib:format("~20s", [mean_sd(maps:get(K, St))])
+                                || #{stats := St} <- ArmStats]])
+         || {K, Label, _} <- ?METRICS],
+        [[io_lib:format("~n~s vs ~s (paired bootstrap over runs, 95% CI of the relative change)~n",
+                        [Letter(I), Letter(B)]),
+          [io_lib:format("  ~-24s ~8s  ~-19s ~s~n",
+                         [label(K), rel(Est), ci(CI), verdict(V)])
+           || #{key := K, estimate := Est, ci := CI, verdict := V} <- Ms]]
+         || #{index := I, against := B, metrics := Ms} <- Versus],
+        "\n",
+        [io_lib:format("~s vs ~s: ~ts~n", [Letter(I), Letter(B), plain(Ms)])
+         || #{index := I, against := B, metrics := Ms} <- Versus]
+    ].
+
+%% @doc The results as the map their JSON encodes (without the raw
+%% captures).
+-spec document(result()) -> map().
+document(R = #{runs := Runs}) ->
+    Doc = maps:with([schema, started_ms, elapsed_s, settings, arms], R),
+    Summary = maps:get(summary, R, summarise(R)),
+    Doc#{
+        runs => [maps:without([diagnosis], X) || X <- Runs],
+        summary => Summary#{versus => [V#{metrics => [M#{ci => ci_list(maps:get(ci, M))}
+                                                      || M <- Ms]}
+                                       || V = #{metrics := Ms} <- maps:get(versus, Summary)]}
+    }.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({unknown_lab, Name}) ->
+    io_lib:format("no lab workload '~ts' with a unit of work; known: ~ts",
+                  [printable(Name),
+                   lists:join(", ", [atom_to_list(K) || K <- lists:sort(maps:keys(lab_units()))])]);
+format_error({bad_workload, S}) ->
+    io_lib:format("'~ts' is not a workload: give lab:NAME or Module:Function", [printable(S)]);
+format_error({no_module, M}) ->
+    io_lib:format("no module ~ts on the code path (add its directory with --pa)", [printable(M)]);
+format_error({no_function, M, F}) ->
+    io_lib:format("~ts does not export ~ts/0", [printable(M), printable(F)]);
+format_error({bad_variant, V}) ->
+    io_lib:format("variant '~ts' is not a list of emulator flags", [printable(V)]);
+format_error({run_failed, Run, Arm, {M, R}}) when is_atom(M) ->
+    io_lib:format("run ~b of arm ~b failed: ~ts", [Run, Arm, M:format_error(R)]);
+format_error({run_failed, Run, Arm, R}) ->
+    io_lib:format("run ~b of arm ~b failed: ~p", [Run, Arm, R]);
+format_error({driver, Why}) ->
+    io_lib:format("the load driver failed: ~p", [Why]).
+
+%%%===================================================================
+%%% Driver (runs on the experiment's node)
+%%%===================================================================
+
+%% @doc Starts the closed-loop driver on this node: loads the workload's
+%% code, starts `concurrency' workers and returns. The driver stops by
+%% itself after `bound_ms' or when its starter's node connection goes.
+-spec driver_start(map()) -> ok.
+driver_start(Opts = #{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
+    _ = [{module, M} = code:load_binary(M, F, B) || {M, B, F} <- maps:get(code, Opts, [])],
+    Self = self(),
+    Ref = make_ref(),
+    Pid = spawn(fun() -> driver(Self, Ref, Unit, C, Bound, Res) end),
+    receive
+        {Ref, ok} -> ok;
+        {Ref, Error} -> erlang:error({driver, Error})
+    after 10000 ->
+        exit(Pid, kill),
+        erlang:error({driver, start_timeout})
+    end.
+
+%% @doc `start' opens the measured window, `stop' closes it and returns
+%% the units done, the seconds between and the latency percentiles.
+-spec driver_measure(start | stop) -> ok | map().
+driver_measure(What) ->
+    Ref = make_ref(),
+    case whereis(?DRIVER) of
+        undefined ->
+            erlang:error({driver, not_running});
+        Pid ->
+            MRef = erlang:monitor(process, Pid),
+            Pid ! {What, self(), Ref},
+            receive
+                {Ref, Reply} ->
+                    erlang:demonitor(MRef, [flush]),
+                    Reply;
+                {'DOWN', MRef, process, _, Why} ->
+                    erlang:error({driver, {down, Why}})
+            after ?STOP_TIMEOUT + 5000 ->
+                erlang:error({driver, timeout})
+            end
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+check(true, _, _) -> ok;
+check(false, K, V) -> erlang:error({badarg, {K, V}}).
+
+valid_name(S) ->
+    lists:all(fun(C) -> (C >= $a andalso C =< $z) orelse (C >= $A andalso C =< $Z) orelse
+                            (C >= $0 andalso C =< $9) orelse C =:= $_ end, S).
+
+%% The module must be on the code path before its name becomes an atom;
+%% the function must then already exist as an atom.
+user_workload(M, F) ->
+    case code:where_is_file(M ++ ".beam") of
+        non_existing ->
+            {error, {beamdiag_experiment, {no_module, M}}};
+        _ ->
+            Mod = list_to_atom(M),
+            case code:ensure_loaded(Mod) of
+                {module, Mod} ->
+                    try list_to_existing_atom(F) of
+                        Fun ->
+                            case erlang:function_exported(Mod, Fun, 0) of
+                                true -> {ok, {mfa, Mod, Fun}};
+                                false -> {error, {beamdiag_experiment, {no_function, M, F}}}
+                            end
+                    catch
+                        error:badarg -> {error, {beamdiag_experiment, {no_function, M, F}}}
+                    end;
+                _ ->
+                    {error, {beamdiag_experiment, {no_module, M}}}
+            end
+    end.
+
+arms(#{workloads := Ws, variants := Vs, concurrency := C}) ->
+    try
+        Arms = [arm(W, V, C) || W <- Ws, V <- Vs],
+        {ok, [A#{index => I} || {I, A} <- lists:enumerate(Arms)]}
+    catch
+        throw:{arm_error, E} -> E
+    end.
+
+arm(W, V, C) ->
+    Flags = case variant_args(V) of
+                {ok, Fl} -> Fl;
+                {error, _} = E -> throw({arm_error, E})
+            end,
+    {Unit, LabArgs, DefC, Code} =
+        case W of
+            {lab, L} ->
+                #{unit := U, concurrency := DC} = maps:get(L, lab_units()),
+                {U, lab_args(L), DC, []};
+            {mfa, M, F} ->
+                case code:get_object_code(M) of
+                    {M, Bin, File} -> {{mfa, M, F}, [], 4, [{M, Bin, File}]};
+                    error -> throw({arm_error, {error, {beamdiag_experiment,
+                                                        {no_module, atom_to_list(M)}}}})
+                end
+        end,
+    #{
+        workload => workload_name(W),
+        variant => unicode:characters_to_binary(V),
+        emu_args => LabArgs ++ Flags,
+        unit => Unit,
+        code => Code,
+        concurrency => case C of undefined -> DefC; _ -> C end
+    }.
+
+lab_args(L) ->
+    case beamdiag_lab:scenario(L) of
+        {ok, #{emu_args := A}} -> A;
+        {error, _} -> []
+    end.
+
+variant_args("default") ->
+    {ok, []};
+variant_args(V) ->
+    Args = string:lexemes(V, " \t"),
+    Ok = length(Args) =< ?MAX_VARIANT_ARGS andalso
+        lists:all(fun(A) -> length(A) =< 200 end, Args) andalso
+        case Args of
+            [[C | _] | _] -> C =:= $+ orelse C =:= $-;
+            [] -> false
+        end,
+    case Ok of
+        true -> {ok, Args};
+        false -> {error, {beamdiag_experiment, {bad_variant, V}}}
+    end.
+
+run_schedule([], _K, _Total, _Opts, Acc) ->
+    {ok, lists:reverse(Acc)};
+run_schedule([{R, Arm = #{index := I}} | Rest], K, Total, Opts, Acc) ->
+    progress(Opts, #{event => run_start, k => K, total => Total, run => R, arm => I,
+                     variant => maps:get(variant, Arm), workload => maps:get(workload, Arm)}),
+    case run_one(Arm, Opts) of
+        {ok, Run0} ->
+            Run = Run0#{arm => I, run => R, seq => K},
+            progress(Opts, #{event => run_done, k => K, total => Total, result => Run}),
+            run_schedule(Rest, K + 1, Total, Opts, [Run | Acc]);
+        {error, Why} ->
+            {error, {beamdiag_experiment, {run_failed, R, I, Why}}}
+    end.
+
+run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
+    #{emu_args := Args, unit := Unit, code := Code, concurrency := C} = Arm,
+    BoundS = ceil(Wu + D) + 60,
+    DriverOpts = #{unit => Unit, concurrency => C, bound_ms => BoundS * 1000,
+                   reservoir => Res, code => Code},
+    Scenario = #{name => experiment, summary => <<"experiment run">>, emu_args => Args,
+                 load => {?MODULE, driver_start, [DriverOpts]},
+                 warmup_ms => round(Wu * 1000)},
+    case beamdiag_lab:start(Scenario, #{duration => BoundS}) of
+        {ok, Lab} ->
+            try
+                measure(Lab, D)
+            catch
+                %% peer:call re-raises what failed on the node.
+                error:Why -> {error, {beamdiag_experiment, {driver, Why}}}
+            after
+                beamdiag_lab:stop(Lab)
+            end;
+        {error, {_, _} = E} ->
+            {error, E}
+    end.
+
+measure(Lab = #{peer := Peer}, D) ->
+    Node = beamdiag_lab:node(Lab),
+    ok = peer:call(Peer, ?MODULE, driver_measure, [start], 20000),
+    Diag = beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => D,
+                                     msacc => false, locks => false}),
+    M = peer:call(Peer, ?MODULE, driver_measure, [stop], ?STOP_TIMEOUT + 10000),
+    case Diag of
+        {ok, Diagnosis} -> {ok, figures(M, Diagnosis)};
+        {error, E} -> {error, E}
+    end.
+
+figures(#{units := Units, elapsed_s := El, latency_us := Lat}, D = #{ledger := L}) ->
+    Throughput = Units / max(El, 1.0e-9),
+    Window = maps:get(window_s, L, 0.0),
+    OnCpu = case maps:get(on_cpu, maps:get(totals, L, #{}), undefined) of
+                V when is_number(V) -> V;
+                _ -> 0.0
+            end,
+    UnitsInWindow = Throughput * Window,
+    Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
+    #{
+        units => Units,
+        elapsed_s => El,
+        throughput => Throughput,
+        window_s => Window,
+        on_cpu_s => OnCpu,
+        cpus_used => maps:get(cpus_used, maps:get(totals, L, #{}), 0.0),
+        cpu_us_per_unit => case UnitsInWindow > 0 of
+                               true -> 1.0e6 * OnCpu / UnitsInWindow;
+                               false -> 0.0
+                           end,
+        sched_util => beamdiag_ledger:share(busy, Sched, maps:get(wall, Sched, 0.0)),
+        spin_share => beamdiag_ledger:share(spin, Sched, maps:get(wall, Sched, 0.0)),
+        p50_us => maps:get(p50, Lat),
+        p99_us => maps:get(p99, Lat),
+        p999_us => maps:get(p999, Lat),
+        latency_samples => maps:get(n, Lat),
+        findings => [Id || #{id := Id} <- maps:get(findings, D)],
+        diagnosis => D
+    }.
+
+settings(Opts = #{workloads := Ws}) ->
+    maps:without([progress], Opts#{workloads => [workload_name(W) || W <- Ws]}).
+
+progress(#{progress := undefined}, _) -> ok;
+progress(#{progress := F}, Event) -> _ = F(Event), ok.
+
+vals(K, Runs) -> [V || #{K := V} <- Runs, is_number(V)].
+
+versus(K, Dir, BaseRuns, Runs, Iters) ->
+    Pairs = [{maps:get(K, A), maps:get(K, B)}
+             || {A, B} <- lists:zip(lists:sublist(sort_runs(BaseRuns), length(Runs)),
+                                    lists:sublist(sort_runs(Runs), length(BaseRuns))),
+                is_number(maps:get(K, A)), is_number(maps:get(K, B))],
+    case beamdiag_compare:bootstrap_ratio(Pairs, Iters, {17, 42, 4711}) of
+        undefined ->
+            #{key => K, better => Dir, estimate => null, ci => undefined,
+              verdict => no_data, pairs => 0};
+        #{estimate := Est, ci := {Lo, Hi} = CI} ->
+            Verdict = verdict_of(Dir, Lo, Hi),
+            #{key => K, better => Dir, estimate => Est, ci => CI, verdict => Verdict,
+              pairs => length(Pairs)}
+    end.
+
+verdict_of(higher, Lo, _) when Lo > 0 -> better;
+verdict_of(higher, _, Hi) when Hi < 0 -> worse;
+verdict_of(lower, Lo, _) when Lo > 0 -> worse;
+verdict_of(lower, _, Hi) when Hi < 0 -> better;
+verdict_of(neutral, Lo, _) when Lo > 0 -> higher;
+verdict_of(neutral, _, Hi) when Hi < 0 -> lower;
+verdict_of(_, _, _) -> no_difference.
+
+sort_runs(Runs) -> lists:sort(fun(#{run := A}, #{run := B}) -> A =< B end, Runs).
+
+mean_sd(#{mean := M, sd := Sd}) -> [num(M), " (", num(Sd), ")"].
+
+label(K) -> element(2, lists:keyfind(K, 1, ?METRICS)).
+
+verdict(better) -> "better";
+verdict(worse) -> "worse";
+verdict(higher) -> "higher (neither better nor worse)";
+verdict(lower) -> "lower (neither better nor worse)";
+verdict(no_difference) -> "no difference at this noise";
+verdict(no_data) -> "no data".
+
+plain(Ms) ->
+    Say = fun(V) -> [label(K) || #{key := K, verdict := X} <- Ms, X =:= V] end,
+    Parts = [[Word, ": ", lists:join(", ", Ks)]
+             || {Word, Ks} <- [{"better", Say(better)}, {"worse", Say(worse)},
+                               {"higher", Say(higher)}, {"lower", Say(lower)},
+                               {"no difference at this noise", Say(no_difference)}],
+                Ks =/= []],
+    lists:join("; ", Parts).
+
+rel(null) -> "-";
+rel(X) -> [case X < 0 of true -> "-"; false -> "+" end, io_lib:format("~.1f%", [abs(100 * X)])].
+
+ci(undefined) -> "-";
+ci({L, H}) -> ["[", rel(L), ", ", rel(H), "]"].
+
+ci_list(undefined) -> null;
+ci_list({L, H}) -> [L, H].
+
+pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
+pct(_) -> "-".
+
+num(undefined) -> "-";
+num(X) when is_integer(X) -> num(float(X));
+num(X) when abs(X) >= 1.0e6 -> io_lib:format("~.2fM", [X / 1.0e6]);
+num(X) when abs(X) >= 1.0e4 -> io_lib:format("~.1fk", [X / 1.0e3]);
+num(X) when abs(X) >= 100 -> integer_to_list(round(X));
+num(X) when abs(X) >= 1 -> io_lib:format("~.2f", [X]);
+num(X) -> io_lib:format("~.3f", [X]).
+
+printable(S) ->
+    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 80)].
+
+%% The driver's coordinator: owns the tables and the counter, starts the
+%% workers, opens and closes the window, gathers the reservoirs.
+driver(Starter, Ref, Unit, C, Bound, Res) ->
+    try register(?DRIVER, self()) of
+        true -> ok
+    catch
+        error:badarg -> Starter ! {Ref, already_running}, exit(normal)
+    end,
+    process_flag(trap_exit, true),
+    Count = counters:new(1, [write_concurrency]),
+    Phase = atomics:new(1, []),
+    Ctx = unit_context(Unit),
+    PerWorker = max(50, Res div C),
+    Workers = [spawn_link(fun() -> worker(Unit, Ctx, Count, Phase, PerWorker) end)
+               || _ <- lists:seq(1, C)],
+    Starter ! {Ref, ok},
+    erlang:send_after(Bound, self(), bound),
+    driver_loop(Workers, Count, Phase, undefined).
+
+driver_loop(Workers, Count, Phase, Start) ->
+    receive
+        {start, From, Ref} ->
+            atomics:put(Phase, 1, 1),
+            From ! {Ref, ok},
+            driver_loop(Workers, Count, Phase,
+                        {counters:get(Count, 1), erlang:monotonic_time(microsecond)});
+        {stop, From, Ref} ->
+            atomics:put(Phase, 1, 2),
+            T1 = erlang:monotonic_time(microsecond),
+            N1 = counters:get(Count, 1),
+            {N0, T0} = case Start of undefined -> {N1, T1}; _ -> Start end,
+            Reservoirs = gather(Workers, erlang:monotonic_time(millisecond) + ?STOP_TIMEOUT, []),
+            From ! {Ref, #{units => N1 - N0, elapsed_s => (T1 - T0) / 1.0e6,
+                           latency_us => latency(Reservoirs)}},
+            exit(normal);
+        bound ->
+            exit(normal);
+        {'EXIT', _, _} ->
+            driver_loop(Workers, Count, Phase, Start)
+    end.
+
+gather([], _Deadline, Acc) ->
+    Acc;
+gather(Workers, Deadline, Acc) ->
+    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {reservoir, W, Seen, Samples} ->
+            gather(lists:delete(W, Workers), Deadline, [{Seen, Samples} | Acc])
+    after Wait ->
+        Acc
+    end.
+
+%% Latency percentiles over the workers' reservoirs, each sample weighted by
+%% the completions its reservoir stands for.
+latency(Reservoirs) ->
+    Weighted = lists:sort(lists:append(
+        [[{L, Seen / map_size(S)} || L <- maps:values(S)]
+         || {Seen, S} <- Reservoirs, map_size(S) > 0])),
+    Total = lists:sum([W || {_, W} <- Weighted]),
+    P = fun(Q) -> weighted_percentile(Weighted, Q * Total, 0.0) end,
+    #{n => length(Weighted), p50 => P(0.5), p99 => P(0.99), p999 => P(0.999)}.
+
+weighted_percentile([], _Target, _Acc) -> undefined;
+weighted_percentile([{L, _}], _Target, _Acc) -> float(L);
+weighted_percentile([{L, W} | Rest], Target, Acc) ->
+    case Acc + W >= Target of
+        true -> float(L);
+        false -> weighted_percentile(Rest, Target, Acc + W)
+    end.
+
+unit_context({ets_hot, _}) ->
+    T = ets:new(beamdiag_experiment_hot, [set, public, {write_concurrency, true}]),
+    true = ets:insert(T, [{K, 0} || K <- lists:seq(0, 3)]),
+    T;
+unit_context({ets_sharded, _}) ->
+    N = erlang:system_info(schedulers),
+    list_to_tuple([begin
+                       T = ets:new(beamdiag_experiment_shard,
+                                   [set, public, {write_concurrency, true}]),
+                       true = ets:insert(T, [{K, 0} || K <- lists:seq(0, 3)]),
+                       T
+                   end || _ <- lists:seq(1, N)]);
+unit_context(_) ->
+    undefined.
+
+worker(Unit, Ctx, Count, Phase, K) ->
+    worker(Unit, Ctx, Count, Phase, K, 0, #{}).
+
+worker(Unit, Ctx, Count, Phase, K, Seen, Res) ->
+    case atomics:get(Phase, 1) of
+        2 ->
+            ?DRIVER ! {reservoir, self(), Seen, Res},
+            ok;
+        Ph ->
+            T0 = erlang:monotonic_time(),
+            _ = unit(Unit, Ctx),
+            T1 = erlang:monotonic_time(),
+            counters:add(Count, 1, 1),
+            case Ph of
+                1 ->
+                    Us = erlang:convert_time_unit(T1 - T0, native, microsecond),
+                    S1 = Seen + 1,
+                    Res1 = case S1 =< K of
+                               true -> Res#{S1 => Us};
+                               false ->
+                                   J = rand:uniform(S1),
+                                   case J =< K of
+                                       true -> Res#{J => Us};
+                                       false -> Res
+                                   end
+                           end,
+                    worker(Unit, Ctx, Count, Phase, K, S1, Res1);
+                _ ->
+                    worker(Unit, Ctx, Count, Phase, K, Seen, Res)
+            end
+    end.
+
+unit({wakeup, SleepMs, Work}, _) ->
+    receive
+    after SleepMs -> ok
+    end,
+    hash(Work);
+unit({work, N}, _) ->
+    hash(N);
+unit({ets_hot, N}, T) ->
+    ets_ops(T, N);
+unit({ets_sharded, N}, Ts) ->
+    ets_ops(element(erlang:system_info(scheduler_id), Ts), N);
+unit({mfa, M, F}, _) ->
+    M:F().
+
+hash(0) -> ok;
+hash(N) -> _ = erlang:phash2(N), hash(N - 1).
+
+ets_ops(_T, 0) -> ok;
+ets_ops(T, N) ->
+    _ = ets:update_counter(T, N band 3, 1),
+    ets_ops(T, N - 1).
