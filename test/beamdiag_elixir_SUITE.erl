@@ -1,0 +1,121 @@
+%%% beamdiag from Elixir, as docs/ELIXIR.md shows it: `elixir -pa' on the
+%%% built ebin (the iex way), and a Mix project that takes beamdiag as a
+%%% path dependency compiled by rebar3, offline, without Hex.
+-module(beamdiag_elixir_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([elixir_pa/1, mix_path_dependency/1]).
+
+-define(SNIPPET,
+        "{:ok, d} = :beamdiag.diagnose(%{duration: 1}); "
+        "IO.puts(:beamdiag_format_text.diagnosis(d, %{colour: false})); "
+        "IO.puts(\"findings: #{length(d.findings)}\")").
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [elixir_pa, mix_path_dependency].
+
+init_per_suite(Config) ->
+    Root = filename:dirname(filename:dirname(proplists:get_value(source, ?MODULE:module_info(compile)))),
+    case [os:find_executable(E) || E <- ["elixir", "mix", "rebar3"]] of
+        [Elixir, Mix, Rebar3] when is_list(Elixir), is_list(Mix), is_list(Rebar3) ->
+            [{root, Root}, {elixir, Elixir}, {mix, Mix}, {rebar3, Rebar3} | Config];
+        _ ->
+            {skip, "elixir, mix or rebar3 is not installed (Debian: elixir, rebar3)"}
+    end.
+
+end_per_suite(_Config) ->
+    ok.
+
+%%%===================================================================
+%%% Cases
+%%%===================================================================
+
+%% The iex way: the compiled modules on the code path.
+elixir_pa(Config) ->
+    Ebin = filename:dirname(code:which(beamdiag)),
+    {0, Out} = run(?config(elixir, Config), ["-pa", Ebin, "-e", ?SNIPPET],
+                   ?config(priv_dir, Config), []),
+    ct:log("~ts", [Out]),
+    diagnosis_text(Out).
+
+%% A Mix project with beamdiag as a path dependency, built by rebar3. Mix
+%% 1.14 looks for rebar3 only where `mix local.rebar' puts it or in
+%% MIX_REBAR3, never on the PATH.
+mix_path_dependency(Config) ->
+    Priv = ?config(priv_dir, Config),
+    %% A copy of the sources, so the build leaves the checkout alone.
+    Dep = filename:join(Priv, "beamdiag"),
+    ok = copy_project(?config(root, Config), Dep),
+    App = filename:join(Priv, "demo"),
+    ok = filelib:ensure_dir(filename:join([App, "lib", "x"])),
+    ok = file:write_file(filename:join(App, "mix.exs"), mix_exs(Dep)),
+    ok = file:write_file(filename:join([App, "lib", "demo.ex"]),
+                         "defmodule Demo do\n  def run do\n    " ?SNIPPET "\n  end\nend\n"),
+    Env = [{"MIX_REBAR3", ?config(rebar3, Config)}, {"MIX_ENV", "dev"}, {"HEX_OFFLINE", "1"},
+           {"MIX_HOME", filename:join(Priv, "mix_home")}],
+    {0, Compiled} = run(?config(mix, Config), ["compile"], App, Env),
+    ct:log("mix compile:~n~ts", [Compiled]),
+    {0, Out} = run(?config(mix, Config), ["run", "-e", "Demo.run()"], App, Env),
+    ct:log("mix run:~n~ts", [Out]),
+    diagnosis_text(Out),
+    ?assert(filelib:is_regular(filename:join([App, "_build", "dev", "lib", "beamdiag", "ebin",
+                                              "beamdiag.app"]))).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+diagnosis_text(Out) ->
+    [?assertNotEqual(nomatch, binary:match(Out, T), T)
+     || T <- [<<"beamdiag: ">>, <<"FINDINGS">>, <<"TIME LEDGER">>, <<"findings: ">>]],
+    ok.
+
+mix_exs(Dep) ->
+    ["defmodule Demo.MixProject do\n"
+     "  use Mix.Project\n\n"
+     "  def project do\n"
+     "    [app: :demo, version: \"0.1.0\", elixir: \"~> 1.14\", deps: deps()]\n"
+     "  end\n\n"
+     "  def application, do: [extra_applications: [:logger]]\n\n"
+     "  defp deps do\n"
+     "    [{:beamdiag, path: \"", Dep, "\", manager: :rebar3}]\n"
+     "  end\n"
+     "end\n"].
+
+copy_project(Root, Dest) ->
+    Files = ["rebar.config" | [filename:join("src", F) || F <- list(filename:join(Root, "src"))]] ++
+            [filename:join("include", F) || F <- list(filename:join(Root, "include"))],
+    lists:foreach(
+        fun(F) ->
+            To = filename:join(Dest, F),
+            ok = filelib:ensure_dir(To),
+            {ok, _} = file:copy(filename:join(Root, F), To)
+        end,
+        Files).
+
+list(Dir) ->
+    case file:list_dir(Dir) of
+        {ok, Fs} -> [F || F <- Fs, not filelib:is_dir(filename:join(Dir, F))];
+        {error, _} -> []
+    end.
+
+run(Exe, Args, Dir, Env) ->
+    Port = open_port({spawn_executable, Exe},
+                     [{args, Args}, {cd, Dir}, {env, Env}, exit_status, binary,
+                      stderr_to_stdout, hide]),
+    collect(Port, <<>>, erlang:monotonic_time(millisecond) + 240000).
+
+collect(Port, Acc, Deadline) ->
+    receive
+        {Port, {data, D}} -> collect(Port, <<Acc/binary, D/binary>>, Deadline);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        catch port_close(Port),
+        ct:fail({timeout, Acc})
+    end.
