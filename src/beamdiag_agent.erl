@@ -8,6 +8,13 @@
 %%% hard deadline passes. When it was loaded over distribution it then
 %%% unloads its modules, so nothing of beamdiag stays on the target.
 %%%
+%%% The agent keeps its own cost bounded: the per-thread context-switch
+%%% counts (one more /proc file per thread) are read on the first and last
+%%% tick only, the only ones the ledger takes them from, and when one tick
+%%% costs more than a tenth of the interval (thousands of threads on few
+%%% cores) the agent skips ticks so that sampling stays under 10% of one
+%%% scheduler. The first and the last tick are always taken.
+%%%
 %%% Messages to the caller, all `{beamdiag, Ref, Event}':
 %%% `{start, Info}', `{tick, Sample}' every interval, `{done, Extras}' at
 %%% the end, or `{aborted, Reason}'.
@@ -74,14 +81,16 @@ stop(Pid) ->
 modules() ->
     [?MODULE, beamdiag_proc, beamdiag_cgroup, beamdiag_vm] ++ optional_modules().
 
-%% @doc One sample, as the agent takes it each tick.
+%% @doc One sample, as the agent takes it each tick. `status => false' in
+%% the state skips the per-thread context-switch counts.
 -spec sample(map()) -> sample().
 sample(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}) ->
     T0 = erlang:monotonic_time(microsecond),
+    Status = maps:get(status, State, true),
     Sample = #{
         t => erlang:monotonic_time(nanosecond),
         vm => beamdiag_vm:counters(#{msacc => Msacc}),
-        threads => ok_or_error(beamdiag_proc:threads(Root, OsPid)),
+        threads => ok_or_error(beamdiag_proc:threads(Root, OsPid, #{status => Status})),
         host => ok_or_error(beamdiag_proc:host(Root)),
         cgroup => cgroup(State)
     },
@@ -148,21 +157,34 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, Start, K, Interval, 
             T when T >= Hard ->
                 finish(State, {aborted, deadline});
             _ ->
-                Caller ! {beamdiag, Ref, {tick, sample(State)}},
-                case Next >= End of
+                Last = Next >= End,
+                Sample = sample(State#{status => Last}),
+                Caller ! {beamdiag, Ref, {tick, Sample}},
+                case Last of
                     true -> finish(State, done);
-                    false -> loop(State, Start, K + 1, Interval, End, Hard)
+                    false ->
+                        K2 = next_tick(Sample, Start, K, Interval),
+                        loop(State, Start, K2, Interval, End, Hard)
                 end
         end
     end.
 
+%% The next tick number: the one after K, or later when the tick just taken
+%% was so costly that the next one must wait for sampling to stay under a
+%% tenth of the time.
+next_tick(#{tick_cost_us := Cost}, Start, K, Interval) ->
+    Earliest = erlang:monotonic_time(millisecond) + (Cost * 9) div 1000,
+    max(K + 1, (Earliest - Start + Interval - 1) div Interval).
+
+-spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
     Extras = collect_extras(State),
     restore(Restore, State),
-    case How of
-        done -> Caller ! {beamdiag, Ref, {done, Extras}};
-        {aborted, Why} -> Caller ! {beamdiag, Ref, {aborted, Why}}
-    end,
+    Last = case How of
+               done -> {done, Extras};
+               {aborted, _} = A -> A
+           end,
+    Caller ! {beamdiag, Ref, Last},
     unload(maps:get(unload, maps:get(opts, State), [])),
     exit(normal).
 

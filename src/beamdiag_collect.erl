@@ -15,17 +15,18 @@
 
 -export_type([capture/0]).
 
+%% samples and settings are all the ledger needs; the rest describes the run.
 -type capture() :: #{
-    schema := binary(),
-    node := binary(),
-    settings := map(),
-    interval_ms := pos_integer(),
-    duration_ms := pos_integer(),
-    wall_start_ms := integer(),
     samples := [beamdiag_agent:sample()],
-    extras := map(),
-    complete := boolean(),
-    notes := [binary()],
+    settings := map(),
+    schema => binary(),
+    node => binary(),
+    interval_ms => non_neg_integer(),
+    duration_ms => non_neg_integer(),
+    wall_start_ms => integer(),
+    extras => map(),
+    complete => boolean(),
+    notes => [binary()],
     cgroup_location => map(),
     msacc_was_on => boolean()
 }.

@@ -92,8 +92,9 @@ header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     T = maps:get(totals, L, #{}),
     Cg = maps:get(cgroup, L, #{}),
     [
-        io_lib:format("beamdiag: ~ts, OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
-                      [safe(Node), maps:get(otp_release, S), maps:get(emu_flavor, S),
+        io_lib:format("beamdiag: ~ts~n", [lists:sublist(safe(Node), 68)]),
+        io_lib:format("OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
+                      [maps:get(otp_release, S), maps:get(emu_flavor, S),
                        case maps:get(lock_counting, S, false) of true -> ", lcnt"; _ -> "" end,
                        maps:get(window_s, L, 0.0), length(Samples), Complete]),
         io_lib:format("schedulers ~b/~b online, dirty cpu ~b, dirty io ~b~n"

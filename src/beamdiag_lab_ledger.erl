@@ -118,18 +118,18 @@ blocking(Ms, N, SleepMs) ->
 %%% Internal
 %%%===================================================================
 
-%% Starts an owner process that starts the workers, links to them, and
-%% kills them all after Ms. The owner is unlinked from the caller (a
-%% short-lived call process); the lab node itself dies with its session.
+%% Starts an owner process that starts the workers and kills them all after
+%% Ms. The owner is unlinked from the caller (a short-lived call process);
+%% the lab node itself dies with its session.
 owner(Ms, Start) ->
     Self = self(),
     Ref = make_ref(),
     _ = spawn(fun() ->
         process_flag(trap_exit, true),
-        _ = Start(),
+        Workers = Start(),
         Self ! {Ref, started},
         receive
-        after Ms -> exit(normal)
+        after Ms -> [exit(W, kill) || W <- Workers]
         end
     end),
     receive

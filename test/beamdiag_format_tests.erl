@@ -1,0 +1,63 @@
+-module(beamdiag_format_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+capture(Name) ->
+    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
+    {ok, [C]} = file:consult(File),
+    C.
+
+%% The busy_wait capture widened to 128 schedulers: each recorded scheduler
+%% thread is cloned under new ids and names, with its wall-time counters.
+wide(N) ->
+    C = #{samples := Samples, settings := S} = capture("busy_wait"),
+    Wide = [widen(X, N) || X <- Samples],
+    C#{samples => Wide, settings => S#{schedulers => N, schedulers_online => N,
+                                       dirty_cpu_schedulers => 0}}.
+
+widen(Sample = #{threads := Ts, vm := Vm = #{swt := Swt}}, N) ->
+    [{_, T1}] = [{Tid, T} || {Tid, T = #{name := <<"1_scheduler">>}} <- maps:to_list(Ts)],
+    {1, A, Tot} = lists:keyfind(1, 1, Swt),
+    Others = maps:filter(fun(_, #{name := Nm}) ->
+                             element(1, beamdiag_threads:classify(Nm)) =/= scheduler andalso
+                             element(1, beamdiag_threads:classify(Nm)) =/= dirty_cpu
+                         end, Ts),
+    Scheds = maps:from_list([{1000000 + I, T1#{name => iolist_to_binary([integer_to_list(I), "_scheduler"])}}
+                             || I <- lists:seq(1, N)]),
+    Sample#{threads => maps:merge(Others, Scheds),
+            vm => Vm#{swt => [{I, A, Tot} || I <- lists:seq(1, N)],
+                      run_queues => lists:duplicate(N + 2, 0)}}.
+
+eighty_columns_with_128_schedulers_test() ->
+    D = beamdiag:analyse(wide(128)),
+    ?assertEqual(128, maps:get(n, maps:get(scheduler, maps:get(by_type, maps:get(ledger, D))))),
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+    Lines = binary:split(Text, <<"\n">>, [global]),
+    Long = [L || L <- Lines, string:length(L) > 80],
+    ?assertEqual([], Long),
+    %% By type, not by thread: the report does not grow with the schedulers.
+    ?assert(length(Lines) < 80).
+
+text_has_findings_before_ledger_test() ->
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(beamdiag:analyse(capture("busy_wait")),
+                                                            #{colour => false})),
+    {F, _} = binary:match(Text, <<"FINDINGS">>),
+    {L, _} = binary:match(Text, <<"TIME LEDGER">>),
+    ?assert(F < L),
+    ?assertEqual(nomatch, binary:match(Text, <<"\e[">>)).
+
+colour_only_when_asked_test() ->
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(beamdiag:analyse(capture("busy_wait")),
+                                                            #{colour => true})),
+    ?assertMatch({_, _}, binary:match(Text, <<"\e[">>)).
+
+json_document_test() ->
+    Doc = beamdiag_format_json:document(beamdiag:analyse(capture("busy_wait"))),
+    ?assertEqual(<<"beamdiag.diagnosis/1">>, maps:get(schema, Doc)),
+    [?assert(maps:is_key(K, Doc)) || K <- [node, otp_release, window_s, threads, totals, findings]],
+    [T | _] = maps:get(threads, Doc),
+    [?assert(maps:is_key(K, T)) || K <- [name, type, scheduler_id, busy, on_cpu, user, sys, runq,
+                                          off_cpu, spin, blocked]],
+    [#{id := busy_wait} | _] = maps:get(findings, Doc),
+    %% Encodes, and the settings never carry the emulator's argument vector.
+    Json = iolist_to_binary(beamdiag_format_json:diagnosis(beamdiag:analyse(capture("busy_wait")))),
+    ?assertEqual(nomatch, binary:match(Json, <<"setcookie">>)).
