@@ -8,7 +8,7 @@
 %%% per node, each node's findings, and the outliers: for every ledger
 %%% figure, each node's robust z-score against the cluster, `(x - median) /
 %%% (1.4826 * MAD)', where the MAD (median absolute deviation) has a floor
-%%% (5 points of a share, 0.1 CPUs, 10% of the median rate) so that a
+%%% (5 points of a share, 0.1 CPUs, half the median rate) so that a
 %%% cluster of near-identical nodes does not turn measurement jitter into an
 %%% outlier. |z| >= 3.5 (Iglewicz and Hoaglin's cut-off) marks an outlier;
 %%% it takes at least three answering nodes.
@@ -48,7 +48,7 @@
     {runq, {abs, 0.05}},
     {sys, {abs, 0.05}},
     {blocked, {abs, 0.05}},
-    {reductions_per_s, {rel, 0.10}}
+    {reductions_per_s, {rel, 0.50}}
 ]).
 
 %%%===================================================================
