@@ -284,7 +284,8 @@ format_error({driver, Why}) ->
 %% itself after `bound_ms' or when its starter's node connection goes.
 -spec driver_start(map()) -> ok.
 driver_start(Opts = #{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
-    _ = [{module, M} = code:load_binary(M, F, B) || {M, B, F} <- maps:get(code, Opts, [])],
+    %% A module the node already has (OTP's own, say) is used as it is.
+    _ = [{module, M} = ensure_module(M, B, F) || {M, B, F} <- maps:get(code, Opts, [])],
     Self = self(),
     Ref = make_ref(),
     Pid = spawn(fun() -> driver(Self, Ref, Unit, C, Bound, Res) end),
@@ -691,6 +692,12 @@ unit({ets_sharded, N}, Ts) ->
     ets_ops(element(erlang:system_info(scheduler_id), Ts), N);
 unit({mfa, M, F}, _) ->
     M:F().
+
+ensure_module(M, B, F) ->
+    case code:ensure_loaded(M) of
+        {module, M} -> {module, M};
+        {error, _} -> code:load_binary(M, F, B)
+    end.
 
 hash(0) -> ok;
 hash(N) -> _ = erlang:phash2(N), hash(N - 1).
