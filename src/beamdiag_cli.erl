@@ -129,8 +129,10 @@ commands() ->
 -spec parse(spec(), [string()]) -> {ok, map()} | {error, term()}.
 parse(#{options := Options, positional := Positional}, Args) ->
     Defaults = maps:from_list([{K, D} || #{key := K, default := D} <- Options]),
-    case parse_args(Args, Options, Defaults, []) of
-        {ok, Opts, Pos} -> bind_positional(Positional, lists:reverse(Pos), Opts);
+    %% Defaults go in after parsing, so a repeatable option given on the
+    %% command line replaces its default instead of adding to it.
+    case parse_args(Args, Options, #{}, []) of
+        {ok, Opts, Pos} -> bind_positional(Positional, lists:reverse(Pos), maps:merge(Defaults, Opts));
         {error, _} = E -> E
     end.
 
@@ -184,7 +186,8 @@ optional_commands() ->
             beamdiag_cli_report,
             beamdiag_cli_compare,
             beamdiag_cli_experiment,
-            beamdiag_cli_watch
+            beamdiag_cli_watch,
+            beamdiag_cli_cluster
         ],
         code:ensure_loaded(M) =:= {module, M}
     ].

@@ -36,6 +36,8 @@ spec() ->
               help => "do not turn on microstate accounting"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
               help => "do not count locks even on the lock-counting emulator"},
+            #{key => cluster, long => "--cluster", type => boolean, default => false,
+              help => "diagnose NODE and every node connected to it at once (as beamdiag cluster)"},
             #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
               help => "exit 1 when a finding is at least this severe"}
         ]
@@ -54,6 +56,8 @@ node_options() ->
 
 %% @doc Runs the command.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+run(Opts = #{cluster := true}, IO) ->
+    beamdiag_cli_cluster:run(Opts, IO);
 run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
     case maps:is_key(cookie, Opts) of
         true -> Err("beamdiag: warning: --cookie shows the cookie in the process list; "

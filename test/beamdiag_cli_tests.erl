@@ -54,7 +54,15 @@ bad_node_name_test() ->
 parse_defaults_test() ->
     {ok, O} = beamdiag_cli:parse(beamdiag_cli_diagnose:spec(), ["n@h", "--duration=2.5"]),
     ?assertEqual(#{node => "n@h", duration => 2.5, interval => 1000, json => false,
-                   no_msacc => false, no_locks => false}, O).
+                   no_msacc => false, no_locks => false, cluster => false}, O).
+
+repeatable_option_replaces_its_default_test() ->
+    Spec = #{name => "t", summary => "", example => "", positional => [],
+             options => [#{key => v, long => "--v", type => {list, string}, default => ["d"],
+                           help => ""}]},
+    ?assertEqual({ok, #{v => ["d"]}}, beamdiag_cli:parse(Spec, [])),
+    ?assertEqual({ok, #{v => ["a", "b"]}}, beamdiag_cli:parse(Spec, ["--v", "a", "b"])),
+    ?assertEqual({ok, #{v => ["a", "b"]}}, beamdiag_cli:parse(Spec, ["--v", "a", "--v", "b"])).
 
 control_characters_are_not_echoed_test() ->
     {2, _, Err} = run(["diagnose", "a@b", "--x\e[31m"]),
