@@ -134,10 +134,10 @@ leave(false, _, _) ->
     ok;
 leave(true, Saved, #{out := Out}) ->
     Out("\e[?25h\r\n"),
-    case Saved of
-        error -> _ = stty(["sane"]);
-        _ -> _ = stty([Saved])
-    end,
+    _ = case Saved of
+            error -> stty(["sane"]);
+            _ -> stty([Saved])
+        end,
     ok.
 
 %% stty on the terminal this node reads from (its standard input; ports

@@ -35,6 +35,8 @@
 -define(MAX_COLS, 40).
 -define(MAX_DEPTH, 6).
 -define(MAX_TEXT, 4000).
+%% Columns that name a row go first in generic tables.
+-define(ID_KEYS, ["key", "name", "id", "type", "metric", "label", "variant", "workload"]).
 
 %%%===================================================================
 %%% API
@@ -245,7 +247,10 @@ parts(Row) ->
             Runq = num(maps:get(runq, Row, 0)),
             Run = max(0.0, OnCpu - Spin),
             Idle = max(0.0, W - Run - Spin - Blocked - Runq),
-            maps:map(fun(_, V) -> clamp(V / W) end,
+            %% Counters read microseconds apart can add up to a little more
+            %% than the wall time: scale them down to it.
+            Total = max(W, Run + Spin + Blocked + Runq + Idle),
+            maps:map(fun(_, V) -> clamp(V / Total) end,
                      #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
     end.
 
@@ -575,7 +580,7 @@ rows_table(Rows0, Depth, ShowKey) ->
         "</tr></thead><tbody>\n",
         [["<tr", case maps:get(significant, M, false) of true -> " class=\"sig\""; _ -> "" end, ">",
           case ShowKey of true -> ["<th>", cell_text(key_text(K), 80), "</th>"]; false -> "" end,
-          [["<td>", nested_cell(maps:get(C, M, undefined), Depth), "</td>"] || C <- Cols],
+          [[td(V), nested_cell(V, Depth), "</td>"] || C <- Cols, V <- [maps:get(C, M, undefined)]],
           "</tr>\n"] || {K, M} <- Rows],
         "</tbody></table>\n",
         case length(Rows0) > ?MAX_ROWS of
@@ -593,7 +598,13 @@ columns(Maps) ->
                        end, [], lists:sublist(Maps, 50)),
     IsScalar = fun(K) -> lists:all(fun(M) -> scalar(maps:get(K, M, null)) end, Maps) end,
     {S, N} = lists:partition(IsScalar, Keys),
-    lists:sublist(S ++ N, ?MAX_COLS).
+    {Ids, Rest} = lists:partition(fun(K) -> lists:member(key_text(K), ?ID_KEYS) end, S),
+    lists:sublist(Ids ++ Rest ++ N, ?MAX_COLS).
+
+%% Numbers right-aligned, text left.
+td(V) when is_number(V) -> "<td>";
+td({A, B}) when is_number(A), is_number(B) -> "<td>";
+td(_) -> "<td class=\"t\">".
 
 nested_cell(undefined, _) -> "";
 nested_cell(V, Depth) ->
@@ -787,6 +798,7 @@ table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top;max-width:520px;overflow-wrap:anywhere}
 thead th{background:var(--panel);font-weight:600}
 table.num td{text-align:right;font-variant-numeric:tabular-nums}
+table.num td.t{text-align:left}
 table.kv th{font-weight:500;color:var(--muted)}
 td.bar{width:220px;min-width:160px}
 .hbar{display:flex;height:12px;border-radius:2px;overflow:hidden;background:var(--idle)}

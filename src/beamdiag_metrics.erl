@@ -236,7 +236,13 @@ handle_info(tick, S = #{sampler := Sampler, last := Last, tab := Tab, interval :
         undefined ->
             ok;
         _ ->
-            Capture = #{samples => [Last, Sample], settings => beamdiag_vm:settings(),
+            #{t := T0} = Last,
+            #{t := T1} = Sample,
+            Capture = #{schema => <<"beamdiag.capture/1">>, node => atom_to_binary(node()),
+                        settings => beamdiag_vm:settings(), interval_ms => I,
+                        duration_ms => max(1, (T1 - T0) div 1000000),
+                        wall_start_ms => erlang:system_time(millisecond),
+                        samples => [Last, Sample], extras => #{}, complete => true,
                         notes => []},
             Text = iolist_to_binary([text(beamdiag_ledger:build(Capture)),
                                      metric(beamdiag_sample_cost_seconds,
@@ -348,7 +354,10 @@ parts(Row) ->
     Run = max(0.0, field(on_cpu, Row) - Spin),
     Idle = max(0.0, W - Run - Spin - Blocked - Runq),
     Vs = #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle},
-    [{S, ratio(maps:get(S, Vs), W)} || S <- ?STATES].
+    %% The OS and BEAM counters are read microseconds apart: when they add
+    %% up to a little more than the wall time, scale them down to it.
+    Total = max(W, Run + Spin + Blocked + Runq + Idle),
+    [{S, ratio(maps:get(S, Vs), Total)} || S <- ?STATES].
 
 msacc_metrics(#{by_type := ByType}, W) when map_size(ByType) > 0 ->
     [

@@ -31,7 +31,8 @@
     info := map() | undefined,
     samples := [beamdiag_agent:sample()],
     window := pos_integer(),
-    ticks := non_neg_integer()
+    ticks := non_neg_integer(),
+    interval := pos_integer()
 }.
 
 -define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false}).
@@ -178,7 +179,8 @@ start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := 
         {ok, Agent, Ref} ->
             {ok, #{node => Node, agent => Agent, ref => Ref,
                    mref => erlang:monitor(process, Agent), loaded => Loaded,
-                   info => undefined, samples => [], window => W, ticks => 0}};
+                   info => undefined, samples => [], window => W, ticks => 0,
+                   interval => I}};
         {error, Why} ->
             beamdiag_remote:unload(Node, Loaded),
             {error, {beamdiag_watch, {agent_start, Node, Why}}}
@@ -188,14 +190,17 @@ start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := 
 push(Sample, S = #{samples := Samples, window := W, ticks := T}) ->
     S#{samples => lists:sublist([Sample | Samples], W), ticks => T + 1}.
 
-diagnosis(#{info := Info, samples := Samples}) when is_map(Info), length(Samples) >= 2 ->
+diagnosis(#{info := Info, samples := Samples, interval := I}) when is_map(Info),
+                                                                  length(Samples) >= 2 ->
     Ordered = lists:reverse(Samples),
+    #{t := T0} = hd(Ordered),
+    #{t := T1} = lists:last(Ordered),
     Capture = #{
         schema => <<"beamdiag.capture/1">>,
         node => maps:get(node, Info),
         settings => maps:get(settings, Info),
-        interval_ms => 0,
-        duration_ms => 0,
+        interval_ms => I,
+        duration_ms => max(1, (T1 - T0) div 1000000),
         wall_start_ms => maps:get(wall_start_ms, Info),
         samples => Ordered,
         extras => #{},
@@ -302,7 +307,10 @@ parts(Row) ->
             Runq = num(maps:get(runq, Row, 0)),
             Run = max(0.0, num(maps:get(on_cpu, Row, 0)) - Spin),
             Idle = max(0.0, W - Run - Spin - Blocked - Runq),
-            maps:map(fun(_, V) -> max(0.0, min(1.0, V / W)) end,
+            %% Counters read microseconds apart can add up to a little more
+            %% than the wall time: scale them down to it.
+            Total = max(W, Run + Spin + Blocked + Runq + Idle),
+            maps:map(fun(_, V) -> max(0.0, min(1.0, V / Total)) end,
                      #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
     end.
 

@@ -88,7 +88,23 @@ generic_results(Config) ->
     ?assertEqual(0, count(C, <<"<i>x">>)),
     #{errors := 0} = browse(<<"compare">>, C, Config),
     #{errors := 0} = browse(<<"experiment">>, E, Config),
-    ok.
+    real_compare(Config).
+
+%% What beamdiag_compare really returns, when this build has it.
+real_compare(Config) ->
+    case erlang:function_exported(beamdiag_compare, compare, 2) orelse
+         (code:ensure_loaded(beamdiag_compare) =:= {module, beamdiag_compare} andalso
+          erlang:function_exported(beamdiag_compare, compare, 2)) of
+        true ->
+            {ok, A} = beamdiag:diagnose(#{duration => 1, interval => 200}),
+            {ok, B} = beamdiag:diagnose(#{duration => 1, interval => 200}),
+            R = beamdiag_compare:compare(A, B),
+            Html = iolist_to_binary(beamdiag_format_html:compare(R)),
+            #{errors := 0} = browse(<<"compare_real">>, Html, Config),
+            ok;
+        false ->
+            {comment, "beamdiag_compare is not in this build"}
+    end.
 
 %%%===================================================================
 %%% Internal
