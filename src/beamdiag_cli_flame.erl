@@ -110,9 +110,15 @@ profile(Node, Opts, #{err := Err}) ->
                          perf => maps:get(perf, Opts, undefined)},
             case beamdiag_perf:record(OsPid, PerfOpts) of
                 {ok, Rec = #{script := Script}} ->
+                    %% Frame-pointer chains are garbage rootwards of the
+                    %% first unknown frame: keep the leafward part.
+                    Unknown = case maps:get(call_graph, Opts, dwarf) of
+                        fp -> cut;
+                        _ -> keep
+                    end,
                     FoldOpts = case filelib:is_regular(MapFile) of
-                        true -> #{perf_map => MapFile};
-                        false -> #{}
+                        true -> #{perf_map => MapFile, unknown => Unknown};
+                        false -> #{unknown => Unknown}
                     end,
                     case beamdiag_fold:fold_file(Script, FoldOpts) of
                         {ok, P} ->

@@ -11,6 +11,8 @@
 %%% `term_to_binary(T, [{compressed, 6}])', and workers GET a value and
 %%% `binary_to_term' it on every request, as the field report's service did.</li>
 %%% <li>`atom_decode': the same decode in a loop, no Redis.</li>
+%%% <li>`erlang_cpu': plain Erlang work (sorting, small maps), for the
+%%% Erlang-level sampler.</li>
 %%% </ul>
 %%%
 %%% The start function returns at once; the workload stops by itself after
@@ -48,6 +50,7 @@
     load := {module(), atom(), [term()]},
     modules => [module()]
 }.
+-type name() :: redis_cache | atom_decode | erlang_cpu.
 -type redis() :: #{port := inet:port_number(), os_pid := non_neg_integer(), erl_port := port()}.
 
 -define(MAX_DURATION, 600).
@@ -78,6 +81,16 @@ scenarios() ->
             emu_args => ["+JPperf", "true"],
             load => {?MODULE, start, [atom_decode, '$duration_ms']},
             modules => [?MODULE]
+        },
+        #{
+            name => erlang_cpu,
+            summary =>
+                <<"Workers sort lists and build small maps in plain Erlang: a CPU-bound "
+                  "node whose profile is Erlang code, for the Erlang-level sampler and "
+                  "its overhead.">>,
+            emu_args => ["+JPperf", "true"],
+            load => {?MODULE, start, [erlang_cpu, '$duration_ms']},
+            modules => [?MODULE]
         }
     ].
 
@@ -86,11 +99,11 @@ scenarios() ->
 %% online schedulers), `atoms' (distinct atoms per term, default 20000),
 %% `keys' (Redis keys, default 8), `owner' (a pid; the workload stops when
 %% it dies; default the caller's group leader).
--spec start(redis_cache | atom_decode, map() | pos_integer()) ->
+-spec start(name(), map() | pos_integer()) ->
     {ok, pid()} | {error, {?MODULE, term()}}.
 start(Name, DurationMs) when is_integer(DurationMs) ->
     start(Name, #{duration => max(1, min(?MAX_DURATION, (DurationMs + 999) div 1000))});
-start(Name, Opts0) when Name =:= redis_cache; Name =:= atom_decode ->
+start(Name, Opts0) when Name =:= redis_cache; Name =:= atom_decode; Name =:= erlang_cpu ->
     Opts = maps:merge(
         #{duration => 60, workers => erlang:system_info(schedulers_online), atoms => 20000,
           keys => 8, owner => group_leader()},
@@ -116,7 +129,7 @@ start(Name, Opts0) when Name =:= redis_cache; Name =:= atom_decode ->
 %% @doc Like `start/2', after loading the modules whose object code is
 %% given (`{Module, Binary, File}' from `code:get_object_code/1') when this
 %% node does not have them: the lab loads only the scenario's own module.
--spec start(redis_cache | atom_decode, map() | pos_integer(),
+-spec start(name(), map() | pos_integer(),
             {module(), binary(), file:filename()} | error) ->
     {ok, pid()} | {error, {?MODULE, term()}}.
 start(Name, Opts, {Mod, Bin, File}) ->
@@ -133,7 +146,7 @@ start(Name, Opts, error) ->
     start(Name, Opts).
 
 %% @doc Stops a running scenario (and its redis-server).
--spec stop(redis_cache | atom_decode) -> ok.
+-spec stop(name()) -> ok.
 stop(Name) ->
     case whereis(reg(Name)) of
         undefined -> ok;
@@ -144,7 +157,7 @@ stop(Name) ->
     end.
 
 %% @doc Requests (GET + decode, or decodes) done so far by a running scenario.
--spec ops(redis_cache | atom_decode) -> non_neg_integer().
+-spec ops(name()) -> non_neg_integer().
 ops(Name) ->
     case persistent_term:get({?MODULE, Name}, undefined) of
         undefined -> 0;
@@ -153,7 +166,7 @@ ops(Name) ->
 
 %% @doc The OS pid of a running scenario's redis-server (that of its
 %% `timeout' wrapper when there is one), or `undefined'.
--spec redis_os_pid(redis_cache | atom_decode) -> non_neg_integer() | undefined.
+-spec redis_os_pid(name()) -> non_neg_integer() | undefined.
 redis_os_pid(Name) ->
     persistent_term:get({?MODULE, Name, redis}, undefined).
 
@@ -224,7 +237,8 @@ format_error({redis, R}) -> ["Redis: ", beamdiag_resp:format_error(R)].
 %%%===================================================================
 
 reg(redis_cache) -> beamdiag_lab_cache_redis_cache;
-reg(atom_decode) -> beamdiag_lab_cache_atom_decode.
+reg(atom_decode) -> beamdiag_lab_cache_atom_decode;
+reg(erlang_cpu) -> beamdiag_lab_cache_erlang_cpu.
 
 controller(Name, Opts = #{duration := D, workers := W, owner := Owner}, Caller) ->
     process_flag(trap_exit, true),
@@ -259,6 +273,8 @@ wait(OwnerMon) ->
         {'EXIT', _, Reason} -> logger:warning("beamdiag_lab_cache: worker died: ~p", [Reason])
     end.
 
+setup(erlang_cpu, _Opts) ->
+    {ok, fun(Ops) -> cpu_loop(Ops) end, fun() -> ok end};
 setup(atom_decode, #{atoms := N}) ->
     Bin = term_to_binary(atom_term(N), [{compressed, 6}]),
     {ok, fun(Ops) -> decode_loop(Bin, Ops) end, fun() -> ok end};
@@ -302,6 +318,13 @@ seed(Port, N, K) ->
         {error, {_, R}} ->
             {error, {?MODULE, {redis, R}}}
     end.
+
+cpu_loop(Ops) ->
+    L = [rand:uniform(1000) || _ <- lists:seq(1, 200)],
+    M = lists:foldl(fun(X, A) -> A#{X rem 32 => X} end, #{}, lists:sort(L)),
+    _ = map_size(M),
+    counters:add(Ops, 1, 1),
+    cpu_loop(Ops).
 
 decode_loop(Bin, Ops) ->
     _ = binary_to_term(Bin),

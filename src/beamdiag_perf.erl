@@ -9,10 +9,11 @@
 %%% perf attaches to a process id of the machine it runs on, so this must
 %%% run on the same host as the target node (or in the same container /
 %%% PID namespace). The call chains come from DWARF unwinding by default:
-%%% on OTP 25 neither the JIT code nor Debian's emulator keeps frame
-%%% pointers, and frame-pointer chains walk into heap data (see
-%%% docs/PROFILING.md). Start the node with `+JPperf true' (or `map') so
-%%% that perf can name JIT code from `/tmp/perf-PID.map'.
+%%% Debian's emulator is built without frame pointers, so frame-pointer
+%%% chains that pass through its C code walk into heap data and come out
+%%% as `[unknown]' frames (see docs/PROFILING.md). Start the node with
+%%% `+JPperf true' (or `map') so that perf can name JIT code from
+%%% `/tmp/perf-PID.map'.
 %%%
 %%% ```
 %%% 1> {ok, R} = beamdiag_perf:record(list_to_integer(os:getpid()),

@@ -39,7 +39,8 @@
     refresh => pos_integer(),
     max_list => pos_integer(),
     depth => pos_integer(),
-    max_stacks => pos_integer()
+    max_stacks => pos_integer(),
+    askers => pos_integer()
 }.
 -type result() :: #{
     stacks := #{[binary()] => pos_integer()},
@@ -47,6 +48,7 @@
     ticks := non_neg_integer(),
     looked_at := non_neg_integer(),
     list_reads := non_neg_integer(),
+    skipped_ticks := non_neg_integer(),
     process_count := non_neg_integer(),
     duration_ms := non_neg_integer()
 }.
@@ -57,18 +59,19 @@
 %%% API
 %%%===================================================================
 
-%% @doc 10 s at 97 Hz, 500 processes a tick, the process list re-read at
+%% @doc 10 s at 97 Hz, 200 processes a tick, the process list re-read at
 %% most every 10 s and only while the node has at most 100,000 processes.
 -spec defaults() -> options().
 defaults() ->
     #{
         duration => 10,
         frequency => 97,
-        per_tick => 500,
+        per_tick => 200,
         refresh => 10,
         max_list => 100000,
         depth => 64,
-        max_stacks => 50000
+        max_stacks => 50000,
+        askers => 4
     }.
 
 %% @doc Samples this node; returns when `duration' has passed.
@@ -92,15 +95,32 @@ run(Opts0) ->
         samples => 0,
         ticks => 0,
         looked_at => 0,
-        list_reads => 0
+        list_reads => 0,
+        idle => [],
+        busy => 0,
+        skipped => 0
     },
-    St = loop(Now, St0),
+    %% High priority so that ticks stay on time on a busy node; the old
+    %% priority is put back. The askers call process_info: a running
+    %% process answers only at its next signal check, which can be tens of
+    %% milliseconds into a long BIF, so the sampler itself never waits.
+    Old = process_flag(priority, high),
+    Self = self(),
+    #{askers := NA, depth := Depth} = Opts,
+    Askers = [spawn_link(fun() -> asker(Self, Depth) end) || _ <- lists:seq(1, NA)],
+    St = try
+        drain(loop(Now, St0#{idle := Askers, askers => Askers}), 1000)
+    after
+        [begin unlink(A), exit(A, kill) end || A <- Askers],
+        process_flag(priority, Old)
+    end,
     #{
         stacks => maps:get(stacks, St),
         samples => maps:get(samples, St),
         ticks => maps:get(ticks, St),
         looked_at => maps:get(looked_at, St),
         list_reads => maps:get(list_reads, St),
+        skipped_ticks => maps:get(skipped, St),
         process_count => erlang:system_info(process_count),
         duration_ms => (erlang:monotonic_time(microsecond) - Now) div 1000
     }.
@@ -161,12 +181,40 @@ loop(Now, St = #{stop := Stop}) when Now >= Stop ->
 loop(Now, St0 = #{interval := I}) ->
     St = tick(refresh(Now, St0)),
     Next = Now + I,
-    After = erlang:monotonic_time(microsecond),
-    Wait = max(0, (Next - After) div 1000),
+    loop(Next, results(Next, St)).
+
+%% Takes the askers' answers until the next tick is due.
+results(Next, St) ->
+    Wait = max(0, (Next - erlang:monotonic_time(microsecond)) div 1000),
     receive
-    after Wait -> ok
-    end,
-    loop(max(Next, erlang:monotonic_time(microsecond)), St).
+        {found, Asker, Found} ->
+            results(Next, found(Asker, Found, St))
+    after Wait ->
+        St
+    end.
+
+%% Waits a little for answers still out at the end.
+drain(St = #{busy := 0}, _) ->
+    St;
+drain(St, Ms) ->
+    receive
+        {found, Asker, Found} -> drain(found(Asker, Found, St), Ms)
+    after Ms ->
+        St
+    end.
+
+found(Asker, Found, St = #{idle := Idle, busy := B, hot := Hot}) ->
+    St2 = lists:foldl(fun({_Pid, Key}, Acc) -> count(Key, Acc) end, St, Found),
+    NewHot = lists:sublist(lists:usort([P || {P, _} <- Found] ++ Hot), ?HOT_MAX),
+    St2#{idle := [Asker | Idle], busy := B - 1, hot := NewHot}.
+
+asker(Sampler, Depth) ->
+    receive
+        {look, Pids} ->
+            Found = lists:filtermap(fun(P) -> look(P, Depth) end, Pids),
+            Sampler ! {found, self(), Found},
+            asker(Sampler, Depth)
+    end.
 
 %% Re-reads the process list when it is due and the node is small enough;
 %% a big node keeps its first snapshot.
@@ -185,19 +233,41 @@ refresh(Now, St = #{next_refresh := NR, snapshot := Snap, opts := Opts}) when No
 refresh(_Now, St) ->
     St.
 
-tick(St = #{snapshot := Snap, cursor := Cur, hot := Hot, opts := #{per_tick := PT}}) ->
+%% Hands this tick's candidates to the idle askers; with none idle the
+%% tick is skipped (counted).
+tick(St = #{idle := []}) ->
+    St#{ticks := maps:get(ticks, St) + 1, skipped := maps:get(skipped, St) + 1};
+tick(St = #{snapshot := Snap, cursor := Cur, hot := Hot, idle := Idle, busy := B,
+            askers := Askers, opts := #{per_tick := PT}}) ->
     Size = tuple_size(Snap),
     N = min(max(0, PT - length(Hot)), Size),
     {Window, Cur2} = window(Snap, Cur, N, Size, []),
     Self = self(),
-    Candidates = lists:usort(Hot ++ Window) -- [Self],
-    {St2, NewHot} = lists:foldl(fun look/2, {St, []}, Candidates),
-    St2#{
+    Candidates = lists:usort(Hot ++ Window) -- [Self | Askers],
+    Batches = split(Candidates, length(Idle)),
+    {Used, Rest} = lists:split(length(Batches), Idle),
+    [A ! {look, Batch} || {A, Batch} <- lists:zip(Used, Batches)],
+    St#{
         cursor := Cur2,
-        hot := lists:sublist(NewHot, ?HOT_MAX),
-        ticks := maps:get(ticks, St2) + 1,
-        looked_at := maps:get(looked_at, St2) + length(Candidates)
+        hot := [],
+        idle := Rest,
+        busy := B + length(Used),
+        ticks := maps:get(ticks, St) + 1,
+        looked_at := maps:get(looked_at, St) + length(Candidates)
     }.
+
+%% Up to N non-empty batches of about equal size.
+split([], _) ->
+    [];
+split(L, N) ->
+    Size = (length(L) + N - 1) div N,
+    split_n(L, Size).
+
+split_n([], _) -> [];
+split_n(L, Size) when length(L) =< Size -> [L];
+split_n(L, Size) ->
+    {H, T} = lists:split(Size, L),
+    [H | split_n(T, Size)].
 
 window(_Snap, Cur, 0, _Size, Acc) ->
     {Acc, Cur};
@@ -206,20 +276,21 @@ window(Snap, Cur, N, Size, Acc) when Cur > Size ->
 window(Snap, Cur, N, Size, Acc) ->
     window(Snap, Cur + 1, N - 1, Size, [element(Cur, Snap) | Acc]).
 
-look(P, {St, Hot}) ->
+look(P, Depth) ->
     case erlang:process_info(P, status) of
         {status, S} when S =:= running; S =:= runnable ->
             case erlang:process_info(P, current_stacktrace) of
-                {current_stacktrace, Stack} -> {count(Stack, St), [P | Hot]};
-                undefined -> {St, Hot}
+                {current_stacktrace, Stack} ->
+                    Frames = [frame(F) || F <- lists:sublist(Stack, Depth)],
+                    {true, {P, [<<"erlang">> | lists:reverse(Frames)]}};
+                undefined ->
+                    false
             end;
         _ ->
-            {St, Hot}
+            false
     end.
 
-count(Stack, St = #{stacks := Stacks, samples := N, opts := #{depth := D, max_stacks := Max}}) ->
-    Frames = [frame(F) || F <- lists:sublist(Stack, D)],
-    Key = [<<"erlang">> | lists:reverse(Frames)],
+count(Key, St = #{stacks := Stacks, samples := N, opts := #{max_stacks := Max}}) ->
     Stacks2 = case Stacks of
         #{Key := C} -> Stacks#{Key := C + 1};
         _ when map_size(Stacks) < Max -> Stacks#{Key => 1};
@@ -230,7 +301,11 @@ count(Stack, St = #{stacks := Stacks, samples := N, opts := #{depth := D, max_st
 frame({M, F, A, _}) when is_list(A) ->
     frame({M, F, length(A), []});
 frame({M, F, A, _}) ->
-    <<(atom_to_binary(M))/binary, ":", (atom_to_binary(F))/binary, "/",
-      (integer_to_binary(A))/binary>>;
+    Name = <<(atom_to_binary(M))/binary, ":", (atom_to_binary(F))/binary, "/",
+             (integer_to_binary(A))/binary>>,
+    case binary:match(Name, [<<";">>, <<"\n">>]) of
+        nomatch -> Name;
+        _ -> binary:replace(Name, [<<";">>, <<"\n">>], <<"_">>, [global])
+    end;
 frame(_) ->
     <<"[unknown]">>.

@@ -1,0 +1,75 @@
+#!/usr/bin/env escript
+%% Folding speed on a large real capture.
+%%
+%% Records a real BEAM node (+JPperf true, the atom_decode lab workload)
+%% with perf at 999 Hz: frame-pointer call chains (long, mostly unique
+%% stacks: the folder's worst case) and DWARF call chains (short, repeating
+%% stacks), then repeats the two real script texts until the file holds at
+%% least 100 MB, folds it and prints MB/s. Needs root (or
+%% perf_event_paranoid <= 1) and `rebar3 compile'.
+%%
+%% Usage: bench/fold_bench.escript [CAPTURE_FILE]
+%%   with a file: folds that file instead of recording one.
+-mode(compile).
+
+main(Args) ->
+    Ebin = filename:join([filename:dirname(escript:script_name()), "..", "_build", "default",
+                          "lib", "beamdiag", "ebin"]),
+    true = code:add_patha(Ebin),
+    File = case Args of
+        [F] -> F;
+        [] -> make_capture(Ebin)
+    end,
+    Size = filelib:file_size(File),
+    io:format("capture: ~s, ~.1f MB~n", [File, Size / 1.0e6]),
+    Workers = erlang:system_info(schedulers_online),
+    [run(File, Size, W) || W <- lists:usort([Workers, 1])],
+    ok.
+
+run(File, Size, Workers) ->
+    %% Best of three: the machine may be shared.
+    Rs = [once(File, Workers) || _ <- [1, 2, 3]],
+    {Ms, CpuMs, P} = lists:min(Rs),
+    S = beamdiag_fold:summary(P),
+    io:format("fold: ~b worker(s): ~.1f MB/s wall (~b ms), ~.1f MB per CPU second; "
+              "~b samples, ~b distinct stacks, [unknown] in ~.1f% of samples~n",
+              [Workers, Size / 1.0e6 / (Ms / 1000), Ms, Size / 1.0e6 / (max(CpuMs, 1) / 1000),
+               maps:get(samples, S), maps:get(distinct_stacks, S),
+               100 * maps:get(unknown_share, S)]).
+
+once(File, Workers) ->
+    erlang:garbage_collect(),
+    {C0, _} = statistics(runtime),
+    T0 = erlang:monotonic_time(millisecond),
+    {ok, P} = beamdiag_fold:fold_file(File, #{workers => Workers}),
+    T1 = erlang:monotonic_time(millisecond),
+    {C1, _} = statistics(runtime),
+    {T1 - T0, C1 - C0, P}.
+
+make_capture(Ebin) ->
+    Dir = filename:join("/tmp", "beamdiag_fold_bench_" ++ os:getpid()),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+                                      args => ["+JPperf", "true", "-pa", Ebin]}),
+    {ok, _} = peer:call(Peer, beamdiag_lab_cache, start,
+                        [atom_decode, #{duration => 60, owner => undefined}]),
+    OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+    timer:sleep(1000),
+    Texts = [begin
+                 D = filename:join(Dir, atom_to_list(CG)),
+                 {ok, #{script := S}} = beamdiag_perf:record(
+                     OsPid, #{duration => Secs, frequency => 999, call_graph => CG, dir => D}),
+                 io:format("recorded ~s: ~.1f MB of perf script text~n",
+                           [CG, filelib:file_size(S) / 1.0e6]),
+                 S
+             end || {CG, Secs} <- [{fp, 15}, {dwarf, 10}]],
+    peer:stop(Peer),
+    {ok, Parts} = {ok, [begin {ok, B} = file:read_file(T), B end || T <- Texts]},
+    One = iolist_to_binary(Parts),
+    Copies = (100000000 div byte_size(One)) + 1,
+    Out = filename:join(Dir, "capture.txt"),
+    {ok, Fd} = file:open(Out, [write, raw, binary]),
+    [ok = file:write(Fd, One) || _ <- lists:seq(1, Copies)],
+    ok = file:close(Fd),
+    io:format("real text ~.1f MB, repeated ~b times~n", [byte_size(One) / 1.0e6, Copies]),
+    Out.

@@ -1,0 +1,235 @@
+%%% Native and Erlang-level profiles of real nodes: a peer started with
+%%% +JPperf true runs a cache lab workload, perf records it through
+%%% beamdiag_perf, the folder and the rules explain it. Raw signals are
+%%% asserted before findings.
+-module(beamdiag_profile_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
+-export([atom_decode_perf/1, redis_cache_perf/1, erlang_sampler/1, perf_errors/1,
+         flame_cli/1]).
+
+all() ->
+    [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli].
+
+init_per_suite(Config) ->
+    case os:find_executable("perf") of
+        false -> {skip, "perf is not installed"};
+        _ -> Config
+    end.
+
+end_per_suite(_Config) ->
+    ok.
+
+init_per_testcase(perf_errors, Config) ->
+    Config;
+init_per_testcase(flame_cli, Config) ->
+    case ensure_distributed() of
+        ok -> start_dist_node(Config);
+        {error, Why} -> {skip, io_lib:format("no distribution: ~p", [Why])}
+    end;
+init_per_testcase(redis_cache_perf, Config) ->
+    case os:find_executable("redis-server") of
+        false -> {skip, "redis-server is not installed"};
+        _ -> start_lab(redis_cache, Config, [])
+    end;
+init_per_testcase(_, Config) ->
+    start_lab(atom_decode, Config, []).
+
+end_per_testcase(_, Config) ->
+    case ?config(peer, Config) of
+        undefined -> ok;
+        Peer -> catch peer:stop(Peer)
+    end,
+    case ?config(dist_node, Config) of
+        undefined -> ok;
+        Node -> catch erpc:call(Node, erlang, halt, [], 5000)
+    end,
+    ok.
+
+%%% Cases
+
+%% Expected failures come back as values with a sentence.
+perf_errors(_Config) ->
+    {error, {beamdiag_perf, Gone = {target_gone, _}}} = beamdiag_perf:record(999999999, #{}),
+    {error, {beamdiag_perf, NoPerf}} = beamdiag_perf:record(1, #{perf => "/nonexistent/perf"}),
+    {error, {beamdiag_perf, {bad_option, duration, 0}}} = beamdiag_perf:record(1, #{duration => 0}),
+    [?assert(is_binary(iolist_to_binary(beamdiag_perf:format_error(R)))) || R <- [Gone, NoPerf]],
+    ok.
+
+atom_decode_perf(Config) ->
+    P = record(Config, 5),
+    S = beamdiag_fold:summary(P),
+    ct:pal("summary: ~p~n~s", [S, beamdiag_fold:format_top("top", beamdiag_fold:top(P, #{}))]),
+    %% Raw signal first: most samples decode atoms, and perf could place
+    %% (nearly) every frame.
+    ?assert(maps:get(samples, S) >= 100),
+    Decode = share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erts_atom_put_index">>,
+                            <<"erl_zlib_inflate_chunk">>]),
+    ct:pal("binary_to_term frames in ~.1f% of samples, [unknown] in ~.1f%",
+           [100 * Decode, 100 * maps:get(unknown_share, S)]),
+    ?assert(Decode > 0.5),
+    ?assert(maps:get(unknown_share, S) < 0.05),
+    %% Then the finding.
+    Findings = beamdiag_profile_rules:findings(P, #{}),
+    [F | _] = [X || X = #{metrics := #{family := <<"atom_decode">>}} <- Findings],
+    ?assertMatch(#{id := hot_function}, F),
+    ?assert(beamdiag_finding:at_least(F, warning)),
+    %% The flame graph of the real profile is well-formed XML.
+    Svg = filename:join(?config(priv_dir, Config), "flame.svg"),
+    ok = file:write_file(Svg, beamdiag_flamegraph:svg(P, #{title => <<"atom_decode">>})),
+    {_, _} = xmerl_scan:file(Svg, [{quiet, true}]),
+    ok.
+
+redis_cache_perf(Config) ->
+    Peer = ?config(peer, Config),
+    RedisPid = peer:call(Peer, beamdiag_lab_cache, redis_os_pid, [redis_cache]),
+    ?assert(is_integer(RedisPid)),
+    ?assert(alive(RedisPid)),
+    Ops0 = peer:call(Peer, beamdiag_lab_cache, ops, [redis_cache]),
+    P = record(Config, 5),
+    Ops1 = peer:call(Peer, beamdiag_lab_cache, ops, [redis_cache]),
+    S = beamdiag_fold:summary(P),
+    Decode = share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erts_atom_put_index">>,
+                            <<"erl_zlib_inflate_chunk">>]),
+    ct:pal("GET+decode: ~b in 5 s; binary_to_term frames in ~.1f% of samples, [unknown] in ~.1f%",
+           [Ops1 - Ops0, 100 * Decode, 100 * maps:get(unknown_share, S)]),
+    ?assert(Ops1 > Ops0),
+    ?assert(Decode > 0.3),
+    ?assert(maps:get(unknown_share, S) < 0.05),
+    ?assertMatch([_ | _], [X || X = #{metrics := #{family := <<"atom_decode">>}}
+                                <- beamdiag_profile_rules:findings(P, #{})]),
+    %% Stopping the scenario stops redis-server.
+    ok = peer:call(Peer, beamdiag_lab_cache, stop, [redis_cache]),
+    ok = wait_dead(RedisPid, 50),
+    ok.
+
+erlang_sampler(Config) ->
+    Peer = ?config(peer, Config),
+    {Mod, Bin, File} = code:get_object_code(beamdiag_sampler),
+    {module, Mod} = peer:call(Peer, code, load_binary, [Mod, File, Bin]),
+    R = peer:call(Peer, beamdiag_sampler, run, [#{duration => 3, frequency => 97}], 60000),
+    #{stacks := Stacks, samples := N, ticks := Ticks, looked_at := Looked} = R,
+    ct:pal("sampler: ~b samples in ~b ticks, ~b processes looked at", [N, Ticks, Looked]),
+    ?assert(Ticks > 100),
+    ?assert(N > 0),
+    ?assert(Looked =< Ticks * 200),
+    P = beamdiag_fold:from_counts(Stacks),
+    ?assert(share_with(P, [<<"beamdiag_lab_cache:decode_loop/2">>, <<"erlang:binary_to_term/1">>]) > 0.5),
+    ok.
+
+%% The command end to end over distribution.
+flame_cli(Config) ->
+    Node = ?config(node, Config),
+    Out = filename:join(?config(priv_dir, Config), "flame_cli"),
+    Self = self(),
+    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
+           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
+           colour => false},
+    {ok, Opts} = beamdiag_cli:parse(beamdiag_cli_flame:spec(),
+                                    [atom_to_list(Node), "--duration", "4", "--out", Out,
+                                     "--cookie", atom_to_list(erlang:get_cookie())]),
+    Code = beamdiag_cli_flame:run(Opts, IO),
+    Printed = iolist_to_binary(collect(out)),
+    ct:pal("exit ~b~n~s~s", [Code, Printed, collect(err)]),
+    0 = Code,
+    [true = filelib:is_regular(filename:join(Out, F)) || F <- ["profile.folded", "flame.svg", "top.txt"]],
+    {_, _} = xmerl_scan:file(filename:join(Out, "flame.svg"), [{quiet, true}]),
+    {_, _} = binary:match(Printed, <<"[unknown] frames in">>),
+    {_, _} = binary:match(Printed, <<"binary_to_term decoding atoms">>),
+    ok.
+
+%%% Helpers
+
+start_lab(Scenario, Config, _Opts) ->
+    {ok, Peer, Node} = peer:start_link(#{connection => standard_io, args => ["+JPperf", "true"],
+                                         wait_boot => 30000}),
+    [begin
+         {M, B, F} = code:get_object_code(M),
+         {module, M} = peer:call(Peer, code, load_binary, [M, F, B])
+     end || M <- [beamdiag_lab_cache, beamdiag_resp]],
+    {ok, _} = peer:call(Peer, beamdiag_lab_cache, start,
+                        [Scenario, #{duration => 60, owner => undefined}], 60000),
+    timer:sleep(1500),
+    OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+    [{peer, Peer}, {node, Node}, {ospid, OsPid} | Config].
+
+%% A node started the way users start theirs: erl with a name, a cookie and
+%% +JPperf true, running the atom_decode workload for at most 60 s.
+start_dist_node(Config) ->
+    Name = "beamdiag_flame_" ++ os:getpid(),
+    {ok, Host} = inet:gethostname(),
+    Node = list_to_atom(Name ++ "@" ++ Host),
+    Ebin = filename:dirname(code:which(beamdiag_lab_cache)),
+    Erl = os:find_executable("erl"),
+    Eval = "{ok, _} = beamdiag_lab_cache:start(atom_decode, #{duration => 60, owner => undefined}), "
+           "timer:sleep(65000), halt().",
+    Port = open_port({spawn_executable, Erl},
+                     [{args, ["+JPperf", "true", "-sname", Name, "-setcookie",
+                              atom_to_list(erlang:get_cookie()), "-noshell", "-pa", Ebin,
+                              "-eval", Eval]}, exit_status, stderr_to_stdout]),
+    case wait_node(Node, 100) of
+        ok ->
+            timer:sleep(1500),
+            [{dist_node, Node}, {node, Node}, {dist_port, Port} | Config];
+        error ->
+            {skip, "the target node did not come up"}
+    end.
+
+wait_node(_Node, 0) ->
+    error;
+wait_node(Node, N) ->
+    case net_adm:ping(Node) of
+        pong -> ok;
+        pang -> timer:sleep(100), wait_node(Node, N - 1)
+    end.
+
+record(Config, Seconds) ->
+    OsPid = ?config(ospid, Config),
+    Dir = filename:join(?config(priv_dir, Config), "perf"),
+    {ok, R = #{script := Script}} = beamdiag_perf:record(OsPid, #{duration => Seconds, dir => Dir}),
+    ct:pal("perf: ~p", [maps:without([record_output], R)]),
+    present = maps:get(perf_map, R),
+    {ok, P} = beamdiag_fold:fold_file(Script, #{}),
+    P.
+
+share_with(#{stacks := Stacks, samples := N}, Frames) ->
+    Hits = lists:sum([C || {S, C} <- maps:to_list(Stacks),
+                           lists:any(fun(F) -> lists:member(F, S) end, Frames)]),
+    Hits / max(N, 1).
+
+alive(OsPid) ->
+    filelib:is_dir("/proc/" ++ integer_to_list(OsPid)).
+
+wait_dead(_OsPid, 0) ->
+    {error, still_alive};
+wait_dead(OsPid, N) ->
+    case alive(OsPid) of
+        false -> ok;
+        true -> timer:sleep(100), wait_dead(OsPid, N - 1)
+    end.
+
+ensure_distributed() ->
+    case node() of
+        nonode@nohost ->
+            _ = case os:find_executable("epmd") of
+                false -> ok;
+                Epmd ->
+                    Port = open_port({spawn_executable, Epmd}, [{args, ["-daemon"]}, exit_status]),
+                    receive {Port, {exit_status, _}} -> ok after 5000 -> ok end
+            end,
+            case net_kernel:start([list_to_atom("beamdiag_ct_" ++ os:getpid()), shortnames]) of
+                {ok, _} -> ok;
+                {error, Why} -> {error, Why}
+            end;
+        _ ->
+            ok
+    end.
+
+collect(Tag) ->
+    receive
+        {Tag, D} -> [D | collect(Tag)]
+    after 0 -> []
+    end.
