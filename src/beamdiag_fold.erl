@@ -889,9 +889,7 @@ inline_event([E | Frame]) ->
     case binary:last(E) of
         $: when Frame =/= [] -> iolist_to_binary(lists:join(<<" ">>, Frame));
         _ -> <<>>
-    end;
-inline_event([]) ->
-    <<>>.
+    end.
 
 is_time(Tok) ->
     byte_size(Tok) > 2 andalso binary:last(Tok) =:= $: andalso

@@ -246,7 +246,7 @@ tick(St = #{snapshot := Snap, cursor := Cur, hot := Hot, idle := Idle, busy := B
     Candidates = lists:usort(Hot ++ Window) -- [Self | Askers],
     Batches = split(Candidates, length(Idle)),
     {Used, Rest} = lists:split(length(Batches), Idle),
-    [A ! {look, Batch} || {A, Batch} <- lists:zip(Used, Batches)],
+    _ = [A ! {look, Batch} || {A, Batch} <- lists:zip(Used, Batches)],
     St#{
         cursor := Cur2,
         hot := [],
