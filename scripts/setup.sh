@@ -21,6 +21,7 @@ if [ "$what" = test ]; then
     need_cmd redis-server || pkgs+=(redis-server)
     need_cmd chromium || pkgs+=(chromium)
     need_cmd tmux || pkgs+=(tmux)
+    need_cmd elixir || pkgs+=(elixir)
     # Building the lock-counting emulator from Debian's source package.
     need_cmd dpkg-source || pkgs+=(dpkg-dev)
     need_cmd gcc || pkgs+=(build-essential)

@@ -29,7 +29,11 @@ spec() ->
             #{key => json, long => "--json", type => boolean, default => false,
               help => "with --diagnose, print JSON"},
             #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "with --diagnose, write the report to FILE"}
+              help => "with --diagnose, write the report to FILE"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "with --diagnose, also write an HTML report to FILE"},
+            #{key => save, long => "--save", type => string, metavar => "FILE",
+              help => "with --diagnose, also save the capture to FILE"}
         ]
     }.
 
