@@ -249,4 +249,4 @@ ok_or_error({ok, V}) -> V;
 ok_or_error({error, _} = E) -> E.
 
 optional_modules() ->
-    [M || M <- [beamdiag_lcnt, beamdiag_sampler], code:which(M) =/= non_existing].
+    [M || M <- [beamdiag_lcnt], code:which(M) =/= non_existing].
