@@ -29,6 +29,9 @@
     usage_ns => non_neg_integer()
 }.
 
+%% Larger numbers in cgroup files are junk; dividing them would overflow.
+-define(INT_MAX, (1 bsl 62)).
+
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -71,8 +74,8 @@ read(#{version := 1, dir := Dir}) ->
     Quota =
         case {read_int(filename:join(Dir, "cpu.cfs_quota_us")),
               read_int(filename:join(Dir, "cpu.cfs_period_us"))} of
-            {{ok, Q}, {ok, P}} when Q > 0, P > 0 -> {Q / P, P};
-            {_, {ok, P}} -> {unlimited, P};
+            {{ok, Q}, {ok, P}} when Q > 0, P > 0, Q < ?INT_MAX, P < ?INT_MAX -> {Q / P, P};
+            {_, {ok, P}} -> {unlimited, period(P)};
             _ -> {unlimited, 100000}
         end,
     case read_file(filename:join(Dir, "cpu.stat")) of
@@ -124,11 +127,11 @@ parse_mountinfo(Bin) ->
 %% `{QuotaCpus | unlimited, PeriodUs}'.
 -spec parse_cpu_max(binary()) -> {float() | unlimited, pos_integer()}.
 parse_cpu_max(Bin) ->
-    case binary:split(string:trim(Bin), <<" ">>, [global, trim_all]) of
-        [<<"max">>, P] -> {unlimited, to_int(P, 100000)};
+    case binary:split(trim(Bin), <<" ">>, [global, trim_all]) of
+        [<<"max">>, P] -> {unlimited, period(to_int(P, 100000))};
         [Q, P] ->
             case {to_int(Q, 0), to_int(P, 0)} of
-                {Qi, Pi} when Qi > 0, Pi > 0 -> {Qi / Pi, Pi};
+                {Qi, Pi} when Qi > 0, Pi > 0, Qi < ?INT_MAX, Pi < ?INT_MAX -> {Qi / Pi, Pi};
                 _ -> {unlimited, 100000}
             end;
         _ -> {unlimited, 100000}
@@ -201,6 +204,11 @@ dir(Prefix, Mount, Root, Path) ->
         {error, _} -> Prefix ++ binary_to_list(Mount)
     end.
 
+%% A CFS period is a positive number of microseconds (at most a second in
+%% practice); anything else is junk and gets the kernel's default.
+period(P) when is_integer(P), P > 0, P < ?INT_MAX -> P;
+period(_) -> 100000.
+
 with_quota(Stat, {Quota, Period}, Version) ->
     Stat#{version => Version, quota_cpus => Quota, period_us => Period}.
 
@@ -221,7 +229,7 @@ read_file(File) ->
 read_int(File) ->
     case read_file(File) of
         {ok, Bin} ->
-            case to_int(string:trim(Bin), undefined) of
+            case to_int(trim(Bin), undefined) of
                 undefined -> {error, bad};
                 I -> {ok, I}
             end;
@@ -230,10 +238,28 @@ read_int(File) ->
     end.
 
 to_int(B, Default) ->
-    try binary_to_integer(string:trim(B)) of
+    try binary_to_integer(trim(B)) of
         I -> I
     catch
         error:badarg -> Default
+    end.
+
+%% ASCII whitespace off both ends, byte by byte: cgroup text need not be
+%% valid UTF-8, which string:trim/1 rejects.
+trim(B) ->
+    trim_trailing(trim_leading(B)).
+
+trim_leading(<<C, R/binary>>) when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_leading(R);
+trim_leading(B) -> B.
+
+trim_trailing(B) ->
+    case byte_size(B) of
+        0 -> B;
+        N ->
+            case binary:last(B) of
+                C when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_trailing(binary:part(B, 0, N - 1));
+                _ -> B
+            end
     end.
 
 to_list(P) when is_integer(P) -> integer_to_list(P);

@@ -256,9 +256,27 @@ status_line(_, Acc) ->
     Acc.
 
 put_int(K, V, Acc) ->
-    case ints([string:trim(V)]) of
+    case ints([trim(V)]) of
         {ok, [I]} -> Acc#{K => I};
         error -> Acc
+    end.
+
+%% ASCII whitespace off both ends, byte by byte: /proc text need not be
+%% valid UTF-8, which string:trim/1 rejects.
+trim(B) ->
+    trim_trailing(trim_leading(B)).
+
+trim_leading(<<C, R/binary>>) when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_leading(R);
+trim_leading(B) -> B.
+
+trim_trailing(B) ->
+    case byte_size(B) of
+        0 -> B;
+        N ->
+            case binary:last(B) of
+                C when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_trailing(binary:part(B, 0, N - 1));
+                _ -> B
+            end
     end.
 
 ints(Bins) ->
