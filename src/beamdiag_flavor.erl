@@ -28,6 +28,10 @@
 
 -export_type([options/0, report/0]).
 
+-ifdef(TEST).
+-export([deb822/1, has_deb_src/2]).
+-endif.
+
 -define(LCNT_BEAM, "beam.lcnt.smp").
 -define(CHILD_SETUP, "erl_child_setup.lcnt").
 -define(FILES, [?LCNT_BEAM, ?CHILD_SETUP]).
@@ -628,9 +632,7 @@ collect_lines(Port, P, Tail) ->
     end.
 
 %% Runs a program and returns its exit status and output.
--spec run_output(string() | false, [string()]) -> {integer(), string()}.
-run_output(false, _Args) ->
-    {127, "not found"};
+-spec run_output(string(), [string()]) -> {integer(), string()}.
 run_output(Exe, Args) ->
     Port = open_port(
         {spawn_executable, Exe},

@@ -6,9 +6,10 @@
 %%% there (the lab replaces `'$duration_ms'' in the arguments with the
 %%% time bound); `run/2' starts the workload and returns at once. The workload
 %%% stops by itself after `duration_s' seconds (default 120), when
-%%% `stop/1' is called, when the process that started it exits abnormally,
-%%% when that process's group leader goes down (the session that started
-%%% it went away) or when an optional `owner' pid goes down.
+%%% `stop/1' is called, when the group leader of the process that started
+%%% it goes down (the session that started it, usually on another node,
+%%% went away; the starting process itself is a short-lived call process)
+%%% or when an optional `owner' pid goes down.
 %%%
 %%% ```
 %%% 1> [S | _] = beamdiag_lab_locks:scenarios(), maps:get(name, S).
@@ -27,11 +28,11 @@
 %%% <li>`ets_sharded': the same writers and counters over one table per
 %%%   scheduler (`beamdiag_shard_N'); a writer bumps the table of the
 %%%   scheduler it runs on.</li>
-%%% <li>`dirty_gc_alloc' and `dirty_gc_alloc_mdai': 2 processes per dirty CPU
-%%%   scheduler keep about 200k words live each and collect garbage in a
-%%%   loop; collections of heaps that large run on the dirty CPU schedulers,
-%%%   which by default share one eheap_alloc instance. The second scenario
-%%%   runs with +Mdai max.</li>
+%%% <li>`dirty_gc_alloc' and `dirty_gc_alloc_mdai': 4 processes per dirty CPU
+%%%   scheduler (4 of them, on 4 schedulers) keep 100k to 400k words live
+%%%   each and collect garbage in a loop; collections of heaps that large
+%%%   run on the dirty CPU schedulers, which by default share one eheap_alloc
+%%%   instance. The second scenario runs with +Mdai max.</li>
 %%% </ul>
 -module(beamdiag_lab_locks).
 
@@ -39,11 +40,18 @@
 
 -export_type([scenario/0]).
 
+%% The coordinator never returns: it exits, taking its linked workers along.
+-dialyzer({no_return, run/2}).
+
 -define(HOT_TABLE, beamdiag_hot_table).
+%% Keys are drawn with rand: erlang:unique_integer/1 encodes the scheduler
+%% in its low bits, so `rem' over it would shard the keys by scheduler.
 -define(KEYS, 4).
 -define(WRITERS_PER_SCHEDULER, 4).
--define(GC_WORKERS_PER_DIRTY, 2).
--define(GC_LIVE_WORDS, 200000).
+-define(GC_WORKERS_PER_DIRTY, 4).
+%% Dirty schedulers outnumber the cores of a small machine, so that
+%% collections overlap even on two cores.
+-define(GC_EMU_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
 
 -type scenario() :: #{
     name := atom(),
@@ -85,7 +93,7 @@ scenarios() ->
             summary =>
                 <<"Large heaps collected on the dirty CPU schedulers, which share one "
                   "eheap_alloc instance by default: expect allocator_contention.">>,
-            emu_args => [],
+            emu_args => ?GC_EMU_ARGS,
             emu_type => lcnt,
             load => {?MODULE, run, [dirty_gc, '$duration_ms']}
         },
@@ -93,8 +101,9 @@ scenarios() ->
             name => dirty_gc_alloc_mdai,
             summary =>
                 <<"The dirty GC load with +Mdai max (an allocator instance per dirty "
-                  "scheduler): expect far less allocator contention.">>,
-            emu_args => ["+Mdai", "max"],
+                  "scheduler): expect fewer eheap_alloc collisions and no advice to set "
+                  "+Mdai max.">>,
+            emu_args => ?GC_EMU_ARGS ++ ["+Mdai", "max"],
             emu_type => lcnt,
             load => {?MODULE, run, [dirty_gc, '$duration_ms']}
         }
@@ -142,8 +151,10 @@ stop(Pid) ->
 -spec coordinator(atom(), pid(), pid(), pid() | undefined, pos_integer(), reference()) ->
     no_return().
 coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
-    StarterMon = erlang:monitor(process, Starter),
-    GLMon = erlang:monitor(process, GL),
+    %% The starter itself is usually a short-lived call process (erpc,
+    %% peer:call) whose exit says nothing; its group leader lives as long as
+    %% the session that started the workload.
+    _ = erlang:monitor(process, GL),
     _ =
         case Owner of
             undefined -> ok;
@@ -153,13 +164,7 @@ coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
     ok = start_load(Load),
     Starter ! {Ref, started},
     TRef = erlang:start_timer(DurationMs, self(), done),
-    wait(StarterMon, GLMon, TRef).
-
--spec wait(reference(), reference(), reference()) -> no_return().
-wait(StarterMon, GLMon, TRef) ->
     receive
-        {'DOWN', StarterMon, process, _, normal} ->
-            wait(StarterMon, GLMon, TRef);
         {'DOWN', _, process, _, Reason} ->
             exit({shutdown, {owner_down, Reason}});
         {timeout, TRef, done} ->
@@ -198,24 +203,21 @@ table_opts() ->
 
 -spec hot_writer(ets:table()) -> no_return().
 hot_writer(T) ->
-    _ = ets:update_counter(T, 1 + rand_key(), 1),
+    _ = ets:update_counter(T, rand:uniform(?KEYS), 1),
     hot_writer(T).
 
 -spec sharded_writer(tuple(), pos_integer()) -> no_return().
 sharded_writer(Tables, N) ->
     Shard = min(N, erlang:system_info(scheduler_id)),
-    _ = ets:update_counter(element(Shard, Tables), 1 + rand_key(), 1),
+    _ = ets:update_counter(element(Shard, Tables), rand:uniform(?KEYS), 1),
     sharded_writer(Tables, N).
 
--spec rand_key() -> non_neg_integer().
-rand_key() ->
-    erlang:unique_integer([positive]) rem ?KEYS.
-
-%% Keeps a large live heap and collects it in a loop, with some fresh
-%% garbage in between so that every collection has work to do.
+%% Keeps a large live heap (100k to 400k words, so that heap sizes differ
+%% and carriers are not simply reused) and collects it in a loop, with some
+%% fresh garbage in between so that every collection has work to do.
 -spec gc_worker(pos_integer()) -> no_return().
 gc_worker(I) ->
-    Live = [{I, X} || X <- lists:seq(1, ?GC_LIVE_WORDS div 5)],
+    Live = [{I, X} || X <- lists:seq(1, 20000 + rand:uniform(60000))],
     gc_loop(Live).
 
 -spec gc_loop(list()) -> no_return().

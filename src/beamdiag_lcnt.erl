@@ -98,6 +98,7 @@ collect(#{top := Top}) ->
         tables => table_info(maps:get(locks, Data)),
         schedulers_online => erlang:system_info(schedulers_online),
         dirty_cpu_schedulers_online => erlang:system_info(dirty_cpu_schedulers_online),
+        dirty_alloc_instances => dirty_alloc_instances(),
         otp_release => list_to_binary(erlang:system_info(otp_release)),
         erts_version => list_to_binary(erlang:system_info(version))
     }.
@@ -351,6 +352,20 @@ render_id(Id) when is_pid(Id) -> list_to_binary(pid_to_list(Id));
 render_id(Id) when is_port(Id) -> list_to_binary(erlang:port_to_list(Id));
 render_id(Id) when is_binary(Id) -> Id;
 render_id(Id) -> iolist_to_binary(io_lib:format("~0P", [Id, 8])).
+
+%% How many eheap_alloc instances belong to dirty schedulers (+Mdai): 0
+%% when the dirty schedulers share the global instance.
+-spec dirty_alloc_instances() -> non_neg_integer().
+dirty_alloc_instances() ->
+    try erlang:system_info({allocator, eheap_alloc}) of
+        Info when is_list(Info) ->
+            N = length([I || {instance, I, _} <- Info]),
+            max(0, N - erlang:system_info(schedulers) - 1);
+        _ ->
+            0
+    catch
+        error:badarg -> 0
+    end.
 
 %% Owner and options of the ETS tables whose locks rank highest.
 -spec table_info([map()]) -> [map()].

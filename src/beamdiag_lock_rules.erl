@@ -1,0 +1,453 @@
+%%% @doc Findings from lock-counting data (pure).
+%%%
+%%% Takes the lock data `beamdiag_lcnt:collect/1' returns and turns the
+%%% contended lock classes into catalogued findings, with the lock class,
+%%% the object (ETS table, allocator, process) and the numbers as evidence.
+%%% The knowledge base: which class protects what, and what relieves it,
+%%% is in `class_text/1' and in docs/LOCKS.md.
+%%%
+%%% Severity comes from the wait time summed over all threads as a share of
+%%% the window (lcnt's "duration %"; 100% is one thread blocked the whole
+%%% window): info from 1%, warning from 5%, critical from 25%, and only with
+%%% at least 100 collisions, so that one long wait is not a finding.
+%%%
+%%% ```
+%%% 1> Data = beamdiag_lcnt:collect(State).
+%%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, 10)].
+%%% [ets_contention]
+%%% '''
+-module(beamdiag_lock_rules).
+
+-export([findings/2, class_text/1, thresholds/0]).
+
+-define(INFO_PCT, 1.0).
+-define(WARNING_PCT, 5.0).
+-define(CRITICAL_PCT, 25.0).
+-define(MIN_COLLISIONS, 100).
+-define(INFO_COLLISION_PCT, 1.0).
+%% A process whose locks carry this share of all process-lock wait is the
+%% bottleneck rather than one of many.
+-define(SINGLE_PROCESS_SHARE, 0.5).
+-define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>]).
+-define(PROC_CLASSES, [
+    <<"proc_main">>, <<"proc_msgq">>, <<"proc_status">>, <<"proc_btm">>, <<"proc_link">>,
+    <<"proc_trace">>, <<"proc_sig_queue_buffer">>
+]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The findings for a window of lock data, most severe first.
+%% `WindowS' is the window's length in seconds (the lock data's own
+%% `window_ns' is used when `WindowS' is not positive).
+-spec findings(beamdiag_lcnt:lock_data(), number()) -> [beamdiag_finding:finding()].
+findings(Data, WindowS) ->
+    WindowNs =
+        case WindowS of
+            W when is_number(W), W > 0 -> W * 1.0e9;
+            _ -> maps:get(window_ns, Data, 1)
+        end,
+    Locks = maps:get(locks, Data, []),
+    Classes = maps:get(classes, Data, []),
+    Ctx = #{window_ns => WindowNs, data => Data},
+    Findings =
+        ets_findings(Locks, Ctx) ++
+            allocator_findings(Locks, Ctx) ++
+            process_findings(Locks, Classes, Ctx) ++
+            class_findings(Classes, Ctx),
+    beamdiag_finding:sort(Findings).
+
+%% @doc What a lock class protects and what relieves contention on it, or
+%% `undefined' for a class the knowledge base does not know.
+-spec class_text(binary()) -> {binary(), binary()} | undefined.
+class_text(<<"db_hash_slot">>) ->
+    {<<"a group of hash buckets of one ETS table with write_concurrency">>,
+     <<"spread the writes over more keys or shard the table per scheduler">>};
+class_text(<<"db_tab">>) ->
+    {<<"a whole ETS table (the table lock; every write without write_concurrency)">>,
+     <<"create the table with {write_concurrency, true} or shard it">>};
+class_text(<<"alcu_allocator">>) ->
+    {<<"one instance of a memory allocator">>,
+     <<"give dirty schedulers their own instances with +Mdai max">>};
+class_text(<<"run_queue">>) ->
+    {<<"a scheduler's run queue (enqueue, dequeue, work stealing)">>,
+     <<"fewer, longer-running processes; +sbt db; OTP 28's work stealing">>};
+class_text(<<"process_table">>) ->
+    {<<"the process table (spawn, exit, erlang:processes/0)">>,
+     <<"stop listing all processes on a timer">>};
+class_text(<<"erts_mmap">>) ->
+    {<<"the VM's memory map (carrier creation and release)">>,
+     <<"preallocate a super carrier (+MMscs N, in MB) so carriers come from it, "
+       "and let carriers be cached longer (+MMmcs)">>};
+class_text(<<"mseg">>) ->
+    {<<"the segment cache of memory carriers">>,
+     <<"a super carrier (+MMscs N) and larger multiblock carriers (+MBlmbcs)">>};
+class_text(<<"port_lock">>) ->
+    {<<"one port (socket, file, driver instance)">>,
+     <<"spread the traffic over more ports (connection pools) or let one process "
+       "own each port">>};
+class_text(<<"port_sched_lock">>) ->
+    {<<"the task queue of one port">>,
+     <<"fewer processes sending to the same port; batch writes">>};
+class_text(<<"drv_ev_state">>) ->
+    {<<"the poll-set state of file descriptors (I/O event registration)">>,
+     <<"fewer sockets switching between active and passive; {active, N} instead of once">>};
+class_text(<<"pix_lock">>) ->
+    {<<"a slot of the process index (process lookup by pid, exit, link)">>,
+     <<"less pid lookup traffic: fewer monitors, links and is_process_alive calls">>};
+class_text(<<"atom_tab">>) ->
+    {<<"the atom table (creating atoms, binary_to_atom, list_to_atom)">>,
+     <<"stop creating atoms at run time; use binary_to_existing_atom">>};
+class_text(<<"proc_main">>) ->
+    {<<"the main lock of one process (its state, heap, scheduling)">>,
+     <<"shard the process or stop others from inspecting it">>};
+class_text(<<"proc_status">>) ->
+    {<<"the scheduling state of one process">>,
+     <<"fewer processes signalling the same process; less dirty work per process">>};
+class_text(<<"proc_btm">>) ->
+    {<<"the timer of one process (receive ... after)">>,
+     <<"fewer timeouts set and cancelled on the same process">>};
+class_text(<<"proc_link">>) ->
+    {<<"the links and monitors of one process">>,
+     <<"fewer monitors on the same process">>};
+class_text(<<"proc_msgq">>) ->
+    {<<"the message queue of one process">>,
+     <<"shard the receiver or use {message_queue_data, off_heap}">>};
+class_text(<<"dist_entry">>) ->
+    {<<"the connection to one other node">>,
+     <<"spread traffic over more connections or send less over distribution">>};
+class_text(_) ->
+    undefined.
+
+%% @doc The severity thresholds: wait share of the window in percent, and
+%% the least number of collisions.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        info_pct => ?INFO_PCT,
+        warning_pct => ?WARNING_PCT,
+        critical_pct => ?CRITICAL_PCT,
+        min_collisions => ?MIN_COLLISIONS,
+        info_collision_pct => ?INFO_COLLISION_PCT
+    }.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% One finding per ETS table whose locks are contended.
+-spec ets_findings([map()], map()) -> [beamdiag_finding:finding()].
+ets_findings(Locks, Ctx = #{data := Data}) ->
+    DbLocks = [L || L = #{class := C} <- Locks, lists:member(C, ?DB_CLASSES)],
+    ByTable = maps:groups_from_list(fun(#{id := Id}) -> Id end, DbLocks),
+    Tables = maps:get(tables, Data, []),
+    lists:flatmap(
+        fun({Name, Ls}) ->
+            Sum = sum(Ls, Ctx),
+            case severity(Sum) of
+                none ->
+                    [];
+                Sev ->
+                    Info = [T || T = #{name := N} <- Tables, N =:= Name],
+                    [ets_finding(Name, Ls, Sum, Info, Sev)]
+            end
+        end,
+        maps:to_list(ByTable)
+    ).
+
+-spec ets_finding(binary(), [map()], map(), [map()], beamdiag_finding:severity()) ->
+    beamdiag_finding:finding().
+ets_finding(Name, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Sev) ->
+    ClassList = lists:usort([C || #{class := C} <- Ls]),
+    Instances = lists:sum([maps:get(instances, L, 1) || L <- Ls]),
+    {OwnerLine, Opts, Metrics0} =
+        case Info of
+            [I | _] ->
+                Owner = maps:get(owner, I, <<"unknown">>),
+                OptText = table_options(I),
+                {[<<"owner: ">>, Owner, <<"; options: ">>, OptText],
+                 I,
+                 #{owner => Owner, options => iolist_to_binary(OptText)}};
+            [] ->
+                {<<"owner and options unknown (table not found on the node)">>, #{}, #{}}
+        end,
+    Advice = ets_advice(Opts),
+    Evidence = [
+        io_lib:format(
+            "ETS table ~ts: threads waited ~s of the window on its locks (~ts, ~b lock~s); "
+            "~s of ~s lock attempts collided",
+            [Name, pct_text(W), lists:join(", ", ClassList), Instances, plural(Instances),
+             pct_text(CP), count_text(T)]
+        ),
+        OwnerLine
+    ] ++ location_lines(Ls) ++ [Advice],
+    beamdiag_finding:new(
+        ets_contention, Sev, Evidence,
+        maps:merge(Metrics0, (metrics(Sum))#{table => Name})
+    ).
+
+-spec table_options(map()) -> iolist().
+table_options(I) ->
+    lists:join(", ", [
+        [atom_to_binary(K), "=", V]
+     || K <- [type, protection, write_concurrency, read_concurrency, decentralized_counters],
+        {ok, V} <- [maps:find(K, I)]
+    ]).
+
+%% The fix that fits the table's options.
+-spec ets_advice(map()) -> binary().
+ets_advice(#{write_concurrency := <<"false">>}) ->
+    <<"fix: create the table with {write_concurrency, true} (or auto) and "
+      "{decentralized_counters, true}; if it stays hot, use one table per scheduler">>;
+ets_advice(#{write_concurrency := _}) ->
+    <<"fix: the table already has write_concurrency, so the writers hit the same keys "
+      "(the same hash-slot locks): spread hot keys (a key per scheduler, "
+      "{Key, erlang:system_info(scheduler_id)}, summed when read) or use one table per "
+      "scheduler; decentralized_counters only helps inserts and deletes">>;
+ets_advice(_) ->
+    <<"fix: {write_concurrency, true} and {decentralized_counters, true}, or one table "
+      "per scheduler">>.
+
+%% One finding per contended allocator (alcu_allocator ids are allocator names).
+-spec allocator_findings([map()], map()) -> [beamdiag_finding:finding()].
+allocator_findings(Locks, Ctx = #{data := Data}) ->
+    Alloc = [L || L = #{class := <<"alcu_allocator">>} <- Locks],
+    lists:flatmap(
+        fun(L = #{id := Id}) ->
+            Sum = sum([L], Ctx),
+            case severity(Sum) of
+                none ->
+                    [];
+                Sev ->
+                    #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
+                    Dirty = maps:get(dirty_alloc_instances, Data, unknown),
+                    Advice =
+                        case Dirty of
+                            0 ->
+                                <<"the dirty schedulers share one instance (+Mdai 0): "
+                                  "start the node with +Mdai max">>;
+                            N when is_integer(N) ->
+                                iolist_to_binary(io_lib:format(
+                                    "dirty schedulers already have their own instances "
+                                    "(~b); the contention is between normal schedulers "
+                                    "freeing memory another allocated: look for large "
+                                    "messages and binaries crossing processes", [N]));
+                            _ ->
+                                <<"if the dirty schedulers share one instance, start the "
+                                  "node with +Mdai max">>
+                        end,
+                    Evidence = [
+                        io_lib:format(
+                            "allocator ~ts: threads waited ~s of the window on its instance "
+                            "locks; ~s of ~s lock attempts collided",
+                            [Id, pct_text(W), pct_text(CP), count_text(T)]
+                        )
+                    ] ++ location_lines([L]) ++ [Advice],
+                    [beamdiag_finding:new(
+                        allocator_contention, Sev, Evidence,
+                        (metrics(Sum))#{allocator => Id}
+                    )]
+            end
+        end,
+        Alloc
+    ).
+
+%% Process locks: one process carrying most of the wait is a bottleneck;
+%% wait spread over many processes is generic contention.
+-spec process_findings([map()], [map()], map()) -> [beamdiag_finding:finding()].
+process_findings(Locks, Classes, Ctx) ->
+    ProcLocks = [L || L = #{class := C} <- Locks, lists:member(C, ?PROC_CLASSES)],
+    ByProc = maps:groups_from_list(fun(#{id := Id}) -> Id end, ProcLocks),
+    TotalWait = lists:sum([W || #{class := C, wait_ns := W} <- Classes,
+                                lists:member(C, ?PROC_CLASSES)]),
+    Ranked = lists:reverse(lists:keysort(1, [
+        {maps:get(wait_ns, sum(Ls, Ctx)), Id, Ls}
+     || {Id, Ls} <- maps:to_list(ByProc)
+    ])),
+    case Ranked of
+        [{Wait, Id, Ls} | _] when TotalWait > 0, Wait >= ?SINGLE_PROCESS_SHARE * TotalWait ->
+            Sum = sum(Ls, Ctx),
+            case severity(Sum) of
+                none ->
+                    [];
+                Sev ->
+                    #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
+                    ClassList = lists:usort([C || #{class := C} <- Ls]),
+                    Evidence = [
+                        io_lib:format(
+                            "process ~ts: threads waited ~s of the window on its locks "
+                            "(~ts), ~s of all process-lock wait; ~s of ~s attempts collided",
+                            [Id, pct_text(W), lists:join(", ", ClassList),
+                             pct_text(100 * Wait / TotalWait), pct_text(CP), count_text(T)]
+                        )
+                    ] ++ location_lines(Ls),
+                    [beamdiag_finding:new(
+                        single_process_bottleneck, Sev, Evidence,
+                        (metrics(Sum))#{process => Id}
+                    )]
+            end;
+        _ ->
+            []
+    end.
+
+%% Findings from the per-class totals for the classes the rules above do
+%% not cover (and for process classes spread over many processes).
+-spec class_findings([map()], map()) -> [beamdiag_finding:finding()].
+class_findings(Classes, Ctx) ->
+    Covered = ?DB_CLASSES ++ [<<"alcu_allocator">>],
+    lists:flatmap(
+        fun(C = #{class := Class}) ->
+            Sum = sum([C], Ctx),
+            case lists:member(Class, Covered) orelse severity(Sum) of
+                true -> [];
+                none -> [];
+                Sev -> class_finding(Class, C, Sum, Sev, Ctx)
+            end
+        end,
+        Classes
+    ).
+
+-spec class_finding(binary(), map(), map(), beamdiag_finding:severity(), map()) ->
+    [beamdiag_finding:finding()].
+class_finding(Class, C, Sum, Sev, #{data := Data}) ->
+    IsProc = lists:member(Class, ?PROC_CLASSES),
+    %% Process classes concentrated on one process are reported by
+    %% process_findings/3.
+    case IsProc andalso single_process_reported(Data) of
+        true ->
+            [];
+        false ->
+            #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
+            Sev1 =
+                case IsProc of
+                    true -> info;
+                    false -> Sev
+                end,
+            Id =
+                case Class of
+                    <<"run_queue">> -> run_queue_contention;
+                    <<"process_table">> -> process_table_contention;
+                    _ -> lock_contention
+                end,
+            {What, Fix} =
+                case class_text(Class) of
+                    undefined ->
+                        {<<"a VM-internal lock">>,
+                         <<"see docs/LOCKS.md and the lock's source location">>};
+                    Known ->
+                        Known
+                end,
+            Ids = maps:get(ids, C, 1),
+            Evidence = [
+                io_lib:format(
+                    "lock class ~ts (~ts): threads waited ~s of the window on ~b lock~s; "
+                    "~s of ~s attempts collided",
+                    [Class, What, pct_text(W), Ids, plural(Ids), pct_text(CP), count_text(T)]
+                )
+            ] ++
+                top_ids(Class, Data) ++
+                case IsProc of
+                    true ->
+                        [<<"the wait is spread over many processes: usually schedulers "
+                           "meeting processes that run on a dirty scheduler (GC of large "
+                           "heaps, dirty NIFs) or processes signalling each other">>];
+                    false ->
+                        []
+                end ++
+                [["fix: ", Fix]],
+            [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
+    end.
+
+-spec single_process_reported(map()) -> boolean().
+single_process_reported(Data) ->
+    Locks = maps:get(locks, Data, []),
+    Classes = maps:get(classes, Data, []),
+    Ctx = #{window_ns => maps:get(window_ns, Data, 1), data => Data},
+    process_findings(Locks, Classes, Ctx) =/= [].
+
+%% The ids of the class that rank highest, with their share.
+-spec top_ids(binary(), map()) -> [iolist()].
+top_ids(Class, Data) ->
+    case [L || L = #{class := C} <- maps:get(locks, Data, []), C =:= Class] of
+        [] ->
+            [];
+        Ls ->
+            Top = lists:sublist(Ls, 3),
+            [["most wait on: ",
+              lists:join(", ", [[Id, " (", pct_text(P), ")"] || #{id := Id, wait_pct := P} <- Top])]]
+    end.
+
+%% Wait, collisions and tries summed over lock entries, with percentages
+%% against the window.
+-spec sum([map()], map()) -> map().
+sum(Ls, #{window_ns := WindowNs}) ->
+    Tries = lists:sum([maps:get(tries, L, 0) || L <- Ls]),
+    Colls = lists:sum([maps:get(collisions, L, 0) || L <- Ls]),
+    Wait = lists:sum([maps:get(wait_ns, L, 0) || L <- Ls]),
+    #{
+        tries => Tries,
+        collisions => Colls,
+        wait_ns => Wait,
+        wait_pct => 100 * Wait / WindowNs,
+        collision_pct =>
+            case Tries of
+                0 -> 0.0;
+                _ -> 100 * Colls / Tries
+            end
+    }.
+
+-spec severity(map()) -> beamdiag_finding:severity() | none.
+severity(#{collisions := C}) when C < ?MIN_COLLISIONS -> none;
+severity(#{wait_pct := W}) when W >= ?CRITICAL_PCT -> critical;
+severity(#{wait_pct := W}) when W >= ?WARNING_PCT -> warning;
+severity(#{wait_pct := W}) when W >= ?INFO_PCT -> info;
+%% Frequent collisions with short waits still cost throughput.
+severity(#{collision_pct := CP}) when CP >= ?INFO_COLLISION_PCT -> info;
+severity(_) -> none.
+
+-spec metrics(map()) -> #{atom() => number()}.
+metrics(#{tries := T, collisions := C, wait_ns := W, wait_pct := WP, collision_pct := CP}) ->
+    #{
+        tries => T,
+        collisions => C,
+        wait_ns => W,
+        wait_pct => round2(WP),
+        collision_pct => round2(CP)
+    }.
+
+%% The source locations with the most wait, over the given lock entries.
+-spec location_lines([map()]) -> [iolist()].
+location_lines(Ls) ->
+    Locs = lists:foldl(
+        fun(#{location := Loc, wait_ns := W}, Acc) -> Acc#{Loc => W + maps:get(Loc, Acc, 0)} end,
+        #{},
+        lists:append([maps:get(locations, L, []) || L <- Ls])
+    ),
+    Total = lists:sum(maps:values(Locs)),
+    case lists:reverse(lists:keysort(2, maps:to_list(Locs))) of
+        [] ->
+            [];
+        _ when Total =:= 0 ->
+            [];
+        Sorted ->
+            [["waits at: ",
+              lists:join(", ", [[Loc, " (", pct_text(100 * W / Total), ")"]
+                                || {Loc, W} <- lists:sublist(Sorted, 3), W > 0])]]
+    end.
+
+-spec pct_text(number()) -> string().
+pct_text(P) when P >= 10 -> [integer_to_list(round(P)), "%"];
+pct_text(P) -> io_lib:format("~.1f%", [float(P)]).
+
+-spec count_text(non_neg_integer()) -> string().
+count_text(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
+count_text(N) when N >= 1000 -> io_lib:format("~.1fk", [N / 1.0e3]);
+count_text(N) -> integer_to_list(N).
+
+-spec plural(integer()) -> string().
+plural(1) -> "";
+plural(_) -> "s".
+
+-spec round2(number()) -> float().
+round2(X) -> round(X * 100) / 100.

@@ -1,0 +1,76 @@
+-module(beamdiag_flavor_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(DEBIAN_SOURCES, <<
+    "Types: deb\n"
+    "# http://snapshot.debian.org/archive/debian/20250520T000000Z\n"
+    "URIs: http://deb.debian.org/debian\n"
+    "Suites: bookworm bookworm-updates\n"
+    "Components: main\n"
+    "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    "\n"
+    "Types: deb\n"
+    "URIs: http://deb.debian.org/debian-security\n"
+    "Suites: bookworm-security\n"
+    "Components: main\n"
+    "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+>>).
+
+deb822_stanzas_test() ->
+    [A, B] = beamdiag_flavor:deb822(?DEBIAN_SOURCES),
+    ?assertEqual("deb", maps:get("Types", A)),
+    ?assertEqual("bookworm bookworm-updates", maps:get("Suites", A)),
+    ?assertEqual("http://deb.debian.org/debian-security", maps:get("URIs", B)).
+
+deb822_continuation_test() ->
+    [S] = beamdiag_flavor:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
+    ?assertEqual("a b", maps:get("Suites", S)).
+
+has_deb_src_test_() ->
+    [
+        ?_assertNot(beamdiag_flavor:has_deb_src(".sources", ?DEBIAN_SOURCES)),
+        ?_assert(beamdiag_flavor:has_deb_src(".sources", <<"Types: deb deb-src\nURIs: x\n">>)),
+        ?_assertNot(beamdiag_flavor:has_deb_src(
+            ".sources", <<"Types: deb-src\nURIs: x\nEnabled: no\n">>)),
+        ?_assert(beamdiag_flavor:has_deb_src(".list", <<"deb http://x y main\ndeb-src http://x y main\n">>)),
+        ?_assertNot(beamdiag_flavor:has_deb_src(".list", <<"# deb-src http://x y main\n">>))
+    ].
+
+unknown_option_test() ->
+    ?assertMatch({error, {beamdiag_flavor, {unknown_options, [bogus]}}},
+                 beamdiag_flavor:build(#{bogus => true})).
+
+missing_source_test() ->
+    ?assertMatch({error, {beamdiag_flavor, {no_source, _}}},
+                 beamdiag_flavor:build(#{otp_src => "/nonexistent/otp", cache => "/nonexistent/c"})).
+
+version_mismatch_test() ->
+    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
+                        "beamdiag_flavor_test_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = filelib:ensure_dir(filename:join([Dir, "erts", "x"])),
+    ok = file:write_file(filename:join(Dir, "OTP_VERSION"), "21.3.8\n"),
+    ok = file:write_file(filename:join([Dir, "erts", "vsn.mk"]), "VSN = 10.3.5\n"),
+    ok = file:write_file(filename:join(Dir, "configure"), "#!/bin/sh\nexit 1\n"),
+    try
+        R = beamdiag_flavor:build(#{otp_src => Dir, cache => filename:join(Dir, "cache")}),
+        case beamdiag_flavor:missing_packages({dir, Dir}) of
+            [] ->
+                ?assertMatch({error, {beamdiag_flavor, {version_mismatch, _}}}, R),
+                {error, {M, Reason}} = R,
+                Text = lists:flatten(io_lib:format("~ts", [M:format_error(Reason)])),
+                ?assertNotEqual(nomatch, string:find(Text, "21.3.8"));
+            Pkgs ->
+                ?assertEqual({error, {beamdiag_flavor, {missing_packages, Pkgs}}}, R)
+        end
+    after
+        file:del_dir_r(Dir)
+    end.
+
+format_error_test_() ->
+    [
+        ?_assertMatch([_ | _], lists:flatten(io_lib:format("~ts", [beamdiag_flavor:format_error(E)])))
+     || E <- [no_deb_src, need_root, no_debian_erlang, {missing_packages, ["dpkg-dev"]},
+              {not_found, "make"}, {command_failed, "make", 2, "x"},
+              {file, "write", "/x", eacces}, {verify_failed, "x"}]
+    ].

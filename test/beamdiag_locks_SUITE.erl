@@ -1,0 +1,250 @@
+%%% Lock counting on real peer nodes running the lock-counting emulator.
+%%%
+%%% Each case starts a peer with `-emu_type lcnt', runs a lab workload from
+%%% beamdiag_lab_locks, counts locks with beamdiag_lcnt over erpc, checks the
+%%% raw signal first and then the findings. The emulator must be installed
+%%% (scripts/lcnt-emulator.sh); without it every case fails.
+-module(beamdiag_locks_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
+         end_per_testcase/2]).
+-export([ets_hot/1, ets_sharded/1, dirty_gc_alloc/1, dirty_gc_alloc_mdai/1, healthy_node/1,
+         settings_restored/1, guard_restores_when_owner_dies/1]).
+
+-define(WINDOW_MS, 4000).
+-define(WARMUP_MS, 1500).
+-define(GC_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
+
+all() ->
+    [ets_hot, ets_sharded, dirty_gc_alloc, dirty_gc_alloc_mdai, healthy_node,
+     settings_restored, guard_restores_when_owner_dies].
+
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+init_per_suite(Config) ->
+    ok = ensure_distributed(),
+    Config.
+
+end_per_suite(_Config) ->
+    ok.
+
+init_per_testcase(_Case, Config) ->
+    Config.
+
+end_per_testcase(_Case, _Config) ->
+    ok.
+
+%%%===================================================================
+%%% Cases
+%%%===================================================================
+
+%% Many writers on one table: the table's hash-slot locks carry a large
+%% share of the window, and the finding names the table.
+ets_hot(_Config) ->
+    Data = measure(ets_hot, []),
+    Hot = float(table_wait_pct(Data, <<"beamdiag_hot_table">>)),
+    ct:pal("ets_hot: beamdiag_hot_table wait ~.2f% of the window, collisions ~.2f%",
+           [Hot, table_coll_pct(Data, <<"beamdiag_hot_table">>)]),
+    ?assert(Hot >= 10.0),
+    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    [F] = [F || F = #{id := ets_contention} <- Findings],
+    ?assertMatch(#{metrics := #{table := <<"beamdiag_hot_table">>}}, F),
+    ?assert(beamdiag_finding:at_least(F, warning)),
+    [Table] = [T || T = #{name := <<"beamdiag_hot_table">>} <- maps:get(tables, Data)],
+    ?assertMatch(#{write_concurrency := <<"true">>, protection := <<"public">>, type := <<"set">>},
+                 Table),
+    Text = iolist_to_binary(beamdiag_lock_format:text(Data)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"beamdiag_hot_table">>)),
+    ok.
+
+%% The same load over one table per scheduler: far less wait, no ETS
+%% finding above info.
+ets_sharded(_Config) ->
+    Data = measure(ets_sharded, []),
+    Shards = [Id || #{class := <<"db_hash_slot">>, id := Id = <<"beamdiag_shard_", _/binary>>}
+                        <- maps:get(locks, Data)],
+    Wait = float(lists:sum([table_wait_pct(Data, Id) || Id <- lists:usort(Shards)])),
+    ct:pal("ets_sharded: shard tables wait ~.2f% of the window in total", [Wait]),
+    ?assert(Wait < 2.0),
+    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    ?assertEqual([], [F || F = #{id := ets_contention} <- Findings,
+                           beamdiag_finding:at_least(F, warning)]),
+    ok.
+
+%% Dirty GC of large heaps with the default +Mdai: the dirty schedulers
+%% share one locked eheap_alloc instance, whose lock collides, and the
+%% finding says +Mdai max. Contention between dirty GCs depends on them
+%% overlapping in time, which a loaded two-core host does not always give
+%% in one window: up to three windows are measured.
+dirty_gc_alloc(_Config) ->
+    Check = fun() ->
+        Data = measure(dirty_gc, ?GC_ARGS),
+        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W} =
+            lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
+        ct:pal("dirty_gc_alloc: eheap_alloc ~b lock(s), ~b collisions (~.2f%), wait ~.2f%",
+               [N, C, CP, W]),
+        ?assertEqual(0, maps:get(dirty_alloc_instances, Data)),
+        ?assertEqual(1, N),
+        Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+        [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
+                  <- Findings]
+    end,
+    [F] = retry(Check, 3),
+    ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)),
+                                          <<"+Mdai max">>)),
+    ok.
+
+%% The same load with +Mdai max: one eheap_alloc instance (and lock) per
+%% dirty scheduler besides the global one, and no advice to set +Mdai max.
+dirty_gc_alloc_mdai(_Config) ->
+    Data = measure(dirty_gc, ?GC_ARGS ++ ["+Mdai", "max"]),
+    #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
+        lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
+    ct:pal("dirty_gc_alloc_mdai: eheap_alloc ~b locks, ~b tries, ~b collisions (~.2f%), "
+           "wait ~.2f%", [N, T, C, CP, W]),
+    ?assertEqual(4, maps:get(dirty_alloc_instances, Data)),
+    ?assertEqual(5, N),
+    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    [?assertEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)), <<"+Mdai max">>))
+     || F = #{id := allocator_contention} <- Findings],
+    ok.
+
+%% An idle node gets no lock finding above info.
+healthy_node(_Config) ->
+    Data = measure(idle, []),
+    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    ct:pal("healthy: ~p", [[{I, S} || #{id := I, severity := S} <- Findings]]),
+    ?assertEqual([], [F || F <- Findings, beamdiag_finding:at_least(F, warning)]),
+    ok.
+
+%% start/1 changes the mask, stop/1 puts back exactly what it found, twice.
+settings_restored(_Config) ->
+    {Peer, Node} = start_peer([]),
+    try check_settings_restored(Node) after peer:stop(Peer) end.
+
+check_settings_restored(Node) ->
+    ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
+    ok = erpc:call(Node, erts_debug, lcnt_control, [copy_save, true]),
+    {ok, S} = erpc:call(Node, beamdiag_lcnt, start, [#{}]),
+    Mask = erpc:call(Node, erts_debug, lcnt_control, [mask]),
+    ?assert(lists:member(allocator, Mask)),
+    ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
+    ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
+    ?assertEqual([db, process], lists:sort(erpc:call(Node, erts_debug, lcnt_control, [mask]))),
+    ?assertEqual(true, erpc:call(Node, erts_debug, lcnt_control, [copy_save])),
+    ?assertMatch({error, {beamdiag_lcnt, {unknown_options, [bogus]}}},
+                 erpc:call(Node, beamdiag_lcnt, start, [#{bogus => 1}])),
+    ok.
+
+%% When the session that started counting dies, the guard on the target
+%% puts the settings back.
+guard_restores_when_owner_dies(_Config) ->
+    {Peer, Node} = start_peer([]),
+    try guard_restores(Node) after peer:stop(Peer) end.
+
+guard_restores(Node) ->
+    ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db]]),
+    Owner = spawn(fun() -> receive stop -> ok end end),
+    {ok, _S} = erpc:call(Node, beamdiag_lcnt, start, [#{owner => Owner}]),
+    ?assertNotEqual([db], erpc:call(Node, erts_debug, lcnt_control, [mask])),
+    Owner ! stop,
+    ok = wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end, 50).
+
+%%%===================================================================
+%%% Helpers
+%%%===================================================================
+
+%% Starts a peer with the workload, counts locks over a window and returns
+%% the lock data.
+measure(Load, EmuArgs) ->
+    {Peer, Node} = start_peer(EmuArgs),
+    try
+        case Load of
+            idle -> ok;
+            _ -> {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 60}])
+        end,
+        timer:sleep(?WARMUP_MS),
+        {ok, S} = erpc:call(Node, beamdiag_lcnt, start, [#{owner => self()}]),
+        timer:sleep(?WINDOW_MS),
+        Data = erpc:call(Node, beamdiag_lcnt, collect, [S], 30000),
+        ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
+        Data
+    after
+        peer:stop(Peer)
+    end.
+
+start_peer(EmuArgs) ->
+    require_lcnt(),
+    Name = list_to_atom("beamdiag_locks_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    {ok, Peer, Node} = peer:start_link(#{
+        name => Name,
+        args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
+        wait_boot => 30000
+    }),
+    true = erpc:call(Node, erlang, system_info, [lock_counting]),
+    [load(Node, M) || M <- [beamdiag_lcnt, beamdiag_lab_locks]],
+    {Peer, Node}.
+
+load(Node, Mod) ->
+    {Mod, Bin, File} = code:get_object_code(Mod),
+    {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin]).
+
+%% The lock-counting emulator must be installed: CI installs it first.
+require_lcnt() ->
+    Bin = filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "bin",
+                         "beam.lcnt.smp"]),
+    case filelib:is_regular(Bin) of
+        true ->
+            ok;
+        false ->
+            ct:fail("the lock-counting emulator is not installed (~s is missing): "
+                    "run scripts/lcnt-emulator.sh (as root) first", [Bin])
+    end.
+
+ensure_distributed() ->
+    case node() of
+        nonode@nohost ->
+            _ = os:cmd("epmd -daemon"),
+            Name = list_to_atom("beamdiag_locks_ct_" ++ os:getpid()),
+            {ok, _} = net_kernel:start([Name, shortnames]),
+            ok;
+        _ ->
+            ok
+    end.
+
+table_wait_pct(Data, Table) ->
+    lists:sum([P || #{class := C, id := Id, wait_pct := P} <- maps:get(locks, Data),
+                    Id =:= Table, lists:member(C, [<<"db_hash_slot">>, <<"db_tab">>])]).
+
+table_coll_pct(Data, Table) ->
+    Ls = [L || L = #{class := <<"db_hash_slot">>, id := Id} <- maps:get(locks, Data), Id =:= Table],
+    T = lists:sum([maps:get(tries, L) || L <- Ls]),
+    C = lists:sum([maps:get(collisions, L) || L <- Ls]),
+    case T of 0 -> 0.0; _ -> 100 * C / T end.
+
+lock(Data, Class, Id) ->
+    case [L || L = #{class := C, id := I} <- maps:get(locks, Data), C =:= Class, I =:= Id] of
+        [L] -> L;
+        [] -> #{instances => 0, collisions => 0, collision_pct => 0.0, wait_pct => 0.0, tries => 0}
+    end.
+
+%% Runs Check until it returns a non-empty list, at most N times.
+retry(Check, N) ->
+    case Check() of
+        [_ | _] = Found -> Found;
+        [] when N > 1 -> retry(Check, N - 1);
+        [] -> ct:fail("no allocator_contention finding on eheap_alloc in any window")
+    end.
+
+wait_until(F, 0) ->
+    ?assert(F()),
+    ok;
+wait_until(F, N) ->
+    case F() of
+        true -> ok;
+        false -> timer:sleep(100), wait_until(F, N - 1)
+    end.
