@@ -88,8 +88,8 @@ start(Opts) when is_map(Opts) ->
         Unknown -> {error, {?MODULE, {unknown_options, Unknown}}}
     end.
 
-%% @doc The lock data for the window since `start/1' (or the last
-%% `collect/1'), ranked and bounded, as plain data.
+%% @doc The lock data for the window since `start/1' (collecting does not
+%% clear the counters), ranked and bounded, as plain data.
 -spec collect(state()) -> lock_data().
 collect(#{top := Top}) ->
     Raw = erts_debug:lcnt_collect(),
