@@ -25,9 +25,7 @@ if [ "$what" = test ]; then
     # Building the lock-counting emulator from Debian's source package.
     need_cmd dpkg-source || pkgs+=(dpkg-dev)
     need_cmd gcc || pkgs+=(build-essential)
-    need_cmd autoconf || pkgs+=(autoconf)
     dpkg -s libncurses-dev >/dev/null 2>&1 || pkgs+=(libncurses-dev)
-    dpkg -s libssl-dev >/dev/null 2>&1 || pkgs+=(libssl-dev)
 fi
 
 if [ ${#pkgs[@]} -eq 0 ]; then
