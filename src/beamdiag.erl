@@ -104,19 +104,12 @@ analyse(Capture) ->
 %% @doc Validates options and fills in defaults; raises `badarg' with the
 %% offending keys on unknown options or bad values.
 -spec options(map()) -> map().
-options(Opts) when is_map(Opts) ->
-    Allowed = maps:keys(?DEFAULTS) ++ ?REMOTE_KEYS,
-    case maps:keys(Opts) -- Allowed of
-        [] -> ok;
-        Unknown -> erlang:error({badarg, {unknown_options, Unknown, allowed, Allowed}})
-    end,
-    O = maps:merge(?DEFAULTS, Opts),
+options(Opts) ->
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
     #{duration := D, interval := I} = O,
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
     (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
-    O;
-options(Other) ->
-    erlang:error({badarg, Other}).
+    O.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().

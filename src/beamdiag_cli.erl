@@ -16,7 +16,7 @@
 %%% failed (the target died mid-window, a tool is missing, bad input file).
 -module(beamdiag_cli).
 
--export([main/1, run/1, run/2, parse/2, usage/1, commands/0, format_error/1]).
+-export([main/1, run/1, run/2, parse/2, usage/1, commands/0, emit/3, format_error/1]).
 
 -export_type([spec/0, option/0, io/0, result/0]).
 
@@ -156,6 +156,26 @@ usage(#{name := Name, summary := Summary, example := Example, positional := Pos,
         "\nexit codes: 0 done, 1 finding at or above --fail-on, 2 usage error,\n",
         "            3 node unreachable, 4 run failed\n"
     ].
+
+%% @doc Prints a report on standard output, or writes it to the `out' file
+%% of the options and says so on standard error. Returns 0, or 4 when the
+%% file cannot be written.
+-spec emit(iodata(), map(), io()) -> result().
+emit(Text, Opts, #{out := Out, err := Err}) ->
+    case maps:find(out, Opts) of
+        {ok, File} ->
+            case file:write_file(File, Text) of
+                ok ->
+                    Err(["beamdiag: written to ", File, "\n"]),
+                    ?EXIT_OK;
+                {error, R} ->
+                    Err(["beamdiag: cannot write ", File, ": ", file:format_error(R), "\n"]),
+                    ?EXIT_FAILED
+            end;
+        error ->
+            Out(Text),
+            ?EXIT_OK
+    end.
 
 %% @doc Turns a parse error into a sentence.
 -spec format_error(term()) -> iolist().

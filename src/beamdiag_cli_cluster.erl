@@ -37,7 +37,7 @@ spec() ->
 %% @doc Runs the command. Also takes the options of `diagnose' (those it
 %% does not use are ignored), so that `diagnose --cluster' can call it.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(Opts = #{node := Node}, #{out := Out, err := Err}) ->
+run(Opts = #{node := Node}, IO = #{err := Err}) ->
     LibOpts = maps:merge(
         maps:with([cookie, cookie_file], Opts),
         #{duration => maps:get(duration, Opts, 10.0),
@@ -52,19 +52,7 @@ run(Opts = #{node := Node}, #{out := Out, err := Err}) ->
                        true -> [beamdiag_json:encode(beamdiag_cluster:document(C)), "\n"];
                        false -> beamdiag_cluster:text(C)
                    end,
-            Written = case maps:find(out, Opts) of
-                          {ok, File} ->
-                              case file:write_file(File, Text) of
-                                  ok -> Err(["beamdiag: report written to ", File, "\n"]), 0;
-                                  {error, R} ->
-                                      Err(["beamdiag: cannot write ", File, ": ",
-                                           file:format_error(R), "\n"]),
-                                      4
-                              end;
-                          error ->
-                              Out(Text),
-                              0
-                      end,
+            Written = beamdiag_cli:emit(Text, Opts, IO),
             case {Written, maps:get(fail_on, Opts, undefined)} of
                 {0, undefined} -> 0;
                 {0, Level} ->

@@ -33,7 +33,7 @@ spec() ->
 
 %% @doc Runs the command. Exit code 0 whatever the deltas.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(#{a := FA, b := FB} = Opts, #{out := Out, err := Err}) ->
+run(#{a := FA, b := FB} = Opts, IO = #{err := Err}) ->
     case {beamdiag_capture:load(FA), beamdiag_capture:load(FB)} of
         {{ok, A}, {ok, B}} ->
             C = beamdiag_compare:compare(A, B, #{alpha => maps:get(alpha, Opts)}),
@@ -41,21 +41,7 @@ run(#{a := FA, b := FB} = Opts, #{out := Out, err := Err}) ->
                        true -> [beamdiag_json:encode(beamdiag_compare:document(C)), "\n"];
                        false -> beamdiag_compare:text(C)
                    end,
-            case maps:find(out, Opts) of
-                {ok, File} ->
-                    case file:write_file(File, Text) of
-                        ok ->
-                            Err(["beamdiag: comparison written to ", File, "\n"]),
-                            0;
-                        {error, R} ->
-                            Err(["beamdiag: cannot write ", File, ": ",
-                                 file:format_error(R), "\n"]),
-                            4
-                    end;
-                error ->
-                    Out(Text),
-                    0
-            end;
+            beamdiag_cli:emit(Text, Opts, IO);
         {{error, {M, R}}, _} ->
             Err(["beamdiag: ", M:format_error(R), "\n"]),
             4;

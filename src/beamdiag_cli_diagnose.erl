@@ -97,23 +97,17 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
 %% @doc Prints or writes a diagnosis as the options ask; returns the exit
 %% code (1 when a finding reaches --fail-on).
 -spec output(beamdiag:diagnosis(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-output(Diagnosis = #{findings := Findings}, Opts, #{out := Out, err := Err, colour := Colour}) ->
+output(Diagnosis = #{findings := Findings}, Opts, IO = #{err := Err, colour := Colour}) ->
     Text =
         case maps:get(json, Opts, false) of
             true -> beamdiag_format_json:diagnosis(Diagnosis);
             false -> beamdiag_format_text:diagnosis(Diagnosis, #{colour => Colour andalso
                                                                    not maps:is_key(out, Opts)})
         end,
-    Written0 =
-        case maps:find(out, Opts) of
-            {ok, File} ->
-                case file:write_file(File, Text) of
-                    ok -> Err(["beamdiag: report written to ", File, "\n"]), ok;
-                    {error, R} -> {error, R}
-                end;
-            error ->
-                Out(Text)
-        end,
+    Written0 = case beamdiag_cli:emit(Text, Opts, IO) of
+                   0 -> ok;
+                   _ -> {error, out}
+               end,
     Written = lists:foldl(fun(Step, ok) -> Step(); (_, E) -> E end, Written0,
                           [fun() -> save(Diagnosis, Opts, Err) end,
                            fun() -> html(Diagnosis, Opts, Err) end]),
@@ -127,10 +121,8 @@ output(Diagnosis = #{findings := Findings}, Opts, #{out := Out, err := Err, colo
                         _ -> 1
                     end
             end;
-        {error, Why} when is_atom(Why), Why =/= save, Why =/= html ->
-            Err(["beamdiag: cannot write ", maps:get(out, Opts), ": ", file:format_error(Why), "\n"]),
-            4;
         {error, _} ->
+            %% Already said on standard error.
             4
     end.
 

@@ -83,24 +83,12 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
 %% @doc Prints or writes experiment results as the options ask (`json',
 %% `out', `save'); returns the exit code.
 -spec output(map(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-output(Result, Opts, #{out := Out, err := Err}) ->
+output(Result, Opts, IO = #{err := Err}) ->
     Text = case maps:get(json, Opts, false) of
                true -> [beamdiag_json:encode(beamdiag_experiment:document(Result)), "\n"];
                false -> beamdiag_experiment:text(Result)
            end,
-    Written = case maps:find(out, Opts) of
-                  {ok, File} ->
-                      case file:write_file(File, Text) of
-                          ok -> Err(["beamdiag: results written to ", File, "\n"]), 0;
-                          {error, R} ->
-                              Err(["beamdiag: cannot write ", File, ": ",
-                                   file:format_error(R), "\n"]),
-                              4
-                      end;
-                  error ->
-                      Out(Text),
-                      0
-              end,
+    Written = beamdiag_cli:emit(Text, Opts, IO),
     case maps:find(save, Opts) of
         {ok, SaveFile} ->
             case beamdiag_capture:save(SaveFile, Result) of

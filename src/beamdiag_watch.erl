@@ -56,12 +56,7 @@
 %% Unknown options raise `badarg'.
 -spec options(map()) -> map().
 options(Opts) when is_map(Opts) ->
-    Allowed = maps:keys(?DEFAULTS) ++ ?REMOTE_KEYS,
-    case maps:keys(Opts) -- Allowed of
-        [] -> ok;
-        Unknown -> erlang:error({badarg, {unknown_options, Unknown, allowed, Allowed}})
-    end,
-    O = maps:merge(?DEFAULTS, Opts),
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
     #{interval := I, duration := D, window := W} = O,
     (is_integer(I) andalso I >= 100 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
     (D =:= infinity orelse (is_number(D) andalso D > 0)) orelse erlang:error({badarg, {duration, D}}),
