@@ -71,11 +71,7 @@ compare(A, B) ->
 %% level of each test. Unknown options raise `badarg'.
 -spec compare(beamdiag:diagnosis(), beamdiag:diagnosis(), map()) -> comparison().
 compare(A, B, Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- maps:keys(?DEFAULTS) of
-        [] -> ok;
-        Unknown -> erlang:error({badarg, {unknown_options, Unknown}})
-    end,
-    #{alpha := Alpha} = maps:merge(?DEFAULTS, Opts),
+    #{alpha := Alpha} = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     MA = metrics(A),
     MB = metrics(B),
     Keys = [K || {K, _} <- MA, lists:keymember(K, 1, MB)],

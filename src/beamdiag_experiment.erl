@@ -111,11 +111,7 @@ run(Opts0) ->
 %% keys or bad values.
 -spec options(map()) -> map().
 options(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- maps:keys(?DEFAULTS) of
-        [] -> ok;
-        Unknown -> erlang:error({badarg, {unknown_options, Unknown}})
-    end,
-    O = maps:merge(?DEFAULTS, Opts),
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     #{workloads := Ws, variants := Vs, runs := N, duration := D, warmup := Wu,
       concurrency := C, reservoir := Res, bootstrap := B} = O,
     check(is_list(Ws) andalso Ws =/= [], workloads, Ws),

@@ -77,11 +77,7 @@ child_spec(Opts) ->
 %% @doc Validates options and fills in defaults; raises `badarg'.
 -spec options(map()) -> map().
 options(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- maps:keys(?DEFAULTS) of
-        [] -> ok;
-        Unknown -> erlang:error({badarg, {unknown_options, Unknown, allowed, maps:keys(?DEFAULTS)}})
-    end,
-    O = maps:merge(?DEFAULTS, Opts),
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     #{port := P, interval := I, ip := Ip, path := Path, msacc := M} = O,
     (is_integer(P) andalso P > 0 andalso P < 65536) orelse erlang:error({badarg, {port, P}}),
     (is_integer(I) andalso I >= 100 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
