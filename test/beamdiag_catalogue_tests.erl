@@ -11,7 +11,13 @@ required_ids_test() ->
 docs_in_step_test() ->
     File = filename:join([filename:dirname(?FILE), "..", "docs", "FINDINGS.md"]),
     {ok, Doc} = file:read_file(File),
-    ?assertEqual(iolist_to_binary(beamdiag_catalogue:markdown()), Doc).
+    Want = binary:split(iolist_to_binary(beamdiag_catalogue:markdown()), <<"\n">>, [global]),
+    Have = binary:split(Doc, <<"\n">>, [global]),
+    %% The first line that differs, not two whole documents.
+    Diff = [{N, W, H} || {N, W, H} <- lists:zip3(lists:seq(1, min(length(Want), length(Have))),
+                                                  lists:sublist(Want, length(Have)),
+                                                  lists:sublist(Have, length(Want))), W =/= H],
+    ?assertEqual({[], length(Want)}, {lists:sublist(Diff, 1), length(Have)}).
 
 unknown_id_crashes_test() ->
     ?assertError({unknown_finding, nope}, beamdiag_catalogue:entry(nope)).
