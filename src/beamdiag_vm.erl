@@ -119,7 +119,8 @@ msacc_extra([#{counters := C} | _]) -> maps:is_key(busy_wait, C);
 msacc_extra(_) -> false.
 
 %% @doc Extracts known flags from an argument vector ("-sbwt" "none" or
-%% "-sbwtnone"; the last one wins), with defaults for those not given.
+%% "-sbwtnone"; the last one wins; nothing from the "-- -root" that starts
+%% the init and user arguments), with defaults for those not given.
 -spec parse_flags([string() | binary()]) -> #{atom() => binary()}.
 parse_flags(Args) ->
     Bins = [iolist_to_binary(A) || A <- Args],
@@ -131,6 +132,11 @@ parse_flags(Args) ->
 %%%===================================================================
 
 scan([], Acc) ->
+    Acc;
+%% Emulator flags come first; erlexec then writes "-- -root DIR" and the
+%% init and user arguments, which may look like flags (-scl, -sub) and may
+%% hold anything.
+scan([<<"--">>, <<"-root">> | _], Acc) ->
     Acc;
 scan([<<$-, Rest/binary>> | Tail], Acc) ->
     case match_flag(Rest, ?FLAGS) of
