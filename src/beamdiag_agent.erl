@@ -6,7 +6,9 @@
 %%% found, and puts everything back when the window ends, when its caller
 %%% dies or its connection drops (it monitors the caller), or when its own
 %%% hard deadline passes. When it was loaded over distribution it then
-%%% unloads its modules, so nothing of beamdiag stays on the target.
+%%% unloads its modules, so nothing of beamdiag stays on the target; on a
+%%% node with more than 100,000 processes it leaves them loaded instead
+%%% (purging checks every process) and reports `left_loaded' in the extras.
 %%%
 %%% The agent keeps its own cost bounded: the per-thread context-switch
 %%% counts (one more /proc file per thread) are read on the first and last
@@ -55,6 +57,8 @@
 %% Past the window, the agent cleans up on its own after this long even if
 %% nobody asked it to.
 -define(GRACE_MS, 5000).
+%% Above this many processes the agent does not purge its modules.
+-define(PURGE_MAX_PROCESSES, 100000).
 
 %%%===================================================================
 %%% API
@@ -67,7 +71,9 @@ start(Caller, Opts = #{duration_ms := D, interval_ms := I}) when
     is_pid(Caller), is_integer(D), D > 0, is_integer(I), I > 0
 ->
     Ref = make_ref(),
-    Pid = proc_lib:spawn(?MODULE, init, [Caller, Ref, Opts, self()]),
+    %% High priority from the first reduction: on an overloaded node a
+    %% normal process waits behind every busy one.
+    Pid = proc_lib:spawn_opt(?MODULE, init, [Caller, Ref, Opts, self()], [{priority, high}]),
     {ok, Pid, Ref}.
 
 %% @doc Ends the window early; the agent sends `{done, Extras}' and cleans up.
@@ -180,13 +186,29 @@ next_tick(#{tick_cost_us := Cost}, Start, K, Interval) ->
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
     Extras = collect_extras(State),
     restore(Restore, State),
+    {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
     Last = case How of
-               done -> {done, Extras};
+               done -> {done, Extras2};
                {aborted, _} = A -> A
            end,
     Caller ! {beamdiag, Ref, Last},
-    unload(maps:get(unload, maps:get(opts, State), [])),
+    unload(Unload),
     exit(normal).
+
+%% Purging a module makes OTP's code purger check every process for
+%% references to it, once or twice per module (measured: 20 to 30 s of
+%% purger work for five modules on a node with a million processes). On a
+%% node with more processes than the limit the agent leaves its modules
+%% loaded, inert, and says so in the extras (`left_loaded'); the next
+%% session reuses them, and beamdiag_remote:unload/2 removes them when the
+%% node is quiet.
+unload_plan([], Extras) ->
+    {[], Extras};
+unload_plan(Mods, Extras) ->
+    case erlang:system_info(process_count) > ?PURGE_MAX_PROCESSES of
+        true -> {[], Extras#{left_loaded => Mods}};
+        false -> {Mods, Extras}
+    end.
 
 collect_extras(#{locks := undefined}) ->
     #{};
