@@ -8,14 +8,17 @@
 %%%
 %%% The folder reads its input in large chunks, cuts them at sample
 %%% boundaries and folds the chunks in parallel, one worker per online
-%%% scheduler. It never creates atoms from its input; lines that are not
-%%% perf output are skipped and counted, over-long lines are skipped and
+%%% scheduler (at most 8 by default), each with a 16 MiB young heap so that
+%%% the per-chunk garbage does not make it collect its caches over and
+%%% over. It never creates atoms from its input; lines that are not perf
+%%% output are skipped and counted, over-long lines are skipped and
 %%% counted, and the number of distinct stacks is bounded.
 %%%
 %%% Frame names: the symbol without its `+0x..' offset; a symbol perf
 %%% could not name but whose object it knows becomes `[object]' (for
 %%% example `[beam.smp]' for a static function of a stripped emulator);
-%%% only an address perf could place nowhere is `[unknown]'. The
+%%% only an address perf could place nowhere is `[unknown]', and a run of
+%%% such frames (a frame-pointer walk through heap data) is one frame. The
 %%% end-of-unwind marker that DWARF unwinding leaves (address
 %%% `ffffffffffffffff' or `0') is dropped and counted as a truncated
 %%% stack. With `perf_map' the folder resolves `[unknown]' addresses
@@ -86,6 +89,8 @@
 }).
 -define(CACHE_MAX, 100000).
 -define(BLOCKS_MAX, 20000).
+%% Words: 16 MiB on a 64-bit emulator, per worker (at most 8 by default).
+-define(WORKER_HEAP, 2 * 1024 * 1024).
 -define(TAIL, 262144).
 -define(UNKNOWN, <<"[unknown]">>).
 
@@ -287,7 +292,7 @@ options(Opts) when is_map(Opts) ->
         [] ->
             O = maps:merge(?DEFAULTS, Opts),
             W = case maps:get(workers, O) of
-                undefined -> erlang:system_info(schedulers_online);
+                undefined -> min(8, erlang:system_info(schedulers_online));
                 N -> N
             end,
             case load_map(maps:get(perf_map, O)) of
@@ -318,7 +323,11 @@ binary_reader(Bin, Pos) ->
 run(Read, Opts = #{workers := W, chunk_size := CS}) ->
     Ctx = ctx(Opts),
     Parent = self(),
-    Workers = [spawn_monitor(fun() -> worker(Parent, Ctx) end) || _ <- lists:seq(1, W)],
+    %% A large young heap: each chunk makes lots of short-lived garbage,
+    %% and the caches would otherwise be copied by frequent collections.
+    Workers = [spawn_opt(fun() -> worker(Parent, Ctx) end,
+                         [monitor, {min_heap_size, ?WORKER_HEAP}, {min_bin_vheap_size, ?WORKER_HEAP}])
+               || _ <- lists:seq(1, W)],
     Result =
         try
             feed(Read, CS, <<>>, Workers, Workers, #{}, 0, 0)
@@ -567,7 +576,8 @@ block(Type, Block, Ctx, St = #st{blocks = Blocks}) ->
         _ ->
             {Frames, U, T, Bad, St2} = block_lines(binary:split(Block, Ctx#ctx.nl, [global]),
                                                    Ctx, St, [], false, false, 0),
-            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX of
+            %% Blocks with unknown frames rarely repeat: not cached.
+            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX andalso not U of
                 true -> Blocks#{binary:copy(Block) => {Frames, U, T, Bad}};
                 false -> Blocks
             end,
@@ -583,6 +593,7 @@ block_lines([Line | Rest], Ctx, St, Frames, U, T, Bad) ->
     case Frame of
         drop -> block_lines(Rest, Ctx, St2, Frames, U, true, Bad);
         junk -> block_lines(Rest, Ctx, St2, Frames, U, T, Bad + 1);
+        ?UNKNOWN when hd(Frames) =:= ?UNKNOWN -> block_lines(Rest, Ctx, St2, Frames, true, T, Bad);
         ?UNKNOWN -> block_lines(Rest, Ctx, St2, [?UNKNOWN | Frames], true, T, Bad);
         _ -> block_lines(Rest, Ctx, St2, [Frame | Frames], U, T, Bad)
     end.
@@ -620,6 +631,8 @@ frame_line(Line, Rest, Ctx, St, Type, Frames, U, T) ->
             case Frame of
                 drop -> lines(Rest, Ctx, St2, Type, Frames, U, true);
                 junk -> lines(Rest, Ctx, St2#st{skipped = St2#st.skipped + 1}, Type, Frames, U, T);
+                ?UNKNOWN when Frames =/= [], hd(Frames) =:= ?UNKNOWN ->
+                    lines(Rest, Ctx, St2, Type, Frames, true, T);
                 ?UNKNOWN -> lines(Rest, Ctx, St2, Type, [?UNKNOWN | Frames], true, T);
                 _ -> lines(Rest, Ctx, St2, Type, [Frame | Frames], U, T)
             end
@@ -709,6 +722,11 @@ type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
             {Ty, St#st{comms = Cs2}}
     end.
 
+frame(Line, Ctx, St) when byte_size(Line) > 21,
+                          binary_part(Line, byte_size(Line), -21) =:= <<"[unknown] ([unknown])">> ->
+    %% Addresses perf could place nowhere rarely repeat (frame-pointer
+    %% chains through heap data): a quick look, no cache entry.
+    {unknown_frame(skip_ws(Line), Ctx), St};
 frame(Line, Ctx, St = #st{cache = Cache}) ->
     case Cache of
         #{Line := F} ->
@@ -721,6 +739,15 @@ frame(Line, Ctx, St = #st{cache = Cache}) ->
             end,
             {F, St#st{cache = Cache2}}
     end.
+
+unknown_frame(<<"ffffffffffffffff ", _/binary>>, _Ctx) ->
+    drop;
+unknown_frame(<<"0 ", _/binary>>, _Ctx) ->
+    drop;
+unknown_frame(_Line, #ctx{perf_map = undefined}) ->
+    ?UNKNOWN;
+unknown_frame(Line, Ctx) ->
+    parse_frame(Line, Ctx).
 
 %% "\t    7f96... sym+0x1f (dso)" -> frame name | drop | junk.
 parse_frame(Line0, Ctx) ->
