@@ -139,6 +139,17 @@ flame_cli(Config) ->
     {_, _} = xmerl_scan:file(filename:join(Out, "flame.svg"), [{quiet, true}]),
     {_, _} = binary:match(Printed, <<"[unknown] frames in">>),
     {_, _} = binary:match(Printed, <<"binary_to_term decoding atoms">>),
+    %% The Erlang-level sampler over distribution, from the same command.
+    OutErl = filename:join(?config(priv_dir, Config), "flame_cli_erlang"),
+    {ok, OptsErl} = beamdiag_cli:parse(beamdiag_cli_flame:spec(),
+                                       [atom_to_list(Node), "--duration", "3", "--out", OutErl,
+                                        "--erlang"]),
+    0 = beamdiag_cli_flame:run(OptsErl, IO),
+    PrintedErl = iolist_to_binary(collect(out)),
+    ct:pal("--erlang:~n~s", [PrintedErl]),
+    {_, _} = binary:match(PrintedErl, <<"beamdiag_lab_cache:decode_loop/2">>),
+    %% The sampler was removed from the node afterwards.
+    false = erpc:call(Node, code, is_loaded, [beamdiag_sampler]),
     ok.
 
 %%% Helpers
