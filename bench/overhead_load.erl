@@ -1,0 +1,159 @@
+%%% @doc The workload and probes `overhead.escript' runs on its peer nodes.
+%%%
+%%% `start/1' starts CPU-bound burners that count their work in a shared
+%%% counter; `rate/1' measures the work done per second over a period on the
+%%% node itself, so network latency does not enter the figure.
+%%% `agent_memory/1' watches the beamdiag agent's memory for a while.
+%%% `tick/2' times the agent's per-tick sample.
+%%%
+%%% ```
+%%% 1> overhead_load:start(4).
+%%% 2> overhead_load:rate(5000).
+%%% 123456.0
+%%% '''
+-module(overhead_load).
+
+-export([start/1, rate/1, agent_memory/1, tick/2, cpu_us/0]).
+
+-define(KEY, {?MODULE, counter}).
+-define(CHUNK, 2000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Starts N burners under an owner process that lives until the node
+%% stops.
+-spec start(pos_integer()) -> ok.
+start(N) ->
+    C = counters:new(1, [write_concurrency]),
+    persistent_term:put(?KEY, C),
+    Self = self(),
+    _ = spawn(fun() ->
+        _ = [spawn_link(fun() -> burn(C, 1) end) || _ <- lists:seq(1, N)],
+        Self ! started,
+        receive
+            stop -> ok
+        end
+    end),
+    receive
+        started -> ok
+    end.
+
+%% @doc Work units per wall second and per CPU second of this node over the
+%% next Ms milliseconds. On a shared host the second is the steadier: a
+%% neighbour taking CPUs away lowers both the work and the CPU time, while
+%% the agent's own CPU time lowers only the work.
+-spec rate(pos_integer()) -> {float(), float()}.
+rate(Ms) ->
+    C = persistent_term:get(?KEY),
+    T0 = erlang:monotonic_time(microsecond),
+    Cpu0 = cpu_us(),
+    C0 = counters:get(C, 1),
+    receive
+    after Ms -> ok
+    end,
+    C1 = counters:get(C, 1),
+    Cpu1 = cpu_us(),
+    T1 = erlang:monotonic_time(microsecond),
+    {(C1 - C0) * 1.0e6 / (T1 - T0), (C1 - C0) * 1.0e6 / max(1, Cpu1 - Cpu0)}.
+
+%% @doc Peak memory in bytes of the beamdiag agent process over Ms
+%% milliseconds (0 when no agent ran), polled every 5 ms.
+-spec agent_memory(pos_integer()) -> non_neg_integer().
+agent_memory(Ms) ->
+    Until = erlang:monotonic_time(millisecond) + Ms,
+    watch(Until, undefined, 0).
+
+%% @doc Times N agent samples taken Gap ms apart on this node: median wall
+%% time in microseconds and OS CPU time of the whole node per sample, with
+%% and without the per-thread context-switch file.
+-spec tick(pos_integer(), pos_integer()) -> map().
+tick(N, Gap) ->
+    _ = erlang:system_flag(scheduler_wall_time, true),
+    _ = erlang:system_flag(microstate_accounting, true),
+    Pid = os:getpid(),
+    Cg = case beamdiag_cgroup:locate("/proc", Pid) of
+             {ok, L} -> L;
+             {error, _} = E -> E
+         end,
+    State = #{pid => Pid, proc_root => "/proc", msacc => true, cgroup_location => Cg},
+    receive after Gap -> ok end,
+    Full = measure(fun() -> beamdiag_agent:sample(State) end, N, Gap),
+    Lean = measure(fun() -> beamdiag_agent:sample(State#{status => false}) end, N, Gap),
+    {ok, Tasks} = file:list_dir("/proc/" ++ Pid ++ "/task"),
+    _ = erlang:system_flag(microstate_accounting, false),
+    _ = erlang:system_flag(scheduler_wall_time, false),
+    #{threads => length(Tasks), full => Full, lean => Lean}.
+
+%% @doc User plus system CPU time of this OS process, in microseconds
+%% (10 ms resolution).
+-spec cpu_us() -> non_neg_integer().
+cpu_us() ->
+    {ok, B} = file:read_file("/proc/self/stat"),
+    [_, R] = binary:split(B, <<") ">>),
+    F = binary:split(R, <<" ">>, [global]),
+    (binary_to_integer(lists:nth(12, F)) + binary_to_integer(lists:nth(13, F))) * 10000.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+burn(C, X) ->
+    X2 = spin(X, ?CHUNK),
+    counters:add(C, 1, 1),
+    burn(C, X2).
+
+spin(X, 0) -> X;
+spin(X, N) -> spin((X * 7 + 3) rem 1000003, N - 1).
+
+watch(Until, Agent, Peak) ->
+    case erlang:monotonic_time(millisecond) >= Until of
+        true ->
+            Peak;
+        false ->
+            A = case Agent of
+                    undefined -> find_agent();
+                    _ -> Agent
+                end,
+            M = case A of
+                    undefined -> 0;
+                    _ ->
+                        case erlang:process_info(A, memory) of
+                            {memory, Bytes} -> Bytes;
+                            undefined -> 0
+                        end
+                end,
+            receive after 5 -> ok end,
+            Next = case M of 0 -> undefined; _ -> A end,
+            watch(Until, Next, max(Peak, M))
+    end.
+
+%% Small bench nodes only: scans the process table.
+find_agent() ->
+    Agents = [P || P <- erlang:processes(),
+                   {dictionary, D} <- [erlang:process_info(P, dictionary)],
+                   lists:keyfind('$initial_call', 1, D) =:= {'$initial_call', {beamdiag_agent, init, 4}}],
+    case Agents of
+        [A | _] -> A;
+        [] -> undefined
+    end.
+
+measure(F, N, Gap) ->
+    %% CPU is read across the sample and the gap after it (woken schedulers
+    %% spin a while before they sleep again), less the same gap idle.
+    Idle = [begin
+                C0 = cpu_us(),
+                receive after Gap -> ok end,
+                cpu_us() - C0
+            end || _ <- lists:seq(1, N)],
+    Runs = [begin
+                C0 = cpu_us(),
+                #{tick_cost_us := Us} = F(),
+                receive after Gap -> ok end,
+                {Us, cpu_us() - C0}
+            end || _ <- lists:seq(1, N)],
+    Walls = lists:sort([W || {W, _} <- Runs]),
+    #{wall_us_median => lists:nth((N + 1) div 2, Walls),
+      wall_us_max => lists:last(Walls),
+      cpu_us_mean => max(0, (lists:sum([C || {_, C} <- Runs]) - lists:sum(Idle)) div N)}.
