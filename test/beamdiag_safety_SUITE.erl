@@ -1,0 +1,770 @@
+%%% @doc Is beamdiag safe to point at a production node already in trouble?
+%%%
+%%% Every test runs real peer nodes: a node with a million processes and
+%%% 128 schedulers, a node that dies mid-window, a CLI killed with SIGKILL,
+%%% a dropped connection, an overloaded node, missing /proc and cgroup data,
+%%% secrets on the target's command line, hostile process and table names.
+%%% Timing assertions compare with a reference measured in the same test
+%%% (this must pass on a loaded two-core machine); restoration after a fault
+%%% is event driven and asserted within 2 s.
+-module(beamdiag_safety_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([
+    huge_node_no_table_walks/1,
+    target_dies_mid_window/1,
+    cli_sigkill_restores_target/1,
+    connection_drop_restores_target/1,
+    overloaded_target_finishes/1,
+    prior_flags_stay_on/1,
+    proc_unreadable_and_no_cgroup/1,
+    perf_missing/1,
+    cookie_warning/1,
+    secrets_never_leak/1,
+    hostile_names_escaped/1,
+    hostile_capture_escaped/1
+]).
+%% Run on the peer nodes.
+-export([spawn_idle/1, hostile_setup/0, hold_swt/0]).
+
+-define(RESTORE_MS, 2000).
+-define(WINDOW_MS, 3000).
+
+-spec suite() -> [tuple()].
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+-spec all() -> [atom()].
+all() ->
+    [
+        huge_node_no_table_walks,
+        target_dies_mid_window,
+        cli_sigkill_restores_target,
+        connection_drop_restores_target,
+        overloaded_target_finishes,
+        prior_flags_stay_on,
+        proc_unreadable_and_no_cgroup,
+        perf_missing,
+        cookie_warning,
+        secrets_never_leak,
+        hostile_names_escaped,
+        hostile_capture_escaped
+    ].
+
+-spec init_per_suite(list()) -> list().
+init_per_suite(Config) ->
+    {ok, _} = application:ensure_all_started(beamdiag),
+    Config.
+
+-spec end_per_suite(list()) -> ok.
+end_per_suite(_Config) ->
+    ok.
+
+%%%===================================================================
+%%% Huge node
+%%%===================================================================
+
+%% A million idle processes and 128 schedulers: the diagnosis never calls
+%% erlang:processes/0 or ets:all/0 on the target, finishes within the
+%% window plus 2 s (over what a small node needs right now), and every list
+%% and map in the result is bounded.
+-spec huge_node_no_table_walks(list()) -> term().
+huge_node_no_table_walks(_Config) ->
+    Ref = start_target(["+S", "2:2"], []),
+    Huge = start_target(["+P", "2000000", "+S", "128:128", "+SDio", "2"], []),
+    try
+        ok = load_self(Huge),
+        {SpawnUs, ok} = timer:tc(fun() -> peer_call(Huge, ?MODULE, spawn_idle, [1000000], 300000) end),
+        Count = peer_call(Huge, erlang, system_info, [process_count]),
+        ct:log("spawned to ~b processes in ~.1f s", [Count, SpawnUs / 1.0e6]),
+        ?assert(Count >= 1000000),
+        Watched = [{erlang, processes, 0}, {ets, all, 0}, {erlang, ports, 0},
+                   {erlang, process_info, 2}, {erlang, process_info, 1}, {ets, info, 1},
+                   {ets, info, 2}],
+        [1 = peer_call(Huge, erlang, trace_pattern, [MFA, true, [call_count]]) || MFA <- Watched],
+        RefMs = timed_diagnose(Ref),
+        %% The whole session as a user runs it: ship the agent, sample, and
+        %% leave (the agent leaves its modules loaded on a node this big).
+        {HugeMs, {ok, D}} = timed(fun() -> diagnose(Huge, ?WINDOW_MS) end),
+        timer:sleep(1000),
+        Counts = [{MFA, call_count(Huge, MFA)} || MFA <- Watched],
+        ct:log("diagnosis: small node ~b ms, huge node ~b ms (window ~b ms)~ncalls on the "
+               "target during and 1 s after: ~p", [RefMs, HugeMs, ?WINDOW_MS, Counts]),
+        ?assertEqual(0, proplists:get_value({erlang, processes, 0}, Counts)),
+        ?assertEqual(0, proplists:get_value({ets, all, 0}, Counts)),
+        ?assertEqual(0, proplists:get_value({erlang, ports, 0}, Counts)),
+        %% process_info and ets:info are not walked either (a few calls from
+        %% the node's own machinery at most).
+        ?assert(proplists:get_value({erlang, process_info, 2}, Counts) < 100),
+        ?assert(proplists:get_value({ets, info, 2}, Counts) < 100),
+        ?assert(HugeMs =< ?WINDOW_MS + 2000 + max(0, RefMs - ?WINDOW_MS)),
+        {MaxLen, Where} = max_collection(D),
+        Words = erts_debug:flat_size(D),
+        ct:log("largest list or map in the diagnosis: ~b (~p); ~b words in all", [MaxLen, Where, Words]),
+        ?assert(MaxLen =< 4096),
+        ?assert(Words < Count),
+        ?assert(maps:get(process_count, maps:get(vm, maps:get(ledger, D))) >= 1000000),
+        Left = maps:get(left_loaded, maps:get(extras, maps:get(capture, D))),
+        ?assertEqual(lists:sort(Left), beamdiag_modules(Huge)),
+        %% Removing them by hand purges them: OTP's code purger checks every
+        %% process once or twice per module. Measured and logged.
+        _ = [peer_call(Huge, erlang, trace_pattern, [MFA, restart, [call_count]]) || MFA <- Watched],
+        {UnloadUs, ok} = timer:tc(fun() -> beamdiag_remote:unload(node_of(Huge), Left) end),
+        ct:log("unloading ~b agent modules from the huge node: ~.2f s, erlang:processes/0 "
+               "called ~b times (by OTP's code purger)",
+               [length(Left), UnloadUs / 1.0e6, call_count(Huge, {erlang, processes, 0})]),
+        ?assertEqual([], beamdiag_modules(Huge))
+    after
+        stop_target(Huge),
+        stop_target(Ref)
+    end.
+
+%%%===================================================================
+%%% Faults
+%%%===================================================================
+
+%% The target is killed mid-window: the CLI says so, prints the partial
+%% capture, and exits 4.
+-spec target_dies_mid_window(list()) -> term().
+target_dies_mid_window(Config) ->
+    T = start_target([], []),
+    CookieFile = cookie_file(Config, T),
+    Self = self(),
+    IO = capture_io(self()),
+    Runner = spawn_link(fun() ->
+        Self ! {code, beamdiag_cli:run(["diagnose", atom_to_list(node_of(T)), "--cookie-file",
+                                        CookieFile, "--duration", "5", "--interval", "250"], IO)}
+    end),
+    ok = wait_until(fun() -> swt_on(T) end, 10000),
+    timer:sleep(1000),
+    os:cmd("kill -9 " ++ os_pid(T)),
+    Code = receive {code, C} -> C after 30000 -> error(cli_hung) end,
+    unlink(Runner),
+    {Out, Err} = collect_io(),
+    ct:log("exit ~b~nstdout:~n~ts~nstderr:~n~ts", [Code, Out, Err]),
+    ?assertEqual(4, Code),
+    ?assertNotEqual(nomatch, string:find(Err, "went away")),
+    ?assertNotEqual(nomatch, string:find(Out, "TIME LEDGER")),
+    catch peer:stop(peer_of(T)),
+    ok.
+
+%% The CLI, run as an OS process, is killed with SIGKILL mid-window: within
+%% 2 s the target has scheduler_wall_time and msacc off again and no
+%% beamdiag module left.
+-spec cli_sigkill_restores_target(list()) -> term().
+cli_sigkill_restores_target(Config) ->
+    Escript = escript(),
+    T = start_target([], []),
+    try
+        CookieFile = cookie_file(Config, T),
+        Before = beamdiag_modules(T),
+        ?assertNot(msacc_on(T)),
+        Port = open_port({spawn_executable, Escript},
+                         [{args, ["diagnose", atom_to_list(node_of(T)), "--cookie-file", CookieFile,
+                                  "--duration", "20"]},
+                          exit_status, stderr_to_stdout, binary]),
+        {os_pid, CliPid} = erlang:port_info(Port, os_pid),
+        ok = wait_until(fun() -> swt_on(T) andalso msacc_on(T) end, 20000),
+        ?assertNotEqual(Before, beamdiag_modules(T)),
+        timer:sleep(500),
+        os:cmd("kill -9 " ++ integer_to_list(CliPid)),
+        T0 = erlang:monotonic_time(millisecond),
+        ok = wait_until(fun() -> restored(T, Before) end, 10000),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:log("target restored ~b ms after SIGKILL of the CLI", [Ms]),
+        ?assert(Ms =< ?RESTORE_MS),
+        receive {Port, {exit_status, S}} -> ct:log("CLI exit status ~p", [S]) after 5000 -> ok end
+    after
+        stop_target(T)
+    end.
+
+%% The target drops the connection (erlang:disconnect_node on its side):
+%% same restoration within 2 s; the library returns the partial capture.
+-spec connection_drop_restores_target(list()) -> term().
+connection_drop_restores_target(_Config) ->
+    T = start_target([], []),
+    try
+        Before = beamdiag_modules(T),
+        Self = self(),
+        Runner = spawn(fun() -> Self ! {result, diagnose(T, 10000)} end),
+        ok = wait_until(fun() -> swt_on(T) andalso msacc_on(T) end, 20000),
+        timer:sleep(500),
+        true = peer_call(T, erlang, disconnect_node, [node()]),
+        T0 = erlang:monotonic_time(millisecond),
+        ok = wait_until(fun() -> restored(T, Before) end, 10000),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:log("target restored ~b ms after it dropped the connection", [Ms]),
+        ?assert(Ms =< ?RESTORE_MS),
+        Result = receive {result, R} -> R after 20000 -> exit(Runner, kill), timeout end,
+        ?assertMatch({error, {beamdiag, {partial, _, #{capture := #{complete := false}}}}}, Result)
+    after
+        stop_target(T)
+    end.
+
+%% Every scheduler busy with long run queues (+S 2, 2000 busy processes):
+%% the diagnosis still ends within the window plus 2 s over what an idle
+%% node needs right now.
+-spec overloaded_target_finishes(list()) -> term().
+overloaded_target_finishes(_Config) ->
+    Ref = start_target(["+S", "2:2"], []),
+    T = start_target(["+S", "2:2"], []),
+    try
+        ok = load_module_on(T, beamdiag_lab_ledger),
+        ok = peer_call(T, beamdiag_lab_ledger, burn, [120000, 2000]),
+        timer:sleep(1000),
+        RunQ = lists:sum(peer_call(T, erlang, statistics, [run_queue_lengths], 60000)),
+        ?assert(RunQ > 100),
+        RefPhases = phases(Ref),
+        Phases = phases(T),
+        ct:log("run queue ~b; window ~b ms~noverloaded node: ~p~nidle node: ~p",
+               [RunQ, ?WINDOW_MS, Phases, RefPhases]),
+        #{collect := Ms, capture := C} = Phases,
+        #{collect := RefMs} = RefPhases,
+        ?assert(length(maps:get(samples, C)) >= 2),
+        %% The agent's part (high priority) ends within the window plus 2 s.
+        ?assert(Ms =< ?WINDOW_MS + 2000 + max(0, RefMs - ?WINDOW_MS)),
+        %% Connecting and shipping the agent go through the target's
+        %% net_kernel and code server, normal-priority processes that wait
+        %% behind the busy ones: logged, not asserted.
+        #{connect := Cn, load := Ld} = Phases,
+        case Cn + Ld + Ms > ?WINDOW_MS + 2000 + max(0, maps:get(total, RefPhases) - ?WINDOW_MS) of
+            true -> {comment, io_lib:format("connect ~b ms + load ~b ms under overload", [Cn, Ld])};
+            false -> ok
+        end
+    after
+        stop_target(T),
+        stop_target(Ref)
+    end.
+
+%% msacc on and scheduler_wall_time held on by another process before the
+%% run stay on after it; the holder's reference is its own.
+-spec prior_flags_stay_on(list()) -> term().
+prior_flags_stay_on(_Config) ->
+    T = start_target([], []),
+    try
+        false = peer_call(T, erlang, system_flag, [microstate_accounting, true]),
+        ok = load_self(T),
+        Holder = peer_call(T, ?MODULE, hold_swt, []),
+        ?assert(swt_on(T) andalso msacc_on(T)),
+        {ok, _} = diagnose(T, 1500),
+        timer:sleep(200),
+        ?assert(msacc_on(T)),
+        ?assert(swt_on(T)),
+        peer_call(T, erlang, exit, [Holder, kill]),
+        ok = wait_until(fun() -> not swt_on(T) end, 5000)
+    after
+        stop_target(T)
+    end.
+
+%% /proc unreadable (an empty proc root) and no cgroup information: clear
+%% notes, and the rest of the report.
+-spec proc_unreadable_and_no_cgroup(list()) -> term().
+proc_unreadable_and_no_cgroup(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Empty = filename:join(Priv, "empty_proc"),
+    ok = filelib:ensure_path(Empty),
+    D1 = local_diagnosis(Empty),
+    check_notes(D1, [<<"per-thread OS figures unavailable">>, <<"host CPU figures unavailable">>]),
+    %% A proc root with the host files and this process's threads, but no
+    %% cgroup or mountinfo.
+    NoCg = filename:join(Priv, "no_cgroup_proc"),
+    Pid = os:getpid(),
+    ok = filelib:ensure_path(filename:join(NoCg, Pid)),
+    {ok, _} = file:copy("/proc/stat", filename:join(NoCg, "stat")),
+    {ok, _} = file:copy("/proc/loadavg", filename:join(NoCg, "loadavg")),
+    ok = file:make_symlink("/proc/" ++ Pid ++ "/task", filename:join([NoCg, Pid, "task"])),
+    D2 = local_diagnosis(NoCg),
+    check_notes(D2, [<<"cgroup CPU figures unavailable: no cgroup information">>]),
+    ?assertNotEqual([], maps:get(threads, maps:get(ledger, D2))).
+
+local_diagnosis(Root) ->
+    {ok, C} = beamdiag_collect:run(node(), #{duration_ms => 1000, interval_ms => 500,
+                                             msacc => true, locks => false, unload => [],
+                                             proc_root => Root}),
+    beamdiag:analyse(C).
+
+check_notes(D, Wanted) ->
+    Notes = maps:get(notes, maps:get(ledger, D)),
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+    Json = iolist_to_binary(beamdiag_format_json:diagnosis(D)),
+    ct:log("notes ~p", [Notes]),
+    ok = json_check(Json),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"FINDINGS">>)),
+    [?assert(lists:any(fun(N) -> binary:match(N, W) =/= nomatch end, Notes)) || W <- Wanted],
+    [?assertNotEqual(nomatch, binary:match(Text, W)) || W <- Wanted],
+    ok.
+
+%% perf missing: a clear sentence, no crash.
+-spec perf_missing(list()) -> term().
+perf_missing(_Config) ->
+    case code:ensure_loaded(beamdiag_perf) of
+        {module, _} ->
+            Path = os:getenv("PATH"),
+            try
+                true = os:putenv("PATH", "/nonexistent"),
+                R = beamdiag_perf:record(list_to_integer(os:getpid()), #{duration => 1}),
+                ?assertEqual({error, {beamdiag_perf, perf_missing}}, R),
+                Msg = iolist_to_binary(beamdiag_perf:format_error(perf_missing)),
+                ct:log("~ts", [Msg]),
+                ?assertNotEqual(nomatch, binary:match(Msg, <<"perf is not installed">>))
+            after
+                os:putenv("PATH", Path)
+            end;
+        _ ->
+            {skip, "no beamdiag_perf in this build"}
+    end.
+
+%%%===================================================================
+%%% Secrets
+%%%===================================================================
+
+%% --cookie warns that the cookie shows in the process list.
+-spec cookie_warning(list()) -> term().
+cookie_warning(_Config) ->
+    IO = capture_io(self()),
+    Code = beamdiag_cli:run(["diagnose", "nosuchnode@localhost", "--cookie", "warnme",
+                             "--duration", "1"], IO),
+    {Out, Err} = collect_io(),
+    ct:log("exit ~b~n~ts~ts", [Code, Out, Err]),
+    ?assertNotEqual(0, Code),
+    ?assertNotEqual(nomatch, string:find(Err, "warning: --cookie")),
+    ?assertEqual(nomatch, string:find(Out, "warnme")).
+
+%% The cookie (given by file or by BEAMDIAG_COOKIE) never shows in the
+%% process list or the reports; the target's own command-line secrets and
+%% environment stay on the target.
+-spec secrets_never_leak(list()) -> term().
+secrets_never_leak(Config) ->
+    Escript = escript(),
+    Priv = ?config(priv_dir, Config),
+    T = start_target(["-mysecretflag", "FLAGSECRET_4711", "-sub", "false"],
+                     [{"ERL_FLAGS", "-another_secret ERLFLAGSSECRET_0815"},
+                      {"APP_PASSWORD", "ENVSECRET_1337"}]),
+    try
+        Cookie = cookie_of(T),
+        CookieFile = cookie_file(Config, T),
+        Secrets = [Cookie, "FLAGSECRET_4711", "ERLFLAGSSECRET_0815", "ENVSECRET_1337"],
+        JsonOut = filename:join(Priv, "secret.json"),
+        Runs = [
+            {["--cookie-file", CookieFile, "--json", "--out", JsonOut], []},
+            {[], [{"BEAMDIAG_COOKIE", Cookie}]}
+        ],
+        lists:foreach(
+            fun({Extra, Env}) ->
+                Port = open_port({spawn_executable, Escript},
+                                 [{args, ["diagnose", atom_to_list(node_of(T)), "--duration", "2"
+                                          | Extra]},
+                                  {env, Env}, exit_status, stderr_to_stdout, binary]),
+                {os_pid, CliPid} = erlang:port_info(Port, os_pid),
+                ok = wait_until(fun() -> swt_on(T) end, 20000),
+                Cmdline = read_cmdline(CliPid),
+                %% Every process but the target itself, which holds its own
+                %% cookie on its command line.
+                Ps = [L || L <- string:split(os:cmd("ps -eww -o pid= -o args="), "\n", all),
+                           hd(string:lexemes(L ++ " x", " ")) =/= os_pid(T)],
+                [?assertEqual(nomatch, string:find(Cmdline, S)) || S <- [Cookie]],
+                [?assertEqual([], [L || L <- Ps, string:find(L, S) =/= nomatch]) || S <- [Cookie]],
+                Output = port_output(Port, 30000),
+                ct:log("~p~n~ts", [Extra, Output]),
+                ?assertNotEqual(nomatch, string:find(Output, "beamdiag")),
+                [?assertEqual(nomatch, string:find(Output, S)) || S <- Secrets]
+            end,
+            Runs),
+        {ok, Json} = file:read_file(JsonOut),
+        ok = json_check(Json),
+        [?assertEqual(nomatch, string:find(Json, S)) || S <- Secrets],
+        %% The library's own documents too.
+        {ok, D} = diagnose(T, 1000),
+        Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+        Json2 = iolist_to_binary(beamdiag_format_json:diagnosis(D)),
+        Term = iolist_to_binary(io_lib:format("~p", [D])),
+        [?assertEqual(nomatch, string:find(X, S)) || X <- [Text, Json2, Term], S <- Secrets]
+    after
+        stop_target(T)
+    end.
+
+%% A registered process and ETS tables with hostile names, and user
+%% arguments that look like flags beamdiag reads: none reaches a report, and
+%% every report form is clean.
+-spec hostile_names_escaped(list()) -> term().
+hostile_names_escaped(Config) ->
+    Script = "<script>alert(1)</script>",
+    T = start_target(["-scl", Script, "-sfwi", "a\"b'c\\d\ne\tf\rg\e[31m"], []),
+    try
+        ok = load_self(T),
+        ok = peer_call(T, ?MODULE, hostile_setup, []),
+        {ok, D} = diagnose(T, 1500),
+        Settings = maps:get(settings, maps:get(capture, D)),
+        ?assertEqual(<<"true">>, maps:get(scl, Settings)),
+        ?assertEqual(<<"0">>, maps:get(sfwi, Settings)),
+        ?assertEqual([], output_problems(D, Config)),
+        {save_config, [{diagnosis, D}]}
+    after
+        stop_target(T)
+    end.
+
+%% The same diagnosis with hostile strings in every text field a capture
+%% file can carry (node, thread names, flag values, notes): every output
+%% form escapes them, so `beamdiag report' of a crafted file cannot inject
+%% markup or terminal escapes.
+-spec hostile_capture_escaped(list()) -> term().
+hostile_capture_escaped(Config) ->
+    D = case ?config(saved_config, Config) of
+            {hostile_names_escaped, Saved} -> proplists:get_value(diagnosis, Saved);
+            _ -> local_diagnosis("/proc")
+        end,
+    Bads = [<<"<script>alert(1)</script>">>, <<"a\"b'c\\d\ne\tf\rg\e[31mred\e[0m\x00">>,
+            <<"\xff\xfe<\x80>&amp;">>, binary:copy(<<"<x>">>, 2000)],
+    Problems = lists:append([output_problems(beamdiag:analyse(hostile_capture(D, Bad)), Config)
+                             || Bad <- Bads]),
+    ct:log("~p", [Problems]),
+    ?assertEqual([], lists:usort(Problems)).
+
+%% Which output forms let hostile text through, or crash on it:
+%% [{Form, What}].
+output_problems(D, Config) ->
+    Forms = [
+        {text, fun() ->
+            Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+            [{control_characters, Cs} || Cs <- [lists:usort([C || <<C>> <= Text, C < 32, C =/= $\n])],
+                                         Cs =/= []]
+        end},
+        {json, fun() ->
+            Json = iolist_to_binary(beamdiag_format_json:diagnosis(D)),
+            ok = json_check(Json),
+            [raw_angle_bracket || binary:match(Json, <<"<">>) =/= nomatch]
+        end}
+    ] ++ [{html, fun() ->
+              Html = iolist_to_binary(beamdiag_format_html:diagnosis(D)),
+              ok = file:write_file(filename:join(?config(priv_dir, Config), "hostile.html"), Html),
+              case binary:match(Html, [<<"<script>alert">>, <<"<x>">>, <<"\e">>]) of
+                  nomatch -> [];
+                  {P, _} -> [{raw, binary:part(Html, P, min(16, byte_size(Html) - P))}]
+              end
+          end} || code:ensure_loaded(beamdiag_format_html) =:= {module, beamdiag_format_html}],
+    lists:append([try F() of
+                      Found -> [{Form, W} || W <- Found]
+                  catch
+                      C:R:St -> [{Form, {crash, C, R, hd(St)}}]
+                  end || {Form, F} <- Forms]).
+
+%% The capture with Bad in every text field a saved capture file carries.
+hostile_capture(#{capture := C}, Bad) ->
+    Flags = [sbwt, sbwtdcpu, sbwtdio, swt, swtdcpu, swtdio, scl, sub, sfwi, mdai, mmscs, jpperf,
+             bind_type, os],
+    Settings = maps:map(fun(K, V) ->
+                            case lists:member(K, Flags) of
+                                true -> Bad;
+                                false -> V
+                            end
+                        end, maps:get(settings, C)),
+    Samples = [S#{threads := rename_threads(Th, Bad)} || S = #{threads := Th} <- maps:get(samples, C)],
+    C#{settings := Settings, samples := Samples, node := Bad, notes := [Bad]}.
+
+%% Names keep the prefix that classifies them (OTP 25 names), so the ledger
+%% and rules still see schedulers.
+rename_threads(Th, Bad) when is_map(Th) ->
+    maps:map(fun(_Tid, T = #{name := Name}) ->
+                 Prefix = case beamdiag_threads:classify(Name) of
+                              {scheduler, N} -> [integer_to_binary(N), "_sched"];
+                              {dirty_cpu, N} -> [integer_to_binary(N), "_dirty_c"];
+                              {dirty_io, N} -> [integer_to_binary(N), "_dirty_i"];
+                              _ -> "beam"
+                          end,
+                 T#{name := iolist_to_binary([Prefix, Bad])}
+             end, Th);
+rename_threads(E, _) ->
+    E.
+
+%%%===================================================================
+%%% On the peers
+%%%===================================================================
+
+%% @doc N idle processes waiting in receive, owned by nobody.
+-spec spawn_idle(pos_integer()) -> ok.
+spawn_idle(N) ->
+    Parent = self(),
+    Ref = make_ref(),
+    _ = spawn(fun() ->
+        _ = [spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, N)],
+        Parent ! Ref
+    end),
+    receive Ref -> ok end.
+
+%% @doc A registered process and ETS tables with hostile names.
+-spec hostile_setup() -> ok.
+hostile_setup() ->
+    Parent = self(),
+    _ = spawn(fun() ->
+        true = register('<script>alert(1)</script>', self()),
+        _ = ets:new('<script>alert("t")</script>', [named_table, public]),
+        _ = ets:new(list_to_atom("quote\"'\n\ttable\e[0m"), [named_table, public]),
+        _ = ets:new(list_to_atom(lists:duplicate(255, $x)), [named_table, public]),
+        Parent ! ready,
+        receive stop -> ok end
+    end),
+    receive ready -> ok end.
+
+%% @doc A process that turns scheduler_wall_time on and keeps it.
+-spec hold_swt() -> pid().
+hold_swt() ->
+    Parent = self(),
+    Pid = spawn(fun() ->
+        _ = erlang:system_flag(scheduler_wall_time, true),
+        Parent ! on,
+        receive stop -> ok end
+    end),
+    receive on -> Pid end.
+
+%%%===================================================================
+%%% Helpers
+%%%===================================================================
+
+start_target(Args, Env) ->
+    Cookie = "safety_" ++ integer_to_list(rand:uniform(1 bsl 40)),
+    Name = list_to_atom("beamdiag_safety_" ++ os:getpid() ++ "_" ++
+                        integer_to_list(erlang:unique_integer([positive]))),
+    {ok, Peer, Node} = peer:start(#{name => Name, connection => standard_io,
+                                    args => ["-setcookie", Cookie, "-hidden" | Args],
+                                    env => Env, wait_boot => 60000}),
+    OsPid = peer:call(Peer, os, getpid, []),
+    #{peer => Peer, node => Node, cookie => Cookie, os_pid => OsPid}.
+
+stop_target(#{peer := P}) ->
+    catch peer:stop(P),
+    ok.
+
+peer_of(#{peer := P}) -> P.
+node_of(#{node := N}) -> N.
+cookie_of(#{cookie := C}) -> C.
+os_pid(#{os_pid := P}) -> P.
+
+peer_call(T, M, F, A) ->
+    peer_call(T, M, F, A, 30000).
+
+peer_call(#{peer := P}, M, F, A, Timeout) ->
+    peer:call(P, M, F, A, Timeout).
+
+cookie_file(Config, T) ->
+    F = filename:join(?config(priv_dir, Config),
+                      "cookie_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = file:write_file(F, cookie_of(T)),
+    ok = file:change_mode(F, 8#600),
+    F.
+
+diagnose(T, Ms) ->
+    beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => Ms / 1000,
+                                    interval => 500}).
+
+timed(F) ->
+    T0 = erlang:monotonic_time(millisecond),
+    R = F(),
+    {erlang:monotonic_time(millisecond) - T0, R}.
+
+%% A diagnosis step by step, each step timed in milliseconds.
+phases(T) ->
+    Node = atom_to_list(node_of(T)),
+    {Cn, {ok, N}} = timed(fun() -> beamdiag_remote:connect(Node, #{cookie => cookie_of(T)}) end),
+    {Ld, {ok, Loaded}} = timed(fun() -> beamdiag_remote:load(N, beamdiag_agent:modules()) end),
+    {Co, {ok, C}} = timed(fun() ->
+        beamdiag_collect:run(N, #{duration_ms => ?WINDOW_MS, interval_ms => 500, msacc => true,
+                                  locks => false, unload => Loaded})
+    end),
+    #{connect => Cn, load => Ld, collect => Co, total => Cn + Ld + Co, capture => C}.
+
+timed_diagnose(T) ->
+    {Ms, {ok, _}} = timed(fun() -> diagnose(T, ?WINDOW_MS) end),
+    Ms.
+
+load_self(T) ->
+    load_module_on(T, ?MODULE).
+
+load_module_on(T, M) ->
+    {M, Bin, File} = code:get_object_code(M),
+    {module, M} = peer_call(T, code, load_binary, [M, File, Bin]),
+    ok.
+
+call_count(T, MFA) ->
+    case peer_call(T, erlang, trace_info, [MFA, call_count]) of
+        {call_count, N} when is_integer(N) -> N;
+        {call_count, false} -> 0
+    end.
+
+beamdiag_modules(T) ->
+    Loaded = peer_call(T, code, all_loaded, []),
+    Old = peer_call(T, erlang, loaded, []),
+    lists:usort([M || {M, _} <- Loaded, is_beamdiag(M)] ++ [M || M <- Old, is_beamdiag(M)]).
+
+is_beamdiag(M) ->
+    lists:prefix("beamdiag", atom_to_list(M)) andalso M =/= ?MODULE.
+
+swt_on(T) ->
+    peer_call(T, erlang, statistics, [scheduler_wall_time]) =/= undefined.
+
+%% msacc is on when its counters move.
+msacc_on(T) ->
+    A = msacc_sum(T),
+    timer:sleep(30),
+    msacc_sum(T) =/= A.
+
+msacc_sum(T) ->
+    case peer_call(T, erlang, statistics, [microstate_accounting]) of
+        L when is_list(L) -> lists:sum([lists:sum(maps:values(C)) || #{counters := C} <- L]);
+        _ -> 0
+    end.
+
+restored(T, ModsBefore) ->
+    not swt_on(T) andalso not msacc_on(T) andalso beamdiag_modules(T) =:= ModsBefore.
+
+wait_until(F, Ms) ->
+    Until = erlang:monotonic_time(millisecond) + Ms,
+    wait_loop(F, Until).
+
+wait_loop(F, Until) ->
+    case F() of
+        true -> ok;
+        false ->
+            case erlang:monotonic_time(millisecond) > Until of
+                true -> {error, timeout};
+                false -> timer:sleep(20), wait_loop(F, Until)
+            end
+    end.
+
+capture_io(Pid) ->
+    #{out => fun(D) -> Pid ! {io, out, unicode:characters_to_binary(D)}, ok end,
+      err => fun(D) -> Pid ! {io, err, unicode:characters_to_binary(D)}, ok end,
+      colour => false}.
+
+collect_io() ->
+    collect_io(<<>>, <<>>).
+
+collect_io(O, E) ->
+    receive
+        {io, out, D} -> collect_io(<<O/binary, D/binary>>, E);
+        {io, err, D} -> collect_io(O, <<E/binary, D/binary>>)
+    after 0 -> {O, E}
+    end.
+
+escript() ->
+    Beam = code:which(beamdiag),
+    %% .../_build/PROFILE/lib/beamdiag/ebin/beamdiag.beam
+    Root = lists:foldl(fun(_, D) -> filename:dirname(D) end, Beam, lists:seq(1, 5)),
+    E = filename:join([Root, "default", "bin", "beamdiag"]),
+    case filelib:is_regular(E) of
+        true -> E;
+        false -> throw({skip, "the escript is not built (rebar3 escriptize)"})
+    end.
+
+read_cmdline(OsPid) ->
+    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/cmdline") of
+        {ok, B} -> binary:replace(B, <<0>>, <<" ">>, [global]);
+        {error, _} -> <<>>
+    end.
+
+port_output(Port, Ms) ->
+    port_output(Port, Ms, <<>>).
+
+port_output(Port, Ms, Acc) ->
+    receive
+        {Port, {data, D}} -> port_output(Port, Ms, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, _}} -> Acc
+    after Ms ->
+        error({no_exit, Acc})
+    end.
+
+%% The largest list or map anywhere in a term, and its path.
+max_collection(T) ->
+    max_collection(T, [], {0, []}).
+
+max_collection(L, Path, Best) when is_list(L) ->
+    B1 = better({length(L), Path}, Best),
+    lists:foldl(fun(E, B) -> max_collection(E, Path, B) end, B1, L);
+max_collection(M, Path, Best) when is_map(M) ->
+    B1 = better({map_size(M), Path}, Best),
+    maps:fold(fun(K, V, B) -> max_collection(V, [K | Path], B) end, B1, M);
+max_collection(T, Path, Best) when is_tuple(T) ->
+    max_collection(tuple_to_list(T), Path, Best);
+max_collection(_, _, Best) ->
+    Best.
+
+better({N, P}, {M, _}) when N > M -> {N, lists:reverse(P)};
+better(_, Best) -> Best.
+
+%% A strict JSON validator (OTP 25 has no json module): the whole text is
+%% one value.
+json_check(Bin) ->
+    case json_value(skip_ws(Bin)) of
+        {ok, Rest} ->
+            case skip_ws(Rest) of
+                <<>> -> ok;
+                Trail -> error({json_trailing, binary:part(Trail, 0, min(40, byte_size(Trail)))})
+            end;
+        error ->
+            error({json_invalid, binary:part(Bin, 0, min(200, byte_size(Bin)))})
+    end.
+
+skip_ws(<<C, R/binary>>) when C =:= $\s; C =:= $\n; C =:= $\r; C =:= $\t -> skip_ws(R);
+skip_ws(B) -> B.
+
+json_value(<<${, R/binary>>) -> json_members(skip_ws(R), first);
+json_value(<<$[, R/binary>>) -> json_elements(skip_ws(R), first);
+json_value(<<$", R/binary>>) -> json_string(R);
+json_value(<<"true", R/binary>>) -> {ok, R};
+json_value(<<"false", R/binary>>) -> {ok, R};
+json_value(<<"null", R/binary>>) -> {ok, R};
+json_value(<<C, _/binary>> = B) when C =:= $-; C >= $0, C =< $9 -> json_number(B);
+json_value(_) -> error.
+
+json_members(<<$}, R/binary>>, first) -> {ok, R};
+json_members(<<$", R/binary>>, _) ->
+    case json_string(R) of
+        {ok, R1} ->
+            case skip_ws(R1) of
+                <<$:, R2/binary>> ->
+                    case json_value(skip_ws(R2)) of
+                        {ok, R3} ->
+                            case skip_ws(R3) of
+                                <<$,, R4/binary>> -> json_members(skip_ws(R4), next);
+                                <<$}, R4/binary>> -> {ok, R4};
+                                _ -> error
+                            end;
+                        error -> error
+                    end;
+                _ -> error
+            end;
+        error -> error
+    end;
+json_members(_, _) -> error.
+
+json_elements(<<$], R/binary>>, first) -> {ok, R};
+json_elements(B, _) ->
+    case json_value(B) of
+        {ok, R1} ->
+            case skip_ws(R1) of
+                <<$,, R2/binary>> -> json_elements(skip_ws(R2), next);
+                <<$], R2/binary>> -> {ok, R2};
+                _ -> error
+            end;
+        error -> error
+    end.
+
+json_string(<<$", R/binary>>) -> {ok, R};
+json_string(<<$\\, C, R/binary>>) when C =:= $"; C =:= $\\; C =:= $/; C =:= $b; C =:= $f;
+                                       C =:= $n; C =:= $r; C =:= $t -> json_string(R);
+json_string(<<$\\, $u, A, B, C, D, R/binary>>) ->
+    case lists:all(fun(X) -> lists:member(X, "0123456789abcdefABCDEF") end, [A, B, C, D]) of
+        true -> json_string(R);
+        false -> error
+    end;
+json_string(<<C, _/binary>>) when C < 32; C =:= $\\ -> error;
+json_string(<<_/utf8, R/binary>>) -> json_string(R);
+json_string(_) -> error.
+
+json_number(B) ->
+    case re:run(B, "^-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", [{capture, first, index}]) of
+        {match, [{0, N}]} when N > 0 -> {ok, binary:part(B, N, byte_size(B) - N)};
+        _ -> error
+    end.
