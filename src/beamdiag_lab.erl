@@ -2,8 +2,8 @@
 %%% and tests.
 %%%
 %%% A scenario is data: the emulator flags of the node, the workload to
-%%% start on it (`{Module, Function, Args}', the module shipped to the node
-%%% over its control channel), an optional CPU competitor node and an
+%%% start on it (`{Module, Function, Args}', the module and any others
+%%% listed in `modules' shipped to the node over its control channel), an optional CPU competitor node and an
 %%% optional cgroup CPU quota. `start/2' starts the node with OTP's `peer'
 %%% over standard I/O, so the node dies with the session that started it;
 %%% every workload also stops on its own after its time bound.
@@ -24,6 +24,8 @@
     summary := binary(),
     emu_args := [string()],
     load := {module(), atom(), [term()]},
+    modules => [module()],
+    stop => {module(), atom(), [term()]},
     emu_type => lcnt,
     expect => [atom()],
     competitor => #{cpus := pos_integer()},
@@ -100,7 +102,13 @@ start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
 
 %% @doc Stops the workload, the node, the competitor and removes the cgroup.
 -spec stop(lab()) -> ok.
-stop(Lab = #{peer := Peer}) ->
+stop(Lab = #{peer := Peer, scenario := S}) ->
+    %% A workload with helpers outside the node (a redis-server) stops
+    %% them itself before the node goes.
+    case maps:find(stop, S) of
+        {ok, {M, F, A}} -> catch peer:call(Peer, M, F, A, 15000);
+        error -> ok
+    end,
     catch peer:stop(Peer),
     case maps:find(competitor, Lab) of
         {ok, C} -> catch peer:stop(C);
@@ -141,7 +149,8 @@ format_error({workload, Reason}) ->
 
 setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
     Steps = [
-        fun(L) -> load(Peer, Mod, L) end,
+        %% The workload's module and any others it needs.
+        fun(L) -> load_all(Peer, lists:usort([Mod | maps:get(modules, S, [])]), L) end,
         fun(L) -> cgroup(S, L, Duration) end,
         fun(L) -> competitor(S, L, Duration) end,
         fun(L) ->
@@ -156,6 +165,14 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
         end
     ],
     lists:foldl(fun(Step, {ok, L}) -> Step(L); (_, E) -> E end, {ok, Lab}, Steps).
+
+load_all(_Peer, [], Lab) ->
+    {ok, Lab};
+load_all(Peer, [M | Ms], Lab) ->
+    case load(Peer, M, Lab) of
+        {ok, _} -> load_all(Peer, Ms, Lab);
+        E -> E
+    end.
 
 load(Peer, Mod, Lab) ->
     {Mod, Bin, File} = code:get_object_code(Mod),

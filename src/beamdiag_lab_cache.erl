@@ -31,7 +31,6 @@
 -export([
     scenarios/0,
     start/2,
-    start/3,
     stop/1,
     ops/1,
     redis_os_pid/1,
@@ -73,7 +72,8 @@ scenarios() ->
                   "binary_to_term them on every request (term_to_binary with "
                   "{compressed, 6}); the field report's 31% of CPU in binary_to_term.">>,
             emu_args => ["+JPperf", "true"],
-            load => {?MODULE, start, [redis_cache, '$duration_ms', object_code(beamdiag_resp)]},
+            load => {?MODULE, start, [redis_cache, '$duration_ms']},
+            stop => {?MODULE, stop, [redis_cache]},
             modules => [?MODULE, beamdiag_resp]
         },
         #{
@@ -128,25 +128,6 @@ start(Name, Opts0) when Name =:= redis_cache; Name =:= atom_decode; Name =:= erl
         exit(Pid, kill),
         {error, {?MODULE, start_timeout}}
     end.
-
-%% @doc Like `start/2', after loading the modules whose object code is
-%% given (`{Module, Binary, File}' from `code:get_object_code/1') when this
-%% node does not have them: the lab loads only the scenario's own module.
--spec start(name(), map() | pos_integer(),
-            {module(), binary(), file:filename()} | error) ->
-    {ok, pid()} | {error, {?MODULE, term()}}.
-start(Name, Opts, {Mod, Bin, File}) ->
-    case code:ensure_loaded(Mod) of
-        {module, Mod} ->
-            start(Name, Opts);
-        {error, _} ->
-            case code:load_binary(Mod, File, Bin) of
-                {module, Mod} -> start(Name, Opts);
-                {error, Why} -> {error, {?MODULE, {load, Mod, Why}}}
-            end
-    end;
-start(Name, Opts, error) ->
-    start(Name, Opts).
 
 %% @doc Stops a running scenario (and its redis-server).
 -spec stop(name()) -> ok.
@@ -340,12 +321,6 @@ redis_loop(C, K, Ops) ->
     _ = binary_to_term(Bin),
     counters:add(Ops, 1, 1),
     redis_loop(C, K, Ops).
-
-object_code(Mod) ->
-    case code:get_object_code(Mod) of
-        {Mod, Bin, File} -> {Mod, Bin, File};
-        error -> error
-    end.
 
 free_port() ->
     {ok, L} = gen_tcp:listen(0, [{ip, {127, 0, 0, 1}}]),

@@ -131,50 +131,29 @@ run(Opts0) ->
 -spec profile(node(), options()) -> {ok, result()} | {error, {?MODULE, term()}}.
 profile(Node, Opts) ->
     D = maps:get(duration, maps:merge(defaults(), Opts)),
-    case load(Node) of
+    case beamdiag_remote:load(Node, [?MODULE]) of
         {ok, Loaded} ->
             try erpc:call(Node, ?MODULE, run, [Opts], (D + 30) * 1000) of
                 R -> {ok, R}
             catch
                 Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
             after
-                unload(Node, Loaded)
+                beamdiag_remote:unload(Node, Loaded)
             end;
-        {error, _} = E ->
-            E
+        {error, {beamdiag_remote, Why}} ->
+            {error, {?MODULE, {load, Node, Why}}}
     end.
 
 %% @doc Turns an error reason into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({load, Node, Why}) ->
-    io_lib:format("cannot load the sampler onto ~p: ~p", [Node, Why]);
+format_error({load, _Node, Why}) ->
+    ["cannot load the sampler: ", beamdiag_remote:format_error(Why)];
 format_error({remote, Class, Reason}) ->
     io_lib:format("the sampler failed on the target: ~p:~p", [Class, Reason]).
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
-
-load(Node) ->
-    try erpc:call(Node, code, is_loaded, [?MODULE], 10000) of
-        {file, _} ->
-            {ok, false};
-        false ->
-            {?MODULE, Bin, File} = code:get_object_code(?MODULE),
-            case erpc:call(Node, code, load_binary, [?MODULE, File, Bin], 10000) of
-                {module, ?MODULE} -> {ok, true};
-                Err -> {error, {?MODULE, {load, Node, Err}}}
-            end
-    catch
-        Class:Reason -> {error, {?MODULE, {load, Node, {Class, Reason}}}}
-    end.
-
-unload(_Node, false) ->
-    ok;
-unload(Node, true) ->
-    _ = catch erpc:call(Node, code, delete, [?MODULE], 10000),
-    _ = catch erpc:call(Node, code, soft_purge, [?MODULE], 10000),
-    ok.
 
 loop(Now, St = #{stop := Stop}) when Now >= Stop ->
     St;

@@ -180,8 +180,12 @@ measure(Load, EmuArgs) ->
 start_peer(EmuArgs) ->
     require_lcnt(),
     Name = list_to_atom("beamdiag_locks_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    %% Control over standard I/O: the test node may already be a hidden node
+    %% that does not listen (an earlier diagnosis made it one), so the peer
+    %% cannot connect back to it.
     {ok, Peer, Node} = peer:start_link(#{
         name => Name,
+        connection => standard_io,
         args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
         wait_boot => 30000
     }),
