@@ -256,7 +256,15 @@ handle_info(_, S) ->
 %% Puts back what init changed.
 -spec terminate(term(), map()) -> ok.
 terminate(_Why, #{httpd := Httpd, msacc_was := MsaccWas}) ->
+    %% Wait for the server to be gone, so that the port and the server's
+    %% registered names are free when this returns.
+    MRef = erlang:monitor(process, Httpd),
     catch inets:stop(stand_alone, Httpd),
+    receive
+        {'DOWN', MRef, process, Httpd, _} -> ok
+    after 5000 ->
+        exit(Httpd, kill)
+    end,
     case MsaccWas of
         {was, Was} -> _ = erlang:system_flag(microstate_accounting, Was);
         untouched -> ok
