@@ -32,6 +32,9 @@ spec() ->
               help => "also save the whole capture to FILE (beamdiag report FILE re-renders it)"},
             #{key => html, long => "--html", type => string, metavar => "FILE",
               help => "also write a self-contained HTML report to FILE"},
+            #{key => perf, long => "--perf", type => boolean, default => false,
+              help => "also record a perf profile over the window (run on the node's host; "
+                      "see beamdiag flame)"},
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
@@ -70,7 +73,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           msacc => not maps:get(no_msacc, Opts),
           locks => not maps:get(no_locks, Opts),
           progress => progress(IO)}),
-    Result = beamdiag:diagnose(Node, LibOpts),
+    Result = with_profile(Node, Opts, IO, fun() -> beamdiag:diagnose(Node, LibOpts) end),
     end_progress(IO),
     case Result of
         {ok, Diagnosis} ->
@@ -137,6 +140,51 @@ progress(#{err := Err}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% With --perf, a perf profile is recorded over the same window in a
+%% process of its own; its findings join the diagnosis and the flamegraph
+%% goes into the capture (the HTML report shows it).
+with_profile(Node, Opts = #{perf := true, duration := D}, IO = #{err := Err}, Diagnose) ->
+    case beamdiag_remote:connect(Node, maps:with([cookie, cookie_file], Opts)) of
+        {ok, N} ->
+            Self = self(),
+            Ref = make_ref(),
+            {Pid, MRef} = spawn_monitor(fun() ->
+                PIO = IO#{err => fun(_) -> ok end},
+                Self ! {Ref, beamdiag_cli_flame:profile(N, #{duration => max(1, round(D)),
+                                                             out => perf_dir()}, PIO)}
+            end),
+            Result = Diagnose(),
+            Profile = receive
+                          {Ref, P} -> P;
+                          {'DOWN', MRef, process, Pid, Why} -> {error, {crashed, Why}}
+                      end,
+            erlang:demonitor(MRef, [flush]),
+            attach_profile(Result, Profile, Err);
+        {error, _} ->
+            %% The diagnosis says why the node cannot be reached.
+            Diagnose()
+    end;
+with_profile(_Node, _Opts, _IO, Diagnose) ->
+    Diagnose().
+
+attach_profile({ok, #{capture := C}}, {ok, #{profile := P, method := M, node := N}}, _Err) ->
+    Extras = maps:get(extras, C, #{}),
+    Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => atom_to_list(N)})),
+    Profile = #{profile => P, method => M, svg => Svg, summary => beamdiag_fold:summary(P)},
+    {ok, beamdiag:analyse(C#{extras => Extras#{profile => Profile}})};
+attach_profile(Result, {error, {M, R}}, Err) when is_atom(M) ->
+    Err(["beamdiag: no profile: ", M:format_error(R), "\n"]),
+    Result;
+attach_profile(Result, {error, R}, Err) ->
+    Err(io_lib:format("beamdiag: no profile: ~p~n", [R])),
+    Result;
+attach_profile(Result, _, _Err) ->
+    Result.
+
+perf_dir() ->
+    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; T -> T end,
+                  "beamdiag-perf-" ++ os:getpid()).
 
 end_progress(#{err := Err}) ->
     Err("\r                                  \r").

@@ -47,9 +47,17 @@ document(#{capture := C, ledger := L, findings := F}) ->
         findings => [finding(X) || X <- F],
         notes => maps:get(notes, L)
     },
-    case maps:get(extras, C, #{}) of
-        #{locks := Locks} -> Doc#{locks => Locks};
-        _ -> Doc
+    Extras = maps:get(extras, C, #{}),
+    Doc1 = case Extras of
+               #{locks := Locks} -> Doc#{locks => Locks};
+               _ -> Doc
+           end,
+    case Extras of
+        #{profile := #{summary := S, method := M, profile := P}} ->
+            Doc1#{profile => #{method => M, summary => S,
+                               top => beamdiag_fold:top(P, #{kind => all, limit => 20})}};
+        _ ->
+            Doc1
     end.
 
 %%%===================================================================

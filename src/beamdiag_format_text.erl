@@ -29,6 +29,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
         ledger_table(L, Opts),
         msacc(L),
         locks(C),
+        profile(C),
         notes(L)
     ].
 
@@ -197,6 +198,16 @@ locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
         _ -> ""
     end;
 locks(_) ->
+    "".
+
+profile(#{extras := #{profile := #{profile := P, method := M}}}) ->
+    S = beamdiag_fold:summary(P),
+    [
+        io_lib:format("~nPROFILE (~s): ~b samples, [unknown] frames in ~.1f% of them~n",
+                      [M, maps:get(samples, S), 100 * maps:get(unknown_share, S)]),
+        beamdiag_fold:format_top("top functions", beamdiag_fold:top(P, #{kind => all, limit => 8}))
+    ];
+profile(_) ->
     "".
 
 notes(#{notes := []}) -> "";

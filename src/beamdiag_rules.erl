@@ -283,7 +283,7 @@ extras(Capture, Ledger) ->
                 _ -> []
             end,
     Profile = case maps:find(profile, Extras) of
-                  {ok, P = #{}} -> call_optional(beamdiag_profile_rules, findings, [P, #{}]);
+                  {ok, #{profile := P}} -> call_optional(beamdiag_profile_rules, findings, [P, #{}]);
                   _ -> []
               end,
     Locks ++ Profile.
