@@ -26,7 +26,7 @@ init_per_suite(Config) ->
         [Elixir, Mix, Rebar3] when is_list(Elixir), is_list(Mix), is_list(Rebar3) ->
             [{root, Root}, {elixir, Elixir}, {mix, Mix}, {rebar3, Rebar3} | Config];
         _ ->
-            {skip, "elixir, mix or rebar3 is not installed (Debian: elixir, rebar3)"}
+            beamdiag_test_lib:missing("elixir, mix or rebar3 is not installed (Debian: elixir, rebar3)")
     end.
 
 end_per_suite(_Config) ->

@@ -16,7 +16,7 @@ all() ->
 
 init_per_suite(Config) ->
     case os:find_executable("perf") of
-        false -> {skip, "perf is not installed"};
+        false -> beamdiag_test_lib:missing("perf is not installed");
         _ -> Config
     end.
 
@@ -32,7 +32,7 @@ init_per_testcase(flame_cli, Config) ->
     end;
 init_per_testcase(redis_cache_perf, Config) ->
     case os:find_executable("redis-server") of
-        false -> {skip, "redis-server is not installed"};
+        false -> beamdiag_test_lib:missing("redis-server is not installed");
         _ -> start_lab(redis_cache, Config, [])
     end;
 init_per_testcase(_, Config) ->
@@ -186,7 +186,7 @@ start_dist_node(Config) ->
             timer:sleep(1500),
             [{dist_node, Node}, {node, Node}, {dist_port, Port} | Config];
         error ->
-            {skip, "the target node did not come up"}
+            ct:fail("the target node did not come up")
     end.
 
 wait_node(_Node, 0) ->
