@@ -53,6 +53,9 @@ thresholds() ->
         %% Runnable-wait as a share of scheduler wall time.
         runq_share_warn => 0.10,
         runq_share_crit => 0.30,
+        %% CPUs used by the rest of the host below which a runnable wait is
+        %% the node competing with itself.
+        external_cpus_min => 0.30,
         %% Share of CFS periods throttled, and throttled time per second.
         throttled_ratio_warn => 0.10,
         throttled_ratio_crit => 0.40,
@@ -117,15 +120,26 @@ cpu_starvation(L, _Settings, T) ->
     Share = ratio(Runq, Wall),
     Host = maps:get(host, L),
     Steal = maps:get(steal, Host, 0.0),
-    Severity = level(Share, map_get(runq_share_warn, T), map_get(runq_share_crit, T)),
+    %% CPU the rest of the host used: when it is small, the node's own
+    %% threads (normal and dirty schedulers together) want more CPUs than
+    %% there are, which the node's other findings explain better.
+    External = max(0.0, maps:get(busy, Host, 0.0) * maps:get(ncpu, Host, 0) - cpus_used(L)),
+    Own = External + Steal * maps:get(ncpu, Host, 0) < map_get(external_cpus_min, T),
+    Severity = case level(Share, map_get(runq_share_warn, T), map_get(runq_share_crit, T)) of
+                   none -> none;
+                   _ when Own -> info;
+                   S -> S
+               end,
     Worst = worst(runq, Rows),
     emit(cpu_starvation, Severity, [
         fmt("scheduler threads waited ~.2f s for a CPU: ~s of their wall time", [Runq, pct(Share)]),
         fmt("worst thread ~s waited ~s of the window", [maps:get(name, Worst), pct(ratio(maps:get(runq, Worst), maps:get(wall, Worst)))]),
-        fmt("host: ~b CPUs, ~s busy, steal ~s, load ~s; the node itself used ~.2f CPUs",
-            [maps:get(ncpu, Host, 0), pct(maps:get(busy, Host, 0.0)), pct(Steal), load(Host), cpus_used(L)])
-    ], #{runq_s => Runq, runq_share => Share, steal_share => Steal,
-         host_busy => maps:get(busy, Host, 0.0)}).
+        fmt("host: ~b CPUs, ~s busy, steal ~s, load ~s; the node used ~.2f CPUs, the rest of the host ~.2f",
+            [maps:get(ncpu, Host, 0), pct(maps:get(busy, Host, 0.0)), pct(Steal), load(Host), cpus_used(L), External])
+    ] ++ [<<"little else runs on the host: the node's own busy threads (normal and dirty "
+            "schedulers) outnumber its CPUs">> || Own],
+      #{runq_s => Runq, runq_share => Share, steal_share => Steal, external_cpus => External,
+        host_busy => maps:get(busy, Host, 0.0)}).
 
 cpu_throttling(L, _Settings, T) ->
     Cg = maps:get(cgroup, L),

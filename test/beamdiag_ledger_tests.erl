@@ -73,7 +73,7 @@ system_cpu_test() ->
 throttling_test() ->
     #{cgroup := Cg} = beamdiag_ledger:build(capture("cpu_throttling")),
     ?assert(maps:get(throttled_ratio, Cg) > 0.5),
-    ?assertEqual(0.5, maps:get(quota_cpus, Cg)).
+    ?assertEqual(0.2, maps:get(quota_cpus, Cg)).
 
 dirty_gc_test() ->
     #{msacc := #{by_type := #{dirty_cpu := #{seconds := S}}}, window_s := W} =
