@@ -196,7 +196,7 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
     exit(normal).
 
 %% Purging a module makes OTP's code purger check every process for
-%% references to it, once or twice per module (measured: 20 to 30 s of
+%% references to it, once or twice per module (measured: 14 to 30 s of
 %% purger work for five modules on a node with a million processes). On a
 %% node with more processes than the limit the agent leaves its modules
 %% loaded, inert, and says so in the extras (`left_loaded'); the next
