@@ -6,7 +6,8 @@
 %%%
 %%% 1. Throughput: a CPU-bound workload on a peer node (+S 2), measured with
 %%%    nobody watching (A) and while beamdiag_collect:run samples it at 1 s
-%%%    (B1) or 100 ms (B2) ticks, in alternating runs A B1 A B2 A ... Each B
+%%%    (B1) or 100 ms (B2) ticks, or at 1 s without microstate accounting
+%%%    (B3), in alternating runs A B1 A B2 A B3 A ... Each B
 %%%    run is compared with the mean of the A runs either side of it; the
 %%%    figure is the median throughput ratio and its spread, as work per
 %%%    wall second and as work per CPU second of the node (steadier on a
@@ -34,7 +35,8 @@ main(Args) ->
         end,
     setup_paths(),
     Load = compile_load(),
-    io:format("== overhead: ~b cycles of A B1s A B100ms, ~b s runs~n", [Cycles, RunS]),
+    io:format("== overhead: ~b cycles of A B1s A B100ms A B1s-no-msacc, ~b s runs~n",
+              [Cycles, RunS]),
     Overhead = throughput(Load, Cycles, RunS),
     io:format("== agent peak memory~n"),
     memory(Load),
@@ -60,29 +62,37 @@ throughput(Load, Cycles, RunS) ->
         %% Warm up: one unwatched run, one watched.
         _ = run(Peer, Node, off, Ms div 2),
         _ = run(Peer, Node, 1000, Ms div 2),
-        Seq = lists:append([[off, 1000, off, 100] || _ <- lists:seq(1, Cycles)]) ++ [off],
+        Seq = lists:append([[off, 1000, off, 100, off, no_msacc] || _ <- lists:seq(1, Cycles)])
+              ++ [off],
         Runs = [{Mode, run(Peer, Node, Mode, Ms)} || Mode <- Seq],
         Wall = [{Mode, W} || {Mode, {W, _, _}} <- Runs],
         Cpu = [{Mode, C} || {Mode, {_, C, _}} <- Runs],
         R1 = ratios(Cpu, 1000),
         R100 = ratios(Cpu, 100),
+        RNo = ratios(Cpu, no_msacc),
         io:format("work per wall second (moves with the neighbours' load):~n"),
         report("1 s ticks", ratios(Wall, 1000)),
         report("100 ms ticks", ratios(Wall, 100)),
+        report("1 s, no msacc", ratios(Wall, no_msacc)),
         io:format("work per CPU second of the node (the budget figure):~n"),
         report("1 s ticks", R1),
         report("100 ms ticks", R100),
+        report("1 s, no msacc", RNo),
         lists:foreach(
             fun(I) ->
                 Ticks = [T || {Mode, {_, _, T}} <- Runs, Mode =:= I],
                 Duty = [D || #{duty := D} <- Ticks],
                 Gap = [G || #{gap_ms := G} <- Ticks],
-                io:format("~4b ms ticks: sampling took ~.2f% of the window (wall time of "
-                          "the ticks); ticks came every ~.0f ms on average~n",
+                io:format("~-9w ticks: sampling took ~.2f% of the window (wall time of "
+                          "the ticks); ticks came every ~.1f ms on average~n",
                           [I, 100 * mean(Duty), mean(Gap)])
             end,
-            [1000, 100]),
-        verdict(R1)
+            [1000, 100, no_msacc]),
+        io:format("with microstate accounting on (the default):~n"),
+        V = verdict(R1),
+        io:format("with --no-msacc:~n"),
+        _ = verdict(RNo),
+        V
     after
         peer:stop(Peer)
     end.
@@ -90,9 +100,13 @@ throughput(Load, Cycles, RunS) ->
 run(Peer, _Node, off, Ms) ->
     {W, C} = peer:call(Peer, overhead_load, rate, [Ms], Ms + 10000),
     {W, C, #{}};
-run(Peer, Node, Interval, Ms) ->
+run(Peer, Node, no_msacc, Ms) ->
+    run(Peer, Node, {1000, false}, Ms);
+run(Peer, Node, Interval, Ms) when is_integer(Interval) ->
+    run(Peer, Node, {Interval, true}, Ms);
+run(Peer, Node, {Interval, Msacc}, Ms) ->
     Self = self(),
-    Opts = #{duration_ms => Ms + 1500, interval_ms => Interval, msacc => true, locks => false,
+    Opts = #{duration_ms => Ms + 1500, interval_ms => Interval, msacc => Msacc, locks => false,
              unload => []},
     Collector = spawn_link(fun() -> Self ! {collected, self(), beamdiag_collect:run(Node, Opts)} end),
     %% Let the agent start and take its first tick.

@@ -17,9 +17,10 @@
 -export([cli_argv/1, proc_parsers/1, cgroup_parsers/1, vm_flags/1, perf_script/1,
          capture_files/1]).
 
-%% Commands whose raw echo of file names is logged rather than failed: their
-%% messages come from the capture reader.
--define(LOG_ONLY, ["report", "compare"]).
+%% Commands whose raw echo of user input is logged rather than failed (for
+%% now): file names in the capture reader's messages, node names in the
+%% cluster command's (also `diagnose --cluster').
+-define(LOG_ONLY, ["report", "compare", "cluster"]).
 
 -define(SECONDS, 12).
 %% The one node name the fuzzer may produce: well formed, never running.
@@ -100,7 +101,8 @@ cli_argv(_Config) ->
             {crash, {error, {escape_in_output, Out}, _}} ->
                 %% User input echoed raw to the terminal: a failure in the
                 %% command line's own code; logged for the others' commands.
-                case lists:member(hd(Argv ++ [""]), ?LOG_ONLY) of
+                case lists:member(hd(Argv ++ [""]), ?LOG_ONLY)
+                     orelse lists:member("--cluster", Argv) of
                     true ->
                         ct:log("raw escape in output of ~w:~n~w", [Argv, Out]),
                         {raw_escape, hd(Argv)};
@@ -216,8 +218,12 @@ junk_arg() ->
 junk_char() ->
     case rand:uniform(6) of
         1 -> rand:uniform(31);
-        2 -> pick([16#e9, 16#263a, 16#1F600, 16#7f, 16#fffd, 16#200b])
-        ;_ -> case rand:uniform(94) + 32 of $@ -> $a; C -> C end
+        2 -> pick([16#e9, 16#263a, 16#1F600, 16#7f, 16#fffd, 16#200b]);
+        _ ->
+            case rand:uniform(94) + 32 of
+                $@ -> $a;
+                C -> C
+            end
     end.
 
 safe_word() ->
@@ -430,8 +436,9 @@ mutate_term(T) ->
     end.
 
 junk_term() ->
-    pick([undefined, -1, 0, 1.0e300, -0.0, <<>>, <<255, 0, 10>>, [], #{}, {}, [a | b], {'$a', <<"no_such_atom_xyz">>},
-          {'$a', 42}, lists:seq(1, 100), #{<<"k">> => [1, 2]}, make_ref(), self(), 1 bsl 200]).
+    pick([undefined, -1, 0, 1.0e300, -0.0, <<>>, <<255, 0, 10>>, [], #{}, {}, [a | b],
+          {'$a', <<"no_such_atom_xyz">>}, {'$a', 42}, lists:seq(1, 100), #{<<"k">> => [1, 2]},
+          make_ref(), self(), 1 bsl 200]).
 
 %%%===================================================================
 %%% Inputs

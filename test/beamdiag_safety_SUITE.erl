@@ -297,22 +297,39 @@ check_notes(D, Wanted) ->
     [?assertNotEqual(nomatch, binary:match(Text, W)) || W <- Wanted],
     ok.
 
-%% perf missing: a clear sentence, no crash.
+%% perf missing (a PATH without it) or not permitted (a perf that answers
+%% as the kernel does under perf_event_paranoid): a clear sentence each, no
+%% crash.
 -spec perf_missing(list()) -> term().
-perf_missing(_Config) ->
+perf_missing(Config) ->
     case code:ensure_loaded(beamdiag_perf) of
         {module, _} ->
+            OsPid = list_to_integer(os:getpid()),
             Path = os:getenv("PATH"),
             try
                 true = os:putenv("PATH", "/nonexistent"),
-                R = beamdiag_perf:record(list_to_integer(os:getpid()), #{duration => 1}),
+                R = beamdiag_perf:record(OsPid, #{duration => 1}),
                 ?assertEqual({error, {beamdiag_perf, perf_missing}}, R),
                 Msg = iolist_to_binary(beamdiag_perf:format_error(perf_missing)),
                 ct:log("~ts", [Msg]),
                 ?assertNotEqual(nomatch, binary:match(Msg, <<"perf is not installed">>))
             after
                 os:putenv("PATH", Path)
-            end;
+            end,
+            Priv = ?config(priv_dir, Config),
+            Fake = filename:join(Priv, "perf"),
+            ok = file:write_file(Fake, "#!/bin/sh\necho 'Error: Access to performance monitoring "
+                                       "and observability operations is limited. Consider "
+                                       "tweaking /proc/sys/kernel/perf_event_paranoid' >&2\n"
+                                       "exit 255\n"),
+            ok = file:change_mode(Fake, 8#755),
+            R2 = beamdiag_perf:record(OsPid, #{duration => 1, perf => Fake,
+                                               dir => filename:join(Priv, "perf_out")}),
+            ?assertMatch({error, {beamdiag_perf, {not_permitted, _, _}}}, R2),
+            {error, {beamdiag_perf, Why}} = R2,
+            Msg2 = iolist_to_binary(beamdiag_perf:format_error(Why)),
+            ct:log("~ts", [Msg2]),
+            ?assertNotEqual(nomatch, binary:match(Msg2, <<"perf_event_paranoid">>));
         _ ->
             {skip, "no beamdiag_perf in this build"}
     end.
