@@ -90,7 +90,11 @@ run(["--version" | _], #{out := Out}) ->
     {ok, Vsn} = application:get_key(beamdiag, vsn),
     Out(["beamdiag ", Vsn, "\n"]),
     ?EXIT_OK;
-run([Cmd | Rest], IO = #{out := Out, err := Err}) ->
+run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
+    %% Messages may quote file names, node names and other input: nothing
+    %% but newlines and carriage returns goes to the terminal raw.
+    Err = fun(D) -> Err0(terminal_safe(D)) end,
+    IO = IO0#{err => Err},
     case lists:keyfind(Cmd, 1, commands()) of
         false ->
             Err(["beamdiag: unknown command '", printable(Cmd), "'\n\n", top_usage()]),
@@ -178,7 +182,7 @@ emit(Text, Opts, #{out := Out, err := Err}) ->
     end.
 
 %% @doc Turns a parse error into a sentence.
--spec format_error(term()) -> iolist().
+-spec format_error(term()) -> unicode:chardata().
 format_error({unknown_option, O}) -> ["unknown option ", printable(O)];
 format_error({missing_value, O}) -> ["option ", O, " needs a value"];
 format_error({bad_value, O, V, Why}) -> ["bad value '", printable(V), "' for ", O, ": ", Why];
@@ -359,6 +363,18 @@ option_line(Left, Help) ->
         N when N =< 24 -> io_lib:format("  ~-24s ~s~n", [L, Help]);
         _ -> io_lib:format("  ~s~n  ~24s ~s~n", [L, "", Help])
     end.
+
+terminal_safe(D) ->
+    Bin = case unicode:characters_to_binary(D) of
+              B when is_binary(B) -> B;
+              _ -> << <<(if C < 128 -> C; true -> $? end)>> || <<C>> <= iolist_to_binary(D) >>
+          end,
+    << <<(case C of
+              $\n -> C;
+              $\r -> C;
+              _ when C < 32; C =:= 127 -> $?;
+              _ -> C
+          end)/utf8>> || <<C/utf8>> <= Bin >>.
 
 %% Echoes user input in errors without letting control characters through.
 printable(S) ->

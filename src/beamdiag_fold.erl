@@ -222,7 +222,7 @@ top(#{stacks := Stacks, samples := N}, Opts) ->
     lists:sublist(Sorted, Limit).
 
 %% @doc A top table as text.
--spec format_top(string() | binary(), [top_row()]) -> iolist().
+-spec format_top(string() | binary(), [top_row()]) -> unicode:chardata().
 format_top(Title, Rows) ->
     [
         Title, "\n",

@@ -19,19 +19,26 @@
 %%%===================================================================
 
 %% @doc The whole report. Options: `colour' (false).
--spec diagnosis(beamdiag:diagnosis(), map()) -> iolist().
+-spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
 diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
-    [
+    Plain = iolist_to_binary([
         header(C, L),
         "\n",
-        findings(F, Opts),
+        findings(F, Opts#{colour => false}),
         "\n",
         ledger_table(L, Opts),
         msacc(L),
         locks(C),
         profile(C),
         notes(L)
-    ].
+    ]),
+    %% Strings from the target or a capture file may hold anything: the
+    %% report is made safe for a terminal as a whole, then coloured.
+    Clean = clean(Plain),
+    case maps:get(colour, Opts, false) of
+        true -> colourise(Clean);
+        false -> Clean
+    end.
 
 %% @doc The findings section.
 -spec findings([beamdiag_finding:finding()], map()) -> iolist().
@@ -118,20 +125,35 @@ header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     ].
 
 finding(#{id := Id, severity := Sev, title := Title, evidence := Ev, fix := Fix,
-          when_not := WhenNot}, Opts) ->
+          when_not := WhenNot}, _Opts) ->
     Tag = string:uppercase(atom_to_list(Sev)),
     [
-        "\n", colour(Sev, ["[", Tag, "]"], Opts), " ", atom_to_list(Id), ": ", Title, "\n",
+        "\n[", Tag, "] ", atom_to_list(Id), ": ", Title, "\n",
         [["  - ", wrap(E, 4, ?WIDTH), "\n"] || E <- Ev],
         "  fix: ", wrap(Fix, 7, ?WIDTH), "\n",
         "  when not: ", wrap(WhenNot, 12, ?WIDTH), "\n"
     ].
 
-colour(_, Text, #{colour := false}) -> Text;
-colour(critical, Text, #{colour := true}) -> ["\e[1;31m", Text, "\e[0m"];
-colour(warning, Text, #{colour := true}) -> ["\e[1;33m", Text, "\e[0m"];
-colour(info, Text, #{colour := true}) -> ["\e[36m", Text, "\e[0m"];
-colour(_, Text, _) -> Text.
+%% Replaces every control character but the newline, and bytes that are
+%% not UTF-8, by '?'.
+clean(Bin) ->
+    Valid = case unicode:characters_to_binary(Bin) of
+                B when is_binary(B) -> B;
+                _ -> << <<(if C < 128 -> C; true -> $? end)>> || <<C>> <= Bin >>
+            end,
+    << <<(case C of $\n -> C; _ when C < 32; C =:= 127 -> $?; _ -> C end)/utf8>>
+       || <<C/utf8>> <= Valid >>.
+
+%% Colours the severity tags at the start of finding lines.
+colourise(Text) ->
+    lists:foldl(
+        fun({Tag, Esc}, T) ->
+            binary:replace(T, <<"\n[", Tag/binary, "]">>,
+                           <<"\n", Esc/binary, "[", Tag/binary, "]\e[0m">>, [global])
+        end,
+        Text,
+        [{<<"CRITICAL">>, <<"\e[1;31m">>}, {<<"WARNING">>, <<"\e[1;33m">>},
+         {<<"INFO">>, <<"\e[36m">>}]).
 
 type_line(Type, Row = #{n := N, wall := Wall}) ->
     Cells = [pct(share(K, Row, Wall)) || K <- [busy, on_cpu, user, sys, runq, off_cpu, spin]],
@@ -218,6 +240,10 @@ quota(Q) when is_number(Q) -> io_lib:format("~.2f CPUs", [float(Q)]).
 
 %% Strings from the target: printable, one line, bounded.
 safe(B) when is_binary(B) ->
-    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
-     || C <- lists:sublist(unicode:characters_to_list(B), 120), is_integer(C)];
+    case unicode:characters_to_list(B) of
+        L when is_list(L) ->
+            [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end || C <- lists:sublist(L, 120)];
+        _ ->
+            [if C < 32; C > 126 -> $?; true -> C end || <<C>> <= binary:part(B, 0, min(120, byte_size(B)))]
+    end;
 safe(Other) -> io_lib:format("~p", [Other]).

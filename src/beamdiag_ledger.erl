@@ -322,7 +322,15 @@ notes(Capture, First) ->
               #{vm := #{swt := undefined}} -> [<<"scheduler_wall_time unavailable">>];
               _ -> []
           end,
-    maps:get(notes, Capture, []) ++ SourceNotes ++ Swt.
+    Left = case maps:get(extras, Capture, #{}) of
+               #{left_loaded := Mods = [_ | _]} ->
+                   [iolist_to_binary(
+                        ["agent modules left loaded, inert, on the target (unloading would make "
+                         "the code purger check every one of its processes): ",
+                         lists:join(", ", [atom_to_binary(M) || M <- Mods, is_atom(M)])])];
+               _ -> []
+           end,
+    maps:get(notes, Capture, []) ++ SourceNotes ++ Swt ++ Left.
 
 error_text({error, {M, R}}) when is_atom(M) ->
     try iolist_to_binary(M:format_error(R))

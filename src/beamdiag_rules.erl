@@ -330,7 +330,7 @@ level(_, _, _) -> none.
 sched_rows(#{threads := Threads}, Types) ->
     [R || R = #{type := Ty} <- Threads, lists:member(Ty, Types), is_number(maps:get(busy, R))].
 
-sum(K, Rows) -> lists:sum([V || R <- Rows, V <- [maps:get(K, R, 0)], is_number(V)]).
+sum(K, Rows) -> lists:sum([V || R <- Rows, V <- [maps:get(K, R, 0)], is_number(V)]) + 0.0.
 
 worst(K, Rows) ->
     case [R || R <- Rows, is_number(maps:get(K, R, undefined))] of
