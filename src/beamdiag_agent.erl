@@ -223,7 +223,9 @@ collect_extras(#{locks := LockState}) ->
 start_locks(Opts, Restore) ->
     case maps:get(locks, Opts, true) andalso lcnt_available() of
         true ->
-            case beamdiag_lcnt:start(#{}) of
+            %% The lock session keeps a guard of its own that puts the mask back
+            %% should the agent be killed outright.
+            case beamdiag_lcnt:start(#{owner => self()}) of
                 {ok, LS} -> {LS, Restore#{locks => LS}};
                 {error, _} -> {undefined, Restore}
             end;
