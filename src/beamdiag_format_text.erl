@@ -72,7 +72,7 @@ pct(X) -> io_lib:format("~.1f%", [100 * X]).
 %% @doc Wraps text to the width, every line after the first indented.
 -spec wrap(iodata(), non_neg_integer(), pos_integer()) -> iolist().
 wrap(Text, Indent, Width) ->
-    Words = string:lexemes(unicode:characters_to_list(Text), " \n"),
+    Words = string:lexemes(chars(Text), " \n"),
     Pad = lists:duplicate(Indent, $\s),
     {Lines, Last} = lists:foldl(
         fun(W, {Acc, Cur}) ->
@@ -133,6 +133,13 @@ finding(#{id := Id, severity := Sev, title := Title, evidence := Ev, fix := Fix,
         "  fix: ", wrap(Fix, 7, ?WIDTH), "\n",
         "  when not: ", wrap(WhenNot, 12, ?WIDTH), "\n"
     ].
+
+%% Text as characters; bytes that are not UTF-8 become '?'.
+chars(Text) ->
+    case unicode:characters_to_list(Text) of
+        L when is_list(L) -> L;
+        _ -> [if C < 128 -> C; true -> $? end || <<C>> <= iolist_to_binary(Text)]
+    end.
 
 %% Replaces every control character but the newline, and bytes that are
 %% not UTF-8, by '?'.

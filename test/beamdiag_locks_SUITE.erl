@@ -17,6 +17,8 @@
 -define(WINDOW_MS, 4000).
 -define(WARMUP_MS, 1500).
 -define(GC_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
+%% As the lab's ets_hot and ets_sharded scenarios: more writers than cores.
+-define(ETS_ARGS, ["+S", "4:4"]).
 
 all() ->
     [ets_hot, ets_sharded, dirty_gc_alloc, dirty_gc_alloc_mdai, healthy_node,
@@ -45,7 +47,7 @@ end_per_testcase(_Case, _Config) ->
 %% Many writers on one table: the table's hash-slot locks carry a large
 %% share of the window, and the finding names the table.
 ets_hot(_Config) ->
-    Data = measure(ets_hot, []),
+    Data = measure(ets_hot, ?ETS_ARGS),
     Hot = float(table_wait_pct(Data, <<"beamdiag_hot_table">>)),
     ct:pal("ets_hot: beamdiag_hot_table wait ~.2f% of the window, collisions ~.2f%",
            [Hot, table_coll_pct(Data, <<"beamdiag_hot_table">>)]),
@@ -64,7 +66,7 @@ ets_hot(_Config) ->
 %% The same load over one table per scheduler: far less wait, no ETS
 %% finding above info.
 ets_sharded(_Config) ->
-    Data = measure(ets_sharded, []),
+    Data = measure(ets_sharded, ?ETS_ARGS),
     Shards = [Id || #{class := <<"db_hash_slot">>, id := Id = <<"beamdiag_shard_", _/binary>>}
                         <- maps:get(locks, Data)],
     Wait = float(lists:sum([table_wait_pct(Data, Id) || Id <- lists:usort(Shards)])),

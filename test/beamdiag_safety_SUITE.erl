@@ -317,7 +317,8 @@ perf_missing(Config) ->
                 os:putenv("PATH", Path)
             end,
             Priv = ?config(priv_dir, Config),
-            Fake = filename:join(Priv, "perf"),
+            %% priv_dir is shared by the suites of one run: a name of its own.
+            Fake = filename:join(Priv, "fake_perf_" ++ integer_to_list(erlang:unique_integer([positive]))),
             ok = file:write_file(Fake, "#!/bin/sh\necho 'Error: Access to performance monitoring "
                                        "and observability operations is limited. Consider "
                                        "tweaking /proc/sys/kernel/perf_event_paranoid' >&2\n"
