@@ -110,7 +110,7 @@ busy_wait(L, Settings, T) ->
             [OnCpu, Busy, Spin, pct(Share)]),
         fmt("spinning burns ~.2f CPUs of the ~.2f the node uses", [SpinCpus, cpus_used(L)]),
         fmt("busy-wait flags in effect: +sbwt ~s +sbwtdcpu ~s +sbwtdio ~s", Flags)
-    ], #{spin_s => Spin, on_cpu_s => OnCpu, busy_s => Busy, spin_share => Share,
+    ] ++ msacc_spin(L), #{spin_s => Spin, on_cpu_s => OnCpu, busy_s => Busy, spin_share => Share,
          spin_cpus => SpinCpus}).
 
 cpu_starvation(L, _Settings, T) ->
@@ -276,6 +276,23 @@ schedulers_exceed_cpus(L, Settings, _T) ->
             [Online, float(Avail), val(maps:get(logical_processors_available, Settings, null)),
              num(maps:get(quota_cpus, maps:get(cgroup, L), unlimited))])
     ], #{schedulers_online => Online, cpus_available => float(Avail)}).
+
+%% Microstate accounting's own view of the spinning, to set beside the
+%% ledger's: the busy_wait state when the emulator records it, otherwise
+%% the 'other' state that holds it.
+msacc_spin(L = #{msacc := #{by_type := #{scheduler := #{shares := Shares}}, extra := Extra}}) ->
+    [#{spin := Spin, wall := W} | _] = [maps:get(scheduler, maps:get(by_type, L))],
+    Ledger = ratio(Spin, W),
+    case Extra of
+        true ->
+            [fmt("msacc measured busy_wait ~s of scheduler time; the ledger's spin estimate is ~s",
+                 [pct(maps:get(busy_wait, Shares, 0.0)), pct(Ledger)])];
+        false ->
+            [fmt("msacc 'other' (which holds busy_wait in this emulator) is ~s of scheduler time; "
+                 "the ledger's spin estimate is ~s", [pct(maps:get(other, Shares, 0.0)), pct(Ledger)])]
+    end;
+msacc_spin(_) ->
+    [].
 
 %% A throttled node also looks starved (the kernel counts throttled time as
 %% waiting for a CPU), blocked and saturated; name the cause, not the

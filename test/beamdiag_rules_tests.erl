@@ -69,3 +69,15 @@ schedulers_exceed_cpus_test() ->
     More = C#{settings => S#{schedulers_online => 8, logical_processors_available => 2}},
     #{findings := F} = beamdiag:analyse(More),
     ?assert(lists:member(schedulers_exceed_cpus, [Id || #{id := Id} <- F])).
+
+%% The ledger's spin estimate agrees with microstate accounting, which
+%% counts busy-waiting inside 'other' on a default emulator.
+msacc_cross_check_test() ->
+    #{ledger := L, findings := F} = beamdiag:analyse(capture("busy_wait")),
+    #{by_type := #{scheduler := S = #{wall := W}},
+      msacc := #{by_type := #{scheduler := #{shares := Shares}}}} = L,
+    Spin = maps:get(spin, S) / W,
+    Other = maps:get(other, Shares),
+    ?assert(abs(Spin - Other) < 0.10),
+    [#{evidence := Ev}] = [X || X = #{id := busy_wait} <- F],
+    ?assert(lists:any(fun(E) -> binary:match(E, <<"msacc">>) =/= nomatch end, Ev)).
