@@ -4,14 +4,14 @@
 
 -define(DEBIAN_SOURCES, <<
     "Types: deb\n"
-    "# http://snapshot.debian.org/archive/debian/20250520T000000Z\n"
-    "URIs: http://deb.debian.org/debian\n"
+    "# http://archive.example/debian/20250520T000000Z\n"
+    "URIs: http://mirror.example/debian\n"
     "Suites: bookworm bookworm-updates\n"
     "Components: main\n"
     "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
     "\n"
     "Types: deb\n"
-    "URIs: http://deb.debian.org/debian-security\n"
+    "URIs: http://mirror.example/debian-security\n"
     "Suites: bookworm-security\n"
     "Components: main\n"
     "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
@@ -21,7 +21,7 @@ deb822_stanzas_test() ->
     [A, B] = beamdiag_flavor:deb822(?DEBIAN_SOURCES),
     ?assertEqual("deb", maps:get("Types", A)),
     ?assertEqual("bookworm bookworm-updates", maps:get("Suites", A)),
-    ?assertEqual("http://deb.debian.org/debian-security", maps:get("URIs", B)).
+    ?assertEqual("http://mirror.example/debian-security", maps:get("URIs", B)).
 
 deb822_continuation_test() ->
     [S] = beamdiag_flavor:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
