@@ -25,6 +25,8 @@
 %%% '''
 -module(beamdiag_capture).
 
+-include_lib("kernel/include/file.hrl").
+
 -export([save/2, load/1, read/1, encode/1, decode/1, format_error/1]).
 
 -export_type([content/0]).
@@ -88,8 +90,9 @@ load(File) ->
 %% results (each run's diagnosis analysed again).
 -spec read(file:filename()) -> {ok, content()} | {error, {beamdiag_capture, term()}}.
 read(File) ->
+    %% The size is checked before anything is read.
     case file:read_file_info(File) of
-        {ok, #{size := Size}} when Size > ?MAX_FILE ->
+        {ok, #file_info{size = Size}} when Size > ?MAX_FILE ->
             {error, {beamdiag_capture, {too_large, File, Size, ?MAX_FILE}}};
         {ok, _} ->
             case file:read_file(File) of
