@@ -22,13 +22,28 @@ if [ "$what" = test ]; then
     need_cmd chromium || pkgs+=(chromium)
     need_cmd tmux || pkgs+=(tmux)
     need_cmd elixir || pkgs+=(elixir)
+    need_cmd npm || pkgs+=(npm)
     # Building the lock-counting emulator from Debian's source package.
     need_cmd dpkg-source || pkgs+=(dpkg-dev)
     need_cmd gcc || pkgs+=(build-essential)
     dpkg -s libncurses-dev >/dev/null 2>&1 || pkgs+=(libncurses-dev)
 fi
 
+install_npm_tools() {
+    # speedscope, to check that folded stacks load in a standard viewer.
+    [ "$what" = test ] || return 0
+    local dir="${BEAMDIAG_CACHE:-/var/cache/beamdiag}/npm"
+    [ -f "$dir/node_modules/speedscope/dist/release/index.html" ] && return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "setup: npm is missing; the folded-stack viewer test will fail (install nodejs and npm)" >&2
+        return 0
+    fi
+    mkdir -p "$dir" && (cd "$dir" && npm install --silent --no-audit --no-fund speedscope@1.25.0 >/dev/null 2>&1) ||
+        echo "setup: could not install speedscope with npm" >&2
+}
+
 if [ ${#pkgs[@]} -eq 0 ]; then
+    install_npm_tools
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -40,3 +55,4 @@ echo "setup: installing ${pkgs[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+install_npm_tools

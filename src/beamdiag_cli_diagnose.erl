@@ -149,10 +149,11 @@ with_profile(Node, Opts = #{perf := true, duration := D}, IO = #{err := Err}, Di
         {ok, N} ->
             Self = self(),
             Ref = make_ref(),
+            Dir = perf_dir(),
             {Pid, MRef} = spawn_monitor(fun() ->
                 PIO = IO#{err => fun(_) -> ok end},
                 Self ! {Ref, beamdiag_cli_flame:profile(N, #{duration => max(1, round(D)),
-                                                             out => perf_dir()}, PIO)}
+                                                             out => Dir}, PIO)}
             end),
             Result = Diagnose(),
             Profile = receive
@@ -160,6 +161,8 @@ with_profile(Node, Opts = #{perf := true, duration := D}, IO = #{err := Err}, Di
                           {'DOWN', MRef, process, Pid, Why} -> {error, {crashed, Why}}
                       end,
             erlang:demonitor(MRef, [flush]),
+            %% perf's recording and script text are folded by now.
+            _ = file:del_dir_r(Dir),
             attach_profile(Result, Profile, Err);
         {error, _} ->
             %% The diagnosis says why the node cannot be reached.
