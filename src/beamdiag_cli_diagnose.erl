@@ -144,16 +144,15 @@ progress(#{err := Err}) ->
 %% With --perf, a perf profile is recorded over the same window in a
 %% process of its own; its findings join the diagnosis and the flamegraph
 %% goes into the capture (the HTML report shows it).
-with_profile(Node, Opts = #{perf := true, duration := D}, IO = #{err := Err}, Diagnose) ->
+with_profile(Node, Opts = #{perf := true, duration := D}, #{err := Err}, Diagnose) ->
     case beamdiag_remote:connect(Node, maps:with([cookie, cookie_file], Opts)) of
         {ok, N} ->
             Self = self(),
             Ref = make_ref(),
             Dir = perf_dir(),
             {Pid, MRef} = spawn_monitor(fun() ->
-                PIO = IO#{err => fun(_) -> ok end},
-                Self ! {Ref, beamdiag_cli_flame:profile(N, #{duration => max(1, round(D)),
-                                                             out => Dir}, PIO)}
+                Self ! {Ref, beamdiag_profile:profile(N, #{duration => max(1, round(D)),
+                                                           out => Dir}, fun(_) -> ok end)}
             end),
             Result = Diagnose(),
             Profile = receive

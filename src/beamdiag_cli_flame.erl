@@ -15,7 +15,7 @@
 
 -behaviour(beamdiag_cli).
 
--export([spec/0, run/2, profile/3, report/2]).
+-export([spec/0, run/2, report/2]).
 
 -define(EXIT_OK, 0).
 -define(EXIT_FINDINGS, 1).
@@ -64,7 +64,7 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
     case beamdiag_remote:connect(NodeStr, RemoteOpts) of
         {ok, Node} ->
             try
-                case profile(Node, Opts, IO) of
+                case beamdiag_profile:profile(Node, Opts, Err) of
                     {ok, Result} ->
                         write_and_print(Result, Opts, IO);
                     {error, {Mod, Reason}} ->
@@ -77,62 +77,6 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
         {error, {Mod, Reason}} ->
             Err(["beamdiag flame: ", Mod:format_error(Reason), "\n"]),
             ?EXIT_UNREACHABLE
-    end.
-
-%% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
--spec profile(node(), map(), beamdiag_cli:io()) -> {ok, map()} | {error, {module(), term()}}.
-profile(Node, Opts = #{erlang := true}, #{err := Err}) ->
-    D = maps:get(duration, Opts, 10),
-    Hz = min(maps:get(frequency, Opts, 97), 199),
-    Err(io_lib:format("sampling Erlang stacks on ~p for ~b s at ~b Hz...~n", [Node, D, Hz])),
-    case beamdiag_sampler:profile(Node, #{duration => D, frequency => Hz}) of
-        {ok, R = #{stacks := Stacks}} ->
-            P = beamdiag_fold:from_counts(Stacks),
-            {ok, #{profile => P, method => erlang, node => Node, sampler => maps:remove(stacks, R),
-                   findings => beamdiag_profile_rules:findings(P, #{})}};
-        {error, _} = E ->
-            E
-    end;
-profile(Node, Opts, #{err := Err}) ->
-    Out = maps:get(out, Opts, "beamdiag-flame"),
-    case os_pid(Node) of
-        {ok, OsPid} ->
-            MapFile = "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map",
-            _ = case filelib:is_regular(MapFile) of
-                true -> ok;
-                false -> Err(["warning: ", MapFile, " is missing: Erlang code will show as "
-                              "[unknown]; start the node with +JPperf true (or +JPperf map)\n"])
-            end,
-            D = maps:get(duration, Opts, 10),
-            Err(io_lib:format("recording OS process ~b (~p) with perf for ~b s...~n", [OsPid, Node, D])),
-            PerfOpts = #{duration => D, frequency => maps:get(frequency, Opts, 97),
-                         call_graph => maps:get(call_graph, Opts, dwarf), dir => Out,
-                         perf => maps:get(perf, Opts, undefined)},
-            case beamdiag_perf:record(OsPid, PerfOpts) of
-                {ok, Rec = #{script := Script}} ->
-                    %% Frame-pointer chains are garbage rootwards of the
-                    %% first unknown frame: keep the leafward part.
-                    Unknown = case maps:get(call_graph, Opts, dwarf) of
-                        fp -> cut;
-                        _ -> keep
-                    end,
-                    FoldOpts = case filelib:is_regular(MapFile) of
-                        true -> #{perf_map => MapFile, unknown => Unknown};
-                        false -> #{unknown => Unknown}
-                    end,
-                    case beamdiag_fold:fold_file(Script, FoldOpts) of
-                        {ok, P} ->
-                            {ok, #{profile => P, method => perf, node => Node,
-                                   perf => maps:remove(record_output, Rec),
-                                   findings => beamdiag_profile_rules:findings(P, #{})}};
-                        {error, _} = E ->
-                            E
-                    end;
-                {error, _} = E ->
-                    E
-            end;
-        {error, _} = E ->
-            E
     end.
 
 %% @doc The printed summary of a profile result.
@@ -211,17 +155,3 @@ finding_text(#{severity := Sev, title := T, evidence := Ev, fix := Fix}) ->
         ["    fix: ", Fix, "\n"]
     ].
 
-%% The node's OS pid, and a check that it is a process of this host.
-os_pid(Node) ->
-    try
-        OsPid = list_to_integer(erpc:call(Node, os, getpid, [], 5000)),
-        {ok, Here} = inet:gethostname(),
-        There = erpc:call(Node, net_adm, localhost, [], 5000),
-        Host = hd(string:split(There, ".")),
-        case Host =:= hd(string:split(Here, ".")) of
-            false -> {error, {beamdiag_perf, {other_host, There}}};
-            true -> {ok, OsPid}
-        end
-    catch
-        Class:Reason -> {error, {beamdiag_sampler, {remote, Class, Reason}}}
-    end.
