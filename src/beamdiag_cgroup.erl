@@ -127,7 +127,7 @@ parse_mountinfo(Bin) ->
 %% `{QuotaCpus | unlimited, PeriodUs}'.
 -spec parse_cpu_max(binary()) -> {float() | unlimited, pos_integer()}.
 parse_cpu_max(Bin) ->
-    case binary:split(trim(Bin), <<" ">>, [global, trim_all]) of
+    case binary:split(beamdiag_proc:trim(Bin), <<" ">>, [global, trim_all]) of
         [<<"max">>, P] -> {unlimited, period(to_int(P, 100000))};
         [Q, P] ->
             case {to_int(Q, 0), to_int(P, 0)} of
@@ -229,7 +229,7 @@ read_file(File) ->
 read_int(File) ->
     case read_file(File) of
         {ok, Bin} ->
-            case to_int(trim(Bin), undefined) of
+            case to_int(beamdiag_proc:trim(Bin), undefined) of
                 undefined -> {error, bad};
                 I -> {ok, I}
             end;
@@ -238,28 +238,10 @@ read_int(File) ->
     end.
 
 to_int(B, Default) ->
-    try binary_to_integer(trim(B)) of
+    try binary_to_integer(beamdiag_proc:trim(B)) of
         I -> I
     catch
         error:badarg -> Default
-    end.
-
-%% ASCII whitespace off both ends, byte by byte: cgroup text need not be
-%% valid UTF-8, which string:trim/1 rejects.
-trim(B) ->
-    trim_trailing(trim_leading(B)).
-
-trim_leading(<<C, R/binary>>) when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_leading(R);
-trim_leading(B) -> B.
-
-trim_trailing(B) ->
-    case byte_size(B) of
-        0 -> B;
-        N ->
-            case binary:last(B) of
-                C when C =:= $\s; C =:= $\t; C =:= $\n; C =:= $\r -> trim_trailing(binary:part(B, 0, N - 1));
-                _ -> B
-            end
     end.
 
 to_list(P) when is_integer(P) -> integer_to_list(P);

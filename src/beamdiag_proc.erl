@@ -14,7 +14,7 @@
 
 -export([threads/2, threads/3, host/1, clock_ticks/0]).
 -export([parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1, parse_loadavg/1]).
--export([format_error/1]).
+-export([trim/1, format_error/1]).
 
 -export_type([thread/0, host/0]).
 
@@ -261,8 +261,9 @@ put_int(K, V, Acc) ->
         error -> Acc
     end.
 
-%% ASCII whitespace off both ends, byte by byte: /proc text need not be
-%% valid UTF-8, which string:trim/1 rejects.
+%% @doc ASCII whitespace off both ends, byte by byte: /proc and cgroup
+%% text need not be valid UTF-8, which string:trim/1 rejects.
+-spec trim(binary()) -> binary().
 trim(B) ->
     trim_trailing(trim_leading(B)).
 
