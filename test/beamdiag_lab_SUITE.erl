@@ -187,7 +187,7 @@ external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) -
     B * N - U.
 
 escript(Args, Env) ->
-    Bin = filename:join([project_root(), "_build", "default", "bin", "beamdiag"]),
+    {ok, Bin} = beamdiag_test_lib:escript(),
     Port = open_port({spawn_executable, Bin}, [{args, Args}, {env, Env}, exit_status, binary, hide]),
     read_port(Port, <<>>).
 
@@ -196,19 +196,4 @@ read_port(Port, Acc) ->
         {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
         {Port, {exit_status, S}} -> {S, Acc}
     after 60000 -> error(escript_timeout)
-    end.
-
-%% The directory holding rebar.config, above this source file.
-project_root() ->
-    Starts = [filename:dirname(code:which(?MODULE)), filename:dirname(filename:absname(?FILE))],
-    case [R || S <- Starts, R <- [up(S)], R =/= none] of
-        [Root | _] -> Root;
-        [] -> error(no_project_root)
-    end.
-
-up(Dir) ->
-    case filelib:is_regular(filename:join([Dir, "_build", "default", "bin", "beamdiag"])) of
-        true -> Dir;
-        false when Dir =:= "/" -> none;
-        false -> up(filename:dirname(Dir))
     end.

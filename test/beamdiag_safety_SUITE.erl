@@ -667,13 +667,9 @@ collect_io(O, E) ->
     end.
 
 escript() ->
-    Beam = code:which(beamdiag),
-    %% .../_build/PROFILE/lib/beamdiag/ebin/beamdiag.beam
-    Root = lists:foldl(fun(_, D) -> filename:dirname(D) end, Beam, lists:seq(1, 5)),
-    E = filename:join([Root, "default", "bin", "beamdiag"]),
-    case filelib:is_regular(E) of
-        true -> E;
-        false -> throw({skip, "the escript is not built (rebar3 escriptize)"})
+    case beamdiag_test_lib:escript() of
+        {ok, E} -> E;
+        error -> throw({skip, "the escript is not built (rebar3 escriptize)"})
     end.
 
 read_cmdline(OsPid) ->

@@ -1,7 +1,7 @@
 %%% Helpers shared by the Common Test suites.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1]).
+-export([missing/1, fixture/1, escript/0]).
 
 %% A tool the suite needs is missing: skipped on a developer's machine,
 %% a failure in CI, where the set-up must have installed it.
@@ -23,4 +23,18 @@ fixture(Dir, Rel) ->
     case filelib:is_regular(F) of
         true -> F;
         false -> fixture(filename:dirname(Dir), Rel)
+    end.
+
+%% The built escript, found above where the beamdiag modules were loaded
+%% from (`_build/PROFILE/lib/beamdiag/ebin'), whatever directory the suite
+%% runs in: `{ok, Path}', or `error' when it has not been built.
+escript() ->
+    escript(filename:dirname(code:which(beamdiag))).
+
+escript(Dir) ->
+    E = filename:join([Dir, "_build", "default", "bin", "beamdiag"]),
+    case filelib:is_regular(E) of
+        true -> {ok, E};
+        false when Dir =:= "/" -> error;
+        false -> escript(filename:dirname(Dir))
     end.

@@ -21,14 +21,12 @@ all() ->
      duration_ends].
 
 init_per_suite(Config) ->
-    Root = filename:dirname(filename:dirname(proplists:get_value(source, ?MODULE:module_info(compile)))),
-    Escript = filename:join([Root, "_build", "default", "bin", "beamdiag"]),
-    case {os:find_executable("tmux"), filelib:is_regular(Escript)} of
+    case {os:find_executable("tmux"), beamdiag_test_lib:escript()} of
         {false, _} ->
             ct:fail("tmux is not installed (scripts/setup.sh test installs it)");
-        {_, false} ->
-            ct:fail("no escript at ~s: build it first (rebar3 escriptize)", [Escript]);
-        {Tmux, true} ->
+        {_, error} ->
+            ct:fail("no escript: build it first (rebar3 escriptize)");
+        {Tmux, {ok, Escript}} ->
             {ok, Lab} = beamdiag_lab:start(busy_wait, #{duration => 150}),
             Socket = "beamdiag_ct_" ++ os:getpid(),
             [{tmux, Tmux}, {socket, Socket}, {escript, Escript}, {lab, Lab} | Config]
