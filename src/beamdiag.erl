@@ -29,6 +29,7 @@
     duration => number(),
     interval => pos_integer(),
     msacc => boolean(),
+    msacc_span => number(),
     locks => boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
@@ -39,6 +40,7 @@
     duration => 10,
     interval => 1000,
     msacc => true,
+    msacc_span => 2,
     locks => true,
     progress => undefined
 }).
@@ -50,6 +52,9 @@
 
 %% @doc Diagnoses the node this runs on. Options (defaults): `duration'
 %% seconds (10), `interval' ms between samples (1000), `msacc' (true),
+%% `msacc_span' seconds at the end of the window that microstate
+%% accounting covers (2; it slows every thread while on, so the default
+%% keeps it on for a fifth of the default window),
 %% `locks' (true: count locks when the emulator can), `progress' a fun of
 %% (ElapsedMs, DurationMs). Unknown options raise `badarg'.
 -spec diagnose(options()) -> {ok, diagnosis()} | {error, {module(), term()}}.
@@ -106,8 +111,9 @@ analyse(Capture) ->
 -spec options(map()) -> map().
 options(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
-    #{duration := D, interval := I} = O,
+    #{duration := D, interval := I, msacc_span := S} = O,
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
+    (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
     (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
     O.
 
@@ -120,11 +126,13 @@ format_error({partial, Why, _}) ->
 %%% Internal
 %%%===================================================================
 
-collect_opts(#{duration := D, interval := I, msacc := M, locks := L, progress := P}, Unload) ->
+collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
+               progress := P}, Unload) ->
     Base = #{
         duration_ms => max(1, round(D * 1000)),
         interval_ms => I,
         msacc => M,
+        msacc_ms => max(1, round(S * 1000)),
         locks => L,
         unload => Unload
     },

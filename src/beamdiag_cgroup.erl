@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_cgroup).
 
--export([locate/2, locate/3, read/1]).
+-export([locate/2, locate/3, read/1, read/2]).
 -export([parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
 -export([format_error/1]).
 
@@ -30,6 +30,8 @@
 }.
 
 %% Larger numbers in cgroup files are junk; dividing them would overflow.
+%% cpu.stat and friends are a few lines.
+-define(MAX_FILE, 65536).
 -define(INT_MAX, (1 bsl 62)).
 
 %%%===================================================================
@@ -60,28 +62,29 @@ locate(ProcRoot, Pid, Prefix) ->
 
 %% @doc Reads the quota and the throttling counters.
 -spec read(location()) -> {ok, stat()} | {error, {beamdiag_cgroup, term()}}.
-read(#{version := 2, dir := Dir}) ->
-    Quota =
-        case read_file(filename:join(Dir, "cpu.max")) of
-            {ok, Max} -> parse_cpu_max(Max);
-            {error, _} -> {unlimited, 100000}
+read(L) ->
+    element(1, read(L, beamdiag_file:none())).
+
+%% @doc As read/1, reading through (and updating) held descriptors.
+-spec read(location(), beamdiag_file:held()) ->
+    {{ok, stat()} | {error, {beamdiag_cgroup, term()}}, beamdiag_file:held()}.
+read(#{version := 2, dir := Dir}, H0) ->
+    {Quota, H1} =
+        case read_file(filename:join(Dir, "cpu.max"), H0) of
+            {{ok, Max}, H} -> {parse_cpu_max(Max), H};
+            {{error, _}, H} -> {{unlimited, 100000}, H}
         end,
-    case read_file(filename:join(Dir, "cpu.stat")) of
-        {ok, Bin} -> {ok, with_quota(parse_cpu_stat(2, Bin), Quota, 2)};
-        {error, _} -> {error, {beamdiag_cgroup, {unreadable, Dir}}}
-    end;
-read(#{version := 1, dir := Dir}) ->
+    stat(2, Dir, Quota, H1);
+read(#{version := 1, dir := Dir}, H0) ->
+    {Q, H1} = read_int(filename:join(Dir, "cpu.cfs_quota_us"), H0),
+    {P, H2} = read_int(filename:join(Dir, "cpu.cfs_period_us"), H1),
     Quota =
-        case {read_int(filename:join(Dir, "cpu.cfs_quota_us")),
-              read_int(filename:join(Dir, "cpu.cfs_period_us"))} of
-            {{ok, Q}, {ok, P}} when Q > 0, P > 0, Q < ?INT_MAX, P < ?INT_MAX -> {Q / P, P};
-            {_, {ok, P}} -> {unlimited, period(P)};
+        case {Q, P} of
+            {{ok, Qi}, {ok, Pi}} when Qi > 0, Pi > 0, Qi < ?INT_MAX, Pi < ?INT_MAX -> {Qi / Pi, Pi};
+            {_, {ok, Pi}} -> {unlimited, period(Pi)};
             _ -> {unlimited, 100000}
         end,
-    case read_file(filename:join(Dir, "cpu.stat")) of
-        {ok, Bin} -> {ok, with_quota(parse_cpu_stat(1, Bin), Quota, 1)};
-        {error, _} -> {error, {beamdiag_cgroup, {unreadable, Dir}}}
-    end.
+    stat(1, Dir, Quota, H2).
 
 %% @doc Parses /proc/PID/cgroup into `{v2, Path}' and `{v1, Controllers, Path}' entries.
 -spec parse_proc_cgroup(binary()) -> [{v2, binary()} | {v1, [binary()], binary()}].
@@ -219,22 +222,27 @@ stat_key(2, <<"throttled_usec">>) -> {throttled_ns, 1000};
 stat_key(2, <<"usage_usec">>) -> {usage_ns, 1000};
 stat_key(_, _) -> undefined.
 
-read_file(File) ->
-    case prim_file:read_file(File) of
-        {ok, Bin} when byte_size(Bin) =< 1048576 -> {ok, Bin};
-        {ok, _} -> {error, too_large};
-        {error, _} = E -> E
+stat(Version, Dir, Quota, H0) ->
+    case read_file(filename:join(Dir, "cpu.stat"), H0) of
+        {{ok, Bin}, H} -> {{ok, with_quota(parse_cpu_stat(Version, Bin), Quota, Version)}, H};
+        {{error, _}, H} -> {{error, {beamdiag_cgroup, {unreadable, Dir}}}, H}
     end.
 
-read_int(File) ->
-    case read_file(File) of
-        {ok, Bin} ->
+read_file(File) ->
+    element(1, read_file(File, beamdiag_file:none())).
+
+read_file(File, H) ->
+    beamdiag_file:read(File, ?MAX_FILE, H).
+
+read_int(File, H0) ->
+    case read_file(File, H0) of
+        {{ok, Bin}, H} ->
             case to_int(beamdiag_proc:trim(Bin), undefined) of
-                undefined -> {error, bad};
-                I -> {ok, I}
+                undefined -> {{error, bad}, H};
+                I -> {{ok, I}, H}
             end;
-        E ->
-            E
+        {E, H} ->
+            {E, H}
     end.
 
 to_int(B, Default) ->

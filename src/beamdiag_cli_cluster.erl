@@ -43,6 +43,7 @@ run(Opts = #{node := Node}, IO = #{err := Err}) ->
         #{duration => maps:get(duration, Opts, 10.0),
           interval => maps:get(interval, Opts, 1000),
           msacc => not maps:get(no_msacc, Opts, false),
+          msacc_span => maps:get(msacc_span, Opts, 2.0),
           locks => not maps:get(no_locks, Opts, false)}),
     Err(io_lib:format("beamdiag: diagnosing the cluster of ~ts for ~.1f s\n",
                       [Node, float(maps:get(duration, LibOpts))])),

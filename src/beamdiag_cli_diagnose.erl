@@ -37,6 +37,10 @@ spec() ->
                       "see beamdiag flame)"},
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
+            #{key => msacc_span, long => "--msacc-span", type => {float, 0.1, 3600.0},
+              default => 2.0, metavar => "SECONDS",
+              help => "keep microstate accounting on for the last SECONDS of the window only "
+                      "(it slows every thread while on)"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
               help => "do not count locks even on the lock-counting emulator"},
             #{key => cluster, long => "--cluster", type => boolean, default => false,
@@ -71,6 +75,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
         maps:with([cookie, cookie_file], Opts),
         #{duration => D, interval => I,
           msacc => not maps:get(no_msacc, Opts),
+          msacc_span => maps:get(msacc_span, Opts),
           locks => not maps:get(no_locks, Opts),
           progress => progress(IO)}),
     Result = with_profile(Node, Opts, IO, fun() -> beamdiag:diagnose(Node, LibOpts) end),

@@ -41,11 +41,13 @@
 %%%===================================================================
 
 %% @doc Runs one window on Node. Options: `duration_ms', `interval_ms',
-%% `msacc', `locks', `unload' (modules the agent removes when done) and
+%% `msacc', `msacc_ms' (the end of the window msacc covers; default the
+%% whole window), `locks', `unload' (modules the agent removes when done) and
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick.
 -spec run(node(), map()) -> {ok, capture()} | {error, {beamdiag_collect, term()}}.
 run(Node, Opts) ->
-    AgentOpts = maps:with([duration_ms, interval_ms, msacc, locks, unload, proc_root], Opts),
+    AgentOpts = maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, unload, proc_root],
+                          Opts),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     case start_agent(Node, AgentOpts) of
         {ok, Agent, Ref} ->

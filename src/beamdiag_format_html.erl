@@ -315,10 +315,15 @@ cpu_section(L) ->
         ".</p>\n"
     ].
 
-msacc_section(#{msacc := #{by_type := ByType} = M}) when map_size(ByType) > 0 ->
+msacc_section(L = #{msacc := #{by_type := ByType} = M}) when map_size(ByType) > 0 ->
     [
         "<p class=\"help\">Microstate accounting: each state's share of the accounted time of "
-        "each thread type.",
+        "each thread type",
+        case maps:get(span_s, M, undefined) of
+            S when is_number(S) -> io_lib:format(", over the last ~.1f s of the ~.1f s window.",
+                                                 [float(S), float(maps:get(window_s, L, S))]);
+            _ -> "."
+        end,
         case maps:get(extra, M, false) of
             true -> " This emulator has the extra states.";
             _ -> " Default states only: busy-waiting and timers are inside <i>other</i>; BIFs, "

@@ -199,10 +199,10 @@ score(T = #{type := Ty, wall := W}, All) ->
 mean(K, Rows) ->
     lists:sum([share(K, R, W) || R = #{wall := W} <- Rows]) / max(1, length(Rows)).
 
-msacc(#{msacc := #{by_type := ByType, extra := Extra}}) ->
+msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
     [
-        "\nMICROSTATES (msacc, share of accounted time)",
+        "\nMICROSTATES (msacc, share of accounted time", msacc_span(M, L), ")",
         case Extra of
             true -> " with extra states\n";
             false ->
@@ -213,6 +213,12 @@ msacc(#{msacc := #{by_type := ByType, extra := Extra}}) ->
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
     ];
 msacc(_) ->
+    "".
+
+%% Says so when msacc covered only the end of the window.
+msacc_span(#{span_s := S}, #{window_s := W}) when S < W - 0.05 ->
+    io_lib:format(", last ~.1f s of the window", [S]);
+msacc_span(_, _) ->
     "".
 
 msacc_line(Type, #{shares := Shares}) ->

@@ -65,7 +65,7 @@ build(#{samples := Samples, settings := Settings} = Capture) when length(Samples
         host => Host,
         cgroup => Cgroup,
         vm => vm(Samples, Window, Settings),
-        msacc => msacc(First, Last),
+        msacc => msacc([S || S = #{vm := #{msacc := [_ | _]}} <- Samples]),
         series => series(Samples, Settings),
         notes => notes(Capture, First)
     };
@@ -268,9 +268,12 @@ vm(Samples = [#{vm := A} | _], Window, Settings) ->
         tick_cost_us_avg => Avg([maps:get(tick_cost_us, X, 0) || X <- Samples])
     }.
 
-%% Microstate accounting: per thread type, each state's share of the
-%% type's accounted time, and the seconds per state.
-msacc(#{vm := #{msacc := MA}}, #{vm := #{msacc := MB}}) when MA =/= [], MB =/= [] ->
+%% Microstate accounting over the samples that carry it (the agent keeps it
+%% on for the end of the window only): per thread type, each state's share
+%% of the type's accounted time and the seconds per state, and the span
+%% those cover.
+msacc([First = #{vm := #{msacc := MA}} | Rest = [_ | _]]) ->
+    Last = #{vm := #{msacc := MB}} = lists:last(Rest),
     Key = fun(#{type := T, id := I}) -> {T, I} end,
     AMap = maps:from_list([{Key(M), C} || M = #{counters := C} <- MA]),
     Deltas = [{msacc_type(T), maps:map(fun(S, V) -> max(0, V - maps:get(S, CA, 0)) end, CB)}
@@ -290,8 +293,8 @@ msacc(#{vm := #{msacc := MA}}, #{vm := #{msacc := MB}}) when MA =/= [], MB =/= [
             }
         end,
         Groups),
-    #{extra => beamdiag_vm:msacc_extra(MB), by_type => ByType};
-msacc(_, _) ->
+    #{extra => beamdiag_vm:msacc_extra(MB), by_type => ByType, span_s => seconds(First, Last)};
+msacc(_) ->
     #{}.
 
 msacc_type(scheduler) -> scheduler;

@@ -201,7 +201,8 @@ init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Pa
                      {error, _} = E -> E
                  end,
             Sampler = #{pid => OsPid, proc_root => "/proc", msacc => WantMsacc,
-                        cgroup_location => Cg},
+                        cgroup_location => Cg,
+                        held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
             self() ! tick,
             {ok, O#{tab => Tab, httpd => Httpd, swt_was => Swt, msacc_was => MsaccWas,
                     sampler => Sampler, last => undefined, interval => I}};
@@ -225,9 +226,9 @@ handle_cast(_, S) ->
 
 %% @private
 -spec handle_info(term(), map()) -> {noreply, map()} | {stop, term(), map()}.
-handle_info(tick, S = #{sampler := Sampler, last := Last, tab := Tab, interval := I}) ->
+handle_info(tick, S = #{sampler := Sampler0, last := Last, tab := Tab, interval := I}) ->
     erlang:send_after(I, self(), tick),
-    Sample = beamdiag_agent:sample(Sampler),
+    {Sample, Sampler} = beamdiag_agent:take(Sampler0),
     case Last of
         undefined ->
             ok;
@@ -246,7 +247,7 @@ handle_info(tick, S = #{sampler := Sampler, last := Last, tab := Tab, interval :
                                             [{[], maps:get(tick_cost_us, Sample, 0) / 1.0e6}])]),
             ets:insert(Tab, {text, Text})
     end,
-    {noreply, S#{last => Sample}};
+    {noreply, S#{last => Sample, sampler => Sampler}};
 handle_info({'EXIT', Httpd, Why}, S = #{httpd := Httpd}) ->
     {stop, {beamdiag_metrics, {http, maps:get(port, S), Why}}, S};
 handle_info(_, S) ->

@@ -4,7 +4,9 @@
 %%% recorded fixtures) and return plain terms; the parsers are pure and
 %%% reject malformed text with `{error, {beamdiag_proc, Reason}}'. This module
 %%% runs on the target node: it uses `prim_file' directly, never the file
-%%% server, and reads each file once per tick.
+%%% server, and reads each file once per tick. The `/4' and `/2' forms with
+%%% a `beamdiag_file:held()' keep the files open between ticks, which costs
+%%% a fraction of reading them whole each time.
 %%%
 %%% ```
 %%% 1> beamdiag_proc:threads("/proc", os:getpid()).
@@ -12,7 +14,7 @@
 %%% '''
 -module(beamdiag_proc).
 
--export([threads/2, threads/3, host/1, clock_ticks/0]).
+-export([threads/2, threads/3, threads/4, host/1, host/2, clock_ticks/0]).
 -export([parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1, parse_loadavg/1]).
 -export([trim/1, format_error/1]).
 
@@ -40,6 +42,8 @@
 
 -define(MAX_THREADS, 4096).
 -define(MAX_FILE, 65536).
+%% A thread's stat or schedstat, /proc/loadavg: a line.
+-define(MAX_SMALL, 4096).
 
 %%%===================================================================
 %%% API
@@ -56,39 +60,63 @@ threads(Root, Pid) ->
 -spec threads(file:filename(), string() | integer(), #{status => boolean()}) ->
     {ok, #{integer() => thread()}} | {error, {beamdiag_proc, term()}}.
 threads(Root, Pid, Opts) ->
+    element(1, threads(Root, Pid, Opts, beamdiag_file:none())).
+
+%% @doc As threads/3, reading through (and updating) held descriptors; the
+%% descriptors of threads that have gone are closed.
+-spec threads(file:filename(), string() | integer(), #{status => boolean()}, beamdiag_file:held()) ->
+    {{ok, #{integer() => thread()}} | {error, {beamdiag_proc, term()}}, beamdiag_file:held()}.
+threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
     case prim_file:list_dir(TaskDir) of
         {ok, Names} ->
             Tids = lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
                                  ?MAX_THREADS),
             WantStatus = maps:get(status, Opts, true),
-            {ok, maps:from_list([{Tid, T} || Tid <- Tids,
-                                             {ok, T} <- [thread(TaskDir, Tid, WantStatus)]])};
+            {Threads, Held2} =
+                lists:foldl(
+                    fun(Tid, {Acc, H}) ->
+                        case thread(TaskDir, Tid, WantStatus, H) of
+                            {{ok, T}, H2} -> {[{Tid, T} | Acc], H2};
+                            {{error, _}, H2} -> {Acc, H2}
+                        end
+                    end,
+                    {[], Held}, Tids),
+            Paths = [filename:join([TaskDir, integer_to_list(Tid), F])
+                     || Tid <- Tids, F <- ["stat", "schedstat"]],
+            {{ok, maps:from_list(Threads)}, beamdiag_file:keep(TaskDir, Paths, Held2)};
         {error, Reason} ->
-            {error, {beamdiag_proc, {list_dir, TaskDir, Reason}}}
+            {{error, {beamdiag_proc, {list_dir, TaskDir, Reason}}}, Held}
     end.
 
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
 -spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_proc, term()}}.
 host(Root) ->
-    case read(filename:join(Root, "stat")) of
-        {ok, Bin} ->
+    element(1, host(Root, beamdiag_file:none())).
+
+%% @doc As host/1, reading through (and updating) held descriptors.
+-spec host(file:filename(), beamdiag_file:held()) ->
+    {{ok, host()} | {error, {beamdiag_proc, term()}}, beamdiag_file:held()}.
+host(Root, Held) ->
+    [StatPath, LoadPath] = host_paths(Root),
+    case read(StatPath, ?MAX_FILE, Held) of
+        {{ok, Bin}, H1} ->
             case parse_host_stat(Bin) of
                 {ok, Host} ->
-                    case read(filename:join(Root, "loadavg")) of
-                        {ok, L} ->
+                    case read(LoadPath, ?MAX_SMALL, H1) of
+                        {{ok, L}, H2} ->
                             case parse_loadavg(L) of
-                                {ok, Load} -> {ok, Host#{loadavg => Load}};
-                                {error, _} -> {ok, Host}
+                                {ok, Load} -> {{ok, Host#{loadavg => Load}}, H2};
+                                {error, _} -> {{ok, Host}, H2}
                             end;
-                        {error, _} ->
-                            {ok, Host}
+                        {{error, _}, H2} ->
+                            {{ok, Host}, H2}
                     end;
                 Error ->
-                    Error
+                    {Error, H1}
             end;
-        Error ->
-            Error
+        {Error, H1} ->
+            {Error, H1}
     end.
 
 %% @doc Clock ticks per second for utime and stime: USER_HZ, 100 on every
@@ -203,44 +231,52 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
-thread(TaskDir, Tid, WantStatus) ->
+thread(TaskDir, Tid, WantStatus, H0) ->
     Dir = filename:join(TaskDir, integer_to_list(Tid)),
-    case read(filename:join(Dir, "stat")) of
-        {ok, StatBin} ->
+    case read(filename:join(Dir, "stat"), ?MAX_SMALL, H0) of
+        {{ok, StatBin}, H1} ->
             case parse_stat(StatBin) of
                 {ok, T0} ->
-                    T1 = merge_optional(T0, filename:join(Dir, "schedstat"), fun parse_schedstat/1),
-                    T2 =
-                        case WantStatus of
-                            true -> merge_optional(T1, filename:join(Dir, "status"), fun parse_status/1);
-                            false -> T1
-                        end,
-                    {ok, T2};
+                    {T1, H2} = merge_optional(T0, filename:join(Dir, "schedstat"), ?MAX_SMALL,
+                                              fun parse_schedstat/1, H1),
+                    case WantStatus of
+                        true ->
+                            %% Read whole: it is wanted on the first and last
+                            %% ticks only.
+                            {T2, _} = merge_optional(T1, filename:join(Dir, "status"), ?MAX_FILE,
+                                                     fun parse_status/1, beamdiag_file:none()),
+                            {{ok, T2}, H2};
+                        false ->
+                            {{ok, T1}, H2}
+                    end;
                 Error ->
-                    Error
+                    {Error, H1}
             end;
-        Error ->
+        {Error, H1} ->
             %% The thread exited between listing and reading.
-            Error
+            {Error, H1}
     end.
 
-merge_optional(T, File, Parse) ->
-    case read(File) of
-        {ok, Bin} ->
+merge_optional(T, File, Max, Parse, H) ->
+    case read(File, Max, H) of
+        {{ok, Bin}, H2} ->
             case Parse(Bin) of
-                {ok, M} -> maps:merge(T, M);
-                {error, _} -> T
+                {ok, M} -> {maps:merge(T, M), H2};
+                {error, _} -> {T, H2}
             end;
-        {error, _} ->
-            T
+        {{error, _}, H2} ->
+            {T, H2}
     end.
 
-read(File) ->
-    case prim_file:read_file(File) of
-        {ok, Bin} when byte_size(Bin) =< ?MAX_FILE -> {ok, Bin};
-        {ok, _} -> {error, {beamdiag_proc, {too_large, File}}};
-        {error, Reason} -> {error, {beamdiag_proc, {read, File, Reason}}}
+read(File, Max, H) ->
+    case beamdiag_file:read(File, Max, H) of
+        {{ok, _}, _} = Ok -> Ok;
+        {{error, too_large}, H2} -> {{error, {beamdiag_proc, {too_large, File}}}, H2};
+        {{error, Reason}, H2} -> {{error, {beamdiag_proc, {read, File, Reason}}}, H2}
     end.
+
+host_paths(Root) ->
+    [filename:join(Root, "stat"), filename:join(Root, "loadavg")].
 
 last_paren(Bin) ->
     case binary:matches(Bin, <<")">>) of

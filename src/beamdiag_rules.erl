@@ -197,9 +197,10 @@ high_system_cpu(L, _Settings, T) ->
 
 dirty_cpu_gc(L, Settings, T) ->
     case maps:get(msacc, L) of
-        #{by_type := #{dirty_cpu := #{seconds := Secs}}} ->
+        M = #{by_type := #{dirty_cpu := #{seconds := Secs}}} ->
             Gc = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
-            Cpus = Gc / window(L),
+            Span = maps:get(span_s, M, window(L)),
+            Cpus = Gc / Span,
             Mdai = maps:get(mdai, Settings, <<"0">>),
             Severity =
                 case Cpus >= map_get(dirty_gc_cpus_warn, T) of
@@ -208,12 +209,13 @@ dirty_cpu_gc(L, Settings, T) ->
                     false -> none
                 end,
             emit(dirty_cpu_gc, Severity, [
-                fmt("dirty CPU schedulers spent ~.2f s in garbage collection (~.2f CPUs)", [Gc, Cpus]),
+                fmt("dirty CPU schedulers spent ~.2f s of ~.1f s in garbage collection (~.2f CPUs, msacc)",
+                    [Gc, Span, Cpus]),
                 fmt("~b GCs/s node-wide, ~.1f MB reclaimed/s; +Mdai is ~s (~b eheap_alloc instances for ~b schedulers)",
                     [round(maps:get(gcs_per_s, maps:get(vm, L), 0.0)),
                      maps:get(gc_words_per_s, maps:get(vm, L), 0.0) * 8 / 1.0e6, Mdai,
                      maps:get(eheap_alloc_instances, Settings, 0), maps:get(schedulers, Settings)])
-            ], #{dirty_gc_s => Gc, dirty_gc_cpus => Cpus});
+            ], #{dirty_gc_s => Gc, dirty_gc_cpus => Cpus, msacc_span_s => Span});
         _ ->
             []
     end.

@@ -85,3 +85,30 @@ series_per_tick_test() ->
                                                    #{samples => x}),
     ?assert(length(Series) >= 3),
     [#{by_type := #{scheduler := #{wall := _}}} | _] = Series.
+
+%% msacc on for the end of the window only: the ledger reads it over the
+%% samples that carry it, and the rule divides by that span.
+dirty_gc_slice_test() ->
+    C = #{samples := Samples} = capture("dirty_cpu_gc"),
+    N = length(Samples),
+    Keep = N div 2,
+    Cut = [case I =< N - Keep of
+               true -> S#{vm := maps:remove(msacc, V)};
+               false -> S
+           end || {I, S = #{vm := V}} <- lists:enumerate(Samples)],
+    #{t := T0} = lists:nth(N - Keep + 1, Samples),
+    #{t := T1} = lists:last(Samples),
+    L = #{msacc := #{span_s := Span, by_type := #{dirty_cpu := #{seconds := S}}}, window_s := W} =
+        beamdiag_ledger:build(C#{samples := Cut}),
+    ?assert(abs(Span - (T1 - T0) / 1.0e9) < 1.0e-9),
+    ?assert(Span < W),
+    ?assert(maps:get(gc, S) / Span > 0.2),
+    [#{metrics := #{msacc_span_s := RuleSpan}}] =
+        [F || F = #{id := dirty_cpu_gc} <- beamdiag_rules:findings(C#{samples := Cut}, L)],
+    ?assertEqual(Span, RuleSpan).
+
+msacc_in_one_sample_is_none_test() ->
+    C = #{samples := Samples} = capture("dirty_cpu_gc"),
+    Cut = [S#{vm := maps:remove(msacc, V)} || S = #{vm := V} <- lists:droplast(Samples)] ++
+          [lists:last(Samples)],
+    ?assertEqual(#{}, maps:get(msacc, beamdiag_ledger:build(C#{samples := Cut}))).

@@ -164,7 +164,7 @@ cli_sigkill_restores_target(Config) ->
         ?assertNot(msacc_on(T)),
         Port = open_port({spawn_executable, Escript},
                          [{args, ["diagnose", atom_to_list(node_of(T)), "--cookie-file", CookieFile,
-                                  "--duration", "20"]},
+                                  "--duration", "20", "--msacc-span", "20"]},
                           exit_status, stderr_to_stdout, binary]),
         {os_pid, CliPid} = erlang:port_info(Port, os_pid),
         ok = wait_until(fun() -> swt_on(T) andalso msacc_on(T) end, 20000),
@@ -573,9 +573,11 @@ cookie_file(Config, T) ->
     ok = file:change_mode(F, 8#600),
     F.
 
+%% msacc over the whole window, so that the fault tests see it on from the
+%% start.
 diagnose(T, Ms) ->
     beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => Ms / 1000,
-                                    interval => 500}).
+                                    interval => 500, msacc_span => Ms / 1000}).
 
 timed(F) ->
     T0 = erlang:monotonic_time(millisecond),
