@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, rate/1, agent_memory/1, tick/2, cpu_us/0]).
+-export([start/1, rate/1, msacc_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -41,22 +41,44 @@ start(N) ->
     end.
 
 %% @doc Work units per wall second and per CPU second of this node over the
-%% next Ms milliseconds. On a shared host the second is the steadier: a
+%% next Ms milliseconds (CPU from the threads' schedstat, in nanoseconds). On a shared host the second is the steadier: a
 %% neighbour taking CPUs away lowers both the work and the CPU time, while
 %% the agent's own CPU time lowers only the work.
 -spec rate(pos_integer()) -> {float(), float()}.
 rate(Ms) ->
     C = persistent_term:get(?KEY),
-    T0 = erlang:monotonic_time(microsecond),
-    Cpu0 = cpu_us(),
+    T0 = erlang:monotonic_time(nanosecond),
+    Cpu0 = cpu_ns(),
     C0 = counters:get(C, 1),
     receive
     after Ms -> ok
     end,
     C1 = counters:get(C, 1),
-    Cpu1 = cpu_us(),
-    T1 = erlang:monotonic_time(microsecond),
-    {(C1 - C0) * 1.0e6 / (T1 - T0), (C1 - C0) * 1.0e6 / max(1, Cpu1 - Cpu0)}.
+    Cpu1 = cpu_ns(),
+    T1 = erlang:monotonic_time(nanosecond),
+    {(C1 - C0) * 1.0e9 / (T1 - T0), (C1 - C0) * 1.0e9 / max(1, Cpu1 - Cpu0)}.
+
+%% @doc Microstate accounting on and off in alternating slices of Ms
+%% (which goes first alternates too): for each pair, the work per CPU
+%% second with it on over the same with it off. Puts the flag back.
+-spec msacc_pairs(pos_integer(), pos_integer()) -> [float()].
+msacc_pairs(Pairs, Ms) ->
+    Was = erlang:system_flag(microstate_accounting, false),
+    try
+        [begin
+             Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
+             R = [begin
+                      _ = erlang:system_flag(microstate_accounting, F),
+                      receive after 20 -> ok end,
+                      {F, element(2, rate(Ms))}
+                  end || F <- Order],
+             {true, On} = lists:keyfind(true, 1, R),
+             {false, Off} = lists:keyfind(false, 1, R),
+             On / Off
+         end || I <- lists:seq(1, Pairs)]
+    after
+        erlang:system_flag(microstate_accounting, Was)
+    end.
 
 %% @doc Peak memory in bytes of the beamdiag agent process over Ms
 %% milliseconds (0 when no agent ran), polled every 5 ms.
@@ -66,8 +88,10 @@ agent_memory(Ms) ->
     watch(Until, undefined, 0).
 
 %% @doc Times N agent samples taken Gap ms apart on this node: median wall
-%% time in microseconds and OS CPU time of the whole node per sample, with
-%% and without the per-thread context-switch file.
+%% time in microseconds and OS CPU time of the whole node per sample: the
+%% first and last ticks' (every file read whole, context switches too), and
+%% every other tick's, read whole or through the descriptors the agent
+%% keeps open.
 -spec tick(pos_integer(), pos_integer()) -> map().
 tick(N, Gap) ->
     _ = erlang:system_flag(scheduler_wall_time, true),
@@ -77,14 +101,16 @@ tick(N, Gap) ->
              {ok, L} -> L;
              {error, _} = E -> E
          end,
-    State = #{pid => Pid, proc_root => "/proc", msacc => true, cgroup_location => Cg},
+    State = #{pid => Pid, proc_root => "/proc", msacc => true, cgroup_location => Cg,
+              held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
     receive after Gap -> ok end,
-    Full = measure(fun() -> beamdiag_agent:sample(State) end, N, Gap),
-    Lean = measure(fun() -> beamdiag_agent:sample(State#{status => false}) end, N, Gap),
+    Full = measure(State#{held => beamdiag_file:none()}, N, Gap),
+    Whole = measure(State#{status => false, held => beamdiag_file:none()}, N, Gap),
+    Lean = measure(State#{status => false}, N, Gap),
     {ok, Tasks} = file:list_dir("/proc/" ++ Pid ++ "/task"),
     _ = erlang:system_flag(microstate_accounting, false),
     _ = erlang:system_flag(scheduler_wall_time, false),
-    #{threads => length(Tasks), full => Full, lean => Lean}.
+    #{threads => length(Tasks), full => Full, whole => Whole, lean => Lean}.
 
 %% @doc User plus system CPU time of this OS process, in microseconds
 %% (10 ms resolution).
@@ -94,6 +120,16 @@ cpu_us() ->
     [_, R] = binary:split(B, <<") ">>),
     F = binary:split(R, <<" ">>, [global]),
     (binary_to_integer(lists:nth(12, F)) + binary_to_integer(lists:nth(13, F))) * 10000.
+
+%% @doc CPU time of this OS process in nanoseconds: the sum of its threads'
+%% schedstat run times.
+-spec cpu_ns() -> non_neg_integer().
+cpu_ns() ->
+    {ok, Tasks} = file:list_dir("/proc/self/task"),
+    lists:sum([case file:read_file("/proc/self/task/" ++ T ++ "/schedstat") of
+                   {ok, B} -> binary_to_integer(hd(binary:split(B, <<" ">>)));
+                   {error, _} -> 0
+               end || T <- Tasks]).
 
 %%%===================================================================
 %%% Internal
@@ -139,7 +175,7 @@ find_agent() ->
         [] -> undefined
     end.
 
-measure(F, N, Gap) ->
+measure(State0, N, Gap) ->
     %% CPU is read across the sample and the gap after it (woken schedulers
     %% spin a while before they sleep again), less the same gap idle.
     Idle = [begin
@@ -147,12 +183,16 @@ measure(F, N, Gap) ->
                 receive after Gap -> ok end,
                 cpu_us() - C0
             end || _ <- lists:seq(1, N)],
-    Runs = [begin
-                C0 = cpu_us(),
-                #{tick_cost_us := Us} = F(),
-                receive after Gap -> ok end,
-                {Us, cpu_us() - C0}
-            end || _ <- lists:seq(1, N)],
+    %% One sample first opens the files the state holds.
+    {_, State1} = beamdiag_agent:take(State0),
+    {Runs, _} = lists:mapfoldl(
+        fun(_, St) ->
+            C0 = cpu_us(),
+            {#{tick_cost_us := Us}, St2} = beamdiag_agent:take(St),
+            receive after Gap -> ok end,
+            {{Us, cpu_us() - C0}, St2}
+        end,
+        State1, lists:seq(1, N)),
     Walls = lists:sort([W || {W, _} <- Runs]),
     #{wall_us_median => lists:nth((N + 1) div 2, Walls),
       wall_us_max => lists:last(Walls),

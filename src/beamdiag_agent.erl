@@ -19,10 +19,13 @@
 %%%
 %%% The agent keeps its own cost bounded: the per-thread context-switch
 %%% counts (one more /proc file per thread) are read on the first and last
-%%% tick only, the only ones the ledger takes them from, and when one tick
-%%% costs more than a tenth of the interval (thousands of threads on few
+%%% tick only, the only ones the ledger takes them from, and when ticks
+%%% cost more than a tenth of the interval (thousands of threads on few
 %%% cores) the agent skips ticks so that sampling stays under 10% of one
-%%% scheduler. The first and the last tick are always taken.
+%%% scheduler. A tick's cost is the least wall time of the last three: on a
+%%% saturated node one read can wait milliseconds for a CPU, which is
+%%% waiting, not work, and should not thin out the ticks. The first and the
+%%% last tick are always taken.
 %%%
 %%% Messages to the caller, all `{beamdiag, Ref, Event}':
 %%% `{start, Info}', `{tick, Sample}' every interval, `{done, Extras}' at
@@ -187,8 +190,11 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, Start, K, Interval, 
                 case Last of
                     true -> finish(State3, done);
                     false ->
-                        K2 = next_tick(Sample, Start, K, Interval),
-                        loop(maps:remove(status, State3), Start, K2, Interval, End, Hard)
+                        Costs = lists:sublist([maps:get(tick_cost_us, Sample) |
+                                               maps:get(costs, State3, [])], 3),
+                        K2 = next_tick(lists:min(Costs), Start, K, Interval),
+                        loop(maps:remove(status, State3#{costs => Costs}), Start, K2, Interval,
+                             End, Hard)
                 end
         end
     end.
@@ -223,10 +229,10 @@ msacc_slice(State = #{msacc := false, msacc_from := From}, K) when is_integer(Fr
 msacc_slice(State, _K) ->
     State.
 
-%% The next tick number: the one after K, or later when the tick just taken
-%% was so costly that the next one must wait for sampling to stay under a
-%% tenth of the time.
-next_tick(#{tick_cost_us := Cost}, Start, K, Interval) ->
+%% The next tick number: the one after K, or later when ticks cost so much
+%% (Cost, in microseconds) that the next one must wait for sampling to stay
+%% under a tenth of the time.
+next_tick(Cost, Start, K, Interval) ->
     Earliest = erlang:monotonic_time(millisecond) + (Cost * 9) div 1000,
     max(K + 1, (Earliest - Start + Interval - 1) div Interval).
 
