@@ -98,13 +98,19 @@ throughput(Load, Cycles, RunS) ->
         [report(Label, ratios(Wall, M)) || {M, Label} <- Modes],
         io:format("work per CPU second of the node (the budget figure):~n"),
         [report(Label, ratios(Cpu, M)) || {M, Label} <- Modes],
+        SideA = mean([X || {off, {_, _, #{side := X}}} <- Runs]),
+        io:format("the agent's cost accounted directly (wall time of its ticks; CPU of the "
+                  "threads besides the schedulers, B runs less A runs):~n"),
         lists:foreach(
             fun({M, Label}) ->
                 Ticks = [T || {Mode, {_, _, T}} <- Runs, Mode =:= M],
                 Duty = mean([D || #{duty := D} <- Ticks]),
-                io:format("~-15s the agent's ticks took ~.3f% of the window (~.3f% of the "
-                          "node's 2 CPUs); ticks every ~.1f ms~n",
-                          [Label, 100 * Duty, 50 * Duty, mean([G || #{gap_ms := G} <- Ticks])])
+                Side = (mean([X || #{side := X} <- Ticks]) - SideA) / 1.0e6,
+                io:format("~-15s ticks every ~.0f ms, each ~.1f ms of wall time (~.2f% of the window); "
+                          "~.2f ms of CPU per second off the schedulers (~.3f% of 2 CPUs)~n",
+                          [Label, mean([G || #{gap_ms := G} <- Ticks]),
+                           Duty * mean([G || #{gap_ms := G} <- Ticks]), 100 * Duty, Side,
+                           Side / 20])
             end,
             Modes),
         verdict(ratios(Cpu, 1000))
@@ -113,8 +119,8 @@ throughput(Load, Cycles, RunS) ->
     end.
 
 run(Peer, _Node, off, Ms) ->
-    {W, C} = peer:call(Peer, overhead_load, rate, [Ms], Ms + 10000),
-    {W, C, #{}};
+    {W, C, Side} = peer:call(Peer, overhead_load, side_rate, [Ms], Ms + 10000),
+    {W, C, #{side => Side}};
 run(Peer, Node, Mode, Ms) ->
     %% The session spans the measured period, 300 ms either side; msacc
     %% covers its last fifth, as in a default diagnose, or all of it.
@@ -128,13 +134,14 @@ run(Peer, Node, Mode, Ms) ->
              locks => false, unload => []},
     Collector = spawn_link(fun() -> Self ! {collected, self(), beamdiag_collect:run(Node, Opts)} end),
     timer:sleep(300),
-    {W, C} = peer:call(Peer, overhead_load, rate, [Ms], Ms + 10000),
+    {W, C, Side} = peer:call(Peer, overhead_load, side_rate, [Ms], Ms + 10000),
     receive
         {collected, Collector, {ok, #{samples := S, duration_ms := Dur}}} when length(S) >= 2 ->
             Cost = lists:sum([maps:get(tick_cost_us, X, 0) || X <- S]),
             #{t := T0} = hd(S),
             #{t := T1} = lists:last(S),
-            {W, C, #{duty => Cost / (Dur * 1000), gap_ms => (T1 - T0) / 1.0e6 / (length(S) - 1)}};
+            {W, C, #{duty => Cost / (Dur * 1000), gap_ms => (T1 - T0) / 1.0e6 / (length(S) - 1),
+                     side => Side}};
         {collected, Collector, Other} -> error({collect_failed, Other})
     after Ms + 20000 ->
         error(collect_timeout)

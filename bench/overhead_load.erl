@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, rate/1, msacc_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, rate/1, side_rate/1, msacc_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -57,6 +57,18 @@ rate(Ms) ->
     Cpu1 = cpu_ns(),
     T1 = erlang:monotonic_time(nanosecond),
     {(C1 - C0) * 1.0e9 / (T1 - T0), (C1 - C0) * 1.0e9 / max(1, Cpu1 - Cpu0)}.
+
+%% @doc As rate/1, plus the CPU time per second of the threads other than
+%% the normal schedulers (dirty I/O, aux, ...): where the agent's file reads
+%% and the schedulers' answers to its statistics calls run. The burners
+%% leave them idle.
+-spec side_rate(pos_integer()) -> {float(), float(), float()}.
+side_rate(Ms) ->
+    S0 = side_ns(),
+    T0 = erlang:monotonic_time(nanosecond),
+    {W, C} = rate(Ms),
+    T1 = erlang:monotonic_time(nanosecond),
+    {W, C, (side_ns() - S0) * 1.0e9 / (T1 - T0)}.
 
 %% @doc Microstate accounting on and off in alternating slices of Ms
 %% (which goes first alternates too): for each pair, the work per CPU
@@ -134,6 +146,22 @@ cpu_ns() ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+side_ns() ->
+    {ok, Tasks} = file:list_dir("/proc/self/task"),
+    lists:sum([side_ns(T) || T <- Tasks]).
+
+side_ns(T) ->
+    Dir = "/proc/self/task/" ++ T,
+    case {file:read_file(Dir ++ "/comm"), file:read_file(Dir ++ "/schedstat")} of
+        {{ok, Name}, {ok, B}} ->
+            case binary:match(Name, <<"_scheduler">>) of
+                nomatch -> binary_to_integer(hd(binary:split(B, <<" ">>)));
+                _ -> 0
+            end;
+        _ ->
+            0
+    end.
 
 burn(C, X) ->
     X2 = spin(X, ?CHUNK),

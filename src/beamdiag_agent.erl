@@ -20,12 +20,13 @@
 %%% The agent keeps its own cost bounded: the per-thread context-switch
 %%% counts (one more /proc file per thread) are read on the first and last
 %%% tick only, the only ones the ledger takes them from, and when ticks
-%%% cost more than a tenth of the interval (thousands of threads on few
-%%% cores) the agent skips ticks so that sampling stays under 10% of one
-%%% scheduler. A tick's cost is the least wall time of the last three: on a
-%%% saturated node one read can wait milliseconds for a CPU, which is
-%%% waiting, not work, and should not thin out the ticks. The first and the
-%%% last tick are always taken.
+%%% take more than a quarter of the interval (thousands of threads on few
+%%% cores) the agent skips ticks so that sampling stays under a quarter of
+%%% the time. A tick's cost here is wall time, the least of the last three
+%%% ticks': most of it is waiting, not work. Every /proc read is a trip to a
+%%% dirty I/O thread and back, and on a saturated node each trip waits a few
+%%% milliseconds for a CPU (measured on 2 busy cores: 100 ms of wall time
+%%% for 2 ms of CPU per tick). The first and the last tick are always taken.
 %%%
 %%% Messages to the caller, all `{beamdiag, Ref, Event}':
 %%% `{start, Info}', `{tick, Sample}' every interval, `{done, Extras}' at
@@ -229,11 +230,11 @@ msacc_slice(State = #{msacc := false, msacc_from := From}, K) when is_integer(Fr
 msacc_slice(State, _K) ->
     State.
 
-%% The next tick number: the one after K, or later when ticks cost so much
+%% The next tick number: the one after K, or later when ticks take so long
 %% (Cost, in microseconds) that the next one must wait for sampling to stay
-%% under a tenth of the time.
+%% under a quarter of the time.
 next_tick(Cost, Start, K, Interval) ->
-    Earliest = erlang:monotonic_time(millisecond) + (Cost * 9) div 1000,
+    Earliest = erlang:monotonic_time(millisecond) + (Cost * 3) div 1000,
     max(K + 1, (Earliest - Start + Interval - 1) div Interval).
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
