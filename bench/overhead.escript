@@ -26,7 +26,8 @@
 %%%   bench/overhead.escript [cycles] [run_seconds]
 %%% Environment: BENCH_CYCLES (6) and BENCH_RUN_S (10, the default window)
 %%% when no arguments are given; BENCH_THREADS="2 64 256 1024" overrides
-%%% the thread counts; BENCH_PARTS="throughput msacc memory ticks" picks
+%%% the thread counts; BENCH_MSACC_PAIRS (60) the msacc slices;
+%%% BENCH_PARTS="throughput msacc memory ticks" picks
 %%% parts. Exit status 1 when the loss at 1 s ticks is over budget beyond
 %%% doubt (its whole interval above 0.5%).
 -mode(compile).
@@ -58,7 +59,7 @@ main(Args) ->
         end,
     lists:member(msacc, Parts) andalso begin
         io:format("== microstate accounting alone, 1 s slices on and off~n"),
-        msacc_alone(Load, 60)
+        msacc_alone(Load, env_int("BENCH_MSACC_PAIRS", 60))
     end,
     lists:member(memory, Parts) andalso begin
         io:format("== agent peak memory~n"),
@@ -106,9 +107,9 @@ throughput(Load, Cycles, RunS) ->
                 Ticks = [T || {Mode, {_, _, T}} <- Runs, Mode =:= M],
                 Duty = mean([D || #{duty := D} <- Ticks]),
                 Side = (mean([X || #{side := X} <- Ticks]) - SideA) / 1.0e6,
-                io:format("~-15s ticks every ~.0f ms, each ~.1f ms of wall time (~.2f% of the window); "
+                io:format("~-15s ticks every ~b ms, each ~.1f ms of wall time (~.2f% of the window); "
                           "~.2f ms of CPU per second off the schedulers (~.3f% of 2 CPUs)~n",
-                          [Label, mean([G || #{gap_ms := G} <- Ticks]),
+                          [Label, round(mean([G || #{gap_ms := G} <- Ticks])),
                            Duty * mean([G || #{gap_ms := G} <- Ticks]), 100 * Duty, Side,
                            Side / 20])
             end,
@@ -176,6 +177,7 @@ interval(Xs) ->
 verdict(Rs) ->
     {M, Lo, Hi} = interval([1 - R || R <- Rs]),
     Word = if
+               length(Rs) < 8 -> "too few runs to tell (8 or more)";
                Hi =< ?BUDGET_1S -> "met";
                Lo > ?BUDGET_1S -> "NOT met";
                M =< ?BUDGET_1S -> "met by the estimate; the interval reaches past it on this host";

@@ -46,18 +46,21 @@ none() ->
     new(0).
 
 %% @doc A budget for this OS process: a quarter of the descriptors it may
-%% still open (its soft limit less those open now), at most 512; 0 when
-%% either cannot be read under the proc root.
+%% still open (its soft limit less the size of its descriptor table, which
+%% is at least the number open, from one line of /proc/self/status rather
+%% than a listing of /proc/self/fd that grows with every socket), at most
+%% 512; 0 when either cannot be read under the proc root.
 -spec budget(file:filename()) -> non_neg_integer().
 budget(Root) ->
     Self = filename:join(Root, "self"),
     case {prim_file:read_file(filename:join(Self, "limits")),
-          prim_file:list_dir(filename:join(Self, "fd"))} of
-        {{ok, Limits}, {ok, Open}} ->
-            case soft_nofile(Limits) of
-                unlimited -> ?MAX_HELD;
-                {ok, Soft} -> min(?MAX_HELD, max(0, (Soft - length(Open)) div ?SHARE_DIVISOR));
-                error -> 0
+          prim_file:read_file(filename:join(Self, "status"))} of
+        {{ok, Limits}, {ok, Status}} ->
+            case {soft_nofile(Limits), fd_size(Status)} of
+                {_, error} -> 0;
+                {unlimited, _} -> ?MAX_HELD;
+                {{ok, Soft}, {ok, Open}} -> min(?MAX_HELD, max(0, (Soft - Open) div ?SHARE_DIVISOR));
+                {error, _} -> 0
             end;
         _ ->
             0
@@ -141,6 +144,17 @@ whole(Path, Max) ->
         {ok, Bin} when byte_size(Bin) =< Max -> {ok, Bin};
         {ok, _} -> {error, too_large};
         {error, _} = E -> E
+    end.
+
+%% "FDSize:\t64"
+fd_size(Status) ->
+    case [L || <<"FDSize:", L/binary>> <- binary:split(Status, <<"\n">>, [global])] of
+        [V | _] ->
+            try {ok, binary_to_integer(beamdiag_proc:trim(V))}
+            catch error:badarg -> error
+            end;
+        [] ->
+            error
     end.
 
 %% "Max open files            1024                 1048576              files"

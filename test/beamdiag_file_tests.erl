@@ -50,24 +50,32 @@ keep_closes_gone_files_test() ->
 budget_from_limits_test() ->
     Root = filename:join(tmp(), "beamdiag_file_tests_" ++ os:getpid()),
     Self = filename:join(Root, "self"),
-    ok = filelib:ensure_path(filename:join(Self, "fd")),
+    ok = filelib:ensure_path(Self),
     try
-        [ok = file:write_file(filename:join([Self, "fd", integer_to_list(I)]), <<>>)
-         || I <- lists:seq(1, 24)],
+        Status = fun(FdSize) ->
+            ok = file:write_file(filename:join(Self, "status"),
+                                 ["Name:\tbeam.smp\nFDSize:\t", FdSize, "\nGroups:\t\n"])
+        end,
         Limits = fun(Soft) ->
             ok = file:write_file(filename:join(Self, "limits"),
                                  ["Limit                     Soft Limit           Hard Limit           Units\n"
                                   "Max open files            ", Soft, "                 4096                 files\n"])
         end,
+        Status("64"),
         Limits("1024"),
-        ?assertEqual((1024 - 24) div 4, beamdiag_file:budget(Root)),
-        Limits("30"),
+        ?assertEqual((1024 - 64) div 4, beamdiag_file:budget(Root)),
+        Limits("68"),
         ?assertEqual(1, beamdiag_file:budget(Root)),
-        Limits("10"),
+        Limits("60"),
         ?assertEqual(0, beamdiag_file:budget(Root)),
         Limits("unlimited"),
         ?assertEqual(512, beamdiag_file:budget(Root)),
         Limits("junk"),
+        ?assertEqual(0, beamdiag_file:budget(Root)),
+        Limits("1024"),
+        Status("many"),
+        ?assertEqual(0, beamdiag_file:budget(Root)),
+        ok = file:delete(filename:join(Self, "status")),
         ?assertEqual(0, beamdiag_file:budget(Root)),
         ?assertEqual(0, beamdiag_file:budget(filename:join(Root, "nothing_here"))),
         ?assert(beamdiag_file:budget("/proc") > 0)
