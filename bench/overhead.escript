@@ -4,19 +4,28 @@
 %%%
 %%% The agent's overhead budget, measured.
 %%%
-%%% 1. Throughput: a CPU-bound workload on a peer node (+S 2), measured with
-%%%    nobody watching (A) and during a diagnose session with the defaults
-%%%    (B: 1 s ticks, microstate accounting over the last fifth of the
-%%%    window), in runs A B A B ..., with one run per cycle at 100 ms ticks
-%%%    and one with microstate accounting over the whole window. Each B run
-%%%    is compared with the mean of the A runs either side of it: the figure
-%%%    is the loss of work per CPU second of the node (a neighbour taking
-%%%    CPUs away lowers both the work and the CPU time; the agent's own
-%%%    work lowers only the first), with its 95% interval, and the same per
-%%%    wall second.
-%%%    Beside it, the agent's cost accounted directly: the wall time of its
-%%%    ticks as a share of the window and of the node's CPUs, and the cost of
-%%%    microstate accounting measured alone in one-second slices on and off.
+%%% A CPU-bound workload (4 burners on +S 2) runs on a peer node; every
+%%% figure is its work per CPU second of the node, with the thing measured
+%%% on against off in alternating slices (a neighbour taking CPUs away
+%%% lowers both the work and the CPU time; the agent's own work lowers only
+%%% the first). This host's noise (about 1% a pair) is twice the budget, so
+%%% the budget is measured in two parts that stand above it:
+%%%
+%%% 1a. One tick's cost, amplified: the agent's tick taken back to back by
+%%%     a high-priority process (each sample sent off the node) costs tens
+%%%     of times what one tick a second does; divided by the ticks per
+%%%     second, it gives the cost of 1 s ticks.
+%%% 1b. Microstate accounting on against off in 2 s slices: its cost while
+%%%     on, of which a default session pays a fifth (msacc covers the last
+%%%     2 s of a 10 s window).
+%%%     The budget is met when the sum of the two upper bounds is within
+%%%     0.5%.
+%%% 1c. A cross-check with whole sessions: A (nobody watching) against B (a
+%%%     diagnose session with the defaults over the run, from another node),
+%%%     in runs A B A B ..., with one run per cycle at 100 ms ticks and one
+%%%     with msacc over the whole window; each B against the mean of the A
+%%%     runs either side, and the agent's cost accounted directly (its
+%%%     ticks' wall time, the CPU of the threads besides the schedulers).
 %%% 2. Tick cost against thread count: peers with +S N:N (N up to 1024) and
 %%%    one dirty scheduler of each kind; the wall and CPU time of one
 %%%    beamdiag_agent:sample/1, with and without the per-thread status file.
@@ -27,9 +36,10 @@
 %%% Environment: BENCH_CYCLES (6) and BENCH_RUN_S (10, the default window)
 %%% when no arguments are given; BENCH_THREADS="2 64 256 1024" overrides
 %%% the thread counts; BENCH_MSACC_PAIRS (60) the msacc slices;
-%%% BENCH_PARTS="throughput msacc memory ticks" picks
-%%% parts. Exit status 1 when the loss at 1 s ticks is over budget beyond
-%%% doubt (its whole interval above 0.5%).
+%%% BENCH_TICK_PAIRS (12) the amplified tick slices;
+%%% BENCH_PARTS="throughput amplified msacc memory ticks" picks
+%%% parts. Exit status 1 when the budget is missed beyond doubt (the sum of
+%%% the lower bounds above 0.5%).
 -mode(compile).
 
 -define(BUDGET_1S, 0.005).
@@ -44,35 +54,65 @@ main(Args) ->
             [] -> {env_int("BENCH_CYCLES", 6), env_int("BENCH_RUN_S", 10)}
         end,
     Parts = case os:getenv("BENCH_PARTS") of
-                false -> [throughput, msacc, memory, ticks];
+                false -> [throughput, amplified, msacc, memory, ticks];
                 P -> [list_to_atom(X) || X <- string:lexemes(P, " ,")]
             end,
     setup_paths(),
     Load = compile_load(),
-    Overhead =
-        case lists:member(throughput, Parts) of
-            true ->
-                io:format("== overhead: ~b cycles of A B A B A B100ms A Bmsacc-whole, ~b s runs~n",
-                          [Cycles, RunS]),
-                throughput(Load, Cycles, RunS);
-            false -> ok
-        end,
-    lists:member(msacc, Parts) andalso begin
-        io:format("== microstate accounting alone, 1 s slices on and off~n"),
+    Tick = part(amplified, Parts, fun() ->
+        io:format("== one tick's cost, amplified: ticks back to back in 5 s slices, on and off~n"),
+        amplified(Load, env_int("BENCH_TICK_PAIRS", 12))
+    end),
+    Msacc = part(msacc, Parts, fun() ->
+        io:format("== microstate accounting alone, 2 s slices on and off~n"),
         msacc_alone(Load, env_int("BENCH_MSACC_PAIRS", 60))
-    end,
-    lists:member(memory, Parts) andalso begin
+    end),
+    Verdict = budget(Tick, Msacc),
+    _ = part(throughput, Parts, fun() ->
+        io:format("== cross-check, whole sessions: ~b cycles of A B A B A B100ms A Bmsacc-whole, "
+                  "~b s runs~n", [Cycles, RunS]),
+        throughput(Load, Cycles, RunS)
+    end),
+    _ = part(memory, Parts, fun() ->
         io:format("== agent peak memory~n"),
         memory(Load)
-    end,
-    lists:member(ticks, Parts) andalso begin
+    end),
+    _ = part(ticks, Parts, fun() ->
         io:format("== tick cost against thread count~n"),
         ticks(Load)
-    end,
-    case Overhead of
-        ok -> halt(0);
-        over_budget -> halt(1)
+    end),
+    case Verdict of
+        over_budget -> halt(1);
+        _ -> halt(0)
     end.
+
+part(Name, Parts, F) ->
+    case lists:member(Name, Parts) of
+        true -> F();
+        false -> skipped
+    end.
+
+%% The budget at 1 s ticks: the cost of one tick a second plus the share of
+%% the window microstate accounting is on times its cost while on, each
+%% with its 95% interval. Met when the sum of the upper bounds is within
+%% it; over when the sum of the lower bounds is beyond it.
+budget({TM, TLo, THi}, {MM, MLo, MHi}) ->
+    {M, Lo, Hi} = {TM + ?MSACC_SHARE * MM, TLo + ?MSACC_SHARE * MLo, THi + ?MSACC_SHARE * MHi},
+    Word = if
+               Hi =< ?BUDGET_1S -> "met";
+               Lo > ?BUDGET_1S -> "NOT met";
+               true -> "not resolved (more pairs, or a quieter host)"
+           end,
+    io:format("budget (<= ~.1f% of throughput at 1 s ticks, default session): ticks ~.3f% + "
+              "msacc ~.1f x ~.3f% = ~.3f% (95% bounds ~.3f% to ~.3f%): ~s~n",
+              [100 * ?BUDGET_1S, 100 * TM, ?MSACC_SHARE, 100 * MM, 100 * M, 100 * Lo, 100 * Hi, Word]),
+    case Word of
+        "NOT met" -> over_budget;
+        _ -> ok
+    end;
+budget(_, _) ->
+    io:format("budget: needs the amplified and msacc parts~n"),
+    ok.
 
 %%%===================================================================
 %%% Throughput
@@ -114,7 +154,10 @@ throughput(Load, Cycles, RunS) ->
                            Side / 20])
             end,
             Modes),
-        verdict(ratios(Cpu, 1000))
+        {M1, Lo1, Hi1} = interval([1 - R || R <- ratios(Cpu, 1000)]),
+        io:format("whole sessions at 1 s ticks lost ~.2f% (95% interval ~.2f% to ~.2f%) of work "
+                  "per CPU second; this host's noise makes it a cross-check, not the figure~n",
+                  [100 * M1, 100 * Lo1, 100 * Hi1])
     after
         peer:stop(Peer)
     end.
@@ -171,26 +214,6 @@ interval(Xs) ->
     Se = sd(Xs) / math:sqrt(max(1, length(Xs))),
     {M, M - 2 * Se, M + 2 * Se}.
 
-%% Met when the whole interval is within the budget; within it by the
-%% estimate when only the mean is; over it when the whole interval is
-%% beyond; otherwise not resolved by this many runs on this host.
-verdict(Rs) ->
-    {M, Lo, Hi} = interval([1 - R || R <- Rs]),
-    Word = if
-               length(Rs) < 8 -> "too few runs to tell (8 or more)";
-               Hi =< ?BUDGET_1S -> "met";
-               Lo > ?BUDGET_1S -> "NOT met";
-               M =< ?BUDGET_1S -> "met by the estimate; the interval reaches past it on this host";
-               true -> "over by the estimate, not resolved (more cycles, or a quieter host)"
-           end,
-    io:format("budget (<= ~.1f% loss at 1 s ticks, default session): loss ~.2f% "
-              "(95% interval ~.2f% to ~.2f%): ~s~n",
-              [100 * ?BUDGET_1S, 100 * M, 100 * Lo, 100 * Hi, Word]),
-    case Word of
-        "NOT met" -> over_budget;
-        _ -> ok
-    end.
-
 %% microstate accounting on and off in alternating one-second slices on
 %% one node: what it costs while on, and so what the default session's
 %% slice of it costs.
@@ -199,12 +222,38 @@ msacc_alone(Load, Pairs) ->
     try
         ok = load_on(Peer, Load),
         ok = peer:call(Peer, overhead_load, start, [4]),
-        Rs = peer:call(Peer, overhead_load, msacc_pairs, [Pairs, 1000], Pairs * 3000 + 30000),
-        {M, Lo, Hi} = interval([1 - R || R <- Rs]),
+        Rs = peer:call(Peer, overhead_load, msacc_pairs, [Pairs, 2000], Pairs * 5000 + 30000),
+        {M, Lo, Hi} = I = interval([1 - R || R <- Rs]),
         io:format("msacc on: loss of work per CPU second ~.2f% (95% interval ~.2f% to ~.2f%), "
-                  "n ~b; over a fifth of the window: ~.2f%~n",
-                  [100 * M, 100 * Lo, 100 * Hi, length(Rs), 100 * M * ?MSACC_SHARE])
+                  "n ~b; over a fifth of the window: ~.3f%~n",
+                  [100 * M, 100 * Lo, 100 * Hi, length(Rs), 100 * M * ?MSACC_SHARE]),
+        I
     after
+        peer:stop(Peer)
+    end.
+
+%% The agent's tick taken back to back on the loaded node, against none:
+%% the loss is tens of times the loss at 1 s ticks, so it stands well above
+%% the host's noise; divided by the ticks per second it gives the cost of
+%% one tick a second, the agent's share of the budget.
+amplified(Load, Pairs) ->
+    {Peer, _, _} = start_peer("bench_amp", ["+S", "2:2", "+SDio", "2"]),
+    Sink = spawn_link(fun Drop() -> receive _ -> Drop() end end),
+    try
+        ok = load_on(Peer, Load),
+        ok = load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()]),
+        ok = peer:call(Peer, overhead_load, start, [4]),
+        Rs = peer:call(Peer, overhead_load, tick_pairs, [Pairs, 5000, Sink], Pairs * 15000 + 30000),
+        {M, Lo, Hi} = interval([1 - R || {R, _} <- Rs]),
+        Tps = mean([T || {_, T} <- Rs]),
+        io:format("ticks back to back: ~.1f ticks/s, loss of work per CPU second ~.2f% "
+                  "(95% interval ~.2f% to ~.2f%), n ~b~n", [Tps, 100 * M, 100 * Lo, 100 * Hi, length(Rs)]),
+        io:format("so one tick a second costs ~.3f% (~.3f% to ~.3f%)~n",
+                  [100 * M / Tps, 100 * Lo / Tps, 100 * Hi / Tps]),
+        {M / Tps, Lo / Tps, Hi / Tps}
+    after
+        unlink(Sink),
+        exit(Sink, kill),
         peer:stop(Peer)
     end.
 

@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, rate/1, side_rate/1, msacc_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -90,6 +90,55 @@ msacc_pairs(Pairs, Ms) ->
          end || I <- lists:seq(1, Pairs)]
     after
         erlang:system_flag(microstate_accounting, Was)
+    end.
+
+%% @doc The tick's cost amplified: alternating slices of Ms with the
+%% agent's tick taken back to back by a high-priority process (each sample
+%% sent to Sink, as the agent sends it to its caller) and without. For each
+%% pair: the work per CPU second with the ticks over the same without, and
+%% the ticks taken per second. scheduler_wall_time is on throughout, as in a
+%% session, and put back afterwards.
+-spec tick_pairs(pos_integer(), pos_integer(), pid()) -> [{float(), float()}].
+tick_pairs(Pairs, Ms, Sink) ->
+    _ = erlang:system_flag(scheduler_wall_time, true),
+    Pid = os:getpid(),
+    Cg = case beamdiag_cgroup:locate("/proc", Pid) of
+             {ok, L} -> L;
+             {error, _} = E -> E
+         end,
+    State = #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
+              status => false},
+    try
+        [begin
+             Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
+             R = [slice(On, State, Sink, Ms) || On <- Order],
+             {true, On, N} = lists:keyfind(true, 1, R),
+             {false, Off, _} = lists:keyfind(false, 1, R),
+             {On / Off, N * 1000 / Ms}
+         end || I <- lists:seq(1, Pairs)]
+    after
+        erlang:system_flag(scheduler_wall_time, false)
+    end.
+
+slice(false, _State, _Sink, Ms) ->
+    {false, element(2, rate(Ms)), 0};
+slice(true, State, Sink, Ms) ->
+    Self = self(),
+    Ticker = spawn_opt(fun() ->
+                           St = State#{held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
+                           ticker(St, Sink, Self, 0)
+                       end, [{priority, high}]),
+    {_, C} = rate(Ms),
+    Ticker ! stop,
+    receive {ticks, Ticker, N} -> {true, C, N} end.
+
+ticker(State, Sink, Parent, N) ->
+    receive
+        stop -> Parent ! {ticks, self(), N}
+    after 0 ->
+        {Sample, State2} = beamdiag_agent:take(State),
+        Sink ! {tick, Sample},
+        ticker(State2, Sink, Parent, N + 1)
     end.
 
 %% @doc Peak memory in bytes of the beamdiag agent process over Ms
