@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -140,6 +140,46 @@ ticker(State, Sink, Parent, N) ->
         Sink ! {tick, Sample},
         ticker(State2, Sink, Parent, N + 1)
     end.
+
+%% @doc A session's fixed cost amplified: alternating slices of Ms with
+%% the shortest agent sessions run back to back (start, which turns on
+%% scheduler_wall_time and msacc and locates the cgroup; the first and last
+%% ticks, which read every file whole; the end, which puts the flags back)
+%% and without. For each pair: the work per CPU second with the sessions
+%% over the same without, and the sessions per second.
+-spec session_pairs(pos_integer(), pos_integer()) -> [{float(), float()}].
+session_pairs(Pairs, Ms) ->
+    [begin
+         Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
+         R = [session_slice(On, Ms) || On <- Order],
+         {true, On, N} = lists:keyfind(true, 1, R),
+         {false, Off, _} = lists:keyfind(false, 1, R),
+         {On / Off, N * 1000 / Ms}
+     end || I <- lists:seq(1, Pairs)].
+
+session_slice(false, Ms) ->
+    {false, element(2, rate(Ms)), 0};
+session_slice(true, Ms) ->
+    Self = self(),
+    Runner = spawn_opt(fun() -> sessions(Self, 0) end, [{priority, high}]),
+    {_, C} = rate(Ms),
+    Runner ! stop,
+    receive {sessions, Runner, N} -> {true, C, N} end.
+
+sessions(Parent, N) ->
+    receive
+        stop -> Parent ! {sessions, self(), N}
+    after 0 ->
+        {ok, _, Ref} = beamdiag_agent:start(self(), #{duration_ms => 1, interval_ms => 1,
+                                                      msacc => true, locks => false,
+                                                      unload => []}),
+        receive {beamdiag, Ref, {done, _}} -> ok end,
+        flush(Ref),
+        sessions(Parent, N + 1)
+    end.
+
+flush(Ref) ->
+    receive {beamdiag, Ref, _} -> flush(Ref) after 0 -> ok end.
 
 %% @doc Peak memory in bytes of the beamdiag agent process over Ms
 %% milliseconds (0 when no agent ran), polled every 5 ms.
