@@ -298,7 +298,7 @@ convert({integer, Min, Max}, V) ->
 convert({float, Min, Max}, V) ->
     case to_number(V) of
         {ok, F} when F >= Min, F =< Max -> {ok, F};
-        {ok, _} -> {error, io_lib:format("must be between ~g and ~g", [Min, Max])};
+        {ok, _} -> {error, ["must be between ", short(Min), " and ", short(Max)]};
         error -> {error, "not a number"}
     end;
 convert({enum, Allowed}, V) ->
@@ -353,9 +353,14 @@ option_help(#{help := H}) ->
 
 default_text(D) when is_atom(D) -> atom_to_list(D);
 default_text(D) when is_integer(D) -> integer_to_list(D);
-default_text(D) when is_float(D) -> io_lib:format("~g", [D]);
+default_text(D) when is_float(D) -> short(D);
 default_text(D) when is_binary(D) -> D;
 default_text(D) -> io_lib:format("~p", [D]).
+
+%% A float as people write it: 2, 0.1, 3600.
+short(F) when is_float(F), F == trunc(F), abs(F) < 1.0e15 -> integer_to_list(trunc(F));
+short(F) when is_float(F) -> float_to_list(F, [short]);
+short(I) when is_integer(I) -> integer_to_list(I).
 
 option_line(Left, Help) ->
     L = lists:flatten(io_lib:format("~s", [Left])),
