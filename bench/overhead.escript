@@ -66,12 +66,12 @@ main(Args) ->
     Load = compile_load(),
     Tick = part(amplified, Parts, fun() ->
         io:format("== one tick's cost, amplified: ticks back to back in 5 s slices, on and off~n"),
-        amplified(Load, env_int("BENCH_TICK_PAIRS", 12))
+        amplified(Load, env_int("BENCH_TICK_PAIRS", 12), tick)
     end),
     Session = part(session, Parts, fun() ->
         io:format("== one session's fixed cost, amplified: the shortest sessions back to back in "
                   "5 s slices, on and off~n"),
-        session(Load, env_int("BENCH_TICK_PAIRS", 12))
+        amplified(Load, env_int("BENCH_TICK_PAIRS", 12), session)
     end),
     Msacc = part(msacc, Parts, fun() ->
         io:format("== microstate accounting alone, 2 s slices on and off~n"),
@@ -252,49 +252,36 @@ msacc_alone(Load, Pairs) ->
         peer:stop(Peer)
     end.
 
-%% The agent's tick taken back to back on the loaded node, against none:
-%% the loss is tens of times the loss at 1 s ticks, so it stands well above
-%% the host's noise; divided by the ticks per second it gives the cost of
-%% one tick a second, the agent's share of the budget.
-amplified(Load, Pairs) ->
+%% The agent's tick, or its shortest session, taken back to back by a
+%% high-priority process on the loaded node against nothing: the loss is
+%% tens of times the loss of one a second, so it stands well above the
+%% host's noise; divided by how many were taken per second it gives the
+%% cost of one a second. Ticks are sent to a process here, as the agent
+%% sends them to its caller; a default session pays its fixed cost once per
+%% window.
+amplified(Load, Pairs, What) ->
     {Peer, _, _} = start_peer("bench_amp", ["+S", "2:2", "+SDio", "2"]),
     Sink = spawn_link(fun Drop() -> receive _ -> Drop() end end),
+    {Fun, Args} = case What of
+                      tick -> {tick_pairs, [Pairs, 5000, Sink]};
+                      session -> {session_pairs, [Pairs, 5000]}
+                  end,
     try
         ok = load_on(Peer, Load),
         ok = load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()]),
         ok = peer:call(Peer, overhead_load, start, [4]),
-        Rs = peer:call(Peer, overhead_load, tick_pairs, [Pairs, 5000, Sink], Pairs * 15000 + 30000),
+        Rs = peer:call(Peer, overhead_load, Fun, Args, Pairs * 15000 + 30000),
         {M, Lo, Hi} = interval([1 - R || {R, _} <- Rs]),
-        Tps = mean([T || {_, T} <- Rs]),
-        io:format("ticks back to back: ~.1f ticks/s, loss of work per CPU second ~.2f% "
-                  "(95% interval ~.2f% to ~.2f%), n ~b~n", [Tps, 100 * M, 100 * Lo, 100 * Hi, length(Rs)]),
-        io:format("so one tick a second costs ~.3f% (~.3f% to ~.3f%)~n",
-                  [100 * M / Tps, 100 * Lo / Tps, 100 * Hi / Tps]),
-        {M / Tps, Lo / Tps, Hi / Tps}
+        Ps = mean([P || {_, P} <- Rs]),
+        io:format("~ss back to back: ~.1f ~ss/s, loss of work per CPU second ~.2f% "
+                  "(95% interval ~.2f% to ~.2f%), n ~b~n",
+                  [What, Ps, What, 100 * M, 100 * Lo, 100 * Hi, length(Rs)]),
+        io:format("so one ~s a second costs ~.3f% (~.3f% to ~.3f%)~n",
+                  [What, 100 * M / Ps, 100 * Lo / Ps, 100 * Hi / Ps]),
+        {M / Ps, Lo / Ps, Hi / Ps}
     after
         unlink(Sink),
         exit(Sink, kill),
-        peer:stop(Peer)
-    end.
-
-%% The shortest sessions back to back against none: a session's fixed
-%% cost (start, the first and last ticks, the end) as a share of one
-%% second; a default session pays it once per window.
-session(Load, Pairs) ->
-    {Peer, _, _} = start_peer("bench_sess", ["+S", "2:2", "+SDio", "2"]),
-    try
-        ok = load_on(Peer, Load),
-        ok = load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()]),
-        ok = peer:call(Peer, overhead_load, start, [4]),
-        Rs = peer:call(Peer, overhead_load, session_pairs, [Pairs, 5000], Pairs * 15000 + 30000),
-        {M, Lo, Hi} = interval([1 - R || {R, _} <- Rs]),
-        Sps = mean([S || {_, S} <- Rs]),
-        io:format("sessions back to back: ~.1f sessions/s, loss of work per CPU second ~.2f% "
-                  "(95% interval ~.2f% to ~.2f%), n ~b~n", [Sps, 100 * M, 100 * Lo, 100 * Hi, length(Rs)]),
-        io:format("so one session a second costs ~.3f% (~.3f% to ~.3f%)~n",
-                  [100 * M / Sps, 100 * Lo / Sps, 100 * Hi / Sps]),
-        {M / Sps, Lo / Sps, Hi / Sps}
-    after
         peer:stop(Peer)
     end.
 

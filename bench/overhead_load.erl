@@ -77,17 +77,11 @@ side_rate(Ms) ->
 msacc_pairs(Pairs, Ms) ->
     Was = erlang:system_flag(microstate_accounting, false),
     try
-        [begin
-             Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
-             R = [begin
-                      _ = erlang:system_flag(microstate_accounting, F),
-                      receive after 20 -> ok end,
-                      {F, element(2, rate(Ms))}
-                  end || F <- Order],
-             {true, On} = lists:keyfind(true, 1, R),
-             {false, Off} = lists:keyfind(false, 1, R),
-             On / Off
-         end || I <- lists:seq(1, Pairs)]
+        [R || {R, _} <- pairs(Pairs, fun(On) ->
+                                             _ = erlang:system_flag(microstate_accounting, On),
+                                             receive after 20 -> ok end,
+                                             {element(2, rate(Ms)), 0}
+                                     end)]
     after
         erlang:system_flag(microstate_accounting, Was)
     end.
@@ -106,39 +100,20 @@ tick_pairs(Pairs, Ms, Sink) ->
              {ok, L} -> L;
              {error, _} = E -> E
          end,
-    State = #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
-              status => false},
+    %% Made in the worker, which owns the descriptors it opens.
+    Init = fun() ->
+               #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
+                 status => false, held => beamdiag_file:new(beamdiag_file:budget("/proc"))}
+           end,
+    Tick = fun(State) ->
+               {Sample, State2} = beamdiag_agent:take(State),
+               Sink ! {tick, Sample},
+               State2
+           end,
     try
-        [begin
-             Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
-             R = [slice(On, State, Sink, Ms) || On <- Order],
-             {true, On, N} = lists:keyfind(true, 1, R),
-             {false, Off, _} = lists:keyfind(false, 1, R),
-             {On / Off, N * 1000 / Ms}
-         end || I <- lists:seq(1, Pairs)]
+        per_second(pairs(Pairs, fun(On) -> slice(On, Init, Tick, Ms) end), Ms)
     after
         erlang:system_flag(scheduler_wall_time, false)
-    end.
-
-slice(false, _State, _Sink, Ms) ->
-    {false, element(2, rate(Ms)), 0};
-slice(true, State, Sink, Ms) ->
-    Self = self(),
-    Ticker = spawn_opt(fun() ->
-                           St = State#{held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
-                           ticker(St, Sink, Self, 0)
-                       end, [{priority, high}]),
-    {_, C} = rate(Ms),
-    Ticker ! stop,
-    receive {ticks, Ticker, N} -> {true, C, N} end.
-
-ticker(State, Sink, Parent, N) ->
-    receive
-        stop -> Parent ! {ticks, self(), N}
-    after 0 ->
-        {Sample, State2} = beamdiag_agent:take(State),
-        Sink ! {tick, Sample},
-        ticker(State2, Sink, Parent, N + 1)
     end.
 
 %% @doc A session's fixed cost amplified: alternating slices of Ms with
@@ -149,33 +124,48 @@ ticker(State, Sink, Parent, N) ->
 %% over the same without, and the sessions per second.
 -spec session_pairs(pos_integer(), pos_integer()) -> [{float(), float()}].
 session_pairs(Pairs, Ms) ->
+    Session = fun(none) ->
+                  {ok, _, Ref} = beamdiag_agent:start(self(), #{duration_ms => 1, interval_ms => 1,
+                                                                msacc => true, locks => false,
+                                                                unload => []}),
+                  receive {beamdiag, Ref, {done, _}} -> ok end,
+                  flush(Ref),
+                  none
+              end,
+    per_second(pairs(Pairs, fun(On) -> slice(On, fun() -> none end, Session, Ms) end), Ms).
+
+%% Pairs of slices, on and off (which goes first alternates). Slice(On)
+%% gives the work per CPU second and a count; each pair gives the ratio of
+%% the first, on over off, and the count of the slice that was on.
+pairs(Pairs, Slice) ->
     [begin
          Order = case I rem 2 of 0 -> [false, true]; 1 -> [true, false] end,
-         R = [session_slice(On, Ms) || On <- Order],
-         {true, On, N} = lists:keyfind(true, 1, R),
-         {false, Off, _} = lists:keyfind(false, 1, R),
-         {On / Off, N * 1000 / Ms}
+         R = [{On, Slice(On)} || On <- Order],
+         {true, {OnRate, N}} = lists:keyfind(true, 1, R),
+         {false, {OffRate, _}} = lists:keyfind(false, 1, R),
+         {OnRate / OffRate, N}
      end || I <- lists:seq(1, Pairs)].
 
-session_slice(false, Ms) ->
-    {false, element(2, rate(Ms)), 0};
-session_slice(true, Ms) ->
-    Self = self(),
-    Runner = spawn_opt(fun() -> sessions(Self, 0) end, [{priority, high}]),
-    {_, C} = rate(Ms),
-    Runner ! stop,
-    receive {sessions, Runner, N} -> {true, C, N} end.
+per_second(Rs, Ms) ->
+    [{R, N * 1000 / Ms} || {R, N} <- Rs].
 
-sessions(Parent, N) ->
+%% A slice of Ms: the work per CPU second, and how many times a
+%% high-priority worker took Step (from Init's state) meanwhile; none
+%% when the slice is off.
+slice(false, _Init, _Step, Ms) ->
+    {element(2, rate(Ms)), 0};
+slice(true, Init, Step, Ms) ->
+    Self = self(),
+    Worker = spawn_opt(fun() -> steps(Step, Init(), Self, 0) end, [{priority, high}]),
+    {_, C} = rate(Ms),
+    Worker ! stop,
+    receive {steps, Worker, N} -> {C, N} end.
+
+steps(Step, State, Parent, N) ->
     receive
-        stop -> Parent ! {sessions, self(), N}
+        stop -> Parent ! {steps, self(), N}
     after 0 ->
-        {ok, _, Ref} = beamdiag_agent:start(self(), #{duration_ms => 1, interval_ms => 1,
-                                                      msacc => true, locks => false,
-                                                      unload => []}),
-        receive {beamdiag, Ref, {done, _}} -> ok end,
-        flush(Ref),
-        sessions(Parent, N + 1)
+        steps(Step, Step(State), Parent, N + 1)
     end.
 
 flush(Ref) ->
