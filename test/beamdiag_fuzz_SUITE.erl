@@ -327,8 +327,7 @@ perf_script(Config) ->
     case code:ensure_loaded(beamdiag_fold) of
         {module, _} ->
             Seeds = perf_seeds(Config),
-            Atoms0 = erlang:system_info(atom_count),
-            Stats = loop(?SECONDS, fun() ->
+            no_new_atoms(fun() ->
                 Input = input(Seeds),
                 Opts = pick([#{}, #{workers => 1}, #{workers => 2, chunk_size => 64 + rand:uniform(4096)},
                              #{max_line => 80, max_stacks => 5}, #{unknown => cut}]),
@@ -346,10 +345,7 @@ perf_script(Config) ->
                     Other ->
                         ct:fail({fold_binary, Input, Opts, Other})
                 end
-            end),
-            Atoms1 = erlang:system_info(atom_count),
-            ct:log("~p; atoms before ~b, after ~b", [Stats, Atoms0, Atoms1]),
-            ?assertEqual(Atoms0, Atoms1);
+            end);
         _ ->
             {skip, "no beamdiag_fold in this build"}
     end.
@@ -364,8 +360,7 @@ capture_files(Config) ->
         {module, _} ->
             Seeds = capture_seeds(Config),
             File = filename:join(?config(priv_dir, Config), "fuzz.capture"),
-            Atoms0 = erlang:system_info(atom_count),
-            Stats = loop(?SECONDS, fun() ->
+            no_new_atoms(fun() ->
                 Input = capture_input(Seeds),
                 ok = file:write_file(File, Input),
                 case catch_call(fun beamdiag_capture:load/1, [File]) of
@@ -379,10 +374,7 @@ capture_files(Config) ->
                         ok = file:write_file(Keep, Input),
                         ct:fail({capture_load, Keep, Other})
                 end
-            end),
-            Atoms1 = erlang:system_info(atom_count),
-            ct:log("~p; atoms before ~b, after ~b", [Stats, Atoms0, Atoms1]),
-            ?assertEqual(Atoms0, Atoms1);
+            end);
         _ ->
             {skip, "no beamdiag_capture in this build"}
     end.
@@ -570,6 +562,14 @@ fixture_files(_Config, Dir) ->
 %%%===================================================================
 
 %% Runs F for about Seconds; counts what it returned.
+%% Runs F for the fuzzing time and checks that no input made an atom.
+no_new_atoms(F) ->
+    Atoms0 = erlang:system_info(atom_count),
+    Stats = loop(?SECONDS, F),
+    Atoms1 = erlang:system_info(atom_count),
+    ct:log("~p; atoms before ~b, after ~b", [Stats, Atoms0, Atoms1]),
+    ?assertEqual(Atoms0, Atoms1).
+
 loop(Seconds, F) ->
     Until = erlang:monotonic_time(millisecond) + Seconds * 1000,
     loop(F, Until, #{iterations => 0}).
