@@ -73,17 +73,18 @@ threads(Root, Pid, Opts, Held) ->
             Tids = lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
                                  ?MAX_THREADS),
             WantStatus = maps:get(status, Opts, true),
-            {Threads, Held2} =
+            {Threads, Paths, Held2} =
                 lists:foldl(
-                    fun(Tid, {Acc, H}) ->
-                        case thread(TaskDir, Tid, WantStatus, H) of
-                            {{ok, T}, H2} -> {[{Tid, T} | Acc], H2};
-                            {{error, _}, H2} -> {Acc, H2}
+                    fun(Tid, {Acc, Ps, H}) ->
+                        Dir = filename:join(TaskDir, integer_to_list(Tid)),
+                        Stat = filename:join(Dir, "stat"),
+                        Sched = filename:join(Dir, "schedstat"),
+                        case thread(Dir, Stat, Sched, WantStatus, H) of
+                            {{ok, T}, H2} -> {[{Tid, T} | Acc], [Stat, Sched | Ps], H2};
+                            {{error, _}, H2} -> {Acc, [Stat, Sched | Ps], H2}
                         end
                     end,
-                    {[], Held}, Tids),
-            Paths = [filename:join([TaskDir, integer_to_list(Tid), F])
-                     || Tid <- Tids, F <- ["stat", "schedstat"]],
+                    {[], [], Held}, Tids),
             {{ok, maps:from_list(Threads)}, beamdiag_file:keep(TaskDir, Paths, Held2)};
         {error, Reason} ->
             {{error, {beamdiag_proc, {list_dir, TaskDir, Reason}}}, Held}
@@ -231,14 +232,12 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
-thread(TaskDir, Tid, WantStatus, H0) ->
-    Dir = filename:join(TaskDir, integer_to_list(Tid)),
-    case read(filename:join(Dir, "stat"), ?MAX_SMALL, H0) of
+thread(Dir, Stat, Sched, WantStatus, H0) ->
+    case read(Stat, ?MAX_SMALL, H0) of
         {{ok, StatBin}, H1} ->
             case parse_stat(StatBin) of
                 {ok, T0} ->
-                    {T1, H2} = merge_optional(T0, filename:join(Dir, "schedstat"), ?MAX_SMALL,
-                                              fun parse_schedstat/1, H1),
+                    {T1, H2} = merge_optional(T0, Sched, ?MAX_SMALL, fun parse_schedstat/1, H1),
                     case WantStatus of
                         true ->
                             %% Read whole: it is wanted on the first and last
