@@ -34,6 +34,7 @@ ct: build
 # Static checks: xref and dialyzer, and the generated docs in step.
 check:
 	$(REBAR) xref
+	scripts/target-boundary.escript
 	$(REBAR) dialyzer
 	$(BIN) catalogue | diff -u docs/FINDINGS.md - || (echo "docs/FINDINGS.md is stale: make docs" >&2; exit 1)
 

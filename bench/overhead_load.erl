@@ -96,14 +96,14 @@ msacc_pairs(Pairs, Ms) ->
 tick_pairs(Pairs, Ms, Sink) ->
     _ = erlang:system_flag(scheduler_wall_time, true),
     Pid = os:getpid(),
-    Cg = case beamdiag_cgroup:locate("/proc", Pid) of
+    Cg = case beamdiag_agent_cgroup:locate("/proc", Pid) of
              {ok, L} -> L;
              {error, _} = E -> E
          end,
     %% Made in the worker, which owns the descriptors it opens.
     Init = fun() ->
                #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
-                 status => false, held => beamdiag_file:new(beamdiag_file:budget("/proc"))}
+                 status => false, held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc"))}
            end,
     Tick = fun(State) ->
                {Sample, State2} = beamdiag_agent:take(State),
@@ -188,15 +188,15 @@ tick(N, Gap) ->
     _ = erlang:system_flag(scheduler_wall_time, true),
     _ = erlang:system_flag(microstate_accounting, true),
     Pid = os:getpid(),
-    Cg = case beamdiag_cgroup:locate("/proc", Pid) of
+    Cg = case beamdiag_agent_cgroup:locate("/proc", Pid) of
              {ok, L} -> L;
              {error, _} = E -> E
          end,
     State = #{pid => Pid, proc_root => "/proc", msacc => true, cgroup_location => Cg,
-              held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
+              held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc"))},
     receive after Gap -> ok end,
-    Full = measure(State#{held => beamdiag_file:none()}, N, Gap),
-    Whole = measure(State#{status => false, held => beamdiag_file:none()}, N, Gap),
+    Full = measure(State#{held => beamdiag_agent_file:none()}, N, Gap),
+    Whole = measure(State#{status => false, held => beamdiag_agent_file:none()}, N, Gap),
     Lean = measure(State#{status => false}, N, Gap),
     {ok, Tasks} = file:list_dir("/proc/" ++ Pid ++ "/task"),
     _ = erlang:system_flag(microstate_accounting, false),

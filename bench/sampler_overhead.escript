@@ -4,7 +4,7 @@
 %% Starts a peer node whose schedulers are kept busy by CPU-bound Erlang
 %% processes (the erlang_cpu lab scenario: sorting, small maps) that count
 %% their work, then
-%% alternates windows without and with beamdiag_sampler running on that
+%% alternates windows without and with beamdiag_agent_sampler running on that
 %% node, and prints the throughput ratio. Needs `rebar3 compile'.
 %%
 %% Usage: bench/sampler_overhead.escript [SECONDS_PER_WINDOW] [PAIRS] [HZ]
@@ -51,7 +51,7 @@ cpu_cost(Peer, Secs, Hz, N) ->
     timer:sleep(Secs * 1000),
     {R1, _} = peer:call(Peer, erlang, statistics, [runtime]),
     #{samples := S, looked_at := L, ticks := T} =
-        peer:call(Peer, beamdiag_sampler, run, [#{duration => Secs, frequency => Hz}], (Secs + 30) * 1000),
+        peer:call(Peer, beamdiag_agent_sampler, run, [#{duration => Secs, frequency => Hz}], (Secs + 30) * 1000),
     {R2, _} = peer:call(Peer, erlang, statistics, [runtime]),
     [peer:call(Peer, erlang, exit, [P, kill]) || P <- Pids],
     Base = (R1 - R0) / Secs,
@@ -65,7 +65,7 @@ window(Peer, Secs, Mode, Hz) ->
     T0 = erlang:monotonic_time(microsecond),
     case Mode of
         off -> timer:sleep(Secs * 1000);
-        on -> _ = peer:call(Peer, beamdiag_sampler, run, [#{duration => Secs, frequency => Hz}],
+        on -> _ = peer:call(Peer, beamdiag_agent_sampler, run, [#{duration => Secs, frequency => Hz}],
                             (Secs + 30) * 1000)
     end,
     After = peer:call(Peer, beamdiag_lab_cache, ops, [erlang_cpu]),

@@ -59,10 +59,10 @@
 }.
 -type sample() :: #{
     t := integer(),
-    vm := beamdiag_vm:counters(),
-    threads := #{integer() => beamdiag_proc:thread()} | {error, term()},
-    host := beamdiag_proc:host() | {error, term()},
-    cgroup := beamdiag_cgroup:stat() | {error, term()},
+    vm := beamdiag_agent_vm:counters(),
+    threads := #{integer() => beamdiag_agent_proc:thread()} | {error, term()},
+    host := beamdiag_agent_proc:host() | {error, term()},
+    cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
     tick_cost_us := non_neg_integer()
 }.
 
@@ -97,7 +97,7 @@ stop(Pid) ->
 %% @doc The modules the agent needs on the target.
 -spec modules() -> [module()].
 modules() ->
-    [?MODULE, beamdiag_file, beamdiag_proc, beamdiag_cgroup, beamdiag_vm] ++ optional_modules().
+    [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm] ++ optional_modules().
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
 %% the state skips the per-thread context-switch counts.
@@ -106,17 +106,17 @@ sample(State) ->
     element(1, take(State)).
 
 %% @doc One sample, and the state to take the next one with: the state's
-%% `held' (a `beamdiag_file:held()') keeps the /proc and cgroup files open
+%% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
 %% between samples, which costs a fraction of reading them whole.
 -spec take(map()) -> {sample(), map()}.
 take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}) ->
     T0 = erlang:monotonic_time(microsecond),
     Status = maps:get(status, State, true),
-    H0 = maps:get(held, State, beamdiag_file:none()),
+    H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
-    Vm = beamdiag_vm:counters(#{msacc => Msacc}),
-    {Threads, H1} = beamdiag_proc:threads(Root, OsPid, #{status => Status}, H0),
-    {Host, H2} = beamdiag_proc:host(Root, H1),
+    Vm = beamdiag_agent_vm:counters(#{msacc => Msacc}),
+    {Threads, H1} = beamdiag_agent_proc:threads(Root, OsPid, #{status => Status}, H0),
+    {Host, H2} = beamdiag_agent_proc:host(Root, H1),
     {Cgroup, H3} = cgroup(State, H2),
     Sample = #{
         t => T,
@@ -143,20 +143,20 @@ init(Caller, Ref, Opts, _Starter) ->
     Restore0 = #{swt => erlang:system_flag(scheduler_wall_time, true)},
     {Restore1, MsaccFrom} = msacc_plan(Opts, Restore0),
     {Locks, Restore} = start_locks(Opts, Restore1),
-    Cg = case beamdiag_cgroup:locate(Root, OsPid) of
+    Cg = case beamdiag_agent_cgroup:locate(Root, OsPid) of
              {ok, L} -> L;
              {error, _} = E -> E
          end,
     State = #{
         caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
-        cgroup_location => Cg, locks => Locks, held => beamdiag_file:new(beamdiag_file:budget(Root))
+        cgroup_location => Cg, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
     Caller ! {beamdiag, Ref, {start, #{
         agent => self(),
         node => atom_to_binary(node()),
-        settings => beamdiag_vm:settings(),
+        settings => beamdiag_agent_vm:settings(),
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
         locks => Locks =/= undefined,
@@ -269,7 +269,7 @@ collect_extras(#{locks := undefined}) ->
     #{};
 collect_extras(#{locks := LockState}) ->
     try
-        #{locks => beamdiag_lcnt:collect(LockState)}
+        #{locks => beamdiag_agent_lcnt:collect(LockState)}
     catch
         Class:Reason ->
             #{locks => #{error => iolist_to_binary(io_lib:format("~p:~p", [Class, Reason]))}}
@@ -280,7 +280,7 @@ start_locks(Opts, Restore) ->
         true ->
             %% The lock session keeps a guard of its own that puts the mask back
             %% should the agent be killed outright.
-            case beamdiag_lcnt:start(#{owner => self()}) of
+            case beamdiag_agent_lcnt:start(#{owner => self()}) of
                 {ok, LS} -> {LS, Restore#{locks => LS}};
                 {error, _} -> {undefined, Restore}
             end;
@@ -289,8 +289,8 @@ start_locks(Opts, Restore) ->
     end.
 
 lcnt_available() ->
-    code:ensure_loaded(beamdiag_lcnt) =:= {module, beamdiag_lcnt} andalso
-        beamdiag_lcnt:available().
+    code:ensure_loaded(beamdiag_agent_lcnt) =:= {module, beamdiag_agent_lcnt} andalso
+        beamdiag_agent_lcnt:available().
 
 %% Puts every flag back as it was found.
 restore(Restore, _State) ->
@@ -299,7 +299,7 @@ restore(Restore, _State) ->
         error -> ok
     end,
     case maps:find(locks, Restore) of
-        {ok, LS} -> catch beamdiag_lcnt:stop(LS);
+        {ok, LS} -> catch beamdiag_agent_lcnt:stop(LS);
         error -> ok
     end,
     %% scheduler_wall_time is reference counted per process: turning it off
@@ -321,7 +321,7 @@ unload(Mods) ->
 cgroup(#{cgroup_location := {error, _} = E}, H) ->
     {E, H};
 cgroup(#{cgroup_location := L}, H) ->
-    {R, H2} = beamdiag_cgroup:read(L, H),
+    {R, H2} = beamdiag_agent_cgroup:read(L, H),
     {ok_or_error(R), H2}.
 
 location_info({error, {M, R}}) -> #{error => iolist_to_binary(M:format_error(R))};
@@ -331,4 +331,4 @@ ok_or_error({ok, V}) -> V;
 ok_or_error({error, _} = E) -> E.
 
 optional_modules() ->
-    [M || M <- [beamdiag_lcnt], code:which(M) =/= non_existing].
+    [M || M <- [beamdiag_agent_lcnt], code:which(M) =/= non_existing].

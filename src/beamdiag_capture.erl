@@ -263,8 +263,8 @@ with_file(File, {corrupt, Why}) -> {corrupt, File, Why}.
 %% types, ledger fields, finding ids): make sure they exist before decoding.
 known_atoms() ->
     _ = application:load(beamdiag),
-    Own = [beamdiag_agent, beamdiag_vm, beamdiag_proc, beamdiag_cgroup, beamdiag_ledger,
-           beamdiag_rules, beamdiag_catalogue, beamdiag_threads, beamdiag_lcnt,
+    Own = [beamdiag_agent, beamdiag_agent_vm, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_ledger,
+           beamdiag_rules, beamdiag_catalogue, beamdiag_threads, beamdiag_agent_lcnt,
            beamdiag_experiment, beamdiag_compare, beamdiag_cluster],
     Mods = case application:get_key(beamdiag, modules) of
                {ok, Ms} -> lists:usort(Ms ++ Own);

@@ -238,7 +238,7 @@ cgroup(_, Lab, _) ->
 
 %% The CPU cgroup of this process, where the lab's own cgroup goes.
 cgroup_dir() ->
-    case beamdiag_cgroup:locate("/proc", os:getpid()) of
+    case beamdiag_agent_cgroup:locate("/proc", os:getpid()) of
         {ok, #{version := V, dir := D}} -> {ok, V, D};
         {error, {_, Why}} -> {error, Why}
     end.

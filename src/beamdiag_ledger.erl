@@ -116,7 +116,7 @@ thread_row(Tid, A, B, Wall, Busy, Settings) ->
     Name = maps:get(name, B),
     {Type, Index} = beamdiag_threads:classify(Name),
     SchedId = beamdiag_threads:scheduler_id({Type, Index}, Settings),
-    Hz = beamdiag_proc:clock_ticks(),
+    Hz = beamdiag_agent_proc:clock_ticks(),
     DU = delta(utime, A, B) / Hz,
     DS = delta(stime, A, B) / Hz,
     OnCpu =
@@ -293,7 +293,7 @@ msacc([First = #{vm := #{msacc := MA}} | Rest = [_ | _]]) ->
             }
         end,
         Groups),
-    #{extra => beamdiag_vm:msacc_extra(MB), by_type => ByType, span_s => seconds(First, Last)};
+    #{extra => beamdiag_agent_vm:msacc_extra(MB), by_type => ByType, span_s => seconds(First, Last)};
 msacc(_) ->
     #{}.
 

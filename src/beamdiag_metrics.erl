@@ -196,13 +196,13 @@ init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Pa
                            false -> untouched
                        end,
             OsPid = os:getpid(),
-            Cg = case beamdiag_cgroup:locate("/proc", OsPid) of
+            Cg = case beamdiag_agent_cgroup:locate("/proc", OsPid) of
                      {ok, Loc} -> Loc;
                      {error, _} = E -> E
                  end,
             Sampler = #{pid => OsPid, proc_root => "/proc", msacc => WantMsacc,
                         cgroup_location => Cg,
-                        held => beamdiag_file:new(beamdiag_file:budget("/proc"))},
+                        held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc"))},
             self() ! tick,
             {ok, O#{tab => Tab, httpd => Httpd, swt_was => Swt, msacc_was => MsaccWas,
                     sampler => Sampler, last => undefined, interval => I}};
@@ -236,7 +236,7 @@ handle_info(tick, S = #{sampler := Sampler0, last := Last, tab := Tab, interval 
             #{t := T0} = Last,
             #{t := T1} = Sample,
             Capture = #{schema => <<"beamdiag.capture/1">>, node => atom_to_binary(node()),
-                        settings => beamdiag_vm:settings(), interval_ms => I,
+                        settings => beamdiag_agent_vm:settings(), interval_ms => I,
                         duration_ms => max(1, (T1 - T0) div 1000000),
                         wall_start_ms => erlang:system_time(millisecond),
                         samples => [Last, Sample], extras => #{}, complete => true,

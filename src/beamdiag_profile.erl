@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_profile).
 
--export([profile/3]).
+-export([profile/3, format_error/1]).
 
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
@@ -22,7 +22,7 @@ profile(Node, Opts = #{erlang := true}, Err) ->
     D = maps:get(duration, Opts, 10),
     Hz = min(maps:get(frequency, Opts, 97), 199),
     Err(io_lib:format("sampling Erlang stacks on ~p for ~b s at ~b Hz...~n", [Node, D, Hz])),
-    case beamdiag_sampler:profile(Node, #{duration => D, frequency => Hz}) of
+    case sample(Node, #{duration => D, frequency => Hz}) of
         {ok, R = #{stacks := Stacks}} ->
             P = beamdiag_fold:from_counts(Stacks),
             {ok, #{profile => P, method => erlang, node => Node, sampler => maps:remove(stacks, R),
@@ -72,9 +72,34 @@ profile(Node, Opts, Err) ->
             E
     end.
 
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({sampler_load, _Node, Why}) ->
+    ["cannot load the sampler: ", beamdiag_remote:format_error(Why)];
+format_error({remote, Class, Reason}) ->
+    io_lib:format("the sampler failed on the target: ~p:~p", [Class, Reason]).
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Loads the sampler onto the node, runs it there and unloads it again
+%% (unless the node had it already). The call times out 30 s after the
+%% duration.
+sample(Node, Opts) ->
+    D = maps:get(duration, maps:merge(beamdiag_agent_sampler:defaults(), Opts)),
+    case beamdiag_remote:load(Node, [beamdiag_agent_sampler]) of
+        {ok, Loaded} ->
+            try erpc:call(Node, beamdiag_agent_sampler, run, [Opts], (D + 30) * 1000) of
+                R -> {ok, R}
+            catch
+                Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
+            after
+                beamdiag_remote:unload(Node, Loaded)
+            end;
+        {error, {beamdiag_remote, Why}} ->
+            {error, {?MODULE, {sampler_load, Node, Why}}}
+    end.
 
 %% The node's OS pid, and a check that it is a process of this host.
 os_pid(Node) ->
@@ -88,5 +113,5 @@ os_pid(Node) ->
             true -> {ok, OsPid}
         end
     catch
-        Class:Reason -> {error, {beamdiag_sampler, {remote, Class, Reason}}}
+        Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
     end.

@@ -233,16 +233,16 @@ safe_word() ->
 %%% /proc and cgroup
 %%%===================================================================
 
-%% beamdiag_proc's parsers on junk: `{ok, _}' or `{error, {beamdiag_proc, _}}'.
+%% beamdiag_agent_proc's parsers on junk: `{ok, _}' or `{error, {beamdiag_agent_proc, _}}'.
 -spec proc_parsers(list()) -> term().
 proc_parsers(Config) ->
     Seeds = proc_seeds(Config),
     Parsers = [
-        {parse_stat, fun beamdiag_proc:parse_stat/1},
-        {parse_schedstat, fun beamdiag_proc:parse_schedstat/1},
-        {parse_status, fun beamdiag_proc:parse_status/1},
-        {parse_host_stat, fun beamdiag_proc:parse_host_stat/1},
-        {parse_loadavg, fun beamdiag_proc:parse_loadavg/1}
+        {parse_stat, fun beamdiag_agent_proc:parse_stat/1},
+        {parse_schedstat, fun beamdiag_agent_proc:parse_schedstat/1},
+        {parse_status, fun beamdiag_agent_proc:parse_status/1},
+        {parse_host_stat, fun beamdiag_agent_proc:parse_host_stat/1},
+        {parse_loadavg, fun beamdiag_agent_proc:parse_loadavg/1}
     ],
     Stats = loop(?SECONDS, fun() ->
         Input = input(Seeds),
@@ -250,9 +250,9 @@ proc_parsers(Config) ->
             fun({Name, P}) ->
                 case catch_call(P, [Input]) of
                     {ok, {ok, V}} when is_map(V); is_tuple(V) -> ok;
-                    {ok, {error, {beamdiag_proc, R}}} ->
+                    {ok, {error, {beamdiag_agent_proc, R}}} ->
                         %% The reason must turn into a sentence.
-                        _ = iolist_to_binary(beamdiag_proc:format_error(R)),
+                        _ = iolist_to_binary(beamdiag_agent_proc:format_error(R)),
                         ok;
                     Other -> ct:fail({Name, Input, Other})
                 end
@@ -262,20 +262,20 @@ proc_parsers(Config) ->
     end),
     ct:log("~p", [Stats]).
 
-%% beamdiag_cgroup's parsers on junk: values of their documented shapes.
+%% beamdiag_agent_cgroup's parsers on junk: values of their documented shapes.
 -spec cgroup_parsers(list()) -> term().
 cgroup_parsers(Config) ->
     Seeds = cgroup_seeds(Config),
     Stats = loop(?SECONDS, fun() ->
         Input = input(Seeds),
         Checks = [
-            {parse_proc_cgroup, fun beamdiag_cgroup:parse_proc_cgroup/1, fun is_list/1},
-            {parse_mountinfo, fun beamdiag_cgroup:parse_mountinfo/1, fun is_list/1},
-            {parse_cpu_max, fun beamdiag_cgroup:parse_cpu_max/1,
+            {parse_proc_cgroup, fun beamdiag_agent_cgroup:parse_proc_cgroup/1, fun is_list/1},
+            {parse_mountinfo, fun beamdiag_agent_cgroup:parse_mountinfo/1, fun is_list/1},
+            {parse_cpu_max, fun beamdiag_agent_cgroup:parse_cpu_max/1,
              fun({Q, P}) -> (Q =:= unlimited orelse is_float(Q)) andalso is_integer(P);
                 (_) -> false end},
-            {parse_cpu_stat_v1, fun(B) -> beamdiag_cgroup:parse_cpu_stat(1, B) end, fun is_map/1},
-            {parse_cpu_stat_v2, fun(B) -> beamdiag_cgroup:parse_cpu_stat(2, B) end, fun is_map/1}
+            {parse_cpu_stat_v1, fun(B) -> beamdiag_agent_cgroup:parse_cpu_stat(1, B) end, fun is_map/1},
+            {parse_cpu_stat_v2, fun(B) -> beamdiag_agent_cgroup:parse_cpu_stat(2, B) end, fun is_map/1}
         ],
         lists:foreach(
             fun({Name, P, Shape}) ->
@@ -307,7 +307,7 @@ vm_flags(_Config) ->
                     3 -> junk_arg()
                 end || _ <- lists:seq(1, rand:uniform(30))],
         Bins = [unicode:characters_to_binary(A) || A <- Args],
-        case catch_call(fun beamdiag_vm:parse_flags/1, [Bins]) of
+        case catch_call(fun beamdiag_agent_vm:parse_flags/1, [Bins]) of
             {ok, M} when is_map(M) ->
                 [ct:fail({vm_flags, Args, V}) || V <- maps:values(M),
                                                  not is_binary(V) orelse byte_size(V) > 32],

@@ -1,7 +1,7 @@
 %%% Lock counting on real peer nodes running the lock-counting emulator.
 %%%
 %%% Each case starts a peer with `-emu_type lcnt', runs a lab workload from
-%%% beamdiag_lab_locks, counts locks with beamdiag_lcnt over erpc, checks the
+%%% beamdiag_lab_locks, counts locks with beamdiag_agent_lcnt over erpc, checks the
 %%% raw signal first and then the findings. The emulator must be installed
 %%% (scripts/lcnt-emulator.sh); without it every case fails.
 -module(beamdiag_locks_SUITE).
@@ -131,15 +131,15 @@ settings_restored(_Config) ->
 check_settings_restored(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
     ok = erpc:call(Node, erts_debug, lcnt_control, [copy_save, true]),
-    {ok, S} = erpc:call(Node, beamdiag_lcnt, start, [#{}]),
+    {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{}]),
     Mask = erpc:call(Node, erts_debug, lcnt_control, [mask]),
     ?assert(lists:member(allocator, Mask)),
-    ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
-    ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
+    ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
+    ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
     ?assertEqual([db, process], lists:sort(erpc:call(Node, erts_debug, lcnt_control, [mask]))),
     ?assertEqual(true, erpc:call(Node, erts_debug, lcnt_control, [copy_save])),
-    ?assertMatch({error, {beamdiag_lcnt, {unknown_options, [bogus]}}},
-                 erpc:call(Node, beamdiag_lcnt, start, [#{bogus => 1}])),
+    ?assertMatch({error, {beamdiag_agent_lcnt, {unknown_options, [bogus]}}},
+                 erpc:call(Node, beamdiag_agent_lcnt, start, [#{bogus => 1}])),
     ok.
 
 %% When the session that started counting dies, the guard on the target
@@ -151,7 +151,7 @@ guard_restores_when_owner_dies(_Config) ->
 guard_restores(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db]]),
     Owner = spawn(fun() -> receive stop -> ok end end),
-    {ok, _S} = erpc:call(Node, beamdiag_lcnt, start, [#{owner => Owner}]),
+    {ok, _S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => Owner}]),
     ?assertNotEqual([db], erpc:call(Node, erts_debug, lcnt_control, [mask])),
     Owner ! stop,
     ok = wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end, 50).
@@ -170,10 +170,10 @@ measure(Load, EmuArgs) ->
             _ -> {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 60}])
         end,
         timer:sleep(?WARMUP_MS),
-        {ok, S} = erpc:call(Node, beamdiag_lcnt, start, [#{owner => self()}]),
+        {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => self()}]),
         timer:sleep(?WINDOW_MS),
-        Data = erpc:call(Node, beamdiag_lcnt, collect, [S], 30000),
-        ok = erpc:call(Node, beamdiag_lcnt, stop, [S]),
+        Data = erpc:call(Node, beamdiag_agent_lcnt, collect, [S], 30000),
+        ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
         Data
     after
         peer:stop(Peer)
@@ -192,7 +192,7 @@ start_peer(EmuArgs) ->
         wait_boot => 30000
     }),
     true = erpc:call(Node, erlang, system_info, [lock_counting]),
-    [load(Node, M) || M <- [beamdiag_lcnt, beamdiag_lab_locks]],
+    [load(Node, M) || M <- [beamdiag_agent_lcnt, beamdiag_lab_locks]],
     {Peer, Node}.
 
 load(Node, Mod) ->

@@ -108,9 +108,9 @@ redis_cache_perf(Config) ->
 
 erlang_sampler(Config) ->
     Peer = ?config(peer, Config),
-    {Mod, Bin, File} = code:get_object_code(beamdiag_sampler),
+    {Mod, Bin, File} = code:get_object_code(beamdiag_agent_sampler),
     {module, Mod} = peer:call(Peer, code, load_binary, [Mod, File, Bin]),
-    R = peer:call(Peer, beamdiag_sampler, run, [#{duration => 3, frequency => 97}], 60000),
+    R = peer:call(Peer, beamdiag_agent_sampler, run, [#{duration => 3, frequency => 97}], 60000),
     #{stacks := Stacks, samples := N, ticks := Ticks, looked_at := Looked} = R,
     ct:pal("sampler: ~b samples in ~b ticks, ~b processes looked at", [N, Ticks, Looked]),
     ?assert(Ticks > 100),
@@ -149,7 +149,7 @@ flame_cli(Config) ->
     ct:pal("--erlang:~n~s", [PrintedErl]),
     {_, _} = binary:match(PrintedErl, <<"beamdiag_lab_cache:decode_loop/2">>),
     %% The sampler was removed from the node afterwards.
-    false = erpc:call(Node, code, is_loaded, [beamdiag_sampler]),
+    false = erpc:call(Node, code, is_loaded, [beamdiag_agent_sampler]),
     ok.
 
 %%% Helpers

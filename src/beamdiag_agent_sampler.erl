@@ -1,7 +1,8 @@
 %%% @doc An Erlang-level CPU sampler that runs on the target node.
 %%%
 %%% `run/1' executes on the node being profiled (it depends on erts,
-%%% kernel and stdlib only, so `profile/2' can load it over distribution):
+%%% kernel and stdlib only, so `beamdiag_profile' can load it over
+%%% distribution):
 %%% at a prime rate (97 Hz by default) it looks at a bounded set of
 %%% processes, and for those whose status is `running' or `runnable' takes
 %%% `process_info(P, current_stacktrace)' and counts the stack. The result
@@ -22,13 +23,13 @@
 %%% set are found only when the window reaches them.
 %%%
 %%% ```
-%%% 1> {ok, R} = beamdiag_sampler:profile('app@host', #{duration => 5}).
+%%% 1> {ok, R} = beamdiag_profile:profile('app@host', #{erlang => true, duration => 5}, fun(_) -> ok end).
 %%% 2> maps:get(samples, R).
 %%% 812
 %%% '''
--module(beamdiag_sampler).
+-module(beamdiag_agent_sampler).
 
--export([run/1, profile/2, defaults/0, format_error/1]).
+-export([run/1, defaults/0]).
 
 -export_type([options/0, result/0]).
 
@@ -124,32 +125,6 @@ run(Opts0) ->
         process_count => erlang:system_info(process_count),
         duration_ms => (erlang:monotonic_time(microsecond) - Now) div 1000
     }.
-
-%% @doc Loads this module onto `Node', runs the sampler there and unloads
-%% it again (unless the node had it already). The call times out 30 s
-%% after the duration.
--spec profile(node(), options()) -> {ok, result()} | {error, {?MODULE, term()}}.
-profile(Node, Opts) ->
-    D = maps:get(duration, maps:merge(defaults(), Opts)),
-    case beamdiag_remote:load(Node, [?MODULE]) of
-        {ok, Loaded} ->
-            try erpc:call(Node, ?MODULE, run, [Opts], (D + 30) * 1000) of
-                R -> {ok, R}
-            catch
-                Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
-            after
-                beamdiag_remote:unload(Node, Loaded)
-            end;
-        {error, {beamdiag_remote, Why}} ->
-            {error, {?MODULE, {load, Node, Why}}}
-    end.
-
-%% @doc Turns an error reason into a sentence.
--spec format_error(term()) -> iolist().
-format_error({load, _Node, Why}) ->
-    ["cannot load the sampler: ", beamdiag_remote:format_error(Why)];
-format_error({remote, Class, Reason}) ->
-    io_lib:format("the sampler failed on the target: ~p:~p", [Class, Reason]).
 
 %%%===================================================================
 %%% Internal

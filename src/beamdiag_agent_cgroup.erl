@@ -5,12 +5,12 @@
 %%% quota and counters from it each tick. Parsers are pure.
 %%%
 %%% ```
-%%% 1> {ok, Cg} = beamdiag_cgroup:locate("/proc", os:getpid()).
+%%% 1> {ok, Cg} = beamdiag_agent_cgroup:locate("/proc", os:getpid()).
 %%% {ok, #{version => 1, dir => "/sys/fs/cgroup/cpu/..."}}
-%%% 2> beamdiag_cgroup:read(Cg).
+%%% 2> beamdiag_agent_cgroup:read(Cg).
 %%% {ok, #{quota_cpus => 2.0, nr_periods => 10, nr_throttled => 3, throttled_ns => ...}}
 %%% '''
--module(beamdiag_cgroup).
+-module(beamdiag_agent_cgroup).
 
 -export([locate/2, locate/3, read/1, read/2]).
 -export([parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
@@ -41,33 +41,33 @@
 %% @doc Finds the CPU cgroup of a process from /proc/PID/cgroup and
 %% /proc/PID/mountinfo.
 -spec locate(file:filename(), string() | integer()) ->
-    {ok, location()} | {error, {beamdiag_cgroup, term()}}.
+    {ok, location()} | {error, {beamdiag_agent_cgroup, term()}}.
 locate(ProcRoot, Pid) ->
     locate(ProcRoot, Pid, "").
 
 %% @doc As locate/2, with a prefix put before the mount points found (tests
 %% point it at a recorded tree).
 -spec locate(file:filename(), string() | integer(), file:filename()) ->
-    {ok, location()} | {error, {beamdiag_cgroup, term()}}.
+    {ok, location()} | {error, {beamdiag_agent_cgroup, term()}}.
 locate(ProcRoot, Pid, Prefix) ->
     PidDir = filename:join(ProcRoot, to_list(Pid)),
     case {read_file(filename:join(PidDir, "cgroup")), read_file(filename:join(PidDir, "mountinfo"))} of
         {{ok, CgBin}, {ok, MiBin}} ->
             choose(parse_proc_cgroup(CgBin), parse_mountinfo(MiBin), Prefix);
         {{error, _}, _} ->
-            {error, {beamdiag_cgroup, no_cgroup}};
+            {error, {beamdiag_agent_cgroup, no_cgroup}};
         {_, {error, _}} ->
-            {error, {beamdiag_cgroup, no_mountinfo}}
+            {error, {beamdiag_agent_cgroup, no_mountinfo}}
     end.
 
 %% @doc Reads the quota and the throttling counters.
--spec read(location()) -> {ok, stat()} | {error, {beamdiag_cgroup, term()}}.
+-spec read(location()) -> {ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}.
 read(L) ->
-    element(1, read(L, beamdiag_file:none())).
+    element(1, read(L, beamdiag_agent_file:none())).
 
 %% @doc As read/1, reading through (and updating) held descriptors.
--spec read(location(), beamdiag_file:held()) ->
-    {{ok, stat()} | {error, {beamdiag_cgroup, term()}}, beamdiag_file:held()}.
+-spec read(location(), beamdiag_agent_file:held()) ->
+    {{ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}, beamdiag_agent_file:held()}.
 read(#{version := 2, dir := Dir}, H0) ->
     {Quota, H1} =
         case read_file(filename:join(Dir, "cpu.max"), H0) of
@@ -130,7 +130,7 @@ parse_mountinfo(Bin) ->
 %% `{QuotaCpus | unlimited, PeriodUs}'.
 -spec parse_cpu_max(binary()) -> {float() | unlimited, pos_integer()}.
 parse_cpu_max(Bin) ->
-    case binary:split(beamdiag_proc:trim(Bin), <<" ">>, [global, trim_all]) of
+    case binary:split(beamdiag_agent_proc:trim(Bin), <<" ">>, [global, trim_all]) of
         [<<"max">>, P] -> {unlimited, period(to_int(P, 100000))};
         [Q, P] ->
             case {to_int(Q, 0), to_int(P, 0)} of
@@ -183,7 +183,7 @@ choose(Cgroups, Mounts, Prefix) ->
         {[], [{Path, Root, Mount} | _]} ->
             {ok, #{version => 2, dir => dir(Prefix, Mount, Root, Path)}};
         {[], []} ->
-            {error, {beamdiag_cgroup, no_cpu_controller}}
+            {error, {beamdiag_agent_cgroup, no_cpu_controller}}
     end.
 
 %% The cgroup path is relative to the hierarchy's root; the mount shows the
@@ -225,19 +225,19 @@ stat_key(_, _) -> undefined.
 stat(Version, Dir, Quota, H0) ->
     case read_file(filename:join(Dir, "cpu.stat"), H0) of
         {{ok, Bin}, H} -> {{ok, with_quota(parse_cpu_stat(Version, Bin), Quota, Version)}, H};
-        {{error, _}, H} -> {{error, {beamdiag_cgroup, {unreadable, Dir}}}, H}
+        {{error, _}, H} -> {{error, {beamdiag_agent_cgroup, {unreadable, Dir}}}, H}
     end.
 
 read_file(File) ->
-    element(1, read_file(File, beamdiag_file:none())).
+    element(1, read_file(File, beamdiag_agent_file:none())).
 
 read_file(File, H) ->
-    beamdiag_file:read(File, ?MAX_FILE, H).
+    beamdiag_agent_file:read(File, ?MAX_FILE, H).
 
 read_int(File, H0) ->
     case read_file(File, H0) of
         {{ok, Bin}, H} ->
-            case to_int(beamdiag_proc:trim(Bin), undefined) of
+            case to_int(beamdiag_agent_proc:trim(Bin), undefined) of
                 undefined -> {{error, bad}, H};
                 I -> {{ok, I}, H}
             end;
@@ -246,7 +246,7 @@ read_int(File, H0) ->
     end.
 
 to_int(B, Default) ->
-    try binary_to_integer(beamdiag_proc:trim(B)) of
+    try binary_to_integer(beamdiag_agent_proc:trim(B)) of
         I -> I
     catch
         error:badarg -> Default

@@ -12,12 +12,12 @@
 %%% bounded to the top locks); `stop/1' puts back what `start/1' found.
 %%%
 %%% ```
-%%% 1> {ok, S} = beamdiag_lcnt:start(#{}).
+%%% 1> {ok, S} = beamdiag_agent_lcnt:start(#{}).
 %%% 2> timer:sleep(5000).
-%%% 3> #{locks := [Top | _]} = beamdiag_lcnt:collect(S).
+%%% 3> #{locks := [Top | _]} = beamdiag_agent_lcnt:collect(S).
 %%% 4> maps:with([class, id, wait_pct], Top).
 %%% #{class => <<"db_hash_slot">>, id => <<"beamdiag_hot_table">>, wait_pct => 81.4}
-%%% 5> beamdiag_lcnt:stop(S).
+%%% 5> beamdiag_agent_lcnt:stop(S).
 %%% ok
 %%% '''
 %%%
@@ -26,7 +26,7 @@
 %%% (up to `top' entries, one per class and id, summed over the lock
 %%% instances sharing that id, ranked by wait time) and `tables' (owner and
 %%% options of the ETS tables whose locks rank highest).
--module(beamdiag_lcnt).
+-module(beamdiag_agent_lcnt).
 
 -export([available/0, start/1, collect/1, stop/1, summarise/2, format_error/1]).
 
@@ -80,7 +80,7 @@ available() ->
 %% node: when it goes down the settings are put back) and `max_s' (put the
 %% settings back after this many seconds even if nobody calls `stop/1',
 %% default 3600).
--spec start(options()) -> {ok, state()} | {error, {beamdiag_lcnt, term()}}.
+-spec start(options()) -> {ok, state()} | {error, {beamdiag_agent_lcnt, term()}}.
 start(Opts) when is_map(Opts) ->
     Known = [categories, top, owner, max_s],
     case maps:keys(maps:without(Known, Opts)) of
@@ -152,7 +152,7 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
--spec start_checked(options()) -> {ok, state()} | {error, {beamdiag_lcnt, term()}}.
+-spec start_checked(options()) -> {ok, state()} | {error, {beamdiag_agent_lcnt, term()}}.
 start_checked(Opts) ->
     Cats = maps:get(categories, Opts, ?DEFAULT_CATEGORIES),
     case {available(), Cats -- ?ALL_CATEGORIES} of

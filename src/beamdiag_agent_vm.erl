@@ -8,10 +8,10 @@
 %%% module.
 %%%
 %%% ```
-%%% 1> maps:get(sbwt, beamdiag_vm:settings()).
+%%% 1> maps:get(sbwt, beamdiag_agent_vm:settings()).
 %%% <<"medium">>
 %%% '''
--module(beamdiag_vm).
+-module(beamdiag_agent_vm).
 
 -export([settings/0, counters/1, msacc/0, parse_flags/1, msacc_extra/1]).
 

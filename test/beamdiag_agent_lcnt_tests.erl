@@ -1,4 +1,4 @@
--module(beamdiag_lcnt_tests).
+-module(beamdiag_agent_lcnt_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -29,7 +29,7 @@ raw() ->
     ].
 
 summarise_groups_and_ranks_test() ->
-    D = beamdiag_lcnt:summarise(raw(), #{}),
+    D = beamdiag_agent_lcnt:summarise(raw(), #{}),
     ?assertEqual(2000000000, maps:get(window_ns, D)),
     ?assertEqual(6, maps:get(lock_count, D)),
     [Top | Rest] = maps:get(locks, D),
@@ -52,7 +52,7 @@ summarise_groups_and_ranks_test() ->
     ?assertEqual(list_to_binary(pid_to_list(self())), Pid).
 
 summarise_class_totals_test() ->
-    D = beamdiag_lcnt:summarise(raw(), #{}),
+    D = beamdiag_agent_lcnt:summarise(raw(), #{}),
     Classes = maps:get(classes, D),
     ?assertEqual([<<"db_hash_slot">>, <<"alcu_allocator">>, <<"proc_main">>, <<"port_lock">>],
                  [C || #{class := C} <- Classes]),
@@ -62,22 +62,22 @@ summarise_class_totals_test() ->
 summarise_bounded_test() ->
     Locks = [{db_tab, list_to_atom("t" ++ integer_to_list(I)), rw_mutex,
               [stat(f, 1, 10, 1, I * 1000, hist([{5, 1}]))]} || I <- lists:seq(1, 80)],
-    D = beamdiag_lcnt:summarise([{duration, {1, 0}}, {locks, Locks}], #{top => 50}),
+    D = beamdiag_agent_lcnt:summarise([{duration, {1, 0}}, {locks, Locks}], #{top => 50}),
     ?assertEqual(50, length(maps:get(locks, D))),
     ?assertMatch([#{id := <<"t80">>} | _], maps:get(locks, D)),
     ?assertEqual(80, maps:get(contended_count, D)).
 
 summarise_plain_data_test() ->
-    D = beamdiag_lcnt:summarise(raw(), #{}),
+    D = beamdiag_agent_lcnt:summarise(raw(), #{}),
     ?assert(plain(D)).
 
 summarise_empty_test() ->
-    D = beamdiag_lcnt:summarise([{duration, {0, 0}}, {locks, []}], #{}),
+    D = beamdiag_agent_lcnt:summarise([{duration, {0, 0}}, {locks, []}], #{}),
     ?assertMatch(#{locks := [], classes := []}, D).
 
 recorded_raw_test() ->
     {ok, Bin} = file:read_file(fixture_path("lcnt_ets_hot.raw.bin")),
-    D = beamdiag_lcnt:summarise(binary_to_term(Bin), #{}),
+    D = beamdiag_agent_lcnt:summarise(binary_to_term(Bin), #{}),
     ?assert(plain(D)),
     ?assert(length(maps:get(locks, D)) =< 50),
     ?assertMatch([#{class := <<"db_hash_slot">>, id := <<"beamdiag_hot_table">>} | _],
@@ -87,20 +87,20 @@ recorded_data_is_plain_test() ->
     [?assert(plain(D)) || D <- [fixture_term(F) || F <- fixtures()]].
 
 available_test() ->
-    ?assertEqual(erlang:system_info(build_type) =:= lcnt, beamdiag_lcnt:available()).
+    ?assertEqual(erlang:system_info(build_type) =:= lcnt, beamdiag_agent_lcnt:available()).
 
 start_on_plain_emulator_test() ->
-    case beamdiag_lcnt:available() of
+    case beamdiag_agent_lcnt:available() of
         true ->
             ok;
         false ->
-            {error, {M, R}} = beamdiag_lcnt:start(#{}),
+            {error, {M, R}} = beamdiag_agent_lcnt:start(#{}),
             ?assertMatch([_ | _], lists:flatten(io_lib:format("~ts", [M:format_error(R)])))
     end.
 
 unknown_option_test() ->
-    ?assertEqual({error, {beamdiag_lcnt, {unknown_options, [bogus]}}},
-                 beamdiag_lcnt:start(#{bogus => 1})).
+    ?assertEqual({error, {beamdiag_agent_lcnt, {unknown_options, [bogus]}}},
+                 beamdiag_agent_lcnt:start(#{bogus => 1})).
 
 %% Only maps with atom or binary keys, lists, binaries and numbers.
 plain(M) when is_map(M) ->

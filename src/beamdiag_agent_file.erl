@@ -14,11 +14,11 @@
 %%% that opened them and close when it exits; `close/1' closes them sooner.
 %%%
 %%% ```
-%%% 1> H0 = beamdiag_file:new(beamdiag_file:budget("/proc")).
-%%% 2> {{ok, Bin}, H1} = beamdiag_file:read("/proc/stat", 65536, H0).
-%%% 3> ok = beamdiag_file:close(H1).
+%%% 1> H0 = beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")).
+%%% 2> {{ok, Bin}, H1} = beamdiag_agent_file:read("/proc/stat", 65536, H0).
+%%% 3> ok = beamdiag_agent_file:close(H1).
 %%% '''
--module(beamdiag_file).
+-module(beamdiag_agent_file).
 
 -export([new/1, none/0, budget/1, read/3, keep/3, close/1, held/1]).
 
@@ -150,7 +150,7 @@ whole(Path, Max) ->
 fd_size(Status) ->
     case [L || <<"FDSize:", L/binary>> <- binary:split(Status, <<"\n">>, [global])] of
         [V | _] ->
-            try {ok, binary_to_integer(beamdiag_proc:trim(V))}
+            try {ok, binary_to_integer(beamdiag_agent_proc:trim(V))}
             catch error:badarg -> error
             end;
         [] ->
