@@ -23,6 +23,8 @@ if [ "$what" = test ]; then
     need_cmd tmux || pkgs+=(tmux)
     need_cmd elixir || pkgs+=(elixir)
     need_cmd npm || pkgs+=(npm)
+    # Roots with OTP 27 and 29 for the version matrix (scripts/otp-root.sh).
+    need_cmd debootstrap || pkgs+=(debootstrap)
     # Building the lock-counting emulator from Debian's source package.
     need_cmd dpkg-source || pkgs+=(dpkg-dev)
     need_cmd gcc || pkgs+=(build-essential)

@@ -1,7 +1,7 @@
 %%% Helpers shared by the Common Test suites.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1, escript/0]).
+-export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2]).
 
 %% A tool the suite needs is missing: skipped on a developer's machine,
 %% a failure in CI, where the set-up must have installed it.
@@ -37,4 +37,54 @@ escript(Dir) ->
         true -> {ok, E};
         false when Dir =:= "/" -> error;
         false -> escript(filename:dirname(Dir))
+    end.
+
+%% The `exec' option of OTP's `peer' that starts `erl' on another OTP
+%% release, in a Debian root of its own (scripts/otp-root.sh builds and
+%% caches it; scripts/otp-run.sh enters it): 27 is Debian trixie's, 29 is
+%% sid's. 25 (or the running release) is this machine's own `erl'.
+%% `{ok, {Exe, Args}}', or what `missing/1' returns when the root cannot be
+%% built.
+otp_exec(Release) when is_integer(Release) ->
+    Here = list_to_integer(erlang:system_info(otp_release)),
+    case Release of
+        Here ->
+            {ok, {os:find_executable("erl"), []}};
+        _ ->
+            Suite = case Release of 27 -> "trixie"; 29 -> "sid" end,
+            Scripts = filename:join(top(), "scripts"),
+            Out = os:cmd(filename:join(Scripts, "otp-root.sh") ++ " " ++ Suite ++
+                         " 2>&1; echo \"exit=$?\""),
+            case string:find(Out, "exit=0") of
+                nomatch -> missing(["cannot build the OTP ", integer_to_list(Release),
+                                    " root: ", Out]);
+                _ -> {ok, {filename:join(Scripts, "otp-run.sh"), [Suite, "erl"]}}
+            end
+    end.
+
+%% The project's top folder: the first one above the loaded beamdiag
+%% modules that holds scripts/otp-run.sh.
+top() ->
+    top(filename:dirname(code:which(beamdiag))).
+
+top("/") ->
+    error(no_project_folder);
+top(Dir) ->
+    case filelib:is_regular(filename:join([Dir, "scripts", "otp-run.sh"])) of
+        true -> Dir;
+        false -> top(filename:dirname(Dir))
+    end.
+
+%% Starts a node on the given OTP release with OTP's `peer' over standard
+%% I/O (it dies with the test): `{ok, Peer, Node}' or a skip. Opts go to
+%% `peer:start/1' (`args', `name'...).
+start_node(Release, Opts) ->
+    case otp_exec(Release) of
+        {ok, Exec} ->
+            Name = maps:get(name, Opts, list_to_atom(lists:concat(
+                       ["beamdiag_otp", Release, "_", erlang:unique_integer([positive])]))),
+            peer:start(maps:merge(#{name => Name, connection => standard_io, exec => Exec,
+                                    wait_boot => 60000}, Opts#{name => Name}));
+        Other ->
+            Other
     end.

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs a command inside a cached OTP root (scripts/otp-root.sh), as a
+# container would: its own mount namespace with /proc, /sys, /dev and a
+# private /tmp mounted inside it, so nothing stays mounted once the command
+# exits. The network and the PIDs are the host's, so nodes inside reach and
+# are reached over loopback, and perf on the host sees them.
+#   scripts/otp-run.sh SUITE COMMAND [ARG...]
+# e.g. scripts/otp-run.sh sid erl -sname otp29 -setcookie c -noinput
+set -euo pipefail
+suite=${1:?usage: scripts/otp-run.sh SUITE COMMAND [ARG...]}
+shift
+[ $# -gt 0 ] || { echo "usage: scripts/otp-run.sh SUITE COMMAND [ARG...]" >&2; exit 2; }
+root=${BEAMDIAG_CACHE:-/var/cache/beamdiag}/roots/$suite
+[ -f "$root/.beamdiag-ready" ] || root=$("$(dirname "$0")/otp-root.sh" "$suite")
+exec unshare --mount --propagation private -- /bin/sh -c '
+    r=$1; shift
+    mount -t proc proc "$r/proc" &&
+    mount --rbind /sys "$r/sys" &&
+    mount --rbind /dev "$r/dev" &&
+    mount -t tmpfs -o mode=1777 tmpfs "$r/tmp" &&
+    mount --bind /etc/hosts "$r/etc/hosts" || exit 125
+    exec chroot "$r" /usr/bin/env HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"
+' otp-run "$root" "$@"
