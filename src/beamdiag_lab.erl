@@ -65,7 +65,9 @@ scenario(Name) ->
 
 %% @doc Starts the scenario's node and its workload. Options: `duration'
 %% (seconds the workload runs, default 120), `extra_args' (more emulator
-%% flags, e.g. a variant under test).
+%% flags, e.g. a variant under test), `exec' (how to start `erl', as OTP's
+%% `peer' takes it: `{Executable, Args}', e.g. a command that runs another
+%% OTP release's `erl' in its own root; default: this machine's `erl').
 -spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {beamdiag_lab, term()}}.
 start(Name, Opts) when is_atom(Name); is_list(Name) ->
     case scenario(Name) of
@@ -84,8 +86,10 @@ start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
               end,
     PeerArgs = EmuType ++ ["-setcookie", atom_to_list(Cookie), "-hidden"] ++ Args ++
                maps:get(extra_args, Opts, []),
-    case peer:start(#{name => NodeName, connection => standard_io, args => PeerArgs,
-                      wait_boot => 30000}) of
+    PeerOpts = maps:merge(#{name => NodeName, connection => standard_io, args => PeerArgs,
+                            wait_boot => 30000},
+                          maps:with([exec], Opts)),
+    case peer:start(PeerOpts) of
         {ok, Peer, Node} ->
             Lab0 = #{scenario => S, node => Node, peer => Peer, cookie => Cookie},
             case setup(Lab0, Mod, Fun, FArgs, Duration) of
