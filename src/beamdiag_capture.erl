@@ -146,7 +146,7 @@ format_error({not_a_capture, File}) ->
     io_lib:format("~ts is not a beamdiag capture (no 'beamdiag-capture' header)", [File]);
 format_error({unsupported_version, File, V}) ->
     io_lib:format("~ts is a beamdiag capture of format version ~ts; this beamdiag reads "
-                  "version ~b", [File, printable(V), ?VERSION]);
+                  "version ~b", [File, beamdiag_text:safe(V, 40), ?VERSION]);
 format_error({truncated, File, Want, Got}) ->
     io_lib:format("~ts is truncated: its body should be ~b bytes, the file holds ~b",
                   [File, Want, Got]);
@@ -281,5 +281,3 @@ decode_list([]) -> [];
 decode_list([H | T]) when is_list(T) -> [decode(H) | decode_list(T)];
 decode_list([H | T]) -> [decode(H) | decode(T)].
 
-printable(B) ->
-    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- binary_to_list(B)].

@@ -93,11 +93,11 @@ run(["--version" | _], #{out := Out}) ->
 run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
     %% Messages may quote file names, node names and other input: nothing
     %% but newlines and carriage returns goes to the terminal raw.
-    Err = fun(D) -> Err0(terminal_safe(D)) end,
+    Err = fun(D) -> Err0(beamdiag_text:terminal(D)) end,
     IO = IO0#{err => Err},
     case lists:keyfind(Cmd, 1, commands()) of
         false ->
-            Err(["beamdiag: unknown command '", printable(Cmd), "'\n\n", top_usage()]),
+            Err(["beamdiag: unknown command '", beamdiag_text:safe(Cmd, 200), "'\n\n", top_usage()]),
             ?EXIT_USAGE;
         {Cmd, Mod, _} ->
             Spec = Mod:spec(),
@@ -183,11 +183,11 @@ emit(Text, Opts, #{out := Out, err := Err}) ->
 
 %% @doc Turns a parse error into a sentence.
 -spec format_error(term()) -> unicode:chardata().
-format_error({unknown_option, O}) -> ["unknown option ", printable(O)];
+format_error({unknown_option, O}) -> ["unknown option ", beamdiag_text:safe(O, 200)];
 format_error({missing_value, O}) -> ["option ", O, " needs a value"];
-format_error({bad_value, O, V, Why}) -> ["bad value '", printable(V), "' for ", O, ": ", Why];
+format_error({bad_value, O, V, Why}) -> ["bad value '", beamdiag_text:safe(V, 200), "' for ", O, ": ", Why];
 format_error({missing_argument, M}) -> ["missing argument ", M];
-format_error({extra_argument, A}) -> ["unexpected argument '", printable(A), "'"].
+format_error({extra_argument, A}) -> ["unexpected argument '", beamdiag_text:safe(A, 200), "'"].
 
 %%%===================================================================
 %%% Internal
@@ -369,24 +369,3 @@ option_line(Left, Help) ->
         _ -> io_lib:format("  ~s~n  ~24s ~s~n", [L, "", Help])
     end.
 
-terminal_safe(D) ->
-    Bin = case unicode:characters_to_binary(D) of
-              B when is_binary(B) -> B;
-              _ -> << <<(if C < 128 -> C; true -> $? end)>> || <<C>> <= iolist_to_binary(D) >>
-          end,
-    << <<(case C of
-              $\n -> C;
-              $\r -> C;
-              _ when C < 32; C =:= 127 -> $?;
-              _ -> C
-          end)/utf8>> || <<C/utf8>> <= Bin >>.
-
-%% Echoes user input in errors without letting control characters through.
-printable(S) ->
-    [
-        case C of
-            _ when C < 32; C =:= 127 -> $?;
-            _ -> C
-        end
-     || C <- lists:sublist(unicode:characters_to_list(S), 200)
-    ].

@@ -176,7 +176,7 @@ document(C) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({members, Node, Why}) ->
-    io_lib:format("cannot list the nodes connected to ~s: ~p", [Node, Why]);
+    io_lib:format("cannot list the nodes connected to ~ts: ~0tp", [safe(Node), Why]);
 format_error({too_many_nodes, N, Max}) ->
     io_lib:format("the cluster has ~b nodes; at most ~b are diagnosed at once", [N, Max]);
 format_error(timeout) ->
@@ -264,7 +264,7 @@ outlier_line(#{node := N, figures := Figs, own_findings := Own}) ->
      case Own of
          [] -> "";
          _ -> io_lib:format("    findings no other node has: ~ts~n",
-                            [lists:join(", ", [atom_or_bin(I) || I <- Own])])
+                            [lists:join(", ", [safe(I) || I <- Own])])
      end].
 
 fig(cpus_used, V) -> io_lib:format("~.2f CPUs", [float(V)]);
@@ -275,10 +275,10 @@ sign(Z) when Z < 0 -> "-";
 sign(_) -> "+".
 
 short_findings([]) -> "-";
-short_findings(Fs) -> lists:join(",", [atom_or_bin(Id) || #{id := Id} <- Fs]).
+short_findings(Fs) -> lists:join(",", [safe(Id) || #{id := Id} <- Fs]).
 
 long_findings(Fs) ->
-    lists:join(", ", [["[", string:uppercase(atom_or_bin(S)), "] ", atom_or_bin(Id)]
+    lists:join(", ", [["[", string:uppercase(safe(S)), "] ", safe(Id)]
                       || #{id := Id, severity := S} <- Fs]).
 
 pct(X) -> io_lib:format("~.1f%", [100 * X]).
@@ -287,9 +287,4 @@ rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
 rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 rate(V) -> integer_to_list(round(V)).
 
-atom_or_bin(A) when is_atom(A) -> atom_to_list(A);
-atom_or_bin(B) when is_binary(B) -> safe(B).
-
-safe(B) when is_binary(B) ->
-    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
-     || C <- lists:sublist(unicode:characters_to_list(B), 120), is_integer(C)].
+safe(B) -> beamdiag_text:safe(B, 120).

@@ -101,8 +101,8 @@ text(#{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
         "\nFINDINGS (A -> B)\n",
         case Fs of
             [] -> "  none in either\n";
-            _ -> [io_lib:format("  ~-24s ~-8s -> ~-8s ~s~n",
-                                [atom_or_bin(Id), atom_or_bin(SA), atom_or_bin(SB), atom_or_bin(C)])
+            _ -> [io_lib:format("  ~-24ts ~-8ts -> ~-8ts ~ts~n",
+                                [safe(Id), safe(SA), safe(SB), safe(C)])
                   || #{id := Id, a := SA, b := SB, change := C} <- Fs]
         end,
         summary(Ms)
@@ -315,8 +315,8 @@ change(A, B) ->
 
 metric_line(#{key := K, unit := U, a := A, b := B, delta := D, ci := CI, p := P,
               significant := Sig}) ->
-    io_lib:format("~-22s ~8s ~8s ~9s ~19s ~7s ~s~n",
-                  [K, value(U, A), value(U, B), delta(U, D), ci(U, CI), p(P),
+    io_lib:format("~-22ts ~8s ~8s ~9s ~19s ~7s ~s~n",
+                  [safe(K), value(U, A), value(U, B), delta(U, D), ci(U, CI), p(P),
                    case Sig of true -> "*"; false -> "" end]).
 
 summary(Ms) ->
@@ -355,14 +355,8 @@ human(V) when V >= 1.0e6 -> io_lib:format("~.2fM", [V / 1.0e6]);
 human(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 human(V) -> io_lib:format("~.1f", [float(V)]).
 
-atom_or_bin(A) when is_atom(A) -> atom_to_list(A);
-atom_or_bin(B) when is_binary(B) -> safe(B).
-
-safe(B) when is_binary(B) ->
-    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
-     || C <- lists:sublist(unicode:characters_to_list(B), 80), is_integer(C)];
 safe(null) -> "?";
-safe(A) when is_atom(A) -> atom_to_list(A).
+safe(T) -> beamdiag_text:safe(T, 80).
 
 sq(X) -> X * X.
 

@@ -254,16 +254,16 @@ document(R = #{runs := Runs}) ->
 -spec format_error(term()) -> iolist().
 format_error({unknown_lab, Name}) ->
     io_lib:format("no lab workload '~ts' with a unit of work; known: ~ts",
-                  [printable(Name),
+                  [beamdiag_text:safe(Name, 80),
                    lists:join(", ", [atom_to_list(K) || K <- lists:sort(maps:keys(lab_units()))])]);
 format_error({bad_workload, S}) ->
-    io_lib:format("'~ts' is not a workload: give lab:NAME or Module:Function", [printable(S)]);
+    io_lib:format("'~ts' is not a workload: give lab:NAME or Module:Function", [beamdiag_text:safe(S, 80)]);
 format_error({no_module, M}) ->
-    io_lib:format("no module ~ts on the code path (add its directory with --pa)", [printable(M)]);
+    io_lib:format("no module ~ts on the code path (add its directory with --pa)", [beamdiag_text:safe(M, 80)]);
 format_error({no_function, M, F}) ->
-    io_lib:format("~ts does not export ~ts/0", [printable(M), printable(F)]);
+    io_lib:format("~ts does not export ~ts/0", [beamdiag_text:safe(M, 80), beamdiag_text:safe(F, 80)]);
 format_error({bad_variant, V}) ->
-    io_lib:format("variant '~ts' is not a list of emulator flags", [printable(V)]);
+    io_lib:format("variant '~ts' is not a list of emulator flags", [beamdiag_text:safe(V, 80)]);
 format_error({run_failed, Run, Arm, {M, R}}) when is_atom(M) ->
     io_lib:format("run ~b of arm ~b failed: ~ts", [Run, Arm, M:format_error(R)]);
 format_error({run_failed, Run, Arm, R}) ->
@@ -555,8 +555,6 @@ num(X) when abs(X) >= 100 -> integer_to_list(round(X));
 num(X) when abs(X) >= 1 -> io_lib:format("~.2f", [X]);
 num(X) -> io_lib:format("~.3f", [X]).
 
-printable(S) ->
-    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 80)].
 
 %% The driver's coordinator: owns the tables and the counter, starts the
 %% workers, opens and closes the window, gathers the reservoirs.

@@ -83,11 +83,7 @@ svg(Stacks, Opts) when is_map(Stacks) ->
 %% does not allow become `?'.
 -spec escape(iodata()) -> binary().
 escape(Text) ->
-    Bin = iolist_to_binary(Text),
-    Chars = case unicode:characters_to_list(Bin) of
-        L when is_list(L) -> L;
-        _ -> [case C of _ when C < 128 -> C; _ -> $? end || <<C>> <= Bin]
-    end,
+    Chars = beamdiag_text:chars(iolist_to_binary(Text)),
     unicode:characters_to_binary([esc(C) || C <- Chars]).
 
 %%%===================================================================

@@ -227,7 +227,7 @@ format_top(Title, Rows) ->
     [
         Title, "\n",
         io_lib:format("  ~7s ~7s  ~s~n", ["self", "total", "function"]),
-        [io_lib:format("  ~6.2f% ~6.2f%  ~ts~n", [100 * S, 100 * T, printable(Name)])
+        [io_lib:format("  ~6.2f% ~6.2f%  ~ts~n", [100 * S, 100 * T, beamdiag_text:safe(Name)])
          || #{self_share := S, total_share := T, name := Name} <- Rows]
     ].
 
@@ -997,8 +997,3 @@ add_counts(Small, Big) ->
 share(_, 0) -> 0.0;
 share(A, B) -> A / B.
 
-printable(B) ->
-    case unicode:characters_to_list(B) of
-        L when is_list(L) -> L;
-        _ -> [C || <<C>> <= B, C >= 32, C < 127]
-    end.

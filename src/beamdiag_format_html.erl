@@ -710,11 +710,7 @@ esc_char(C) when C >= 16#D800, C =< 16#DFFF -> <<"\xef\xbf\xbd">>;
 esc_char(C) -> <<C/utf8>>.
 
 %% Characters from binaries (UTF-8, invalid bytes replaced), lists, atoms.
-to_chars(B) when is_binary(B) ->
-    case unicode:characters_to_list(B, utf8) of
-        L when is_list(L) -> L;
-        {_, Good, Rest} -> Good ++ [16#FFFD | to_chars(skip1(Rest))]
-    end;
+to_chars(B) when is_binary(B) -> beamdiag_text:chars(B, 16#FFFD);
 to_chars(A) when is_atom(A) -> atom_to_list(A);
 to_chars(N) when is_number(N) -> esc(N);
 to_chars(L) when is_list(L) ->
@@ -725,9 +721,6 @@ to_chars(L) when is_list(L) ->
         _:_ -> compact(L)
     end;
 to_chars(Other) -> compact(Other).
-
-skip1(<<_, R/binary>>) -> R;
-skip1(<<>>) -> <<>>.
 
 list(L) when is_list(L) -> L;
 list(X) -> [X].

@@ -34,7 +34,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
     ]),
     %% Strings from the target or a capture file may hold anything: the
     %% report is made safe for a terminal as a whole, then coloured.
-    Clean = clean(Plain),
+    Clean = beamdiag_text:terminal(Plain),
     case maps:get(colour, Opts, false) of
         true -> colourise(Clean);
         false -> Clean
@@ -72,7 +72,7 @@ pct(X) -> io_lib:format("~.1f%", [100 * X]).
 %% @doc Wraps text to the width, every line after the first indented.
 -spec wrap(iodata(), non_neg_integer(), pos_integer()) -> iolist().
 wrap(Text, Indent, Width) ->
-    Words = string:lexemes(chars(Text), " \n"),
+    Words = string:lexemes(beamdiag_text:chars(Text), " \n"),
     Pad = lists:duplicate(Indent, $\s),
     {Lines, Last} = lists:foldl(
         fun(W, {Acc, Cur}) ->
@@ -100,7 +100,7 @@ header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     T = maps:get(totals, L, #{}),
     Cg = maps:get(cgroup, L, #{}),
     [
-        io_lib:format("beamdiag: ~ts~n", [lists:sublist(safe(Node), 68)]),
+        io_lib:format("beamdiag: ~ts~n", [beamdiag_text:safe(Node, 68)]),
         io_lib:format("OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
                       [maps:get(otp_release, S), maps:get(emu_flavor, S),
                        case maps:get(lock_counting, S, false) of true -> ", lcnt"; _ -> "" end,
@@ -134,22 +134,6 @@ finding(#{id := Id, severity := Sev, title := Title, evidence := Ev, fix := Fix,
         "  when not: ", wrap(WhenNot, 12, ?WIDTH), "\n"
     ].
 
-%% Text as characters; bytes that are not UTF-8 become '?'.
-chars(Text) ->
-    case unicode:characters_to_list(Text) of
-        L when is_list(L) -> L;
-        _ -> [if C < 128 -> C; true -> $? end || <<C>> <= iolist_to_binary(Text)]
-    end.
-
-%% Replaces every control character but the newline, and bytes that are
-%% not UTF-8, by '?'.
-clean(Bin) ->
-    Valid = case unicode:characters_to_binary(Bin) of
-                B when is_binary(B) -> B;
-                _ -> << <<(if C < 128 -> C; true -> $? end)>> || <<C>> <= Bin >>
-            end,
-    << <<(case C of $\n -> C; _ when C < 32; C =:= 127 -> $?; _ -> C end)/utf8>>
-       || <<C/utf8>> <= Valid >>.
 
 %% Colours the severity tags at the start of finding lines.
 colourise(Text) ->
@@ -252,11 +236,4 @@ quota(unlimited) -> "none";
 quota(Q) when is_number(Q) -> io_lib:format("~.2f CPUs", [float(Q)]).
 
 %% Strings from the target: printable, one line, bounded.
-safe(B) when is_binary(B) ->
-    case unicode:characters_to_list(B) of
-        L when is_list(L) ->
-            [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end || C <- lists:sublist(L, 120)];
-        _ ->
-            [if C < 32; C > 126 -> $?; true -> C end || <<C>> <= binary:part(B, 0, min(120, byte_size(B)))]
-    end;
-safe(Other) -> io_lib:format("~p", [Other]).
+safe(Text) -> beamdiag_text:safe(Text, 120).

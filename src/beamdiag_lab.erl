@@ -136,7 +136,7 @@ cookie(#{cookie := C}) -> C.
 -spec format_error(term()) -> iolist().
 format_error({unknown_scenario, N, Known}) ->
     io_lib:format("no lab scenario '~ts'; known: ~ts",
-                  [printable(N), lists:join(", ", [atom_to_list(K) || K <- Known])]);
+                  [beamdiag_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
 format_error({peer_start, Name, Reason}) ->
     io_lib:format("cannot start the ~s lab node: ~p~ts", [Name, Reason, lcnt_hint(Reason)]);
 format_error({load, Mod, Reason}) ->
@@ -275,5 +275,3 @@ remove_cgroup(Dir, N) ->
 lcnt_hint(_) ->
     "".
 
-printable(S) ->
-    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 60)].

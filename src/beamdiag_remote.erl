@@ -100,7 +100,7 @@ parse_node(Str) when is_list(Str) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({bad_node, S}) ->
-    ["'", printable(S), "' is not a node name: expected name@host"];
+    ["'", beamdiag_text:safe(S, 100), "' is not a node name: expected name@host"];
 format_error({no_distribution, Reason}) ->
     io_lib:format("cannot start distribution on this machine: ~p", [Reason]);
 format_error({cookie_file, F, Reason}) ->
@@ -257,8 +257,6 @@ remote_md5(Node, M) ->
 names(Names) ->
     case Names of
         [] -> "none";
-        _ -> lists:join(", ", [printable(N) || N <- lists:sublist(Names, 10)])
+        _ -> lists:join(", ", [beamdiag_text:safe(N, 100) || N <- lists:sublist(Names, 10)])
     end.
 
-printable(S) ->
-    [case C of _ when C < 32; C > 126 -> $?; _ -> C end || C <- lists:sublist(S, 100)].

@@ -218,14 +218,14 @@ flush(Ref) ->
 
 header(C, L, Opts) ->
     S = maps:get(settings, C, #{}),
-    Left = io_lib:format("beamdiag watch ~ts", [safe(maps:get(node, C, <<"?">>), 40)]),
+    Left = io_lib:format("beamdiag watch ~ts", [beamdiag_text:safe(maps:get(node, C, <<"?">>), 40)]),
     Right = io_lib:format("~ts tick ~b, ~.1f s", [maps:get(clock, Opts, ""), maps:get(tick, Opts, 0),
                                                  float(maps:get(window_s, L, 0.0))]),
     [pad(Left, ?WIDTH - 1 - string:length(Right)), " ", Right, "\n",
      io_lib:format("OTP ~ts, ~b schedulers, ~b dirty cpu, +sbwt ~ts; q or Ctrl-C quits~n",
-                   [safe(maps:get(otp_release, S, <<"?">>), 4), maps:get(schedulers_online, S, 0),
+                   [beamdiag_text:safe(maps:get(otp_release, S, <<"?">>), 4), maps:get(schedulers_online, S, 0),
                     maps:get(dirty_cpu_schedulers_online, S, 0),
-                    safe(maps:get(sbwt, S, <<"?">>), 10)])].
+                    beamdiag_text:safe(maps:get(sbwt, S, <<"?">>), 10)])].
 
 cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
     Host = case H of
@@ -272,7 +272,7 @@ outliers(Threads, Colour) ->
     case Top of
         [] -> "";
         _ -> ["outliers:\n",
-              [row(safe(Name, 15), 1, parts(T), Colour) || T = #{name := Name} <- Top]]
+              [row(beamdiag_text:safe(Name, 15), 1, parts(T), Colour) || T = #{name := Name} <- Top]]
     end.
 
 findings([], _Colour) ->
@@ -358,19 +358,9 @@ pad(Text, Width) ->
     end.
 
 cut(Text, Width) ->
-    S = [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end
-         || C <- unicode:characters_to_list(Text)],
+    S = beamdiag_text:safe(Text),
     case string:length(S) > Width of
         true -> [string:slice(S, 0, Width - 3), "..."];
         false -> S
     end.
 
-%% Strings from the target: printable, one line, bounded.
-safe(B, Max) when is_binary(B) ->
-    L = case unicode:characters_to_list(B) of
-            S when is_list(S) -> S;
-            _ -> binary_to_list(B)
-        end,
-    [case C of _ when C < 32; C =:= 127 -> $?; _ -> C end || C <- lists:sublist(L, Max)];
-safe(Other, Max) ->
-    lists:sublist(lists:flatten(io_lib:format("~0tp", [Other])), Max).

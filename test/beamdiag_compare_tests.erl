@@ -73,6 +73,25 @@ findings_side_by_side_test() ->
     Json = iolist_to_binary(beamdiag_json:encode(beamdiag_compare:document(C))),
     ?assertMatch(<<"{", _/binary>>, Json).
 
+%% Names from capture files may hold anything: bytes that are not UTF-8
+%% (255) and control characters in the node, the busy-wait setting and the
+%% finding ids and severities (binaries when the atom did not exist) come
+%% out as '?', and nothing crashes.
+text_invalid_utf8_test() ->
+    Bad = <<"n", 255, 27, "[2J", 16#9b, "x">>,
+    {DA, S} = diagnosis(3, #{}, rand:seed_s(exsss, {1, 2, 3})),
+    {DB, _} = diagnosis(3, #{}, S),
+    Capture = maps:get(capture, DA),
+    Weird = DA#{capture => Capture#{node => Bad, settings => #{sbwt => Bad}},
+                findings => [#{id => Bad, severity => Bad}]},
+    C = beamdiag_compare:compare(Weird, DB#{findings => [#{id => <<255>>, severity => info}]}),
+    Text = unicode:characters_to_binary(beamdiag_compare:text(C)),
+    ?assert(is_binary(Text)),
+    ?assertEqual(nomatch, binary:match(Text, [<<27>>, <<255>>, <<16#9b/utf8>>])),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"A: n??[2J?x, ">>)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"+sbwt n??[2J?x">>)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"  n??[2J?x ">>)).
+
 bootstrap_test() ->
     Pairs = [{10.0, 8.0}, {11.0, 8.5}, {9.0, 7.9}, {10.5, 8.2}, {10.2, 8.1}],
     #{estimate := E, ci := {Lo, Hi}} = beamdiag_compare:bootstrap_ratio(Pairs, 1000, {1, 2, 3}),

@@ -1,0 +1,90 @@
+%%% @doc Text that reaches a terminal or a report, in one place.
+%%%
+%%% Names, arguments and strings come from targets, captures, perf output
+%%% and the command line; any of them can hold bytes that are not UTF-8 or
+%%% control characters that a terminal would act on. Every module that
+%%% prints such text goes through here:
+%%%
+%%% - `chars/1,2': characters of a binary (UTF-8, each invalid byte
+%%%   replaced), a chardata list, an atom, a number or any other term;
+%%% - `safe/1,2': one line, every control character (C0, DEL, C1) as `?',
+%%%   optionally cut to a number of characters;
+%%% - `terminal/1': a whole multi-line text, newlines kept.
+%%%
+%%% Target-side modules (`beamdiag_agent*') do not format text for a
+%%% terminal and do not call this module.
+%%%
+%%% ```
+%%% 1> beamdiag_text:safe(<<"a", 255, 27, "[2Jb">>).
+%%% "a??[2Jb"
+%%% 2> beamdiag_text:safe(<<"node@host">>, 4).
+%%% "node"
+%%% '''
+-module(beamdiag_text).
+
+-export([chars/1, chars/2, safe/1, safe/2, terminal/1]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The characters of `Text', each byte that is not UTF-8 as `?'.
+-spec chars(term()) -> [char()].
+chars(Text) ->
+    chars(Text, $?).
+
+%% @doc The characters of `Text', each byte that is not UTF-8 (and each
+%% integer that is not a character) as `Replacement'. Binaries are read
+%% as UTF-8, lists as chardata (integers 0 to 255 are characters), atoms
+%% and numbers as written, any other term as `~0tp' writes it.
+-spec chars(term(), char()) -> [char()].
+chars(B, R) when is_binary(B) -> bin_chars(B, R);
+chars(L, R) when is_list(L) -> list_chars(L, R);
+chars(A, _) when is_atom(A) -> atom_to_list(A);
+chars(I, _) when is_integer(I) -> integer_to_list(I);
+chars(F, _) when is_float(F) -> io_lib:format("~p", [F]);
+chars(Other, _) -> lists:flatten(io_lib:format("~0tp", [Other])).
+
+%% @doc `Text' as one printable line: control characters become `?'.
+-spec safe(term()) -> string().
+safe(Text) ->
+    [one_line(C) || C <- chars(Text)].
+
+%% @doc `Text' as one printable line of at most `Max' characters.
+-spec safe(term(), non_neg_integer()) -> string().
+safe(Text, Max) ->
+    [one_line(C) || C <- lists:sublist(chars(Text), Max)].
+
+%% @doc A multi-line text ready for a terminal, as UTF-8: newlines stay,
+%% every other control character and each byte that is not UTF-8 becomes
+%% `?'.
+-spec terminal(unicode:chardata() | iodata()) -> binary().
+terminal(Text) ->
+    unicode:characters_to_binary([multi_line(C) || C <- chars(Text)]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+one_line(C) when C < 32; C >= 127, C =< 159 -> $?;
+one_line(C) -> C.
+
+multi_line($\n) -> $\n;
+multi_line(C) -> one_line(C).
+
+bin_chars(B, R) ->
+    case unicode:characters_to_list(B) of
+        L when is_list(L) -> L;
+        {error, Good, <<_, Rest/binary>>} -> Good ++ [R | bin_chars(Rest, R)];
+        {incomplete, Good, _} -> Good ++ [R]
+    end.
+
+list_chars([], _) -> [];
+list_chars([C | T], R) when is_integer(C) -> [char(C, R) | list_chars(T, R)];
+list_chars([H | T], R) when is_binary(H); is_list(H) -> chars(H, R) ++ list_chars(T, R);
+list_chars([H | T], R) -> chars(H, R) ++ list_chars(T, R);
+list_chars(Tail, R) -> chars(Tail, R).
+
+char(C, _) when C >= 0, C < 16#D800 -> C;
+char(C, _) when C > 16#DFFF, C =< 16#10FFFF, C =/= 16#FFFE, C =/= 16#FFFF -> C;
+char(_, R) -> R.
