@@ -14,11 +14,16 @@
 %%% Exit codes: 0 done (whatever was found), 1 a finding at or above
 %%% `--fail-on', 2 usage error, 3 the node cannot be reached, 4 the run
 %%% failed (the target died mid-window, a tool is missing, bad input file).
+%%% `exit_code/1' is the one mapping from error reasons to codes; commands
+%%% report every error through `fail/2' and every `--fail-on' verdict
+%%% through `findings_code/2', and list the codes they can return in their
+%%% spec (`exit_codes'), which `--help' prints.
 -module(beamdiag_cli).
 
 -export([main/1, run/1, run/2, parse/2, usage/1, commands/0, emit/3, format_error/1]).
+-export([exit_code/1, fail/2, usage_error/2, findings_code/2]).
 
--export_type([spec/0, option/0, io/0, result/0]).
+-export_type([spec/0, option/0, io/0, result/0, exit_code/0]).
 
 -define(EXIT_OK, 0).
 -define(EXIT_FINDINGS, 1).
@@ -50,14 +55,17 @@
     summary := string(),
     example := string(),
     positional := [positional()],
-    options := [option()]
+    options := [option()],
+    exit_codes := [exit_code()]
 }.
 %% Where a command writes: `out' is standard output, `err' standard error
 %% (progress and warnings), `colour' whether standard output is a terminal
 %% that wants colour.
 -type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean()}.
 %% What a command returns: the exit code; everything it printed went through io().
--type result() :: non_neg_integer().
+-type result() :: exit_code().
+%% 0 done, 1 a finding at or above --fail-on, 2 usage, 3 unreachable, 4 failed.
+-type exit_code() :: 0..4.
 
 -callback spec() -> spec().
 -callback run(Opts :: map(), IO :: io()) -> result().
@@ -114,7 +122,7 @@ run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
                                 "beamdiag ", Cmd, ": ", format_error(Reason), "\n",
                                 "try: beamdiag ", Cmd, " --help\n"
                             ]),
-                            ?EXIT_USAGE
+                            exit_code({?MODULE, Reason})
                     end
             end
     end.
@@ -142,7 +150,8 @@ parse(#{options := Options, positional := Positional}, Args) ->
 
 %% @doc The help text of one command.
 -spec usage(spec()) -> iolist().
-usage(#{name := Name, summary := Summary, example := Example, positional := Pos, options := Opts}) ->
+usage(#{name := Name, summary := Summary, example := Example, positional := Pos, options := Opts,
+        exit_codes := Codes}) ->
     [
         "usage: beamdiag ", Name,
         [[" ", positional_usage(P)] || P <- Pos],
@@ -157,15 +166,72 @@ usage(#{name := Name, summary := Summary, example := Example, positional := Pos,
             _ -> ["\noptions:\n", [option_line(option_usage(O), option_help(O)) || O <- Opts]]
         end,
         "\nexample:\n  ", Example, "\n",
-        "\nexit codes: 0 done, 1 finding at or above --fail-on, 2 usage error,\n",
-        "            3 node unreachable, 4 run failed\n"
+        "\nexit codes:\n",
+        [io_lib:format("  ~b  ~s~n", [C, exit_meaning(C)]) || C <- lists:usort(Codes)]
     ].
+
+%% @doc The exit code of an error: the one mapping from error reasons to
+%% exit codes. 2 for what the user gave wrong (arguments, node name,
+%% cookie, workload, scenario), 3 when the node cannot be reached (or this
+%% machine cannot start distribution to reach it), 4 for every other
+%% failure of the run.
+-spec exit_code({module(), term()}) -> exit_code().
+exit_code({?MODULE, {write, _, _}}) -> ?EXIT_FAILED;
+exit_code({?MODULE, _}) -> ?EXIT_USAGE;
+exit_code({beamdiag_remote, {bad_node, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_remote, no_cookie}) -> ?EXIT_USAGE;
+exit_code({beamdiag_remote, {cookie_file, _, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_remote, {no_distribution, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_remote, {unreachable, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_remote, {unreachable, _, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_cluster, {members, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_lab, {unknown_scenario, _, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_experiment, {unknown_lab, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_experiment, {bad_workload, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_experiment, {no_module, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_experiment, {no_function, _, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_experiment, {bad_variant, _}}) -> ?EXIT_USAGE;
+exit_code({M, _}) when is_atom(M) -> ?EXIT_FAILED.
+
+%% @doc Says what went wrong on standard error and returns the error's
+%% exit code. A node that cannot be reached is said in one line.
+-spec fail({module(), term()}, io()) -> exit_code().
+fail({M, R} = Error, #{err := Err}) ->
+    Text = M:format_error(R),
+    case exit_code(Error) of
+        ?EXIT_UNREACHABLE ->
+            Err(["beamdiag: ", one_line(Text), "\n"]),
+            ?EXIT_UNREACHABLE;
+        Code ->
+            Err(["beamdiag: ", Text, "\n"]),
+            Code
+    end.
+
+%% @doc A command's own usage error (a combination of options the parser
+%% cannot check): says so, points to the help and returns 2.
+-spec usage_error(unicode:chardata(), io()) -> exit_code().
+usage_error(Text, #{err := Err}) ->
+    Err(["beamdiag: ", Text, "\n"]),
+    ?EXIT_USAGE.
+
+%% @doc The exit code of a finished run: 1 when a finding is at or above
+%% the options' `fail_on' level, 0 otherwise.
+-spec findings_code([beamdiag_finding:finding()], map()) -> exit_code().
+findings_code(Findings, Opts) ->
+    case maps:get(fail_on, Opts, undefined) of
+        L when L =:= undefined; L =:= none -> ?EXIT_OK;
+        Level ->
+            case lists:any(fun(F) -> beamdiag_finding:at_least(F, Level) end, Findings) of
+                true -> ?EXIT_FINDINGS;
+                false -> ?EXIT_OK
+            end
+    end.
 
 %% @doc Prints a report on standard output, or writes it to the `out' file
 %% of the options and says so on standard error. Returns 0, or 4 when the
 %% file cannot be written.
 -spec emit(iodata(), map(), io()) -> result().
-emit(Text, Opts, #{out := Out, err := Err}) ->
+emit(Text, Opts, IO = #{out := Out, err := Err}) ->
     case maps:find(out, Opts) of
         {ok, File} ->
             case file:write_file(File, Text) of
@@ -173,25 +239,38 @@ emit(Text, Opts, #{out := Out, err := Err}) ->
                     Err(["beamdiag: written to ", File, "\n"]),
                     ?EXIT_OK;
                 {error, R} ->
-                    Err(["beamdiag: cannot write ", File, ": ", file:format_error(R), "\n"]),
-                    ?EXIT_FAILED
+                    fail({?MODULE, {write, File, R}}, IO)
             end;
         error ->
             Out(Text),
             ?EXIT_OK
     end.
 
-%% @doc Turns a parse error into a sentence.
+%% @doc Turns a parse error (or a file the command line named that cannot
+%% be written) into a sentence.
 -spec format_error(term()) -> unicode:chardata().
 format_error({unknown_option, O}) -> ["unknown option ", beamdiag_text:safe(O, 200)];
 format_error({missing_value, O}) -> ["option ", O, " needs a value"];
 format_error({bad_value, O, V, Why}) -> ["bad value '", beamdiag_text:safe(V, 200), "' for ", O, ": ", Why];
 format_error({missing_argument, M}) -> ["missing argument ", M];
-format_error({extra_argument, A}) -> ["unexpected argument '", beamdiag_text:safe(A, 200), "'"].
+format_error({extra_argument, A}) -> ["unexpected argument '", beamdiag_text:safe(A, 200), "'"];
+format_error({write, File, Why}) -> ["cannot write ", File, ": ", file:format_error(Why)].
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+exit_meaning(?EXIT_OK) -> "done, whatever was found";
+exit_meaning(?EXIT_FINDINGS) -> "a finding at or above --fail-on";
+exit_meaning(?EXIT_USAGE) -> "usage error (arguments, node name, cookie)";
+exit_meaning(?EXIT_UNREACHABLE) -> "the node cannot be reached";
+exit_meaning(?EXIT_FAILED) -> "the run failed".
+
+%% Error sentences on one line: line breaks (and the indentation after
+%% them, as ~p writes long terms) become one space.
+one_line(Text) ->
+    string:trim(re:replace(beamdiag_text:chars(Text), "\\s*\\n\\s*", " ",
+                           [global, unicode, {return, list}]), trailing).
 
 command_modules() ->
     [

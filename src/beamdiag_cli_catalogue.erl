@@ -12,6 +12,7 @@ spec() ->
     #{
         name => "catalogue",
         summary => "Print every finding beamdiag can report, with its fix, as Markdown.",
+        exit_codes => [0, 2],
         example => "beamdiag catalogue > docs/FINDINGS.md",
         positional => [],
         options => []

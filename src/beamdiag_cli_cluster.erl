@@ -17,6 +17,7 @@ spec() ->
     #{
         name => "cluster",
         summary => "Diagnose every node connected to NODE at once; point at outliers.",
+        exit_codes => [0, 1, 2, 3, 4],
         example => "beamdiag cluster app@db1 --cookie-file /etc/app/cookie --duration 10",
         positional => [#{key => node, metavar => "NODE", required => true,
                          help => "any node of the cluster, name@host"}],
@@ -53,23 +54,14 @@ run(Opts = #{node := Node}, IO = #{err := Err}) ->
                        true -> [beamdiag_json:encode(beamdiag_cluster:document(C)), "\n"];
                        false -> beamdiag_cluster:text(C)
                    end,
-            Written = beamdiag_cli:emit(Text, Opts, IO),
-            case {Written, maps:get(fail_on, Opts, undefined)} of
-                {0, undefined} -> 0;
-                {0, Level} ->
-                    Fs = [F || D <- maps:values(maps:get(diagnoses, C)),
-                               F <- maps:get(findings, D), beamdiag_finding:at_least(F, Level)],
-                    case Fs of [] -> 0; _ -> 1 end;
-                {W, _} -> W
+            case beamdiag_cli:emit(Text, Opts, IO) of
+                0 ->
+                    beamdiag_cli:findings_code(
+                      [F || D <- maps:values(maps:get(diagnoses, C)), F <- maps:get(findings, D)],
+                      Opts);
+                Code ->
+                    Code
             end;
-        {error, {beamdiag_remote, R} = E} ->
-            Err(["beamdiag: ", beamdiag_remote:format_error(R), "\n"]),
-            case E of
-                {_, {unreachable, _, _}} -> 3;
-                {_, {unreachable, _, _, _}} -> 3;
-                _ -> 2
-            end;
-        {error, {M, R}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.

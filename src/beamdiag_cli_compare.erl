@@ -16,6 +16,7 @@ spec() ->
     #{
         name => "compare",
         summary => "Compare two saved captures: ledger deltas beyond noise, findings.",
+        exit_codes => [0, 2, 4],
         example => "beamdiag compare before.capture after.capture",
         positional => [#{key => a, metavar => "A", required => true,
                          help => "the baseline capture (diagnose --save)"},
@@ -33,7 +34,7 @@ spec() ->
 
 %% @doc Runs the command. Exit code 0 whatever the deltas.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(#{a := FA, b := FB} = Opts, IO = #{err := Err}) ->
+run(#{a := FA, b := FB} = Opts, IO) ->
     case {beamdiag_capture:load(FA), beamdiag_capture:load(FB)} of
         {{ok, A}, {ok, B}} ->
             C = beamdiag_compare:compare(A, B, #{alpha => maps:get(alpha, Opts)}),
@@ -42,10 +43,8 @@ run(#{a := FA, b := FB} = Opts, IO = #{err := Err}) ->
                        false -> beamdiag_compare:text(C)
                    end,
             beamdiag_cli:emit(Text, Opts, IO);
-        {{error, {M, R}}, _} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4;
-        {_, {error, {M, R}}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+        {{error, Error}, _} ->
+            beamdiag_cli:fail(Error, IO);
+        {_, {error, Error}} ->
+            beamdiag_cli:fail(Error, IO)
     end.

@@ -16,6 +16,7 @@ spec() ->
     #{
         name => "diagnose",
         summary => "Sample a live node for a window; print findings and the time ledger.",
+        exit_codes => [0, 1, 2, 3, 4],
         example => "beamdiag diagnose app@db1 --cookie-file /etc/app/cookie --duration 10",
         positional => [#{key => node, metavar => "NODE", required => true,
                          help => "the node, name@host (short or long names inferred)"}],
@@ -83,29 +84,18 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
     case Result of
         {ok, Diagnosis} ->
             output(Diagnosis, Opts, IO);
-        {error, {beamdiag, {partial, _, Diagnosis}} = Reason} ->
-            Err(["beamdiag: ", beamdiag:format_error(element(2, Reason)), "\n"]),
+        {error, {beamdiag, {partial, _, Diagnosis}} = Error} ->
+            Code = beamdiag_cli:fail(Error, IO),
             _ = output(Diagnosis, Opts, IO),
-            4;
-        {error, {beamdiag_remote, R}} ->
-            Err(["beamdiag: ", beamdiag_remote:format_error(R), "\n"]),
-            case R of
-                {unreachable, _, _} -> 3;
-                {unreachable, _, _, _} -> 3;
-                {bad_node, _} -> 2;
-                no_cookie -> 2;
-                {cookie_file, _, _} -> 2;
-                _ -> 4
-            end;
-        {error, {M, R}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+            Code;
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 %% @doc Prints or writes a diagnosis as the options ask; returns the exit
 %% code (1 when a finding reaches --fail-on).
 -spec output(beamdiag:diagnosis(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-output(Diagnosis = #{findings := Findings}, Opts, IO = #{err := Err, colour := Colour}) ->
+output(Diagnosis = #{findings := Findings}, Opts, IO = #{colour := Colour}) ->
     Text =
         case maps:get(json, Opts, false) of
             true -> beamdiag_format_json:diagnosis(Diagnosis);
@@ -114,24 +104,14 @@ output(Diagnosis = #{findings := Findings}, Opts, IO = #{err := Err, colour := C
         end,
     Written0 = case beamdiag_cli:emit(Text, Opts, IO) of
                    0 -> ok;
-                   _ -> {error, out}
+                   Code -> {error, Code}
                end,
     Written = lists:foldl(fun(Step, ok) -> Step(); (_, E) -> E end, Written0,
-                          [fun() -> save(Diagnosis, Opts, Err) end,
-                           fun() -> html(Diagnosis, Opts, Err) end]),
+                          [fun() -> save(Diagnosis, Opts, IO) end,
+                           fun() -> html(Diagnosis, Opts, IO) end]),
     case Written of
-        ok ->
-            case maps:get(fail_on, Opts, undefined) of
-                undefined -> 0;
-                Level ->
-                    case [F || F <- Findings, beamdiag_finding:at_least(F, Level)] of
-                        [] -> 0;
-                        _ -> 1
-                    end
-            end;
-        {error, _} ->
-            %% Already said on standard error.
-            4
+        ok -> beamdiag_cli:findings_code(Findings, Opts);
+        {error, Failed} -> Failed
     end.
 
 %% @doc A progress fun that draws a countdown on standard error.
@@ -196,19 +176,18 @@ perf_dir() ->
 end_progress(#{err := Err}) ->
     Err("\r                                  \r").
 
-save(Diagnosis, #{save := File}, Err) ->
+save(Diagnosis, #{save := File}, IO = #{err := Err}) ->
     case beamdiag_capture:save(File, Diagnosis) of
         ok -> Err(["beamdiag: capture saved to ", File, "\n"]), ok;
-        {error, {M, R}} -> Err(["beamdiag: ", M:format_error(R), "\n"]), {error, save}
+        {error, E} -> {error, beamdiag_cli:fail(E, IO)}
     end;
 save(_, _, _) ->
     ok.
 
-html(Diagnosis, #{html := File}, Err) ->
+html(Diagnosis, #{html := File}, IO = #{err := Err}) ->
     case file:write_file(File, beamdiag_format_html:diagnosis(Diagnosis)) of
         ok -> Err(["beamdiag: HTML report written to ", File, "\n"]), ok;
-        {error, R} -> Err(["beamdiag: cannot write ", File, ": ", file:format_error(R), "\n"]),
-                      {error, html}
+        {error, R} -> {error, beamdiag_cli:fail({beamdiag_cli, {write, File, R}}, IO)}
     end;
 html(_, _, _) ->
     ok.

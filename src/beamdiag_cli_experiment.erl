@@ -17,6 +17,7 @@ spec() ->
     #{
         name => "experiment",
         summary => "Measure flag variants (or workloads) against each other on fresh nodes.",
+        exit_codes => [0, 2, 4],
         example => "beamdiag experiment --workload lab:busy_wait --variants default "
                    "\"+sbwt none +sbwtdcpu none +sbwtdio none\" --runs 5 --duration 5",
         positional => [],
@@ -50,9 +51,8 @@ spec() ->
 
 %% @doc Runs the command.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(#{workload := []}, #{err := Err}) ->
-    Err("beamdiag experiment: give at least one --workload\n"),
-    2;
+run(#{workload := []}, IO) ->
+    beamdiag_cli:usage_error("experiment: give at least one --workload", IO);
 run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
     _ = [code:add_patha(D) || D <- maps:get(pa, Opts)],
     case workloads(Ws, []) of
@@ -71,13 +71,11 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
             case beamdiag_experiment:run(LibOpts) of
                 {ok, Result} ->
                     output(Result, Opts, IO);
-                {error, {M, R}} ->
-                    Err(["beamdiag: ", M:format_error(R), "\n"]),
-                    4
+                {error, Error} ->
+                    beamdiag_cli:fail(Error, IO)
             end;
-        {error, {M, R}} ->
-            Err(["beamdiag experiment: ", M:format_error(R), "\n"]),
-            2
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 %% @doc Prints or writes experiment results as the options ask (`json',
@@ -95,9 +93,8 @@ output(Result, Opts, IO = #{err := Err}) ->
                 ok ->
                     Err(["beamdiag: results saved to ", SaveFile, "\n"]),
                     Written;
-                {error, {M, R2}} ->
-                    Err(["beamdiag: ", M:format_error(R2), "\n"]),
-                    4
+                {error, Error} ->
+                    beamdiag_cli:fail(Error, IO)
             end;
         error ->
             Written

@@ -17,11 +17,6 @@
 
 -export([spec/0, run/2, report/2]).
 
--define(EXIT_OK, 0).
--define(EXIT_FINDINGS, 1).
--define(EXIT_UNREACHABLE, 3).
--define(EXIT_FAILED, 4).
-
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -32,6 +27,7 @@ spec() ->
     #{
         name => "flame",
         summary => "Profile a node's CPU (perf, or the Erlang-level sampler) into a flame graph.",
+        exit_codes => [0, 1, 2, 3, 4],
         example => "beamdiag flame app@host --duration 10 --out /tmp/flame",
         positional => [#{key => node, help => "the node (name@host)", required => true,
                          metavar => "NODE"}],
@@ -67,16 +63,14 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
                 case beamdiag_profile:profile(Node, Opts, Err) of
                     {ok, Result} ->
                         write_and_print(Result, Opts, IO);
-                    {error, {Mod, Reason}} ->
-                        Err(["beamdiag flame: ", Mod:format_error(Reason), "\n"]),
-                        ?EXIT_FAILED
+                    {error, Error} ->
+                        beamdiag_cli:fail(Error, IO)
                 end
             after
                 beamdiag_remote:disconnect(Node)
             end;
-        {error, {Mod, Reason}} ->
-            Err(["beamdiag flame: ", Mod:format_error(Reason), "\n"]),
-            ?EXIT_UNREACHABLE
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 %% @doc The printed summary of a profile result.
@@ -103,7 +97,7 @@ report(#{profile := P, findings := Findings, method := Method}, _Opts) ->
 %%% Internal
 %%%===================================================================
 
-write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Opts, #{out := Print, err := Err}) ->
+write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Opts, IO = #{out := Print}) ->
     Dir = maps:get(out, Opts, "beamdiag-flame"),
     Text = report(Result, Opts),
     Files = [
@@ -116,15 +110,9 @@ write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Op
         ok ->
             Print(Text),
             Print(["\nwrote ", filename:join(Dir, "flame.svg"), ", profile.folded, top.txt\n"]),
-            FailOn = maps:get(fail_on, Opts, none),
-            case FailOn =/= none andalso
-                     lists:any(fun(F) -> beamdiag_finding:at_least(F, FailOn) end, Findings) of
-                true -> ?EXIT_FINDINGS;
-                false -> ?EXIT_OK
-            end;
+            beamdiag_cli:findings_code(Findings, Opts);
         {error, Path, Why} ->
-            Err(["beamdiag flame: cannot write ", Path, ": ", file:format_error(Why), "\n"]),
-            ?EXIT_FAILED
+            beamdiag_cli:fail({beamdiag_cli, {write, Path, Why}}, IO)
     end.
 
 write_all(Dir, Files) ->

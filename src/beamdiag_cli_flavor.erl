@@ -15,10 +15,6 @@
 
 -export([spec/0, run/2]).
 
--define(EXIT_OK, 0).
--define(EXIT_USAGE, 2).
--define(EXIT_FAILED, 4).
-
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -31,6 +27,7 @@ spec() ->
         summary =>
             "Builds the lock-counting emulator (with extra microstate accounting) "
             "for the installed ERTS, and installs it for `erl -emu_type lcnt'.",
+        exit_codes => [0, 2, 4],
         example => "beamdiag flavor build --install --add-deb-src --cache /var/cache/beamdiag",
         positional => [
             #{
@@ -86,8 +83,8 @@ run(#{action := "status"}, #{out := Out}) ->
             {true, false} -> ["installed in ", D, " but it does not start or does not match"]
         end,
     Out(["ERTS ", V, " (OTP ", O, "): lock-counting emulator ", State, "\n"]),
-    ?EXIT_OK;
-run(Opts = #{action := "build"}, #{out := Out, err := Err}) ->
+    0;
+run(Opts = #{action := "build"}, IO = #{out := Out, err := Err}) ->
     BuildOpts = #{
         otp_src => maps:get(otp_src, Opts, undefined),
         install => maps:get(install, Opts, false),
@@ -98,14 +95,13 @@ run(Opts = #{action := "build"}, #{out := Out, err := Err}) ->
     case beamdiag_flavor:build(BuildOpts) of
         {ok, Report} ->
             Out(report(Report)),
-            ?EXIT_OK;
-        {error, {Mod, Reason}} ->
-            Err(["beamdiag flavor: ", Mod:format_error(Reason), "\n"]),
-            ?EXIT_FAILED
+            0;
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end;
-run(#{action := Other}, #{err := Err}) ->
-    Err(["beamdiag flavor: unknown action '", Other, "' (build or status)\n"]),
-    ?EXIT_USAGE.
+run(#{action := Other}, IO) ->
+    beamdiag_cli:usage_error(["flavor: unknown action '", beamdiag_text:safe(Other, 40),
+                              "' (build or status)"], IO).
 
 %%%===================================================================
 %%% Internal

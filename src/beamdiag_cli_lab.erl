@@ -16,6 +16,7 @@ spec() ->
     #{
         name => "lab",
         summary => "Start a local node that reproduces one pathology ('list' lists them).",
+        exit_codes => [0, 2, 3, 4],
         example => "beamdiag lab busy_wait --diagnose --window 5",
         positional => [#{key => scenario, metavar => "SCENARIO", required => true,
                          help => "a scenario name, or 'list'"}],
@@ -58,12 +59,8 @@ run(Opts = #{scenario := Name, duration := Duration}, IO = #{err := Err}) ->
             after
                 beamdiag_lab:stop(Lab)
             end;
-        {error, {beamdiag_lab, R}} ->
-            Err(["beamdiag: ", beamdiag_lab:format_error(R), "\n"]),
-            case R of
-                {unknown_scenario, _, _} -> 2;
-                _ -> 4
-            end
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 %%%===================================================================
@@ -79,9 +76,8 @@ diagnose(Lab, Opts, IO = #{err := Err}) ->
         {ok, D} ->
             Err("\r                                   \r"),
             beamdiag_cli_diagnose:output(D, Opts, IO);
-        {error, {M, R}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 hold(Lab, Duration, #{out := Out}) ->

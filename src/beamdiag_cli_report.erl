@@ -16,6 +16,7 @@ spec() ->
     #{
         name => "report",
         summary => "Re-render a saved capture (diagnose --save) or experiment results.",
+        exit_codes => [0, 1, 2, 4],
         example => "beamdiag report node.capture --html node.html",
         positional => [#{key => file, metavar => "FILE", required => true,
                          help => "a file written by --save"}],
@@ -33,13 +34,12 @@ spec() ->
 
 %% @doc Runs the command.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(Opts = #{file := File}, IO = #{err := Err}) ->
+run(Opts = #{file := File}, IO) ->
     case beamdiag_capture:read(File) of
         {ok, {diagnosis, D}} ->
             beamdiag_cli_diagnose:output(D, maps:remove(save, Opts), IO);
         {ok, {experiment, E}} ->
             beamdiag_cli_experiment:output(E, maps:without([save, html], Opts), IO);
-        {error, {M, R}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.

@@ -23,6 +23,7 @@ spec() ->
     #{
         name => "watch",
         summary => "Live view of a node: the time ledger by thread type and the top findings.",
+        exit_codes => [0, 2, 3, 4],
         example => "beamdiag watch app@db1 --cookie-file /etc/app/cookie --interval 1000",
         positional => [#{key => node, metavar => "NODE", required => true,
                          help => "the node, name@host"}],
@@ -56,17 +57,8 @@ run(Opts = #{node := Node, interval := I, window := W}, IO = #{err := Err}) ->
                 stop_reader(Reader),
                 leave(Tty, Saved, IO)
             end;
-        {error, {beamdiag_remote, R}} ->
-            Err(["beamdiag: ", beamdiag_remote:format_error(R), "\n"]),
-            case R of
-                {bad_node, _} -> 2;
-                no_cookie -> 2;
-                {cookie_file, _, _} -> 2;
-                _ -> 3
-            end;
-        {error, {M, R}} ->
-            Err(["beamdiag: ", M:format_error(R), "\n"]),
-            4
+        {error, Error} ->
+            beamdiag_cli:fail(Error, IO)
     end.
 
 %%%===================================================================
@@ -89,9 +81,9 @@ loop(Session, Opts = #{interval := I}, IO = #{out := Out, err := Err}, Tty, Tick
                     loop(S2, Opts, IO, Tty, Tick);
                 {done, _} ->
                     0;
-                {error, {M, R}} ->
-                    Err(["\nbeamdiag: ", M:format_error(R), "\n"]),
-                    4
+                {error, Error} ->
+                    Err("\n"),
+                    beamdiag_cli:fail(Error, IO)
             end
     end.
 

@@ -9,7 +9,8 @@
 %%%   replaced), a chardata list, an atom, a number or any other term;
 %%% - `safe/1,2': one line, every control character (C0, DEL, C1) as `?',
 %%%   optionally cut to a number of characters;
-%%% - `terminal/1': a whole multi-line text, newlines kept.
+%%% - `terminal/1': a whole multi-line text, newlines and carriage
+%%%   returns kept.
 %%%
 %%% Target-side modules (`beamdiag_agent*') do not format text for a
 %%% terminal and do not call this module.
@@ -55,9 +56,9 @@ safe(Text) ->
 safe(Text, Max) ->
     [one_line(C) || C <- lists:sublist(chars(Text), Max)].
 
-%% @doc A multi-line text ready for a terminal, as UTF-8: newlines stay,
-%% every other control character and each byte that is not UTF-8 becomes
-%% `?'.
+%% @doc A multi-line text ready for a terminal, as UTF-8: newlines and
+%% carriage returns (progress lines) stay, every other control character
+%% and each byte that is not UTF-8 becomes `?'.
 -spec terminal(unicode:chardata() | iodata()) -> binary().
 terminal(Text) ->
     unicode:characters_to_binary([multi_line(C) || C <- chars(Text)]).
@@ -70,6 +71,7 @@ one_line(C) when C < 32; C >= 127, C =< 159 -> $?;
 one_line(C) -> C.
 
 multi_line($\n) -> $\n;
+multi_line($\r) -> $\r;
 multi_line(C) -> one_line(C).
 
 bin_chars(B, R) ->

@@ -29,7 +29,7 @@ terminal_test() ->
     ?assertEqual(<<"one\ntwo ?[31m?\n"/utf8>>,
                  beamdiag_text:terminal([<<"one\ntwo ">>, 27, "[31m", <<255>>, "\n"])),
     ?assertEqual(<<"€"/utf8>>, beamdiag_text:terminal(<<"€"/utf8>>)),
-    ?assertEqual(<<"a?b">>, beamdiag_text:terminal(<<"a\rb">>)).
+    ?assertEqual(<<"a\rb?c">>, beamdiag_text:terminal(<<"a\rb\tc">>)).
 
 %% Random bytes: whatever comes in, safe/1 gives printable characters only
 %% and terminal/1 valid UTF-8 with no control character but the newline.
@@ -45,7 +45,8 @@ random_bytes_test() ->
             T = beamdiag_text:terminal(B),
             Cs = unicode:characters_to_list(T),
             ?assert(is_list(Cs)),
-            ?assertEqual([], [C || C <- Cs, C =/= $\n, C < 32 orelse (C >= 127 andalso C =< 159)]),
+            ?assertEqual([], [C || C <- Cs, C =/= $\n, C =/= $\r,
+                                   C < 32 orelse (C >= 127 andalso C =< 159)]),
             S2
         end, S0, lists:seq(1, 500)),
     ok.
