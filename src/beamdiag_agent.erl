@@ -26,11 +26,22 @@
 %%% ticks': most of it is waiting, not work. Every /proc read is a trip to a
 %%% dirty I/O thread and back, and on a saturated node each trip waits a few
 %%% milliseconds for a CPU (measured on 2 busy cores: 100 ms of wall time
-%%% for 2 ms of CPU per tick). The first and the last tick are always taken.
+%%% for 2 ms of CPU per tick). The first and the last tick are always taken
+%%% and counted like the others: a tick that would crowd the last one is
+%%% skipped.
+%%%
+%%% The agent's hard deadline is the window's end plus a grace time (5 s,
+%%% or twice the costliest tick so far, at most 30 s: a throttled node
+%%% stalls whole, and a tick there costs seconds). It is checked between
+%%% reads, not only between ticks; a tick the deadline interrupts is
+%%% dropped and the agent ends with `{aborted, deadline}'. The caller learns
+%%% the deadline with `start' (`deadline_in_ms') and each time it moves
+%%% (`{deadline, InMs}').
 %%%
 %%% Messages to the caller, all `{beamdiag, Ref, Event}':
-%%% `{start, Info}', `{tick, Sample}' every interval, `{done, Extras}' at
-%%% the end, or `{aborted, Reason}'.
+%%% `{start, Info}', `{tick, Sample}' every interval, `{deadline, InMs}'
+%%% when the hard deadline moves, `{done, Extras}' at the end, or
+%%% `{aborted, Reason}'.
 %%%
 %%% ```
 %%% 1> {ok, Pid, Ref} = beamdiag_agent:start(self(), #{duration_ms => 2000, interval_ms => 1000}).
@@ -69,6 +80,7 @@
 %% Past the window, the agent cleans up on its own after this long even if
 %% nobody asked it to.
 -define(GRACE_MS, 5000).
+-define(MAX_GRACE_MS, 30000).
 %% Above this many processes the agent does not purge its modules.
 -define(PURGE_MAX_PROCESSES, 100000).
 
@@ -109,27 +121,53 @@ sample(State) ->
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
 %% between samples, which costs a fraction of reading them whole.
 -spec take(map()) -> {sample(), map()}.
-take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}) ->
+take(State) ->
+    {ok, Sample, State2} = take(State, infinity),
+    {Sample, State2}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% One sample, or `late' when the deadline (monotonic milliseconds) passes
+%% between two reads: on a throttled node a tick can stall for seconds, and
+%% the agent must not overrun its own deadline by a whole tick.
+take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     T0 = erlang:monotonic_time(microsecond),
     Status = maps:get(status, State, true),
     H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
     Vm = beamdiag_agent_vm:counters(#{msacc => Msacc}),
-    {Threads, H1} = beamdiag_agent_proc:threads(Root, OsPid, #{status => Status}, H0),
-    {Host, H2} = beamdiag_agent_proc:host(Root, H1),
-    {Cgroup, H3} = cgroup(State, H2),
-    Sample = #{
-        t => T,
-        vm => Vm,
-        threads => ok_or_error(Threads),
-        host => ok_or_error(Host),
-        cgroup => Cgroup
-    },
-    {Sample#{tick_cost_us => erlang:monotonic_time(microsecond) - T0}, State#{held => H3}}.
+    case in_time(Deadline) andalso
+             beamdiag_agent_proc:threads(Root, OsPid, #{status => Status, deadline => Deadline}, H0) of
+        false ->
+            late;
+        {{error, {beamdiag_agent_proc, deadline}}, _} ->
+            late;
+        {Threads, H1} ->
+            case in_time(Deadline) andalso beamdiag_agent_proc:host(Root, H1) of
+                false ->
+                    late;
+                {Host, H2} ->
+                    case in_time(Deadline) andalso cgroup(State, H2) of
+                        false ->
+                            late;
+                        {Cgroup, H3} ->
+                            Sample = #{
+                                t => T,
+                                vm => Vm,
+                                threads => ok_or_error(Threads),
+                                host => ok_or_error(Host),
+                                cgroup => Cgroup,
+                                tick_cost_us => erlang:monotonic_time(microsecond) - T0
+                            },
+                            {ok, Sample, State#{held => H3}}
+                    end
+            end
+    end.
 
-%%%===================================================================
-%%% Internal
-%%%===================================================================
+in_time(infinity) -> true;
+in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
 
 %% @private
 -spec init(pid(), reference(), opts(), pid()) -> no_return().
@@ -153,6 +191,8 @@ init(Caller, Ref, Opts, _Starter) ->
         cgroup_location => Cg, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
+    End = Start + Duration,
+    Hard = hard_deadline(End, 0),
     Caller ! {beamdiag, Ref, {start, #{
         agent => self(),
         node => atom_to_binary(node()),
@@ -160,45 +200,74 @@ init(Caller, Ref, Opts, _Starter) ->
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
         locks => Locks =/= undefined,
-        wall_start_ms => erlang:system_time(millisecond)
+        wall_start_ms => erlang:system_time(millisecond),
+        deadline_in_ms => Hard - Start
     }}},
-    {First, State1} = take(State),
-    Caller ! {beamdiag, Ref, {tick, First}},
-    HardDeadline = Start + Duration + ?GRACE_MS,
-    loop(State1, Start, 1, Interval, Start + Duration, HardDeadline).
+    Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
+              costs => []},
+    case take(State, Hard) of
+        {ok, First, State1} ->
+            Caller ! {beamdiag, Ref, {tick, First}},
+            ticked(State1, First, 1, Clock);
+        late ->
+            finish(State, {aborted, deadline})
+    end.
 
-loop(State = #{caller := Caller, ref := Ref, mref := MRef}, Start, K, Interval, End, Hard) ->
+%% After tick K-1's sample: counts its cost (every tick, the first and the
+%% last included), moves the hard deadline when ticks have grown costly and
+%% tells the caller, then waits for the next tick.
+ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
+       Clock = #{start := Start, interval := Interval, 'end' := End, hard := Hard0,
+                 worst := Worst0, costs := Costs0}) ->
+    Costs = lists:sublist([CostUs | Costs0], 3),
+    Worst = max(Worst0, CostUs div 1000),
+    Hard = max(Hard0, hard_deadline(End, Worst)),
+    case Hard =:= Hard0 of
+        true -> ok;
+        false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
+    end,
+    K2 = next_tick(lists:min(Costs), Start, K, Interval, End),
+    loop(maps:remove(status, State), K2, Clock#{hard := Hard, worst := Worst, costs := Costs}).
+
+loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
+     Clock = #{start := Start, interval := Interval, 'end' := End, hard := Hard}) ->
     Now = erlang:monotonic_time(millisecond),
     Next = min(Start + K * Interval, End),
-    Wait = max(0, Next - Now),
+    Wait = max(0, min(Next, Hard) - Now),
     receive
         {'DOWN', MRef, process, Caller, Reason} ->
             finish(State, {aborted, {caller_down, Reason}});
         {beamdiag_stop, _} ->
-            Caller ! {beamdiag, Ref, {tick, sample(State)}},
-            finish(State, done);
+            case take(State, Hard) of
+                {ok, Sample, State2} ->
+                    Caller ! {beamdiag, Ref, {tick, Sample}},
+                    finish(State2, done);
+                late ->
+                    finish(State, {aborted, deadline})
+            end;
         {'EXIT', _, shutdown} ->
             finish(State, {aborted, shutdown})
     after Wait ->
-        case erlang:monotonic_time(millisecond) of
-            T when T >= Hard ->
-                finish(State, {aborted, deadline});
-            _ ->
-                Last = Next >= End,
-                State2 = msacc_slice(State, K),
-                {Sample, State3} = take(State2#{status => Last}),
+        Last = Next >= End,
+        State2 = msacc_slice(State, K),
+        case in_time(Hard) andalso take(State2#{status => Last}, Hard) of
+            {ok, Sample, State3} ->
                 Caller ! {beamdiag, Ref, {tick, Sample}},
                 case Last of
                     true -> finish(State3, done);
-                    false ->
-                        Costs = lists:sublist([maps:get(tick_cost_us, Sample) |
-                                               maps:get(costs, State3, [])], 3),
-                        K2 = next_tick(lists:min(Costs), Start, K, Interval),
-                        loop(maps:remove(status, State3#{costs => Costs}), Start, K2, Interval,
-                             End, Hard)
-                end
+                    false -> ticked(State3, Sample, K + 1, Clock)
+                end;
+            _ ->
+                finish(State2, {aborted, deadline})
         end
     end.
+
+%% The hard deadline: past the window's end, the agent cleans up on its
+%% own after the grace time, or after twice its costliest tick when ticks
+%% cost more (a throttled node stalls whole: 2 to 3 s a tick at a fifth of
+%% a CPU), never more than ?MAX_GRACE_MS.
+hard_deadline(End, WorstMs) ->
+    End + min(?MAX_GRACE_MS, max(?GRACE_MS, 2 * WorstMs)).
 
 %% Which tick microstate accounting starts at (0: from the start, or never
 %% when it is not wanted), and the flag to put back. msacc is turned on only
@@ -232,10 +301,22 @@ msacc_slice(State, _K) ->
 
 %% The next tick number: the one after K, or later when ticks take so long
 %% (Cost, in microseconds) that the next one must wait for sampling to stay
-%% under a quarter of the time.
-next_tick(Cost, Start, K, Interval) ->
-    Earliest = erlang:monotonic_time(millisecond) + (Cost * 3) div 1000,
-    max(K + 1, (Earliest - Start + Interval - 1) div Interval).
+%% under a quarter of the time. The last tick, at the window's end, counts
+%% too: a tick that would leave it less than three of its costs of rest is
+%% skipped, so the last tick comes next.
+next_tick(Cost, Start, K, Interval, End) ->
+    Now = erlang:monotonic_time(millisecond),
+    CostMs = Cost div 1000,
+    Earliest = Now + CostMs * 3,
+    K2 = max(K, (Earliest - Start + Interval - 1) div Interval),
+    case Start + K2 * Interval of
+        At when At < End, At + CostMs * 4 > End -> last_tick(Start, Interval, End);
+        _ -> K2
+    end.
+
+%% The tick number whose time is the window's end (or past it).
+last_tick(Start, Interval, End) ->
+    (End - Start + Interval - 1) div Interval.
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->

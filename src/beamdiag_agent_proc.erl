@@ -63,8 +63,13 @@ threads(Root, Pid, Opts) ->
     element(1, threads(Root, Pid, Opts, beamdiag_agent_file:none())).
 
 %% @doc As threads/3, reading through (and updating) held descriptors; the
-%% descriptors of threads that have gone are closed.
--spec threads(file:filename(), string() | integer(), #{status => boolean()}, beamdiag_agent_file:held()) ->
+%% descriptors of threads that have gone are closed. With `deadline' (a
+%% monotonic time in milliseconds) in the options, gives
+%% `{error, {beamdiag_agent_proc, deadline}}' when it passes between two
+%% threads' reads.
+-spec threads(file:filename(), string() | integer(),
+              #{status => boolean(), deadline => integer() | infinity},
+              beamdiag_agent_file:held()) ->
     {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_proc, term()}}, beamdiag_agent_file:held()}.
 threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
@@ -73,9 +78,10 @@ threads(Root, Pid, Opts, Held) ->
             Tids = lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
                                  ?MAX_THREADS),
             WantStatus = maps:get(status, Opts, true),
-            {Threads, Paths, Held2} =
-                lists:foldl(
+            Deadline = maps:get(deadline, Opts, infinity),
+            try lists:foldl(
                     fun(Tid, {Acc, Ps, H}) ->
+                        in_time(Deadline) orelse throw({deadline, H}),
                         Dir = filename:join(TaskDir, integer_to_list(Tid)),
                         Stat = filename:join(Dir, "stat"),
                         Sched = filename:join(Dir, "schedstat"),
@@ -84,8 +90,12 @@ threads(Root, Pid, Opts, Held) ->
                             {{error, _}, H2} -> {Acc, [Stat, Sched | Ps], H2}
                         end
                     end,
-                    {[], [], Held}, Tids),
-            {{ok, maps:from_list(Threads)}, beamdiag_agent_file:keep(TaskDir, Paths, Held2)};
+                    {[], [], Held}, Tids) of
+                {Threads, Paths, Held2} ->
+                    {{ok, maps:from_list(Threads)}, beamdiag_agent_file:keep(TaskDir, Paths, Held2)}
+            catch
+                throw:{deadline, H} -> {{error, {beamdiag_agent_proc, deadline}}, H}
+            end;
         {error, Reason} ->
             {{error, {beamdiag_agent_proc, {list_dir, TaskDir, Reason}}}, Held}
     end.
@@ -219,6 +229,8 @@ format_error({list_dir, Dir, eacces}) ->
     ["no permission to read ", Dir];
 format_error({list_dir, Dir, Reason}) ->
     io_lib:format("cannot list ~ts: ~p", [Dir, Reason]);
+format_error(deadline) ->
+    "the sampling deadline passed before every thread was read";
 format_error({read, File, Reason}) ->
     io_lib:format("cannot read ~ts: ~p", [File, Reason]);
 format_error({too_large, File}) ->
@@ -331,3 +343,6 @@ sanitize_name(Name) ->
 
 to_list(P) when is_integer(P) -> integer_to_list(P);
 to_list(P) when is_list(P) -> P.
+
+in_time(infinity) -> true;
+in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.

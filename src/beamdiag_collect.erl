@@ -2,7 +2,10 @@
 %%% connected one), gathers its ticks for the window and returns the capture.
 %%%
 %%% If the target dies mid-window the ticks gathered so far are kept and
-%%% returned with the error, so the caller can still show them.
+%%% returned with the error, so the caller can still show them. If the
+%%% agent's last word is late (a throttled node stalls whole for seconds)
+%%% or it stops early, two samples or more are returned as a capture marked
+%%% `complete => false' with a note saying what is missing.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
@@ -32,8 +35,10 @@
 }.
 
 -define(SCHEMA, <<"beamdiag.capture/1">>).
-%% How long past the window we wait for the agent's last word.
+%% How long past the agent's own deadline we wait for its last word.
 -define(LATE_MS, 2000).
+%% The agent's least grace time past the window (beamdiag_agent).
+-define(GRACE_MS, 5000).
 -define(CALL_TIMEOUT, 5000).
 
 %%%===================================================================
@@ -53,8 +58,12 @@ run(Node, Opts) ->
         {ok, Agent, Ref} ->
             MRef = erlang:monitor(process, Agent),
             #{duration_ms := D} = AgentOpts,
-            Deadline = erlang:monotonic_time(millisecond) + D + ?LATE_MS + ?CALL_TIMEOUT,
-            Result = gather(Ref, MRef, Deadline, Progress, D, undefined, []),
+            %% Until the agent says when its own deadline is: the window and
+            %% the agent's least grace time, from now.
+            Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
+            Result = gather(#{ref => Ref, mref => MRef, deadline => Deadline,
+                              progress => Progress, duration => D, info => undefined,
+                              samples => []}),
             erlang:demonitor(MRef, [flush]),
             flush(Ref),
             Result;
@@ -89,19 +98,25 @@ start_agent(Node, Opts) ->
         Class:Reason -> {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
     end.
 
-gather(Ref, MRef, Deadline, Progress, D, Info, Samples) ->
+%% The deadline follows the agent's own: its start and each move of its
+%% hard deadline (ticks that cost seconds push it out) say how long it may
+%% still take, and the collector waits that long plus ?LATE_MS for transit.
+gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progress,
+             duration := D, info := Info, samples := Samples}) ->
     Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
     receive
         {beamdiag, Ref, {start, I}} ->
-            gather(Ref, MRef, Deadline, Progress, D, I, Samples);
+            gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
+        {beamdiag, Ref, {deadline, InMs}} ->
+            gather(moved(G, InMs));
         {beamdiag, Ref, {tick, S}} ->
             Samples2 = [S | Samples],
             report_progress(Progress, Samples2, D),
-            gather(Ref, MRef, Deadline, Progress, D, Info, Samples2);
+            gather(G#{samples := Samples2});
         {beamdiag, Ref, {done, Extras}} ->
             {ok, capture(Info, Samples, Extras, true, D)};
         {beamdiag, Ref, {aborted, Why}} ->
-            {error, {beamdiag_collect, {agent_aborted, Why}}};
+            late(Info, Samples, D, {agent_aborted, Why});
         {'DOWN', MRef, process, _, Reason} ->
             Partial = case Info of
                           undefined -> undefined;
@@ -109,8 +124,31 @@ gather(Ref, MRef, Deadline, Progress, D, Info, Samples) ->
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->
-        {error, {beamdiag_collect, timeout}}
+        late(Info, Samples, D, timeout)
     end.
+
+moved(G, InMs) when is_integer(InMs) ->
+    G#{deadline := erlang:monotonic_time(millisecond) + InMs + ?LATE_MS};
+moved(G, _) ->
+    G.
+
+%% The agent's last word came late or not at all: two samples are a window,
+%% and what they show is kept, marked partial, with a note.
+late(Info, Samples = [_, _ | _], D, Why) when Info =/= undefined ->
+    C = capture(Info, Samples, #{}, false, D),
+    #{samples := [#{t := T0} | _]} = C,
+    #{t := T1} = hd(Samples),
+    Note = iolist_to_binary(
+             io_lib:format("partial capture: ~s; the ledger and findings cover the ~b samples "
+                           "gathered over ~.1f s of the ~.1f s window",
+                           [late_text(Why), length(Samples), (T1 - T0) / 1.0e9, D / 1000])),
+    {ok, C#{notes => [Note]}};
+late(_Info, _Samples, _D, Why) ->
+    {error, {beamdiag_collect, Why}}.
+
+late_text(timeout) -> "the agent's last word did not come in time";
+late_text({agent_aborted, deadline}) -> "the agent reached its deadline before its last tick";
+late_text({agent_aborted, Why}) -> io_lib:format("the agent stopped early (~0p)", [Why]).
 
 report_progress(Progress, [#{t := T} | _] = Samples, D) ->
     #{t := T0} = lists:last(Samples),

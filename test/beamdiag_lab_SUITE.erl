@@ -63,12 +63,18 @@ cpu_saturated(Config) ->
     ?assert(share(busy, S) >= 0.85),
     ?assert(lists:member(cpu_saturated, serious(F))),
     ?assertNot(lists:member(scheduler_blocking, ids(F))),
-    %% A healthy saturated node is not starved, unless something else on the
-    %% host really takes its CPUs: only then may starvation show.
-    case external_cpus(L) of
-        X when X < 0.5 -> ?assertNot(lists:member(cpu_starvation, serious(F)));
-        X -> ct:pal("host busy with ~.2f CPUs of other work: starvation not asserted", [X])
-    end.
+    %% A healthy saturated node is not starved. Other work on a busy host
+    %% may really take its CPUs: starvation may then be said, but only with
+    %% its raw signal (its schedulers waited for a CPU while the rest of the
+    %% host used 0.3 CPUs or more); on a quiet host it is never said.
+    Rows = [R || {T, R} <- maps:to_list(maps:get(by_type, L)), lists:member(T, [scheduler, dirty_cpu])],
+    Runq = lists:sum([maps:get(runq, R, 0.0) || R <- Rows]) /
+        max(1.0e-9, lists:sum([maps:get(wall, R, 0.0) || R <- Rows])),
+    X = external_cpus(L),
+    ct:pal("runnable wait ~.3f of the schedulers' wall time; rest of the host ~.2f CPUs", [Runq, X]),
+    Starved = lists:member(cpu_starvation, serious(F)),
+    Starved andalso ?assert(Runq >= 0.02 andalso X >= 0.30),
+    X >= 0.5 orelse ?assertNot(Starved).
 
 cpu_starvation(Config) ->
     {L, F} = diagnose(Config),
@@ -156,7 +162,9 @@ diagnose(Config) ->
     no_leftovers(Lab),
     {L, F}.
 
-%% Nothing of beamdiag stays on the target: flags off, agent modules gone.
+%% Nothing of beamdiag stays on the target: flags off, agent modules gone,
+%% waited for as events (up to 35 s: an agent whose last word was late
+%% ends by its own deadline, at most 30 s past the window).
 no_leftovers(Lab = #{peer := Peer}) ->
     wait_until(fun() ->
         Mods = [M || {M, _} <- peer:call(Peer, code, all_loaded, []),
@@ -164,7 +172,7 @@ no_leftovers(Lab = #{peer := Peer}) ->
                      not lists:prefix("beamdiag_lab", atom_to_list(M))],
         Mods =:= [] andalso
             peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
-    end, 40),
+    end, 700),
     %% msacc was off before the run: it is off again.
     ?assertNot(peer:call(Peer, erlang, system_flag, [microstate_accounting, false])),
     _ = Lab,

@@ -16,6 +16,7 @@
 -export([
     huge_node_no_table_walks/1,
     target_dies_mid_window/1,
+    stalled_target_gives_partial/1,
     cli_sigkill_restores_target/1,
     connection_drop_restores_target/1,
     overloaded_target_finishes/1,
@@ -42,6 +43,7 @@ all() ->
     [
         huge_node_no_table_walks,
         target_dies_mid_window,
+        stalled_target_gives_partial,
         cli_sigkill_restores_target,
         connection_drop_restores_target,
         overloaded_target_finishes,
@@ -128,6 +130,46 @@ huge_node_no_table_walks(_Config) ->
 
 %% The target is killed mid-window: the CLI says so, prints the partial
 %% capture, and exits 4.
+%% A target that stalls whole mid-window (SIGSTOP: what a CFS quota does to
+%% a throttled node, for longer) after two ticks: the collector waits for
+%% the agent's own deadline (window + 5 s grace) plus 2 s, then returns the
+%% two samples as a partial capture with a note instead of an error. Once
+%% the target runs again, the agent ends on its own: flags back, modules
+%% gone.
+-spec stalled_target_gives_partial(list()) -> term().
+stalled_target_gives_partial(_Config) ->
+    T = start_target([], []),
+    try
+        Self = self(),
+        Progress = fun(_, _) -> Self ! tick, ok end,
+        Runner = spawn_link(fun() ->
+            Self ! {result, timed(fun() ->
+                beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3,
+                                                interval => 500, progress => Progress})
+            end)}
+        end),
+        [receive tick -> ok after 30000 -> error(no_tick) end || _ <- [1, 2]],
+        "" = os:cmd("kill -STOP " ++ os_pid(T)),
+        {Ms, Result} = receive {result, R} -> R after 60000 -> error(collector_hung) end,
+        "" = os:cmd("kill -CONT " ++ os_pid(T)),
+        unlink(Runner),
+        {ok, #{capture := C, ledger := L}} = Result,
+        Samples = maps:get(samples, C),
+        ct:log("stalled after 2 ticks: partial diagnosis after ~b ms with ~b samples; notes ~p",
+               [Ms, length(Samples), maps:get(notes, L)]),
+        ?assertEqual(false, maps:get(complete, C)),
+        ?assert(length(Samples) >= 2),
+        ?assertMatch([_ | _], [N || N <- maps:get(notes, L), binary:match(N, <<"partial">>) =/= nomatch]),
+        ?assert(maps:get(window_s, L) > 0),
+        %% Bounded: the window, the agent's grace, the collector's 2 s, and
+        %% connecting and loading (a few seconds on a loaded machine).
+        ?assert(Ms < 3000 + 5000 + 2000 + 10000),
+        ok = wait_until(fun() -> beamdiag_modules(T) =:= [] andalso not swt_on(T) end, 15000)
+    after
+        os:cmd("kill -CONT " ++ os_pid(T)),
+        stop_target(T)
+    end.
+
 -spec target_dies_mid_window(list()) -> term().
 target_dies_mid_window(Config) ->
     T = start_target([], []),
