@@ -29,7 +29,6 @@
 -export([diagnosis/1, compare/1, experiment/1, generic/2, escape/1]).
 
 %% Layers of the ledger charts, bottom to top.
--define(LAYERS, [run, spin, blocked, runq, idle]).
 -define(OUTLIERS, 4).
 -define(MAX_ROWS, 500).
 -define(MAX_COLS, 40).
@@ -201,8 +200,7 @@ ledger_section(#{by_type := ByType}) ->
         legend(),
         "<div class=\"charts\" id=\"ledger-charts\"></div>\n",
         "<h3>Over the whole window</h3>\n",
-        "<table class=\"num\"><thead><tr><th>type</th><th>threads</th><th>running</th>"
-        "<th>spinning</th><th>blocked</th><th>runnable-waiting</th><th>idle</th>"
+        "<table class=\"num\"><thead><tr><th>type</th><th>threads</th>", state_heads(),
         "<th>user</th><th>sys</th><th>busy (BEAM)</th><th>share of wall</th></tr></thead><tbody>\n",
         [type_row(T, maps:get(T, ByType)) || T <- beamdiag_threads:types(), maps:is_key(T, ByType)],
         "</tbody></table>\n"
@@ -212,17 +210,14 @@ ledger_section(_) ->
 
 legend() ->
     ["<div class=\"legend\">",
-     [["<span><i class=\"sw ", atom_to_list(K), "\"></i>", layer_name(K), "</span>"] || K <- ?LAYERS],
+     [["<span><i class=\"sw ", atom_to_list(K), "\"></i>", beamdiag_ledger:state_name(K), "</span>"] || K <- beamdiag_ledger:states()],
      "</div>\n"].
 
-layer_name(run) -> "running";
-layer_name(spin) -> "spinning";
-layer_name(blocked) -> "blocked";
-layer_name(runq) -> "runnable-waiting";
-layer_name(idle) -> "idle".
+state_heads() ->
+    [["<th>", beamdiag_ledger:state_name(S), "</th>"] || S <- beamdiag_ledger:states()].
 
 type_row(Type, Row) ->
-    Parts = parts(Row),
+    Parts = beamdiag_ledger:state_shares(Row),
     W = num(maps:get(wall, Row, 0)),
     Sh = fun(K) -> case maps:get(K, Row, undefined) of
                        V when is_number(V), W > 0 -> pct(V / W);
@@ -230,34 +225,14 @@ type_row(Type, Row) ->
                    end
          end,
     ["<tr><th>", esc(Type), "</th><td>", integer_to_list(maps:get(n, Row, 0)), "</td>",
-     [["<td>", pct(maps:get(K, Parts)), "</td>"] || K <- ?LAYERS],
+     [["<td>", pct(maps:get(K, Parts)), "</td>"] || K <- beamdiag_ledger:states()],
      "<td>", Sh(user), "</td><td>", Sh(sys), "</td><td>", Sh(busy), "</td>",
      "<td class=\"bar\">", bar(Parts), "</td></tr>\n"].
-
-%% A row's wall time split into the chart layers, as shares that add to 1.
-parts(Row) ->
-    W = num(maps:get(wall, Row, 0)),
-    case W > 0 of
-        false ->
-            #{run => 0.0, spin => 0.0, blocked => 0.0, runq => 0.0, idle => 0.0};
-        true ->
-            OnCpu = num(maps:get(on_cpu, Row, 0)),
-            Spin = num(maps:get(spin, Row, 0)),
-            Blocked = num(maps:get(blocked, Row, 0)),
-            Runq = num(maps:get(runq, Row, 0)),
-            Run = max(0.0, OnCpu - Spin),
-            Idle = max(0.0, W - Run - Spin - Blocked - Runq),
-            %% Counters read microseconds apart can add up to a little more
-            %% than the wall time: scale them down to it.
-            Total = max(W, Run + Spin + Blocked + Runq + Idle),
-            maps:map(fun(_, V) -> clamp(V / Total) end,
-                     #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
-    end.
 
 bar(Parts) ->
     ["<div class=\"hbar\">",
      [["<i class=\"", atom_to_list(K), "\" style=\"width:", fmt("~.2f", [100 * maps:get(K, Parts)]),
-       "%\"></i>"] || K <- ?LAYERS, maps:get(K, Parts) > 0.0005],
+       "%\"></i>"] || K <- beamdiag_ledger:states(), maps:get(K, Parts) > 0.0005],
      "</div>"].
 
 scheduler_section(#{threads := Threads}, #{outliers := Outliers}) when Threads =/= [] ->
@@ -272,8 +247,7 @@ scheduler_section(#{threads := Threads}, #{outliers := Outliers}) when Threads =
         end,
         "<details", case length(Sched) =< 16 of true -> " open"; false -> "" end,
         "><summary>every scheduler thread (", integer_to_list(length(Sched)), ")</summary>\n",
-        "<table class=\"num\"><thead><tr><th>thread</th><th>type</th><th>id</th><th>running</th>"
-        "<th>spinning</th><th>blocked</th><th>runnable-waiting</th><th>idle</th>"
+        "<table class=\"num\"><thead><tr><th>thread</th><th>type</th><th>id</th>", state_heads(),
         "<th>share of wall</th></tr></thead><tbody>\n",
         [thread_row(T) || T <- Shown],
         "</tbody></table>\n",
@@ -288,10 +262,10 @@ scheduler_section(_, _) ->
     "<p class=\"none\">No per-thread figures.</p>\n".
 
 thread_row(T) ->
-    P = parts(T),
+    P = beamdiag_ledger:state_shares(T),
     ["<tr><th>", cell_text(maps:get(name, T, <<>>), 40), "</th><td>", esc(maps:get(type, T, <<>>)),
      "</td><td>", esc(maps:get(scheduler_id, T, <<>>)), "</td>",
-     [["<td>", pct(maps:get(K, P)), "</td>"] || K <- ?LAYERS],
+     [["<td>", pct(maps:get(K, P)), "</td>"] || K <- beamdiag_ledger:states()],
      "<td class=\"bar\">", bar(P), "</td></tr>\n"].
 
 cpu_section(#{threads := []}) ->
@@ -419,6 +393,7 @@ chart_data(C, L) ->
     Outliers = outliers(maps:get(threads, L, [])),
     #{
         kind => diagnosis,
+        states => [[S, beamdiag_ledger:state_name(S)] || S <- beamdiag_ledger:states()],
         t => Ends,
         ledger => [#{type => T, n => type_n(T, Series),
                      points => [point(maps:get(T, maps:get(by_type, S), #{})) || S <- Series]}
@@ -453,8 +428,8 @@ type_n(T, [#{by_type := B} | _]) -> maps:get(n, maps:get(T, B, #{}), 0);
 type_n(_, []) -> 0.
 
 point(Row) ->
-    P = parts(Row),
-    [round4(maps:get(K, P)) || K <- ?LAYERS].
+    P = beamdiag_ledger:state_shares(Row),
+    [round4(maps:get(K, P)) || K <- beamdiag_ledger:states()].
 
 thread_in(Tid, #{threads := Threads}) ->
     case [T || T = #{tid := X} <- Threads, X =:= Tid] of
@@ -468,12 +443,13 @@ outliers(Threads) ->
                   is_number(maps:get(busy, T, undefined))],
     Means = maps:map(fun(_, Rows) -> mean_parts(Rows) end,
                      maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
-    Scored = [{score(parts(T), maps:get(Ty, Means)), T} || T = #{type := Ty} <- Sched],
+    Scored = [{score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
+              || T = #{type := Ty} <- Sched],
     [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS), S > 0.05].
 
 mean_parts(Rows) ->
-    Ps = [parts(R) || R <- Rows],
-    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)} || K <- ?LAYERS]).
+    Ps = [beamdiag_ledger:state_shares(R) || R <- Rows],
+    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)} || K <- beamdiag_ledger:states()]).
 
 score(P, Mean) ->
     lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [spin, blocked, runq, run]]).
@@ -728,8 +704,6 @@ list(X) -> [X].
 num(X) when is_number(X) -> float(X);
 num(_) -> 0.0.
 
-clamp(X) -> max(0.0, min(1.0, X)).
-
 pct(X) when is_number(X) -> fmt("~.1f%", [100 * X]);
 pct(_) -> "&ndash;".
 
@@ -843,7 +817,7 @@ function html(tag, cls, s, parent) {
 }
 function pct(x) { return (100 * x).toFixed(1) + '%'; }
 function fix(x, d) { return (typeof x === 'number' && isFinite(x)) ? x.toFixed(d) : '-'; }
-var LAYERS = [['run', 'running'], ['spin', 'spinning'], ['blocked', 'blocked'], ['runq', 'runnable-waiting'], ['idle', 'idle']];
+var LAYERS = [];  /* [id, name] of each state of a ledger row, from the data */
 var COLOURS = {run: '#2f6fde', spin: '#f0a020', blocked: '#d7302a', runq: '#8a5cd6', idle: '#e3e8ee'};
 var W = 640, H = 220, M = {l: 46, r: 12, t: 10, b: 26};
 
@@ -971,6 +945,7 @@ var node = document.getElementById('beamdiag-data');
 var data = {};
 run('data', function () { data = JSON.parse(node.textContent); });
 if (data.kind === 'diagnosis') {
+  LAYERS = data.states || [];
   var lc = document.getElementById('ledger-charts');
   if (lc) (data.ledger || []).forEach(function (s) {
     run('ledger ' + s.type, function () { stacked(lc, s.type + ' (' + s.n + ' threads)', data.t, s.points); });

@@ -12,6 +12,11 @@
 %%% <li>`blocked' = max(0, busy - on_cpu - runq): busy but neither running
 %%%     nor waiting for a CPU: lock waits, page faults, blocking calls.</li>
 %%% </ul>
+%%% A row's wall time also splits into five states that add up to it, the
+%%% one definition every view reads (`states/0', `state_name/1',
+%%% `state_shares/1'): running (on CPU, not spinning), spinning, blocked,
+%%% runnable-waiting (runq) and idle (the rest).
+%%%
 %%% All pure: input is a capture, output plain maps.
 %%%
 %%% ```
@@ -21,9 +26,9 @@
 %%% '''
 -module(beamdiag_ledger).
 
--export([build/1, share/3, fields/0]).
+-export([build/1, share/3, fields/0, states/0, state_name/1, state_shares/1]).
 
--export_type([ledger/0, row/0]).
+-export_type([ledger/0, row/0, state/0]).
 
 -type row() :: #{atom() => number() | binary() | atom() | undefined}.
 -type ledger() :: #{
@@ -38,6 +43,10 @@
     series := [map()],
     notes := [binary()]
 }.
+
+%% The states a row's wall time splits into, in chart order.
+-type state() :: run | spin | blocked | runq | idle.
+-define(STATES, [run, spin, blocked, runq, idle]).
 
 %% The seconds fields of a ledger row, in table order.
 -define(FIELDS, [busy, on_cpu, user, sys, runq, off_cpu, spin, blocked]).
@@ -90,9 +99,48 @@ share(Field, Row, Wall) ->
 fields() ->
     ?FIELDS.
 
+%% @doc The states a row's wall time splits into, in chart order.
+-spec states() -> [state()].
+states() ->
+    ?STATES.
+
+%% @doc What reports call a state.
+-spec state_name(state()) -> binary().
+state_name(run) -> <<"running">>;
+state_name(spin) -> <<"spinning">>;
+state_name(blocked) -> <<"blocked">>;
+state_name(runq) -> <<"runnable-waiting">>;
+state_name(idle) -> <<"idle">>.
+
+%% @doc A row's wall time split into the states, as shares that add up to
+%% 1: running is on-CPU time less spinning, idle what is left. A row with
+%% no wall time has no share in any state (all 0.0).
+-spec state_shares(row()) -> #{state() => float()}.
+state_shares(Row) ->
+    W = num(maps:get(wall, Row, 0)),
+    case W > 0 of
+        false ->
+            maps:from_list([{S, 0.0} || S <- ?STATES]);
+        true ->
+            Spin = num(maps:get(spin, Row, 0)),
+            Blocked = num(maps:get(blocked, Row, 0)),
+            Runq = num(maps:get(runq, Row, 0)),
+            Run = max(0.0, num(maps:get(on_cpu, Row, 0)) - Spin),
+            Idle = max(0.0, W - Run - Spin - Blocked - Runq),
+            %% The OS and BEAM counters are read microseconds apart: when
+            %% they add up to a little more than the wall time, scale them
+            %% down to it.
+            Total = max(W, Run + Spin + Blocked + Runq + Idle),
+            maps:map(fun(_, V) -> max(0.0, min(1.0, V / Total)) end,
+                     #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
+    end.
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+num(X) when is_number(X) -> float(X);
+num(_) -> 0.0.
 
 seconds(#{t := A}, #{t := B}) -> max(1.0e-9, (B - A) / 1.0e9).
 

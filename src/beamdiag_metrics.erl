@@ -38,7 +38,6 @@
 -define(DEFAULTS, #{port => 9568, interval => 1000, ip => loopback, path => "/metrics",
                     msacc => false}).
 -define(TYPES, [scheduler, dirty_cpu, dirty_io, aux, poll]).
--define(STATES, [run, spin, blocked, runq, idle]).
 -define(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8").
 
 %%%===================================================================
@@ -108,8 +107,9 @@ text(L = #{by_type := ByType, totals := T, window_s := W}) ->
                "Share of each thread type's wall time by state: run (on CPU working), spin "
                "(on CPU busy-waiting), blocked, runq (runnable, waiting for a CPU), idle. "
                "The states of a type add up to 1.",
-               [{[{type, Ty}, {state, S}], V} || Ty <- Types,
-                                                {S, V} <- parts(Row(Ty))]),
+               [{[{type, Ty}, {state, S}], maps:get(S, Shares)}
+                || Ty <- Types, Shares <- [beamdiag_ledger:state_shares(Row(Ty))],
+                   S <- beamdiag_ledger:states()]),
         metric(beamdiag_busy_wait_share,
                "Share of the schedulers' CPU time spent busy-waiting (spin / on-CPU).",
                [{[{type, Ty}], ratio(field(spin, Row(Ty)), field(on_cpu, Row(Ty)))} || Ty <- Sched]),
@@ -349,20 +349,6 @@ field(K, Row) ->
 
 ratio(_, D) when D =< 0 -> 0.0;
 ratio(N, D) -> max(0.0, min(1.0, N / D)).
-
-%% A row's wall time split into states that add up to 1.
-parts(Row) ->
-    W = field(wall, Row),
-    Spin = field(spin, Row),
-    Blocked = field(blocked, Row),
-    Runq = field(runq, Row),
-    Run = max(0.0, field(on_cpu, Row) - Spin),
-    Idle = max(0.0, W - Run - Spin - Blocked - Runq),
-    Vs = #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle},
-    %% The OS and BEAM counters are read microseconds apart: when they add
-    %% up to a little more than the wall time, scale them down to it.
-    Total = max(W, Run + Spin + Blocked + Runq + Idle),
-    [{S, ratio(maps:get(S, Vs), Total)} || S <- ?STATES].
 
 msacc_metrics(#{by_type := ByType}, W) when map_size(ByType) > 0 ->
     [

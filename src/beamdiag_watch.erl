@@ -223,7 +223,8 @@ header(C, L, Opts) ->
                                                  float(maps:get(window_s, L, 0.0))]),
     [pad(Left, ?WIDTH - 1 - string:length(Right)), " ", Right, "\n",
      io_lib:format("OTP ~ts, ~b schedulers, ~b dirty cpu, +sbwt ~ts; q or Ctrl-C quits~n",
-                   [beamdiag_text:safe(maps:get(otp_release, S, <<"?">>), 4), maps:get(schedulers_online, S, 0),
+                   [beamdiag_text:safe(maps:get(otp_release, S, <<"?">>), 4),
+                    maps:get(schedulers_online, S, 0),
                     maps:get(dirty_cpu_schedulers_online, S, 0),
                     beamdiag_text:safe(maps:get(sbwt, S, <<"?">>), 10)])].
 
@@ -250,15 +251,15 @@ ledger(#{by_type := ByType, threads := Threads}, Colour) when Threads =/= [] ->
         "TIME LEDGER (share of wall time, by thread type)\n",
         io_lib:format("~-15s ~3s ~6s ~6s ~6s ~6s ~6s  ~s~n",
                       ["type", "n", "run", "spin", "block", "runq", "idle", legend(Colour)]),
-        [row(atom_to_list(T), maps:get(n, maps:get(T, ByType), 0), parts(maps:get(T, ByType)), Colour)
-         || T <- Types]
+        [row(atom_to_list(T), maps:get(n, Row, 0), beamdiag_ledger:state_shares(Row), Colour)
+         || T <- Types, Row <- [maps:get(T, ByType)]]
     ];
 ledger(_, _) ->
     "TIME LEDGER\n  no per-thread figures yet\n".
 
 row(Label, N, P, Colour) ->
     [io_lib:format("~-15ts ~3b ~6s ~6s ~6s ~6s ~6s  ",
-                   [Label, N | [pct(maps:get(K, P)) || K <- [run, spin, blocked, runq, idle]]]),
+                   [Label, N | [pct(maps:get(K, P)) || K <- beamdiag_ledger:states()]]),
      bar(P, 20, Colour), "\n"].
 
 outliers(Threads, Colour) ->
@@ -266,13 +267,15 @@ outliers(Threads, Colour) ->
                   is_number(maps:get(busy, T, undefined))],
     Means = maps:map(fun(_, Rows) -> mean(Rows) end,
                      maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
-    Scored = [{score(parts(T), maps:get(Ty, Means)), T} || T = #{type := Ty} <- Sched],
+    Scored = [{score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
+              || T = #{type := Ty} <- Sched],
     Top = [T || {Sc, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
                 Sc > 0.05],
     case Top of
         [] -> "";
         _ -> ["outliers:\n",
-              [row(beamdiag_text:safe(Name, 15), 1, parts(T), Colour) || T = #{name := Name} <- Top]]
+              [row(beamdiag_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
+               || T = #{name := Name} <- Top]]
     end.
 
 findings([], _Colour) ->
@@ -291,28 +294,10 @@ findings(F, Colour) ->
          false -> ""
      end].
 
-parts(Row) ->
-    W = num(maps:get(wall, Row, 0)),
-    case W > 0 of
-        false ->
-            #{run => 0.0, spin => 0.0, blocked => 0.0, runq => 0.0, idle => 1.0};
-        true ->
-            Spin = num(maps:get(spin, Row, 0)),
-            Blocked = num(maps:get(blocked, Row, 0)),
-            Runq = num(maps:get(runq, Row, 0)),
-            Run = max(0.0, num(maps:get(on_cpu, Row, 0)) - Spin),
-            Idle = max(0.0, W - Run - Spin - Blocked - Runq),
-            %% Counters read microseconds apart can add up to a little more
-            %% than the wall time: scale them down to it.
-            Total = max(W, Run + Spin + Blocked + Runq + Idle),
-            maps:map(fun(_, V) -> max(0.0, min(1.0, V / Total)) end,
-                     #{run => Run, spin => Spin, blocked => Blocked, runq => Runq, idle => Idle})
-    end.
-
 mean(Rows) ->
-    Ps = [parts(R) || R <- Rows],
+    Ps = [beamdiag_ledger:state_shares(R) || R <- Rows],
     maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)}
-                    || K <- [run, spin, blocked, runq, idle]]).
+                    || K <- beamdiag_ledger:states()]).
 
 score(P, Mean) ->
     lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [run, spin, blocked, runq]]).
@@ -347,8 +332,6 @@ colour(_, Text, true) -> ["\e[36m", Text, "\e[0m"].
 pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
 pct(_) -> "-".
 
-num(X) when is_number(X) -> float(X);
-num(_) -> 0.0.
 
 pad(Text, Width) ->
     S = lists:flatten(Text),

@@ -112,3 +112,21 @@ msacc_in_one_sample_is_none_test() ->
     Cut = [S#{vm := maps:remove(msacc, V)} || S = #{vm := V} <- lists:droplast(Samples)] ++
           [lists:last(Samples)],
     ?assertEqual(#{}, maps:get(msacc, beamdiag_ledger:build(C#{samples := Cut}))).
+
+%% The five states of a row: shares that add up to 1, running is on-CPU
+%% less spinning, counters a little over the wall scaled down to it, and a
+%% row with no wall time in no state at all (the one definition HTML, watch
+%% and metrics read).
+state_shares_test() ->
+    ?assertEqual([run, spin, blocked, runq, idle], beamdiag_ledger:states()),
+    ?assertEqual(<<"runnable-waiting">>, beamdiag_ledger:state_name(runq)),
+    S = beamdiag_ledger:state_shares(#{wall => 2.0, on_cpu => 1.0, spin => 0.4, blocked => 0.2,
+                                       runq => 0.2}),
+    ?assertEqual(#{run => 0.3, spin => 0.2, blocked => 0.1, runq => 0.1, idle => 0.3},
+                 maps:map(fun(_, V) -> round(V * 1000) / 1000 end, S)),
+    Over = beamdiag_ledger:state_shares(#{wall => 1.0, on_cpu => 0.8, spin => 0.0,
+                                          blocked => 0.1, runq => 0.2}),
+    ?assert(abs(lists:sum(maps:values(Over)) - 1.0) < 1.0e-9),
+    Zero = maps:from_list([{K, 0.0} || K <- beamdiag_ledger:states()]),
+    ?assertEqual(Zero, beamdiag_ledger:state_shares(#{wall => 0.0, on_cpu => 0.0})),
+    ?assertEqual(Zero, beamdiag_ledger:state_shares(#{})).
