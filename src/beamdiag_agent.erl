@@ -109,7 +109,8 @@ stop(Pid) ->
 %% @doc The modules the agent needs on the target.
 -spec modules() -> [module()].
 modules() ->
-    [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm] ++ optional_modules().
+    [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm,
+     beamdiag_agent_lcnt].
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
 %% the state skips the per-thread context-switch counts.
@@ -370,8 +371,7 @@ start_locks(Opts, Restore) ->
     end.
 
 lcnt_available() ->
-    code:ensure_loaded(beamdiag_agent_lcnt) =:= {module, beamdiag_agent_lcnt} andalso
-        beamdiag_agent_lcnt:available().
+    beamdiag_agent_lcnt:available().
 
 %% Puts every flag back as it was found.
 restore(Restore, _State) ->
@@ -410,6 +410,3 @@ location_info(#{version := V, dir := D}) -> #{version => V, dir => iolist_to_bin
 
 ok_or_error({ok, V}) -> V;
 ok_or_error({error, _} = E) -> E.
-
-optional_modules() ->
-    [M || M <- [beamdiag_agent_lcnt], code:which(M) =/= non_existing].

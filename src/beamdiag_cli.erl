@@ -276,23 +276,14 @@ command_modules() ->
     [
         beamdiag_cli_diagnose,
         beamdiag_cli_lab,
-        beamdiag_cli_catalogue
-    ] ++ optional_commands().
-
-%% Commands whose modules are present in this build.
-optional_commands() ->
-    [
-        M
-     || M <- [
-            beamdiag_cli_flavor,
-            beamdiag_cli_flame,
-            beamdiag_cli_report,
-            beamdiag_cli_compare,
-            beamdiag_cli_experiment,
-            beamdiag_cli_watch,
-            beamdiag_cli_cluster
-        ],
-        code:ensure_loaded(M) =:= {module, M}
+        beamdiag_cli_catalogue,
+        beamdiag_cli_flavor,
+        beamdiag_cli_flame,
+        beamdiag_cli_report,
+        beamdiag_cli_compare,
+        beamdiag_cli_experiment,
+        beamdiag_cli_watch,
+        beamdiag_cli_cluster
     ].
 
 default_io() ->

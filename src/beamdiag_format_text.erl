@@ -212,10 +212,7 @@ msacc_line(Type, #{shares := Shares}) ->
                    lists:join("  ", [[atom_to_list(S), " ", pct(V)] || {S, V} <- Top, V > 0.0005])]).
 
 locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
-    case code:ensure_loaded(beamdiag_lock_format) of
-        {module, _} -> ["\n", beamdiag_lock_format:text(Locks)];
-        _ -> ""
-    end;
+    ["\n", beamdiag_lock_format:text(Locks)];
 locks(_) ->
     "".
 

@@ -47,12 +47,11 @@
 %%% API
 %%%===================================================================
 
-%% @doc Every scenario, from every lab module present in this build.
+%% @doc Every scenario, from every lab module.
 -spec scenarios() -> [scenario()].
 scenarios() ->
-    lists:append([M:scenarios() || M <- [beamdiag_lab_ledger, beamdiag_lab_locks,
-                                        beamdiag_lab_cache],
-                                   code:ensure_loaded(M) =:= {module, M}]).
+    beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
+        beamdiag_lab_cache:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.

@@ -312,20 +312,14 @@ extras(Capture, Ledger) ->
     W = maps:get(window_s, Ledger, 0.0),
     Locks = case maps:find(locks, Extras) of
                 {ok, LockData = #{}} when not is_map_key(error, LockData) ->
-                    call_optional(beamdiag_lock_rules, findings, [LockData, W]);
+                    beamdiag_lock_rules:findings(LockData, W);
                 _ -> []
             end,
     Profile = case maps:find(profile, Extras) of
-                  {ok, #{profile := P}} -> call_optional(beamdiag_profile_rules, findings, [P, #{}]);
+                  {ok, #{profile := P}} -> beamdiag_profile_rules:findings(P, #{});
                   _ -> []
               end,
     Locks ++ Profile.
-
-call_optional(M, F, A) ->
-    case code:ensure_loaded(M) of
-        {module, M} -> apply(M, F, A);
-        _ -> []
-    end.
 
 contended(L, T) ->
     Rows = sched_rows(L, [scheduler, dirty_cpu]),
