@@ -173,6 +173,13 @@ in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
 %% @private
 -spec init(pid(), reference(), opts(), pid()) -> no_return().
 init(Caller, Ref, Opts, _Starter) ->
+    %% Started over erpc, the agent inherits the caller's group leader, and
+    %% whatever it or its helpers print or log would reach the caller's
+    %% terminal: it takes the target's own, that of init, before anything.
+    case erlang:process_info(whereis(init), group_leader) of
+        {group_leader, Gl} -> true = group_leader(Gl, self());
+        undefined -> ok
+    end,
     process_flag(trap_exit, true),
     process_flag(priority, high),
     MRef = erlang:monitor(process, Caller),

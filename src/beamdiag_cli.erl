@@ -22,6 +22,8 @@
 
 -export([main/1, run/1, run/2, parse/2, usage/1, commands/0, emit/3, format_error/1]).
 -export([exit_code/1, fail/2, usage_error/2, findings_code/2]).
+%% A logger filter (see main/1).
+-export([local_only/2]).
 
 -export_type([spec/0, option/0, io/0, result/0, exit_code/0]).
 
@@ -61,7 +63,9 @@
 %% Where a command writes: `out' is standard output, `err' standard error
 %% (progress and warnings), `colour' whether standard output is a terminal
 %% that wants colour.
--type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean()}.
+%% `tty' whether standard error is a terminal (progress is drawn only then).
+-type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean(),
+                tty => boolean()}.
 %% What a command returns: the exit code; everything it printed went through io().
 -type result() :: exit_code().
 %% 0 done, 1 a finding at or above --fail-on, 2 usage, 3 unreachable, 4 failed.
@@ -77,6 +81,7 @@
 %% @doc Escript entry point.
 -spec main([string()]) -> no_return().
 main(Args) ->
+    quiet(),
     Code = run(Args),
     erlang:halt(Code, [{flush, true}]).
 
@@ -286,16 +291,62 @@ command_modules() ->
         beamdiag_cli_cluster
     ].
 
+%% Standard output is written through `user', not this process's group
+%% leader, which main/1 turns into a sink.
 default_io() ->
     #{
-        out => fun(D) -> io:put_chars(standard_io, D) end,
+        out => fun(D) -> io:put_chars(user, D) end,
         err => fun(D) -> io:put_chars(standard_error, D) end,
-        colour => want_colour()
+        colour => want_colour(),
+        tty => is_terminal(2)
     }.
 
 want_colour() ->
     os:getenv("NO_COLOR") =:= false andalso os:getenv("TERM") =/= "dumb" andalso
-        io:columns(standard_io) =/= {error, enotsup}.
+        io:columns(user) =/= {error, enotsup}.
+
+%% Whether a file descriptor of this OS process is a terminal (Linux: where
+%% /proc/self/fd/N points).
+is_terminal(Fd) ->
+    case file:read_link("/proc/self/fd/" ++ integer_to_list(Fd)) of
+        {ok, "/dev/pts/" ++ _} -> true;
+        {ok, "/dev/tty" ++ _} -> true;
+        {ok, "/dev/console"} -> true;
+        _ -> false
+    end.
+
+%% Nothing but beamdiag's own output reaches standard output. A remote call
+%% runs on the target with the caller's group leader, and the target's
+%% errors about it (a module it cannot load, a crash report) come back to
+%% this node: the group leader of the command becomes a sink that answers
+%% every request and prints nothing, and the node's logger writes only this
+%% node's own warnings, without OTP's reports, to standard error.
+quiet() ->
+    group_leader(spawn(fun sink/0), self()),
+    _ = logger:remove_handler(default),
+    _ = logger:add_handler(beamdiag_stderr, logger_std_h, #{
+        level => warning,
+        config => #{type => standard_error},
+        filter_default => log,
+        filters => [{local, {fun ?MODULE:local_only/2, []}},
+                    {otp, {fun logger_filters:domain/2, {stop, sub, [otp]}}}]
+    }),
+    ok.
+
+%% @doc A logger filter: stops events from processes on other nodes.
+-spec local_only(logger:log_event(), term()) -> logger:filter_return().
+local_only(#{meta := #{pid := Pid}}, _) when is_pid(Pid), node(Pid) =/= node() -> stop;
+local_only(#{meta := #{gl := Gl}}, _) when is_pid(Gl), node(Gl) =/= node() -> stop;
+local_only(_Event, _) -> ignore.
+
+sink() ->
+    receive
+        {io_request, From, ReplyAs, _Request} ->
+            From ! {io_reply, ReplyAs, {error, enotsup}},
+            sink();
+        _ ->
+            sink()
+    end.
 
 top_usage() ->
     [

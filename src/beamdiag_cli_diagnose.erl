@@ -4,7 +4,7 @@
 
 -behaviour(beamdiag_cli).
 
--export([spec/0, run/2, node_options/0, output/3, progress/1]).
+-export([spec/0, run/2, node_options/0, output/3, progress/1, end_progress/1]).
 
 %%%===================================================================
 %%% API
@@ -114,13 +114,23 @@ output(Diagnosis = #{findings := Findings}, Opts, IO = #{colour := Colour}) ->
         {error, Failed} -> Failed
     end.
 
-%% @doc A progress fun that draws a countdown on standard error.
+%% @doc A progress fun that draws a countdown on standard error, when it is
+%% a terminal; otherwise it prints nothing.
 -spec progress(beamdiag_cli:io()) -> fun((non_neg_integer(), pos_integer()) -> ok).
-progress(#{err := Err}) ->
+progress(#{err := Err, tty := true}) ->
     fun(Elapsed, Total) ->
         Left = max(0, (Total - Elapsed + 999) div 1000),
         Err(io_lib:format("\rbeamdiag: sampling, ~bs left ", [Left]))
-    end.
+    end;
+progress(_IO) ->
+    fun(_, _) -> ok end.
+
+%% @doc Wipes the countdown progress/1 drew.
+-spec end_progress(beamdiag_cli:io()) -> ok.
+end_progress(#{err := Err, tty := true}) ->
+    Err("\r                                  \r");
+end_progress(_IO) ->
+    ok.
 
 %%%===================================================================
 %%% Internal
@@ -172,9 +182,6 @@ attach_profile(Result, _, _Err) ->
 perf_dir() ->
     filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; T -> T end,
                   "beamdiag-perf-" ++ os:getpid()).
-
-end_progress(#{err := Err}) ->
-    Err("\r                                  \r").
 
 save(Diagnosis, #{save := File}, IO = #{err := Err}) ->
     case beamdiag_capture:save(File, Diagnosis) of

@@ -74,9 +74,10 @@ diagnose(Lab, Opts, IO = #{err := Err}) ->
                                    duration => maps:get(window, Opts),
                                    progress => beamdiag_cli_diagnose:progress(IO)}) of
         {ok, D} ->
-            Err("\r                                   \r"),
+            beamdiag_cli_diagnose:end_progress(IO),
             beamdiag_cli_diagnose:output(D, Opts, IO);
         {error, Error} ->
+            beamdiag_cli_diagnose:end_progress(IO),
             beamdiag_cli:fail(Error, IO)
     end.
 

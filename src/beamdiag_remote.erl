@@ -102,7 +102,7 @@ parse_node(Str) when is_list(Str) ->
 format_error({bad_node, S}) ->
     ["'", beamdiag_text:safe(S, 100), "' is not a node name: expected name@host"];
 format_error({no_distribution, Reason}) ->
-    io_lib:format("cannot start distribution on this machine: ~p", [Reason]);
+    io_lib:format("cannot start distribution on this machine: ~0P", [Reason, 8]);
 format_error({cookie_file, F, Reason}) ->
     io_lib:format("cannot read the cookie file ~ts: ~ts", [F, file:format_error(Reason)]);
 format_error(no_cookie) ->
@@ -139,8 +139,15 @@ valid_part(S) ->
 ensure_distributed(Domain) ->
     case node() of
         nonode@nohost ->
-            Name = list_to_atom("beamdiag_" ++ os:getpid() ++ "_" ++
-                                integer_to_list(erlang:unique_integer([positive]))),
+            Base = "beamdiag_" ++ os:getpid() ++ "_" ++
+                integer_to_list(erlang:unique_integer([positive])),
+            %% Long names need a host part with a dot; on a host without a
+            %% domain name the loopback address serves (this node does not
+            %% listen, so nobody connects to it by its name).
+            Name = case Domain =:= longnames andalso not lists:member($., net_adm:localhost()) of
+                       true -> list_to_atom(Base ++ "@127.0.0.1");
+                       false -> list_to_atom(Base)
+                   end,
             Opts = #{name_domain => Domain, hidden => true, dist_listen => false},
             case net_kernel:start(Name, Opts) of
                 {ok, _} -> ok;

@@ -68,3 +68,19 @@ repeatable_option_replaces_its_default_test() ->
 control_characters_are_not_echoed_test() ->
     {2, _, Err} = run(["diagnose", "a@b", "--x\e[31m"]),
     ?assertEqual(nomatch, binary:match(Err, <<"\e">>)).
+
+%% Progress and its padding reach standard error only when it is a
+%% terminal.
+progress_only_on_a_terminal_test() ->
+    Self = self(),
+    Err = fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
+    NoTty = #{out => Err, err => Err, colour => false, tty => false},
+    Tty = NoTty#{tty => true},
+    P1 = beamdiag_cli_diagnose:progress(NoTty),
+    ok = P1(1000, 5000),
+    ok = beamdiag_cli_diagnose:end_progress(NoTty),
+    ok = beamdiag_cli_diagnose:end_progress(maps:remove(tty, NoTty)),
+    receive {err, Unwanted} -> error({printed, Unwanted}) after 0 -> ok end,
+    P2 = beamdiag_cli_diagnose:progress(Tty),
+    ok = P2(1000, 5000),
+    receive {err, <<"\rbeamdiag: sampling, 4s left ">>} -> ok after 0 -> error(no_progress) end.

@@ -17,6 +17,7 @@
     huge_node_no_table_walks/1,
     target_dies_mid_window/1,
     stalled_target_gives_partial/1,
+    output_survives_target_errors/1,
     cli_sigkill_restores_target/1,
     connection_drop_restores_target/1,
     overloaded_target_finishes/1,
@@ -44,6 +45,7 @@ all() ->
         huge_node_no_table_walks,
         target_dies_mid_window,
         stalled_target_gives_partial,
+        output_survives_target_errors,
         cli_sigkill_restores_target,
         connection_drop_restores_target,
         overloaded_target_finishes,
@@ -168,6 +170,48 @@ stalled_target_gives_partial(_Config) ->
     after
         os:cmd("kill -CONT " ++ os_pid(T)),
         stop_target(T)
+    end.
+
+%% Nothing the target prints reaches beamdiag's standard output, and
+%% standard error gets no progress when it is not a terminal. Run as a user
+%% runs it, the escript with standard error to a file:
+%% - long names on a host without a domain name: nothing on standard
+%%   output, one line on standard error;
+%% - an OTP 29 target, whose loader reports the agent's OTP 25 beams
+%%   (`{error, badfile}') with the caller's group leader: `--json' is JSON
+%%   or nothing, and no report of the target's shows on either stream.
+%%   Where the agent loads there (compiled on the target), standard output
+%%   must then be the JSON document.
+-spec output_survives_target_errors(list()) -> term().
+output_survives_target_errors(Config) ->
+    {_, Out1, Err1} = run_escript(["diagnose", "x@127.0.0.1", "--duration", "1", "--json"],
+                                  [{"BEAMDIAG_COOKIE", "whatever"}], Config),
+    ct:log("x@127.0.0.1: stdout ~p~nstderr ~p", [Out1, Err1]),
+    ?assertEqual(<<>>, Out1),
+    ?assertMatch([_], binary:split(Err1, <<"\n">>, [global, trim])),
+    Cookie = "safety_" ++ integer_to_list(rand:uniform(1 bsl 40)),
+    case beamdiag_test_lib:start_node(29, #{args => ["-setcookie", Cookie]}) of
+        {ok, Peer, Node} ->
+            try
+                {Code, Out, Err} = run_escript(["diagnose", atom_to_list(Node), "--json",
+                                                "--duration", "1"],
+                                               [{"BEAMDIAG_COOKIE", Cookie}], Config),
+                ct:log("OTP 29 target: exit ~b~nstdout ~p~nstderr ~p", [Code, Out, Err]),
+                [?assertEqual(nomatch, binary:match(B, [<<"REPORT">>, <<"beam_load">>, <<"\r">>]))
+                 || B <- [Out, Err]],
+                case Out of
+                    <<>> ->
+                        ?assertNotEqual(0, Code),
+                        ?assertMatch([_], binary:split(Err, <<"\n">>, [global, trim]));
+                    _ ->
+                        ok = json_check(Out),
+                        ?assertEqual(nomatch, binary:match(Err, <<"sampling">>))
+                end
+            after
+                catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
     end.
 
 -spec target_dies_mid_window(list()) -> term().
@@ -710,10 +754,29 @@ collect_io(O, E) ->
     after 0 -> {O, E}
     end.
 
+%% The escript with these arguments and environment, its standard error
+%% going to a file of its own: {ExitCode, Stdout, Stderr}.
+run_escript(Args, Env, Config) ->
+    ErrFile = filename:join(?config(priv_dir, Config),
+                            "stderr_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", escript() | Args]},
+                      {env, [{"BEAMDIAG_TEST_ERR", ErrFile} | Env]}, exit_status, binary]),
+    {Code, Out} = read_port(Port, <<>>),
+    {ok, Err} = file:read_file(ErrFile),
+    {Code, Out, Err}.
+
+read_port(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after 120000 -> error(escript_timeout)
+    end.
+
 escript() ->
     case beamdiag_test_lib:escript() of
         {ok, E} -> E;
-        error -> throw({skip, "the escript is not built (rebar3 escriptize)"})
+        error -> throw(beamdiag_test_lib:missing("the escript is not built (rebar3 escriptize)"))
     end.
 
 read_cmdline(OsPid) ->
