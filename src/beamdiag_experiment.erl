@@ -4,10 +4,10 @@
 %%%
 %%% An arm is a workload and a variant (a string of emulator flags,
 %%% `"default"' for none). Each run starts a fresh lab node with the arm's
-%%% flags, starts a closed-loop driver on it (C workers each calling the
-%%% unit of work again and again, counting completions with `counters' and
-%%% keeping latency samples in a bounded reservoir), lets it warm up, then
-%%% measures for the window while diagnosing the node for the ledger.
+%%% flags, starts the closed-loop driver on it (`beamdiag_agent_driver': C
+%%% workers each calling the unit of work again and again), lets it warm
+%%% up, then measures for the window while diagnosing the node for the
+%%% ledger. The statistics are `beamdiag_stats''.
 %%% Runs go A B A B ... so that drift of the host cancels out.
 %%%
 %%% Per run: throughput (units/s), OS CPU seconds per unit (the ledger's
@@ -20,8 +20,9 @@
 %%% better, worse, or no difference at this noise when the interval holds 0.
 %%%
 %%% Workloads: `{lab, Name}' for the lab scenarios that have a unit of work
-%%% (see `lab_units/0'), or `{mfa, Module, Function}', a function of arity
-%%% 0 that does one unit; its module is shipped to the node.
+%%% (see `lab_units/0': one step of the scenario's own load, from its lab
+%%% module), or `{mfa, Module, Function}', a function of arity 0 that does
+%%% one unit; its module is shipped to the node.
 %%%
 %%% ```
 %%% 1> {ok, W} = beamdiag_experiment:workload("lab:busy_wait").
@@ -34,8 +35,6 @@
 
 -export([run/1, options/1, workload/1, workload_name/1, lab_units/0, summarise/1,
          text/1, document/1, format_error/1]).
-%% The driver, run on the experiment's node.
--export([driver_start/1, driver_measure/1]).
 
 -export_type([workload/0, result/0]).
 
@@ -54,8 +53,8 @@
     bootstrap => 2000,
     progress => undefined
 }).
--define(DRIVER, beamdiag_experiment_driver).
 -define(MAX_VARIANT_ARGS, 40).
+%% The driver's own time to gather its workers' reservoirs.
 -define(STOP_TIMEOUT, 15000).
 %% Metrics: key, label, which way is better.
 -define(METRICS, [
@@ -153,25 +152,18 @@ workload(Str) when is_list(Str) ->
 workload_name({lab, L}) -> iolist_to_binary(["lab:", atom_to_list(L)]);
 workload_name({mfa, M, F}) -> iolist_to_binary([atom_to_list(M), ":", atom_to_list(F)]).
 
-%% @doc The lab scenarios that have a unit of work, with the unit and the
-%% default concurrency. Emulator flags come from the lab scenario of the
-%% same name when there is one (its lock-counting emulator is not used).
--spec lab_units() -> #{atom() => #{unit := tuple(), concurrency := pos_integer(),
-                                   summary := binary()}}.
+%% @doc The lab scenarios that have a unit of work, with the unit (one step
+%% of the scenario's load, `Module:unit(Name, Context)' of its lab module),
+%% the default concurrency and the scenario's emulator flags (its
+%% lock-counting emulator is not used).
+-spec lab_units() -> #{atom() => #{unit := beamdiag_agent_driver:unit(),
+                                   concurrency := pos_integer(), summary := binary(),
+                                   emu_args := [string()]}}.
 lab_units() ->
-    #{
-        busy_wait => #{unit => {wakeup, 1, 200}, concurrency => 40,
-                       summary => <<"unit: sleep 1 ms, then hash 200 integers">>},
-        busy_wait_off => #{unit => {wakeup, 1, 200}, concurrency => 40,
-                           summary => <<"the busy_wait unit with +sbwt none">>},
-        cpu_saturated => #{unit => {work, 20000}, concurrency => 8,
-                           summary => <<"unit: hash 20000 integers">>},
-        ets_hot => #{unit => {ets_hot, 100}, concurrency => 8,
-                     summary => <<"unit: 100 update_counter calls on one shared table">>},
-        ets_sharded => #{unit => {ets_sharded, 100}, concurrency => 8,
-                         summary => <<"unit: 100 update_counter calls on the table of the "
-                                      "scheduler it runs on">>}
-    }.
+    maps:from_list(
+      [{Name, #{unit => {lab, Mod, U}, concurrency => C, summary => Summary, emu_args => Args}}
+       || #{name := Name, load := {Mod, _, _}, emu_args := Args,
+            unit := #{name := U, concurrency := C, summary := Summary}} <- beamdiag_lab:scenarios()]).
 
 %% @doc Each arm against the first: means and standard deviations per arm,
 %% and per metric the relative change with its bootstrap interval and
@@ -182,8 +174,8 @@ summarise(#{arms := Arms, runs := Runs} = R) ->
     ByArm = maps:groups_from_list(fun(#{arm := A}) -> A end, Runs),
     Stats = fun(Idx) ->
                 Rs = maps:get(Idx, ByArm, []),
-                maps:from_list([{K, #{mean => beamdiag_compare:mean(vals(K, Rs)),
-                                      sd => math:sqrt(beamdiag_compare:variance(vals(K, Rs)))}}
+                maps:from_list([{K, #{mean => beamdiag_stats:mean(vals(K, Rs)),
+                                      sd => math:sqrt(beamdiag_stats:variance(vals(K, Rs)))}}
                                 || {K, _, _} <- ?METRICS])
             end,
     [#{index := Base} | Others] = Arms,
@@ -272,50 +264,6 @@ format_error({driver, Why}) ->
     io_lib:format("the load driver failed: ~p", [Why]).
 
 %%%===================================================================
-%%% Driver (runs on the experiment's node)
-%%%===================================================================
-
-%% @doc Starts the closed-loop driver on this node: loads the workload's
-%% code, starts `concurrency' workers and returns. The driver stops by
-%% itself after `bound_ms' or when its starter's node connection goes.
--spec driver_start(map()) -> ok.
-driver_start(Opts = #{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
-    %% A module the node already has (OTP's own, say) is used as it is.
-    _ = [{module, M} = ensure_module(M, B, F) || {M, B, F} <- maps:get(code, Opts, [])],
-    Self = self(),
-    Ref = make_ref(),
-    Pid = spawn(fun() -> driver(Self, Ref, Unit, C, Bound, Res) end),
-    receive
-        {Ref, ok} -> ok;
-        {Ref, Error} -> erlang:error({driver, Error})
-    after 10000 ->
-        exit(Pid, kill),
-        erlang:error({driver, start_timeout})
-    end.
-
-%% @doc `start' opens the measured window, `stop' closes it and returns
-%% the units done, the seconds between and the latency percentiles.
--spec driver_measure(start | stop) -> ok | map().
-driver_measure(What) ->
-    Ref = make_ref(),
-    case whereis(?DRIVER) of
-        undefined ->
-            erlang:error({driver, not_running});
-        Pid ->
-            MRef = erlang:monitor(process, Pid),
-            Pid ! {What, self(), Ref},
-            receive
-                {Ref, Reply} ->
-                    erlang:demonitor(MRef, [flush]),
-                    Reply;
-                {'DOWN', MRef, process, _, Why} ->
-                    erlang:error({driver, {down, Why}})
-            after ?STOP_TIMEOUT + 5000 ->
-                erlang:error({driver, timeout})
-            end
-    end.
-
-%%%===================================================================
 %%% Internal
 %%%===================================================================
 
@@ -366,8 +314,8 @@ arm(W, V, C) ->
     {Unit, LabArgs, DefC, Code} =
         case W of
             {lab, L} ->
-                #{unit := U, concurrency := DC} = maps:get(L, lab_units()),
-                {U, lab_args(L), DC, []};
+                #{unit := U, concurrency := DC, emu_args := A} = maps:get(L, lab_units()),
+                {U, A, DC, []};
             {mfa, M, F} ->
                 case code:get_object_code(M) of
                     {M, Bin, File} -> {{mfa, M, F}, [], 4, [{M, Bin, File}]};
@@ -383,12 +331,6 @@ arm(W, V, C) ->
         code => Code,
         concurrency => case C of undefined -> DefC; _ -> C end
     }.
-
-lab_args(L) ->
-    case beamdiag_lab:scenario(L) of
-        {ok, #{emu_args := A}} -> A;
-        {error, _} -> []
-    end.
 
 variant_args("default") ->
     {ok, []};
@@ -425,7 +367,8 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
     DriverOpts = #{unit => Unit, concurrency => C, bound_ms => BoundS * 1000,
                    reservoir => Res, code => Code},
     Scenario = #{name => experiment, summary => <<"experiment run">>, emu_args => Args,
-                 load => {?MODULE, driver_start, [DriverOpts]},
+                 load => {beamdiag_agent_driver, start, [DriverOpts]},
+                 modules => [M || {lab, M, _} <- [Unit]],
                  warmup_ms => round(Wu * 1000)},
     case beamdiag_lab:start(Scenario, #{duration => BoundS}) of
         {ok, Lab} ->
@@ -443,10 +386,10 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
 
 measure(Lab = #{peer := Peer}, D) ->
     Node = beamdiag_lab:node(Lab),
-    ok = peer:call(Peer, ?MODULE, driver_measure, [start], 20000),
+    ok = peer:call(Peer, beamdiag_agent_driver, measure, [start], 20000),
     Diag = beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => D,
                                      msacc => false, locks => false}),
-    M = peer:call(Peer, ?MODULE, driver_measure, [stop], ?STOP_TIMEOUT + 10000),
+    M = peer:call(Peer, beamdiag_agent_driver, measure, [stop], ?STOP_TIMEOUT + 10000),
     case Diag of
         {ok, Diagnosis} -> {ok, figures(M, Diagnosis)};
         {error, E} -> {error, E}
@@ -495,7 +438,7 @@ versus(K, Dir, BaseRuns, Runs, Iters) ->
              || {A, B} <- lists:zip(lists:sublist(sort_runs(BaseRuns), length(Runs)),
                                     lists:sublist(sort_runs(Runs), length(BaseRuns))),
                 is_number(maps:get(K, A)), is_number(maps:get(K, B))],
-    case beamdiag_compare:bootstrap_ratio(Pairs, Iters, {17, 42, 4711}) of
+    case beamdiag_stats:bootstrap_ratio(Pairs, Iters, {17, 42, 4711}) of
         undefined ->
             #{key => K, better => Dir, estimate => null, ci => undefined,
               verdict => no_data, pairs => 0};
@@ -554,149 +497,3 @@ num(X) when abs(X) >= 1.0e4 -> io_lib:format("~.1fk", [X / 1.0e3]);
 num(X) when abs(X) >= 100 -> integer_to_list(round(X));
 num(X) when abs(X) >= 1 -> io_lib:format("~.2f", [X]);
 num(X) -> io_lib:format("~.3f", [X]).
-
-
-%% The driver's coordinator: owns the tables and the counter, starts the
-%% workers, opens and closes the window, gathers the reservoirs.
-driver(Starter, Ref, Unit, C, Bound, Res) ->
-    try register(?DRIVER, self()) of
-        true -> ok
-    catch
-        error:badarg -> Starter ! {Ref, already_running}, exit(normal)
-    end,
-    process_flag(trap_exit, true),
-    Count = counters:new(1, [write_concurrency]),
-    Phase = atomics:new(1, []),
-    Ctx = unit_context(Unit),
-    PerWorker = max(50, Res div C),
-    Workers = [spawn_link(fun() -> worker(Unit, Ctx, Count, Phase, PerWorker) end)
-               || _ <- lists:seq(1, C)],
-    Starter ! {Ref, ok},
-    erlang:send_after(Bound, self(), bound),
-    driver_loop(Workers, Count, Phase, undefined).
-
-driver_loop(Workers, Count, Phase, Start) ->
-    receive
-        {start, From, Ref} ->
-            atomics:put(Phase, 1, 1),
-            From ! {Ref, ok},
-            driver_loop(Workers, Count, Phase,
-                        {counters:get(Count, 1), erlang:monotonic_time(microsecond)});
-        {stop, From, Ref} ->
-            atomics:put(Phase, 1, 2),
-            T1 = erlang:monotonic_time(microsecond),
-            N1 = counters:get(Count, 1),
-            {N0, T0} = case Start of undefined -> {N1, T1}; _ -> Start end,
-            Reservoirs = gather(Workers, erlang:monotonic_time(millisecond) + ?STOP_TIMEOUT, []),
-            From ! {Ref, #{units => N1 - N0, elapsed_s => (T1 - T0) / 1.0e6,
-                           latency_us => latency(Reservoirs)}},
-            exit(normal);
-        bound ->
-            exit(normal);
-        {'EXIT', _, _} ->
-            driver_loop(Workers, Count, Phase, Start)
-    end.
-
-gather([], _Deadline, Acc) ->
-    Acc;
-gather(Workers, Deadline, Acc) ->
-    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
-    receive
-        {reservoir, W, Seen, Samples} ->
-            gather(lists:delete(W, Workers), Deadline, [{Seen, Samples} | Acc])
-    after Wait ->
-        Acc
-    end.
-
-%% Latency percentiles over the workers' reservoirs, each sample weighted by
-%% the completions its reservoir stands for.
-latency(Reservoirs) ->
-    Weighted = lists:sort(lists:append(
-        [[{L, Seen / map_size(S)} || L <- maps:values(S)]
-         || {Seen, S} <- Reservoirs, map_size(S) > 0])),
-    Total = lists:sum([W || {_, W} <- Weighted]),
-    P = fun(Q) -> weighted_percentile(Weighted, Q * Total, 0.0) end,
-    #{n => length(Weighted), p50 => P(0.5), p99 => P(0.99), p999 => P(0.999)}.
-
-weighted_percentile([], _Target, _Acc) -> undefined;
-weighted_percentile([{L, _}], _Target, _Acc) -> float(L);
-weighted_percentile([{L, W} | Rest], Target, Acc) ->
-    case Acc + W >= Target of
-        true -> float(L);
-        false -> weighted_percentile(Rest, Target, Acc + W)
-    end.
-
-unit_context({ets_hot, _}) ->
-    T = ets:new(beamdiag_experiment_hot, [set, public, {write_concurrency, true}]),
-    true = ets:insert(T, [{K, 0} || K <- lists:seq(0, 3)]),
-    T;
-unit_context({ets_sharded, _}) ->
-    N = erlang:system_info(schedulers),
-    list_to_tuple([begin
-                       T = ets:new(beamdiag_experiment_shard,
-                                   [set, public, {write_concurrency, true}]),
-                       true = ets:insert(T, [{K, 0} || K <- lists:seq(0, 3)]),
-                       T
-                   end || _ <- lists:seq(1, N)]);
-unit_context(_) ->
-    undefined.
-
-worker(Unit, Ctx, Count, Phase, K) ->
-    worker(Unit, Ctx, Count, Phase, K, 0, #{}).
-
-worker(Unit, Ctx, Count, Phase, K, Seen, Res) ->
-    case atomics:get(Phase, 1) of
-        2 ->
-            ?DRIVER ! {reservoir, self(), Seen, Res},
-            ok;
-        Ph ->
-            T0 = erlang:monotonic_time(),
-            _ = unit(Unit, Ctx),
-            T1 = erlang:monotonic_time(),
-            counters:add(Count, 1, 1),
-            case Ph of
-                1 ->
-                    Us = erlang:convert_time_unit(T1 - T0, native, microsecond),
-                    S1 = Seen + 1,
-                    Res1 = case S1 =< K of
-                               true -> Res#{S1 => Us};
-                               false ->
-                                   J = rand:uniform(S1),
-                                   case J =< K of
-                                       true -> Res#{J => Us};
-                                       false -> Res
-                                   end
-                           end,
-                    worker(Unit, Ctx, Count, Phase, K, S1, Res1);
-                _ ->
-                    worker(Unit, Ctx, Count, Phase, K, Seen, Res)
-            end
-    end.
-
-unit({wakeup, SleepMs, Work}, _) ->
-    receive
-    after SleepMs -> ok
-    end,
-    hash(Work);
-unit({work, N}, _) ->
-    hash(N);
-unit({ets_hot, N}, T) ->
-    ets_ops(T, N);
-unit({ets_sharded, N}, Ts) ->
-    ets_ops(element(erlang:system_info(scheduler_id), Ts), N);
-unit({mfa, M, F}, _) ->
-    M:F().
-
-ensure_module(M, B, F) ->
-    case code:ensure_loaded(M) of
-        {module, M} -> {module, M};
-        {error, _} -> code:load_binary(M, F, B)
-    end.
-
-hash(0) -> ok;
-hash(N) -> _ = erlang:phash2(N), hash(N - 1).
-
-ets_ops(_T, 0) -> ok;
-ets_ops(T, N) ->
-    _ = ets:update_counter(T, N band 3, 1),
-    ets_ops(T, N - 1).

@@ -30,7 +30,10 @@
     expect => [atom()],
     competitor => #{cpus := pos_integer()},
     cgroup => #{quota_cpus := float()},
-    warmup_ms => non_neg_integer()
+    warmup_ms => non_neg_integer(),
+    %% A unit of work for `beamdiag experiment': `Module:unit(Name, Ctx)'
+    %% of the load's module.
+    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
 }.
 -type lab() :: #{
     scenario := scenario(),

@@ -2,7 +2,9 @@
 %%%
 %%% The workload functions run on the lab node (this module is shipped
 %%% there). Each starts its workers under one supervisor-less owner process
-%%% that ends them all when its time bound passes.
+%%% that ends them all when its time bound passes. Scenarios with a `unit'
+%%% also serve `beamdiag experiment': `unit/2' is one step of their load,
+%%% which the experiment's driver calls in a closed loop.
 %%%
 %%% ```
 %%% 1> [N || #{name := N} <- beamdiag_lab_ledger:scenarios()].
@@ -11,6 +13,8 @@
 -module(beamdiag_lab_ledger).
 
 -export([scenarios/0]).
+%% Units of work, called by the experiment's driver on its node.
+-export([unit_context/1, unit/2]).
 %% Workloads, called on the lab node.
 -export([idle/1, wakeups/2, burn/2, burn_all/1, dev_zero/2, big_heap_gc/3, blocking/3]).
 
@@ -29,17 +33,22 @@ scenarios() ->
         #{name => busy_wait,
           summary => <<"short tasks woken every millisecond: schedulers spin between them">>,
           emu_args => ["+sbwt", "very_long", "+sbwtdcpu", "very_long", "+sbwtdio", "very_long"],
-          load => {?MODULE, wakeups, ['$duration_ms', 40]}, expect => [busy_wait]},
+          load => {?MODULE, wakeups, ['$duration_ms', 40]}, expect => [busy_wait],
+          unit => #{name => wakeup, concurrency => 40,
+                    summary => <<"unit: sleep 1 ms, then hash 200 integers">>}},
         #{name => busy_wait_off,
           summary => <<"the busy_wait load with +sbwt none (negative control)">>,
           emu_args => ?NO_SPIN,
-          load => {?MODULE, wakeups, ['$duration_ms', 40]}, expect => []},
+          load => {?MODULE, wakeups, ['$duration_ms', 40]}, expect => [],
+          unit => #{name => wakeup, concurrency => 40,
+                    summary => <<"the busy_wait unit with +sbwt none">>}},
         %% One scheduler on a host with more CPUs: saturated, with a core
         %% to spare so that it is not also starved.
         #{name => cpu_saturated,
           summary => <<"pure Erlang work on every scheduler: CPU bound, nothing wrong">>,
           emu_args => ["+S", "1:1"], load => {?MODULE, burn_all, ['$duration_ms']},
-          expect => [cpu_saturated]},
+          expect => [cpu_saturated],
+          unit => #{name => hash, concurrency => 8, summary => <<"unit: hash 20000 integers">>}},
         #{name => cpu_starvation,
           summary => <<"CPU-bound node sharing the host with a CPU-hungry competitor">>,
           emu_args => [], load => {?MODULE, burn_all, ['$duration_ms']},
@@ -114,6 +123,18 @@ blocking(Ms, N, SleepMs) ->
         [spawn_link(fun() -> blocking_loop(SleepMs) end) || _ <- lists:seq(1, N)]
     end).
 
+%% @doc The state a unit of work needs, made once per experiment run (none
+%% for these units).
+-spec unit_context(wakeup | hash) -> undefined.
+unit_context(wakeup) -> undefined;
+unit_context(hash) -> undefined.
+
+%% @doc One unit of work: `wakeup' is one step of the busy_wait workers
+%% (sleep 1 ms, then hash 200 integers), `hash' hashes 20000 integers.
+-spec unit(wakeup | hash, undefined) -> ok.
+unit(wakeup, _) -> wakeup(200);
+unit(hash, _) -> work(20000).
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
@@ -138,11 +159,14 @@ owner(Ms, Start) ->
     end.
 
 wakeup_loop(I) ->
+    ok = wakeup(200 + I),
+    wakeup_loop(I).
+
+wakeup(Work) ->
     receive
     after 1 -> ok
     end,
-    _ = work(200 + I),
-    wakeup_loop(I).
+    work(Work).
 
 work(0) -> ok;
 work(N) -> _ = erlang:phash2(N), work(N - 1).

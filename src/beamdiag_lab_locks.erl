@@ -37,6 +37,8 @@
 -module(beamdiag_lab_locks).
 
 -export([scenarios/0, run/2, stop/1]).
+%% Units of work, called by the experiment's driver on its node.
+-export([unit_context/1, unit/2]).
 
 -export_type([scenario/0]).
 
@@ -50,6 +52,8 @@
 -define(ETS_EMU_ARGS, ["+S", "4:4"]).
 -define(WRITERS_PER_SCHEDULER, 4).
 -define(GC_WORKERS_PER_DIRTY, 4).
+%% Writes per unit of work in an experiment.
+-define(UNIT_WRITES, 100).
 %% Dirty schedulers outnumber the cores of a small machine, so that
 %% collections overlap even on two cores.
 -define(GC_EMU_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
@@ -59,7 +63,8 @@
     summary := binary(),
     emu_args := [string()],
     emu_type => lcnt,
-    load := {module(), atom(), [term()]}
+    load := {module(), atom(), [term()]},
+    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
 }.
 -type run_opts() :: #{duration_s => pos_integer(), owner => pid()}.
 
@@ -83,7 +88,10 @@ scenarios() ->
                   "table (beamdiag_hot_table): expect ets_contention naming it.">>,
             emu_args => ?ETS_EMU_ARGS,
             emu_type => lcnt,
-            load => {?MODULE, run, [ets_hot, '$duration_ms']}
+            load => {?MODULE, run, [ets_hot, '$duration_ms']},
+            unit => #{name => ets_hot, concurrency => 8,
+                      summary => <<"unit: 100 of the writers' update_counter calls on the "
+                                   "one shared table">>}
         },
         #{
             name => ets_sharded,
@@ -92,7 +100,10 @@ scenarios() ->
                   "lock finding.">>,
             emu_args => ?ETS_EMU_ARGS,
             emu_type => lcnt,
-            load => {?MODULE, run, [ets_sharded, '$duration_ms']}
+            load => {?MODULE, run, [ets_sharded, '$duration_ms']},
+            unit => #{name => ets_sharded, concurrency => 8,
+                      summary => <<"unit: 100 of the writers' update_counter calls on the "
+                                   "table of the scheduler it runs on">>}
         },
         #{
             name => dirty_gc_alloc,
@@ -150,6 +161,22 @@ stop(Pid) ->
         ok
     end.
 
+%% @doc The tables a unit of work writes to, made as the lab's load makes
+%% them, once per experiment run.
+-spec unit_context(ets_hot | ets_sharded) -> ets:table() | {tuple(), pos_integer()}.
+unit_context(ets_hot) ->
+    hot_table();
+unit_context(ets_sharded) ->
+    N = erlang:system_info(schedulers_online),
+    {shard_tables(N), N}.
+
+%% @doc One unit of work: 100 steps of the lab's writers.
+-spec unit(ets_hot | ets_sharded, ets:table() | {tuple(), pos_integer()}) -> ok.
+unit(ets_hot, T) ->
+    repeat(fun() -> hot_write(T) end, ?UNIT_WRITES);
+unit(ets_sharded, {Tables, N}) ->
+    repeat(fun() -> sharded_write(Tables, N) end, ?UNIT_WRITES).
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
@@ -179,22 +206,13 @@ coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
 
 -spec start_load(atom()) -> ok.
 start_load(ets_hot) ->
-    T = ets:new(?HOT_TABLE, table_opts()),
-    true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+    T = hot_table(),
     Writers = ?WRITERS_PER_SCHEDULER * erlang:system_info(schedulers_online),
     _ = [spawn_link(fun() -> hot_writer(T) end) || _ <- lists:seq(1, Writers)],
     ok;
 start_load(ets_sharded) ->
     N = erlang:system_info(schedulers_online),
-    Tables = list_to_tuple([
-        begin
-            Name = list_to_atom("beamdiag_shard_" ++ integer_to_list(I)),
-            T = ets:new(Name, table_opts()),
-            true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
-            T
-        end
-     || I <- lists:seq(1, N)
-    ]),
+    Tables = shard_tables(N),
     Writers = ?WRITERS_PER_SCHEDULER * N,
     _ = [spawn_link(fun() -> sharded_writer(Tables, N) end) || _ <- lists:seq(1, Writers)],
     ok;
@@ -203,20 +221,49 @@ start_load(dirty_gc) ->
     _ = [spawn_link(fun() -> gc_worker(I) end) || I <- lists:seq(1, Workers)],
     ok.
 
+-spec hot_table() -> ets:table().
+hot_table() ->
+    T = ets:new(?HOT_TABLE, table_opts()),
+    true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+    T.
+
+-spec shard_tables(pos_integer()) -> tuple().
+shard_tables(N) ->
+    list_to_tuple([
+        begin
+            Name = list_to_atom("beamdiag_shard_" ++ integer_to_list(I)),
+            T = ets:new(Name, table_opts()),
+            true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+            T
+        end
+     || I <- lists:seq(1, N)
+    ]).
+
 -spec table_opts() -> [term()].
 table_opts() ->
     [set, public, named_table, {write_concurrency, true}, {read_concurrency, false}].
 
 -spec hot_writer(ets:table()) -> no_return().
 hot_writer(T) ->
-    _ = ets:update_counter(T, rand:uniform(?KEYS), 1),
+    hot_write(T),
     hot_writer(T).
+
+hot_write(T) ->
+    _ = ets:update_counter(T, rand:uniform(?KEYS), 1),
+    ok.
 
 -spec sharded_writer(tuple(), pos_integer()) -> no_return().
 sharded_writer(Tables, N) ->
+    sharded_write(Tables, N),
+    sharded_writer(Tables, N).
+
+sharded_write(Tables, N) ->
     Shard = min(N, erlang:system_info(scheduler_id)),
     _ = ets:update_counter(element(Shard, Tables), rand:uniform(?KEYS), 1),
-    sharded_writer(Tables, N).
+    ok.
+
+repeat(_, 0) -> ok;
+repeat(F, N) -> F(), repeat(F, N - 1).
 
 %% Keeps a large live heap (100k to 400k words, so that heap sizes differ
 %% and carriers are not simply reused) and collects it in a loop, with some

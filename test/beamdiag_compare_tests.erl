@@ -7,20 +7,20 @@
 welch_known_value_test() ->
     %% Reference: R's t.test(c(1,2,3,4,5), c(2,3,4,5,6,7)) gives
     %% t = -1.4412, df = 8.9894, p-value = 0.1835.
-    #{p := P, df := Df, delta := D} = beamdiag_compare:welch([1, 2, 3, 4, 5], [2, 3, 4, 5, 6, 7]),
+    #{p := P, df := Df, delta := D} = beamdiag_stats:welch([1, 2, 3, 4, 5], [2, 3, 4, 5, 6, 7]),
     ?assert(abs(P - 0.1835) < 0.0005),
     ?assert(abs(Df - 8.9894) < 0.001),
     ?assertEqual(1.5, D).
 
 t_quantile_test() ->
-    ?assert(abs(beamdiag_compare:t_quantile(0.975, 10.0) - 2.2281) < 0.0005),
-    ?assert(abs(beamdiag_compare:t_quantile(0.995, 1000.0) - 2.5808) < 0.0005),
-    ?assert(abs(beamdiag_compare:t_quantile(0.025, 10.0) + 2.2281) < 0.0005).
+    ?assert(abs(beamdiag_stats:t_quantile(0.975, 10.0) - 2.2281) < 0.0005),
+    ?assert(abs(beamdiag_stats:t_quantile(0.995, 1000.0) - 2.5808) < 0.0005),
+    ?assert(abs(beamdiag_stats:t_quantile(0.025, 10.0) + 2.2281) < 0.0005).
 
 welch_degenerate_test() ->
-    ?assertMatch(#{p := undefined, ci := undefined}, beamdiag_compare:welch([1.0], [2.0, 3.0])),
-    ?assertMatch(#{p := 1.0}, beamdiag_compare:welch([1.0, 1.0], [1.0, 1.0])),
-    ?assertMatch(#{p := 0.0}, beamdiag_compare:welch([1.0, 1.0], [2.0, 2.0])).
+    ?assertMatch(#{p := undefined, ci := undefined}, beamdiag_stats:welch([1.0], [2.0, 3.0])),
+    ?assertMatch(#{p := 1.0}, beamdiag_stats:welch([1.0, 1.0], [1.0, 1.0])),
+    ?assertMatch(#{p := 0.0}, beamdiag_stats:welch([1.0, 1.0], [2.0, 2.0])).
 
 %% Same distribution, 200 trials: the false-positive rate of the test alone
 %% stays near alpha (0.01), and compare/2 with its floor reports nothing.
@@ -30,7 +30,7 @@ identical_distributions_test() ->
         fun(_, {Acc, S}) ->
             {A, S1} = normal(30, 0.30, 0.03, S),
             {B, S2} = normal(30, 0.30, 0.03, S1),
-            #{p := P} = beamdiag_compare:welch(A, B),
+            #{p := P} = beamdiag_stats:welch(A, B),
             {[P | Acc], S2}
         end, {[], S0}, lists:seq(1, 200)),
     FalsePositives = length([P || P <- Ps, P < 0.01]),
@@ -94,13 +94,13 @@ text_invalid_utf8_test() ->
 
 bootstrap_test() ->
     Pairs = [{10.0, 8.0}, {11.0, 8.5}, {9.0, 7.9}, {10.5, 8.2}, {10.2, 8.1}],
-    #{estimate := E, ci := {Lo, Hi}} = beamdiag_compare:bootstrap_ratio(Pairs, 1000, {1, 2, 3}),
+    #{estimate := E, ci := {Lo, Hi}} = beamdiag_stats:bootstrap_ratio(Pairs, 1000, {1, 2, 3}),
     ?assert(Lo =< E andalso E =< Hi),
     ?assert(Hi < 0),
-    ?assertEqual(beamdiag_compare:bootstrap_ratio(Pairs, 1000, {1, 2, 3}),
-                 beamdiag_compare:bootstrap_ratio(Pairs, 1000, {1, 2, 3})),
+    ?assertEqual(beamdiag_stats:bootstrap_ratio(Pairs, 1000, {1, 2, 3}),
+                 beamdiag_stats:bootstrap_ratio(Pairs, 1000, {1, 2, 3})),
     Same = [{X, X} || X <- [1.0, 2.0, 3.0]],
-    #{ci := {L2, H2}} = beamdiag_compare:bootstrap_ratio(Same, 500, {1, 2, 3}),
+    #{ci := {L2, H2}} = beamdiag_stats:bootstrap_ratio(Same, 500, {1, 2, 3}),
     ?assert(L2 =< 0 andalso H2 >= 0).
 
 unknown_option_test() ->

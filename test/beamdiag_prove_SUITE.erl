@@ -44,8 +44,8 @@ experiment_busy_wait(Config) ->
     [?assert(U > 0) || #{units := U} <- Runs],
     Cpu = fun(Arm) -> [C || #{arm := A, cpu_us_per_unit := C} <- Runs, A =:= Arm] end,
     Tp = fun(Arm) -> [T || #{arm := A, throughput := T} <- Runs, A =:= Arm] end,
-    MeanA = beamdiag_compare:mean(Cpu(1)),
-    MeanB = beamdiag_compare:mean(Cpu(2)),
+    MeanA = beamdiag_stats:mean(Cpu(1)),
+    MeanB = beamdiag_stats:mean(Cpu(2)),
     ct:pal("CPU us/unit: default ~p, no spin ~p; throughput ~p vs ~p",
            [Cpu(1), Cpu(2), Tp(1), Tp(2)]),
     %% Raw figures first: every paired run, and the means with a margin.
@@ -53,7 +53,7 @@ experiment_busy_wait(Config) ->
     ?assert(MeanB < 0.8 * MeanA),
     %% Throughput is the same load: within a wide band (the verdict, not
     %% this band, says whether it differs beyond noise).
-    TpRatio = beamdiag_compare:mean(Tp(2)) / beamdiag_compare:mean(Tp(1)),
+    TpRatio = beamdiag_stats:mean(Tp(2)) / beamdiag_stats:mean(Tp(1)),
     ?assert(TpRatio > 0.6 andalso TpRatio < 1.4),
     #{versus := [#{metrics := Ms}]} = maps:get(summary, R),
     [CpuM] = [M || M = #{key := cpu_us_per_unit} <- Ms],
