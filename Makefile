@@ -31,10 +31,12 @@ unit: build
 ct: build
 	$(REBAR) ct
 
-# Static checks: xref and dialyzer, and the generated docs in step.
+# Static checks: xref, the target boundary, the report's assets linted,
+# dialyzer, and the generated docs in step.
 check:
 	$(REBAR) xref
 	scripts/target-boundary.escript
+	scripts/lint-assets.sh
 	$(REBAR) dialyzer
 	$(BIN) catalogue | diff -u docs/FINDINGS.md - || (echo "docs/FINDINGS.md is stale: make docs" >&2; exit 1)
 

@@ -44,8 +44,24 @@ install_npm_tools() {
         echo "setup: could not install speedscope with npm" >&2
 }
 
+install_lint_tools() {
+    # eslint and stylelint, for the HTML report's script and style sheet
+    # (scripts/lint-assets.sh, in make check).
+    [ "$what" = test ] || return 0
+    local dir="${BEAMDIAG_CACHE:-/var/cache/beamdiag}/npm-lint"
+    [ -x "$dir/node_modules/.bin/eslint" ] && [ -x "$dir/node_modules/.bin/stylelint" ] && return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "setup: npm is missing; make check cannot lint the report's assets" >&2
+        return 0
+    fi
+    mkdir -p "$dir" && (cd "$dir" && npm install --silent --no-audit --no-fund eslint@8.57.0 \
+        stylelint@16.10.0 stylelint-config-recommended@14.0.1 >/dev/null 2>&1) ||
+        echo "setup: could not install eslint and stylelint with npm" >&2
+}
+
 if [ ${#pkgs[@]} -eq 0 ]; then
     install_npm_tools
+    install_lint_tools
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -58,3 +74,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 install_npm_tools
+install_lint_tools
