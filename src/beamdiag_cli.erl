@@ -21,7 +21,7 @@
 -module(beamdiag_cli).
 
 -export([main/1, run/1, run/2, parse/2, usage/1, commands/0, emit/3, format_error/1]).
--export([exit_code/1, fail/2, usage_error/2, findings_code/2]).
+-export([exit_code/1, fail/2, usage_error/2, findings_code/2, html/3]).
 %% A logger filter (see main/1).
 -export([local_only/2]).
 
@@ -250,6 +250,21 @@ emit(Text, Opts, IO = #{out := Out, err := Err}) ->
             Out(Text),
             ?EXIT_OK
     end.
+
+%% @doc Writes an HTML report to the options' `html' file when there is
+%% one (the fun renders it) and says so on standard error; returns 0, or 4
+%% when the file cannot be written.
+-spec html(fun(() -> iodata()), map(), io()) -> exit_code().
+html(Render, #{html := File}, IO = #{err := Err}) ->
+    case file:write_file(File, Render()) of
+        ok ->
+            Err(["beamdiag: HTML report written to ", File, "\n"]),
+            ?EXIT_OK;
+        {error, R} ->
+            fail({?MODULE, {write, File, R}}, IO)
+    end;
+html(_Render, _Opts, _IO) ->
+    ?EXIT_OK.
 
 %% @doc Turns a parse error (or a file the command line named that cannot
 %% be written) into a sentence.

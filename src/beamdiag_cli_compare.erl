@@ -27,6 +27,8 @@ spec() ->
               help => "print one JSON document (schema beamdiag.compare/1)"},
             #{key => out, long => "--out", type => string, metavar => "FILE",
               help => "write the comparison to FILE instead of standard output"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "also write the comparison as a self-contained HTML report to FILE"},
             #{key => alpha, long => "--alpha", type => {float, 1.0e-6, 0.2}, default => 0.01,
               metavar => "P", help => "significance level of each test"}
         ]
@@ -42,7 +44,10 @@ run(#{a := FA, b := FB} = Opts, IO) ->
                        true -> [beamdiag_json:encode(beamdiag_compare:document(C)), "\n"];
                        false -> beamdiag_compare:text(C)
                    end,
-            beamdiag_cli:emit(Text, Opts, IO);
+            case beamdiag_cli:emit(Text, Opts, IO) of
+                0 -> beamdiag_cli:html(fun() -> beamdiag_format_html:compare(beamdiag_compare:document(C)) end, Opts, IO);
+                Code -> Code
+            end;
         {{error, Error}, _} ->
             beamdiag_cli:fail(Error, IO);
         {_, {error, Error}} ->

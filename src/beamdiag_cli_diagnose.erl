@@ -191,10 +191,8 @@ save(Diagnosis, #{save := File}, IO = #{err := Err}) ->
 save(_, _, _) ->
     ok.
 
-html(Diagnosis, #{html := File}, IO = #{err := Err}) ->
-    case file:write_file(File, beamdiag_format_html:diagnosis(Diagnosis)) of
-        ok -> Err(["beamdiag: HTML report written to ", File, "\n"]), ok;
-        {error, R} -> {error, beamdiag_cli:fail({beamdiag_cli, {write, File, R}}, IO)}
-    end;
-html(_, _, _) ->
-    ok.
+html(Diagnosis, Opts, IO) ->
+    case beamdiag_cli:html(fun() -> beamdiag_format_html:diagnosis(Diagnosis) end, Opts, IO) of
+        0 -> ok;
+        Code -> {error, Code}
+    end.

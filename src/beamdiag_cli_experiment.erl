@@ -45,7 +45,9 @@ spec() ->
               help => "write the results to FILE instead of standard output"},
             #{key => save, long => "--save", type => string, metavar => "FILE",
               help => "also save the results with every run's capture "
-                      "(beamdiag report FILE re-renders them)"}
+                      "(beamdiag report FILE re-renders them)"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "also write the results as a self-contained HTML report to FILE"}
         ]
     }.
 
@@ -79,7 +81,7 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
     end.
 
 %% @doc Prints or writes experiment results as the options ask (`json',
-%% `out', `save'); returns the exit code.
+%% `out', `save', `html'); returns the exit code, the first failure's.
 -spec output(map(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 output(Result, Opts, IO = #{err := Err}) ->
     Text = case maps:get(json, Opts, false) of
@@ -87,18 +89,22 @@ output(Result, Opts, IO = #{err := Err}) ->
                false -> beamdiag_experiment:text(Result)
            end,
     Written = beamdiag_cli:emit(Text, Opts, IO),
-    case maps:find(save, Opts) of
-        {ok, SaveFile} ->
-            case beamdiag_capture:save(SaveFile, Result) of
-                ok ->
-                    Err(["beamdiag: results saved to ", SaveFile, "\n"]),
-                    Written;
-                {error, Error} ->
-                    beamdiag_cli:fail(Error, IO)
-            end;
-        error ->
-            Written
-    end.
+    Saved = case maps:find(save, Opts) of
+                {ok, SaveFile} ->
+                    case beamdiag_capture:save(SaveFile, Result) of
+                        ok ->
+                            Err(["beamdiag: results saved to ", SaveFile, "\n"]),
+                            0;
+                        {error, Error} ->
+                            beamdiag_cli:fail(Error, IO)
+                    end;
+                error ->
+                    0
+            end,
+    Html = beamdiag_cli:html(
+             fun() -> beamdiag_format_html:experiment(beamdiag_experiment:document(Result)) end,
+             Opts, IO),
+    hd([Code || Code <- [Written, Saved, Html], Code =/= 0] ++ [0]).
 
 %%%===================================================================
 %%% Internal

@@ -26,7 +26,7 @@ spec() ->
             #{key => out, long => "--out", type => string, metavar => "FILE",
               help => "write the report to FILE instead of standard output"},
             #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write a self-contained HTML report to FILE (captures only)"},
+              help => "also write a self-contained HTML report to FILE"},
             #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
               help => "exit 1 when a finding is at least this severe"}
         ]
@@ -39,7 +39,7 @@ run(Opts = #{file := File}, IO) ->
         {ok, {diagnosis, D}} ->
             beamdiag_cli_diagnose:output(D, maps:remove(save, Opts), IO);
         {ok, {experiment, E}} ->
-            beamdiag_cli_experiment:output(E, maps:without([save, html], Opts), IO);
+            beamdiag_cli_experiment:output(E, maps:remove(save, Opts), IO);
         {error, Error} ->
             beamdiag_cli:fail(Error, IO)
     end.

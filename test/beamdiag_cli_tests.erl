@@ -84,3 +84,24 @@ progress_only_on_a_terminal_test() ->
     P2 = beamdiag_cli_diagnose:progress(Tty),
     ok = P2(1000, 5000),
     receive {err, <<"\rbeamdiag: sampling, 4s left ">>} -> ok after 0 -> error(no_progress) end.
+
+%% compare --html: the comparison as an HTML report beside the text; a file
+%% that cannot be written is a failed run (4).
+compare_html_test() ->
+    Fixture = filename:join([filename:dirname(?FILE), "fixtures", "captures", "busy_wait.capture"]),
+    {ok, [C]} = file:consult(Fixture),
+    Dir = filename:join(["/tmp", "beamdiag_cli_tests_" ++ os:getpid()]),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    A = filename:join(Dir, "a.capture"),
+    ok = beamdiag_capture:save(A, beamdiag:analyse(C)),
+    Html = filename:join(Dir, "c.html"),
+    try
+        {0, Out, Err} = run(["compare", A, A, "--html", Html]),
+        ?assertNotEqual(nomatch, binary:match(Out, <<"beamdiag compare">>)),
+        ?assertNotEqual(nomatch, binary:match(Err, <<"HTML report written">>)),
+        {ok, Page} = file:read_file(Html),
+        ?assertNotEqual(nomatch, binary:match(Page, <<"scheduler.spin">>)),
+        {4, _, _} = run(["compare", A, A, "--html", filename:join([Dir, "no", "c.html"])])
+    after
+        _ = file:del_dir_r(Dir)
+    end.
