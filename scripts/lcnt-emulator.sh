@@ -12,4 +12,4 @@ if [ ! -x "$escript" ]; then
     exit 1
 fi
 mkdir -p "$dir"
-exec "$escript" flavor build --install --add-deb-src --cache "$dir"
+exec "$escript" emu-type build --install --add-deb-src --cache "$dir"

@@ -102,7 +102,7 @@ entries() ->
                   "block in a system call.">>,
             fix =>
                 <<"Run the lock session: start the node on the lock-counting emulator "
-                  "(`beamdiag flavor build --install`, then `erl -emu_type lcnt`) and "
+                  "(`beamdiag emu-type build --install`, then `erl -emu_type lcnt`) and "
                   "diagnose again; it names the lock. Move blocking native code to "
                   "dirty IO schedulers (ERL_NIF_DIRTY_JOB_IO_BOUND). Check major page "
                   "faults in the evidence.">>,

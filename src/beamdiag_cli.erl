@@ -20,7 +20,7 @@
 %%% spec (`exit_codes'), which `--help' prints.
 -module(beamdiag_cli).
 
--export([main/1, run/1, run/2, parse/2, usage/1, commands/0, emit/3, format_error/1]).
+-export([main/1, run/1, run/2, parse/2, usage/1, commands/0, aliases/0, emit/3, format_error/1]).
 -export([exit_code/1, fail/2, usage_error/2, findings_code/2, html/3]).
 %% A logger filter (see main/1).
 -export([local_only/2]).
@@ -58,7 +58,8 @@
     example := string(),
     positional := [positional()],
     options := [option()],
-    exit_codes := [exit_code()]
+    exit_codes := [exit_code()],
+    aliases => [string()]
 }.
 %% Where a command writes: `out' is standard output, `err' standard error
 %% (progress and warnings), `colour' whether standard output is a terminal
@@ -108,7 +109,7 @@ run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
     %% but newlines and carriage returns goes to the terminal raw.
     Err = fun(D) -> Err0(beamdiag_text:terminal(D)) end,
     IO = IO0#{err => Err},
-    case lists:keyfind(Cmd, 1, commands()) of
+    case lists:keyfind(Cmd, 1, commands() ++ aliases()) of
         false ->
             Err(["beamdiag: unknown command '", beamdiag_text:safe(Cmd, 200), "'\n\n", top_usage()]),
             ?EXIT_USAGE;
@@ -139,6 +140,17 @@ commands() ->
         {Name, Mod, Summary}
      || Mod <- command_modules(),
         #{name := Name, summary := Summary} <- [Mod:spec()]
+    ].
+
+%% @doc Other names of commands (an old name kept working), with their
+%% modules and summaries.
+-spec aliases() -> [{string(), module(), string()}].
+aliases() ->
+    [
+        {Alias, Mod, Summary}
+     || Mod <- command_modules(),
+        #{summary := Summary} = Spec <- [Mod:spec()],
+        Alias <- maps:get(aliases, Spec, [])
     ].
 
 %% @doc Parses arguments against a command spec: `{ok, Opts}' with every
@@ -368,6 +380,8 @@ top_usage() ->
         "usage: beamdiag COMMAND [options]\n\n",
         "Explains where a live BEAM node's CPU time goes.\n\ncommands:\n",
         [io_lib:format("  ~-12s ~s~n", [N, S]) || {N, _, S} <- commands()],
+        [io_lib:format("  ~-12s the same as ~s~n", [A, N])
+         || {A, Mod, _} <- aliases(), {N, M, _} <- commands(), M =:= Mod],
         "\nbeamdiag COMMAND --help shows a command's options and an example.\n"
     ].
 

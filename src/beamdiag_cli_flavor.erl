@@ -1,11 +1,12 @@
 %%% @doc `beamdiag flavor': builds and installs the lock-counting emulator.
 %%%
-%%% `beamdiag flavor build' calls `beamdiag_flavor:build/1' and streams the
-%%% build output to standard error; `beamdiag flavor status' says whether
+%%% `beamdiag emu-type build' (named after `erl -emu_type'; `flavor' is an
+%%% alias) calls `beamdiag_flavor:build/1' and streams the
+%%% build output to standard error; `beamdiag emu-type status' says whether
 %%% `erl -emu_type lcnt' works on this machine.
 %%%
 %%% ```
-%%% 1> beamdiag_cli:run(["flavor", "status"]).
+%%% 1> beamdiag_cli:run(["emu-type", "status"]).
 %%% ERTS 13.1.5 (OTP 25.2.3): lock-counting emulator not installed
 %%% 0
 %%% '''
@@ -23,12 +24,13 @@
 -spec spec() -> beamdiag_cli:spec().
 spec() ->
     #{
-        name => "flavor",
+        name => "emu-type",
+        aliases => ["flavor"],
         summary =>
             "Builds the lock-counting emulator (with extra microstate accounting) "
             "for the installed ERTS, and installs it for `erl -emu_type lcnt'.",
         exit_codes => [0, 2, 4],
-        example => "beamdiag flavor build --install --add-deb-src --cache /var/cache/beamdiag",
+        example => "beamdiag emu-type build --install --add-deb-src --cache /var/cache/beamdiag",
         positional => [
             #{
                 key => action,
@@ -71,7 +73,7 @@ spec() ->
         ]
     }.
 
-%% @doc Runs `flavor build' or `flavor status'.
+%% @doc Runs `emu-type build' or `emu-type status'.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{action := "status"}, #{out := Out}) ->
     #{erts_version := V, otp_version := O, bin_dir := D, installed := I, working := W} =
@@ -100,7 +102,7 @@ run(Opts = #{action := "build"}, IO = #{out := Out, err := Err}) ->
             beamdiag_cli:fail(Error, IO)
     end;
 run(#{action := Other}, IO) ->
-    beamdiag_cli:usage_error(["flavor: unknown action '", beamdiag_text:safe(Other, 40),
+    beamdiag_cli:usage_error(["emu-type: unknown action '", beamdiag_text:safe(Other, 40),
                               "' (build or status)"], IO).
 
 %%%===================================================================

@@ -192,7 +192,7 @@ msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
             false ->
                 "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
                 "  and send inside 'emulator'; gc_full inside 'gc'. For the split, build the\n"
-                "  lock-counting emulator with extra states: beamdiag flavor build --install\n"
+                "  lock-counting emulator with extra states: beamdiag emu-type build --install\n"
         end,
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
     ];

@@ -329,7 +329,7 @@ contended(L, T) ->
 lock_hint(L) ->
     case maps:get(msacc, L) of
         #{extra := true} -> "see the lock table and msacc states below";
-        _ -> "run the lock session for the lock names: beamdiag flavor build --install, "
+        _ -> "run the lock session for the lock names: beamdiag emu-type build --install, "
              "then restart the node with -emu_type lcnt"
     end.
 

@@ -105,3 +105,12 @@ compare_html_test() ->
     after
         _ = file:del_dir_r(Dir)
     end.
+
+%% The emulator command is named after erl's -emu_type; its old name stays.
+emu_type_alias_test() ->
+    {0, New, _} = run(["emu-type", "--help"]),
+    {0, Old, _} = run(["flavor", "--help"]),
+    ?assertEqual(New, Old),
+    ?assertMatch(<<"usage: beamdiag emu-type ", _/binary>>, New),
+    {0, Top, _} = run(["--help"]),
+    ?assertNotEqual(nomatch, binary:match(Top, <<"flavor       the same as emu-type">>)).
