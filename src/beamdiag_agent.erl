@@ -66,7 +66,8 @@
     locks => boolean(),
     sampler => boolean(),
     unload => [module()],
-    proc_root => file:filename()
+    proc_root => file:filename(),
+    exclude_pids => [integer()]
 }.
 -type sample() :: #{
     t := integer(),
@@ -110,7 +111,7 @@ stop(Pid) ->
 -spec modules() -> [module()].
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt].
+     beamdiag_agent_lcnt, beamdiag_agent_host].
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
 %% the state skips the per-thread context-switch counts.
@@ -158,7 +159,7 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                                 t => T,
                                 vm => Vm,
                                 threads => ok_or_error(Threads),
-                                host => ok_or_error(Host),
+                                host => others(Status, State, ok_or_error(Host)),
                                 cgroup => Cgroup,
                                 tick_cost_us => erlang:monotonic_time(microsecond) - T0
                             },
@@ -204,7 +205,7 @@ init(Caller, Ref, Opts, _Starter) ->
     Caller ! {beamdiag, Ref, {start, #{
         agent => self(),
         node => atom_to_binary(node()),
-        settings => beamdiag_agent_vm:settings(),
+        settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
         locks => Locks =/= undefined,
@@ -405,6 +406,14 @@ unload(Mods) ->
     _ = [code:delete(M) || M <- Mods],
     _ = spawn(lists, foreach, [fun code:purge/1, Mods]),
     ok.
+
+%% The first and last ticks (the ones that read the threads' status) also
+%% read every other process's CPU time, to name the node's competitors.
+others(true, #{proc_root := Root, pid := OsPid} = State, Host) when is_map(Host) ->
+    Exclude = [list_to_integer(OsPid) | maps:get(exclude_pids, maps:get(opts, State, #{}), [])],
+    Host#{others => beamdiag_agent_host:cpu_by_process(Root, Exclude)};
+others(_, _State, Host) ->
+    Host.
 
 cgroup(#{cgroup_location := {error, _} = E}, H) ->
     {E, H};

@@ -123,7 +123,9 @@ entries() ->
                   "calls). Usual causes: many small file or socket writes (batch them), "
                   "auditd or other syscall auditing (exclude the node), page faults from "
                   "memory churn (+MMscs to pre-reserve a super carrier), futex wake-ups "
-                  "from busy-wait and sleep cycling (+sbwt none, +swt low).">>,
+                  "of schedulers that sleep and wake often (a later wake-up, +swt high, or "
+                  "a short busy wait). The fix printed with a finding is fitted to the "
+                  "node's own flags.">>,
             when_not =>
                 <<"An I/O-heavy node (proxies, file servers) legitimately spends time in "
                   "the kernel; compare against a healthy baseline with `beamdiag compare`.">>

@@ -51,8 +51,10 @@
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick.
 -spec run(node(), map()) -> {ok, capture()} | {error, {beamdiag_collect, term()}}.
 run(Node, Opts) ->
-    AgentOpts = maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, unload, proc_root],
-                          Opts),
+    %% beamdiag's own OS process is not one of the node's competitors.
+    AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
+                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, unload,
+                                      proc_root], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     case start_agent(Node, AgentOpts) of
         {ok, Agent, Ref} ->

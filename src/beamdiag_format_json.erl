@@ -69,4 +69,4 @@ thread(T) ->
                off_cpu, spin, blocked, nvcsw, nivcsw, minflt, majflt], T).
 
 finding(F) ->
-    maps:with([id, severity, title, evidence, metrics, fix, when_not], F).
+    maps:with([id, severity, title, evidence, metrics, figures, fix, when_not], F).

@@ -274,10 +274,25 @@ host(#{host := #{cpu := A, ncpu := N} = HA}, #{host := #{cpu := B} = HB}) ->
         loadavg => case maps:get(loadavg, HB, maps:get(loadavg, HA, undefined)) of
                        {L1, L5, L15} -> [L1, L5, L15];
                        _ -> null
-                   end
+                   end,
+        top => top_others(HA, HB, ratio(Total, N) / clock_hz())
     };
 host(_, _) ->
     #{}.
+
+%% The few other processes on the host that used the most CPU between the
+%% first and the last sample (the agent reads them on those two ticks), in
+%% CPUs; those under 0.02 CPUs are left out.
+top_others(#{others := #{procs := PA}}, #{others := #{procs := PB}}, Window) when Window > 0 ->
+    Used = [#{pid => Pid, name => Comm, cpus => (TB - TA) / clock_hz() / Window}
+            || {Pid, {Comm, TB}} <- maps:to_list(PB), {_, TA} <- [maps:get(Pid, PA, {Comm, 0})],
+               TB >= TA, is_map_key(Pid, PA)],
+    Sorted = lists:sort(fun(#{cpus := X}, #{cpus := Y}) -> X >= Y end, Used),
+    [P || P = #{cpus := C} <- lists:sublist(Sorted, 3), C >= 0.02];
+top_others(_, _, _) ->
+    [].
+
+clock_hz() -> beamdiag_agent_proc:clock_ticks().
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
     D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,

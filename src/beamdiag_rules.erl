@@ -106,15 +106,23 @@ busy_wait(L, Settings, T) ->
             true -> none
         end,
     emit(busy_wait, Severity, [
-        fmt("scheduler threads were on CPU ~.2f CPU-seconds but busy ~.2f: ~.2f spinning (~s of their CPU time)",
-            [OnCpu, Busy, Spin, pct(Share)]),
+        fmt("scheduler threads were on CPU ~.2f CPU-seconds but busy ~.2f s: ~.2f CPU-seconds "
+            "spinning (~s of their CPU time)", [OnCpu, Busy, Spin, pct(Share)]),
         fmt("spinning burns ~.2f CPUs of the ~.2f the node uses", [SpinCpus, cpus_used(L)]),
         fmt("busy-wait flags in effect: +sbwt ~s +sbwtdcpu ~s +sbwtdio ~s", Flags)
     ] ++ msacc_spin(L), #{spin_s => Spin, on_cpu_s => OnCpu, busy_s => Busy, spin_share => Share,
-         spin_cpus => SpinCpus}).
+         spin_cpus => SpinCpus},
+      [fig(on_cpu_s, OnCpu, cpu_s), fig(spin_s, Spin, cpu_s, on_cpu_s),
+       fig(busy_s, Busy, wall_s, sched_wall_s), fig(sched_wall_s, sum(wall, Rows), wall_s),
+       fig(spin_share, Share, share), fig(spin_cpus, SpinCpus, cpus, cpus_used),
+       fig(cpus_used, cpus_used(L), cpus)], Settings).
 
-cpu_starvation(L, _Settings, T) ->
-    Rows = sched_rows(L, [scheduler, dirty_cpu]),
+cpu_starvation(L, Settings, T) ->
+    %% Runnable-wait counts only while the thread had work: the BEAM's busy
+    %% time includes time descheduled by the OS, while a thread that waits
+    %% for a CPU only to spin or to go to sleep was not kept from any work.
+    Rows = [R#{runq := min(maps:get(runq, R), maps:get(busy, R))}
+            || R <- sched_rows(L, [scheduler, dirty_cpu])],
     Runq = sum(runq, Rows),
     Wall = sum(wall, Rows),
     Share = ratio(Runq, Wall),
@@ -131,17 +139,27 @@ cpu_starvation(L, _Settings, T) ->
                    S -> S
                end,
     Worst = worst(runq, Rows),
+    WorstShare = ratio(maps:get(runq, Worst), maps:get(wall, Worst)),
     emit(cpu_starvation, Severity, [
-        fmt("scheduler threads waited ~.2f s for a CPU: ~s of their wall time", [Runq, pct(Share)]),
-        fmt("worst thread ~s waited ~s of the window", [maps:get(name, Worst), pct(ratio(maps:get(runq, Worst), maps:get(wall, Worst)))]),
+        fmt("scheduler threads with work waited ~.2f s (wall time) for a CPU: ~s of their "
+            "~.2f s of wall time", [Runq, pct(Share), Wall]),
+        fmt("worst thread ~s waited for a CPU ~s of the window while it had work",
+            [maps:get(name, Worst), pct(WorstShare)]),
         fmt("host: ~b CPUs, ~s busy, steal ~s, load ~s; the node used ~.2f CPUs, the rest of the host ~.2f",
             [maps:get(ncpu, Host, 0), pct(maps:get(busy, Host, 0.0)), pct(Steal), load(Host), cpus_used(L), External])
     ] ++ [<<"little else runs on the host: the node's own busy threads (normal and dirty "
-            "schedulers) outnumber its CPUs">> || Own],
+            "schedulers) outnumber its CPUs">> || Own]
+      ++ competitors(L) ++ placement(Settings),
       #{runq_s => Runq, runq_share => Share, steal_share => Steal, external_cpus => External,
-        host_busy => maps:get(busy, Host, 0.0)}).
+        host_busy => maps:get(busy, Host, 0.0)},
+      [fig(runq_s, Runq, wall_s, sched_wall_s), fig(sched_wall_s, Wall, wall_s),
+       fig(runq_share, Share, share), fig(worst_runq_share, WorstShare, share),
+       fig(host_busy, maps:get(busy, Host, 0.0), share, #{scope => host}),
+       fig(steal_share, Steal, share, #{scope => host}),
+       fig(external_cpus, External, cpus, #{scope => host}),
+       fig(cpus_used, cpus_used(L), cpus)], Settings).
 
-cpu_throttling(L, _Settings, T) ->
+cpu_throttling(L, Settings, T) ->
     Cg = maps:get(cgroup, L),
     Ratio = maps:get(throttled_ratio, Cg, 0.0),
     Share = maps:get(throttled_share, Cg, 0.0),
@@ -150,15 +168,25 @@ cpu_throttling(L, _Settings, T) ->
             true -> level(Ratio, map_get(throttled_ratio_warn, T), map_get(throttled_ratio_crit, T));
             false -> none
         end,
+    %% The kernel sums throttled time over the CPUs' run queues, so it is
+    %% bounded by the window times the host's CPUs, not by the window.
+    Ncpu = max(1, maps:get(ncpu, maps:get(host, L), 1)),
+    ThrottledS = maps:get(throttled_s, Cg, 0.0),
+    Bound = window(L) * Ncpu,
     emit(cpu_throttling, Severity, [
-        fmt("~b of ~b CFS periods throttled (~s), ~.2f s throttled in a ~.1f s window",
-            [maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0), pct(Ratio),
-             maps:get(throttled_s, Cg, 0.0), window(L)]),
+        fmt("~b of ~b CFS periods throttled (~s)",
+            [maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0), pct(Ratio)]),
+        fmt("run queues throttled ~.2f s in all, of ~.2f s (a ~.1f s window on ~b CPUs; the "
+            "kernel sums throttled time over the CPUs)", [ThrottledS, Bound, window(L), Ncpu]),
         fmt("quota ~s CPUs; the node used ~.2f CPUs", [num(maps:get(quota_cpus, Cg, unlimited)), cpus_used(L)])
     ], #{throttled_ratio => Ratio, throttled_share => Share,
-         quota_cpus => quota(maps:get(quota_cpus, Cg, unlimited))}).
+         quota_cpus => quota(maps:get(quota_cpus, Cg, unlimited))},
+      [fig(throttled_ratio, Ratio, share),
+       fig(throttled_s, ThrottledS, wall_s, #{scope => host, part_of => runq_wall_s}),
+       fig(runq_wall_s, Bound, wall_s, #{scope => host}),
+       fig(cpus_used, cpus_used(L), cpus)], Settings).
 
-scheduler_blocking(L, _Settings, T) ->
+scheduler_blocking(L, Settings, T) ->
     Rows = sched_rows(L, [scheduler, dirty_cpu]),
     Busy = sum(busy, Rows),
     Blocked = sum(blocked, Rows),
@@ -176,9 +204,12 @@ scheduler_blocking(L, _Settings, T) ->
         fmt("~b voluntary context switches, ~b major page faults on these threads",
             [round(Vol), round(Maj)]),
         lock_hint(L)
-    ], #{blocked_s => Blocked, busy_s => Busy, blocked_share => Share, major_faults => Maj}).
+    ], #{blocked_s => Blocked, busy_s => Busy, blocked_share => Share, major_faults => Maj},
+      [fig(busy_s, Busy, wall_s, sched_wall_s), fig(sched_wall_s, sum(wall, Rows), wall_s),
+       fig(blocked_s, Blocked, wall_s, busy_s), fig(blocked_share, Share, share),
+       fig(major_faults, Maj, count)], Settings).
 
-high_system_cpu(L, _Settings, T) ->
+high_system_cpu(L, Settings, T) ->
     #{on_cpu := OnCpu, sys := Sys} = maps:get(totals, L),
     Share = ratio(Sys, OnCpu),
     Severity =
@@ -189,18 +220,29 @@ high_system_cpu(L, _Settings, T) ->
     Worst = worst(sys, maps:get(threads, L)),
     Faults = sum(minflt, maps:get(threads, L)) + sum(majflt, maps:get(threads, L)),
     emit(high_system_cpu, Severity, [
-        fmt("system time ~.2f s of ~.2f s on CPU (~s)", [Sys, OnCpu, pct(Share)]),
-        fmt("most in ~s (~.2f s); ~b page faults, ~b context switches/s on the node",
+        fmt("system time ~.2f CPU-seconds of ~.2f on CPU (~s)", [Sys, OnCpu, pct(Share)]),
+        fmt("most in ~s (~.2f CPU-seconds); ~b page faults, ~b context switches/s on the node",
             [maps:get(name, Worst), maps:get(sys, Worst), round(Faults),
              round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
-    ], #{sys_s => Sys, on_cpu_s => OnCpu, sys_share => Share, page_faults => Faults}).
+    ] ++ busy_wait_state(Settings),
+      #{sys_s => Sys, on_cpu_s => OnCpu, sys_share => Share, page_faults => Faults},
+      [fig(on_cpu_s, OnCpu, cpu_s), fig(sys_s, Sys, cpu_s, on_cpu_s),
+       fig(worst_sys_s, maps:get(sys, Worst), cpu_s, sys_s), fig(sys_share, Share, share),
+       fig(page_faults, Faults, count)], Settings).
 
 dirty_cpu_gc(L, Settings, T) ->
     case maps:get(msacc, L) of
-        M = #{by_type := #{dirty_cpu := #{seconds := Secs}}} ->
-            Gc = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
+        M = #{by_type := #{dirty_cpu := #{seconds := Secs, n := N}}} ->
+            %% msacc's state times are wall time, waiting for a CPU included:
+            %% the GC's CPU is its share of the threads' non-sleeping wall
+            %% time applied to their on-CPU time over the same span.
+            GcWall = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
             Span = maps:get(span_s, M, window(L)),
-            Cpus = Gc / Span,
+            Awake = lists:sum(maps:values(Secs)) - maps:get(sleep, Secs, 0),
+            GcShare = min(1.0, ratio(GcWall, Awake)),
+            OnCpu = span_on_cpu(L, dirty_cpu, Span),
+            GcCpu = OnCpu * GcShare,
+            Cpus = GcCpu / max(Span, 1.0e-9),
             Mdai = maps:get(mdai, Settings, <<"0">>),
             Severity =
                 case Cpus >= map_get(dirty_gc_cpus_warn, T) of
@@ -209,13 +251,25 @@ dirty_cpu_gc(L, Settings, T) ->
                     false -> none
                 end,
             emit(dirty_cpu_gc, Severity, [
-                fmt("dirty CPU schedulers spent ~.2f s of ~.1f s in garbage collection (~.2f CPUs, msacc)",
-                    [Gc, Span, Cpus]),
+                fmt("dirty CPU schedulers were in garbage collection ~.2f s of their ~.2f s of "
+                    "wall time (msacc over the last ~.1f s, ~b threads; wall time, waiting for "
+                    "a CPU included): ~s of their time awake",
+                    [GcWall, Span * N, Span, N, pct(GcShare)]),
+                fmt("they were on CPU ~.2f CPU-seconds in that span, so garbage collection "
+                    "took about ~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used",
+                    [OnCpu, GcCpu, Cpus, cpus_used(L)]),
                 fmt("~b GCs/s node-wide, ~.1f MB reclaimed/s; +Mdai is ~s (~b eheap_alloc instances for ~b schedulers)",
                     [round(maps:get(gcs_per_s, maps:get(vm, L), 0.0)),
                      maps:get(gc_words_per_s, maps:get(vm, L), 0.0) * 8 / 1.0e6, Mdai,
                      maps:get(eheap_alloc_instances, Settings, 0), maps:get(schedulers, Settings)])
-            ], #{dirty_gc_s => Gc, dirty_gc_cpus => Cpus, msacc_span_s => Span});
+            ], #{dirty_gc_s => GcCpu, dirty_gc_cpus => Cpus, msacc_span_s => Span,
+                 dirty_gc_wall_s => GcWall},
+              [fig(dirty_gc_wall_s, GcWall, wall_s, msacc_wall_s),
+               fig(msacc_wall_s, Span * N, wall_s),
+               fig(dirty_gc_awake_share, GcShare, share),
+               fig(dirty_on_cpu_s, OnCpu, cpu_s), fig(dirty_gc_cpu_s, GcCpu, cpu_s, dirty_on_cpu_s),
+               fig(dirty_gc_cpus, Cpus, cpus, cpus_used), fig(cpus_used, cpus_used(L), cpus)],
+              Settings);
         _ ->
             []
     end.
@@ -242,7 +296,9 @@ scheduler_imbalance(L, Settings, T) ->
                 fmt("run queue ~.1f on average, +scl ~s, +sub ~s",
                     [maps:get(run_queue_avg, maps:get(vm, L), 0.0),
                      maps:get(scl, Settings, <<"true">>), maps:get(sub, Settings, <<"false">>)])
-            ], #{busy_min => lists:min(Shares), busy_max => lists:max(Shares), busy_mean => Mean});
+            ], #{busy_min => lists:min(Shares), busy_max => lists:max(Shares), busy_mean => Mean},
+              [fig(busy_min, lists:min(Shares), share), fig(busy_max, lists:max(Shares), share),
+               fig(busy_mean, Mean, share)], Settings);
         false ->
             []
     end.
@@ -251,22 +307,40 @@ cpu_saturated(L, Settings, T) ->
     #{cpus_used := Used, cpus_available := Avail} = maps:get(totals, L),
     Online = maps:get(schedulers_online, Settings),
     Rows = [R || R = #{type := scheduler, index := I} <- maps:get(threads, L), I =< Online],
-    Busy = ratio(sum(busy, Rows), sum(wall, Rows)),
-    OnCpu = ratio(sum(on_cpu, Rows) + sum(runq, Rows), sum(wall, Rows)),
-    Share = ratio(Used, Avail),
-    Severity =
-        case (Share >= map_get(saturated_share, T) orelse Busy >= map_get(saturated_busy, T))
-             andalso OnCpu >= map_get(saturated_busy, T) of
-            true -> warning;
-            false -> none
+    Busy = part(sum(busy, Rows), sum(wall, Rows)),
+    %% Runnable-wait while the thread had work: demand the OS did not meet.
+    Queued = lists:sum([min(maps:get(runq, R), num_or_zero(maps:get(busy, R, 0))) || R <- Rows]),
+    OnCpu = part(sum(on_cpu, Rows) + Queued, sum(wall, Rows)),
+    Share = part(Used, Avail),
+    Demand = Busy >= map_get(saturated_busy, T) andalso OnCpu >= map_get(saturated_busy, T),
+    %% The catalogue's headline says the node uses all its CPU: only when
+    %% the OS says so. Schedulers that have work all the time but get part
+    %% of the CPUs are saturated and starved at once, and the title says so.
+    {Severity, Title} =
+        if
+            Demand andalso Share >= map_get(saturated_share, T) -> {warning, default};
+            Demand ->
+                {warning, fmt("The node's schedulers have work all the time but get only "
+                              "~.2f of its ~.2f CPUs", [Used, float(Avail)])};
+            true -> {none, default}
         end,
-    emit(cpu_saturated, Severity, [
-        fmt("the node used ~.2f of ~.2f CPUs (~s); schedulers busy ~s, on CPU or queued ~s",
-            [Used, float(Avail), pct(Share), pct(Busy), pct(OnCpu)]),
+    Found = emit(cpu_saturated, Severity, [
+        fmt("the node used ~.2f of ~.2f CPUs (~s); schedulers busy ~s, on CPU or waiting for "
+            "one with work ~s", [Used, float(Avail), pct(Share), pct(Busy), pct(OnCpu)]),
         fmt("~.1f M reductions/s, run queue ~.1f on average",
             [maps:get(reductions_per_s, maps:get(vm, L), 0.0) / 1.0e6,
              maps:get(run_queue_avg, maps:get(vm, L), 0.0)])
-    ], #{cpus_used => Used, cpus_available => float(Avail), busy_share => Busy}).
+    ], #{cpus_used => Used, cpus_available => float(Avail), busy_share => Busy},
+      [fig(cpus_used, Used, cpus), fig(cpus_available, float(Avail), cpus, #{scope => host}),
+       fig(used_share, Share, share), fig(busy_share, Busy, share),
+       fig(on_cpu_or_queued_share, OnCpu, share)], Settings),
+    case Title of
+        default -> Found;
+        _ -> [F#{title := iolist_to_binary(Title)} || F <- Found]
+    end.
+
+num_or_zero(V) when is_number(V) -> V;
+num_or_zero(_) -> 0.0.
 
 schedulers_exceed_cpus(L, Settings, _T) ->
     Online = maps:get(schedulers_online, Settings),
@@ -277,7 +351,9 @@ schedulers_exceed_cpus(L, Settings, _T) ->
         fmt("~b schedulers online, ~.2f CPUs available (~b logical processors available, quota ~s)",
             [Online, float(Avail), val(maps:get(logical_processors_available, Settings, null)),
              num(maps:get(quota_cpus, maps:get(cgroup, L), unlimited))])
-    ], #{schedulers_online => Online, cpus_available => float(Avail)}).
+    ], #{schedulers_online => Online, cpus_available => float(Avail)},
+      [fig(schedulers_online, Online, count),
+       fig(cpus_available, float(Avail), cpus, #{scope => host})], Settings).
 
 %% Microstate accounting's own view of the spinning, to set beside the
 %% ledger's: the busy_wait state when the emulator records it, otherwise
@@ -333,8 +409,61 @@ lock_hint(L) ->
              "then restart the node with -emu_type lcnt"
     end.
 
-emit(_Id, none, _Evidence, _Metrics) -> [];
-emit(Id, Severity, Evidence, Metrics) -> [beamdiag_finding:new(Id, Severity, Evidence, Metrics)].
+emit(_Id, none, _Evidence, _Metrics, _Figures, _Settings) -> [];
+emit(Id, Severity, Evidence, Metrics, Figures, Settings) ->
+    [beamdiag_finding:new(Id, Severity, Evidence, Metrics,
+                          #{figures => Figures, fix => beamdiag_fix:fix(Id, Settings)})].
+
+fig(Name, V, Unit) -> beamdiag_finding:figure(Name, V, Unit).
+fig(Name, V, Unit, Opts) when is_map(Opts) -> beamdiag_finding:figure(Name, V, Unit, Opts);
+fig(Name, V, Unit, Whole) when is_atom(Whole) ->
+    beamdiag_finding:figure(Name, V, Unit, #{part_of => Whole}).
+
+%% On-CPU seconds of one thread type over the last Span seconds of the
+%% window, from the per-tick series (msacc covers the end of the window).
+span_on_cpu(#{series := Series}, Type, Span) ->
+    span_on_cpu(lists:reverse(Series), Type, Span, 0.0, 0.0).
+
+span_on_cpu([], _Type, _Span, _T, Acc) ->
+    Acc;
+span_on_cpu(_, _Type, Span, T, Acc) when T >= Span - 1.0e-3 ->
+    Acc;
+span_on_cpu([#{t := Dt, by_type := ByType} | Rest], Type, Span, T, Acc) ->
+    OnCpu = case maps:find(Type, ByType) of
+                {ok, #{on_cpu := V}} when is_number(V) -> V;
+                _ -> 0.0
+            end,
+    span_on_cpu(Rest, Type, Span, T + Dt, Acc + OnCpu).
+
+%% The busy-wait flags, when they bear on system time.
+busy_wait_state(Settings) ->
+    case beamdiag_fix:busy_wait_off(Settings) of
+        true -> [<<"busy waiting is off on every scheduler type (+sbwt none +sbwtdcpu none "
+                   "+sbwtdio none): idle schedulers sleep at once and are woken by futex calls">>];
+        false -> []
+    end.
+
+%% Who else used the host's CPUs over the window, when the agent could tell.
+competitors(#{host := #{top := Top = [_ | _]}}) ->
+    [iolist_to_binary(["busiest other processes on the host: ",
+                       lists:join(", ", [io_lib:format("~s (pid ~b) ~.2f CPUs", [Name, Pid, Cpus])
+                                         || #{name := Name, pid := Pid, cpus := Cpus} <- Top])])];
+competitors(_) ->
+    [].
+
+%% Where the node may run: scheduler binding and the CPUs it may use.
+placement(Settings) ->
+    Bind = maps:get(bind_type, Settings, <<"unbound">>),
+    Cpuset = maps:get(cpus_allowed, Settings, null),
+    [iolist_to_binary(
+        [case Bind of
+             <<"unbound">> -> "schedulers unbound";
+             _ -> ["schedulers bound to cores (bind type ", Bind, ")"]
+         end,
+         case Cpuset of
+             B when is_binary(B) -> ["; the node may run on CPUs ", B];
+             _ -> ""
+         end])].
 
 level(X, _Warn, Crit) when X >= Crit -> critical;
 level(X, Warn, _Crit) when X >= Warn -> warning;
@@ -356,6 +485,11 @@ cpus_used(L) -> maps:get(cpus_used, maps:get(totals, L), 0.0).
 
 ratio(_, D) when D == 0 -> 0.0;
 ratio(N, D) -> N / D.
+
+%% A part over its whole (on-CPU and queued time over wall time): at most 1.
+%% The kernel's counters and the wall clock are read microseconds apart, so
+%% the raw ratio can pass 1 by that skew.
+part(N, D) -> min(1.0, ratio(N, D)).
 
 pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).

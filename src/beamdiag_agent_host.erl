@@ -1,0 +1,92 @@
+%%% @doc The rest of the host, as the target's own /proc shows it: the CPU
+%%% time of every other process (to name what competes with the node for
+%%% CPUs) and the CPUs the node may run on. Runs on the target node; reads
+%%% one stat file per process, at most `?MAX_PROCS' of them.
+%%%
+%%% ```
+%%% 1> beamdiag_agent_host:cpu_by_process("/proc", [list_to_integer(os:getpid())]).
+%%% #{1 => {<<"init">>, 1234}, ...}
+%%% 2> beamdiag_agent_host:placement("/proc").
+%%% #{cpus_allowed => <<"0-1">>}
+%%% '''
+-module(beamdiag_agent_host).
+
+-export([cpu_by_process/2, placement/1]).
+
+%% Processes read per call; a host with more is read in part (the first
+%% ones /proc lists) and says so.
+-define(MAX_PROCS, 2000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Each process's comm and CPU time in clock ticks (utime + stime),
+%% leaving out the given pids; processes that end between listing and
+%% reading are skipped. `truncated' is set when the host has more
+%% processes than are read.
+-spec cpu_by_process(file:filename(), [integer()]) ->
+    #{procs := #{integer() => {binary(), non_neg_integer()}}, truncated := boolean()}.
+cpu_by_process(Root, Exclude) ->
+    Pids = case file:list_dir(Root) of
+               {ok, Names} -> [P || N <- Names, P <- pid(N), not lists:member(P, Exclude)];
+               {error, _} -> []
+           end,
+    Read = lists:sublist(Pids, ?MAX_PROCS),
+    Procs = lists:foldl(
+              fun(P, Acc) ->
+                      case read_stat(filename:join([Root, integer_to_list(P), "stat"])) of
+                          {ok, V} -> Acc#{P => V};
+                          error -> Acc
+                      end
+              end, #{}, Read),
+    #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS}.
+
+%% @doc The CPUs this node may run on (its affinity, set by a cpuset or
+%% taskset), from /proc/self/status.
+-spec placement(file:filename()) -> #{cpus_allowed => binary()}.
+placement(Root) ->
+    case file:read_file(filename:join([Root, "self", "status"])) of
+        {ok, Bin} ->
+            case re:run(Bin, "^Cpus_allowed_list:\\s*(\\S+)", [multiline, {capture, [1], binary}]) of
+                {match, [L]} -> #{cpus_allowed => L};
+                nomatch -> #{}
+            end;
+        {error, _} ->
+            #{}
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+pid(Name) ->
+    try [list_to_integer(Name)]
+    catch error:badarg -> []
+    end.
+
+%% /proc/PID/stat: "pid (comm) state ppid ..."; utime and stime are the
+%% 11th and 12th fields after the state that follows the comm.
+read_stat(File) ->
+    case file:read_file(File) of
+        {ok, Bin} ->
+            case {binary:match(Bin, <<"(">>), binary:matches(Bin, <<")">>)} of
+                {{Open, 1}, [_ | _] = Closes} ->
+                    {Close, 1} = lists:last(Closes),
+                    Comm = binary:part(Bin, Open + 1, Close - Open - 1),
+                    Rest = binary:part(Bin, Close + 1, byte_size(Bin) - Close - 1),
+                    case binary:split(Rest, <<" ">>, [global, trim_all]) of
+                        [_State | Fields] when length(Fields) >= 12 ->
+                            try
+                                U = binary_to_integer(lists:nth(11, Fields)),
+                                S = binary_to_integer(lists:nth(12, Fields)),
+                                {ok, {Comm, U + S}}
+                            catch error:badarg -> error
+                            end;
+                        _ -> error
+                    end;
+                _ -> error
+            end;
+        {error, _} ->
+            error
+    end.

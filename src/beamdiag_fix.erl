@@ -1,0 +1,170 @@
+%%% @doc Fixes fitted to the node: the catalogue's fix for a finding,
+%%% rewritten so that it never advises an emulator flag the node already
+%%% has, says so when the usual fix is already in place, and advises only
+%%% flags (and values) that the erl documentation of the node's OTP release
+%%% lists. The flags beamdiag may advise, with the release that brought
+%%% them and the manual page that documents them, are data
+%%% (`advised_flags/0'); a test checks them against erl(1) of every OTP
+%%% release it can find.
+%%%
+%%% ```
+%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, sbwtdcpu => <<"short">>,
+%%%                                  sbwtdio => <<"short">>, otp_release => <<"25">>}).
+%%% <<"Start the node with +sbwtdcpu none +sbwtdio none (+sbwt none is already set) ...">>
+%%% '''
+-module(beamdiag_fix).
+
+-export([fix/2, advised_flags/0, busy_wait_off/1]).
+
+-type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
+                  doc := erl | erts_alloc, meaning := binary()}.
+-export_type([flag/0]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Every emulator flag a fix may advise, with the values it may
+%% advise, the first OTP release that has it and its manual page.
+-spec advised_flags() -> [flag()].
+advised_flags() ->
+    [
+        #{flag => <<"sbwt">>, values => [<<"none">>, <<"very_short">>], since => 17, doc => erl,
+          meaning => <<"scheduler busy-wait threshold">>},
+        #{flag => <<"sbwtdcpu">>, values => [<<"none">>], since => 21, doc => erl,
+          meaning => <<"dirty CPU scheduler busy-wait threshold">>},
+        #{flag => <<"sbwtdio">>, values => [<<"none">>], since => 21, doc => erl,
+          meaning => <<"dirty IO scheduler busy-wait threshold">>},
+        #{flag => <<"swt">>, values => [<<"high">>], since => 17, doc => erl,
+          meaning => <<"wake-up threshold: high wakes sleeping schedulers later">>},
+        #{flag => <<"scl">>, values => [<<"false">>], since => 17, doc => erl,
+          meaning => <<"scheduler load compaction">>},
+        #{flag => <<"sub">>, values => [<<"true">>], since => 17, doc => erl,
+          meaning => <<"scheduler utilization balancing">>},
+        #{flag => <<"sbt">>, values => [<<"u">>, <<"db">>], since => 17, doc => erl,
+          meaning => <<"scheduler bind type: u is unbound, db the default binding">>},
+        #{flag => <<"S">>, values => [<<"N:N">>], since => 17, doc => erl,
+          meaning => <<"schedulers and schedulers online">>},
+        #{flag => <<"Mdai">>, values => [<<"max">>], since => 24, doc => erts_alloc,
+          meaning => <<"allocator instances for dirty schedulers">>},
+        #{flag => <<"MMscs">>, values => [<<"size in MB">>], since => 17, doc => erts_alloc,
+          meaning => <<"pre-reserved super carrier">>}
+    ].
+
+%% @doc True when every busy-wait flag of the node is `none'.
+-spec busy_wait_off(map()) -> boolean().
+busy_wait_off(Settings) ->
+    lists:all(fun(F) -> F =:= <<"none">> end, busy_wait_flags(Settings)).
+
+%% @doc The fix for a finding on a node with these settings: the
+%% catalogue's text, fitted to the flags the node has.
+-spec fix(beamdiag_catalogue:id(), map()) -> binary().
+fix(busy_wait, S) ->
+    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
+    iolist_to_binary([
+        case Set of
+            [] -> "Busy waiting is already off on every scheduler type";
+            _ -> ["Start the node with ", flags(Set), " (in vm.args, or ERL_FLAGS)"]
+        end,
+        already(Have),
+        ". Prove it with `beamdiag experiment` under your own load: OS CPU per unit of work "
+        "should drop while throughput and latency stay within noise."
+    ]);
+fix(cpu_throttling, S) ->
+    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
+    iolist_to_binary([
+        "Raise the CPU limit, or match the schedulers to the quota: +S Q:Q with Q the quota "
+        "in whole CPUs (recent OTP releases do this by default unless +S is set)",
+        case Set of
+            [] -> "; busy waiting is already off, so spinning does not eat the quota";
+            _ -> [", and turn busy waiting off (", flags(Set), ") so spinning does not eat "
+                  "the quota", already(Have)]
+        end,
+        "."
+    ]);
+fix(high_system_cpu, S) ->
+    Mmscs = maps:get(mmscs, S, <<"0">>),
+    Swt = maps:get(swt, S, <<"medium">>),
+    iolist_to_binary([
+        "Profile the kernel side with `beamdiag flame` (perf shows the system calls). Usual "
+        "causes: many small file or socket writes (batch them); auditd or other syscall "
+        "auditing (exclude the node); page faults from memory churn (",
+        case Mmscs of
+            <<"0">> -> "+MMscs to pre-reserve a super carrier";
+            _ -> ["a super carrier is already reserved (+MMscs ", Mmscs, ")"]
+        end,
+        "); futex wake-ups of schedulers that sleep and wake often",
+        case {busy_wait_off(S), lists:member(Swt, [<<"high">>, <<"very_high">>])} of
+            {true, true} ->
+                [" (busy waiting is off and +swt is already ", Swt, "; a short busy wait, "
+                 "+sbwt very_short, keeps a scheduler from sleeping between bursts)"];
+            {true, false} ->
+                [" (busy waiting is already off, +sbwt none, so an idle scheduler sleeps at "
+                 "once: a short busy wait, +sbwt very_short, or a later wake-up, +swt high, "
+                 "means fewer sleeps and wake-ups)"];
+            {false, true} ->
+                [" (+swt is already ", Swt, ")"];
+            {false, false} ->
+                [" (+swt high wakes sleeping schedulers later, so fewer of them)"]
+        end,
+        ". Prove a flag with `beamdiag experiment` before keeping it."
+    ]);
+fix(dirty_cpu_gc, S) ->
+    iolist_to_binary([
+        case maps:get(mdai, S, <<"0">>) of
+            <<"0">> ->
+                "Give dirty schedulers their own allocator instances with +Mdai max "
+                "(OTP 24.2 and later).";
+            M ->
+                ["Dirty schedulers already have allocator instances of their own (+Mdai ", M,
+                 ")."]
+        end,
+        " Keep big data out of process heaps: store it in ETS or binaries, or split the "
+        "process; for a message queue that backs up, consume it or bound it."
+    ]);
+fix(scheduler_imbalance, S) ->
+    {Set, Have} = wanted(S, [{scl, <<"false">>}, {sub, <<"true">>}]),
+    iolist_to_binary([
+        "Look for a single busy process (`beamdiag flame`, recon:proc_window/3).",
+        case Set of
+            [] -> [" Load compaction is already off and utilization balancing on", already(Have),
+                   "."];
+            _ -> [" If the load is many processes, try ", flags(Set), already(Have),
+                  " and prove it with `beamdiag experiment`."]
+        end
+    ]);
+fix(cpu_starvation, S) ->
+    Bound = maps:get(bind_type, S, <<"unbound">>),
+    iolist_to_binary([
+        "Find the competitor (the processes named in the evidence, top -H, the host's steal "
+        "time) and move it away, or give the BEAM cores of its own (cpuset, taskset).",
+        case Bound of
+            <<"unbound">> -> "";
+            _ -> [" The schedulers are bound to cores (bind type ", Bound, "): a bound "
+                  "scheduler cannot move off a core that a competitor holds; on a shared host "
+                  "start the node with +sbt u (unbound) or give it cores of its own."]
+        end,
+        " If the host is simply oversubscribed, lower the node's schedulers to the CPUs it "
+        "really gets (+S N:N) so that its threads do not queue behind each other."
+    ]);
+fix(Id, _S) ->
+    maps:get(fix, beamdiag_catalogue:entry(Id)).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+busy_wait_flags(S) ->
+    [maps:get(sbwt, S, <<"medium">>), maps:get(sbwtdcpu, S, <<"short">>),
+     maps:get(sbwtdio, S, <<"short">>)].
+
+%% The wanted flags split into those to set and those the node has.
+wanted(S, Wanted) ->
+    lists:partition(fun({K, V}) -> maps:get(K, S, undefined) =/= V end, Wanted).
+
+flags(Fs) ->
+    lists:join(" ", [["+", atom_to_list(K), " ", V] || {K, V} <- Fs]).
+
+already([]) -> "";
+already(Have) -> [" (", flags(Have), case Have of [_] -> " is"; _ -> " are" end,
+                  " already set)"].
