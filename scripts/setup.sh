@@ -22,6 +22,8 @@ if [ "$what" = test ]; then
     need_cmd chromium || pkgs+=(chromium)
     need_cmd tmux || pkgs+=(tmux)
     need_cmd elixir || pkgs+=(elixir)
+    # A real server for beamdiag_servers_SUITE (scripts/rabbitmq-lab.sh).
+    [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
     need_cmd npm || pkgs+=(npm)
     # Roots with OTP 27 and 29 for the version matrix (scripts/otp-root.sh).
     need_cmd debootstrap || pkgs+=(debootstrap)
@@ -30,6 +32,21 @@ if [ "$what" = test ]; then
     need_cmd gcc || pkgs+=(build-essential)
     dpkg -s libncurses-dev >/dev/null 2>&1 || pkgs+=(libncurses-dev)
 fi
+
+# Debian starts a service when it installs it: the suites start their own
+# private RabbitMQ node when they need one, so the packaged service is
+# stopped and kept from starting at boot.
+quiet_services() {
+    [ "$what" = test ] || return 0
+    [ "$(id -u)" -eq 0 ] || return 0
+    [ -x /etc/init.d/rabbitmq-server ] || return 0
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        systemctl disable --now rabbitmq-server >/dev/null 2>&1 || true
+    else
+        invoke-rc.d rabbitmq-server stop >/dev/null 2>&1 || true
+        update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
+    fi
+}
 
 install_npm_tools() {
     # speedscope, to check that folded stacks load in a standard viewer.
@@ -62,6 +79,7 @@ install_lint_tools() {
 if [ ${#pkgs[@]} -eq 0 ]; then
     install_npm_tools
     install_lint_tools
+    quiet_services
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -75,3 +93,4 @@ apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 install_npm_tools
 install_lint_tools
+quiet_services

@@ -1,7 +1,8 @@
 %%% @doc The rest of the host, as the target's own /proc shows it: the CPU
 %%% time of every other process (to name what competes with the node for
 %%% CPUs) and the CPUs the node may run on. Runs on the target node; reads
-%%% one stat file per process, at most `?MAX_PROCS' of them.
+%%% one stat file per process, at most `?MAX_PROCS' of them and for at most
+%%% `?BUDGET_US' of wall time (a throttled or starved node reads fewer).
 %%%
 %%% ```
 %%% 1> beamdiag_agent_host:cpu_by_process("/proc", [list_to_integer(os:getpid())]).
@@ -15,7 +16,8 @@
 
 %% Processes read per call; a host with more is read in part (the first
 %% ones /proc lists) and says so.
--define(MAX_PROCS, 2000).
+-define(MAX_PROCS, 1000).
+-define(BUDGET_US, 25000).
 
 %%%===================================================================
 %%% API
@@ -32,15 +34,9 @@ cpu_by_process(Root, Exclude) ->
                {ok, Names} -> [P || N <- Names, P <- pid(N), not lists:member(P, Exclude)];
                {error, _} -> []
            end,
-    Read = lists:sublist(Pids, ?MAX_PROCS),
-    Procs = lists:foldl(
-              fun(P, Acc) ->
-                      case read_stat(filename:join([Root, integer_to_list(P), "stat"])) of
-                          {ok, V} -> Acc#{P => V};
-                          error -> Acc
-                      end
-              end, #{}, Read),
-    #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS}.
+    Until = erlang:monotonic_time(microsecond) + ?BUDGET_US,
+    {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Until, #{}),
+    #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
 %% @doc The CPUs this node may run on (its affinity, set by a cpuset or
 %% taskset), from /proc/self/status.
@@ -59,6 +55,20 @@ placement(Root) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+read_all(_Root, [], _Until, Acc) ->
+    {Acc, false};
+read_all(Root, [P | Rest], Until, Acc) ->
+    case erlang:monotonic_time(microsecond) > Until of
+        true ->
+            {Acc, true};
+        false ->
+            Acc2 = case read_stat(filename:join([Root, integer_to_list(P), "stat"])) of
+                       {ok, V} -> Acc#{P => V};
+                       error -> Acc
+                   end,
+            read_all(Root, Rest, Until, Acc2)
+    end.
 
 pid(Name) ->
     try [list_to_integer(Name)]
