@@ -2,7 +2,9 @@
 %%% time of every other process (to name what competes with the node for
 %%% CPUs) and the CPUs the node may run on. Runs on the target node; reads
 %%% one stat file per process, at most `?MAX_PROCS' of them and for at most
-%%% `?BUDGET_US' of wall time (a throttled or starved node reads fewer).
+%%% `?BUDGET_US' of wall time (a throttled or starved node reads fewer),
+%%% through `prim_file', never the file server (a normal-priority process
+%%% that waits behind every busy process of an overloaded node).
 %%%
 %%% ```
 %%% 1> beamdiag_agent_host:cpu_by_process("/proc", [list_to_integer(os:getpid())]).
@@ -30,11 +32,11 @@
 -spec cpu_by_process(file:filename(), [integer()]) ->
     #{procs := #{integer() => {binary(), non_neg_integer()}}, truncated := boolean()}.
 cpu_by_process(Root, Exclude) ->
-    Pids = case file:list_dir(Root) of
+    Until = erlang:monotonic_time(microsecond) + ?BUDGET_US,
+    Pids = case prim_file:list_dir(Root) of
                {ok, Names} -> [P || N <- Names, P <- pid(N), not lists:member(P, Exclude)];
                {error, _} -> []
            end,
-    Until = erlang:monotonic_time(microsecond) + ?BUDGET_US,
     {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Until, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
@@ -42,7 +44,7 @@ cpu_by_process(Root, Exclude) ->
 %% taskset), from /proc/self/status.
 -spec placement(file:filename()) -> #{cpus_allowed => binary()}.
 placement(Root) ->
-    case file:read_file(filename:join([Root, "self", "status"])) of
+    case prim_file:read_file(filename:join([Root, "self", "status"])) of
         {ok, Bin} ->
             case re:run(Bin, "^Cpus_allowed_list:\\s*(\\S+)", [multiline, {capture, [1], binary}]) of
                 {match, [L]} -> #{cpus_allowed => L};
@@ -78,7 +80,7 @@ pid(Name) ->
 %% /proc/PID/stat: "pid (comm) state ppid ..."; utime and stime are the
 %% 11th and 12th fields after the state that follows the comm.
 read_stat(File) ->
-    case file:read_file(File) of
+    case prim_file:read_file(File) of
         {ok, Bin} ->
             case {binary:match(Bin, <<"(">>), binary:matches(Bin, <<")">>)} of
                 {{Open, 1}, [_ | _] = Closes} ->

@@ -275,7 +275,8 @@ host(#{host := #{cpu := A, ncpu := N} = HA}, #{host := #{cpu := B} = HB}) ->
                        {L1, L5, L15} -> [L1, L5, L15];
                        _ -> null
                    end,
-        top => top_others(HA, HB, ratio(Total, N) / clock_hz())
+        top => top_others(HA, HB, ratio(Total, N) / clock_hz()),
+        top_partial => partial(HA) orelse partial(HB)
     };
 host(_, _) ->
     #{}.
@@ -293,6 +294,11 @@ top_others(_, _, _) ->
     [].
 
 clock_hz() -> beamdiag_agent_proc:clock_ticks().
+
+%% The agent read only some of the host's processes (its time budget or
+%% count ran out).
+partial(#{others := #{truncated := T}}) -> T;
+partial(_) -> false.
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
     D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,

@@ -444,10 +444,14 @@ busy_wait_state(Settings) ->
     end.
 
 %% Who else used the host's CPUs over the window, when the agent could tell.
-competitors(#{host := #{top := Top = [_ | _]}}) ->
+competitors(#{host := H = #{top := Top = [_ | _]}}) ->
     [iolist_to_binary(["busiest other processes on the host: ",
                        lists:join(", ", [io_lib:format("~s (pid ~b) ~.2f CPUs", [Name, Pid, Cpus])
-                                         || #{name := Name, pid := Pid, cpus := Cpus} <- Top])])];
+                                         || #{name := Name, pid := Pid, cpus := Cpus} <- Top]),
+                       case maps:get(top_partial, H, false) of
+                           true -> " (of the processes the agent had time to read)";
+                           false -> ""
+                       end])];
 competitors(_) ->
     [].
 
