@@ -231,7 +231,7 @@ ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
     Costs = lists:sublist([CostUs | Costs0], 3),
     Worst = max(Worst0, CostUs div 1000),
     Hard = max(Hard0, hard_deadline(End, Worst)),
-    case Hard =:= Hard0 of
+    _ = case Hard =:= Hard0 of
         true -> ok;
         false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
     end,
