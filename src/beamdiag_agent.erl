@@ -65,6 +65,7 @@
     msacc_ms => pos_integer(),
     locks => boolean(),
     sampler => boolean(),
+    procs => boolean(),
     unload => [module()],
     proc_root => file:filename(),
     exclude_pids => [integer()]
@@ -111,7 +112,7 @@ stop(Pid) ->
 -spec modules() -> [module()].
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt, beamdiag_agent_host].
+     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_procs].
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
 %% the state skips the per-thread context-switch counts.
@@ -217,7 +218,7 @@ init(Caller, Ref, Opts, _Starter) ->
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1, First, 1, Clock);
+            ticked(State1#{procs => start_procs(Opts)}, First, 1, Clock);
         late ->
             finish(State, {aborted, deadline})
     end.
@@ -329,7 +330,7 @@ last_tick(Start, Interval, End) ->
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
-    Extras = collect_extras(State),
+    Extras = maps:merge(collect_extras(State), procs_extras(State, How)),
     restore(Restore, State),
     {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
     Last = case How of
@@ -354,6 +355,33 @@ unload_plan(Mods, Extras) ->
         true -> {[], Extras#{left_loaded => Mods}};
         false -> {Mods, Extras}
     end.
+
+%% The process walk at the window's start (see beamdiag_agent_procs),
+%% unless turned off.
+start_procs(Opts) ->
+    case maps:get(procs, Opts, true) of
+        true ->
+            try beamdiag_agent_procs:start(#{})
+            catch Class:Reason -> {error, error_text(Class, Reason)}
+            end;
+        false ->
+            undefined
+    end.
+
+%% The walk at the end, when the window ended as planned.
+procs_extras(#{procs := {error, Text}}, done) ->
+    #{procs => #{error => Text}};
+procs_extras(#{procs := P = #{}}, done) ->
+    try
+        #{procs => beamdiag_agent_procs:finish(P)}
+    catch
+        Class:Reason -> #{procs => #{error => error_text(Class, Reason)}}
+    end;
+procs_extras(_, _) ->
+    #{}.
+
+error_text(Class, Reason) ->
+    iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 
 collect_extras(#{locks := undefined}) ->
     #{};

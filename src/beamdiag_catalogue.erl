@@ -19,7 +19,7 @@
 -type id() :: atom().
 -type entry() :: #{
     id := id(),
-    area := ledger | locks | profile,
+    area := ledger | locks | processes | profile,
     title := binary(),
     meaning := binary(),
     fix := binary(),
@@ -140,9 +140,12 @@ entries() ->
                   "they share one, and large-heap GC contends on it (the eheap_alloc "
                   "lock).">>,
             fix =>
-                <<"Give dirty schedulers their own allocator instances with +Mdai max "
-                  "(OTP 24.2 and later). Keep big data out of process heaps: store it in "
-                  "ETS or binaries, or split the process.">>,
+                <<"Look at the heaps in the evidence first: a process that holds hundreds "
+                  "of megabytes (a backed-up queue, a cache or a big state in a process) is "
+                  "the cause; shrink it (backpressure on its queue, data in ETS or "
+                  "binaries, split the process). When the heaps are as intended and "
+                  "dirty schedulers contend on the allocator, give them their own "
+                  "instances with +Mdai max (OTP 24.2 and later).">>,
             when_not =>
                 <<"+Mdai max costs memory per dirty scheduler; on a memory-tight node with "
                   "little dirty GC leave it.">>
@@ -257,16 +260,49 @@ entries() ->
         },
         #{
             id => single_process_bottleneck,
-            area => locks,
+            area => processes,
             title => <<"One process is a bottleneck">>,
             meaning =>
-                <<"The main or message-queue lock of one process is contended: many "
-                  "processes send to it or inspect it at once.">>,
+                <<"One process takes so large a share of the node's reductions that it "
+                  "alone keeps a scheduler busy (a process runs on one scheduler at a "
+                  "time) while the node has idle schedulers, or while other processes wait "
+                  "on it: callers blocked in gen_server:call hold a monitor on it, senders "
+                  "fill its queue. On the lock-counting emulator the same process's main "
+                  "or message-queue lock is contended, and that evidence is in the same "
+                  "finding. The evidence names the process, its share, the callers "
+                  "waiting and where it was.">>,
             fix =>
-                <<"Shard the process (one per scheduler, or a pool), move its state to "
-                  "ETS, or let callers do the work; enable "
-                  "{message_queue_data, off_heap} for a process with a busy queue.">>,
-            when_not => <<"A serialisation point that is intended (a writer, a lock).">>
+                <<"Shard the state: one process per key range or per scheduler, or a "
+                  "pool; move the work into the callers (the server hands out what they "
+                  "need and they compute); keep read-mostly state in ETS (read_concurrency) "
+                  "or persistent_term instead of a server; when callers cast, make them "
+                  "call or use a bounded queue so they feel the backpressure. "
+                  "{message_queue_data, off_heap} helps a process with a busy queue.">>,
+            when_not => <<"A serialisation point that is intended (a writer, a lock) and "
+                          "keeps up with its callers.">>
+        },
+        #{
+            id => message_queue_growth,
+            area => processes,
+            title => <<"A mailbox grows without bound">>,
+            meaning =>
+                <<"Messages arrive at one process faster than it takes them, for the "
+                  "whole window. The queue costs memory (each message is copied into the "
+                  "receiver's heap or buffers), every garbage collection of the process "
+                  "walks it, and a selective receive scans it: the process gets slower as "
+                  "it grows, until the node runs out of memory. Usual causes: producers "
+                  "that cast or send without waiting for an answer, a consumer that calls "
+                  "a slow service for each message, logging or metrics sent to one "
+                  "process.">>,
+            fix =>
+                <<"Backpressure: make producers wait (gen_server:call instead of cast, "
+                  "credit-based flow control, a bounded buffer), or shed load when the "
+                  "queue is long (check erlang:process_info(self(), message_queue_len) "
+                  "and drop or reject). Spread the work over several consumers. "
+                  "{message_queue_data, off_heap} keeps a long queue out of the heap's "
+                  "garbage collection but does not stop the growth.">>,
+            when_not => <<"A burst that drains after a deploy or a reconnect; act when it "
+                          "grows window after window.">>
         },
         #{
             id => hot_function,

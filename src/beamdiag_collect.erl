@@ -53,8 +53,8 @@
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
-                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, unload,
-                                      proc_root], Opts)),
+                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs,
+                                      unload, proc_root], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     case start_agent(Node, AgentOpts) of
         {ok, Agent, Ref} ->

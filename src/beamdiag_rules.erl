@@ -38,9 +38,9 @@ findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
             fun schedulers_exceed_cpus/3
         ]
     ]),
-    beamdiag_finding:sort(suppress(Ledgers) ++ extras(Capture, Ledger));
+    beamdiag_finding:sort(processes(suppress(Ledgers) ++ extras(Capture, Ledger), Capture, Ledger));
 findings(Capture, Ledger) ->
-    beamdiag_finding:sort(extras(Capture, Ledger)).
+    beamdiag_finding:sort(processes(extras(Capture, Ledger), Capture, Ledger)).
 
 %% @doc The thresholds the rules use.
 -spec thresholds() -> #{atom() => number()}.
@@ -396,6 +396,17 @@ extras(Capture, Ledger) ->
                   _ -> []
               end,
     Locks ++ Profile.
+
+%% Findings from the process walks, and their evidence added to the other
+%% findings (see beamdiag_proc_rules).
+processes(Findings, Capture, Ledger) ->
+    case maps:find(procs, maps:get(extras, Capture, #{})) of
+        {ok, Procs = #{top_reductions := _}} ->
+            Own = beamdiag_proc_rules:findings(Procs, Ledger, maps:get(settings, Capture)),
+            beamdiag_proc_rules:annotate(Own ++ Findings, Procs, Ledger);
+        _ ->
+            Findings
+    end.
 
 contended(L, T) ->
     Rows = sched_rows(L, [scheduler, dirty_cpu]),

@@ -1,0 +1,365 @@
+%%% @doc Process attribution over the window, on the target: which
+%%% processes took the node's reductions, whose mailbox grew, whose heap is
+%%% large or growing. Runs on the target node (erts, kernel and stdlib only).
+%%%
+%%% Two walks of the process table per window, one at its start and one at
+%%% its end, each reading three cheap items per process (`reductions',
+%%% `message_queue_len', `heap_size': read without a signal to the
+%%% process, about 0.5 us each). `memory', which needs a round trip through
+%%% the process, is read only for the candidates: the 32 largest heaps at
+%%% each end, and the processes reported. Never a message's contents: only
+%%% the queue's length.
+%%%
+%%% Bounds. Up to `?WALK_MAX' processes (50,000) both walks cover every
+%%% process (`mode => all'). Above it the table is not listed: on OTP 28
+%%% and later `erlang:processes_iterator/0' walks it one process at a time
+%%% and keeps every k-th process as the sample read at both ends
+%%% (`mode => sampled'); before OTP 28, where the only listing is
+%%% `erlang:processes/0', only the registered processes are read
+%%% (`mode => registered'). Each walk also stops at `?WALK_MS' of wall
+%%% time (`truncated => true'). Every list in the report has at most
+%%% `?TOP' entries; the agent's own process is left out.
+%%%
+%%% Identification, for the reported processes only: registered name,
+%%% `proc_lib' initial call (from the process dictionary's
+%%% `$initial_call' key, read alone where the emulator allows, OTP 26.2
+%%% and later), the process label on OTP 27 and later
+%%% (`proc_lib:get_label/1', called only where it exists), the current
+%%% function, the number of monitors on it (callers of `gen:call' monitor
+%%% the server while they wait), and for the largest heaps the number of
+%%% processes with the same initial call.
+%%%
+%%% ```
+%%% 1> S = beamdiag_agent_procs:start(#{}).
+%%% 2> R = beamdiag_agent_procs:finish(S).
+%%% 3> [maps:get(name, E) || E <- maps:get(top_reductions, R)].
+%%% [<<"code_server">>, null, ...]
+%%% '''
+-module(beamdiag_agent_procs).
+
+-export([start/1, finish/1, limits/0]).
+
+-export_type([state/0, report/0, entry/0]).
+
+-type state() :: #{
+    mode := all | sampled | registered,
+    t0 := integer(),
+    reds0 := non_neg_integer(),
+    count0 := non_neg_integer(),
+    base := #{pid() => {non_neg_integer(), non_neg_integer(), non_neg_integer()}},
+    mem0 := #{pid() => non_neg_integer()},
+    sample := [pid()] | all,
+    walk_us := non_neg_integer(),
+    truncated := boolean(),
+    skip := [pid()]
+}.
+-type entry() :: #{atom() => term()}.
+-type report() :: #{atom() => term()}.
+
+%% Above this many processes the table is not listed.
+-define(WALK_MAX, 50000).
+%% A walk stops after this long (wall time).
+-define(WALK_MS, 500).
+%% Entries per list in the report.
+-define(TOP, 10).
+%% Processes whose `memory' is read at each end (by young heap size).
+-define(MEM_CANDIDATES, 32).
+%% Dictionary reads when counting the processes like a large one.
+-define(LIKE_READS, 2000).
+-define(ITEMS, [reductions, message_queue_len, heap_size]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The walk at the window's start. Options: `skip', pids left out
+%% (the agent's own; `self()' always is), `walk_max' (tests only).
+-spec start(map()) -> state().
+start(Opts) ->
+    Skip = [self() | maps:get(skip, Opts, [])],
+    Count = erlang:system_info(process_count),
+    Max = maps:get(walk_max, Opts, ?WALK_MAX),
+    T0 = erlang:monotonic_time(microsecond),
+    {Reds0, _} = erlang:statistics(reductions),
+    {Mode, Pids} = pids(Count, Max),
+    {Base, Trunc} = walk(Pids, Skip, T0 + ?WALK_MS * 1000, ?ITEMS),
+    Mem0 = memories(top_heaps(Base, ?MEM_CANDIDATES)),
+    T1 = erlang:monotonic_time(microsecond),
+    #{
+        mode => Mode,
+        t0 => T0,
+        reds0 => Reds0,
+        count0 => Count,
+        base => Base,
+        mem0 => Mem0,
+        sample => case Mode of
+                      all -> all;
+                      _ -> maps:keys(Base)
+                  end,
+        walk_us => T1 - T0,
+        truncated => Trunc,
+        skip => Skip,
+        limit => Max
+    }.
+
+%% @doc The walk at the window's end, and the report: bounded lists of
+%% entries, binaries and numbers only.
+-spec finish(state()) -> report().
+finish(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
+    T1 = erlang:monotonic_time(microsecond),
+    {Reds1, _} = erlang:statistics(reductions),
+    Count = erlang:system_info(process_count),
+    Pids = case maps:get(sample, S) of
+               all -> erlang:processes();
+               Sample -> Sample ++ new_registered(Base)
+           end,
+    {End, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, ?ITEMS ++ [initial_call]),
+    Rows = rows(Base, End),
+    TopReds = top(fun({_, R, _, _}) -> R end, Rows, ?TOP),
+    Queues = top(fun({_, _, {Q0, Q1}, _}) -> Q1 - zero(Q0) end,
+                 [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
+    HeapPids = top_heaps(End, ?MEM_CANDIDATES),
+    Mem1 = memories(lists:usort(HeapPids ++ maps:keys(Mem0))),
+    Heaps = top(fun({P, _}) -> P end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
+    Growth = top(fun({G, _}) -> G end,
+                 [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
+                  M > start_memory(P, Mem0, Base)], ?TOP),
+    T2 = erlang:monotonic_time(microsecond),
+    Info = info_fun(End, Mem0, Mem1, Base),
+    Like = like_counts(Mode, [P || {_, P} <- Heaps], End),
+    Report = #{
+        mode => Mode,
+        limit => maps:get(limit, S),
+        span_ms => (T1 - T0) div 1000,
+        reductions => max(0, Reds1 - Reds0),
+        process_count => [maps:get(count0, S), Count],
+        scanned => [map_size(Base), map_size(End)],
+        walk_us => [maps:get(walk_us, S), T2 - T1],
+        truncated => maps:get(truncated, S) orelse Trunc,
+        top_reductions => entries([P || {P, _, _, _} <- TopReds], Info, #{}),
+        queues => entries([P || {P, _, _, _} <- Queues], Info, #{}),
+        heaps => entries([P || {_, P} <- Heaps], Info, Like),
+        heap_growth => entries([P || {_, P} <- Growth], Info, #{})
+    },
+    Report#{identify_us => erlang:monotonic_time(microsecond) - T2}.
+
+%% @doc The documented bounds: table size above which the table is not
+%% listed, a walk's time limit, entries per list.
+-spec limits() -> #{walk_max := pos_integer(), walk_ms := pos_integer(), top := pos_integer()}.
+limits() ->
+    #{walk_max => ?WALK_MAX, walk_ms => ?WALK_MS, top => ?TOP}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+pids(Count, Max) when Count =< Max ->
+    {all, erlang:processes()};
+pids(Count, Max) ->
+    case erlang:function_exported(erlang, processes_iterator, 0) of
+        true -> {sampled, stride(Count, Max) ++ registered_pids()};
+        false -> {registered, registered_pids()}
+    end.
+
+%% Every k-th process from the iterator (OTP 28+), at most Max of them.
+stride(Count, Max) ->
+    K = max(1, (Count + Max - 1) div Max),
+    Iter = apply(erlang, processes_iterator, []),
+    stride(Iter, K, 0, Max, []).
+
+stride(_Iter, _K, _I, 0, Acc) ->
+    Acc;
+stride(Iter, K, I, Left, Acc) ->
+    case apply(erlang, processes_next, [Iter]) of
+        none -> Acc;
+        {P, Iter2} when I rem K =:= 0 -> stride(Iter2, K, I + 1, Left - 1, [P | Acc]);
+        {_, Iter2} -> stride(Iter2, K, I + 1, Left, Acc)
+    end.
+
+registered_pids() ->
+    [P || N <- erlang:registered(), P <- [erlang:whereis(N)], is_pid(P)].
+
+%% Processes registered since the start (a sampled walk reads the same
+%% processes at both ends, and the registered ones).
+new_registered(Base) ->
+    [P || P <- registered_pids(), not is_map_key(P, Base)].
+
+%% One walk: the items of each process as a tuple, by pid; stops at the
+%% deadline (checked every 1024 processes).
+walk(Pids, Skip, Deadline, Items) ->
+    walk(Pids, Skip, Deadline, Items, 0, #{}).
+
+walk([], _Skip, _Deadline, _Items, _N, Acc) ->
+    {Acc, false};
+walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
+    case N band 1023 =:= 1023 andalso erlang:monotonic_time(microsecond) > Deadline of
+        true ->
+            {Acc, true};
+        false ->
+            Acc2 = case lists:member(P, Skip) of
+                       true -> Acc;
+                       false ->
+                           case erlang:process_info(P, Items) of
+                               L when is_list(L) -> Acc#{P => list_to_tuple([V || {_, V} <- L])};
+                               _ -> Acc
+                           end
+                   end,
+            walk(Ps, Skip, Deadline, Items, N + 1, Acc2)
+    end.
+
+%% {Pid, ReductionsInWindow, {QueueStart | null, QueueEnd}, HeapWordsEnd}
+%% for every process alive at the end.
+rows(Base, End) ->
+    [{P, R1 - R0, {Q0, Q1}, H1}
+     || {P, {R1, Q1, H1, _}} <- maps:to_list(End),
+        {R0, Q0} <- [case maps:find(P, Base) of
+                         {ok, {R, Q, _}} -> {R, Q};
+                         error -> {0, null}
+                     end]].
+
+zero(null) -> 0;
+zero(N) -> N.
+
+top(Key, Rows, N) ->
+    Keyed = [{Key(R), R} || R <- Rows],
+    [R || {K, R} <- lists:sublist(lists:reverse(lists:keysort(1, Keyed)), N), K > 0].
+
+top_heaps(Walk, N) ->
+    [P || {_, P} <- lists:sublist(lists:reverse(lists:sort(
+        [{element(3, T), P} || {P, T} <- maps:to_list(Walk)])), N)].
+
+memories(Pids) ->
+    maps:from_list([{P, M} || P <- Pids, {memory, M} <- [erlang:process_info(P, memory)]]).
+
+%% Memory at the start: measured for the start's largest heaps, otherwise
+%% the young heap then (a small process's heap is mostly young).
+start_memory(P, Mem0, Base) ->
+    case maps:find(P, Mem0) of
+        {ok, M} -> M;
+        error ->
+            case maps:find(P, Base) of
+                {ok, {_, _, H}} -> H * erlang:system_info(wordsize);
+                error -> 0
+            end
+    end.
+
+info_fun(End, Mem0, Mem1, Base) ->
+    fun(P) ->
+        {R0, Q0} = case maps:find(P, Base) of
+                       {ok, {R, Q, _}} -> {R, Q};
+                       error -> {0, null}
+                   end,
+        {R1, Q1, H1, _} = maps:get(P, End),
+        M1 = case maps:find(P, Mem1) of
+                 {ok, M} -> M;
+                 error -> null
+             end,
+        M0 = case maps:find(P, Mem0) of
+                 {ok, MM} -> MM;
+                 error when M1 =:= null -> null;
+                 error -> start_memory(P, Mem0, Base)
+             end,
+        #{reductions => R1 - R0, queue => [Q0, Q1], memory => [M0, M1],
+          heap_words => H1, born => not is_map_key(P, Base)}
+    end.
+
+entries(Pids, Info, Like) ->
+    lists:append([identify(P, Info(P), Like) || P <- Pids]).
+
+identify(P, Nums, Like) ->
+    case erlang:process_info(P, [registered_name, initial_call, current_function,
+                                 monitored_by, status]) of
+        [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}] ->
+            Ic = proc_lib_initial_call(P, Init),
+            [Nums#{
+                pid => list_to_binary(pid_to_list(P)),
+                name => case Name of
+                            [] -> null;
+                            _ -> atom_to_binary(Name, utf8)
+                        end,
+                initial_call => mfa(Ic),
+                spawn_call => mfa(Init),
+                label => label(P),
+                current => mfa(Cur),
+                monitored_by => length(Mons),
+                status => atom_to_binary(Status, utf8),
+                like => maps:get(mfa(Ic), Like, null)
+            }];
+        _ ->
+            []
+    end.
+
+%% The initial call proc_lib recorded, or the spawn's.
+proc_lib_initial_call(P, Init = {proc_lib, init_p, 5}) ->
+    case dict_value(P, '$initial_call') of
+        {ok, {M, F, A}} when is_atom(M), is_atom(F), is_integer(A) -> {M, F, A};
+        _ -> Init
+    end;
+proc_lib_initial_call(_P, Init) ->
+    Init.
+
+%% One key of a process's dictionary: read alone where the emulator allows
+%% it (OTP 26.2 and later), otherwise from the whole dictionary.
+dict_value(P, Key) ->
+    try erlang:process_info(P, {dictionary, Key}) of
+        {{dictionary, Key}, undefined} -> error;
+        {{dictionary, Key}, V} -> {ok, V};
+        _ -> error
+    catch
+        error:badarg ->
+            case erlang:process_info(P, dictionary) of
+                {dictionary, D} ->
+                    case lists:keyfind(Key, 1, D) of
+                        {Key, V} -> {ok, V};
+                        false -> error
+                    end;
+                _ -> error
+            end
+    end.
+
+%% proc_lib:get_label/1 exists from OTP 27.
+label(P) ->
+    case erlang:function_exported(proc_lib, get_label, 1) of
+        true ->
+            try apply(proc_lib, get_label, [P]) of
+                undefined -> null;
+                L -> iolist_to_binary(io_lib:format("~0tp", [L], [{chars_limit, 80}]))
+            catch
+                _:_ -> null
+            end;
+        false ->
+            null
+    end.
+
+%% For the largest heaps: how many processes share each one's initial
+%% call, from the end walk (proc_lib's initial call, for proc_lib
+%% processes: read for at most ?LIKE_READS of them). A sampled or
+%% registered walk has no count.
+like_counts(all, Pids, End) ->
+    Wanted = lists:usort([proc_lib_initial_call(P, element(4, maps:get(P, End))) || P <- Pids,
+                          is_map_key(P, End)]),
+    case Wanted of
+        [] -> #{};
+        _ -> count_like(maps:to_list(End), Wanted, ?LIKE_READS, #{})
+    end;
+like_counts(_, _, _) ->
+    #{}.
+
+count_like([], _Wanted, _Left, Acc) ->
+    Acc;
+count_like([{P, {_, _, _, Init = {proc_lib, init_p, 5}}} | Ps], Wanted, Left, Acc) when Left > 0 ->
+    count_like(Ps, Wanted, Left - 1, bump(proc_lib_initial_call(P, Init), Wanted, Acc));
+count_like([{_, {_, _, _, Init}} | Ps], Wanted, Left, Acc) ->
+    count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc)).
+
+bump(Ic, Wanted, Acc) ->
+    case lists:member(Ic, Wanted) of
+        true -> maps:update_with(mfa(Ic), fun(N) -> N + 1 end, 1, Acc);
+        false -> Acc
+    end.
+
+mfa({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    iolist_to_binary([atom_to_binary(M, utf8), $:, atom_to_binary(F, utf8), $/,
+                      integer_to_list(A)]);
+mfa(_) ->
+    <<"undefined">>.

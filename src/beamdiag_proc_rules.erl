@@ -1,0 +1,282 @@
+%%% @doc Findings from process attribution (pure): the process data
+%%% `beamdiag_agent_procs:finish/1' returns, set beside the ledger.
+%%%
+%%% `single_process_bottleneck': one process took at least
+%%% `reds_share_min' of the node's reductions over the window, and that
+%%% share of the schedulers' busy time (the BEAM's own account; a process
+%%% runs on one scheduler at a time) keeps a scheduler busy for at least
+%%% `process_cpus_min' of the window, while either the node has a
+%%% scheduler's worth of idle capacity or processes wait on it (monitors on
+%%% it, as `gen:call' callers hold, or a queue at the end). A node of many
+%%% equal workers spreads its reductions thinly and gets nothing.
+%%%
+%%% `message_queue_growth': a mailbox that grew by at least `queue_growth_min'
+%%% messages and `queue_rate_min' messages a second over the window.
+%%%
+%%% `dirty_cpu_gc' (from `beamdiag_rules') gets the largest heaps as
+%%% evidence (`annotate/3'), and a lock-counting `single_process_bottleneck'
+%%% on the same process becomes one finding with this evidence.
+%%%
+%%% ```
+%%% 1> [Id || #{id := Id} <- beamdiag_proc_rules:findings(Procs, Ledger, Settings)].
+%%% [single_process_bottleneck]
+%%% '''
+-module(beamdiag_proc_rules).
+
+-export([findings/3, annotate/3, thresholds/0, who/1, bytes/1]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The process findings for a window's process data.
+-spec findings(map(), beamdiag_ledger:ledger(), map()) -> [beamdiag_finding:finding()].
+findings(Procs = #{top_reductions := _}, Ledger, Settings) ->
+    T = thresholds(),
+    bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T);
+findings(_, _, _) ->
+    [].
+
+%% @doc The thresholds the rules use.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        %% Share of the node's reductions one process took.
+        reds_share_min => 0.20,
+        %% Its estimated CPU time, in schedulers kept busy.
+        process_cpus_min => 0.60,
+        process_cpus_crit => 0.90,
+        %% Idle scheduler capacity, in schedulers.
+        idle_schedulers_min => 0.50,
+        %% Callers waiting on it (monitors) or messages in its queue.
+        waiters_min => 4,
+        waiters_crit => 16,
+        %% Mailbox growth over the window.
+        queue_growth_min => 1000,
+        queue_rate_min => 50,
+        queue_crit => 100000,
+        %% Heaps named in dirty_cpu_gc's evidence: at least this many bytes.
+        heap_bytes_min => 1048576
+    }.
+
+%% @doc Adds process evidence to other rules' findings: the largest heaps
+%% to `dirty_cpu_gc', and a lock-counting `single_process_bottleneck'
+%% merged into the process one when both name the same process.
+-spec annotate([beamdiag_finding:finding()], map(), beamdiag_ledger:ledger()) ->
+    [beamdiag_finding:finding()].
+annotate(Findings, Procs = #{heaps := _}, _Ledger) ->
+    merge_bottlenecks([gc_heaps(F, Procs) || F <- Findings]);
+annotate(Findings, _, _) ->
+    Findings.
+
+%% @doc How a process is named to a person: registered name or label, then
+%% its initial call, then its pid.
+-spec who(map()) -> iolist().
+who(E = #{pid := Pid}) ->
+    Name = case {maps:get(name, E, null), maps:get(label, E, null)} of
+               {N, _} when is_binary(N) -> [N, " "];
+               {null, L} when is_binary(L) -> ["label ", L, " "];
+               _ -> []
+           end,
+    [Name, Pid, " (", maps:get(initial_call, E, <<"?">>), ")"].
+
+%% @doc A byte count as people read it.
+-spec bytes(number()) -> iolist().
+bytes(B) when B >= 1.0e9 -> io_lib:format("~.2f GB", [B / 1.0e9]);
+bytes(B) when B >= 1.0e6 -> io_lib:format("~.1f MB", [B / 1.0e6]);
+bytes(B) when B >= 1.0e3 -> io_lib:format("~.1f kB", [B / 1.0e3]);
+bytes(B) -> io_lib:format("~b B", [round(B)]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+bottleneck(Procs = #{top_reductions := [Top | Rest]}, Ledger, Settings, T) ->
+    Total = maps:get(reductions, Procs, 0),
+    Reds = maps:get(reductions, Top),
+    Share = ratio(Reds, Total),
+    Span = span_s(Procs, Ledger),
+    Online = maps:get(schedulers_online, Settings, 1),
+    BusyCpus = busy_cpus(Ledger),
+    Cpus = case BusyCpus of
+               undefined -> undefined;
+               B -> min(1.0, Share * B)
+           end,
+    Idle = case BusyCpus of
+               undefined -> 0.0;
+               _ -> Online - BusyCpus
+           end,
+    [_, QEnd] = maps:get(queue, Top),
+    Waiters = max(maps:get(monitored_by, Top, 0), QEnd),
+    Next = case Rest of
+               [N | _] -> ratio(maps:get(reductions, N), Total);
+               [] -> 0.0
+           end,
+    Fires = Share >= map_get(reds_share_min, T) andalso is_number(Cpus) andalso
+        Cpus >= map_get(process_cpus_min, T) andalso
+        (Idle >= map_get(idle_schedulers_min, T) orelse Waiters >= map_get(waiters_min, T)),
+    case Fires of
+        false ->
+            [];
+        true ->
+            Sev = case Cpus >= map_get(process_cpus_crit, T) andalso
+                       Waiters >= map_get(waiters_crit, T) of
+                      true -> critical;
+                      false -> warning
+                  end,
+            Evidence = [
+                fmt("~ts took ~s of the node's reductions over ~.1f s (~s reductions; the next "
+                    "process ~s)", [who(Top), pct(Share), Span, count(Reds), pct(Next)]),
+                fmt("that share of the schedulers' busy time is ~.2f of a scheduler: one process "
+                    "runs on one scheduler at a time; ~.2f of ~b schedulers were idle",
+                    [Cpus, max(0.0, Idle), Online]),
+                fmt("~b processes monitor it (callers waiting in gen:call hold a monitor); "
+                    "~b messages in its queue at the end; it was in ~ts",
+                    [maps:get(monitored_by, Top, 0), QEnd, maps:get(current, Top, <<"?">>)])
+            ],
+            [beamdiag_finding:new(single_process_bottleneck, Sev, Evidence, #{
+                pid => maps:get(pid, Top),
+                name => name_or_pid(Top),
+                reds_share => round4(Share),
+                process_cpus => round4(Cpus),
+                idle_schedulers => round4(max(0.0, Idle)),
+                waiters => Waiters
+            })]
+    end;
+bottleneck(_, _, _, _) ->
+    [].
+
+queue_growth(Procs, T) ->
+    Span = max(1.0e-3, maps:get(span_ms, Procs, 0) / 1000),
+    lists:append([queue_finding(E, Span, T) || E <- maps:get(queues, Procs, [])]).
+
+queue_finding(E = #{queue := [Q0, Q1]}, Span, T) ->
+    Start = case Q0 of null -> 0; _ -> Q0 end,
+    Growth = Q1 - Start,
+    Rate = Growth / Span,
+    case Growth >= map_get(queue_growth_min, T) andalso Rate >= map_get(queue_rate_min, T) of
+        false ->
+            [];
+        true ->
+            Sev = case Q1 >= map_get(queue_crit, T) of
+                      true -> critical;
+                      false -> warning
+                  end,
+            {MemLine, Metrics} = queue_memory(E, Growth, Rate),
+            Evidence = [
+                fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~.0f messages/s "
+                    "more arrive than it takes", [who(E), Start, Q1, Span, Rate]),
+                MemLine,
+                fmt("it took ~s reductions in the window and was in ~ts (~ts); at this rate the "
+                    "queue holds ~s messages in ten minutes",
+                    [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
+                     maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))])
+            ],
+            [beamdiag_finding:new(message_queue_growth, Sev, Evidence, Metrics#{
+                pid => maps:get(pid, E),
+                name => name_or_pid(E),
+                queue_start => Start,
+                queue_end => Q1,
+                queue_rate => round4(Rate)
+            })]
+    end.
+
+%% The process's memory now and the rate it grows with the queue, when both
+%% ends were measured.
+queue_memory(#{memory := [M0, M1]}, Growth, Rate) when is_integer(M1), is_integer(M0) ->
+    PerMsg = max(0, M1 - M0) / Growth,
+    {fmt("the process holds ~ts now (~ts at the start): about ~ts a message, ~ts a minute at "
+         "this rate", [bytes(M1), bytes(M0), bytes(PerMsg), bytes(PerMsg * Rate * 60)]),
+     #{memory_bytes => M1, bytes_per_minute => round(PerMsg * Rate * 60)}};
+queue_memory(#{memory := [_, M1]}, _, _) when is_integer(M1) ->
+    {fmt("the process holds ~ts now", [bytes(M1)]), #{memory_bytes => M1}};
+queue_memory(_, _, _) ->
+    {"its memory was not read", #{}}.
+
+gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
+    Min = map_get(heap_bytes_min, thresholds()),
+    Big = [E || E = #{memory := [_, M1]} <- maps:get(heaps, Procs, []), is_integer(M1), M1 >= Min],
+    case lists:sublist(Big, 3) of
+        [] ->
+            F#{evidence => Ev ++ [<<"no process heap over 1 MB at the end of the window: the "
+                                    "collected heaps are short-lived">>]};
+        Top ->
+            Lines = [iolist_to_binary(heap_line(E)) || E <- Top],
+            Sum = lists:sum([M1 || #{memory := [_, M1]} <- Big]),
+            F#{evidence => Ev ++ [<<"the heaps being collected: the largest process heaps">>
+                                  | Lines] ++
+                   [iolist_to_binary(fmt("~b processes over 1 MB hold ~ts: shrink them (bound "
+                                         "the queue, move data to ETS, split the process) "
+                                         "before tuning the allocator", [length(Big), bytes(Sum)]))],
+               metrics => M#{largest_heap_bytes => hd_tl(maps:get(memory, hd(Top))),
+                             largest_heap_pid => maps:get(pid, hd(Top))}}
+    end;
+gc_heaps(F, _) ->
+    F.
+
+heap_line(E = #{memory := [M0, M1]}) ->
+    Growth = case M0 of
+                 null -> "";
+                 _ -> [", ", sign(M1 - M0), bytes(abs(M1 - M0)), " over the window"]
+             end,
+    Like = case maps:get(like, E, null) of
+               N when is_integer(N), N > 1 -> io_lib:format("; ~b processes with its initial call", [N]);
+               _ -> ""
+           end,
+    ["  ", who(E), ": ", bytes(M1), Growth, ", ", integer_to_list(hd_tl(maps:get(queue, E))),
+     " messages queued", Like].
+
+hd_tl([_, Q1]) -> Q1.
+
+sign(D) when D < 0 -> "-";
+sign(_) -> "+".
+
+%% A lock-counting bottleneck on the process this module names becomes one
+%% finding: the process evidence first, the lock evidence after it.
+merge_bottlenecks(Findings) ->
+    Procs = [F || F = #{id := single_process_bottleneck, metrics := #{pid := _}} <- Findings],
+    Locks = [F || F = #{id := single_process_bottleneck, metrics := M} <- Findings,
+                  is_map_key(process, M)],
+    case {Procs, Locks} of
+        {[P = #{metrics := #{pid := Pid}}], [L = #{metrics := #{process := Pid}}]} ->
+            Merged = P#{
+                severity => worse(maps:get(severity, P), maps:get(severity, L)),
+                evidence => maps:get(evidence, P) ++ maps:get(evidence, L),
+                metrics => maps:merge(maps:get(metrics, L), maps:get(metrics, P))
+            },
+            [case F of
+                 P -> Merged;
+                 _ -> F
+             end || F <- Findings, F =/= L];
+        _ ->
+            Findings
+    end.
+
+worse(A, B) ->
+    case beamdiag_finding:severity_rank(A) =< beamdiag_finding:severity_rank(B) of
+        true -> A;
+        false -> B
+    end.
+
+name_or_pid(#{name := N}) when is_binary(N) -> N;
+name_or_pid(#{pid := P}) -> P.
+
+%% The normal schedulers' busy time, in schedulers (BEAM's account).
+busy_cpus(#{by_type := #{scheduler := #{busy := B}}, window_s := W}) when is_number(B), W > 0 ->
+    B / W;
+busy_cpus(_) ->
+    undefined.
+
+span_s(#{span_ms := Ms}, _) when is_integer(Ms), Ms > 0 -> Ms / 1000;
+span_s(_, #{window_s := W}) -> W.
+
+ratio(_, D) when D == 0 -> 0.0;
+ratio(N, D) -> N / D.
+
+round4(X) -> round(X * 10000) / 10000.
+pct(X) -> io_lib:format("~.1f%", [100 * X]).
+fmt(F, A) -> io_lib:format(F, A).
+
+count(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
+count(N) when N >= 10000 -> io_lib:format("~.1fk", [N / 1.0e3]);
+count(N) -> integer_to_list(N).
