@@ -119,7 +119,8 @@ finish(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     Queues = top(fun({_, _, {Q0, Q1}, _}) -> Q1 - zero(Q0) end,
                  [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
     HeapPids = top_heaps(End, ?MEM_CANDIDATES),
-    Mem1 = memories(lists:usort(HeapPids ++ maps:keys(Mem0))),
+    Named = [P || {P, _, _, _} <- TopReds ++ Queues],
+    Mem1 = memories(lists:usort(HeapPids ++ maps:keys(Mem0) ++ Named)),
     Heaps = top(fun({P, _}) -> P end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     Growth = top(fun({G, _}) -> G end,
                  [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
@@ -336,8 +337,9 @@ label(P) ->
 %% processes: read for at most ?LIKE_READS of them). A sampled or
 %% registered walk has no count.
 like_counts(all, Pids, End) ->
-    Wanted = lists:usort([proc_lib_initial_call(P, element(4, maps:get(P, End))) || P <- Pids,
-                          is_map_key(P, End)]),
+    Wanted = lists:usort([Ic || P <- Pids, is_map_key(P, End),
+                                Ic <- [proc_lib_initial_call(P, element(4, maps:get(P, End)))],
+                                likeable(Ic)]),
     case Wanted of
         [] -> #{};
         _ -> count_like(maps:to_list(End), Wanted, ?LIKE_READS, #{})
@@ -351,6 +353,12 @@ count_like([{P, {_, _, _, Init = {proc_lib, init_p, 5}}} | Ps], Wanted, Left, Ac
     count_like(Ps, Wanted, Left - 1, bump(proc_lib_initial_call(P, Init), Wanted, Acc));
 count_like([{_, {_, _, _, Init}} | Ps], Wanted, Left, Acc) ->
     count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc)).
+
+%% A process spawned from a fun shows erlang:apply/2 as its initial call,
+%% which says nothing about what it is: no count for it.
+likeable({erlang, apply, 2}) -> false;
+likeable({_, _, _}) -> true;
+likeable(_) -> false.
 
 bump(Ic, Wanted, Acc) ->
     case lists:member(Ic, Wanted) of

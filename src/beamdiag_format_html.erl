@@ -53,7 +53,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}) ->
         {"schedulers", "Schedulers", scheduler_section(L, Data)},
         {"cpu", "OS CPU and scheduler utilisation", cpu_section(L)},
         {"msacc", "Microstates", msacc_section(L)}
-    ] ++ locks_section(Extras) ++ profile_section(Extras) ++ [
+    ] ++ procs_section(Extras) ++ locks_section(Extras) ++ profile_section(Extras) ++ [
         {"settings", "VM and host", settings_section(C, L)},
         {"notes", "Notes", notes_section(L, C)}
     ],
@@ -318,6 +318,13 @@ msacc_table(ByType) ->
        [["<td>", pct(num(maps:get(S, maps:get(shares, V, #{}), 0))), "</td>"] || S <- States],
        "</tr>\n"] || {T, V} <- lists:sort(maps:to_list(ByType)), is_map(V)],
      "</tbody></table>"].
+
+procs_section(#{procs := P}) when is_map(P) ->
+    [{"processes", "Top processes",
+      ["<pre>", esc(beamdiag_text:terminal(beamdiag_proc_format:text(P))), "</pre>\n",
+       value(maps:with([top_reductions, queues, heaps, heap_growth], P), 0)]}];
+procs_section(_) ->
+    [].
 
 locks_section(#{locks := Locks}) ->
     [{"locks", "Locks", ["<p class=\"help\">Lock counting over the window.</p>\n",

@@ -4,7 +4,8 @@
 %%% `settings' (only the flags beamdiag reads; never the emulator's argument
 %%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
-%%% `locks' (when counted), `findings' (most severe first) and `notes'.
+%%% `locks' (when counted), `processes' (the process walks: top processes
+%%% by reductions, mailboxes, heaps; see beamdiag_agent_procs), `findings' (most severe first) and `notes'.
 %%%
 %%% ```
 %%% 1> iolist_to_binary(beamdiag_format_json:diagnosis(D)).
@@ -48,9 +49,13 @@ document(#{capture := C, ledger := L, findings := F}) ->
         notes => maps:get(notes, L)
     },
     Extras = maps:get(extras, C, #{}),
-    Doc1 = case Extras of
-               #{locks := Locks} -> Doc#{locks => Locks};
+    Doc0 = case Extras of
+               #{procs := Procs} -> Doc#{processes => Procs};
                _ -> Doc
+           end,
+    Doc1 = case Extras of
+               #{locks := Locks} -> Doc0#{locks => Locks};
+               _ -> Doc0
            end,
     case Extras of
         #{profile := #{summary := S, method := M, profile := P}} ->

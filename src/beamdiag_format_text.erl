@@ -26,6 +26,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
         "\n",
         findings(F, Opts#{colour => false}),
         "\n",
+        processes(C),
         ledger_table(L, Opts),
         msacc(L),
         locks(C),
@@ -214,6 +215,11 @@ msacc_line(Type, #{shares := Shares}) ->
 locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
     ["\n", beamdiag_lock_format:text(Locks)];
 locks(_) ->
+    "".
+
+processes(#{extras := #{procs := P}}) when is_map(P) ->
+    [beamdiag_proc_format:text(P), "\n"];
+processes(_) ->
     "".
 
 profile(#{extras := #{profile := #{profile := P, method := M}}}) ->

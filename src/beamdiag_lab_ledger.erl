@@ -110,7 +110,9 @@ dev_zero(Ms, N) ->
 -spec big_heap_gc(pos_integer(), pos_integer(), pos_integer()) -> ok.
 big_heap_gc(Ms, N, Len) ->
     owner(Ms, fun() ->
-        [spawn_link(fun() -> gc_loop(lists:seq(1, Len), 0) end) || _ <- lists:seq(1, N)]
+        %% proc_lib records the fun as the initial call, so the workers can
+        %% be told apart from other processes.
+        [proc_lib:spawn_link(fun() -> gc_loop(lists:seq(1, Len), 0) end) || _ <- lists:seq(1, N)]
     end).
 
 %% @doc N processes that put their scheduler thread to sleep in the kernel

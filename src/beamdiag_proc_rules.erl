@@ -164,8 +164,8 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T) ->
                   end,
             {MemLine, Metrics} = queue_memory(E, Growth, Rate),
             Evidence = [
-                fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~.0f messages/s "
-                    "more arrive than it takes", [who(E), Start, Q1, Span, Rate]),
+                fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~b messages/s "
+                    "more arrive than it takes", [who(E), Start, Q1, Span, round(Rate)]),
                 MemLine,
                 fmt("it took ~s reductions in the window and was in ~ts (~ts); at this rate the "
                     "queue holds ~s messages in ten minutes",
