@@ -46,12 +46,13 @@
     t0 := integer(),
     reds0 := non_neg_integer(),
     count0 := non_neg_integer(),
-    base := #{pid() => {non_neg_integer(), non_neg_integer(), non_neg_integer()}},
+    base := #{pid() => tuple()},
     mem0 := #{pid() => non_neg_integer()},
     sample := [pid()] | all,
     walk_us := non_neg_integer(),
     truncated := boolean(),
-    skip := [pid()]
+    skip := [pid(), ...],
+    limit := pos_integer()
 }.
 -type entry() :: #{atom() => term()}.
 -type report() :: #{atom() => term()}.
@@ -165,13 +166,13 @@ pids(Count, Max) ->
 %% Every k-th process from the iterator (OTP 28+), at most Max of them.
 stride(Count, Max) ->
     K = max(1, (Count + Max - 1) div Max),
-    Iter = apply(erlang, processes_iterator, []),
+    Iter = dynamic(erlang, processes_iterator, []),
     stride(Iter, K, 0, Max, []).
 
 stride(_Iter, _K, _I, 0, Acc) ->
     Acc;
 stride(Iter, K, I, Left, Acc) ->
-    case apply(erlang, processes_next, [Iter]) of
+    case dynamic(erlang, processes_next, [Iter]) of
         none -> Acc;
         {P, Iter2} when I rem K =:= 0 -> stride(Iter2, K, I + 1, Left - 1, [P | Acc]);
         {_, Iter2} -> stride(Iter2, K, I + 1, Left, Acc)
@@ -302,7 +303,8 @@ proc_lib_initial_call(_P, Init) ->
 %% One key of a process's dictionary: read alone where the emulator allows
 %% it (OTP 26.2 and later), otherwise from the whole dictionary.
 dict_value(P, Key) ->
-    try erlang:process_info(P, {dictionary, Key}) of
+    %% (erts 14.2's item, unknown to the OTP 25 contract.)
+    try dynamic(erlang, process_info, [P, {dictionary, Key}]) of
         {{dictionary, Key}, undefined} -> error;
         {{dictionary, Key}, V} -> {ok, V};
         _ -> error
@@ -322,7 +324,7 @@ dict_value(P, Key) ->
 label(P) ->
     case erlang:function_exported(proc_lib, get_label, 1) of
         true ->
-            try apply(proc_lib, get_label, [P]) of
+            try dynamic(proc_lib, get_label, [P]) of
                 undefined -> null;
                 L -> iolist_to_binary(io_lib:format("~0tp", [L], [{chars_limit, 80}]))
             catch
@@ -365,6 +367,12 @@ bump(Ic, Wanted, Acc) ->
         true -> maps:update_with(mfa(Ic), fun(N) -> N + 1 end, 1, Acc);
         false -> Acc
     end.
+
+%% A call to a function that exists only on some OTP releases (checked by
+%% the caller with erlang:function_exported/3): not resolved at compile
+%% time, so the module loads on every release.
+dynamic(M, F, A) ->
+    erlang:apply(M, F, A).
 
 mfa({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
     iolist_to_binary([atom_to_binary(M, utf8), $:, atom_to_binary(F, utf8), $/,

@@ -1,0 +1,128 @@
+%%% The process rules on process data shaped as the agent returns it: the
+%%% findings fire on the pathology, not on many equal workers, and name the
+%%% process.
+-module(beamdiag_proc_rules_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+%%% Fixtures
+
+entry(Pid, Name, Reds, Q, Mem, Mons) ->
+    #{pid => Pid, name => Name, initial_call => <<"my_server:init/1">>,
+      spawn_call => <<"proc_lib:init_p/5">>, label => null, current => <<"gen_server:loop/7">>,
+      reductions => Reds, queue => Q, memory => Mem, heap_words => 1000, born => false,
+      monitored_by => Mons, status => <<"running">>, like => null}.
+
+procs(Top, Queues, Heaps, Total) ->
+    #{mode => all, limit => 50000, span_ms => 10000, reductions => Total,
+      process_count => [1000, 1000], scanned => [1000, 1000], walk_us => [2000, 2000],
+      truncated => false, top_reductions => Top, queues => Queues, heaps => Heaps,
+      heap_growth => []}.
+
+%% Two schedulers, Busy of them busy over a 10 s window.
+ledger(Busy) ->
+    #{window_s => 10.0, by_type => #{scheduler => #{busy => Busy * 10.0, wall => 20.0}}}.
+
+settings() ->
+    #{schedulers_online => 2}.
+
+ids(Fs) -> [Id || #{id := Id} <- Fs].
+
+%%% Tests
+
+server_bottleneck_test() ->
+    Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
+    Workers = [entry(<<"<0.1.", (integer_to_binary(I))/binary, ">">>, null, 600000, [0, 0],
+                     [2000, 2000], 0) || I <- lists:seq(1, 9)],
+    P = procs([Server | Workers], [], [], 100000000),
+    [F] = beamdiag_proc_rules:findings(P, ledger(1.6), settings()),
+    ?assertEqual(single_process_bottleneck, maps:get(id, F)),
+    ?assertEqual(critical, maps:get(severity, F)),
+    #{metrics := M = #{name := <<"my_server">>, reds_share := Share}} = F,
+    ?assertEqual(0.6, Share),
+    %% 60% of 1.6 busy schedulers: 0.96 of one.
+    ?assert(abs(maps:get(process_cpus, M) - 0.96) < 1.0e-6),
+    ?assertEqual(63, maps:get(waiters, M)),
+    ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, F)), <<"my_server <0.90.0>">>)).
+
+equal_workers_test() ->
+    Workers = [entry(integer_to_binary(I), null, 1000000, [0, 1], [2000, 2000], 0)
+               || I <- lists:seq(1, 10)],
+    P = procs(Workers, [], [], 64000000),
+    ?assertEqual([], beamdiag_proc_rules:findings(P, ledger(2.0), settings())).
+
+%% Two CPU-bound processes on two schedulers: each keeps a scheduler busy,
+%% but nobody waits on them and nothing is idle.
+two_burners_test() ->
+    Burners = [entry(B, null, 50000000, [0, 0], [2000, 2000], 0)
+               || B <- [<<"<0.80.0>">>, <<"<0.81.0>">>]],
+    P = procs(Burners, [], [], 100000000),
+    ?assertEqual([], beamdiag_proc_rules:findings(P, ledger(2.0), settings())).
+
+%% Little work on a quiet node: a large share of nothing.
+quiet_node_test() ->
+    One = entry(<<"<0.80.0>">>, <<"logger">>, 9000, [0, 0], [2000, 2000], 0),
+    P = procs([One], [], [], 10000),
+    ?assertEqual([], beamdiag_proc_rules:findings(P, ledger(0.05), settings())).
+
+queue_growth_test() ->
+    Q = entry(<<"<0.95.0>">>, <<"consumer">>, 20000, [100, 50100], [1000000, 41000000], 0),
+    P = procs([], [Q], [], 1000000),
+    [F] = beamdiag_proc_rules:findings(P, ledger(0.5), settings()),
+    ?assertEqual(message_queue_growth, maps:get(id, F)),
+    #{metrics := M} = F,
+    ?assertEqual(5000.0, maps:get(queue_rate, M)),
+    ?assertEqual(50100, maps:get(queue_end, M)),
+    %% 40 MB for 50,000 messages: 800 bytes a message, 5,000 a second.
+    ?assertEqual(800 * 5000 * 60, maps:get(bytes_per_minute, M)),
+    ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, F)), <<"consumer">>)).
+
+queue_small_or_shrinking_test() ->
+    Small = entry(<<"<0.95.0>">>, <<"a">>, 20000, [0, 300], [2000, 9000], 0),
+    Shrinking = entry(<<"<0.96.0>">>, <<"b">>, 20000, [90000, 10], [2000, 2000], 0),
+    P = procs([], [Small, Shrinking], [], 1000000),
+    ?assertEqual([], beamdiag_proc_rules:findings(P, ledger(0.5), settings())).
+
+dirty_gc_names_heaps_test() ->
+    Big = (entry(<<"<0.120.0>">>, null, 100, [0, 400000], [300000000, 520000000], 0))#{
+        initial_call => <<"rabbit_amqqueue_process:init/1">>, like => 12},
+    Small = entry(<<"<0.121.0>">>, null, 100, [0, 0], [4000, 4000], 0),
+    P = procs([], [], [Big, Small], 1000),
+    Gc = beamdiag_finding:new(dirty_cpu_gc, warning, [<<"dirty gc 1.2 s">>], #{}),
+    [F] = beamdiag_proc_rules:annotate([Gc], P, ledger(1.0)),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"<0.120.0> (rabbit_amqqueue_process:init/1): 520.0 MB, +220.0 MB">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"12 processes with its initial call">>)),
+    ?assertEqual(nomatch, binary:match(Ev, <<"<0.121.0>">>)),
+    ?assertEqual(520000000, maps:get(largest_heap_bytes, maps:get(metrics, F))).
+
+%% A lock-counting bottleneck on the same process is one finding.
+merged_with_locks_test() ->
+    Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
+    P = procs([Server], [], [], 100000000),
+    Own = beamdiag_proc_rules:findings(P, ledger(1.6), settings()),
+    Lock = beamdiag_finding:new(single_process_bottleneck, warning, [<<"process <0.90.0>: "
+                                "threads waited 30% of the window on its locks">>],
+                                #{process => <<"<0.90.0>">>, wait_pct => 30.0}),
+    Other = beamdiag_finding:new(cpu_saturated, warning, [], #{}),
+    Out = beamdiag_proc_rules:annotate(Own ++ [Lock, Other], P, ledger(1.6)),
+    ?assertEqual([single_process_bottleneck, cpu_saturated], ids(Out)),
+    [F | _] = Out,
+    ?assertEqual(4, length(maps:get(evidence, F))),
+    ?assertEqual(30.0, maps:get(wait_pct, maps:get(metrics, F))),
+    %% On another process: both stay.
+    Lock2 = Lock#{metrics => #{process => <<"<0.99.0>">>}},
+    ?assertEqual(2, length([x || #{id := single_process_bottleneck}
+                                     <- beamdiag_proc_rules:annotate(Own ++ [Lock2], P,
+                                                                     ledger(1.6))])).
+
+text_section_test() ->
+    Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
+    Q = entry(<<"<0.95.0>">>, <<"consumer", 27, "[2J">>, 20000, [100, 50100], [1000, 4100000], 0),
+    P = procs([Server], [Q], [Q, Server], 100000000),
+    Text = beamdiag_text:terminal(beamdiag_proc_format:text(P)),
+    ?assertMatch({_, _}, binary:match(Text, <<"TOP PROCESSES">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"60.0%  my_server <0.90.0>">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"100 -> 50.1k">>)),
+    ?assertEqual(nomatch, binary:match(Text, <<27>>)),
+    ?assertMatch({_, _}, binary:match(beamdiag_text:terminal(
+        beamdiag_proc_format:text(#{error => <<"error:badarg">>})), <<"not collected">>)).
