@@ -40,6 +40,8 @@
 %%% when no arguments are given; BENCH_THREADS="2 64 256 1024" overrides
 %%% the thread counts; BENCH_MSACC_PAIRS (60) the msacc slices;
 %%% BENCH_TICK_PAIRS (12) the amplified tick slices;
+%%% BENCH_PROCS (10000) idle processes on every measured node (the
+%%% session walks the process table at the window's start and end);
 %%% BENCH_PARTS="throughput amplified session msacc memory ticks" picks
 %%% parts. Exit status 1 when the budget is missed beyond doubt (the whole
 %%% interval of the sum above 0.5%).
@@ -143,6 +145,7 @@ throughput(Load, Cycles, RunS) ->
     try
         ok = load_on(Peer, Load),
         ok = peer:call(Peer, overhead_load, start, [4]),
+        ok = peer:call(Peer, overhead_load, idle, [env_int("BENCH_PROCS", 10000)], 60000),
         {ok, Node} = beamdiag_remote:connect(atom_to_list(Node), #{cookie => Cookie}),
         {ok, _} = beamdiag_remote:load(Node, beamdiag_agent:modules()),
         Ms = RunS * 1000,
@@ -242,6 +245,7 @@ msacc_alone(Load, Pairs) ->
     try
         ok = load_on(Peer, Load),
         ok = peer:call(Peer, overhead_load, start, [4]),
+        ok = peer:call(Peer, overhead_load, idle, [env_int("BENCH_PROCS", 10000)], 60000),
         Rs = peer:call(Peer, overhead_load, msacc_pairs, [Pairs, 2000], Pairs * 5000 + 30000),
         {M, Lo, Hi} = I = interval([1 - R || R <- Rs]),
         io:format("msacc on: loss of work per CPU second ~.2f% (95% interval ~.2f% to ~.2f%), "
@@ -270,6 +274,7 @@ amplified(Load, Pairs, What) ->
         ok = load_on(Peer, Load),
         ok = load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()]),
         ok = peer:call(Peer, overhead_load, start, [4]),
+        ok = peer:call(Peer, overhead_load, idle, [env_int("BENCH_PROCS", 10000)], 60000),
         Rs = peer:call(Peer, overhead_load, Fun, Args, Pairs * 15000 + 30000),
         {M, Lo, Hi} = interval([1 - R || {R, _} <- Rs]),
         Ps = mean([P || {_, P} <- Rs]),

@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, idle/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -38,6 +38,23 @@ start(N) ->
     end),
     receive
         started -> ok
+    end.
+
+%% @doc N idle processes (each waiting in receive) under an owner that
+%% lives until the node stops: the process table the agent's process
+%% walks cover.
+-spec idle(non_neg_integer()) -> ok.
+idle(N) ->
+    Self = self(),
+    _ = spawn(fun() ->
+        _ = [spawn_link(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, N)],
+        Self ! idle_started,
+        receive
+            stop -> ok
+        end
+    end),
+    receive
+        idle_started -> ok
     end.
 
 %% @doc Work units per wall second and per CPU second of this node over the

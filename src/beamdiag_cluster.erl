@@ -98,7 +98,8 @@ summary_row(#{capture := C, ledger := L, findings := F}) ->
         sys => Share(sys),
         blocked => Share(blocked),
         reductions_per_s => maps:get(reductions_per_s, maps:get(vm, L, #{}), 0.0),
-        findings => [#{id => Id, severity => S} || #{id := Id, severity := S} <- F]
+        findings => [#{id => Id, severity => S} || #{id := Id, severity := S} <- F],
+        top_process => top_process(maps:get(extras, C, #{}))
     }.
 
 %% @doc The outliers among summary rows: per node, the figures whose robust
@@ -148,6 +149,9 @@ text(#{seed := Seed, members := Ms, nodes := Nodes, outliers := Out, errors := E
             [] -> "  none: the nodes' ledgers agree\n";
             _ -> [outlier_line(O) || O <- Out]
         end,
+        "\nTOP PROCESS PER NODE (share of the node's reductions; largest mailbox)\n",
+        [io_lib:format("  ~-30ts ~ts~n", [safe(N), top_process_text(maps:get(top_process, Row, null))])
+         || Row = #{node := N} <- Nodes],
         "\nFINDINGS PER NODE\n",
         [case Fs of
              [] -> io_lib:format("  ~ts: none~n", [safe(N)]);
@@ -273,6 +277,38 @@ fig(_, V) -> pct(V).
 
 sign(Z) when Z < 0 -> "-";
 sign(_) -> "+".
+
+%% The process with the largest share of a node's reductions, and the
+%% longest mailbox at the end, from the process walks.
+top_process(#{procs := P = #{top_reductions := Top}}) ->
+    Total = maps:get(reductions, P, 0),
+    Reds = case Top of
+               [E | _] when Total > 0 ->
+                   #{process => proc_key(E), share => maps:get(reductions, E) / Total};
+               _ -> null
+           end,
+    Queue = case maps:get(queues, P, []) of
+                [Q = #{queue := [_, QEnd]} | _] -> #{process => proc_key(Q), queue => QEnd};
+                _ -> null
+            end,
+    #{reductions => Reds, mailbox => Queue};
+top_process(_) ->
+    null.
+
+proc_key(#{name := N}) when is_binary(N) -> N;
+proc_key(#{pid := P}) -> P.
+
+top_process_text(#{reductions := R, mailbox := Q}) ->
+    [case R of
+         #{process := P, share := S} -> [safe(P), " ", pct(S)];
+         null -> "-"
+     end,
+     case Q of
+         #{process := QP, queue := Len} -> io_lib:format("; mailbox ~ts ~b", [safe(QP), Len]);
+         null -> ""
+     end];
+top_process_text(_) ->
+    "no process data".
 
 short_findings([]) -> "-";
 short_findings(Fs) -> lists:join(",", [safe(Id) || #{id := Id} <- Fs]).

@@ -35,7 +35,8 @@
     method := binary(),
     alpha := float(),
     metrics := [map()],
-    findings := [map()]
+    findings := [map()],
+    processes => [map()]
 }.
 
 -define(SCHEMA, <<"beamdiag.compare/1">>).
@@ -72,12 +73,13 @@ compare(A, B, Opts) when is_map(Opts) ->
         method => <<"Welch's t-test over per-tick values; 99% CI of the delta">>,
         alpha => Alpha,
         metrics => Metrics,
-        findings => findings(maps:get(findings, A), maps:get(findings, B))
+        findings => findings(maps:get(findings, A), maps:get(findings, B)),
+        processes => beamdiag_proc_format:compare(procs(A), procs(B))
     }.
 
 %% @doc The comparison as text, 80 columns.
 -spec text(comparison()) -> iolist().
-text(#{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
+text(Cmp = #{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
     [
         io_lib:format("beamdiag compare~n  A: ~ts~n  B: ~ts~n", [about_line(A), about_line(B)]),
         io_lib:format("noise: Welch's t-test over per-tick values; a delta counts when p < ~ts~n"
@@ -93,6 +95,7 @@ text(#{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
                                 [safe(Id), safe(SA), safe(SB), safe(C)])
                   || #{id := Id, a := SA, b := SB, change := C} <- Fs]
         end,
+        beamdiag_proc_format:compare_text(maps:get(processes, Cmp, [])),
         summary(Ms)
     ].
 
@@ -104,6 +107,10 @@ document(C = #{metrics := Ms}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% The process walks' data of a diagnosis, when it has them.
+procs(#{capture := #{extras := #{procs := P}}}) when is_map(P) -> P;
+procs(_) -> undefined.
 
 about(#{capture := C, ledger := L, findings := F}) ->
     S = maps:get(settings, C, #{}),

@@ -161,8 +161,10 @@ start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := 
                    infinity -> ?LONG_MS;
                    _ -> max(I, round(D * 1000))
                end,
+    %% The process walks run at a window's start and end; a watch window
+    %% lasts until it is stopped, so they would show nothing.
     AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M, locks => false,
-                  unload => Loaded},
+                  procs => false, unload => Loaded},
     Started = case Node =:= node() of
                   true -> beamdiag_agent:start(self(), AgentOpts);
                   false ->

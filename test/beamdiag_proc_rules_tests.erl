@@ -126,3 +126,19 @@ text_section_test() ->
     ?assertEqual(nomatch, binary:match(Text, <<27>>)),
     ?assertMatch({_, _}, binary:match(beamdiag_text:terminal(
         beamdiag_proc_format:text(#{error => <<"error:badarg">>})), <<"not collected">>)).
+
+%% Compare: which process changed between two windows.
+compare_test() ->
+    ServerA = entry(<<"<0.90.0>">>, <<"my_server">>, 1000000, [0, 0], [10000, 12000], 0),
+    ServerB = entry(<<"<0.91.0>">>, <<"my_server">>, 60000000, [0, 400], [10000, 90000], 60),
+    Same = entry(<<"<0.5.0>">>, <<"logger">>, 1000000, [0, 0], [5000, 5000], 0),
+    A = procs([ServerA, Same], [], [], 100000000),
+    B = procs([ServerB, Same#{reductions => 1000000}], [], [], 100000000),
+    [First | _] = Rows = beamdiag_proc_format:compare(A, B),
+    ?assertEqual(<<"my_server">>, maps:get(process, First)),
+    ?assertEqual([0.01, 0.6], maps:get(share, First)),
+    ?assertEqual([0, 400], maps:get(queue, First)),
+    ?assertEqual([], [R || R = #{process := <<"logger">>} <- Rows]),
+    Text = iolist_to_binary(beamdiag_proc_format:compare_text(Rows)),
+    ?assertMatch({_, _}, binary:match(Text, <<"my_server">>)),
+    ?assertEqual([], beamdiag_proc_format:compare(undefined, undefined)).
