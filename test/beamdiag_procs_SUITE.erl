@@ -8,7 +8,7 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([single_server/1, mailbox_growth/1, equal_workers/1, dirty_cpu_gc_heaps/1,
-         walk_bounds/1]).
+         walk_bounds/1, otp27_label/1]).
 
 -define(WINDOW, 4).
 
@@ -17,10 +17,10 @@ suite() -> [{timetrap, {minutes, 3}}].
 
 -spec all() -> [atom()].
 all() ->
-    [single_server, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds].
+    [single_server, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds, otp27_label].
 
 -spec init_per_testcase(atom(), list()) -> list().
-init_per_testcase(walk_bounds, Config) ->
+init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label ->
     Config;
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
@@ -138,6 +138,42 @@ walk_bounds(_Config) ->
     ?assert(S0 =< length(erlang:registered()) + 10),
     [?assert(length(maps:get(K, R)) =< 10) || R <- [All, Small],
                                               K <- [top_reductions, queues, heaps, heap_growth]].
+
+%% On OTP 27 a process is named by its label (proc_lib:set_label/1) when it
+%% has no registered name: four producers fill an unregistered, labelled
+%% process's mailbox.
+-spec otp27_label(list()) -> term().
+otp27_label(_Config) ->
+    Cookie = "procs_" ++ integer_to_list(erlang:unique_integer([positive])),
+    case beamdiag_test_lib:start_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}) of
+        {ok, Peer, Node} ->
+            try
+                {ok, Tokens, _} = erl_scan:string(
+                    "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
+                    "receive stop -> ok end end), "
+                    "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
+                    "receive after 1 -> ok end, Loop(N - 1) end, "
+                    "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
+                {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+                {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
+                timer:sleep(500),
+                {ok, D = #{findings := F}} =
+                    beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
+                P = procs(D),
+                [Q] = [E || E = #{label := <<"{beamdiag_test,queue}">>} <- maps:get(queues, P)],
+                [Q0, Q1] = maps:get(queue, Q),
+                ct:pal("OTP 27 labelled process: queue ~b -> ~b, name ~p", [Q0, Q1, maps:get(name, Q)]),
+                ?assertEqual(null, maps:get(name, Q)),
+                ?assert(Q1 - Q0 > 1000),
+                [G] = [X || X = #{id := message_queue_growth} <- F],
+                ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, G)),
+                                                  <<"label {beamdiag_test,queue}">>))
+            after
+                peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
 
 %%% Helpers
 
