@@ -146,8 +146,9 @@ reds_line(E, Total) ->
                 0 -> 0.0;
                 _ -> maps:get(reductions, E) / Total
             end,
-    io_lib:format("  ~12ts  ~6.1f%  ~ts~ts~n",
-                  [count(maps:get(reductions, E)), 100 * Share, who(E, 50), where(E)]).
+    [io_lib:format("  ~12ts  ~6.1f%  ~ts~n",
+                   [count(maps:get(reductions, E)), 100 * Share, who(E, 56)]),
+     where(E)].
 
 queues(Qs) ->
     case [E || E = #{queue := [_, Q1]} <- Qs, Q1 > 0] of
@@ -156,7 +157,7 @@ queues(Qs) ->
         Rows ->
             ["  mailboxes (messages at start -> end)\n",
              [io_lib:format("  ~12ts -> ~-9ts  ~ts~n",
-                            [qstart(Q0), count(Q1), who(E, 50)])
+                            [qstart(Q0), count(Q1), who(E, 52)])
               || E = #{queue := [Q0, Q1]} <- lists:sublist(Rows, ?ROWS)]]
     end.
 
@@ -165,7 +166,7 @@ heaps([]) ->
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
      [io_lib:format("  ~12ts ~10ts  ~ts~ts~n",
-                    [beamdiag_proc_rules:bytes(M1), growth(M0, M1), who(E, 50), like(E)])
+                    [beamdiag_proc_rules:bytes(M1), growth(M0, M1), who(E, 40), like(E)])
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
 growth(M0, M1) when is_integer(M0) ->
@@ -176,10 +177,11 @@ growth(_, _) ->
 like(#{like := N}) when is_integer(N), N > 1 -> io_lib:format(", ~b like it", [N]);
 like(_) -> "".
 
+%% Where it was at the end, under the process's line.
 where(#{current := C, monitored_by := M}) when M > 0 ->
-    io_lib:format(" in ~ts, ~b monitors", [beamdiag_text:safe(C, 40), M]);
+    io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_text:safe(C, 40), M]);
 where(#{current := C}) ->
-    [" in ", beamdiag_text:safe(C, 40)];
+    io_lib:format("~24sin ~ts~n", ["", beamdiag_text:safe(C, 50)]);
 where(_) ->
     "".
 
