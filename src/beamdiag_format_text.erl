@@ -213,7 +213,7 @@ msacc_line(Type, #{shares := Shares}) ->
                    lists:join("  ", [[atom_to_list(S), " ", pct(V)] || {S, V} <- Top, V > 0.0005])]).
 
 locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
-    ["\n", beamdiag_lock_format:text(Locks)];
+    ["\n", beamdiag_format_locks:text(Locks)];
 locks(_) ->
     "".
 

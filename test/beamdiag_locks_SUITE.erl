@@ -59,7 +59,7 @@ ets_hot(_Config) ->
     [Table] = [T || T = #{name := <<"beamdiag_hot_table">>} <- maps:get(tables, Data)],
     ?assertMatch(#{write_concurrency := <<"true">>, protection := <<"public">>, type := <<"set">>},
                  Table),
-    Text = iolist_to_binary(beamdiag_lock_format:text(Data)),
+    Text = iolist_to_binary(beamdiag_format_locks:text(Data)),
     ?assertNotEqual(nomatch, binary:match(Text, <<"beamdiag_hot_table">>)),
     ok.
 

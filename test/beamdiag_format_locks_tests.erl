@@ -1,4 +1,4 @@
--module(beamdiag_lock_format_tests).
+-module(beamdiag_format_locks_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -21,7 +21,7 @@ ets_hot_ranks_the_table_first_test() ->
     ?assert(lists:any(fun(L) -> string:find(L, "owner") =/= nomatch end, Lines)).
 
 empty_data_test() ->
-    Text = unicode:characters_to_list(beamdiag_lock_format:text(#{})),
+    Text = unicode:characters_to_list(beamdiag_format_locks:text(#{})),
     ?assertNotEqual(nomatch, string:find(Text, "No lock was taken")).
 
 long_ids_are_cut_test() ->
@@ -38,7 +38,7 @@ long_ids_are_cut_test() ->
     [?assert(string:length(L) =< 80) || L <- lines(D)].
 
 lines(D) ->
-    string:split(unicode:characters_to_list(beamdiag_lock_format:text(D)), "\n", all).
+    string:split(unicode:characters_to_list(beamdiag_format_locks:text(D)), "\n", all).
 
 fixture(Name) ->
     {ok, [T]} = file:consult(filename:join(["test", "fixtures", Name])),

@@ -1,7 +1,7 @@
 %%% @doc Lock data as a text report, readable at 80 columns (pure).
 %%%
 %%% ```
-%%% 1> io:put_chars(beamdiag_lock_format:text(beamdiag_agent_lcnt:collect(State))).
+%%% 1> io:put_chars(beamdiag_format_locks:text(beamdiag_agent_lcnt:collect(State))).
 %%% Lock counting over 10.0 s: 2113 locks, 41 contended
 %%%
 %%% By class                   locks       tries   coll%    wait ms   wait%
@@ -11,7 +11,7 @@
 %%%
 %%% wait% is the wait summed over all threads as a share of the window
 %%% (lcnt's "duration %"): 100% is one thread blocked for the whole window.
--module(beamdiag_lock_format).
+-module(beamdiag_format_locks).
 
 -export([text/1]).
 
