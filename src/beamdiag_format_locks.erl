@@ -136,9 +136,11 @@ ns(N) when N < 1000000 -> [integer_to_list(N div 1000), "us"];
 ns(N) when N < 1000000000 -> [integer_to_list(N div 1000000), "ms"];
 ns(N) -> [integer_to_list(N div 1000000000), "s"].
 
--spec cut(binary() | string(), pos_integer()) -> unicode:chardata().
-cut(B, Max) when is_binary(B) -> cut(unicode:characters_to_list(B), Max);
-cut(S, Max) ->
+%% Names from the target (lock classes and ids, locations, tables) as one
+%% printable line (invalid UTF-8 and control characters as '?'), cut.
+-spec cut(term(), pos_integer()) -> unicode:chardata().
+cut(T, Max) ->
+    S = beamdiag_text:safe(T),
     case string:length(S) > Max of
         true -> [string:slice(S, 0, Max - 1), "~"];
         false -> S

@@ -37,6 +37,23 @@ long_ids_are_cut_test() ->
           tables => [#{name => Long, owner => Long, type => <<"set">>}]},
     [?assert(string:length(L) =< 80) || L <- lines(D)].
 
+%% Names with bytes that are not UTF-8 and control characters: printable,
+%% no crash.
+hostile_names_test() ->
+    Bad = <<"t", 255, 27, "[2J">>,
+    D = #{window_ns => 1000000000, lock_count => 1, contended_count => 1,
+          classes => [#{class => Bad, locks => 1, tries => 10, collision_pct => 1.0,
+                        wait_ns => 10, wait_pct => 0.0}],
+          locks => [#{class => Bad, id => Bad, tries => 10, collision_pct => 1.0,
+                      wait_pct => 0.0, p50_wait_ns => 1024, p90_wait_ns => 2048,
+                      instances => 1,
+                      locations => [#{location => Bad, tries => 1, collisions => 1,
+                                      wait_ns => 1}]}],
+          tables => [#{name => Bad, owner => Bad, type => <<"set">>}]},
+    Text = unicode:characters_to_binary(beamdiag_format_locks:text(D)),
+    ?assertEqual(nomatch, binary:match(Text, [<<27>>, <<255>>])),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"t??[2J">>)).
+
 lines(D) ->
     string:split(unicode:characters_to_list(beamdiag_format_locks:text(D)), "\n", all).
 
