@@ -171,7 +171,12 @@ instance({tuple, _, Es}) -> list_to_tuple([instance(E) || E <- Es]);
 instance({map, _, Fs}) -> maps:from_list([{instance(K), instance(V)} || {_, _, K, V} <- Fs]);
 instance({match, _, {var, _, _}, P}) -> instance(P);
 instance({match, _, P, _}) -> instance(P);
-instance({bin, _, _}) -> <<>>.
+instance({char, _, C}) -> C;
+instance({float, _, F}) -> F;
+instance({op, _, '++', {string, _, S}, T}) -> S ++ instance(T);
+instance({op, _, '++', {nil, _}, T}) -> instance(T);
+instance({bin, _, _}) -> <<>>;
+instance(_) -> x.
 
 %% Whether two reasons of a module fall in the same format_error clause.
 same_clause({M, A}, {M, B}) -> clause_of(M, A) =:= clause_of(M, B);
