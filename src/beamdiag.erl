@@ -77,7 +77,7 @@ diagnose(NodeStr, Opts) ->
     O = options(Opts),
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
-            case beamdiag_remote:load(Node, beamdiag_agent:modules()) of
+            case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
                     Result = beamdiag_collect:run(Node, collect_opts(O, Loaded)),
                     case Result of
@@ -90,7 +90,7 @@ diagnose(NodeStr, Opts) ->
                         {error, _} = E ->
                             %% The agent unloads itself when it ends; this
                             %% covers an agent that never started.
-                            beamdiag_remote:unload(Node, Loaded),
+                            beamdiag_loader:unload(Node, Loaded),
                             E
                     end;
                 {error, _} = E ->

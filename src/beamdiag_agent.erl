@@ -346,7 +346,7 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
 %% purger work for five modules on a node with a million processes). On a
 %% node with more processes than the limit the agent leaves its modules
 %% loaded, inert, and says so in the extras (`left_loaded'); the next
-%% session reuses them, and beamdiag_remote:unload/2 removes them when the
+%% session reuses them, and beamdiag_loader:unload/2 removes them when the
 %% node is quiet.
 unload_plan([], Extras) ->
     {[], Extras};

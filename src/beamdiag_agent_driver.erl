@@ -37,14 +37,12 @@
 %%% API
 %%%===================================================================
 
-%% @doc Starts the closed-loop driver on this node: loads the workload's
-%% code (`code', a list of `{Module, Binary, File}'; a module the node
-%% already has is used as it is), starts `concurrency' workers and returns.
-%% The driver stops by itself after `bound_ms'.
+%% @doc Starts the closed-loop driver on this node (the workload's module
+%% is loaded already, shipped with the driver), starts `concurrency'
+%% workers and returns. The driver stops by itself after `bound_ms'.
 -spec start(#{unit := unit(), concurrency := pos_integer(), bound_ms := pos_integer(),
-              reservoir := pos_integer(), code => [{module(), binary(), string()}]}) -> ok.
-start(Opts = #{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
-    _ = [{module, M} = ensure_module(M, B, F) || {M, B, F} <- maps:get(code, Opts, [])],
+              reservoir := pos_integer()}) -> ok.
+start(#{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
     Self = self(),
     Ref = make_ref(),
     Pid = spawn(fun() -> driver(Self, Ref, Unit, C, Bound, Res) end),
@@ -191,9 +189,3 @@ unit({lab, M, Name}, Ctx) ->
     M:unit(Name, Ctx);
 unit({mfa, M, F}, _) ->
     M:F().
-
-ensure_module(M, B, F) ->
-    case code:ensure_loaded(M) of
-        {module, M} -> {module, M};
-        {error, _} -> code:load_binary(M, F, B)
-    end.

@@ -318,7 +318,14 @@ arm(W, V, C) ->
                 {U, A, DC, []};
             {mfa, M, F} ->
                 case code:get_object_code(M) of
-                    {M, Bin, File} -> {{mfa, M, F}, [], 4, [{M, Bin, File}]};
+                    {M, _, File} ->
+                        %% OTP's own modules are on the node already, in
+                        %% its release's version: used as they are there.
+                        Ship = case lists:prefix(code:lib_dir(), File) of
+                                   true -> [];
+                                   false -> [M]
+                               end,
+                        {{mfa, M, F}, [], 4, Ship};
                     error -> throw({arm_error, {error, {beamdiag_experiment,
                                                         {no_module, atom_to_list(M)}}}})
                 end
@@ -365,10 +372,11 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
     #{emu_args := Args, unit := Unit, code := Code, concurrency := C} = Arm,
     BoundS = ceil(Wu + D) + 60,
     DriverOpts = #{unit => Unit, concurrency => C, bound_ms => BoundS * 1000,
-                   reservoir => Res, code => Code},
+                   reservoir => Res},
+    %% The lab ships the driver, the lab workload's module or the user's.
     Scenario = #{name => experiment, summary => <<"experiment run">>, emu_args => Args,
                  load => {beamdiag_agent_driver, start, [DriverOpts]},
-                 modules => [M || {lab, M, _} <- [Unit]],
+                 modules => [M || {lab, M, _} <- [Unit]] ++ Code,
                  warmup_ms => round(Wu * 1000)},
     case beamdiag_lab:start(Scenario, #{duration => BoundS}) of
         {ok, Lab} ->

@@ -141,8 +141,8 @@ format_error({unknown_scenario, N, Known}) ->
                   [beamdiag_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
 format_error({peer_start, Name, Reason}) ->
     io_lib:format("cannot start the ~s lab node: ~p~ts", [Name, Reason, lcnt_hint(Reason)]);
-format_error({load, Mod, Reason}) ->
-    io_lib:format("cannot load ~s onto the lab node: ~p", [Mod, Reason]);
+format_error({load, Why}) ->
+    ["lab node: ", beamdiag_loader:format_error(Why)];
 format_error({cgroup, Why}) ->
     io_lib:format("cannot set up a CPU-quota cgroup (needs root and a writable cgroup "
                   "hierarchy): ~p", [Why]);
@@ -172,19 +172,13 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
     ],
     lists:foldl(fun(Step, {ok, L}) -> Step(L); (_, E) -> E end, {ok, Lab}, Steps).
 
-load_all(_Peer, [], Lab) ->
-    {ok, Lab};
-load_all(Peer, [M | Ms], Lab) ->
-    case load(Peer, M, Lab) of
-        {ok, _} -> load_all(Peer, Ms, Lab);
-        E -> E
-    end.
-
-load(Peer, Mod, Lab) ->
-    {Mod, Bin, File} = code:get_object_code(Mod),
-    case catch peer:call(Peer, code, load_binary, [Mod, File, Bin], 30000) of
-        {module, Mod} -> {ok, Lab};
-        Other -> {error, {beamdiag_lab, {load, Mod, Other}}}
+%% Ships modules with the one loader for every node, so the lab runs on
+%% another OTP release too; the node dies with the lab, and the modules
+%% with it.
+load_all(Peer, Mods, Lab) ->
+    case beamdiag_loader:load({peer, Peer}, Mods) of
+        {ok, _} -> {ok, Lab};
+        {error, {beamdiag_loader, Why}} -> {error, {beamdiag_lab, {load, Why}}}
     end.
 
 %% A second node that burns the given number of CPUs, competing with the lab
@@ -196,7 +190,7 @@ competitor(#{competitor := #{cpus := N}}, Lab, Duration) ->
                       args => ["-hidden", "+S", integer_to_list(N)]}) of
         {ok, C, _} ->
             Lab2 = Lab#{competitor => C},
-            case load(C, beamdiag_lab_ledger, Lab2) of
+            case load_all(C, [beamdiag_lab_ledger], Lab2) of
                 {ok, _} ->
                     ok = peer:call(C, beamdiag_lab_ledger, burn, [Duration * 1000, N * 2]),
                     {ok, Lab2};

@@ -74,8 +74,8 @@ profile(Node, Opts, Err) ->
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({sampler_load, _Node, Why}) ->
-    ["cannot load the sampler: ", beamdiag_remote:format_error(Why)];
+format_error({sampler_load, _Node, {M, Why}}) ->
+    ["cannot load the sampler: ", M:format_error(Why)];
 format_error({remote, Class, Reason}) ->
     io_lib:format("the sampler failed on the target: ~p:~p", [Class, Reason]).
 
@@ -88,16 +88,16 @@ format_error({remote, Class, Reason}) ->
 %% duration.
 sample(Node, Opts) ->
     D = maps:get(duration, maps:merge(beamdiag_agent_sampler:defaults(), Opts)),
-    case beamdiag_remote:load(Node, [beamdiag_agent_sampler]) of
+    case beamdiag_loader:load(Node, [beamdiag_agent_sampler]) of
         {ok, Loaded} ->
             try erpc:call(Node, beamdiag_agent_sampler, run, [Opts], (D + 30) * 1000) of
                 R -> {ok, R}
             catch
                 Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
             after
-                beamdiag_remote:unload(Node, Loaded)
+                beamdiag_loader:unload(Node, Loaded)
             end;
-        {error, {beamdiag_remote, Why}} ->
+        {error, Why} ->
             {error, {?MODULE, {sampler_load, Node, Why}}}
     end.
 

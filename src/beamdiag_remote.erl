@@ -1,11 +1,10 @@
-%%% @doc Reaching a target node: hidden distribution, cookies, and loading
-%%% beamdiag's agent modules onto the target without installing anything.
+%%% @doc Reaching a target node: hidden distribution and cookies.
 %%%
 %%% The local node starts as a hidden node that does not listen
 %%% (`dist_listen => false'), so it needs no epmd of its own and is not
-%%% listed in the target's `nodes()'. Modules are shipped with
-%%% `code:get_object_code/1' and `code:load_binary/3' over erpc; a module the
-%%% target already has in the same version is used as it is and left alone.
+%%% listed in the target's `nodes()'. `load/2' and `unload/2' put the
+%%% agent's modules on the target through `beamdiag_loader', which picks
+%%% how from the target's OTP release.
 %%%
 %%% ```
 %%% 1> {ok, Node} = beamdiag_remote:connect("app@host", #{cookie_file => "/home/me/.erlang.cookie"}).
@@ -45,23 +44,15 @@ connect(NodeStr, Opts) ->
     end.
 
 %% @doc Loads modules onto the node; returns those it loaded (and so must
-%% unload). A module already on the target in the same version is used as
-%% it is; a different version is refused rather than replaced.
--spec load(node(), [module()]) -> {ok, [module()]} | {error, {beamdiag_remote, term()}}.
-load(Node, Mods) when Node =:= node() ->
-    _ = [code:ensure_loaded(M) || M <- Mods],
-    {ok, []};
+%% unload). See `beamdiag_loader:load/2'.
+-spec load(node(), [module()]) -> {ok, [module()]} | {error, {beamdiag_loader, term()}}.
 load(Node, Mods) ->
-    load(Node, Mods, []).
+    beamdiag_loader:load(Node, Mods).
 
 %% @doc Removes modules this session loaded onto the node.
 -spec unload(node(), [module()]) -> ok.
-unload(Node, Mods) when Node =/= node() ->
-    _ = [catch erpc:call(Node, code, delete, [M], ?CALL_TIMEOUT) || M <- Mods],
-    _ = [catch erpc:call(Node, code, purge, [M], ?CALL_TIMEOUT) || M <- Mods],
-    ok;
-unload(_, _) ->
-    ok.
+unload(Node, Mods) ->
+    beamdiag_loader:unload(Node, Mods).
 
 %% @doc Drops the connection to the node.
 -spec disconnect(node()) -> ok.
@@ -114,14 +105,7 @@ format_error({unreachable, Node, no_epmd}) ->
     io_lib:format("cannot reach ~s: no epmd answers on its host (is the node running?)", [Node]);
 format_error({unreachable, Node, refused}) ->
     io_lib:format("cannot reach ~s: the node is running but refused the connection "
-                  "(wrong cookie?)", [Node]);
-format_error({version_conflict, Node, Mod}) ->
-    io_lib:format("~s already runs a different version of ~s; refusing to replace it",
-                  [Node, Mod]);
-format_error({load_failed, Node, Mod, Reason}) ->
-    io_lib:format("cannot load ~s onto ~s: ~p", [Mod, Node, Reason]);
-format_error({no_object_code, Mod}) ->
-    io_lib:format("cannot find the object code of ~s", [Mod]).
+                  "(wrong cookie?)", [Node]).
 
 %%%===================================================================
 %%% Internal
@@ -221,44 +205,6 @@ diagnose_unreachable(Node) ->
             end;
         {error, _} ->
             {unreachable, Node, no_epmd}
-    end.
-
-load(_Node, [], Acc) ->
-    {ok, lists:reverse(Acc)};
-load(Node, [M | Rest], Acc) ->
-    case code:get_object_code(M) of
-        {M, Bin, File} ->
-            case remote_md5(Node, M) of
-                {ok, Md5} ->
-                    case M:module_info(md5) of
-                        Md5 -> load(Node, Rest, Acc);
-                        _ ->
-                            unload(Node, Acc),
-                            {error, {beamdiag_remote, {version_conflict, Node, M}}}
-                    end;
-                missing ->
-                    case catch erpc:call(Node, code, load_binary, [M, File, Bin], ?CALL_TIMEOUT) of
-                        {module, M} ->
-                            load(Node, Rest, [M | Acc]);
-                        Other ->
-                            unload(Node, Acc),
-                            {error, {beamdiag_remote, {load_failed, Node, M, Other}}}
-                    end
-            end;
-        error ->
-            unload(Node, Acc),
-            {error, {beamdiag_remote, {no_object_code, M}}}
-    end.
-
-remote_md5(Node, M) ->
-    case catch erpc:call(Node, code, is_loaded, [M], ?CALL_TIMEOUT) of
-        {file, _} ->
-            case catch erpc:call(Node, M, module_info, [md5], ?CALL_TIMEOUT) of
-                Md5 when is_binary(Md5) -> {ok, Md5};
-                _ -> missing
-            end;
-        _ ->
-            missing
     end.
 
 names(Names) ->

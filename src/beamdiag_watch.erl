@@ -75,7 +75,7 @@ start(NodeStr, Opts) ->
     O = options(Opts),
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
-            case beamdiag_remote:load(Node, beamdiag_agent:modules()) of
+            case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} -> start_agent(Node, Loaded, O);
                 {error, _} = E -> E
             end;
@@ -179,7 +179,7 @@ start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := 
                    info => undefined, samples => [], window => W, ticks => 0,
                    interval => I}};
         {error, Why} ->
-            beamdiag_remote:unload(Node, Loaded),
+            beamdiag_loader:unload(Node, Loaded),
             {error, {beamdiag_watch, {agent_start, Node, Why}}}
     end.
 

@@ -1,0 +1,320 @@
+%%% @doc Puts beamdiag's code on another node, whatever OTP release it runs.
+%%%
+%%% Compiled code loads on the release that compiled it and on the two
+%%% after it; OTP 29 refuses code compiled by OTP 25, and OTP 25 refuses
+%%% code compiled by OTP 26 and later. So the loader first reads the
+%%% target's release and whether the compiler application is on its code
+%%% path (two calls that change nothing), then decides with `plan/1':
+%%%
+%%% <ul>
+%%% <li>`beams': the target can load the modules as compiled here; they go
+%%%     over with `code:load_binary/3'.</li>
+%%% <li>`compile': it cannot, but it has the compiler; each module's
+%%%     abstract code (from its debug_info) goes over and `compile:forms/2'
+%%%     compiles it there, all modules at once, bounded by a timeout; the
+%%%     result is loaded with `code:load_binary/3'.</li>
+%%% <li>`{refuse, _}': neither; nothing is loaded and the error says which
+%%%     release each side runs and what to do.</li>
+%%% </ul>
+%%%
+%%% Nothing is tried and caught: a refused load would make the target log
+%%% an error report. A module the target already runs in the same version
+%%% is used as it is and left alone; another version is refused rather
+%%% than replaced. `unload/2' removes what `load/2' loaded.
+%%%
+%%% The target is a node (calls over erpc) or an OTP `peer' started by this
+%%% node (`{peer, Pid}', calls over its control connection, as the lab does).
+%%%
+%%% ```
+%%% 1> beamdiag_loader:plan(#{built_on => 25, target => 29, compiler => true}).
+%%% compile
+%%% 2> {ok, Loaded} = beamdiag_loader:load('app@host', beamdiag_agent:modules()).
+%%% 3> beamdiag_loader:unload('app@host', Loaded).
+%%% '''
+-module(beamdiag_loader).
+
+-export([load/2, unload/2, plan/1, built_on/1, format_error/1]).
+
+-export_type([target/0, plan/0]).
+
+-type target() :: node() | {peer, pid()}.
+-type plan() :: beams | compile | {refuse, no_compiler | unknown_build}.
+
+-define(CALL_TIMEOUT, 5000).
+%% Compiling every agent module on a busy target: the bound of the whole.
+-define(COMPILE_TIMEOUT, 20000).
+%% Compiler application versions (major, minor) seen in each release, for
+%% beams that were not compiled by this node's own compiler.
+-define(COMPILERS, [{{8, 2}, 25}, {{8, 6}, 27}, {{10, 0}, 29}]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Loads the modules onto the target; returns those it loaded (and so
+%% must unload). On this node itself it only makes sure they are loaded.
+-spec load(target(), [module()]) -> {ok, [module()]} | {error, {beamdiag_loader, term()}}.
+load(Node, Mods) when Node =:= node() ->
+    _ = [code:ensure_loaded(M) || M <- Mods],
+    {ok, []};
+load(Target, Mods) ->
+    case object_code(Mods, []) of
+        {ok, Objects} ->
+            case target_facts(Target) of
+                {ok, Release, Compiler} ->
+                    Built = built_on(element(2, hd(Objects))),
+                    Facts = #{built_on => Built, target => Release, compiler => Compiler},
+                    case plan(Facts) of
+                        {refuse, Why} ->
+                            {error, {?MODULE, {refuse, Why, name(Target),
+                                               Facts#{runs_on => release()}}}};
+                        How ->
+                            ship(How, Target, Objects)
+                    end;
+                {error, _} = E ->
+                    E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Removes modules this session loaded onto the target.
+-spec unload(target(), [module()]) -> ok.
+unload(Node, _Mods) when Node =:= node() ->
+    ok;
+unload(Target, Mods) ->
+    _ = [catch call(Target, code, delete, [M], ?CALL_TIMEOUT) || M <- Mods],
+    _ = [catch call(Target, code, purge, [M], ?CALL_TIMEOUT) || M <- Mods],
+    ok.
+
+%% @doc The version decision (pure). `built_on': the OTP release that
+%% compiled the modules (`unknown' when it cannot be told); `target': the
+%% target's release; `compiler': whether the compiler application is on
+%% the target's code path. Beams load on their own release and the two
+%% after it; anything else is compiled on the target, or refused.
+-spec plan(#{built_on := pos_integer() | unknown, target := pos_integer(),
+             compiler := boolean()}) -> plan().
+plan(#{built_on := Built, target := Target, compiler := Compiler}) ->
+    Loadable = is_integer(Built) andalso Target >= Built andalso Target =< Built + 2,
+    case {Loadable, Compiler} of
+        {true, _} -> beams;
+        {false, true} -> compile;
+        {false, false} when Built =:= unknown -> {refuse, unknown_build};
+        {false, false} -> {refuse, no_compiler}
+    end.
+
+%% @doc The OTP release whose compiler compiled a beam: this node's own
+%% release when its compiler is the same version, else the release known
+%% to ship that compiler version, else `unknown'.
+-spec built_on(binary()) -> pos_integer() | unknown.
+built_on(Beam) ->
+    case beam_lib:chunks(Beam, [compile_info]) of
+        {ok, {_, [{compile_info, Info}]}} ->
+            case proplists:get_value(version, Info) of
+                V when is_list(V) -> release_of_compiler(V);
+                _ -> unknown
+            end;
+        {error, beam_lib, _} ->
+            unknown
+    end.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({refuse, no_compiler, Node, #{built_on := B, target := T, runs_on := R}}) ->
+    io_lib:format("cannot load the agent onto ~s: it runs OTP ~b, which cannot load code "
+                  "compiled by OTP ~b (this beamdiag~ts), and has no compiler application on "
+                  "its code path to compile it there; use a beamdiag built on OTP ~ts, or add "
+                  "the compiler application to the node's release",
+                  [Node, T, B, runs_on(B, R), loadable_builds(T)]);
+format_error({refuse, unknown_build, Node, #{target := T, runs_on := R}}) ->
+    io_lib:format("cannot load the agent onto ~s: it runs OTP ~b and has no compiler "
+                  "application on its code path, and the OTP release that compiled this "
+                  "beamdiag (running on OTP ~b) is not known; use a beamdiag built on OTP ~ts, "
+                  "or add the compiler application to the node's release",
+                  [Node, T, R, loadable_builds(T)]);
+format_error({target_facts, Node, Why}) ->
+    io_lib:format("cannot read the OTP release of ~s: ~p", [Node, Why]);
+format_error({no_object_code, Mod}) ->
+    io_lib:format("cannot find the object code of ~s", [Mod]);
+format_error({no_abstract_code, Mod}) ->
+    io_lib:format("~s was built without debug_info, so it cannot be compiled on the target",
+                  [Mod]);
+format_error({compile_failed, Node, Mod, Why}) ->
+    io_lib:format("compiling ~s on ~s failed: ~P", [Mod, Node, Why, 20]);
+format_error({version_conflict, Node, Mod}) ->
+    io_lib:format("~s already runs a different version of ~s; refusing to replace it",
+                  [Node, Mod]);
+format_error({load_failed, Node, Mod, Why}) ->
+    io_lib:format("cannot load ~s onto ~s: ~P", [Mod, Node, Why, 20]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+object_code([], Acc) ->
+    {ok, lists:reverse(Acc)};
+object_code([M | Ms], Acc) ->
+    case code:get_object_code(M) of
+        {M, Bin, File} -> object_code(Ms, [{M, Bin, File} | Acc]);
+        error -> {error, {?MODULE, {no_object_code, M}}}
+    end.
+
+%% The target's release and whether it can compile. Neither call loads
+%% or changes anything there.
+target_facts(Target) ->
+    try
+        Rel = call(Target, erlang, system_info, [otp_release], ?CALL_TIMEOUT),
+        Which = call(Target, code, which, [compile], ?CALL_TIMEOUT),
+        {ok, list_to_integer(Rel), is_list(Which)}
+    catch
+        Class:Why -> {error, {?MODULE, {target_facts, name(Target), {Class, Why}}}}
+    end.
+
+ship(beams, Target, Objects) ->
+    load_each(Target, [{M, Bin, File, local_md5(M, Bin)} || {M, Bin, File} <- Objects], []);
+ship(compile, Target, Objects) ->
+    case abstract_code(Objects, []) of
+        {ok, Forms} ->
+            case compile_all(Target, Forms) of
+                {ok, Compiled} -> load_each(Target, Compiled, []);
+                {error, _} = E -> E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+abstract_code([], Acc) ->
+    {ok, lists:reverse(Acc)};
+abstract_code([{M, Bin, File} | Rest], Acc) ->
+    case beam_lib:chunks(Bin, [abstract_code]) of
+        {ok, {M, [{abstract_code, {raw_abstract_v1, Forms}}]}} ->
+            abstract_code(Rest, [{M, Forms, File} | Acc]);
+        _ ->
+            {error, {?MODULE, {no_abstract_code, M}}}
+    end.
+
+%% Every module compiled on the target at once (one process there each),
+%% so that on a busy node they wait for a scheduler side by side; the whole
+%% is bounded. Each result comes back with its md5 as the target's loader
+%% will see it, for the already-loaded check.
+compile_all(Target, Forms) ->
+    Deadline = erlang:monotonic_time(millisecond) + ?COMPILE_TIMEOUT,
+    Self = self(),
+    Jobs = [{M, File, spawn_monitor(fun() ->
+                 Self ! {self(), compile_one(Target, M, Fs)}
+             end)} || {M, Fs, File} <- Forms],
+    collect(Target, Jobs, Deadline, []).
+
+compile_one(Target, M, Forms) ->
+    Opts = [binary, return_errors, deterministic],
+    try call(Target, compile, forms, [Forms, Opts], ?COMPILE_TIMEOUT) of
+        {ok, M, Bin} ->
+            {ok, Bin, call(Target, beam_lib, md5, [Bin], ?CALL_TIMEOUT)};
+        {ok, M, Bin, _Warnings} ->
+            {ok, Bin, call(Target, beam_lib, md5, [Bin], ?CALL_TIMEOUT)};
+        Other ->
+            {error, Other}
+    catch
+        Class:Why -> {error, {Class, Why}}
+    end.
+
+collect(_Target, [], _Deadline, Acc) ->
+    {ok, lists:reverse(Acc)};
+collect(Target, [{M, File, {Pid, MRef}} | Rest], Deadline, Acc) ->
+    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {Pid, {ok, Bin, {ok, {M, Md5}}}} ->
+            erlang:demonitor(MRef, [flush]),
+            collect(Target, Rest, Deadline, [{M, Bin, File, Md5} | Acc]);
+        {Pid, Other} ->
+            erlang:demonitor(MRef, [flush]),
+            stop_jobs(Rest),
+            {error, {?MODULE, {compile_failed, name(Target), M, Other}}};
+        {'DOWN', MRef, process, Pid, Why} ->
+            stop_jobs(Rest),
+            {error, {?MODULE, {compile_failed, name(Target), M, {down, Why}}}}
+    after Left ->
+        stop_jobs([{M, File, {Pid, MRef}} | Rest]),
+        {error, {?MODULE, {compile_failed, name(Target), M, timeout}}}
+    end.
+
+stop_jobs(Jobs) ->
+    _ = [begin
+             exit(Pid, kill),
+             erlang:demonitor(MRef, [flush]),
+             receive {Pid, _} -> ok after 0 -> ok end
+         end || {_, _, {Pid, MRef}} <- Jobs],
+    ok.
+
+load_each(_Target, [], Acc) ->
+    {ok, lists:reverse(Acc)};
+load_each(Target, [{M, Bin, File, Md5} | Rest], Acc) ->
+    case remote_md5(Target, M) of
+        {ok, Md5} ->
+            load_each(Target, Rest, Acc);
+        {ok, _Other} ->
+            unload(Target, Acc),
+            {error, {?MODULE, {version_conflict, name(Target), M}}};
+        missing ->
+            case catch call(Target, code, load_binary, [M, File, Bin], ?CALL_TIMEOUT) of
+                {module, M} ->
+                    load_each(Target, Rest, [M | Acc]);
+                Other ->
+                    unload(Target, Acc),
+                    {error, {?MODULE, {load_failed, name(Target), M, Other}}}
+            end
+    end.
+
+remote_md5(Target, M) ->
+    case catch call(Target, code, is_loaded, [M], ?CALL_TIMEOUT) of
+        {file, _} ->
+            case catch call(Target, M, module_info, [md5], ?CALL_TIMEOUT) of
+                Md5 when is_binary(Md5) -> {ok, Md5};
+                _ -> missing
+            end;
+        _ ->
+            missing
+    end.
+
+%% The md5 the target's loader gives a beam loaded as it is: this node's
+%% own, when the module is loaded here from the same binary.
+local_md5(M, Bin) ->
+    case beam_lib:md5(Bin) of
+        {ok, {M, Md5}} -> Md5;
+        {error, beam_lib, _} -> M:module_info(md5)
+    end.
+
+call(Node, M, F, A, Timeout) when is_atom(Node) ->
+    erpc:call(Node, M, F, A, Timeout);
+call({peer, Peer}, M, F, A, Timeout) ->
+    peer:call(Peer, M, F, A, Timeout).
+
+name({peer, Peer}) ->
+    case catch peer:call(Peer, erlang, node, [], ?CALL_TIMEOUT) of
+        N when is_atom(N) -> N;
+        _ -> Peer
+    end;
+name(Node) ->
+    Node.
+
+release() ->
+    list_to_integer(erlang:system_info(otp_release)).
+
+release_of_compiler(Vsn) ->
+    _ = application:load(compiler),
+    case application:get_key(compiler, vsn) of
+        {ok, Vsn} ->
+            release();
+        _ ->
+            case catch [list_to_integer(P) || P <- lists:sublist(string:split(Vsn, ".", all), 2)] of
+                [Ma, Mi] -> proplists:get_value({Ma, Mi}, ?COMPILERS, unknown);
+                _ -> unknown
+            end
+    end.
+
+runs_on(Built, Built) -> "";
+runs_on(_, Runs) -> io_lib:format(", running on OTP ~b", [Runs]).
+
+%% The releases whose compiled code the target's release loads.
+loadable_builds(T) ->
+    io_lib:format("~b to ~b", [T - 2, T]).
