@@ -229,7 +229,7 @@ fail({M, R} = Error, #{err := Err}) ->
     end.
 
 %% @doc A command's own usage error (a combination of options the parser
-%% cannot check): says so, points to the help and returns 2.
+%% cannot check): says so on standard error and returns 2.
 -spec usage_error(unicode:chardata(), io()) -> exit_code().
 usage_error(Text, #{err := Err}) ->
     Err(["beamdiag: ", Text, "\n"]),

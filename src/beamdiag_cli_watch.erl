@@ -110,7 +110,7 @@ colour(#{colour := C}, Tty) ->
 %% A terminal on both ends: output to draw on and input for keys.
 terminal(IO) ->
     maps:get(terminal, IO,
-             io:columns(standard_io) =/= {error, enotsup} andalso stty(["-g"]) =/= error).
+             io:columns(user) =/= {error, enotsup} andalso stty(["-g"]) =/= error).
 
 %% Saves the terminal's mode, then: keys without Enter, no echo, Ctrl-C as
 %% input (so it ends the loop cleanly), cursor hidden, screen cleared.
@@ -166,7 +166,7 @@ reader(true) ->
     spawn_link(fun() -> read_keys(Parent) end).
 
 read_keys(Parent) ->
-    case io:get_chars(standard_io, "", 1) of
+    case io:get_chars(user, "", 1) of
         [C] -> Parent ! {beamdiag_key, C}, read_keys(Parent);
         <<C>> -> Parent ! {beamdiag_key, C}, read_keys(Parent);
         _ -> Parent ! {beamdiag_key, eof}
