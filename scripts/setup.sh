@@ -22,8 +22,10 @@ if [ "$what" = test ]; then
     need_cmd chromium || pkgs+=(chromium)
     need_cmd tmux || pkgs+=(tmux)
     need_cmd elixir || pkgs+=(elixir)
-    # A real server for beamdiag_servers_SUITE (scripts/rabbitmq-lab.sh).
+    # Real servers for beamdiag_servers_SUITE (scripts/rabbitmq-lab.sh,
+    # scripts/yaws-lab.sh).
     [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
+    [ -d /usr/lib/yaws/ebin ] || pkgs+=(yaws)
     need_cmd npm || pkgs+=(npm)
     # Roots with OTP 27 and 29 for the version matrix (scripts/otp-root.sh).
     need_cmd debootstrap || pkgs+=(debootstrap)
@@ -34,18 +36,21 @@ if [ "$what" = test ]; then
 fi
 
 # Debian starts a service when it installs it: the suites start their own
-# private RabbitMQ node when they need one, so the packaged service is
-# stopped and kept from starting at boot.
+# private RabbitMQ and Yaws nodes when they need them, so the packaged
+# services are stopped and kept from starting at boot.
 quiet_services() {
     [ "$what" = test ] || return 0
     [ "$(id -u)" -eq 0 ] || return 0
-    [ -x /etc/init.d/rabbitmq-server ] || return 0
-    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-        systemctl disable --now rabbitmq-server >/dev/null 2>&1 || true
-    else
-        invoke-rc.d rabbitmq-server stop >/dev/null 2>&1 || true
-        update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
-    fi
+    local svc
+    for svc in rabbitmq-server yaws; do
+        [ -x "/etc/init.d/$svc" ] || continue
+        if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+            systemctl disable --now "$svc" >/dev/null 2>&1 || true
+        else
+            invoke-rc.d "$svc" stop >/dev/null 2>&1 || true
+            update-rc.d "$svc" disable >/dev/null 2>&1 || true
+        fi
+    done
 }
 
 install_npm_tools() {

@@ -16,7 +16,8 @@ captures() ->
 %% The recorded real servers are among the captures the property runs on.
 real_servers_recorded_test() ->
     Names = [N || {N, _} <- captures()],
-    ?assert(length([N || N <- Names, lists:prefix("rabbitmq_", N)]) >= 2).
+    ?assert(length([N || N <- Names, lists:prefix("rabbitmq_", N)]) >= 2),
+    ?assert(length([N || N <- Names, lists:prefix("yaws_", N)]) >= 2).
 
 bounds_test_() ->
     {timeout, 120, fun() ->

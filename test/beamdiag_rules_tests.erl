@@ -81,3 +81,59 @@ msacc_cross_check_test() ->
     ?assert(abs(Spin - Other) < 0.10),
     [#{evidence := Ev}] = [X || X = #{id := busy_wait} <- F],
     ?assert(lists:any(fun(E) -> binary:match(E, <<"msacc">>) =/= nomatch end, Ev)).
+
+%% Runnable-wait counts only while a thread had work: a scheduler that
+%% waited for a CPU only to spin (no busy time) is never the worst thread
+%% and adds nothing to the wait.
+starvation_counts_only_threads_with_work_test() ->
+    C = capture("cpu_starvation"),
+    L0 = #{threads := Threads} = beamdiag_ledger:build(C),
+    [#{runq_s := Runq0}] = [M || #{id := cpu_starvation, metrics := M} <-
+                                     beamdiag_rules:findings(C, L0)],
+    W = maps:get(window_s, L0),
+    Spinner = #{tid => 1, name => <<"9_scheduler">>, type => scheduler, index => 9,
+                scheduler_id => 9, wall => W, on_cpu => 0.05 * W, user => 0.05 * W, sys => 0.0,
+                runq => 0.9 * W, off_cpu => 0.05 * W, busy => 0.0, spin => 0.05 * W,
+                blocked => 0.0, nvcsw => 0, nivcsw => 0, minflt => 0, majflt => 0},
+    L = L0#{threads := Threads ++ [Spinner]},
+    [#{evidence := Ev, metrics := #{runq_s := Runq}}] =
+        [F || F = #{id := cpu_starvation} <- beamdiag_rules:findings(C, L)],
+    ?assertEqual(Runq0, Runq),
+    ?assertEqual(nomatch, binary:match(iolist_to_binary(Ev), <<"9_scheduler">>)).
+
+%% Starvation names the node's placement (binding, CPUs allowed).
+starvation_names_binding_and_cpuset_test() ->
+    C = capture("cpu_starvation"),
+    S = maps:get(settings, C),
+    Bound = C#{settings => S#{bind_type => <<"thread_no_node_processor_spread">>,
+                              cpus_allowed => <<"0-1">>}},
+    [#{evidence := Ev, fix := Fix}] = [F || F = #{id := cpu_starvation} <-
+                                                maps:get(findings, beamdiag:analyse(Bound))],
+    E = iolist_to_binary(Ev),
+    ?assertMatch({_, _}, binary:match(E, <<"schedulers bound to cores">>)),
+    ?assertMatch({_, _}, binary:match(E, <<"may run on CPUs 0-1">>)),
+    ?assertMatch({_, _}, binary:match(Fix, <<"+sbt u">>)).
+
+%% "The node uses all the CPU it has" only when the OS says it used 90% of
+%% its CPUs; on every capture.
+saturation_headline_fits_its_figures_test() ->
+    Dir = filename:join([filename:dirname(?FILE), "fixtures", "captures"]),
+    Title = maps:get(title, beamdiag_catalogue:entry(cpu_saturated)),
+    [begin
+         {ok, [C]} = file:consult(F),
+         [?assert(hd([V || #{name := used_share, value := V} <- Figs]) >= 0.9)
+          || #{id := cpu_saturated, title := T, figures := Figs} <-
+                 maps:get(findings, beamdiag:analyse(C)), T =:= Title]
+     end || F <- filelib:wildcard(filename:join(Dir, "*.capture"))].
+
+%% The field case: high system time on a node that runs with busy waiting
+%% off is not told to turn it off, nor to wake schedulers earlier.
+high_system_cpu_fitted_to_rabbitmq_flags_test() ->
+    C = capture("high_system_cpu"),
+    S = maps:get(settings, C),
+    Off = C#{settings => S#{sbwt => <<"none">>, sbwtdcpu => <<"none">>, sbwtdio => <<"none">>}},
+    [#{fix := Fix, evidence := Ev}] = [F || F = #{id := high_system_cpu} <-
+                                                maps:get(findings, beamdiag:analyse(Off))],
+    ?assertEqual(nomatch, re:run(Fix, "\\+swt (very_)?low")),
+    ?assertEqual(nomatch, re:run(Fix, "\\(\\+sbwt none")),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev), <<"busy waiting is off">>)).

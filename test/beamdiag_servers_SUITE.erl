@@ -1,7 +1,8 @@
 %%% Real servers as the judge: Debian's RabbitMQ, started by
 %%% scripts/rabbitmq-lab.sh on loopback with its own node name, ports and
-%%% data, loaded by a small AMQP client (beamdiag_amqp) and stopped at the
-%%% end (the server also stops on its own after a time limit). Each case
+%%% data, loaded by a small AMQP client (beamdiag_amqp), and Debian's Yaws,
+%%% started by scripts/yaws-lab.sh and loaded over HTTP on loopback; both
+%%% stopped at the end (and on their own after a time limit). Each case
 %%% asserts the raw signal first (queue depth from rabbitmqctl, the node's
 %%% CPU, msacc), then the diagnosis, including what must not be said: no
 %%% busy-wait advice to a node with +sbwt none, no flag the node has, no
@@ -13,8 +14,8 @@
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
--export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([rabbitmq_idle/1, rabbitmq_paced/1, rabbitmq_backlog/1]).
+-export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2]).
+-export([rabbitmq_idle/1, rabbitmq_paced/1, rabbitmq_backlog/1, yaws_paced/1, yaws_flat_out/1]).
 
 -define(WINDOW, 4).
 -define(PORT, 5699).
@@ -22,13 +23,38 @@
 -define(BACKLOG_QUEUES, [<<"backlog_1">>, <<"backlog_2">>]).
 -define(BACKLOG_MSGS, 150000).
 -define(MSG_SIZE, 1024).
+-define(YAWS_PORT, 8099).
 
 suite() -> [{timetrap, {minutes, 6}}].
 
 all() ->
-    [rabbitmq_idle, rabbitmq_paced, rabbitmq_backlog].
+    [{group, rabbitmq}, {group, yaws}].
 
-init_per_suite(Config) ->
+groups() ->
+    [{rabbitmq, [sequence], [rabbitmq_idle, rabbitmq_paced, rabbitmq_backlog]},
+     {yaws, [sequence], [yaws_paced, yaws_flat_out]}].
+
+init_per_group(yaws, Config) ->
+    case filelib:is_dir("/usr/lib/yaws/ebin") of
+        false ->
+            beamdiag_test_lib:missing("yaws is not installed (scripts/setup.sh test)");
+        true ->
+            Dir = "/tmp/beamdiag_yaws_" ++ os:getpid(),
+            Script = script("yaws-lab.sh"),
+            {0, _} = sh([Script, " start ", Dir, " 300"]),
+            case sh([Script, " wait ", Dir]) of
+                {0, _} ->
+                    {ok, Host} = inet:gethostname(),
+                    {ok, Cookie} = file:read_file(filename:join(Dir, "cookie")),
+                    [{yaws_dir, Dir},
+                     {yaws_node, list_to_atom("beamdiag_yaws@" ++ hd(string:split(Host, ".")))},
+                     {yaws_cookie, binary_to_atom(string:trim(Cookie))} | Config];
+                {_, Out} ->
+                    _ = sh([Script, " stop ", Dir]),
+                    ct:fail({yaws_did_not_start, Out})
+            end
+    end;
+init_per_group(rabbitmq, Config) ->
     case os:find_executable("rabbitmqctl") of
         false ->
             beamdiag_test_lib:missing("rabbitmq-server is not installed (scripts/setup.sh test)");
@@ -50,13 +76,23 @@ init_per_suite(Config) ->
             end
     end.
 
-end_per_suite(Config) ->
+end_per_group(yaws, Config) ->
+    case ?config(yaws_dir, Config) of
+        undefined -> ok;
+        Dir ->
+            {0, _} = sh([script("yaws-lab.sh"), " stop ", Dir]),
+            {_, Left} = sh(["pgrep -f 'sname [b]eamdiag_yaws' || true"]),
+            ?assertEqual(<<>>, string:trim(Left)),
+            _ = sh(["rm -rf ", Dir]),
+            ok
+    end;
+end_per_group(rabbitmq, Config) ->
     case ?config(rabbit_dir, Config) of
         undefined -> ok;
         Dir ->
             {0, _} = sh([script(), " stop ", Dir]),
             %% Nothing of the server is left running.
-            {_, Left} = sh(["pgrep -u rabbitmq -f 'beamdiag_rabbit@' || true"]),
+            {_, Left} = sh(["pgrep -u rabbitmq -f '[b]eamdiag_rabbit@' || true"]),
             ?assertEqual(<<>>, string:trim(Left)),
             _ = sh(["rm -rf ", Dir]),
             ok
@@ -75,9 +111,9 @@ rabbitmq_idle(Config) ->
     ?assertEqual([<<"none">>, <<"none">>, <<"none">>],
                  [maps:get(K, S) || K <- [sbwt, sbwtdcpu, sbwtdio]]),
     ?assertNotEqual(<<"unbound">>, maps:get(bind_type, S)),
+    nothing_the_node_has(F, S),
     ?assertEqual([], [Id || X = #{id := Id} <- F, beamdiag_finding:at_least(X, warning),
                            Id =/= cpu_starvation]),
-    nothing_the_node_has(F),
     within_bounds(L, F).
 
 rabbitmq_paced(Config) ->
@@ -92,7 +128,7 @@ rabbitmq_paced(Config) ->
                              Self ! {paced, done}
                      end),
     timer:sleep(1000),
-    {L, F} = diagnose(Config, rabbitmq_paced),
+    {L, F, S} = diagnose3(Config, rabbitmq_paced),
     receive {paced, done} -> ok after 30000 -> ct:fail(publisher_stuck) end,
     _ = Pub,
     %% Raw signal: the consumer kept up (the queue did not back up) and the
@@ -104,7 +140,7 @@ rabbitmq_paced(Config) ->
     ?assert(Depth < 30000),
     ?assert(maps:get(reductions_per_s, maps:get(vm, L)) > 100000),
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
-    nothing_the_node_has(F),
+    nothing_the_node_has(F, maps:get(settings, S)),
     within_bounds(L, F),
     beamdiag_amqp:close(C),
     beamdiag_amqp:close(P).
@@ -123,7 +159,7 @@ rabbitmq_backlog(Config) ->
                                beamdiag_amqp:close(P),
                                Self ! {published, Q}
                        end) || Q <- ?BACKLOG_QUEUES],
-    {L, F} = diagnose(Config, rabbitmq_backlog),
+    {L, F, #{settings := S}} = diagnose3(Config, rabbitmq_backlog),
     [receive {published, Q} -> ok after 60000 -> ct:fail(publisher_stuck) end
      || Q <- ?BACKLOG_QUEUES],
     _ = Pubs,
@@ -145,21 +181,117 @@ rabbitmq_backlog(Config) ->
          [?assert(V =< Used + 1.0e-6) || #{name := dirty_gc_cpus, value := V} <- Figs]
      end || #{id := dirty_cpu_gc, figures := Figs} <- F],
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
-    nothing_the_node_has(F),
+    nothing_the_node_has(F, S),
     within_bounds(L, F),
     beamdiag_amqp:close(C).
 
+%% Yaws serving a dynamic page at a steady pace: the raw signal is the
+%% requests served and the node's CPU; Yaws runs with the default busy-wait
+%% flags, so busy-wait advice may be given, but never a flag it has.
+yaws_paced(Config) ->
+    Load = http_load(4, 40, ?WINDOW + 3),
+    timer:sleep(500),
+    {L, F, #{settings := S}} = diagnose3(Config, yaws_paced, yaws_node, yaws_cookie),
+    {Served, Failed} = http_done(Load),
+    ct:pal("yaws paced: ~b served, ~b failed; node ~.3f CPUs; flags ~p",
+           [Served, Failed, cpus_used(L), maps:with([sbwt, sbwtdcpu, sbwtdio], S)]),
+    ?assert(Served >= 100),
+    ?assertEqual(0, Failed),
+    ?assertEqual(<<"medium">>, maps:get(sbwt, S)),
+    nothing_the_node_has(F, S),
+    within_bounds(L, F),
+    {save_config, [{paced, {Served, cpus_used(L)}}]}.
+
+%% Yaws under as many requests as its clients can send: more requests and
+%% more CPU than at the pace before it, measured side by side (the clients
+%% share the host's CPUs with it, and so does the rest of the machine).
+%% Whether the node gets all its CPUs depends on the rest of the host; a
+%% saturation headline must say which.
+yaws_flat_out(Config) ->
+    Load = http_load(8, 0, ?WINDOW + 3),
+    timer:sleep(500),
+    {L, F, #{settings := S}} = diagnose3(Config, yaws_flat_out, yaws_node, yaws_cookie),
+    {Served, Failed} = http_done(Load),
+    #{by_type := #{scheduler := Sched}} = L,
+    Busy = beamdiag_ledger:share(busy, Sched, maps:get(wall, Sched)),
+    {yaws_paced, [{paced, {PacedServed, PacedCpus}}]} = ?config(saved_config, Config),
+    ct:pal("yaws flat out: ~b served (paced: ~b), ~b failed; node ~.3f CPUs (paced: ~.3f), "
+           "schedulers busy ~.3f", [Served, PacedServed, Failed, cpus_used(L), PacedCpus, Busy]),
+    ?assert(Served >= 2 * PacedServed),
+    ?assert(cpus_used(L) >= 1.5 * PacedCpus),
+    %% "uses all the CPU it has" only at 90% of its CPUs and more.
+    [?assert(used_share(Figs) >= 0.9)
+     || #{id := cpu_saturated, title := <<"The node uses all the CPU it has">>,
+          figures := Figs} <- F],
+    nothing_the_node_has(F, S),
+    within_bounds(L, F).
+
 %%% Helpers
 
-diagnose(Config, Case) ->
-    {L, F, _} = diagnose3(Config, Case),
-    {L, F}.
+used_share(Figs) ->
+    hd([V || #{name := used_share, value := V} <- Figs]).
+
+%% N clients, each sending GET /work.yaws (one connection a request) at
+%% Rate a second, or as fast as answers come when Rate is 0, for Seconds.
+http_load(N, Rate, Seconds) ->
+    Self = self(),
+    Until = erlang:monotonic_time(millisecond) + round(Seconds * 1000),
+    [spawn_link(fun() -> Self ! {http, self(), http_client(Rate, Until, 0, 0)} end)
+     || _ <- lists:seq(1, N)].
+
+http_client(Rate, Until, Ok, Bad) ->
+    Now = erlang:monotonic_time(millisecond),
+    case Now >= Until of
+        true ->
+            {Ok, Bad};
+        false ->
+            R = http_get("/work.yaws"),
+            case Rate of
+                0 -> ok;
+                _ -> timer:sleep(max(0, 1000 div Rate - (erlang:monotonic_time(millisecond) - Now)))
+            end,
+            case R of
+                ok -> http_client(Rate, Until, Ok + 1, Bad);
+                _ -> http_client(Rate, Until, Ok, Bad + 1)
+            end
+    end.
+
+http_get(Path) ->
+    case gen_tcp:connect({127, 0, 0, 1}, ?YAWS_PORT, [binary, {active, false}], 5000) of
+        {ok, S} ->
+            ok = gen_tcp:send(S, ["GET ", Path, " HTTP/1.1\r\nHost: localhost\r\n"
+                                  "Connection: close\r\n\r\n"]),
+            R = http_read(S, <<>>),
+            gen_tcp:close(S),
+            case R of
+                <<"HTTP/1.1 200", _/binary>> -> ok;
+                _ -> {error, R}
+            end;
+        Error ->
+            Error
+    end.
+
+http_read(S, Acc) ->
+    case gen_tcp:recv(S, 0, 10000) of
+        {ok, D} -> http_read(S, <<Acc/binary, D/binary>>);
+        {error, _} -> Acc
+    end.
+
+http_done(Pids) ->
+    lists:foldl(fun(P, {O, B}) ->
+                        receive {http, P, {O1, B1}} -> {O + O1, B + B1}
+                        after 60000 -> ct:fail(http_client_stuck)
+                        end
+                end, {0, 0}, Pids).
 
 diagnose3(Config, Case) ->
+    diagnose3(Config, Case, rabbit_node, rabbit_cookie).
+
+diagnose3(Config, Case, NodeKey, CookieKey) ->
     {ok, #{capture := Cap, ledger := L, findings := F}} =
-        beamdiag:diagnose(?config(rabbit_node, Config),
-                          #{cookie => ?config(rabbit_cookie, Config), duration => ?WINDOW}),
-    [ct:pal("~s ~s: ~s~n  ~p~n  fix: ~s", [Id, S, T, Ev, Fix])
+        beamdiag:diagnose(?config(NodeKey, Config),
+                          #{cookie => ?config(CookieKey, Config), duration => ?WINDOW}),
+    [ct:pal("~s ~s: ~s~n~s  fix: ~s", [Id, S, T, [["  - ", E, "\n"] || E <- Ev], Fix])
      || #{id := Id, severity := S, title := T, evidence := Ev, fix := Fix} <- F],
     record(Case, Cap),
     {L, F, Cap}.
@@ -173,6 +305,22 @@ record(Case, Cap) ->
         _ ->
             ok
     end.
+
+%% No fix advises a flag with the value the node already has, unless the
+%% clause says it is already set.
+nothing_the_node_has(F, S) ->
+    Have = [{string:lowercase(atom_to_binary(K)), V} || {K, V} <- maps:to_list(S), is_binary(V)],
+    [case re:run(Fix, "(.{0,60})\\+([A-Za-z]+) ([A-Za-z_0-9]+)([^.;]*)",
+                 [global, {capture, all_but_first, binary}]) of
+         nomatch ->
+             ok;
+         {match, Ms} ->
+             [?assertEqual({Id, Flag, V, <<"not said already set">>}, {Id, Flag, V, ok})
+              || [Before, Flag, V, After] <- Ms,
+                 lists:member({string:lowercase(Flag), V}, Have),
+                 binary:match(<<Before/binary, After/binary>>, <<"already">>) =:= nomatch]
+     end || #{id := Id, fix := Fix} <- F],
+    nothing_the_node_has(F).
 
 %% No fix advises busy waiting off (the node has it off), a low wake-up
 %% threshold, or scheduler binding the node already has.
@@ -215,7 +363,10 @@ wait_depth(Config, Queues, N, Tries) ->
     end.
 
 script() ->
-    filename:join([root(), "scripts", "rabbitmq-lab.sh"]).
+    script("rabbitmq-lab.sh").
+
+script(Name) ->
+    filename:join([root(), "scripts", Name]).
 
 %% The project's root, found above where the beamdiag modules were loaded.
 root() ->
