@@ -14,7 +14,7 @@
 %%% '''
 -module(beamdiag_fix).
 
--export([fix/2, advised_flags/0, busy_wait_off/1]).
+-export([fix/2, advised_flags/0, busy_wait_off/1, documented/2]).
 
 -type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
                   doc := erl | erts_alloc, meaning := binary()}.
@@ -50,6 +50,18 @@ advised_flags() ->
         #{flag => <<"MMscs">>, values => [<<"size in MB">>], since => 17, doc => erts_alloc,
           meaning => <<"pre-reserved super carrier">>}
     ].
+
+%% @doc True when the node's OTP release documents the flag (the table's
+%% `since'); a node whose release is unknown is taken to have it.
+-spec documented(binary(), map()) -> boolean().
+documented(Flag, S) ->
+    Release = try binary_to_integer(maps:get(otp_release, S, <<"0">>))
+              catch error:badarg -> 0
+              end,
+    case [Since || #{flag := F, since := Since} <- advised_flags(), F =:= Flag] of
+        [Since] -> Release =:= 0 orelse Release >= Since;
+        [] -> false
+    end.
 
 %% @doc True when every busy-wait flag of the node is `none'.
 -spec busy_wait_off(map()) -> boolean().
@@ -113,8 +125,12 @@ fix(dirty_cpu_gc, S) ->
     iolist_to_binary([
         case maps:get(mdai, S, <<"0">>) of
             <<"0">> ->
-                "Give dirty schedulers their own allocator instances with +Mdai max "
-                "(OTP 24.2 and later).";
+                case documented(<<"Mdai">>, S) of
+                    true -> "Give dirty schedulers their own allocator instances with +Mdai max "
+                            "(OTP 24.2 and later).";
+                    false -> "This release has no allocator instances for dirty schedulers "
+                             "(+Mdai came in OTP 24.2)."
+                end;
             M ->
                 ["Dirty schedulers already have allocator instances of their own (+Mdai ", M,
                  ")."]
@@ -158,9 +174,11 @@ busy_wait_flags(S) ->
     [maps:get(sbwt, S, <<"medium">>), maps:get(sbwtdcpu, S, <<"short">>),
      maps:get(sbwtdio, S, <<"short">>)].
 
-%% The wanted flags split into those to set and those the node has.
+%% The wanted flags its release documents, split into those to set and
+%% those the node has.
 wanted(S, Wanted) ->
-    lists:partition(fun({K, V}) -> maps:get(K, S, undefined) =/= V end, Wanted).
+    lists:partition(fun({K, V}) -> maps:get(K, S, undefined) =/= V end,
+                    [W || W = {K, _} <- Wanted, documented(atom_to_binary(K), S)]).
 
 flags(Fs) ->
     lists:join(" ", [["+", atom_to_list(K), " ", V] || {K, V} <- Fs]).

@@ -410,7 +410,8 @@ processes(Findings, Capture, Ledger) ->
 
 contended(L, T) ->
     Rows = sched_rows(L, [scheduler, dirty_cpu]),
-    ratio(sum(runq, Rows), sum(wall, Rows)) >= map_get(runq_share_warn, T) orelse
+    Work = lists:sum([min(maps:get(runq, R), maps:get(busy, R)) || R <- Rows]),
+    ratio(Work, sum(wall, Rows)) >= map_get(runq_share_warn, T) orelse
         maps:get(throttled_ratio, maps:get(cgroup, L), 0.0) >= map_get(throttled_ratio_warn, T).
 
 lock_hint(L) ->

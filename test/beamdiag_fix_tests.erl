@@ -93,3 +93,11 @@ flags_in(Page) ->
     [?assertMatch({B, {match, _}}, {B, re:run(Text, ["\\n", B, "(:?\\s*\\n(\\.[^\\n]*\\n|\\s*\\n)*| - )",
                                                       Name, " - "])})
      || {B, Name} <- [{"u", "unbound"}, {"db", "default_bind"}]].
+
+%% Flags advised only where the node's release documents them.
+release_gates_advice_test() ->
+    ?assert(beamdiag_fix:documented(<<"Mdai">>, #{otp_release => <<"25">>})),
+    ?assertNot(beamdiag_fix:documented(<<"Mdai">>, #{otp_release => <<"23">>})),
+    ?assertNot(beamdiag_fix:documented(<<"swt_low">>, #{otp_release => <<"27">>})),
+    Fix = beamdiag_fix:fix(dirty_cpu_gc, (defaults())#{otp_release => <<"23">>}),
+    ?assertEqual(nomatch, re:run(Fix, "with \\+Mdai max")).
