@@ -21,7 +21,7 @@
 -define(PORT, 5699).
 %% Queues that back up: a few, not dozens (the machine is shared).
 -define(BACKLOG_QUEUES, [<<"backlog_1">>, <<"backlog_2">>]).
--define(BACKLOG_MSGS, 150000).
+-define(BACKLOG_MSGS, 250000).
 -define(MSG_SIZE, 1024).
 -define(YAWS_PORT, 8099).
 
@@ -149,13 +149,13 @@ rabbitmq_backlog(Config) ->
     {ok, C} = beamdiag_amqp:open(?PORT),
     [ok = beamdiag_amqp:declare(C, Q) || Q <- ?BACKLOG_QUEUES],
     [ok = beamdiag_amqp:publish(C, Q, ?BACKLOG_MSGS, ?MSG_SIZE) || Q <- ?BACKLOG_QUEUES],
-    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 60),
+    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120),
     %% More messages into the queues that already hold a backlog, during
     %% the window: each queue process collects its large heap as it grows.
     Self = self(),
     Pubs = [spawn_link(fun() ->
                                {ok, P} = beamdiag_amqp:open(?PORT),
-                               ok = beamdiag_amqp:publish(P, Q, 40000, ?MSG_SIZE),
+                               ok = beamdiag_amqp:publish(P, Q, 60000, ?MSG_SIZE),
                                beamdiag_amqp:close(P),
                                Self ! {published, Q}
                        end) || Q <- ?BACKLOG_QUEUES],
