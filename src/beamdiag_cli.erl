@@ -319,6 +319,7 @@ command_modules() ->
         beamdiag_cli_compare,
         beamdiag_cli_experiment,
         beamdiag_cli_watch,
+        beamdiag_cli_metrics,
         beamdiag_cli_cluster
     ].
 

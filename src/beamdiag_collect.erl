@@ -47,8 +47,10 @@
 
 %% @doc Runs one window on Node. Options: `duration_ms', `interval_ms',
 %% `msacc', `msacc_ms' (the end of the window msacc covers; default the
-%% whole window), `locks', `unload' (modules the agent removes when done) and
-%% `progress', a fun called with (ElapsedMs, DurationMs) after each tick.
+%% whole window), `locks', `unload' (modules the agent removes when done),
+%% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
+%% `on_sample', a fun called with each sample as it arrives (then only the
+%% first and the last sample are kept in the capture).
 -spec run(node(), map()) -> {ok, capture()} | {error, {beamdiag_collect, term()}}.
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
@@ -56,6 +58,7 @@ run(Node, Opts) ->
                            maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs,
                                       unload, proc_root], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
+    OnSample = maps:get(on_sample, Opts, undefined),
     case start_agent(Node, AgentOpts) of
         {ok, Agent, Ref} ->
             MRef = erlang:monitor(process, Agent),
@@ -65,7 +68,7 @@ run(Node, Opts) ->
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
             Result = gather(#{ref => Ref, mref => MRef, deadline => Deadline,
                               progress => Progress, duration => D, info => undefined,
-                              samples => []}),
+                              samples => [], on_sample => OnSample}),
             erlang:demonitor(MRef, [flush]),
             flush(Ref),
             Result;
@@ -112,7 +115,7 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progres
         {beamdiag, Ref, {deadline, InMs}} ->
             gather(moved(G, InMs));
         {beamdiag, Ref, {tick, S}} ->
-            Samples2 = [S | Samples],
+            Samples2 = keep(S, Samples, maps:get(on_sample, G)),
             report_progress(Progress, Samples2, D),
             gather(G#{samples := Samples2});
         {beamdiag, Ref, {done, Extras}} ->
@@ -127,6 +130,17 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progres
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->
         late(Info, Samples, D, timeout)
+    end.
+
+%% With an on_sample fun, each sample goes to it as it arrives and only the
+%% first and the last are kept: a long window stays small.
+keep(S, Samples, undefined) ->
+    [S | Samples];
+keep(S, Samples, OnSample) ->
+    _ = OnSample(S),
+    case Samples of
+        [] -> [S];
+        _ -> [S, lists:last(Samples)]
     end.
 
 moved(G, InMs) when is_integer(InMs) ->

@@ -1,11 +1,14 @@
 %%% @doc A Prometheus endpoint inside the node: the time ledger's ratios
-%%% over the last interval, served by OTP's own HTTP server (inets httpd).
+%%% over the last interval, served by `beamdiag_agent_http', a bounded
+%%% HTTP/1.1 responder on `gen_tcp' (no inets needed). `beamdiag metrics
+%%% NODE' serves the same text from a node with nothing installed (see
+%%% `beamdiag_cli_metrics').
 %%%
 %%% A sampler process takes one sample of this node each interval (the
 %%% agent's `beamdiag_agent:sample/1': /proc per thread, scheduler wall
 %%% time, cgroup counters), keeps the last two, builds the ledger between
-%%% them and renders the exposition text, which the HTTP handler serves as
-%%% it is. Scrapes cost nothing but a table lookup.
+%%% them and renders the exposition text, which the responder serves as
+%%% it is. Scrapes cost nothing but a copy of the text.
 %%%
 %%% It is long-running, so it is careful about what it turns on:
 %%% `scheduler_wall_time' is reference counted per process (turning it off
@@ -26,19 +29,18 @@
 
 -behaviour(gen_server).
 
--export([start/1, start_link/1, stop/1, child_spec/1, options/1, text/1, scrape/1,
-         format_error/1]).
+-export([start/1, start_link/1, stop/1, child_spec/1, options/1, text/1, exposition/3,
+         warming_up/0, scrape/1, format_error/1]).
 %% gen_server callbacks.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
-%% inets httpd callback.
--export([do/1]).
-
--include_lib("inets/include/httpd.hrl").
 
 -define(DEFAULTS, #{port => 9568, interval => 1000, ip => loopback, path => "/metrics",
                     msacc => false}).
 -define(TYPES, [scheduler, dirty_cpu, dirty_io, aux, poll]).
--define(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8").
+%% A share is left out when its denominator is below this many CPUs (the
+%% ratio of two tiny numbers swings: 0.18 to 0.43 on an idle node); the
+%% absolute figure beside it says the same without the swing.
+-define(MIN_CPUS, 0.05).
 
 %%%===================================================================
 %%% API
@@ -98,6 +100,7 @@ text(L = #{by_type := ByType, totals := T, window_s := W}) ->
     Sched = [Ty || Ty <- Types, beamdiag_threads:is_scheduler(Ty)],
     Host = maps:get(host, L, #{}),
     Cg = maps:get(cgroup, L, #{}),
+    Wd = max(1.0e-9, float(W)),
     [
         metric(beamdiag_up, "1 when a ledger over the last interval is available.", [{[], 1}]),
         metric(beamdiag_window_seconds, "Length of the interval the figures cover.", [{[], W}]),
@@ -110,12 +113,22 @@ text(L = #{by_type := ByType, totals := T, window_s := W}) ->
                [{[{type, Ty}, {state, S}], maps:get(S, Shares)}
                 || Ty <- Types, Shares <- [beamdiag_ledger:state_shares(Row(Ty))],
                    S <- beamdiag_ledger:states()]),
+        metric(beamdiag_busy_wait_cpus,
+               "CPUs the schedulers spent busy-waiting (spin seconds per second).",
+               [{[{type, Ty}], field(spin, Row(Ty)) / Wd} || Ty <- Sched]),
         metric(beamdiag_busy_wait_share,
-               "Share of the schedulers' CPU time spent busy-waiting (spin / on-CPU).",
-               [{[{type, Ty}], ratio(field(spin, Row(Ty)), field(on_cpu, Row(Ty)))} || Ty <- Sched]),
+               "Share of the schedulers' CPU time spent busy-waiting (spin / on-CPU); left out "
+               "while they use under 0.05 CPUs.",
+               [{[{type, Ty}], ratio(field(spin, Row(Ty)), field(on_cpu, Row(Ty)))}
+                || Ty <- Sched, field(on_cpu, Row(Ty)) / Wd >= ?MIN_CPUS]),
+        metric(beamdiag_blocked_cpus,
+               "CPUs' worth of the schedulers' busy time spent blocked off CPU (seconds per second).",
+               [{[{type, Ty}], field(blocked, Row(Ty)) / Wd} || Ty <- Sched]),
         metric(beamdiag_blocked_share,
-               "Share of the schedulers' busy time spent blocked off CPU (blocked / busy).",
-               [{[{type, Ty}], ratio(field(blocked, Row(Ty)), field(busy, Row(Ty)))} || Ty <- Sched]),
+               "Share of the schedulers' busy time spent blocked off CPU (blocked / busy); left "
+               "out while they are busy for under 0.05 CPUs.",
+               [{[{type, Ty}], ratio(field(blocked, Row(Ty)), field(busy, Row(Ty)))}
+                || Ty <- Sched, field(busy, Row(Ty)) / Wd >= ?MIN_CPUS]),
         metric(beamdiag_runnable_wait_share,
                "Share of each thread type's wall time spent runnable, waiting for a CPU.",
                [{[{type, Ty}], ratio(field(runq, Row(Ty)), field(wall, Row(Ty)))} || Ty <- Types]),
@@ -140,6 +153,24 @@ text(L = #{by_type := ByType, totals := T, window_s := W}) ->
                            is_number(V)]),
         msacc_metrics(maps:get(msacc, L, #{}), W)
     ].
+
+%% @doc The text served before the first interval has passed.
+-spec warming_up() -> iolist().
+warming_up() ->
+    metric(beamdiag_up, "1 when a ledger over the last interval is available.", [{[], 0}]).
+
+%% @doc The exposition text between two samples of a node, with the cost
+%% of the later one (pure but for reading the build's settings map).
+-spec exposition(beamdiag_agent:sample(), beamdiag_agent:sample(), map()) -> iolist().
+exposition(Last = #{t := T0}, Sample = #{t := T1}, Settings) ->
+    Capture = #{schema => <<"beamdiag.capture/1">>, node => <<>>, settings => Settings,
+                interval_ms => max(1, (T1 - T0) div 1000000),
+                duration_ms => max(1, (T1 - T0) div 1000000),
+                wall_start_ms => 0, samples => [Last, Sample], extras => #{}, complete => true,
+                notes => []},
+    [text(beamdiag_ledger:build(Capture)),
+     metric(beamdiag_sample_cost_seconds, "Time the last sample took.",
+            [{[], maps:get(tick_cost_us, Sample, 0) / 1.0e6}])].
 
 %% @doc Fetches the endpoint over HTTP/1.0 on a real socket and returns the
 %% body (for tests and for a quick look from a shell).
@@ -166,8 +197,8 @@ scrape(Opts) ->
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({http, Port, Why}) ->
-    io_lib:format("cannot serve metrics on port ~b: ~0p", [Port, Why]);
+format_error({http, {beamdiag_agent_http, R}}) ->
+    beamdiag_agent_http:format_error(R);
 format_error({scrape, Why}) ->
     io_lib:format("cannot fetch the metrics: ~0p", [Why]);
 format_error({http_status, Line}) ->
@@ -181,15 +212,9 @@ format_error({http_status, Line}) ->
 -spec init(map()) -> {ok, map()} | {stop, {beamdiag_metrics, term()}}.
 init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Path}) ->
     process_flag(trap_exit, true),
-    Tab = ets:new(?MODULE, [protected, set, {read_concurrency, true}]),
-    ets:insert(Tab, {text, iolist_to_binary(warming_up())}),
-    Bind = case Ip of loopback -> {127, 0, 0, 1}; any -> any; _ -> Ip end,
-    Http = [{port, Port}, {bind_address, Bind}, {server_name, "beamdiag_metrics"},
-            {server_root, "/"}, {document_root, "/"}, {modules, [?MODULE]},
-            {beamdiag_metrics_table, Tab}, {beamdiag_metrics_path, Path},
-            {max_clients, 16}, {keep_alive, false}],
-    case inets:start(httpd, Http, stand_alone) of
-        {ok, Httpd} ->
+    case beamdiag_agent_http:start_link(#{owner => self(), port => Port, ip => Ip, path => Path}) of
+        {ok, Http} ->
+            ok = beamdiag_agent_http:set(Http, warming_up()),
             Swt = erlang:system_flag(scheduler_wall_time, true),
             MsaccWas = case WantMsacc of
                            true -> {was, erlang:system_flag(microstate_accounting, true)};
@@ -204,17 +229,16 @@ init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Pa
                         cgroup_location => Cg,
                         held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc"))},
             self() ! tick,
-            {ok, O#{tab => Tab, httpd => Httpd, swt_was => Swt, msacc_was => MsaccWas,
-                    sampler => Sampler, last => undefined, interval => I}};
+            {ok, O#{http => Http, text => iolist_to_binary(warming_up()), swt_was => Swt,
+                    msacc_was => MsaccWas, sampler => Sampler, last => undefined,
+                    interval => I}};
         {error, Why} ->
-            ets:delete(Tab),
-            {stop, {beamdiag_metrics, {http, Port, Why}}}
+            {stop, {beamdiag_metrics, {http, Why}}}
     end.
 
 %% @private
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, term(), map()}.
-handle_call(text, _From, S = #{tab := Tab}) ->
-    [{text, T}] = ets:lookup(Tab, text),
+handle_call(text, _From, S = #{text := T}) ->
     {reply, T, S};
 handle_call(_, _From, S) ->
     {reply, {error, unknown_call}, S}.
@@ -226,46 +250,29 @@ handle_cast(_, S) ->
 
 %% @private
 -spec handle_info(term(), map()) -> {noreply, map()} | {stop, term(), map()}.
-handle_info(tick, S = #{sampler := Sampler0, last := Last, tab := Tab, interval := I}) ->
+handle_info(tick, S = #{sampler := Sampler0, last := Last, http := Http, interval := I}) ->
     erlang:send_after(I, self(), tick),
     {Sample, Sampler} = beamdiag_agent:take(Sampler0),
-    case Last of
-        undefined ->
-            ok;
-        _ ->
-            #{t := T0} = Last,
-            #{t := T1} = Sample,
-            Capture = #{schema => <<"beamdiag.capture/1">>, node => atom_to_binary(node()),
-                        settings => beamdiag_agent_vm:settings(), interval_ms => I,
-                        duration_ms => max(1, (T1 - T0) div 1000000),
-                        wall_start_ms => erlang:system_time(millisecond),
-                        samples => [Last, Sample], extras => #{}, complete => true,
-                        notes => []},
-            Text = iolist_to_binary([text(beamdiag_ledger:build(Capture)),
-                                     metric(beamdiag_sample_cost_seconds,
-                                            "Time the last sample took.",
-                                            [{[], maps:get(tick_cost_us, Sample, 0) / 1.0e6}])]),
-            ets:insert(Tab, {text, Text})
-    end,
-    {noreply, S#{last => Sample, sampler => Sampler}};
-handle_info({'EXIT', Httpd, Why}, S = #{httpd := Httpd}) ->
-    {stop, {beamdiag_metrics, {http, maps:get(port, S), Why}}, S};
+    S2 = case Last of
+             undefined ->
+                 S;
+             _ ->
+                 Text = iolist_to_binary(exposition(Last, Sample, beamdiag_agent_vm:settings())),
+                 ok = beamdiag_agent_http:set(Http, Text),
+                 S#{text => Text}
+         end,
+    {noreply, S2#{last => Sample, sampler => Sampler}};
+handle_info({'EXIT', Http, Why}, S = #{http := Http}) ->
+    {stop, {beamdiag_metrics, {http, {beamdiag_agent_http, {gone, Why}}}}, S};
 handle_info(_, S) ->
     {noreply, S}.
 
 %% @private
 %% Puts back what init changed.
 -spec terminate(term(), map()) -> ok.
-terminate(_Why, #{httpd := Httpd, msacc_was := MsaccWas}) ->
-    %% Wait for the server to be gone, so that the port and the server's
-    %% registered names are free when this returns.
-    MRef = erlang:monitor(process, Httpd),
-    catch inets:stop(stand_alone, Httpd),
-    receive
-        {'DOWN', MRef, process, Httpd, _} -> ok
-    after 5000 ->
-        exit(Httpd, kill)
-    end,
+terminate(_Why, #{http := Http, msacc_was := MsaccWas}) ->
+    %% The responder is gone, and its port closed, when this returns.
+    ok = beamdiag_agent_http:stop(Http),
     case MsaccWas of
         {was, Was} -> _ = erlang:system_flag(microstate_accounting, Was);
         untouched -> ok
@@ -274,45 +281,8 @@ terminate(_Why, #{httpd := Httpd, msacc_was := MsaccWas}) ->
     ok.
 
 %%%===================================================================
-%%% httpd
-%%%===================================================================
-
-%% @private
-%% The httpd callback: GET on the path serves the last text.
--spec do(#mod{}) -> {proceed, list()}.
-do(#mod{config_db = Db, method = Method, request_uri = Uri, data = Data}) ->
-    case proplists:get_value(status, Data) of
-        undefined ->
-            Path = httpd_util:lookup(Db, beamdiag_metrics_path, "/metrics"),
-            Tab = httpd_util:lookup(Db, beamdiag_metrics_table),
-            case {Method, hd(string:split(Uri, "?"))} of
-                {"GET", Path} ->
-                    Body = case catch ets:lookup(Tab, text) of
-                               [{text, T}] -> T;
-                               _ -> <<>>
-                           end,
-                    respond(200, Body);
-                {"GET", _} ->
-                    respond(404, <<"not found; try ", (list_to_binary(Path))/binary, "\n">>);
-                _ ->
-                    respond(405, <<"method not allowed\n">>)
-            end;
-        _ ->
-            {proceed, Data}
-    end.
-
-%%%===================================================================
 %%% Internal
 %%%===================================================================
-
-warming_up() ->
-    metric(beamdiag_up, "1 when a ledger over the last interval is available.", [{[], 0}]).
-
-respond(Code, Body0) ->
-    Body = iolist_to_binary(Body0),
-    {proceed, [{response, {response, [{code, Code}, {content_type, ?CONTENT_TYPE},
-                                      {content_length, integer_to_list(byte_size(Body))}],
-                           [Body]}}]}.
 
 recv_all(S, Acc) ->
     case gen_tcp:recv(S, 0, 5000) of

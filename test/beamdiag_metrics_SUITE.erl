@@ -1,7 +1,9 @@
 %%% The metrics endpoint on a real port: scraped with httpc over a real
 %%% socket, the exposition text parsed, every metric docs/METRICS.md lists
 %%% present with sane values, the schedulers busy under a burn load, and
-%%% the flags put back when it stops.
+%%% the flags put back when it stops. `beamdiag metrics NODE' serves it from
+%%% a peer node with nothing installed, and leaves nothing there. Scrapes
+%%% wait for the intervals they need (new texts), never a fixed sleep.
 -module(beamdiag_metrics_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -9,7 +11,7 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([documented_metrics_under_load/1, msacc_metrics_and_restore/1, port_in_use/1,
-         supervised/1]).
+         supervised/1, remote_endpoint/1, bounded_responder/1]).
 %% Supervisor callback for the supervised case.
 -export([init/1]).
 
@@ -17,7 +19,8 @@ suite() ->
     [{timetrap, {minutes, 2}}].
 
 all() ->
-    [documented_metrics_under_load, msacc_metrics_and_restore, port_in_use, supervised].
+    [documented_metrics_under_load, msacc_metrics_and_restore, port_in_use, supervised,
+     remote_endpoint, bounded_responder].
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(inets),
@@ -37,7 +40,9 @@ documented_metrics_under_load(Config) ->
     {ok, Pid} = beamdiag_metrics:start(#{port => Port, interval => 500}),
     Burners = burn(erlang:system_info(schedulers_online)),
     try
-        timer:sleep(1500),
+        %% Two new texts after the burners started: the second covers an
+        %% interval of burning only.
+        ok = new_texts(Port, 2),
         Metrics = scrape(Port),
         Documented = documented(?config(docs, Config)),
         ct:log("documented: ~p", [Documented]),
@@ -82,7 +87,7 @@ msacc_metrics_and_restore(_Config) ->
         _ = erlang:system_flag(microstate_accounting, false),
         Port = free_port(),
         {ok, Pid} = beamdiag_metrics:start(#{port => Port, interval => 300, msacc => true}),
-        timer:sleep(900),
+        ok = new_texts(Port, 1),
         ?assert(msacc_on()),
         Metrics = scrape(Port),
         ok = beamdiag_metrics:stop(Pid),
@@ -124,11 +129,172 @@ supervised(_Config) ->
     Port = free_port(),
     process_flag(trap_exit, true),
     {ok, Sup} = supervisor:start_link(?MODULE, beamdiag_metrics:child_spec(#{port => Port})),
-    timer:sleep(1500),
+    ok = new_texts(Port, 1),
     ?assertEqual(1.0, value(scrape(Port), <<"beamdiag_up">>, [])),
     exit(Sup, shutdown),
     receive {'EXIT', Sup, shutdown} -> ok after 5000 -> ct:fail(no_shutdown) end,
     closed(Port, 20).
+
+%% `beamdiag metrics NODE' on a peer node (OTP 25, +sbwt none, idle) that
+%% has nothing of beamdiag and no inets loaded: the endpoint answers from
+%% the peer's port with the peer's own figures; the busy-wait share is left
+%% out while the schedulers use under 0.05 CPUs (the ratio of two tiny
+%% numbers swung 0.18-0.43 on such a node) and the absolute figure is
+%% there. When the command ends, and when its process is killed, the port
+%% closes and nothing of beamdiag stays on the peer.
+remote_endpoint(_Config) ->
+    Cookie = "metrics_" ++ integer_to_list(rand:uniform(1 bsl 40)),
+    {ok, Peer, Node} = peer:start(#{name => list_to_atom("beamdiag_metrics_" ++ os:getpid()),
+                                    connection => standard_io, wait_boot => 60000,
+                                    args => ["-setcookie", Cookie, "-hidden", "+sbwt", "none",
+                                             "+sbwtdcpu", "none", "+sbwtdio", "none"]}),
+    try
+        ?assertEqual([], beamdiag_on(Peer)),
+        ?assertEqual(false, peer:call(Peer, code, is_loaded, [httpd])),
+        Sched = peer:call(Peer, erlang, system_info, [schedulers]),
+        %% Runs to its end.
+        Port = free_port(),
+        {Runner, MRef} = run_metrics(Node, Cookie, Port, "6"),
+        ok = new_texts(Port, 2),
+        M = scrape(Port),
+        ?assertEqual([beamdiag_agent_http], [A || A <- beamdiag_on(Peer), A =:= beamdiag_agent_http]),
+        ?assertEqual(false, peer:call(Peer, code, is_loaded, [httpd])),
+        ?assertEqual(float(Sched), value(M, <<"beamdiag_threads">>, [{<<"type">>, <<"scheduler">>}])),
+        W = value(M, <<"beamdiag_window_seconds">>, []),
+        Share = fun(S) -> value(M, <<"beamdiag_thread_time_share">>,
+                               [{<<"type">>, <<"scheduler">>}, {<<"state">>, S}]) end,
+        OnCpus = (Share(<<"run">>) + Share(<<"spin">>)) * Sched,
+        SpinCpus = value(M, <<"beamdiag_busy_wait_cpus">>, [{<<"type">>, <<"scheduler">>}]),
+        ct:pal("peer: ~b schedulers on CPU for ~.4f CPUs, spinning ~.4f CPUs, window ~.2f s",
+               [Sched, OnCpus, SpinCpus, W]),
+        ?assert(abs(SpinCpus - Share(<<"spin">>) * Sched) < 0.01),
+        HasShare = [V || {<<"beamdiag_busy_wait_share">>, L, V} <- M,
+                         lists:member({<<"type">>, <<"scheduler">>}, L)] =/= [],
+        ?assertEqual(OnCpus >= 0.05, HasShare),
+        ?assertEqual({ok, 0}, wait_down(MRef, Runner, 30000)),
+        closed(Port, 20),
+        ok = gone(Peer, 100),
+        %% Killed mid-way: the target cleans up on its own.
+        Port2 = free_port(),
+        {Runner2, MRef2} = run_metrics(Node, Cookie, Port2, "60"),
+        ok = new_texts(Port2, 1),
+        exit(Runner2, kill),
+        {error, killed} = wait_down(MRef2, Runner2, 5000),
+        closed(Port2, 50),
+        ok = gone(Peer, 100)
+    after
+        catch peer:stop(Peer)
+    end.
+
+%% The responder's bounds: a request over 8 KB is refused, a client that
+%% sends nothing is dropped after 2 s while the next one waits its turn,
+%% HEAD has no body.
+bounded_responder(_Config) ->
+    {ok, Http} = beamdiag_agent_http:start(#{owner => self(), port => 0}),
+    try
+        ok = beamdiag_agent_http:set(Http, <<"x 1\n">>),
+        {ok, Port} = beamdiag_agent_http:port(Http),
+        {ok, Big} = raw(Port, ["GET /metrics HTTP/1.1\r\nX: ", binary:copy(<<"a">>, 9000), "\r\n\r\n"]),
+        ?assertMatch(<<"HTTP/1.1 431 ", _/binary>>, Big),
+        {ok, Head} = raw(Port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+        ?assertMatch(<<"HTTP/1.1 200 ", _/binary>>, Head),
+        ?assertMatch([_, <<>>], binary:split(Head, <<"\r\n\r\n">>)),
+        {ok, Silent} = gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}]),
+        T0 = erlang:monotonic_time(millisecond),
+        {ok, Get} = raw(Port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+        Waited = erlang:monotonic_time(millisecond) - T0,
+        ct:log("a request behind a silent client waited ~b ms", [Waited]),
+        ?assertMatch([_, <<"x 1\n">>], binary:split(Get, <<"\r\n\r\n">>)),
+        ?assert(Waited >= 1500),
+        {error, closed} = gen_tcp:recv(Silent, 0, 1000)
+    after
+        beamdiag_agent_http:stop(Http)
+    end.
+
+raw(Port, Request) ->
+    {ok, S} = gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}]),
+    ok = gen_tcp:send(S, Request),
+    R = recv_all(S, <<>>),
+    gen_tcp:close(S),
+    R.
+
+recv_all(S, Acc) ->
+    case gen_tcp:recv(S, 0, 10000) of
+        {ok, D} -> recv_all(S, <<Acc/binary, D/binary>>);
+        {error, closed} -> {ok, Acc};
+        {error, _} = E -> E
+    end.
+
+run_metrics(Node, Cookie, Port, Duration) ->
+    Self = self(),
+    IO = #{out => fun(D) -> Self ! {out, D}, ok end, err => fun(_) -> ok end, colour => false},
+    spawn_monitor(fun() ->
+        exit({ok, beamdiag_cli:run(["metrics", atom_to_list(Node), "--cookie", Cookie,
+                                    "--port", integer_to_list(Port), "--interval", "500",
+                                    "--duration", Duration], IO)})
+    end).
+
+wait_down(MRef, Pid, Ms) ->
+    receive
+        {'DOWN', MRef, process, Pid, {ok, Code}} -> {ok, Code};
+        {'DOWN', MRef, process, Pid, Why} -> {error, Why}
+    after Ms -> ct:fail(metrics_command_hung)
+    end.
+
+beamdiag_on(Peer) ->
+    lists:usort([M || {M, _} <- peer:call(Peer, code, all_loaded, []),
+                      lists:prefix("beamdiag", atom_to_list(M))] ++
+                [M || M <- peer:call(Peer, erlang, loaded, []),
+                      lists:prefix("beamdiag", atom_to_list(M))]).
+
+%% Nothing of beamdiag on the peer, scheduler_wall_time off: waited for.
+gone(Peer, 0) ->
+    ct:fail({left_on_target, beamdiag_on(Peer)});
+gone(Peer, N) ->
+    case beamdiag_on(Peer) =:= [] andalso
+             peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined of
+        true -> ok;
+        false -> timer:sleep(100), gone(Peer, N - 1)
+    end.
+
+%% Waits until the endpoint has served N texts over an interval that it had
+%% not served before (each is one more interval), scraping every 50 ms, for
+%% at most 30 s.
+new_texts(Port, N) ->
+    new_texts(Port, N, body(Port), erlang:monotonic_time(millisecond) + 30000).
+
+new_texts(_Port, 0, _Last, _Until) ->
+    ok;
+new_texts(Port, N, Last, Until) ->
+    case erlang:monotonic_time(millisecond) > Until of
+        true -> ct:fail({no_new_text, Port, N});
+        false -> ok
+    end,
+    timer:sleep(50),
+    case body(Port) of
+        Last ->
+            new_texts(Port, N, Last, Until);
+        New ->
+            %% Only texts over an interval count, not the warming-up one.
+            case binary:match(New, <<"\nbeamdiag_up 1\n">>) of
+                nomatch -> new_texts(Port, N, New, Until);
+                _ -> new_texts(Port, N - 1, New, Until)
+            end
+    end.
+
+body(Port) ->
+    case gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}], 1000) of
+        {ok, S} ->
+            ok = gen_tcp:send(S, "GET /metrics HTTP/1.0\r\n\r\n"),
+            R = recv_all(S, <<>>),
+            gen_tcp:close(S),
+            case R of
+                {ok, B} -> binary:replace(B, <<"beamdiag_sample_cost_seconds">>, <<>>);
+                _ -> none
+            end;
+        {error, _} ->
+            none
+    end.
 
 %% The listener goes away shortly after the stop returns.
 closed(Port, 0) ->
