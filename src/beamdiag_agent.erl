@@ -233,9 +233,9 @@ ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
     Worst = max(Worst0, CostUs div 1000),
     Hard = max(Hard0, hard_deadline(End, Worst)),
     _ = case Hard =:= Hard0 of
-        true -> ok;
-        false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
-    end,
+            true -> ok;
+            false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
+        end,
     K2 = next_tick(lists:min(Costs), Start, K, Interval, End),
     loop(maps:remove(status, State), K2, Clock#{hard := Hard, worst := Worst, costs := Costs}).
 

@@ -124,8 +124,13 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progres
             late(Info, Samples, D, {agent_aborted, Why});
         {'DOWN', MRef, process, _, Reason} ->
             Partial = case Info of
-                          undefined -> undefined;
-                          _ -> capture(Info, Samples, #{}, false, D)
+                          undefined ->
+                              undefined;
+                          _ ->
+                              C = capture(Info, Samples, #{}, false, D),
+                              C#{notes => [iolist_to_binary(
+                                  io_lib:format("partial capture: the target went away mid-window "
+                                                "(~0P) after ~b samples", [Reason, 6, length(Samples)]))]}
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->

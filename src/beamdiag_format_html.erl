@@ -127,7 +127,7 @@ header(C, L, F) ->
     Samples = length(maps:get(samples, C, [])),
     Partial = case maps:get(complete, C, true) of
                   true -> "";
-                  _ -> " <span class=\"badge critical\">partial: the target went away</span>"
+                  _ -> " <span class=\"badge critical\">partial: see the notes</span>"
               end,
     Counts = [{Sev, length([x || #{severity := S1} <- F, S1 =:= Sev])}
               || Sev <- [critical, warning, info]],

@@ -95,7 +95,7 @@ wrap(Text, Indent, Width) ->
 header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     Complete = case maps:get(complete, C, true) of
                    true -> "";
-                   false -> " (PARTIAL: the target went away)"
+                   false -> " (PARTIAL: see the notes)"
                end,
     H = maps:get(host, L, #{}),
     T = maps:get(totals, L, #{}),

@@ -70,7 +70,13 @@ ets_sharded(_Config) ->
     Shards = [Id || #{class := <<"db_hash_slot">>, id := Id = <<"beamdiag_shard_", _/binary>>}
                         <- maps:get(locks, Data)],
     Wait = float(lists:sum([table_wait_pct(Data, Id) || Id <- lists:usort(Shards)])),
-    ct:pal("ets_sharded: shard tables wait ~.2f% of the window in total", [Wait]),
+    %% Only contended locks are listed; the class totals count every lock
+    %% taken, so they show that the writers really hit hash-slot locks (a
+    %% control whose load never ran would pass for nothing).
+    Tries = lists:sum([T || #{class := <<"db_hash_slot">>, tries := T} <- maps:get(classes, Data)]),
+    ct:pal("ets_sharded: ~b hash-slot lock acquisitions; shard tables wait ~.2f% of the window "
+           "in total", [Tries, Wait]),
+    ?assert(Tries > 10000),
     ?assert(Wait < 2.0),
     Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
     ?assertEqual([], [F || F = #{id := ets_contention} <- Findings,
@@ -90,10 +96,17 @@ dirty_gc_alloc(_Config) ->
         ct:pal("dirty_gc_alloc: eheap_alloc ~b lock(s), ~b collisions (~.2f%), wait ~.2f%",
                [N, C, CP, W]),
         ?assertEqual(0, maps:get(dirty_alloc_instances, Data)),
-        ?assertEqual(1, N),
         Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
-        [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
-                  <- Findings]
+        Found = [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
+                          <- Findings],
+        %% Raw signal first: a window whose one shared eheap_alloc lock
+        %% collided enough to count (100 collisions, 1% of the window in
+        %% wait) must give the finding; only contended locks are listed, and
+        %% a window with less contention is measured again.
+        case C >= 100 andalso W >= 1.0 of
+            true -> ?assertEqual(1, N), ?assertMatch([_], Found), Found;
+            false -> []
+        end
     end,
     [F] = retry(Check, 3),
     ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)),
@@ -243,7 +256,7 @@ retry(Check, N) ->
     case Check() of
         [_ | _] = Found -> Found;
         [] when N > 1 -> retry(Check, N - 1);
-        [] -> ct:fail("no allocator_contention finding on eheap_alloc in any window")
+        [] -> ct:fail("eheap_alloc never contended enough to count in any window")
     end.
 
 wait_until(F, 0) ->

@@ -28,7 +28,7 @@ init_per_testcase(perf_errors, Config) ->
 init_per_testcase(flame_cli, Config) ->
     case ensure_distributed() of
         ok -> start_dist_node(Config);
-        {error, Why} -> {skip, io_lib:format("no distribution: ~p", [Why])}
+        {error, Why} -> beamdiag_test_lib:missing(io_lib:format("distribution: ~p", [Why]))
     end;
 init_per_testcase(redis_cache_perf, Config) ->
     case os:find_executable("redis-server") of
@@ -137,6 +137,11 @@ flame_cli(Config) ->
     0 = Code,
     [true = filelib:is_regular(filename:join(Out, F)) || F <- ["profile.folded", "flame.svg", "top.txt"]],
     {_, _} = xmerl_scan:file(filename:join(Out, "flame.svg"), [{quiet, true}]),
+    %% Raw signal first: the stacks the command wrote decode atoms.
+    Decode = folded_share(filename:join(Out, "profile.folded"),
+                          [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erl_zlib_inflate_chunk">>]),
+    ct:pal("binary_to_term frames in ~.1f% of the folded samples", [100 * Decode]),
+    ?assert(Decode > 0.3),
     {_, _} = binary:match(Printed, <<"[unknown] frames in">>),
     {_, _} = binary:match(Printed, <<"binary_to_term decoding atoms">>),
     %% The Erlang-level sampler over distribution, from the same command.
@@ -147,6 +152,10 @@ flame_cli(Config) ->
     0 = beamdiag_cli_flame:run(OptsErl, IO),
     PrintedErl = iolist_to_binary(collect(out)),
     ct:pal("--erlang:~n~s", [PrintedErl]),
+    DecodeErl = folded_share(filename:join(OutErl, "profile.folded"),
+                             [<<"beamdiag_lab_cache:decode_loop/2">>]),
+    ct:pal("decode_loop/2 in ~.1f% of the Erlang sampler's folded samples", [100 * DecodeErl]),
+    ?assert(DecodeErl > 0.3),
     {_, _} = binary:match(PrintedErl, <<"beamdiag_lab_cache:decode_loop/2">>),
     %% The sampler was removed from the node afterwards.
     false = erpc:call(Node, code, is_loaded, [beamdiag_agent_sampler]),
@@ -205,6 +214,17 @@ record(Config, Seconds) ->
     present = maps:get(perf_map, R),
     {ok, P} = beamdiag_fold:fold_file(Script, #{}),
     P.
+
+%% Share of the samples of a folded file ("f1;f2;... count" lines) whose
+%% stack holds one of the frames.
+folded_share(File, Frames) ->
+    {ok, Bin} = file:read_file(File),
+    Rows = [{Stack, binary_to_integer(C)}
+            || L <- binary:split(Bin, <<"\n">>, [global, trim_all]),
+               [Stack, C] <- [string:split(L, <<" ">>, trailing)]],
+    Hits = lists:sum([C || {S, C} <- Rows,
+                           lists:any(fun(F) -> binary:match(S, F) =/= nomatch end, Frames)]),
+    Hits / max(1, lists:sum([C || {_, C} <- Rows])).
 
 share_with(#{stacks := Stacks, samples := N}, Frames) ->
     Hits = lists:sum([C || {S, C} <- maps:to_list(Stacks),

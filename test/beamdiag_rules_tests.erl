@@ -137,3 +137,21 @@ high_system_cpu_fitted_to_rabbitmq_flags_test() ->
     ?assertEqual(nomatch, re:run(Fix, "\\+swt (very_)?low")),
     ?assertEqual(nomatch, re:run(Fix, "\\(\\+sbwt none")),
     ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev), <<"busy waiting is off">>)).
+
+%% A late agent's partial capture: the first two samples of the recorded
+%% throttled node (ticks of 2.0 to 3.0 s there), marked partial with a
+%% note, still show the throttling (raw: the cgroup's counters moved),
+%% and the report says it is partial.
+partial_throttled_capture_test() ->
+    C0 = capture("cpu_throttling"),
+    [S1, S2 | _] = maps:get(samples, C0),
+    ?assert(maps:get(tick_cost_us, S1) >= 2000000),
+    C = C0#{samples => [S1, S2], complete => false,
+            notes => [<<"partial capture: the agent's last word did not come in time">>]},
+    #{ledger := L, findings := F} = D = beamdiag:analyse(C),
+    Cg = maps:get(cgroup, L),
+    ?assert(maps:get(throttled_ratio, Cg) > 0.3),
+    ?assertMatch([_], [X || X = #{id := cpu_throttling} <- F]),
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"PARTIAL">>)),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"last word did not come in time">>)).

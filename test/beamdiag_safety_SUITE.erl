@@ -6,7 +6,8 @@
 %%% secrets on the target's command line, hostile process and table names.
 %%% Timing assertions compare with a reference measured in the same test
 %%% (this must pass on a loaded two-core machine); restoration after a fault
-%%% is event driven and asserted within 2 s.
+%%% is event driven and asserted within 2 s plus ten of the checks that
+%%% watch it, timed side by side.
 -module(beamdiag_safety_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -273,7 +274,7 @@ cli_sigkill_restores_target(Config) ->
         ok = wait_until(fun() -> restored(T, Before) end, 10000),
         Ms = erlang:monotonic_time(millisecond) - T0,
         ct:log("target restored ~b ms after SIGKILL of the CLI", [Ms]),
-        ?assert(Ms =< ?RESTORE_MS),
+        ok = within_restore_bound(Ms, T, Before),
         receive {Port, {exit_status, S}} -> ct:log("CLI exit status ~p", [S]) after 5000 -> ok end
     after
         stop_target(T)
@@ -295,7 +296,7 @@ connection_drop_restores_target(_Config) ->
         ok = wait_until(fun() -> restored(T, Before) end, 10000),
         Ms = erlang:monotonic_time(millisecond) - T0,
         ct:log("target restored ~b ms after it dropped the connection", [Ms]),
-        ?assert(Ms =< ?RESTORE_MS),
+        ok = within_restore_bound(Ms, T, Before),
         Result = receive {result, R} -> R after 20000 -> exit(Runner, kill), timeout end,
         ?assertMatch({error, {beamdiag, {partial, _, #{capture := #{complete := false}}}}}, Result)
     after
@@ -736,6 +737,15 @@ msacc_sum(T) ->
         L when is_list(L) -> lists:sum([lists:sum(maps:values(C)) || #{counters := C} <- L]);
         _ -> 0
     end.
+
+%% Restoration is event driven: it takes 2 s at most on a quiet machine,
+%% plus ten of the checks that watch it on a loaded one (each check is a
+%% few calls to the target; measured now, side by side).
+within_restore_bound(Ms, T, Before) ->
+    {CheckMs, true} = timed(fun() -> restored(T, Before) end),
+    ct:log("restored in ~b ms; one check takes ~b ms now", [Ms, CheckMs]),
+    ?assert(Ms =< ?RESTORE_MS + 10 * CheckMs),
+    ok.
 
 restored(T, ModsBefore) ->
     not swt_on(T) andalso not msacc_on(T) andalso beamdiag_modules(T) =:= ModsBefore.
