@@ -43,7 +43,7 @@ run(NodeStr, Opts0) ->
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, Opts)) of
         {ok, Node} ->
             Agent = beamdiag_agent:modules(),
-            case beamdiag_remote:load(Node, [beamdiag_agent_http | Agent]) of
+            case beamdiag_loader:load(Node, [beamdiag_agent_http | Agent]) of
                 {ok, Loaded} ->
                     serve(Node, Opts, Loaded -- [beamdiag_agent_http],
                           lists:member(beamdiag_agent_http, Loaded));
@@ -109,7 +109,7 @@ serve(Node, Opts = #{port := Port, ip := Ip, path := Path, interval := I, durati
                 catch erpc:call(Node, beamdiag_agent_http, stop, [Http], ?CALL_TIMEOUT)
             end;
         {error, _} = E ->
-            beamdiag_remote:unload(Node, [beamdiag_agent_http || HttpLoaded] ++ AgentLoaded),
+            beamdiag_loader:unload(Node, [beamdiag_agent_http || HttpLoaded] ++ AgentLoaded),
             E
     end.
 
@@ -120,7 +120,7 @@ started(Started, Bound, Collect, Node, AgentLoaded) ->
         _ -> Collect()
     catch
         Class:Reason:St ->
-            beamdiag_remote:unload(Node, AgentLoaded),
+            beamdiag_loader:unload(Node, AgentLoaded),
             erlang:raise(Class, Reason, St)
     end.
 

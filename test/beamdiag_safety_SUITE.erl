@@ -31,7 +31,7 @@
     hostile_capture_escaped/1
 ]).
 %% Run on the peer nodes.
--export([spawn_idle/1, hostile_setup/0, hold_swt/0]).
+-export([spawn_idle/1, hostile_setup/0, hold_swt/0, noisy_target/0]).
 
 -define(RESTORE_MS, 2000).
 -define(WINDOW_MS, 3000).
@@ -190,6 +190,8 @@ stalled_target_gives_partial(_Config) ->
 %% runs it, the escript with standard error to a file:
 %% - long names on a host without a domain name: nothing on standard
 %%   output, one line on standard error;
+%% - a target that prints to the group leader of every remote call: the
+%%   JSON document alone on standard output, nothing of it on either;
 %% - an OTP 29 target, whose loader reports the agent's OTP 25 beams
 %%   (`{error, badfile}') with the caller's group leader: `--json' is JSON
 %%   or nothing, and no report of the target's shows on either stream.
@@ -202,6 +204,23 @@ output_survives_target_errors(Config) ->
     ct:log("x@127.0.0.1: stdout ~p~nstderr ~p", [Out1, Err1]),
     ?assertEqual(<<>>, Out1),
     ?assertMatch([_], binary:split(Err1, <<"\n">>, [global, trim])),
+    %% A target that prints to the group leader of every remote call, as
+    %% its emulator does for a module it refuses to load.
+    T = start_target([], []),
+    try
+        ok = load_self(T),
+        ok = peer_call(T, ?MODULE, noisy_target, []),
+        {Code2, Out2, Err2} = run_escript(["diagnose", atom_to_list(node_of(T)), "--json",
+                                           "--duration", "1"],
+                                          [{"BEAMDIAG_COOKIE", cookie_of(T)}], Config),
+        ct:log("noisy target: exit ~b~nstdout ~p~nstderr ~p", [Code2, Out2, Err2]),
+        ?assertEqual(0, Code2),
+        ok = json_check(Out2),
+        [?assertEqual(nomatch, binary:match(B, [<<"REPORT">>, <<"noise">>, <<"\r">>]))
+         || B <- [Out2, Err2]]
+    after
+        stop_target(T)
+    end,
     Cookie = "safety_" ++ integer_to_list(rand:uniform(1 bsl 40)),
     case beamdiag_test_lib:start_node(29, #{args => ["-setcookie", Cookie]}) of
         {ok, Peer, Node} ->
@@ -777,6 +796,31 @@ collect_io(O, E) ->
         {io, out, D} -> collect_io(<<O/binary, D/binary>>, E);
         {io, err, D} -> collect_io(O, <<E/binary, D/binary>>)
     after 0 -> {O, E}
+    end.
+
+%% Run on a target: every process whose group leader is on another node
+%% (a remote call's) and that calls into `code' gets a line printed to that
+%% group leader, once, as the emulator prints a refused module's error
+%% report there.
+-spec noisy_target() -> ok.
+noisy_target() ->
+    Tracer = spawn(fun() -> noisy_tracer(#{}) end),
+    _ = erlang:trace_pattern({code, '_', '_'}, true, [global]),
+    _ = erlang:trace(new_processes, true, [call, {tracer, Tracer}]),
+    ok.
+
+noisy_tracer(Seen) ->
+    receive
+        {trace, P, call, _} when not is_map_key(P, Seen) ->
+            case process_info(P, group_leader) of
+                {group_leader, Gl} when node(Gl) =/= node() ->
+                    io:format(Gl, "=ERROR REPORT==== noise from the target~n", []),
+                    noisy_tracer(Seen#{P => true});
+                _ ->
+                    noisy_tracer(Seen#{P => true})
+            end;
+        _ ->
+            noisy_tracer(Seen)
     end.
 
 %% The escript with these arguments and environment, its standard error
