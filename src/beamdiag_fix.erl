@@ -55,7 +55,7 @@ advised_flags() ->
 %% `since'); a node whose release is unknown is taken to have it.
 -spec documented(binary(), map()) -> boolean().
 documented(Flag, S) ->
-    Release = try binary_to_integer(maps:get(otp_release, S, <<"0">>))
+    Release = try binary_to_integer(setting(otp_release, S, <<"0">>))
               catch error:badarg -> 0
               end,
     case [Since || #{flag := F, since := Since} <- advised_flags(), F =:= Flag] of
@@ -95,8 +95,8 @@ fix(cpu_throttling, S) ->
         "."
     ]);
 fix(high_system_cpu, S) ->
-    Mmscs = maps:get(mmscs, S, <<"0">>),
-    Swt = maps:get(swt, S, <<"medium">>),
+    Mmscs = setting(mmscs, S, <<"0">>),
+    Swt = setting(swt, S, <<"medium">>),
     iolist_to_binary([
         "Profile the kernel side with `beamdiag flame` (perf shows the system calls). Usual "
         "causes: many small file or socket writes (batch them); auditd or other syscall "
@@ -123,7 +123,7 @@ fix(high_system_cpu, S) ->
     ]);
 fix(dirty_cpu_gc, S) ->
     iolist_to_binary([
-        case maps:get(mdai, S, <<"0">>) of
+        case setting(mdai, S, <<"0">>) of
             <<"0">> ->
                 case documented(<<"Mdai">>, S) of
                     true -> "Give dirty schedulers their own allocator instances with +Mdai max "
@@ -150,7 +150,7 @@ fix(scheduler_imbalance, S) ->
         end
     ]);
 fix(cpu_starvation, S) ->
-    Bound = maps:get(bind_type, S, <<"unbound">>),
+    Bound = setting(bind_type, S, <<"unbound">>),
     iolist_to_binary([
         "Find the competitor (the processes named in the evidence, top -H, the host's steal "
         "time) and move it away, or give the BEAM cores of its own (cpuset, taskset).",
@@ -171,8 +171,15 @@ fix(Id, _S) ->
 %%%===================================================================
 
 busy_wait_flags(S) ->
-    [maps:get(sbwt, S, <<"medium">>), maps:get(sbwtdcpu, S, <<"short">>),
-     maps:get(sbwtdio, S, <<"short">>)].
+    [setting(sbwt, S, <<"medium">>), setting(sbwtdcpu, S, <<"short">>),
+     setting(sbwtdio, S, <<"short">>)].
+
+%% A flag's value as the agent reports it (a binary), or its default.
+setting(K, S, Default) ->
+    case maps:get(K, S, Default) of
+        V when is_binary(V) -> V;
+        _ -> Default
+    end.
 
 %% The wanted flags its release documents, split into those to set and
 %% those the node has.

@@ -284,10 +284,11 @@ host(_, _) ->
 %% The few other processes on the host that used the most CPU between the
 %% first and the last sample (the agent reads them on those two ticks), in
 %% CPUs; those under 0.02 CPUs are left out.
-top_others(#{others := #{procs := PA}}, #{others := #{procs := PB}}, Window) when Window > 0 ->
+top_others(#{others := #{procs := PA}}, #{others := #{procs := PB}}, Window)
+  when is_map(PA), is_map(PB), Window > 0 ->
     Used = [#{pid => Pid, name => Comm, cpus => (TB - TA) / clock_hz() / Window}
-            || {Pid, {Comm, TB}} <- maps:to_list(PB), {_, TA} <- [maps:get(Pid, PA, {Comm, 0})],
-               TB >= TA, is_map_key(Pid, PA)],
+            || {Pid, {Comm, TB}} <- maps:to_list(PB), is_integer(Pid), is_binary(Comm),
+               is_integer(TB), {ok, {_, TA}} <- [maps:find(Pid, PA)], is_integer(TA), TB >= TA],
     Sorted = lists:sort(fun(#{cpus := X}, #{cpus := Y}) -> X >= Y end, Used),
     [P || P = #{cpus := C} <- lists:sublist(Sorted, 3), C >= 0.02];
 top_others(_, _, _) ->
@@ -297,7 +298,7 @@ clock_hz() -> beamdiag_agent_proc:clock_ticks().
 
 %% The agent read only some of the host's processes (its time budget or
 %% count ran out).
-partial(#{others := #{truncated := T}}) -> T;
+partial(#{others := #{truncated := T}}) when is_boolean(T) -> T;
 partial(_) -> false.
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->

@@ -469,7 +469,10 @@ competitors(_) ->
 
 %% Where the node may run: scheduler binding and the CPUs it may use.
 placement(Settings) ->
-    Bind = maps:get(bind_type, Settings, <<"unbound">>),
+    Bind = case maps:get(bind_type, Settings, <<"unbound">>) of
+               B0 when is_binary(B0) -> B0;
+               _ -> <<"unbound">>
+           end,
     Cpuset = maps:get(cpus_allowed, Settings, null),
     [iolist_to_binary(
         [case Bind of
