@@ -85,8 +85,8 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
 -spec output(map(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 output(Result, Opts, IO = #{err := Err}) ->
     Text = case maps:get(json, Opts, false) of
-               true -> [beamdiag_json:encode(beamdiag_experiment:document(Result)), "\n"];
-               false -> beamdiag_experiment:text(Result)
+               true -> [beamdiag_json:encode(beamdiag_format_experiment:document(Result)), "\n"];
+               false -> beamdiag_format_experiment:text(Result)
            end,
     Written = beamdiag_cli:emit(Text, Opts, IO),
     Saved = case maps:find(save, Opts) of
@@ -102,7 +102,7 @@ output(Result, Opts, IO = #{err := Err}) ->
                     0
             end,
     Html = beamdiag_cli:html(
-             fun() -> beamdiag_format_html:experiment(beamdiag_experiment:document(Result)) end,
+             fun() -> beamdiag_format_html:experiment(beamdiag_format_experiment:document(Result)) end,
              Opts, IO),
     hd([Code || Code <- [Written, Saved, Html], Code =/= 0] ++ [0]).
 

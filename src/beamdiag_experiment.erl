@@ -7,7 +7,8 @@
 %%% flags, starts the closed-loop driver on it (`beamdiag_agent_driver': C
 %%% workers each calling the unit of work again and again), lets it warm
 %%% up, then measures for the window while diagnosing the node for the
-%%% ledger. The statistics are `beamdiag_stats''.
+%%% ledger. The statistics come from `beamdiag_stats', the text and JSON
+%%% from `beamdiag_format_experiment'.
 %%% Runs go A B A B ... so that drift of the host cancels out.
 %%%
 %%% Per run: throughput (units/s), OS CPU seconds per unit (the ledger's
@@ -29,12 +30,12 @@
 %%% 2> {ok, R} = beamdiag_experiment:run(#{workloads => [W],
 %%%        variants => ["default", "+sbwt none +sbwtdcpu none +sbwtdio none"],
 %%%        runs => 3, duration => 5}).
-%%% 3> io:put_chars(beamdiag_experiment:text(R)).
+%%% 3> io:put_chars(beamdiag_format_experiment:text(R)).
 %%% '''
 -module(beamdiag_experiment).
 
 -export([run/1, options/1, workload/1, workload_name/1, lab_units/0, summarise/1,
-         text/1, document/1, format_error/1]).
+         metrics/0, format_error/1]).
 
 -export_type([workload/0, result/0]).
 
@@ -165,6 +166,12 @@ lab_units() ->
        || #{name := Name, load := {Mod, _, _}, emu_args := Args,
             unit := #{name := U, concurrency := C, summary := Summary}} <- beamdiag_lab:scenarios()]).
 
+%% @doc The figures of a run an experiment compares: key, label, and which
+%% way is better (`neutral': neither).
+-spec metrics() -> [{atom(), string(), higher | lower | neutral}].
+metrics() ->
+    ?METRICS.
+
 %% @doc Each arm against the first: means and standard deviations per arm,
 %% and per metric the relative change with its bootstrap interval and
 %% verdict.
@@ -186,60 +193,6 @@ summarise(#{arms := Arms, runs := Runs} = R) ->
                      metrics => [versus(K, Dir, BaseRuns, maps:get(I, ByArm, []), Iters)
                                  || {K, _, Dir} <- ?METRICS]}
                    || #{index := I} <- Others]
-    }.
-
-%% @doc The results as text: arms, per-run figures, each arm against the
-%% first.
--spec text(result()) -> iolist().
-text(R = #{arms := Arms, runs := Runs, settings := S}) ->
-    #{arms := ArmStats, versus := Versus} = maps:get(summary, R, summarise(R)),
-    Letter = fun(I) -> [$A + I - 1] end,
-    [
-        io_lib:format("beamdiag experiment: ~b arms x ~b runs (alternated), ~ts s windows "
-                      "after ~ts s warm-up~n",
-                      [length(Arms), maps:get(runs, S), num(maps:get(duration, S)),
-                       num(maps:get(warmup, S))]),
-        [io_lib:format("  ~s  ~ts, flags: ~ts, concurrency ~b~n",
-                       [Letter(I), W, V, C])
-         || #{index := I, workload := W, variant := V, concurrency := C} <- Arms],
-        "\nRUNS (in the order they ran)\n",
-        io_lib:format("  ~-4s ~3s ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",
-                      ["arm", "run", "units/s", "cpu us/u", "cpus", "sched", "p50 us",
-                       "p99 us", "p99.9 us"]),
-        [io_lib:format("  ~-4s ~3b ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",
-                       [Letter(A), N, num(T), num(Cu), num(Cpus), pct(Su), num(P50), num(P99),
-                        num(P999)])
-         || #{arm := A, run := N, throughput := T, cpu_us_per_unit := Cu, cpus_used := Cpus,
-              sched_util := Su, p50_us := P50, p99_us := P99, p999_us := P999} <- Runs],
-        "\nMEANS (sd over runs)\n",
-        io_lib:format("  ~-24s~ts~n", ["", [io_lib:format("~20s", [Letter(I)])
-                                             || #{index := I} <- ArmStats]]),
-        [io_lib:format("  ~-24s~ts~n",
-                       [Label, [io_lib:format("~20s", [mean_sd(maps:get(K, St))])
-                                || #{stats := St} <- ArmStats]])
-         || {K, Label, _} <- ?METRICS],
-        [[io_lib:format("~n~s vs ~s (paired bootstrap over runs, 95% CI of the relative change)~n",
-                        [Letter(I), Letter(B)]),
-          [io_lib:format("  ~-24s ~8s  ~-19s ~s~n",
-                         [label(K), rel(Est), ci(CI), verdict(V)])
-           || #{key := K, estimate := Est, ci := CI, verdict := V} <- Ms]]
-         || #{index := I, against := B, metrics := Ms} <- Versus],
-        "\n",
-        [io_lib:format("~s vs ~s: ~ts~n", [Letter(I), Letter(B), plain(Ms)])
-         || #{index := I, against := B, metrics := Ms} <- Versus]
-    ].
-
-%% @doc The results as the map their JSON encodes (without the raw
-%% captures).
--spec document(result()) -> map().
-document(R = #{runs := Runs}) ->
-    Doc = maps:with([schema, started_ms, elapsed_s, settings, arms], R),
-    Summary = maps:get(summary, R, summarise(R)),
-    Doc#{
-        runs => [maps:without([diagnosis], X) || X <- Runs],
-        summary => Summary#{versus => [V#{metrics => [M#{ci => ci_list(maps:get(ci, M))}
-                                                      || M <- Ms]}
-                                       || V = #{metrics := Ms} <- maps:get(versus, Summary)]}
     }.
 
 %% @doc Turns an error reason of this module into a sentence.
@@ -465,43 +418,3 @@ verdict_of(neutral, _, Hi) when Hi < 0 -> lower;
 verdict_of(_, _, _) -> no_difference.
 
 sort_runs(Runs) -> lists:sort(fun(#{run := A}, #{run := B}) -> A =< B end, Runs).
-
-mean_sd(#{mean := M, sd := Sd}) -> [num(M), " (", num(Sd), ")"].
-
-label(K) -> element(2, lists:keyfind(K, 1, ?METRICS)).
-
-verdict(better) -> "better";
-verdict(worse) -> "worse";
-verdict(higher) -> "higher (neither better nor worse)";
-verdict(lower) -> "lower (neither better nor worse)";
-verdict(no_difference) -> "no difference at this noise";
-verdict(no_data) -> "no data".
-
-plain(Ms) ->
-    Say = fun(V) -> [label(K) || #{key := K, verdict := X} <- Ms, X =:= V] end,
-    Parts = [[Word, ": ", lists:join(", ", Ks)]
-             || {Word, Ks} <- [{"better", Say(better)}, {"worse", Say(worse)},
-                               {"higher", Say(higher)}, {"lower", Say(lower)},
-                               {"no difference at this noise", Say(no_difference)}],
-                Ks =/= []],
-    lists:join("; ", Parts).
-
-rel(null) -> "-";
-rel(X) -> [case X < 0 of true -> "-"; false -> "+" end, io_lib:format("~.1f%", [abs(100 * X)])].
-
-ci(undefined) -> "-";
-ci({L, H}) -> ["[", rel(L), ", ", rel(H), "]"].
-
-ci_list(undefined) -> null;
-ci_list({L, H}) -> [L, H].
-
-pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
-pct(_) -> "-".
-
-num(undefined) -> "-";
-num(X) when is_integer(X) -> num(float(X));
-num(X) when abs(X) >= 1.0e6 -> io_lib:format("~.2fM", [X / 1.0e6]);
-num(X) when abs(X) >= 1.0e4 -> io_lib:format("~.1fk", [X / 1.0e3]);
-num(X) when abs(X) >= 100 -> integer_to_list(round(X));
-num(X) when abs(X) >= 1 -> io_lib:format("~.2f", [X]);
-num(X) -> io_lib:format("~.3f", [X]).
