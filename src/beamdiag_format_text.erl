@@ -35,7 +35,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
     ]),
     %% Strings from the target or a capture file may hold anything: the
     %% report is made safe for a terminal as a whole, then coloured.
-    Clean = beamdiag_text:terminal(Plain),
+    Clean = beamdiag_text:report(Plain),
     case maps:get(colour, Opts, false) of
         true -> colourise(Clean);
         false -> Clean

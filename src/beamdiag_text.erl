@@ -9,8 +9,9 @@
 %%%   replaced), a chardata list, an atom, a number or any other term;
 %%% - `safe/1,2': one line, every control character (C0, DEL, C1) as `?',
 %%%   optionally cut to a number of characters;
-%%% - `terminal/1': a whole multi-line text, newlines and carriage
-%%%   returns kept.
+%%% - `report/1': a whole multi-line report, newlines kept;
+%%% - `terminal/1': the same for standard error, where carriage returns
+%%%   (progress lines) are kept too.
 %%%
 %%% Target-side modules (`beamdiag_agent*') do not format text for a
 %%% terminal and do not call this module.
@@ -23,7 +24,7 @@
 %%% '''
 -module(beamdiag_text).
 
--export([chars/1, chars/2, safe/1, safe/2, terminal/1]).
+-export([chars/1, chars/2, safe/1, safe/2, report/1, terminal/1]).
 
 %%%===================================================================
 %%% API
@@ -56,12 +57,18 @@ safe(Text) ->
 safe(Text, Max) ->
     [one_line(C) || C <- lists:sublist(chars(Text), Max)].
 
-%% @doc A multi-line text ready for a terminal, as UTF-8: newlines and
-%% carriage returns (progress lines) stay, every other control character
-%% and each byte that is not UTF-8 becomes `?'.
+%% @doc A multi-line report ready for a terminal, as UTF-8: newlines stay,
+%% every other control character and each byte that is not UTF-8 becomes
+%% `?'.
+-spec report(unicode:chardata() | iodata()) -> binary().
+report(Text) ->
+    unicode:characters_to_binary([multi_line(C) || C <- chars(Text)]).
+
+%% @doc Messages for standard error, as UTF-8: as `report/1', and carriage
+%% returns (which redraw a progress line) stay too.
 -spec terminal(unicode:chardata() | iodata()) -> binary().
 terminal(Text) ->
-    unicode:characters_to_binary([multi_line(C) || C <- chars(Text)]).
+    unicode:characters_to_binary([progress(C) || C <- chars(Text)]).
 
 %%%===================================================================
 %%% Internal
@@ -71,8 +78,10 @@ one_line(C) when C < 32; C >= 127, C =< 159 -> $?;
 one_line(C) -> C.
 
 multi_line($\n) -> $\n;
-multi_line($\r) -> $\r;
 multi_line(C) -> one_line(C).
+
+progress($\r) -> $\r;
+progress(C) -> multi_line(C).
 
 bin_chars(B, R) ->
     case unicode:characters_to_list(B) of

@@ -29,7 +29,8 @@ terminal_test() ->
     ?assertEqual(<<"one\ntwo ?[31m?\n"/utf8>>,
                  beamdiag_text:terminal([<<"one\ntwo ">>, 27, "[31m", <<255>>, "\n"])),
     ?assertEqual(<<"€"/utf8>>, beamdiag_text:terminal(<<"€"/utf8>>)),
-    ?assertEqual(<<"a\rb?c">>, beamdiag_text:terminal(<<"a\rb\tc">>)).
+    ?assertEqual(<<"a\rb?c">>, beamdiag_text:terminal(<<"a\rb\tc">>)),
+    ?assertEqual(<<"a?b?c\n">>, beamdiag_text:report(<<"a\rb\tc\n">>)).
 
 %% Random bytes: whatever comes in, safe/1 gives printable characters only
 %% and terminal/1 valid UTF-8 with no control character but the newline.
