@@ -148,7 +148,9 @@ thread_rows(#{threads := TA, vm := VA} = A, #{threads := TB, vm := VB} = B, Sett
   when is_map(TA), is_map(TB) ->
     Wall = seconds(A, B),
     Busy = busy_by_id(maps:get(swt, VA), maps:get(swt, VB)),
-    Rows = [thread_row(Tid, ThA, ThB, Wall, Busy, Settings)
+    Kinds = beamdiag_threads:classify_all(
+              [{Tid, maps:get(name, Th)} || {Tid, Th} <- maps:to_list(TB)], Settings),
+    Rows = [thread_row(Tid, ThA, ThB, maps:get(Tid, Kinds), Wall, Busy, Settings)
             || {Tid, ThA} <- maps:to_list(TA),
                {ok, ThB} <- [maps:find(Tid, TB)]],
     lists:sort(fun(X, Y) -> order(X) =< order(Y) end, Rows);
@@ -160,9 +162,8 @@ order(#{type := T, index := I, tid := Tid}) ->
 
 index_of(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
 
-thread_row(Tid, A, B, Wall, Busy, Settings) ->
+thread_row(Tid, A, B, {Type, Index}, Wall, Busy, Settings) ->
     Name = maps:get(name, B),
-    {Type, Index} = beamdiag_threads:classify(Name),
     SchedId = beamdiag_threads:scheduler_id({Type, Index}, Settings),
     Hz = beamdiag_agent_proc:clock_ticks(),
     DU = delta(utime, A, B) / Hz,

@@ -205,14 +205,26 @@ compile_all(Target, Forms) ->
              end)} || {M, Fs, File} <- Forms],
     collect(Target, Jobs, Deadline, []).
 
+%% The compile runs at high priority, in the calling process itself, as
+%% the agent does: on a saturated node it would otherwise queue behind
+%% every runnable process. erl_eval (stdlib) sets the priority there, since
+%% nothing of ours is loaded yet. Optimisation passes are left out: they
+%% more than double the compile's CPU time and the agent's hot path is
+%% BIFs and file reads; an older compiler ignores options it does not know.
 compile_one(Target, M, Forms) ->
-    Opts = [binary, return_errors, deterministic],
-    try call(Target, compile, forms, [Forms, Opts], ?COMPILE_TIMEOUT) of
-        {ok, M, Bin} ->
+    Opts = [binary, return_errors, deterministic, no_spawn_compiler_process,
+            no_ssa_opt, no_type_opt, no_bsm_opt],
+    {ok, Tokens, _} = erl_scan:string(
+        "process_flag(priority, high), compile:forms(Forms, Opts)."),
+    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+    %% Bindings as an orddict, which erl_eval takes on every release.
+    Bindings = [{'Forms', Forms}, {'Opts', Opts}],
+    try call(Target, erl_eval, exprs, [Exprs, Bindings], ?COMPILE_TIMEOUT) of
+        {value, {ok, M, Bin}, _} ->
             {ok, Bin, call(Target, beam_lib, md5, [Bin], ?CALL_TIMEOUT)};
-        {ok, M, Bin, _Warnings} ->
+        {value, {ok, M, Bin, _Warnings}, _} ->
             {ok, Bin, call(Target, beam_lib, md5, [Bin], ?CALL_TIMEOUT)};
-        Other ->
+        {value, Other, _} ->
             {error, Other}
     catch
         Class:Why -> {error, {Class, Why}}

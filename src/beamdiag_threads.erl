@@ -5,6 +5,15 @@
 %%% `erts_sched_1', `erts_dcpus_1', `erts_dios_1'. Scheduler ids follow
 %%% `scheduler_wall_time_all': normal 1..S, dirty CPU S+1..S+D, then dirty IO.
 %%%
+%%% A name alone does not make a scheduler: a thread a NIF starts with
+%%% `pthread_create' inherits the name of the thread that started it (a
+%%% scheduler's, say), and a NIF may name its threads anything.
+%%% `classify_all/2' sees every thread of the node at once: a scheduler
+%%% name whose number is outside the node's count, or that a thread with a
+%%% lower id already holds, is `other'. The VM starts its own threads at
+%%% boot, before any NIF can, so the lowest thread id of a name is the
+%%% VM's.
+%%%
 %%% ```
 %%% 1> beamdiag_threads:classify(<<"2_dirty_cpu_sch">>).
 %%% {dirty_cpu, 2}
@@ -13,7 +22,7 @@
 %%% '''
 -module(beamdiag_threads).
 
--export([classify/1, scheduler_id/2, types/0, is_scheduler/1]).
+-export([classify/1, classify_all/2, scheduler_id/2, types/0, is_scheduler/1]).
 
 -export_type([type/0]).
 
@@ -52,6 +61,24 @@ classify(Name) ->
         _ -> {other, 0}
     end.
 
+%% @doc Every thread of a node at once, by thread id: `classify/1' of its
+%% name, except that a numbered VM thread (scheduler, dirty, aux, poll,
+%% async) whose number is out of the node's range or taken by a lower
+%% thread id is `{other, 0}'. Counts not in `Settings' are not checked.
+-spec classify_all([{integer(), binary()}], map()) -> #{integer() => {type(), non_neg_integer()}}.
+classify_all(Threads, Settings) ->
+    {Map, _} = lists:foldl(
+        fun({Tid, Name}, {Acc, Seen}) ->
+            TI = classify(Name),
+            case numbered_type(TI) andalso
+                (maps:is_key(TI, Seen) orelse not in_range(TI, Settings)) of
+                true -> {Acc#{Tid => {other, 0}}, Seen};
+                false -> {Acc#{Tid => TI}, Seen#{TI => Tid}}
+            end
+        end,
+        {#{}, #{}}, lists:keysort(1, Threads)),
+    Map.
+
 %% @doc The scheduler id of a scheduler thread, as used by
 %% `scheduler_wall_time_all', or `undefined' for other threads.
 -spec scheduler_id({type(), non_neg_integer()}, #{schedulers := pos_integer(),
@@ -77,8 +104,26 @@ is_scheduler(T) ->
 %%% Internal
 %%%===================================================================
 
+%% A number that is not all digits ("erts_sched_1x") is not the VM's name.
 numbered(Type, N) ->
     case string:to_integer(N) of
         {I, <<>>} when is_integer(I), I >= 0 -> {Type, I};
-        _ -> {Type, 0}
+        _ -> {other, 0}
+    end.
+
+numbered_type({T, _}) ->
+    lists:member(T, [scheduler, dirty_cpu, dirty_io, aux, poll, async]).
+
+%% Scheduler threads are numbered from 1 up to their count (every
+%% scheduler has a thread, online or not); the others are not checked.
+in_range({T, N}, Settings) ->
+    Key = case T of
+              scheduler -> schedulers;
+              dirty_cpu -> dirty_cpu_schedulers;
+              dirty_io -> dirty_io_schedulers;
+              _ -> none
+          end,
+    case maps:get(Key, Settings, undefined) of
+        Count when is_integer(Count) -> N >= 1 andalso N =< Count;
+        _ -> true
     end.

@@ -1,0 +1,452 @@
+%%% beamdiag across OTP releases, as a user runs it: the escript built on
+%%% this machine's OTP diagnoses lab nodes started on OTP 25, 27 (Debian
+%%% trixie's) and 29 (sid's) in their own roots, and an escript built inside
+%%% the OTP 29 root diagnoses an OTP 25 node. Each case reads the JSON the
+%%% CLI prints and asserts the raw ledger figures before the findings.
+%%% Figures go to the log (ct:pal) for the support table.
+-module(beamdiag_otp_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1,
+         init_per_group/2, end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
+-export([idle/1, busy_wait/1, cpu_saturated/1, nif_threads/1, no_compiler_beams/1,
+         no_compiler_refused/1, compile_cost/1, cli_built_on_29/1]).
+
+-define(WINDOW, "3").
+
+suite() -> [{timetrap, {minutes, 5}}].
+
+all() ->
+    [{group, otp25}, {group, otp27}, {group, otp29}, {group, cli29}].
+
+groups() ->
+    Common = [idle, busy_wait, cpu_saturated, nif_threads],
+    [{otp25, [], Common},
+     {otp27, [], Common ++ [no_compiler_beams]},
+     {otp29, [], Common ++ [no_compiler_refused, compile_cost]},
+     {cli29, [], [cli_built_on_29]}].
+
+init_per_suite(Config) ->
+    case beamdiag_test_lib:escript() of
+        {ok, E} -> [{escript, E} | Config];
+        error -> beamdiag_test_lib:missing("the escript is not built (rebar3 escriptize)")
+    end.
+
+end_per_suite(_Config) ->
+    ok.
+
+init_per_group(cli29, Config) ->
+    init_per_group(otp29, Config);
+init_per_group(Group, Config) ->
+    Rel = list_to_integer(lists:nthtail(3, atom_to_list(Group))),
+    case beamdiag_test_lib:otp_exec(Rel) of
+        {ok, Exec} -> [{release, Rel}, {exec, Exec} | Config];
+        Skip -> Skip
+    end.
+
+end_per_group(_, _Config) ->
+    ok.
+
+init_per_testcase(Case, Config) ->
+    Scenario = case Case of
+                   busy_wait -> busy_wait;
+                   cpu_saturated -> cpu_saturated;
+                   cli_built_on_29 -> busy_wait;
+                   _ -> idle
+               end,
+    Opts = case Case of
+               %% The OTP 29 CLI diagnoses a node of this machine's OTP.
+               cli_built_on_29 -> #{duration => 90};
+               _ -> #{duration => 90, exec => ?config(exec, Config)}
+           end,
+    case lists:member(Case, [no_compiler_refused, no_compiler_beams]) of
+        true ->
+            Config;
+        false ->
+            {ok, Lab} = beamdiag_lab:start(Scenario, Opts),
+            [{lab, Lab} | Config]
+    end.
+
+end_per_testcase(_, Config) ->
+    case proplists:get_value(lab, Config) of
+        undefined -> ok;
+        Lab -> beamdiag_lab:stop(Lab)
+    end,
+    case proplists:get_value(peer, Config) of
+        undefined -> ok;
+        Peer -> catch peer:stop(Peer)
+    end,
+    ok.
+
+%%% Cases
+
+idle(Config) ->
+    {J, S} = diagnose(Config),
+    fig(Config, idle, J),
+    ?assert(share(<<"busy">>, S) < 0.10),
+    ?assertEqual([], serious(J)).
+
+busy_wait(Config) ->
+    case unstarved(Config, 3) of
+        {ok, J, S} ->
+            fig(Config, busy_wait, J),
+            %% The raw signal: on CPU far longer than busy, the difference
+            %% spinning.
+            ?assert(share(<<"on_cpu">>, S) >= 2 * share(<<"busy">>, S)),
+            ?assert(share(<<"spin">>, S) > 0.10),
+            %% The flags came from emu_args on this release.
+            #{<<"sbwt">> := <<"very_long">>, <<"sbwtdcpu">> := <<"very_long">>,
+              <<"sbwtdio">> := <<"very_long">>} = maps:get(<<"settings">>, J),
+            %% msacc ran there: on a stock emulator spinning lands in 'other'.
+            Other = msacc_share(J, <<"other">>),
+            ct:pal("msacc other ~.3f", [Other]),
+            ?assert(Other > 0.05),
+            ?assert(lists:member(<<"busy_wait">>, serious(J)));
+        {starved, J, S} ->
+            starved(Config, busy_wait, J, S)
+    end.
+
+%% Schedulers that wait for a CPU most of the window never run out of
+%% work, so they cannot spin: on a host that busy, the diagnosis is
+%% retried, and if the node stays starved that is what it must say.
+unstarved(Config, N) ->
+    {J, S} = diagnose(Config),
+    case share(<<"runq">>, S) < 0.25 of
+        true -> {ok, J, S};
+        false when N > 1 ->
+            fig(Config, starved_retry, J),
+            timer:sleep(2000),
+            unstarved(Config, N - 1);
+        false -> {starved, J, S}
+    end.
+
+starved(Config, What, J, S) ->
+    fig(Config, What, J),
+    ?assert(share(<<"runq">>, S) >= 0.25),
+    ?assert(lists:member(<<"cpu_starvation">>, serious(J))),
+    {comment, "the host starved the node in every try (run-queue wait >= 25%): "
+              "cpu_starvation named, busy_wait not observable"}.
+
+cpu_saturated(Config) ->
+    {J, S} = diagnose(Config),
+    fig(Config, cpu_saturated, J),
+    ?assert(share(<<"busy">>, S) >= 0.85),
+    ?assert(lists:member(<<"cpu_saturated">>, serious(J))),
+    ?assertNot(lists:member(<<"busy_wait">>, ids(J))).
+
+%% A NIF's threads on an idle node: one spins under a scheduler's
+%% inherited name, one is named past the node's schedulers, one has a name
+%% of its own. None is a scheduler: the schedulers stay as many as the
+%% node has, their spin stays small, and the spinning shows as 'other'.
+nif_threads(Config) ->
+    Lab = #{peer := Peer} = ?config(lab, Config),
+    {So, File} = nif_so(Config),
+    {ok, _} = beamdiag_loader:load({peer, Peer}, [beamdiag_nif_thread]),
+    ok = peer:call(Peer, beamdiag_nif_thread, run, [So, 8000]),
+    %% Loaded: the file can go.
+    ok = file:delete(File),
+    {J, S} = diagnose(Config),
+    Threads = maps:get(<<"threads">>, J),
+    Names = [{maps:get(<<"name">>, T), maps:get(<<"type">>, T)} || T <- Threads],
+    ct:pal("OTP ~b threads ~p", [?config(release, Config), Names]),
+    Scheds = [N || {N, <<"scheduler">>} <- Names],
+    NSched = maps:get(<<"schedulers">>, maps:get(<<"settings">>, J)),
+    ?assertEqual(NSched, length(Scheds)),
+    ?assertEqual(NSched, length(lists:usort(Scheds))),
+    Others = [T || T = #{<<"type">> := <<"other">>} <- Threads],
+    ?assert(length(Others) >= 3),
+    OtherCpu = lists:sum([maps:get(<<"on_cpu">>, T) || T <- Others]),
+    ct:pal("other threads on CPU ~.2f s; scheduler spin ~.3f", [OtherCpu, share(<<"spin">>, S)]),
+    ?assert(OtherCpu > 0.2),
+    ?assert(share(<<"spin">>, S) < 0.10),
+    ?assert(lists:member(<<"erts_sched_99">>, [N || #{<<"name">> := N} <- Others])),
+    ?assertNot(lists:member(<<"busy_wait">>, serious(J))),
+    _ = Lab,
+    ok.
+
+%% OTP 27 loads this build's beams as they are: no compiler needed there.
+no_compiler_beams(Config) ->
+    {Peer, Node, Cookie} = bare_node(Config),
+    NewConfig = [{peer, Peer} | Config],
+    {0, Out, _} = cli(NewConfig, ["diagnose", atom_to_list(Node), "--json", "--duration", "2"],
+                      Cookie),
+    J = beamdiag_test_json:decode(Out),
+    ?assertEqual(<<"27">>, maps:get(<<"otp_release">>, J)),
+    ?assertEqual(non_existing, peer:call(Peer, code, which, [compile])),
+    agent_gone(Peer),
+    peer:stop(Peer).
+
+%% OTP 29 cannot load OTP 25's beams; without the compiler on its code
+%% path the CLI stops with one line and leaves the node as it was.
+no_compiler_refused(Config) ->
+    {Peer, Node, Cookie} = bare_node(Config),
+    Before = loaded(Peer),
+    {Code, _Out, Err} = cli([{peer, Peer} | Config],
+                            ["diagnose", atom_to_list(Node), "--duration", "2"], Cookie),
+    New = loaded(Peer) -- Before,
+    ct:pal("modules the node loaded meanwhile: ~p", [New]),
+    ct:pal("exit ~b: ~ts", [Code, Err]),
+    ?assertEqual(4, Code),
+    [Line] = [L || L <- string:split(string:trim(Err), "\n", all), L =/= ""],
+    Here = erlang:system_info(otp_release),
+    ?assertNotEqual(nomatch, string:find(Line, "OTP 29")),
+    ?assertNotEqual(nomatch, string:find(Line, "OTP " ++ Here)),
+    ?assertNotEqual(nomatch, string:find(Line, "compiler application")),
+    ?assertEqual([], [M || M <- New, lists:prefix("beamdiag", atom_to_list(M))
+                                     orelse lists:prefix("compile", atom_to_list(M))]),
+    ?assertEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
+    ?assertNot(peer:call(Peer, erlang, system_flag, [microstate_accounting, false])),
+    peer:stop(Peer).
+
+%% What compiling the agent on an OTP 29 node costs: OS CPU of the whole
+%% node while the loader runs (idle node: that is the compile), wall time
+%% on an idle and on a saturated node, and a whole diagnosis on the
+%% saturated one within window + 2 s.
+compile_cost(Config) ->
+    Lab = ?config(lab, Config),
+    Node = beamdiag_lab:node(Lab),
+    {ok, Node} = beamdiag_remote:connect(atom_to_list(Node), #{cookie => beamdiag_lab:cookie(Lab)}),
+    Idle = [load_cost(Node) || _ <- lists:seq(1, 3)],
+    ct:pal("idle OTP 29 node, agent compiled there: ~p (cpu_ms, wall_ms)", [Idle]),
+    {IdleCpu, _} = lists:nth(2, lists:sort(Idle)),
+    ?assert(IdleCpu > 0),
+    {ok, Sat} = beamdiag_lab:start(cpu_saturated, #{duration => 60,
+                                                    exec => ?config(exec, Config)}),
+    try
+        SNode = beamdiag_lab:node(Sat),
+        {ok, SNode} = beamdiag_remote:connect(atom_to_list(SNode),
+                                              #{cookie => beamdiag_lab:cookie(Sat)}),
+        Busy = [load_cost(SNode) || _ <- lists:seq(1, 3)],
+        ct:pal("saturated OTP 29 node (+S 1:1, burn_all): ~p (cpu_ms, wall_ms)", [Busy]),
+        T0 = erlang:monotonic_time(millisecond),
+        {ok, #{ledger := L}} = beamdiag:diagnose(SNode, #{cookie => beamdiag_lab:cookie(Sat),
+                                                          duration => 3}),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        #{by_type := #{scheduler := #{busy := B, wall := W}}} = L,
+        ct:pal("saturated: diagnosis of a 3 s window took ~b ms; scheduler busy ~.3f",
+               [Ms, B / W]),
+        ?assert(B / W >= 0.85),
+        ?assert(Ms =< 5000)
+    after
+        beamdiag_lab:stop(Sat)
+    end.
+
+%% An escript built with OTP 29's rebar3 inside the sid root diagnoses a
+%% node of this machine's OTP (the abstract code from OTP 29's compiler
+%% compiled by this release's).
+cli_built_on_29(Config) ->
+    Lab = #{peer := Peer} = ?config(lab, Config),
+    {Root, Dir} = build_in_sid(Config),
+    try
+        Inside = string:prefix(Dir, Root),
+        {Code, Out, Err} = run(os_cmd(Config, "otp-run.sh"),
+                               ["sid", Inside ++ "/_build/default/bin/beamdiag", "diagnose",
+                                atom_to_list(beamdiag_lab:node(Lab)), "--json", "--duration",
+                                ?WINDOW],
+                               [{"BEAMDIAG_COOKIE", atom_to_list(beamdiag_lab:cookie(Lab))}]),
+        ct:pal("exit ~b, stderr ~ts", [Code, Err]),
+        ?assertEqual(0, Code),
+        J = beamdiag_test_json:decode(Out),
+        Here = list_to_binary(erlang:system_info(otp_release)),
+        ?assertEqual(Here, maps:get(<<"otp_release">>, J)),
+        S = sched(J),
+        fig(Config, cli29_busy_wait, J),
+        ?assert(share(<<"on_cpu">>, S) >= 2 * share(<<"busy">>, S) orelse
+                share(<<"runq">>, S) >= 0.25),
+        case share(<<"runq">>, S) < 0.25 of
+            true -> ?assert(lists:member(<<"busy_wait">>, serious(J)));
+            false -> ?assert(lists:member(<<"cpu_starvation">>, serious(J)))
+        end,
+        agent_gone(Peer)
+    after
+        os:cmd("rm -rf '" ++ Dir ++ "'")
+    end.
+
+%%% Helpers
+
+%% The escript as a user runs it, the cookie in the environment; the
+%% ledger's scheduler row from its JSON. The agent is gone afterwards.
+diagnose(Config) ->
+    Lab = #{peer := Peer} = ?config(lab, Config),
+    {Code, Out, Err} = cli(Config, ["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--json",
+                                    "--duration", ?WINDOW],
+                           beamdiag_lab:cookie(Lab)),
+    Code =:= 0 orelse ct:fail({exit, Code, Err}),
+    J = beamdiag_test_json:decode(Out),
+    ?assertEqual(integer_to_binary(?config(release, Config)), maps:get(<<"otp_release">>, J)),
+    agent_gone(Peer),
+    {J, sched(J)}.
+
+cli(Config, Args, Cookie) ->
+    run(?config(escript, Config), Args, [{"BEAMDIAG_COOKIE", atom_to_list(Cookie)}]).
+
+run(Exe, Args, Env) ->
+    Err = filename:join("/tmp", "beamdiag_otp_err_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    %% stderr to a file, stdout read here.
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "exec \"$0\" \"$@\" 2>" ++ Err, Exe | Args]}, {env, Env},
+                      exit_status, binary, hide]),
+    {Code, Out} = read_port(Port, <<>>),
+    {ok, E} = file:read_file(Err),
+    ok = file:delete(Err),
+    {Code, Out, unicode:characters_to_list(E)}.
+
+read_port(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after 120000 -> error(cli_timeout)
+    end.
+
+sched(J) -> maps:get(<<"scheduler">>, maps:get(<<"by_type">>, J)).
+
+share(K, Row = #{<<"wall">> := W}) ->
+    case maps:get(K, Row) of
+        V when is_number(V), W > 0 -> V / W;
+        _ -> 0.0
+    end.
+
+ids(J) -> [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)].
+
+serious(J) ->
+    [Id || #{<<"id">> := Id, <<"severity">> := S} <- maps:get(<<"findings">>, J),
+           lists:member(S, [<<"warning">>, <<"critical">>])].
+
+msacc_share(J, State) ->
+    #{<<"by_type">> := #{<<"scheduler">> := #{<<"shares">> := Sh}}} = maps:get(<<"msacc">>, J),
+    maps:get(State, Sh, 0.0).
+
+%% The figures of one run, for the closing note's table.
+fig(Config, What, J) ->
+    S = sched(J),
+    ct:pal("FIGURES OTP ~s ~p: busy ~.3f on-cpu ~.3f spin ~.3f runq ~.3f; host busy ~.2f; "
+           "findings ~p",
+           [maps:get(<<"otp_release">>, J), What, share(<<"busy">>, S), share(<<"on_cpu">>, S),
+            share(<<"spin">>, S), share(<<"runq">>, S),
+            maps:get(<<"busy">>, maps:get(<<"host">>, J)),
+            [{Id, Sv} || #{<<"id">> := Id, <<"severity">> := Sv} <- maps:get(<<"findings">>, J)]]),
+    _ = Config,
+    ok.
+
+%% No agent module and no flag of ours left on the node.
+agent_gone(Peer) ->
+    wait_until(fun() ->
+        [] =:= [M || {M, _} <- peer:call(Peer, code, all_loaded, []),
+                     lists:prefix("beamdiag_agent", atom_to_list(M))]
+            andalso peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
+    end, 60),
+    ?assertNot(peer:call(Peer, erlang, system_flag, [microstate_accounting, false])).
+
+wait_until(F, 0) ->
+    ?assert(F());
+wait_until(F, N) ->
+    case F() of
+        true -> ok;
+        false -> timer:sleep(50), wait_until(F, N - 1)
+    end.
+
+loaded(Peer) ->
+    lists:sort([M || {M, _} <- peer:call(Peer, code, all_loaded, [])]).
+
+%% A node of the group's release with the compiler application taken off
+%% its code path, as a release built without it would have.
+bare_node(Config) ->
+    Rel = ?config(release, Config),
+    Cookie = list_to_atom("otp_" ++ integer_to_list(rand:uniform(1 bsl 40))),
+    {ok, Peer, Node} = beamdiag_test_lib:start_node(Rel, #{args => ["-setcookie",
+                                                                    atom_to_list(Cookie)]}),
+    true = peer:call(Peer, code, del_path, [compiler]),
+    non_existing = peer:call(Peer, code, which, [compile]),
+    {Peer, Node, Cookie}.
+
+%% Loads the agent once and unloads it: {OS CPU ms of the node, wall ms}.
+load_cost(Node) ->
+    OsPid = erpc:call(Node, os, getpid, []),
+    C0 = cpu_ms(OsPid),
+    T0 = erlang:monotonic_time(microsecond),
+    {ok, Loaded} = beamdiag_loader:load(Node, beamdiag_agent:modules()),
+    T1 = erlang:monotonic_time(microsecond),
+    C1 = cpu_ms(OsPid),
+    ok = beamdiag_loader:unload(Node, Loaded),
+    [_ | _] = Loaded,
+    {C1 - C0, (T1 - T0) div 1000}.
+
+%% utime + stime of the process, in ms.
+cpu_ms(OsPid) ->
+    {ok, Bin} = file:read_file("/proc/" ++ OsPid ++ "/stat"),
+    [_, After] = string:split(Bin, ")", trailing),
+    Fields = string:lexemes(After, " "),
+    Ticks = binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)),
+    Ticks * 1000 div beamdiag_agent_proc:clock_ticks().
+
+%% The NIF, built here with this machine's erl_nif.h (NIF 2.x loads on
+%% later releases), placed where the node's root sees it; the path
+%% without the extension, as erlang:load_nif/2 wants it.
+nif_so(Config) ->
+    Include = filename:join([code:root_dir(), "usr", "include"]),
+    case filelib:is_regular(filename:join(Include, "erl_nif.h")) andalso
+        os:find_executable("gcc") =/= false of
+        false -> ct:fail("erl_nif.h or gcc missing (scripts/setup.sh installs them)");
+        true -> ok
+    end,
+    Src = beamdiag_test_lib:fixture("nif/beamdiag_nif_thread.c"),
+    {Dir, Inside} =
+        case ?config(release, Config) of
+            25 -> {?config(priv_dir, Config), ?config(priv_dir, Config)};
+            Rel ->
+                Root = root_of(Config, Rel),
+                D = filename:join([Root, "root", "beamdiag_nif"]),
+                {D, "/root/beamdiag_nif"}
+        end,
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    So = filename:join(Dir, "beamdiag_nif_thread.so"),
+    Out = os:cmd(lists:flatten(io_lib:format(
+        "gcc -O1 -fPIC -shared -I'~ts' -o '~ts' '~ts' -lpthread 2>&1 && echo built",
+        [Include, So, Src]))),
+    case string:find(Out, "built") of
+        nomatch -> ct:fail({gcc, Out});
+        _ -> {filename:join(Inside, "beamdiag_nif_thread"), So}
+    end.
+
+root_of(_Config, Rel) ->
+    Suite = case Rel of 27 -> "trixie"; 29 -> "sid" end,
+    Out = os:cmd(script("otp-root.sh") ++ " " ++ Suite ++ " 2>/dev/null"),
+    string:trim(lists:last(string:split(string:trim(Out), "\n", all))).
+
+os_cmd(_Config, Name) ->
+    script(Name).
+
+script(Name) ->
+    filename:join([top(filename:dirname(code:which(beamdiag))), "scripts", Name]).
+
+top("/") -> error(no_project_folder);
+top(Dir) ->
+    case filelib:is_regular(filename:join([Dir, "scripts", "otp-run.sh"])) of
+        true -> Dir;
+        false -> top(filename:dirname(Dir))
+    end.
+
+%% rebar3 into the sid root (once, cached), the project's sources copied
+%% into the root, the escript built there by OTP 29.
+build_in_sid(Config) ->
+    Out = os:cmd(script("otp-root.sh") ++ " sid rebar3 2>&1; echo \"exit=$?\""),
+    case string:find(Out, "exit=0") of
+        nomatch -> ct:fail({otp_root_rebar3, Out});
+        _ -> ok
+    end,
+    Root = root_of(Config, 29),
+    Dir = filename:join([Root, "root", "beamdiag_cli29_" ++ os:getpid()]),
+    Top = top(filename:dirname(code:which(beamdiag))),
+    _ = os:cmd("rm -rf '" ++ Dir ++ "'"),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    "" = os:cmd(lists:flatten(io_lib:format("cp -r '~ts/src' '~ts/rebar.config' '~ts/'",
+                                            [Top, Top, Dir]))),
+    Inside = string:prefix(Dir, Root),
+    T0 = erlang:monotonic_time(millisecond),
+    {Code, BOut, BErr} = run(script("otp-run.sh"),
+                             ["sid", "sh", "-c", "cd " ++ Inside ++ " && rebar3 escriptize"], []),
+    ct:pal("built on OTP 29 in ~b ms: exit ~b~n~ts~ts",
+           [erlang:monotonic_time(millisecond) - T0, Code, BOut, BErr]),
+    ?assertEqual(0, Code),
+    {Root, Dir}.
