@@ -291,8 +291,8 @@ cpu_section(L) ->
 
 msacc_section(L = #{msacc := #{by_type := ByType} = M}) when map_size(ByType) > 0 ->
     [
-        "<p class=\"help\">Microstate accounting: each state's share of the accounted time of "
-        "each thread type",
+        "<p class=\"help\">Microstate accounting: each state's share of the wall time of "
+        "each thread type (not CPU time: a thread that waits for a CPU stays in its state)",
         case maps:get(span_s, M, undefined) of
             S when is_number(S) -> io_lib:format(", over the last ~.1f s of the ~.1f s window.",
                                                  [float(S), float(maps:get(window_s, L, S))]);

@@ -187,7 +187,7 @@ mean(K, Rows) ->
 msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
     [
-        "\nMICROSTATES (msacc, share of accounted time", msacc_span(M, L), ")",
+        "\nMICROSTATES (msacc, share of wall time", msacc_span(M, L), ")",
         case Extra of
             true -> " with extra states\n";
             false ->
@@ -195,6 +195,7 @@ msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
                 "  and send inside 'emulator'; gc_full inside 'gc'. For the split, build the\n"
                 "  lock-counting emulator with extra states: beamdiag emu-type build --install\n"
         end,
+        "  wall time, not CPU: a thread that waits for a CPU stays in its state\n",
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
     ];
 msacc(_) ->
