@@ -6,6 +6,8 @@
 # are reached over loopback, and perf on the host sees them.
 #   scripts/otp-run.sh SUITE COMMAND [ARG...]
 # e.g. scripts/otp-run.sh sid erl -sname otp29 -setcookie c -noinput
+# OTP_RUN_BIND="HOSTDIR:DIR ..." also mounts each host folder at DIR inside
+# the root for the command's lifetime (paths without spaces).
 set -euo pipefail
 suite=${1:?usage: scripts/otp-run.sh SUITE COMMAND [ARG...]}
 shift
@@ -13,11 +15,14 @@ shift
 root=${BEAMDIAG_CACHE:-/var/cache/beamdiag}/roots/$suite
 [ -f "$root/.beamdiag-ready" ] || root=$("$(dirname "$0")/otp-root.sh" "$suite")
 exec unshare --mount --propagation private -- /bin/sh -c '
-    r=$1; shift
+    r=$1; binds=$2; shift 2
     mount -t proc proc "$r/proc" &&
     mount --rbind /sys "$r/sys" &&
     mount --rbind /dev "$r/dev" &&
     mount -t tmpfs -o mode=1777 tmpfs "$r/tmp" &&
     mount --bind /etc/hosts "$r/etc/hosts" || exit 125
+    for b in $binds; do
+        mkdir -p "$r${b#*:}" && mount --bind "${b%%:*}" "$r${b#*:}" || exit 125
+    done
     exec chroot "$r" /usr/bin/env HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"
-' otp-run "$root" "$@"
+' otp-run "$root" "${OTP_RUN_BIND:-}" "$@"

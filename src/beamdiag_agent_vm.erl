@@ -58,6 +58,7 @@ settings() ->
     Flags = parse_flags(emu_args()),
     Base = #{
         otp_release => list_to_binary(erlang:system_info(otp_release)),
+        otp_version => otp_version(),
         erts_version => list_to_binary(erlang:system_info(version)),
         emu_flavor => atom_to_binary(erlang:system_info(emu_flavor)),
         build_type => atom_to_binary(erlang:system_info(build_type)),
@@ -190,6 +191,23 @@ alloc_instances(A) ->
 
 unknown_as_null(unknown) -> null;
 unknown_as_null(N) -> N.
+
+%% The full OTP version (27.3.4.1) from the release's OTP_VERSION file, or
+%% the major release when the file is missing or unreadable.
+otp_version() ->
+    Rel = erlang:system_info(otp_release),
+    File = filename:join([code:root_dir(), "releases", Rel, "OTP_VERSION"]),
+    case file:read_file(File) of
+        {ok, <<B:64/binary, _/binary>>} -> version_text(B, Rel);
+        {ok, B} -> version_text(B, Rel);
+        {error, _} -> list_to_binary(Rel)
+    end.
+
+version_text(B, Rel) ->
+    case re:run(B, "^[0-9]+(\\.[0-9]+)*", [{capture, first, binary}]) of
+        {match, [V]} -> V;
+        nomatch -> list_to_binary(Rel)
+    end.
 
 os_name() ->
     {Family, Name} = os:type(),

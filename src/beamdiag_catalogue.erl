@@ -241,9 +241,12 @@ entries() ->
                 <<"Schedulers wait on each other's run queue locks, mostly during work "
                   "stealing when many short processes wake up and sleep.">>,
             fix =>
-                <<"OTP 28 reworked work stealing (steal half, trylock, skip busy victims): "
-                  "upgrade. Before that: fewer schedulers (+S), binding (+sbt db) to keep "
-                  "stealing local, or batch work into fewer, longer-running processes.">>,
+                <<"Before OTP 28: upgrade; OTP 28 reworked work stealing (trylock on the "
+                  "victim's run queue, skip busy victims, steal up to half a queue, run a "
+                  "stolen process directly). On any release: batch work into fewer, "
+                  "longer-running processes and keep schedulers (+S) at or below the cores. "
+                  "On 28 and later the wait left comes from waking processes into other "
+                  "schedulers' queues: fewer cross-scheduler wake-ups.">>,
             when_not => <<"Binding schedulers hurts when the node shares its host.">>
         },
         #{

@@ -24,12 +24,12 @@
 %%% '''
 -module(beamdiag_flavor).
 
--export([build/1, status/0, missing_packages/1, format_error/1]).
+-export([build/1, status/0, missing_packages/1, advice/1, format_error/1]).
 
 -export_type([options/0, report/0]).
 
 -ifdef(TEST).
--export([deb822/1, has_deb_src/2]).
+-export([deb822/1, has_deb_src/2, one_line_debs/1]).
 -endif.
 
 -define(LCNT_BEAM, "beam.lcnt.smp").
@@ -125,6 +125,39 @@ missing_packages(Source) ->
                 {dir, _} -> []
             end,
     [Pkg || {Pkg, Check} <- Checks, not Check()].
+
+%% @doc What to give `flavor build' for a node that does not count locks,
+%% from the node's settings (`beamdiag_agent_vm:settings/0'): the exact OTP
+%% source it needs, the command, and the restart. The build must run where
+%% the node's Erlang is installed, by a beamdiag that this OTP can run.
+-spec advice(map()) -> binary().
+advice(Settings) ->
+    Rel = version(maps:get(otp_release, Settings, undefined), <<"?">>),
+    Otp = version(maps:get(otp_version, Settings, undefined), Rel),
+    Erts = version(maps:get(erts_version, Settings, undefined), <<"?">>),
+    Tarball = ["otp_src_", Otp, ".tar.gz"],
+    iolist_to_binary([
+        "locks not counted: the node runs OTP ", Otp, " (ERTS ", Erts, ") on the stock emulator. "
+        "To name contended locks, build the lock-counting emulator for exactly that "
+        "release where the node's Erlang is installed (its machine or container, as root, "
+        "with a beamdiag escript that OTP ", Rel, " loads: build it there with rebar3 if "
+        "in doubt): beamdiag flavor build --install "
+        "--otp-src ", Tarball, ", the source from "
+        "https://github.com/erlang/otp/releases/download/OTP-", Otp, "/", Tarball,
+        " (for Debian's erlang packages --add-deb-src fetches it instead); then restart "
+        "the node with -emu_type lcnt"
+    ]).
+
+%% A version number from a node's settings (which come from the target:
+%% anything else becomes the default).
+-spec version(term(), binary()) -> binary().
+version(V, Default) when is_binary(V), byte_size(V) =< 32 ->
+    case re:run(V, "^[0-9]+(\\.[0-9]+)*$", [{capture, none}]) of
+        match -> V;
+        nomatch -> Default
+    end;
+version(_, Default) ->
+    Default.
 
 %% @doc Turns an error reason from this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -311,13 +344,33 @@ fetch_source(Tmp, debian, Opts = #{progress := P}) ->
     AptEnv = [{"DEBIAN_FRONTEND", "noninteractive"}],
     case run(exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
         ok ->
-            ok;
+            otp_root(Tmp);
         {error, _} ->
             P("apt-get source failed; updating the package lists and retrying\n"),
             ok = apt_update(P),
-            ok = run(exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P)
-    end,
-    otp_root(Tmp).
+            case run(exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
+                ok -> otp_root(Tmp);
+                {error, Reason} -> upstream_tarball(Tmp, Reason, P)
+            end
+    end.
+
+%% When a mirror serves the upstream tarball of the source package but not
+%% Debian's parts (the .dsc and the packaging), apt-get source fails after
+%% downloading the tarball. The upstream source alone builds the emulator
+%% (Debian's patches are then not applied); check_version/2 still checks
+%% that it is the installed ERTS.
+-spec upstream_tarball(string(), term(), fun((iodata()) -> ok)) -> string().
+upstream_tarball(Tmp, Reason, P) ->
+    case filelib:wildcard(filename:join(Tmp, "erlang_*.orig.tar.*")) of
+        [Tarball | _] ->
+            P(["apt-get source fetched only the upstream tarball ", filename:basename(Tarball),
+               "; building from it without Debian's patches\n"]),
+            ok = run(exe("tar"), ["-xf", Tarball, "-C", Tmp], Tmp, [], P),
+            ok = file_op("delete", Tarball, file:delete(Tarball)),
+            otp_root(Tmp);
+        [] ->
+            throw({?MODULE, Reason})
+    end.
 
 %% The directory under Root that holds an OTP source tree.
 -spec otp_root(string()) -> string().
@@ -418,10 +471,43 @@ has_deb_src(_, B) ->
 apt_source_files() ->
     ["/etc/apt/sources.list" | filelib:wildcard("/etc/apt/sources.list.d/*.{list,sources}")].
 
-%% The URIs/Suites/Components/Signed-By of the Debian 'deb' entries.
+%% The URIs/Suites/Components/Signed-By of the Debian 'deb' entries, in
+%% deb822 files and in one-line lists (as debootstrap writes them).
 -spec deb_mirrors() -> [[{string(), string()}]].
 deb_mirrors() ->
     Files = filelib:wildcard("/etc/apt/sources.list.d/*.sources"),
+    Lists = ["/etc/apt/sources.list" | filelib:wildcard("/etc/apt/sources.list.d/*.list")],
+    lists:usort(
+        [S || F <- Lists, {ok, B} <- [file:read_file(F)], S <- one_line_debs(B)] ++
+            deb822_mirrors(Files)
+    ).
+
+%% The 'deb' lines of a one-line sources list, as deb822 fields. Options in
+%% brackets ([arch=amd64 signed-by=...]) are dropped.
+-spec one_line_debs(binary()) -> [[{string(), string()}]].
+one_line_debs(B) ->
+    [
+        [{"URIs", Uri}, {"Suites", Suite}, {"Components", lists:flatten(lists:join(" ", Comps))}]
+     || Line <- string:split(binary_to_list(B), "\n", all),
+        ["deb" | Rest] <- [string:lexemes(strip_options(Line), " \t")],
+        [Uri, Suite | Comps] <- [Rest],
+        Comps =/= []
+    ].
+
+-spec strip_options(string()) -> string().
+strip_options(Line) ->
+    case string:split(Line, "[") of
+        [Before, After] ->
+            case string:split(After, "]") of
+                [_Opts, Rest] -> Before ++ " " ++ Rest;
+                _ -> Line
+            end;
+        _ ->
+            Line
+    end.
+
+-spec deb822_mirrors([string()]) -> [[{string(), string()}]].
+deb822_mirrors(Files) ->
     lists:usort([
         [{K, maps:get(K, S)} || K <- ["URIs", "Suites", "Components", "Signed-By"],
                                 maps:is_key(K, S)]

@@ -404,7 +404,12 @@ notes(Capture, First) ->
                          lists:join(", ", [atom_to_binary(M) || M <- Mods, is_atom(M)])])];
                _ -> []
            end,
-    maps:get(notes, Capture, []) ++ SourceNotes ++ Swt ++ Left.
+    %% A node on the stock emulator: what to build to count its locks.
+    Locks = case maps:get(settings, Capture, #{}) of
+                #{lock_counting := false} = S -> [beamdiag_flavor:advice(S)];
+                _ -> []
+            end,
+    maps:get(notes, Capture, []) ++ SourceNotes ++ Swt ++ Left ++ Locks.
 
 error_text({error, {M, R}}) when is_atom(M) ->
     try iolist_to_binary(M:format_error(R))

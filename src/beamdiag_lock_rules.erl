@@ -72,7 +72,8 @@ class_text(<<"alcu_allocator">>) ->
      <<"give dirty schedulers their own instances with +Mdai max">>};
 class_text(<<"run_queue">>) ->
     {<<"a scheduler's run queue (enqueue, dequeue, work stealing)">>,
-     <<"fewer, longer-running processes; +sbt db; OTP 28's work stealing">>};
+     <<"fewer, longer-running processes; no more schedulers (+S) than cores; OTP 28 "
+       "or later, whose work stealing does not wait on busy run queues">>};
 class_text(<<"process_table">>) ->
     {<<"the process table (spawn, exit, erlang:processes/0)">>,
      <<"stop listing all processes on a timer">>};
@@ -330,7 +331,7 @@ class_finding(Class, C, Sum, Sev, #{data := Data}) ->
                     <<"process_table">> -> process_table_contention;
                     _ -> lock_contention
                 end,
-            {What, Fix} =
+            {What, Fix0} =
                 case class_text(Class) of
                     undefined ->
                         {<<"a VM-internal lock">>,
@@ -338,6 +339,7 @@ class_finding(Class, C, Sum, Sev, #{data := Data}) ->
                     Known ->
                         Known
                 end,
+            Fix = release_fix(Class, release(Data), Fix0),
             Ids = maps:get(ids, C, 1),
             Evidence = [
                 io_lib:format(
@@ -357,6 +359,39 @@ class_finding(Class, C, Sum, Sev, #{data := Data}) ->
                 end ++
                 [["fix: ", Fix]],
             [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
+    end.
+
+%% Run-queue advice depends on the node's release: OTP 28 reworked work
+%% stealing (OTP pull request 9594: the victim's run-queue lock is only
+%% tried, busy victims are skipped and revisited last, up to half of a
+%% victim's queue is stolen at once and a stolen process runs directly).
+-spec release_fix(binary(), non_neg_integer() | unknown, binary()) -> binary().
+release_fix(<<"run_queue">>, Rel, _Fix) when is_integer(Rel), Rel < 28 ->
+    <<"upgrade to OTP 28 or later, whose work stealing only tries a victim's run-queue "
+      "lock and moves on when it is taken, and steals up to half a queue at once (about "
+      "ten times less run_queue lock wait on a reported workload); until then, fewer, "
+      "longer-running processes (batch short jobs), and no more schedulers (+S) than "
+      "the node has cores">>;
+release_fix(<<"run_queue">>, Rel, _Fix) when is_integer(Rel) ->
+    <<"this release already steals work without waiting on busy run queues (a failed "
+      "steal counts as a collision, not as wait), so the wait left comes from processes "
+      "being woken into other schedulers' queues and from long steals: fewer wake-ups "
+      "across schedulers (batch messages to the same process, fewer, longer-running "
+      "processes) and no more schedulers (+S) than the node has cores">>;
+release_fix(_Class, _Rel, Fix) ->
+    Fix.
+
+%% The node's OTP major release from the lock data, when it says.
+-spec release(map()) -> non_neg_integer() | unknown.
+release(Data) ->
+    case maps:get(otp_release, Data, undefined) of
+        B when is_binary(B), byte_size(B) =< 4 ->
+            case string:to_integer(B) of
+                {N, <<>>} when is_integer(N), N >= 0 -> N;
+                _ -> unknown
+            end;
+        _ ->
+            unknown
     end.
 
 -spec single_process_reported(map()) -> boolean().

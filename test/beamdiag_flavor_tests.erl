@@ -74,3 +74,39 @@ format_error_test_() ->
               {not_found, "make"}, {command_failed, "make", 2, "x"},
               {file, "write", "/x", eacces}, {verify_failed, "x"}]
     ].
+
+%% debootstrap writes a one-line sources.list; a deb-src entry is derived
+%% from its deb lines (options in brackets and comments left out).
+one_line_debs_test() ->
+    ?assertEqual(
+        [[{"URIs", "http://mirror.example/debian"}, {"Suites", "trixie"},
+          {"Components", "main contrib"}],
+         [{"URIs", "http://mirror.example/sec"}, {"Suites", "trixie-security"},
+          {"Components", "main"}]],
+        beamdiag_flavor:one_line_debs(<<
+            "deb http://mirror.example/debian trixie main contrib\n"
+            "# deb http://old.example/debian bookworm main\n"
+            "deb-src http://mirror.example/debian trixie main\n"
+            "deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/sec trixie-security main\n"
+            "deb http://broken.example\n"
+        >>)
+    ).
+
+%% A node without lock counting (OTP 29, whose Debian source is not served
+%% here) is told exactly which source and command build its emulator.
+advice_names_the_exact_source_test() ->
+    A = beamdiag_flavor:advice(#{otp_release => <<"29">>, otp_version => <<"29.1.2">>,
+                                 erts_version => <<"17.1.1">>, lock_counting => false}),
+    [?assertNotEqual(nomatch, binary:match(A, W), W)
+     || W <- [<<"OTP 29.1.2 (ERTS 17.1.1)">>,
+              <<"beamdiag flavor build --install --otp-src otp_src_29.1.2.tar.gz">>,
+              <<"https://github.com/erlang/otp/releases/download/OTP-29.1.2/otp_src_29.1.2.tar.gz">>,
+              <<"-emu_type lcnt">>]].
+
+%% Settings come from the target: anything but a version number is left out.
+advice_hostile_settings_test() ->
+    A = beamdiag_flavor:advice(#{otp_release => <<"27">>, otp_version => <<"27; rm -rf /">>,
+                                 erts_version => [1, 2]}),
+    ?assertEqual(nomatch, binary:match(A, <<"rm -rf">>)),
+    ?assertNotEqual(nomatch, binary:match(A, <<"--otp-src otp_src_27.tar.gz">>)),
+    ?assertNotEqual(nomatch, binary:match(A, <<"(ERTS ?)">>)).

@@ -130,3 +130,13 @@ state_shares_test() ->
     Zero = maps:from_list([{K, 0.0} || K <- beamdiag_ledger:states()]),
     ?assertEqual(Zero, beamdiag_ledger:state_shares(#{wall => 0.0, on_cpu => 0.0})),
     ?assertEqual(Zero, beamdiag_ledger:state_shares(#{})).
+
+%% A node on the stock emulator gets the note that says what to build to
+%% count its locks; a lock-counting node does not.
+lock_counting_note_test() ->
+    Notes = fun(S) -> maps:get(notes, beamdiag_ledger:build(#{samples => [], settings => S,
+                                                                notes => []})) end,
+    Stock = #{otp_release => <<"29">>, otp_version => <<"29.1.2">>, erts_version => <<"17.1.1">>,
+              lock_counting => false},
+    ?assertMatch([_, <<"locks not counted", _/binary>>], Notes(Stock)),
+    ?assertMatch([_], Notes(Stock#{lock_counting => true})).

@@ -87,6 +87,24 @@ class_specific_text_test() ->
     [F] = findings(data([lock(<<"erts_mmap">>, <<"1">>, 10000, 1000, 8)])),
     ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)), <<"+MMscs">>)).
 
+%% Before OTP 28 the fix is the upgrade; on 28 and later (work stealing
+%% reworked) it must not advise upgrading to what the node runs.
+run_queue_advice_by_release_test_() ->
+    Fix = fun(Rel) ->
+        D = (data([lock(<<"run_queue">>, <<"1">>, 100000, 5000, 30)]))#{otp_release => Rel},
+        [#{id := run_queue_contention, evidence := Ev}] = findings(D),
+        iolist_to_binary(Ev)
+    end,
+    Has = fun(Text, Word) -> binary:match(Text, Word) =/= nomatch end,
+    [
+        ?_assert(Has(Fix(<<"25">>), <<"upgrade to OTP 28">>)),
+        ?_assert(Has(Fix(<<"27">>), <<"upgrade to OTP 28">>)),
+        ?_assertNot(Has(Fix(<<"28">>), <<"upgrade">>)),
+        ?_assert(Has(Fix(<<"29">>), <<"without waiting on busy run queues">>)),
+        ?_assertNot(Has(Fix(<<"29">>), <<"upgrade">>)),
+        ?_assert(Has(Fix(<<"x">>), <<"OTP 28 or later">>))
+    ].
+
 thresholds_test_() ->
     One = fun(Wait, Colls) -> findings(data([lock(<<"run_queue">>, <<"1">>, 100000, Colls, Wait)])) end,
     [

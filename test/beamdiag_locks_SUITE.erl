@@ -9,10 +9,11 @@
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
--export([all/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2,
-         end_per_testcase/2]).
+-export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_group/2,
+         end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
 -export([ets_hot/1, ets_sharded/1, dirty_gc_alloc/1, dirty_gc_alloc_mdai/1, healthy_node/1,
          settings_restored/1, guard_restores_when_owner_dies/1]).
+-export([ets_hot_session/1, ets_sharded_session/1, not_counted_session/1]).
 
 -define(WINDOW_MS, 4000).
 -define(WARMUP_MS, 1500).
@@ -22,7 +23,16 @@
 
 all() ->
     [ets_hot, ets_sharded, dirty_gc_alloc, dirty_gc_alloc_mdai, healthy_node,
-     settings_restored, guard_restores_when_owner_dies].
+     settings_restored, guard_restores_when_owner_dies,
+     {group, otp27}, {group, otp29}].
+
+%% The lock session (beamdiag:diagnose on a lab node) on OTP 27's
+%% lock-counting emulator, built into the trixie root by
+%% scripts/lcnt-emulator.sh; and on OTP 29 (sid), for which no lock-counting
+%% emulator can be built here, what the session says to build.
+groups() ->
+    [{otp27, [], [ets_hot_session, ets_sharded_session]},
+     {otp29, [], [not_counted_session]}].
 
 suite() ->
     [{timetrap, {minutes, 3}}].
@@ -32,6 +42,16 @@ init_per_suite(Config) ->
     Config.
 
 end_per_suite(_Config) ->
+    ok.
+
+init_per_group(Group, Config) ->
+    Release = case Group of otp27 -> 27; otp29 -> 29 end,
+    case beamdiag_test_lib:otp_exec(Release) of
+        {ok, Exec} -> [{exec, Exec}, {release, Release} | Config];
+        Skip -> Skip
+    end.
+
+end_per_group(_Group, _Config) ->
     ok.
 
 init_per_testcase(_Case, Config) ->
@@ -169,9 +189,96 @@ guard_restores(Node) ->
     Owner ! stop,
     ok = wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end, 50).
 
+%% ets_hot on OTP 27, through the whole session: the raw lock counts in
+%% the capture first (the table's wait share and collision rate), then the
+%% finding that names the table.
+ets_hot_session(Config) ->
+    {Locks, Findings} = session(ets_hot, Config),
+    #{wait_pct := Wait, collision_pct := Coll, tries := Tries} =
+        table_totals(Locks, <<"beamdiag_hot_table">>),
+    ct:pal("OTP ~s ets_hot: beamdiag_hot_table wait ~.2f% of the window, ~.2f% of ~b tries "
+           "collided", [maps:get(otp_release, Locks), Wait, Coll, Tries]),
+    ?assertEqual(<<"27">>, maps:get(otp_release, Locks)),
+    ?assert(Wait >= 10.0),
+    ?assert(Coll >= 1.0),
+    [F] = [F || F = #{id := ets_contention} <- Findings],
+    ?assertMatch(#{severity := critical, metrics := #{table := <<"beamdiag_hot_table">>}}, F),
+    [Table] = [T || T = #{name := <<"beamdiag_hot_table">>} <- maps:get(tables, Locks)],
+    ?assertMatch(#{write_concurrency := <<"true">>, protection := <<"public">>}, Table),
+    ok.
+
+%% ets_sharded on OTP 27: the shard tables barely wait, and no ETS finding.
+ets_sharded_session(Config) ->
+    {Locks, Findings} = session(ets_sharded, Config),
+    Shards = lists:usort([Id || #{class := <<"db_hash_slot">>,
+                                  id := Id = <<"beamdiag_shard_", _/binary>>}
+                                    <- maps:get(locks, Locks)]),
+    Totals = [table_totals(Locks, Id) || Id <- Shards],
+    Wait = lists:sum([W || #{wait_pct := W} <- Totals]),
+    Tries = lists:sum([T || #{tries := T} <- Totals]),
+    Colls = lists:sum([C || #{collisions := C} <- Totals]),
+    ct:pal("OTP ~s ets_sharded: ~b shard tables with contention, wait ~.2f% of the window, "
+           "~b of ~b tries collided", [maps:get(otp_release, Locks), length(Shards), Wait,
+                                        Colls, Tries]),
+    ?assertEqual(<<"27">>, maps:get(otp_release, Locks)),
+    ?assert(Wait < 2.0),
+    ?assertEqual([], [F || F = #{id := ets_contention} <- Findings]),
+    ok.
+
+%% OTP 29's node runs the stock emulator: the session counts no locks and
+%% says which source and command build the lock-counting emulator for
+%% exactly that release.
+not_counted_session(Config) ->
+    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60, exec => ?config(exec, Config)}),
+    try
+        Node = beamdiag_lab:node(Lab),
+        Otp = peer:call(maps:get(peer, Lab), erlang, system_info, [otp_release]),
+        ?assertEqual("29", Otp),
+        case beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => 2}) of
+            {ok, #{capture := C, ledger := #{notes := Notes}}} ->
+                ?assertNot(maps:is_key(locks, maps:get(extras, C))),
+                #{otp_version := V} = maps:get(settings, C),
+                ct:pal("OTP ~s notes: ~p", [V, Notes]),
+                Want = <<"--otp-src otp_src_", V/binary, ".tar.gz">>,
+                ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch]);
+            {error, {beamdiag_remote, _} = E} ->
+                %% Until the agent loads across releases.
+                {skip, lists:flatten(io_lib:format("the agent does not load on OTP 29 yet: ~p",
+                                                   [E]))}
+        end
+    after
+        beamdiag_lab:stop(Lab)
+    end.
+
 %%%===================================================================
 %%% Helpers
 %%%===================================================================
+
+%% Runs a lab lock scenario on the group's OTP with its lock-counting
+%% emulator and diagnoses it: the capture's lock data and the findings.
+session(Scenario, Config) ->
+    Exec = ?config(exec, Config),
+    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60, exec => Exec}),
+    try
+        {ok, #{capture := C, findings := F}} =
+            beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                        duration => ?WINDOW_MS div 1000}),
+        ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
+        #{locks := Locks} = maps:get(extras, C),
+        {Locks, F}
+    after
+        beamdiag_lab:stop(Lab)
+    end.
+
+%% Tries, collisions and wait of every lock of one ETS table.
+table_totals(Data, Table) ->
+    Ls = [L || L = #{class := C, id := Id} <- maps:get(locks, Data), Id =:= Table,
+               lists:member(C, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>])],
+    T = lists:sum([maps:get(tries, L) || L <- Ls]),
+    C = lists:sum([maps:get(collisions, L) || L <- Ls]),
+    #{tries => T, collisions => C, collision_pct => case T of 0 -> 0.0; _ -> 100 * C / T end,
+      wait_pct => float(lists:sum([maps:get(wait_pct, L) || L <- Ls]))}.
+
 
 %% Starts a peer with the workload, counts locks over a window and returns
 %% the lock data.
