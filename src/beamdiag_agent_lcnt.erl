@@ -34,7 +34,8 @@
 
 -define(ALL_CATEGORIES, [allocator, db, debug, distribution, generic, io, process, scheduler]).
 -define(DEFAULT_CATEGORIES, [allocator, db, distribution, generic, io, process, scheduler]).
--define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>]).
+-define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>,
+                     <<"erl_db_catree_base_node">>, <<"erl_db_catree_route_node">>]).
 %% How many ETS tables get an ets:info lookup, and how many tables the
 %% lookup of an unnamed table may scan.
 -define(TABLE_LOOKUPS, 5).

@@ -28,7 +28,13 @@
 %% A process whose locks carry this share of all process-lock wait is the
 %% bottleneck rather than one of many.
 -define(SINGLE_PROCESS_SHARE, 0.5).
--define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>]).
+%% The locks of an ordered_set with write_concurrency (a contention-adapting
+%% tree) are counted as db_hash_slot with the table's name when counting
+%% starts after the table was made, and as erl_db_catree_* with no name
+%% (id []) for tree nodes made while counting is on: OTP 25 and 27 alike.
+-define(CATREE_CLASSES, [<<"erl_db_catree_base_node">>, <<"erl_db_catree_route_node">>]).
+-define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>
+                     | ?CATREE_CLASSES]).
 -define(PROC_CLASSES, [
     <<"proc_main">>, <<"proc_msgq">>, <<"proc_status">>, <<"proc_btm">>, <<"proc_link">>,
     <<"proc_trace">>, <<"proc_sig_queue_buffer">>
@@ -63,6 +69,12 @@ findings(Data, WindowS) ->
 -spec class_text(binary()) -> {binary(), binary()} | undefined.
 class_text(<<"db_hash_slot">>) ->
     {<<"a group of hash buckets of one ETS table with write_concurrency">>,
+     <<"spread the writes over more keys or shard the table per scheduler">>};
+class_text(<<"erl_db_catree_base_node">>) ->
+    {<<"a subtree of an ordered_set ETS table with write_concurrency">>,
+     <<"spread the writes over more keys or shard the table per scheduler">>};
+class_text(<<"erl_db_catree_route_node">>) ->
+    {<<"a routing node of an ordered_set ETS table with write_concurrency">>,
      <<"spread the writes over more keys or shard the table per scheduler">>};
 class_text(<<"db_tab">>) ->
     {<<"a whole ETS table (the table lock; every write without write_concurrency)">>,
@@ -159,8 +171,16 @@ ets_findings(Locks, Ctx = #{data := Data}) ->
 
 -spec ets_finding(binary(), [map()], map(), [map()], beamdiag_finding:severity()) ->
     beamdiag_finding:finding().
-ets_finding(Name, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Sev) ->
+ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Sev) ->
     ClassList = lists:usort([C || #{class := C} <- Ls]),
+    Name =
+        case ClassList -- ?CATREE_CLASSES of
+            [] when Name0 =:= <<"[]">> ->
+                <<"(an ordered_set with write_concurrency; lcnt names no table for tree "
+                  "nodes made while counting)">>;
+            _ ->
+                Name0
+        end,
     Instances = lists:sum([maps:get(instances, L, 1) || L <- Ls]),
     {OwnerLine, Opts, Metrics0} =
         case Info of

@@ -105,6 +105,15 @@ run_queue_advice_by_release_test_() ->
         ?_assert(Has(Fix(<<"x">>), <<"OTP 28 or later">>))
     ].
 
+%% Tree nodes of an ordered_set made while counting carry no table name
+%% (OTP 25 and 27): still an ETS finding, saying why it has no name.
+catree_unnamed_test() ->
+    D = data([lock(<<"erl_db_catree_base_node">>, <<"[]">>, 50000, 1300, 7)]),
+    [F] = findings(D),
+    ?assertMatch(#{id := ets_contention, severity := warning}, F),
+    ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)),
+                                          <<"ordered_set with write_concurrency">>)).
+
 thresholds_test_() ->
     One = fun(Wait, Colls) -> findings(data([lock(<<"run_queue">>, <<"1">>, 100000, Colls, Wait)])) end,
     [
