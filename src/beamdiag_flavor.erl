@@ -257,11 +257,12 @@ build_or_reuse(Opts = #{install := Install, progress := P}, Vsn, CacheDir, Base)
             end,
             Tmp = make_temp_dir(),
             try
-                BuiltDir = build_in(Tmp, Source, Opts, Vsn),
+                {BuiltDir, Note} = build_in(Tmp, Source, Opts, Vsn),
+                Desc1 = Desc ++ Note,
                 Keep =
                     case CacheDir of
                         undefined -> BuiltDir;
-                        _ -> store_cache(BuiltDir, CacheDir, Vsn, Desc, P)
+                        _ -> store_cache(BuiltDir, CacheDir, Vsn, Desc1, P)
                     end,
                 _ =
                     case Install of
@@ -272,7 +273,7 @@ build_or_reuse(Opts = #{install := Install, progress := P}, Vsn, CacheDir, Base)
                 P(io_lib:format("built the lock-counting emulator in ~b s~n", [Secs])),
                 {ok, with_cache(
                     Base#{action => built, installed => Install, seconds => Secs,
-                          source => unicode:characters_to_binary(Desc)},
+                          source => unicode:characters_to_binary(Desc1)},
                     CacheDir
                 )}
             after
@@ -296,10 +297,11 @@ source(#{otp_src := Path}) ->
     end.
 
 %% Gets the source into Tmp, checks its version, configures and builds;
-%% returns the directory holding the built files.
--spec build_in(string(), source(), map(), string()) -> string().
+%% returns the directory holding the built files and what to add to the
+%% source's description.
+-spec build_in(string(), source(), map(), string()) -> {string(), string()}.
 build_in(Tmp, Source, Opts = #{progress := P, jobs := Jobs}, Vsn) ->
-    Src = fetch_source(Tmp, Source, Opts),
+    {Src, Note} = fetch_source(Tmp, Source, Opts),
     ok = check_version(Src, Vsn),
     Env = [{"ERL_TOP", Src}, {"MAKEFLAGS", false}, {"MAKELEVEL", false}],
     P(["configuring ", Src, "\n"]),
@@ -313,25 +315,25 @@ build_in(Tmp, Source, Opts = #{progress := P, jobs := Jobs}, Vsn) ->
         [Beam | _] ->
             Dir = filename:dirname(Beam),
             case [F || F <- ?FILES, not filelib:is_regular(filename:join(Dir, F))] of
-                [] -> Dir;
+                [] -> {Dir, Note};
                 Missing -> throw({?MODULE, {not_built, Missing}})
             end;
         [] ->
             throw({?MODULE, {not_built, [?LCNT_BEAM]}})
     end.
 
--spec fetch_source(string(), source(), map()) -> string().
+-spec fetch_source(string(), source(), map()) -> {string(), string()}.
 fetch_source(Tmp, {dir, Dir}, #{progress := P}) ->
     %% Configure and make write into the tree: build in a copy.
     Root = otp_root(Dir),
     P(["copying the OTP source in ", Root, " to ", Tmp, "\n"]),
     Copy = filename:join(Tmp, "otp"),
     ok = run(exe("cp"), ["-a", Root, Copy], Tmp, [], P),
-    Copy;
+    {Copy, ""};
 fetch_source(Tmp, {tarball, File}, #{progress := P}) ->
     P(["unpacking ", File, "\n"]),
     ok = run(exe("tar"), ["-xf", File, "-C", Tmp], Tmp, [], P),
-    otp_root(Tmp);
+    {otp_root(Tmp), ""};
 fetch_source(Tmp, debian, Opts = #{progress := P}) ->
     Version =
         case run_output(exe("dpkg-query"), ["-W", "-f=${Version}", "erlang-base"]) of
@@ -344,12 +346,12 @@ fetch_source(Tmp, debian, Opts = #{progress := P}) ->
     AptEnv = [{"DEBIAN_FRONTEND", "noninteractive"}],
     case run(exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
         ok ->
-            otp_root(Tmp);
+            {otp_root(Tmp), ""};
         {error, _} ->
             P("apt-get source failed; updating the package lists and retrying\n"),
             ok = apt_update(P),
             case run(exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
-                ok -> otp_root(Tmp);
+                ok -> {otp_root(Tmp), ""};
                 {error, Reason} -> upstream_tarball(Tmp, Reason, P)
             end
     end.
@@ -359,7 +361,7 @@ fetch_source(Tmp, debian, Opts = #{progress := P}) ->
 %% downloading the tarball. The upstream source alone builds the emulator
 %% (Debian's patches are then not applied); check_version/2 still checks
 %% that it is the installed ERTS.
--spec upstream_tarball(string(), term(), fun((iodata()) -> ok)) -> string().
+-spec upstream_tarball(string(), term(), fun((iodata()) -> ok)) -> {string(), string()}.
 upstream_tarball(Tmp, Reason, P) ->
     case filelib:wildcard(filename:join(Tmp, "erlang_*.orig.tar.*")) of
         [Tarball | _] ->
@@ -367,7 +369,8 @@ upstream_tarball(Tmp, Reason, P) ->
                "; building from it without Debian's patches\n"]),
             ok = run(exe("tar"), ["-xf", Tarball, "-C", Tmp], Tmp, [], P),
             ok = file_op("delete", Tarball, file:delete(Tarball)),
-            otp_root(Tmp);
+            {otp_root(Tmp), ": only its upstream tarball " ++ filename:basename(Tarball) ++
+                 " (the Debian parts could not be fetched), without Debian's patches"};
         [] ->
             throw({?MODULE, Reason})
     end.

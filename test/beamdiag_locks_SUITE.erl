@@ -198,7 +198,7 @@ ets_hot_session(Config) ->
         table_totals(Locks, <<"beamdiag_hot_table">>),
     ct:pal("OTP ~s ets_hot: beamdiag_hot_table wait ~.2f% of the window, ~.2f% of ~b tries "
            "collided", [maps:get(otp_release, Locks), Wait, Coll, Tries]),
-    ?assertEqual(<<"27">>, maps:get(otp_release, Locks)),
+    ?assertEqual(integer_to_binary(?config(release, Config)), maps:get(otp_release, Locks)),
     ?assert(Wait >= 10.0),
     ?assert(Coll >= 1.0),
     [F] = [F || F = #{id := ets_contention} <- Findings],
@@ -207,20 +207,21 @@ ets_hot_session(Config) ->
     ?assertMatch(#{write_concurrency := <<"true">>, protection := <<"public">>}, Table),
     ok.
 
-%% ets_sharded on OTP 27: the shard tables barely wait, and no ETS finding.
+%% ets_sharded on OTP 27: the writers run (the hash-slot locks are taken
+%% millions of times) but the shard tables barely wait, and no ETS finding.
 ets_sharded_session(Config) ->
     {Locks, Findings} = session(ets_sharded, Config),
     Shards = lists:usort([Id || #{class := <<"db_hash_slot">>,
                                   id := Id = <<"beamdiag_shard_", _/binary>>}
                                     <- maps:get(locks, Locks)]),
-    Totals = [table_totals(Locks, Id) || Id <- Shards],
-    Wait = lists:sum([W || #{wait_pct := W} <- Totals]),
-    Tries = lists:sum([T || #{tries := T} <- Totals]),
-    Colls = lists:sum([C || #{collisions := C} <- Totals]),
-    ct:pal("OTP ~s ets_sharded: ~b shard tables with contention, wait ~.2f% of the window, "
-           "~b of ~b tries collided", [maps:get(otp_release, Locks), length(Shards), Wait,
-                                        Colls, Tries]),
-    ?assertEqual(<<"27">>, maps:get(otp_release, Locks)),
+    Wait = lists:sum([0.0 | [W || #{wait_pct := W} <- [table_totals(Locks, Id) || Id <- Shards]]]),
+    [Slots] = [C || C = #{class := <<"db_hash_slot">>} <- maps:get(classes, Locks)],
+    #{tries := Tries, collision_pct := Coll} = Slots,
+    ct:pal("OTP ~s ets_sharded: db_hash_slot ~b tries, ~.2f% collided; ~b shard tables "
+           "with contention, waiting ~.2f% of the window", [maps:get(otp_release, Locks), Tries,
+                                                           float(Coll), length(Shards), Wait]),
+    ?assertEqual(integer_to_binary(?config(release, Config)), maps:get(otp_release, Locks)),
+    ?assert(Tries >= 100000),
     ?assert(Wait < 2.0),
     ?assertEqual([], [F || F = #{id := ets_contention} <- Findings]),
     ok.
@@ -256,18 +257,30 @@ not_counted_session(Config) ->
 
 %% Runs a lab lock scenario on the group's OTP with its lock-counting
 %% emulator and diagnoses it: the capture's lock data and the findings.
+%% On a host this loaded (four busy schedulers on two shared cores) the
+%% agent can miss the collector's deadline; that says nothing about the
+%% locks, so the session is run again on a fresh node, at most three times.
 session(Scenario, Config) ->
+    session(Scenario, Config, 3).
+
+session(Scenario, Config, Tries) ->
     Exec = ?config(exec, Config),
     {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60, exec => Exec}),
-    try
-        {ok, #{capture := C, findings := F}} =
+    Result =
+        try
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
-                                                        duration => ?WINDOW_MS div 1000}),
-        ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
-        #{locks := Locks} = maps:get(extras, C),
-        {Locks, F}
-    after
-        beamdiag_lab:stop(Lab)
+                                                        duration => ?WINDOW_MS div 1000})
+        after
+            beamdiag_lab:stop(Lab)
+        end,
+    case Result of
+        {ok, #{capture := C, findings := F}} ->
+            ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
+            #{locks := Locks} = maps:get(extras, C),
+            {Locks, F};
+        {error, {beamdiag_collect, timeout}} when Tries > 1 ->
+            ct:pal("~s: the agent missed the deadline on a loaded host; again", [Scenario]),
+            session(Scenario, Config, Tries - 1)
     end.
 
 %% Tries, collisions and wait of every lock of one ETS table.
