@@ -4,7 +4,7 @@
 %%% only erts, kernel and stdlib (`erts_debug:lcnt_control/1,2',
 %%% `erts_debug:lcnt_collect/0', `erts_debug:lcnt_clear/0'), never `lcnt',
 %%% which may be missing on the target. It works only on an emulator built
-%%% for lock counting (`erl -emu_type lcnt', see `beamdiag flavor build').
+%%% for lock counting (`erl -emu_type lcnt', see `beamdiag emu-type build').
 %%%
 %%% `start/1' saves the lock-counting mask and the copy_save flag, sets the
 %%% categories it needs and clears the counters; `collect/1' returns the
@@ -141,7 +141,7 @@ summarise(Raw, Opts) ->
 -spec format_error(term()) -> iolist().
 format_error(not_lcnt_emulator) ->
     "the node does not count locks: start it with `erl -emu_type lcnt' "
-    "(install the emulator with `beamdiag flavor build --install')";
+    "(install the emulator with `beamdiag emu-type build --install')";
 format_error({unknown_options, Keys}) ->
     io_lib:format("unknown lock-counting options: ~p", [Keys]);
 format_error({bad_categories, Cats}) ->

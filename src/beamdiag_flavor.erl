@@ -126,7 +126,7 @@ missing_packages(Source) ->
             end,
     [Pkg || {Pkg, Check} <- Checks, not Check()].
 
-%% @doc What to give `flavor build' for a node that does not count locks,
+%% @doc What to give `emu-type build' for a node that does not count locks,
 %% from the node's settings (`beamdiag_agent_vm:settings/0'): the exact OTP
 %% source it needs, the command, and the restart. The build must run where
 %% the node's Erlang is installed, by a beamdiag that this OTP can run.
@@ -141,7 +141,7 @@ advice(Settings) ->
         "To name contended locks, build the lock-counting emulator for exactly that "
         "release where the node's Erlang is installed (its machine or container, as root, "
         "with a beamdiag escript that OTP ", Rel, " loads: build it there with rebar3 if "
-        "in doubt): beamdiag flavor build --install "
+        "in doubt): beamdiag emu-type build --install "
         "--otp-src ", Tarball, ", the source from "
         "https://github.com/erlang/otp/releases/download/OTP-", Otp, "/", Tarball,
         " (for Debian's erlang packages --add-deb-src fetches it instead); then restart "

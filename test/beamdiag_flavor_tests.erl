@@ -99,7 +99,7 @@ advice_names_the_exact_source_test() ->
                                  erts_version => <<"17.1.1">>, lock_counting => false}),
     [?assertNotEqual(nomatch, binary:match(A, W), W)
      || W <- [<<"OTP 29.1.2 (ERTS 17.1.1)">>,
-              <<"beamdiag flavor build --install --otp-src otp_src_29.1.2.tar.gz">>,
+              <<"beamdiag emu-type build --install --otp-src otp_src_29.1.2.tar.gz">>,
               <<"https://github.com/erlang/otp/releases/download/OTP-29.1.2/otp_src_29.1.2.tar.gz">>,
               <<"-emu_type lcnt">>]].
 

@@ -235,18 +235,14 @@ not_counted_session(Config) ->
         Node = beamdiag_lab:node(Lab),
         Otp = peer:call(maps:get(peer, Lab), erlang, system_info, [otp_release]),
         ?assertEqual("29", Otp),
-        case beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => 2}) of
-            {ok, #{capture := C, ledger := #{notes := Notes}}} ->
-                ?assertNot(maps:is_key(locks, maps:get(extras, C))),
-                #{otp_version := V} = maps:get(settings, C),
-                ct:pal("OTP ~s notes: ~p", [V, Notes]),
-                Want = <<"--otp-src otp_src_", V/binary, ".tar.gz">>,
-                ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch]);
-            {error, {beamdiag_remote, _} = E} ->
-                %% Until the agent loads across releases.
-                {skip, lists:flatten(io_lib:format("the agent does not load on OTP 29 yet: ~p",
-                                                   [E]))}
-        end
+        {ok, #{capture := C, ledger := #{notes := Notes}}} =
+            beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => 2}),
+        ?assertNot(maps:is_key(locks, maps:get(extras, C))),
+        #{otp_version := V, lock_counting := false} = maps:get(settings, C),
+        ct:pal("OTP ~s notes: ~p", [V, Notes]),
+        ?assertMatch(<<"29.", _/binary>>, V),
+        Want = <<"emu-type build --install --otp-src otp_src_", V/binary, ".tar.gz">>,
+        ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch])
     after
         beamdiag_lab:stop(Lab)
     end.
