@@ -236,7 +236,7 @@ ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
             true -> ok;
             false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
         end,
-    K2 = next_tick(lists:min(Costs), Start, K, Interval, End),
+    K2 = msacc_tick(State, K, next_tick(lists:min(Costs), Start, K, Interval, End)),
     loop(maps:remove(status, State), K2, Clock#{hard := Hard, worst := Worst, costs := Costs}).
 
 loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
@@ -323,6 +323,14 @@ next_tick(Cost, Start, K, Interval, End) ->
         At when At < End, At + CostMs * 4 > End -> last_tick(Start, Interval, End);
         _ -> K2
     end.
+
+%% The tick that starts the microstate-accounting slice is never skipped:
+%% its sample is the slice's baseline, and without it the slice would be
+%% empty (on a loaded node the guard would otherwise skip to the last tick).
+msacc_tick(#{msacc := false, msacc_from := From}, K, K2) when is_integer(From), From >= K ->
+    min(K2, From);
+msacc_tick(_State, _K, K2) ->
+    K2.
 
 %% The tick number whose time is the window's end (or past it).
 last_tick(Start, Interval, End) ->
