@@ -68,7 +68,8 @@
     procs => boolean(),
     unload => [module()],
     proc_root => file:filename(),
-    exclude_pids => [integer()]
+    exclude_pids => [integer()],
+    host_scan => boolean()
 }.
 -type sample() :: #{
     t := integer(),
@@ -83,6 +84,8 @@
 %% nobody asked it to.
 -define(GRACE_MS, 5000).
 -define(MAX_GRACE_MS, 30000).
+%% How long the end of a session waits for the host scan's last readings.
+-define(HOST_SCAN_WAIT_MS, 300).
 %% Above this many processes the agent does not purge its modules.
 -define(PURGE_MAX_PROCESSES, 100000).
 
@@ -160,7 +163,7 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                                 t => T,
                                 vm => Vm,
                                 threads => ok_or_error(Threads),
-                                host => others(Status, State, ok_or_error(Host)),
+                                host => ok_or_error(Host),
                                 cgroup => Cgroup,
                                 tick_cost_us => erlang:monotonic_time(microsecond) - T0
                             },
@@ -203,6 +206,7 @@ init(Caller, Ref, Opts, _Starter) ->
     Start = erlang:monotonic_time(millisecond),
     End = Start + Duration,
     Hard = hard_deadline(End, 0),
+    HostScan = start_host_scan(Opts, Root, OsPid, End),
     Caller ! {beamdiag, Ref, {start, #{
         agent => self(),
         node => atom_to_binary(node()),
@@ -218,9 +222,9 @@ init(Caller, Ref, Opts, _Starter) ->
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1#{procs => start_procs(Opts)}, First, 1, Clock);
+            ticked(State1#{procs => start_procs(Opts), host_scan => HostScan}, First, 1, Clock);
         late ->
-            finish(State, {aborted, deadline})
+            finish(State#{host_scan => HostScan}, {aborted, deadline})
     end.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
@@ -338,7 +342,8 @@ last_tick(Start, Interval, End) ->
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
-    Extras = maps:merge(collect_extras(State), procs_extras(State, How)),
+    Extras = maps:merge(maps:merge(collect_extras(State), procs_extras(State, How)),
+                        host_extras(State, How)),
     restore(Restore, State),
     {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
     Last = case How of
@@ -443,13 +448,30 @@ unload(Mods) ->
     _ = spawn(lists, foreach, [fun code:purge/1, Mods]),
     ok.
 
-%% The first and last ticks (the ones that read the threads' status) also
-%% read every other process's CPU time, to name the node's competitors.
-others(true, #{proc_root := Root, pid := OsPid} = State, Host) when is_map(Host) ->
-    Exclude = [list_to_integer(OsPid) | maps:get(exclude_pids, maps:get(opts, State, #{}), [])],
-    Host#{others => beamdiag_agent_host:cpu_by_process(Root, Exclude)};
-others(_, _State, Host) ->
-    Host.
+%% The scans of the host's other processes, beside the ticks (see
+%% beamdiag_agent_host), unless turned off.
+start_host_scan(Opts, Root, OsPid, End) ->
+    case maps:get(host_scan, Opts, true) of
+        true ->
+            Exclude = [list_to_integer(OsPid) | maps:get(exclude_pids, Opts, [])],
+            beamdiag_agent_host:start(Root, Exclude, End);
+        false ->
+            undefined
+    end.
+
+%% What the scans read, when the window ended as planned; the scanner is
+%% ended either way.
+host_extras(#{host_scan := Pid}, done) when is_pid(Pid) ->
+    case beamdiag_agent_host:result(Pid, ?HOST_SCAN_WAIT_MS) of
+        undefined -> #{};
+        Scan -> #{host_scan => Scan}
+    end;
+host_extras(#{host_scan := Pid}, _) when is_pid(Pid) ->
+    unlink(Pid),
+    exit(Pid, kill),
+    #{};
+host_extras(_, _) ->
+    #{}.
 
 cgroup(#{cgroup_location := {error, _} = E}, H) ->
     {E, H};

@@ -1,43 +1,83 @@
 %%% @doc The rest of the host, as the target's own /proc shows it: the CPU
 %%% time of every other process (to name what competes with the node for
-%%% CPUs) and the CPUs the node may run on. Runs on the target node; reads
-%%% one stat file per process, at most `?MAX_PROCS' of them and for at most
-%%% `?BUDGET_US' of wall time (a throttled or starved node reads fewer),
-%%% through `prim_file', never the file server (a normal-priority process
-%%% that waits behind every busy process of an overloaded node).
+%%% CPUs) and the CPUs the node may run on. Runs on the target node.
+%%%
+%%% The scan reads one stat file per process, at most `?MAX_PROCS' of them,
+%%% through `prim_file' (never the file server, a normal-priority process
+%%% that waits behind every busy process of an overloaded node). Each read
+%%% is a dirty IO job, and on a starved node every one waits for a CPU: a
+%%% scan of 150 processes took 3 s there. So the scans run in a process of
+%%% their own, beside the agent's ticks: one at the window's start, one
+%%% timed to end with the window, each process's reading stamped with its
+%%% own time, so that its CPU share is taken over its own interval
+%%% whatever the scans took.
 %%%
 %%% ```
-%%% 1> beamdiag_agent_host:cpu_by_process("/proc", [list_to_integer(os:getpid())]).
-%%% #{1 => {<<"init">>, 1234}, ...}
-%%% 2> beamdiag_agent_host:placement("/proc").
+%%% 1> S = beamdiag_agent_host:start("/proc", [], erlang:monotonic_time(millisecond) + 2000).
+%%% 2> beamdiag_agent_host:result(S, 500).
+%%% #{first => #{1 => {<<"init">>, 1234, -576460750123}, ...}, last => #{...}, ...}
+%%% 3> beamdiag_agent_host:placement("/proc").
 %%% #{cpus_allowed => <<"0-1">>}
 %%% '''
 -module(beamdiag_agent_host).
 
--export([cpu_by_process/2, placement/1]).
+-export([start/3, result/2, cpu_by_process/3, placement/1]).
 
-%% Processes read per call; a host with more is read in part (the first
+-export_type([scan/0, readings/0]).
+
+%% Processes read per scan; a host with more is read in part (the first
 %% ones /proc lists) and says so.
 -define(MAX_PROCS, 1000).
--define(BUDGET_US, 25000).
+
+%% Pid => {comm, CPU time in clock ticks (utime + stime), monotonic ms}.
+-type readings() :: #{integer() => {binary(), non_neg_integer(), integer()}}.
+-type scan() :: #{first := readings(), last := readings(), truncated := boolean()}.
 
 %%%===================================================================
 %%% API
 %%%===================================================================
 
-%% @doc Each process's comm and CPU time in clock ticks (utime + stime),
-%% leaving out the given pids; processes that end between listing and
-%% reading are skipped. `truncated' is set when the host has more
-%% processes than are read.
--spec cpu_by_process(file:filename(), [integer()]) ->
-    #{procs := #{integer() => {binary(), non_neg_integer()}}, truncated := boolean()}.
-cpu_by_process(Root, Exclude) ->
-    Until = erlang:monotonic_time(microsecond) + ?BUDGET_US,
+%% @doc Starts the scans, linked to the caller: the first now, the last
+%% timed to end at End (monotonic milliseconds), leaving out the given
+%% pids.
+-spec start(file:filename(), [integer()], integer()) -> pid().
+start(Root, Exclude, End) ->
+    Owner = self(),
+    spawn_opt(fun() -> scanner(Owner, Root, Exclude, End) end, [link, {priority, high}]).
+
+%% @doc What the scans gathered, waiting up to Timeout milliseconds for
+%% the last scan to end; a scan still running answers with what it has
+%% read. `undefined' when the scanner is gone.
+-spec result(pid(), non_neg_integer()) -> scan() | undefined.
+result(Pid, Timeout) ->
+    MRef = erlang:monitor(process, Pid),
+    Pid ! {result, self(), MRef, erlang:monotonic_time(millisecond) + Timeout},
+    receive
+        {MRef, Scan} ->
+            erlang:demonitor(MRef, [flush]),
+            unlink(Pid),
+            exit(Pid, kill),
+            Scan;
+        {'DOWN', MRef, process, Pid, _} ->
+            undefined
+    after Timeout + 1000 ->
+        erlang:demonitor(MRef, [flush]),
+        unlink(Pid),
+        exit(Pid, kill),
+        undefined
+    end.
+
+%% @doc One scan: each process's comm, CPU time and when it was read,
+%% stopping at Deadline (monotonic milliseconds, or `infinity'); processes
+%% that end between listing and reading are skipped.
+-spec cpu_by_process(file:filename(), [integer()], integer() | infinity) ->
+    #{procs := readings(), truncated := boolean()}.
+cpu_by_process(Root, Exclude, Deadline) ->
     Pids = case prim_file:list_dir(Root) of
                {ok, Names} -> [P || N <- Names, P <- pid(N), not lists:member(P, Exclude)];
                {error, _} -> []
            end,
-    {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Until, #{}),
+    {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
 %% @doc The CPUs this node may run on (its affinity, set by a cpuset or
@@ -58,18 +98,58 @@ placement(Root) ->
 %%% Internal
 %%%===================================================================
 
+scanner(Owner, Root, Exclude, End) ->
+    T0 = erlang:monotonic_time(millisecond),
+    #{procs := First, truncated := T1} = cpu_by_process(Root, Exclude, End),
+    Took = erlang:monotonic_time(millisecond) - T0,
+    %% The last scan starts so as to end with the window, as long as the
+    %% first one took.
+    Wait = max(0, End - Took - erlang:monotonic_time(millisecond)),
+    receive
+        {result, From, Ref, _} ->
+            From ! {Ref, #{first => First, last => #{}, truncated => T1}}
+    after Wait ->
+        last_scan(Owner, Root, First, T1)
+    end.
+
+%% The last scan reads the processes of the first, in the same order, and
+%% answers whenever asked (with what it has by then).
+last_scan(_Owner, Root, First, T1) ->
+    Pids = lists:sort(maps:keys(First)),
+    last_scan(Root, Pids, First, T1, #{}).
+
+last_scan(Root, Pids, First, T1, Acc) ->
+    receive
+        {result, From, Ref, Until} ->
+            Last = finish_reads(Root, Pids, Until, Acc),
+            From ! {Ref, #{first => First, last => Last, truncated => T1}}
+    after 0 ->
+        case Pids of
+            [] ->
+                receive
+                    {result, From, Ref, _} ->
+                        From ! {Ref, #{first => First, last => Acc, truncated => T1}}
+                end;
+            [P | Rest] ->
+                last_scan(Root, Rest, First, T1, read_one(Root, P, Acc))
+        end
+    end.
+
+finish_reads(Root, Pids, Until, Acc) ->
+    element(1, read_all(Root, Pids, Until, Acc)).
+
 read_all(_Root, [], _Until, Acc) ->
     {Acc, false};
 read_all(Root, [P | Rest], Until, Acc) ->
-    case erlang:monotonic_time(microsecond) > Until of
-        true ->
-            {Acc, true};
-        false ->
-            Acc2 = case read_stat(filename:join([Root, integer_to_list(P), "stat"])) of
-                       {ok, V} -> Acc#{P => V};
-                       error -> Acc
-                   end,
-            read_all(Root, Rest, Until, Acc2)
+    case Until =/= infinity andalso erlang:monotonic_time(millisecond) > Until of
+        true -> {Acc, true};
+        false -> read_all(Root, Rest, Until, read_one(Root, P, Acc))
+    end.
+
+read_one(Root, P, Acc) ->
+    case read_stat(filename:join([Root, integer_to_list(P), "stat"])) of
+        {ok, {Comm, Ticks}} -> Acc#{P => {Comm, Ticks, erlang:monotonic_time(millisecond)}};
+        error -> Acc
     end.
 
 pid(Name) ->

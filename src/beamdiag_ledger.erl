@@ -64,7 +64,7 @@ build(#{samples := Samples, settings := Settings} = Capture) when length(Samples
     Window = seconds(First, Last),
     Threads = thread_rows(First, Last, Settings),
     ByType = by_type(Threads),
-    Host = host(First, Last),
+    Host = others(Capture, host(First, Last)),
     Cgroup = cgroup(First, Last, Window),
     #{
         window_s => Window,
@@ -275,32 +275,35 @@ host(#{host := #{cpu := A, ncpu := N} = HA}, #{host := #{cpu := B} = HB}) ->
         loadavg => case maps:get(loadavg, HB, maps:get(loadavg, HA, undefined)) of
                        {L1, L5, L15} -> [L1, L5, L15];
                        _ -> null
-                   end,
-        top => top_others(HA, HB, ratio(Total, N) / clock_hz()),
-        top_partial => partial(HA) orelse partial(HB)
+                   end
     };
 host(_, _) ->
     #{}.
 
-%% The few other processes on the host that used the most CPU between the
-%% first and the last sample (the agent reads them on those two ticks), in
-%% CPUs; those under 0.02 CPUs are left out.
-top_others(#{others := #{procs := PA}}, #{others := #{procs := PB}}, Window)
-  when is_map(PA), is_map(PB), Window > 0 ->
-    Used = [#{pid => Pid, name => Comm, cpus => (TB - TA) / clock_hz() / Window}
-            || {Pid, {Comm, TB}} <- maps:to_list(PB), is_integer(Pid), is_binary(Comm),
-               is_integer(TB), {ok, {_, TA}} <- [maps:find(Pid, PA)], is_integer(TA), TB >= TA],
+%% The host's busiest other processes, when the host's figures are there.
+others(Capture, Host = #{ncpu := N}) ->
+    {Top, Partial} = top_others(maps:get(extras, Capture, #{}), N),
+    Host#{top => Top, top_partial => Partial};
+others(_Capture, Host) ->
+    Host.
+
+%% The few other processes on the host that used the most CPU over the
+%% window, in CPUs, from the agent's two scans (each process over the time
+%% between its own two readings, which must be half a second at least);
+%% those under 0.02 CPUs are left out.
+top_others(#{host_scan := #{first := A, last := B} = Scan}, Ncpu) when is_map(A), is_map(B) ->
+    Used = [#{pid => Pid, name => Comm, cpus => min(Ncpu, (TB - TA) / clock_hz() / ((MB - MA) / 1000))}
+            || {Pid, {Comm, TB, MB}} <- maps:to_list(B), is_integer(Pid), is_binary(Comm),
+               is_integer(TB), is_integer(MB),
+               {ok, {_, TA, MA}} <- [maps:find(Pid, A)], is_integer(TA), is_integer(MA),
+               TB >= TA, MB - MA >= 500],
     Sorted = lists:sort(fun(#{cpus := X}, #{cpus := Y}) -> X >= Y end, Used),
-    [P || P = #{cpus := C} <- lists:sublist(Sorted, 3), C >= 0.02];
-top_others(_, _, _) ->
-    [].
+    {[P || P = #{cpus := C} <- lists:sublist(Sorted, 3), C >= 0.02],
+     maps:get(truncated, Scan, false) =:= true orelse maps:size(B) < maps:size(A)};
+top_others(_, _) ->
+    {[], false}.
 
 clock_hz() -> beamdiag_agent_proc:clock_ticks().
-
-%% The agent read only some of the host's processes (its time budget or
-%% count ran out).
-partial(#{others := #{truncated := T}}) when is_boolean(T) -> T;
-partial(_) -> false.
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
     D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,

@@ -23,8 +23,9 @@ fake_root() ->
 cpu_by_process_test() ->
     Root = fake_root(),
     try
-        #{procs := P, truncated := T} = beamdiag_agent_host:cpu_by_process(Root, [13]),
-        ?assertEqual(#{10 => {<<"beam.smp">>, 300}, 11 => {<<"a (b) c">>, 10}}, P),
+        #{procs := P, truncated := T} = beamdiag_agent_host:cpu_by_process(Root, [13], infinity),
+        ?assertEqual(#{10 => {<<"beam.smp">>, 300}, 11 => {<<"a (b) c">>, 10}},
+                     maps:map(fun(_, {C, Ticks, Ms}) when is_integer(Ms) -> {C, Ticks} end, P)),
         ?assertNot(T),
         ?assertEqual(#{cpus_allowed => <<"0-1">>}, beamdiag_agent_host:placement(Root))
     after
@@ -33,14 +34,35 @@ cpu_by_process_test() ->
 
 missing_root_test() ->
     ?assertEqual(#{procs => #{}, truncated => false},
-                 beamdiag_agent_host:cpu_by_process("/nonexistent_beamdiag", [])),
+                 beamdiag_agent_host:cpu_by_process("/nonexistent_beamdiag", [], infinity)),
     ?assertEqual(#{}, beamdiag_agent_host:placement("/nonexistent_beamdiag")).
 
 %% The real /proc: this node is left out when asked, and each value is a
 %% comm and a tick count.
 real_proc_test() ->
     Self = list_to_integer(os:getpid()),
-    #{procs := P} = beamdiag_agent_host:cpu_by_process("/proc", [Self]),
+    #{procs := P} = beamdiag_agent_host:cpu_by_process("/proc", [Self], infinity),
     ?assertNot(is_map_key(Self, P)),
     ?assert(maps:size(P) > 0),
-    [?assert(is_binary(C) andalso is_integer(T) andalso T >= 0) || {C, T} <- maps:values(P)].
+    [?assert(is_binary(C) andalso is_integer(T) andalso T >= 0) || {C, T, _} <- maps:values(P)].
+
+%% The scanner reads at the start and again to end with the window; a
+%% process that burns CPU meanwhile shows, in its own interval.
+scanner_test_() ->
+    {timeout, 30, fun() ->
+        %% A CPU burner of this test's own, ended by pid below.
+        BPid = list_to_integer(string:trim(os:cmd("yes >/dev/null 2>&1 & echo $!"))),
+        try
+            End = erlang:monotonic_time(millisecond) + 1500,
+            S = beamdiag_agent_host:start("/proc", [], End),
+            timer:sleep(1600),
+            #{first := A, last := B} = beamdiag_agent_host:result(S, 2000),
+            ?assertNot(is_process_alive(S)),
+            {_, TA, MA} = maps:get(BPid, A),
+            {_, TB, MB} = maps:get(BPid, B),
+            ?assert(MB - MA >= 500),
+            ?assert(TB > TA)
+        after
+            os:cmd("kill " ++ integer_to_list(BPid))
+        end
+    end}.

@@ -81,7 +81,22 @@ cpu_starvation(Config) ->
     S = sched(L),
     ct:pal("runq ~.3f", [share(runq, S)]),
     ?assert(share(runq, S) > 0.30),
-    ?assert(lists:member(cpu_starvation, serious(F))).
+    ?assert(lists:member(cpu_starvation, serious(F))),
+    %% The competitor node, by its OS pid: the host scan saw it burn CPU,
+    %% and the evidence names it unless three processes burnt more.
+    #{competitor := C} = ?config(lab, Config),
+    Pid = list_to_integer(peer:call(C, os, getpid, [])),
+    #{host := #{top := Top}} = L,
+    ct:pal("competitor ~b; busiest others ~p", [Pid, Top]),
+    case [X || X = #{pid := P} <- Top, P =:= Pid] of
+        [#{cpus := Cpus}] ->
+            ?assert(Cpus > 0.1),
+            [Ev] = [Ev || #{id := cpu_starvation, evidence := Ev} <- F],
+            ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev),
+                                              iolist_to_binary(io_lib:format("(pid ~b)", [Pid]))));
+        [] ->
+            ?assertEqual(3, length(Top))
+    end.
 
 cpu_throttling(Config) ->
     {L, F} = diagnose(Config),
