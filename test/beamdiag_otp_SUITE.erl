@@ -10,7 +10,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1,
          init_per_group/2, end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
--export([idle/1, busy_wait/1, cpu_saturated/1, nif_threads/1, no_compiler_beams/1,
+-export([idle/1, busy_wait/1, cpu_saturated/1, nif_threads/1, other_commands/1,
+         no_compiler_beams/1,
          no_compiler_refused/1, compile_cost/1, cli_built_on_29/1]).
 
 -define(WINDOW, "3").
@@ -23,8 +24,8 @@ all() ->
 groups() ->
     Common = [idle, busy_wait, cpu_saturated, nif_threads],
     [{otp25, [], Common},
-     {otp27, [], Common ++ [no_compiler_beams]},
-     {otp29, [], Common ++ [no_compiler_refused, compile_cost]},
+     {otp27, [], Common ++ [other_commands, no_compiler_beams]},
+     {otp29, [], Common ++ [other_commands, no_compiler_refused, compile_cost]},
      {cli29, [], [cli_built_on_29]}].
 
 init_per_suite(Config) ->
@@ -163,6 +164,32 @@ nif_threads(Config) ->
     ?assertNot(lists:member(<<"busy_wait">>, serious(J))),
     _ = Lab,
     ok.
+
+%% The other commands against the node: two saved captures with an HTML
+%% report, re-rendered, compared, and a few seconds of watch.
+other_commands(Config) ->
+    Lab = #{peer := Peer} = ?config(lab, Config),
+    Node = atom_to_list(beamdiag_lab:node(Lab)),
+    Priv = ?config(priv_dir, Config),
+    [A, B, H] = [filename:join(Priv, F) || F <- ["a.capture", "b.capture", "a.html"]],
+    C = beamdiag_lab:cookie(Lab),
+    {0, _, _} = cli(Config, ["diagnose", Node, "--duration", "2", "--save", A, "--html", H], C),
+    {0, _, _} = cli(Config, ["diagnose", Node, "--duration", "2", "--save", B], C),
+    {ok, Html} = file:read_file(H),
+    ?assertMatch({_, _}, binary:match(Html, <<"<html">>)),
+    ?assertMatch({_, _}, binary:match(Html, sched_name(?config(release, Config)))),
+    {0, Report, _} = cli(Config, ["report", A], C),
+    ?assertMatch({_, _}, binary:match(Report, <<"TIME LEDGER">>)),
+    {0, Cmp, _} = cli(Config, ["compare", A, B], C),
+    ct:pal("compare:~n~ts", [Cmp]),
+    {WCode, Watch, WErr} = cli(Config, ["watch", Node, "--duration", "3"], C),
+    ct:pal("watch exit ~b:~n~ts~ts", [WCode, Watch, WErr]),
+    ?assertEqual(0, WCode),
+    ?assertMatch({_, _}, binary:match(Watch, <<"scheduler">>)),
+    agent_gone(Peer).
+
+sched_name(25) -> <<"1_scheduler">>;
+sched_name(_) -> <<"erts_sched_1">>.
 
 %% OTP 27 loads this build's beams as they are: no compiler needed there.
 no_compiler_beams(Config) ->
