@@ -1,13 +1,16 @@
 %%% beamdiag from Elixir, as docs/ELIXIR.md shows it: `elixir -pa' on the
 %%% built ebin (the iex way), and a Mix project that takes beamdiag as a
-%%% path dependency compiled by rebar3, offline, without Hex.
+%%% path dependency compiled by rebar3, offline, without Hex. Both again
+%%% with Debian trixie's Elixir 1.18 on OTP 27, inside its root
+%%% (scripts/otp-root.sh trixie elixir rebar3).
 -module(beamdiag_elixir_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
--export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([elixir_pa/1, mix_path_dependency/1]).
+-export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_group/2,
+         end_per_group/2]).
+-export([elixir_pa/1, mix_path_dependency/1, elixir_pa_otp27/1, mix_path_dependency_otp27/1]).
 
 -define(SNIPPET,
         "{:ok, d} = :beamdiag.diagnose(%{duration: 1}); "
@@ -18,7 +21,10 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [elixir_pa, mix_path_dependency].
+    [elixir_pa, mix_path_dependency, {group, otp27}].
+
+groups() ->
+    [{otp27, [], [elixir_pa_otp27, mix_path_dependency_otp27]}].
 
 init_per_suite(Config) ->
     Root = filename:dirname(filename:dirname(proplists:get_value(source, ?MODULE:module_info(compile)))),
@@ -30,6 +36,28 @@ init_per_suite(Config) ->
     end.
 
 end_per_suite(_Config) ->
+    ok.
+
+%% Elixir and rebar3 installed into the trixie root (once, cached); a
+%% folder of this run inside it, removed afterwards.
+init_per_group(otp27, Config) ->
+    Scripts = filename:join(?config(root, Config), "scripts"),
+    Out = os:cmd(filename:join(Scripts, "otp-root.sh") ++ " trixie elixir rebar3 2>&1; echo \"exit=$?\""),
+    case string:find(Out, "exit=0") of
+        nomatch ->
+            beamdiag_test_lib:missing(["cannot install elixir into the OTP 27 root: ", Out]);
+        _ ->
+            [Root | _] = lists:reverse(string:split(string:trim(string:replace(Out, "exit=0", "")),
+                                                    "\n", all)),
+            Inside = "/root/beamdiag_elixir_" ++ os:getpid(),
+            Work = string:trim(Root) ++ Inside,
+            ok = filelib:ensure_dir(filename:join(Work, "x")),
+            [{run27, filename:join(Scripts, "otp-run.sh")}, {work27, Work}, {inside27, Inside}
+             | Config]
+    end.
+
+end_per_group(otp27, Config) ->
+    _ = os:cmd("rm -rf '" ++ ?config(work27, Config) ++ "'"),
     ok.
 
 %%%===================================================================
@@ -64,6 +92,42 @@ mix_path_dependency(Config) ->
     {0, Out} = run(?config(mix, Config), ["run", "-e", "Demo.run()"], App, Env),
     ct:log("mix run:~n~ts", [Out]),
     diagnosis_text(Out),
+    ?assert(filelib:is_regular(filename:join([App, "_build", "dev", "lib", "beamdiag", "ebin",
+                                              "beamdiag.app"]))).
+
+%% The iex way on OTP 27: this build's beams (OTP 25's compiler) load
+%% there as they are.
+elixir_pa_otp27(Config) ->
+    Ebin = filename:dirname(code:which(beamdiag)),
+    Dest = filename:join(?config(work27, Config), "ebin"),
+    "" = os:cmd("cp -r '" ++ Ebin ++ "' '" ++ Dest ++ "'"),
+    {0, Out} = run(?config(run27, Config),
+                   ["trixie", "elixir", "-pa", ?config(inside27, Config) ++ "/ebin", "-e", ?SNIPPET],
+                   ?config(priv_dir, Config), []),
+    ct:log("~ts", [Out]),
+    diagnosis_text(Out),
+    ?assertMatch({_, _}, binary:match(Out, <<"OTP 27">>)).
+
+%% The Mix project on OTP 27: Elixir 1.18's mix builds beamdiag with the
+%% root's rebar3 (OTP 27's compiler) and runs it.
+mix_path_dependency_otp27(Config) ->
+    Work = ?config(work27, Config),
+    Inside = ?config(inside27, Config),
+    ok = copy_project(?config(root, Config), filename:join(Work, "beamdiag")),
+    App = filename:join(Work, "demo"),
+    ok = filelib:ensure_dir(filename:join([App, "lib", "x"])),
+    ok = file:write_file(filename:join(App, "mix.exs"), mix_exs(Inside ++ "/beamdiag")),
+    ok = file:write_file(filename:join([App, "lib", "demo.ex"]),
+                         "defmodule Demo do\n  def run do\n    " ?SNIPPET "\n  end\nend\n"),
+    Cmd = "cd " ++ Inside ++ "/demo && export MIX_REBAR3=/usr/bin/rebar3 MIX_ENV=dev "
+          "HEX_OFFLINE=1 MIX_HOME=" ++ Inside ++ "/mix_home && mix compile && "
+          "mix run -e 'Demo.run()'",
+    {Code, Out} = run(?config(run27, Config), ["trixie", "sh", "-c", Cmd],
+                      ?config(priv_dir, Config), []),
+    ct:log("mix on OTP 27:~n~ts", [Out]),
+    ?assertEqual(0, Code),
+    diagnosis_text(Out),
+    ?assertMatch({_, _}, binary:match(Out, <<"OTP 27">>)),
     ?assert(filelib:is_regular(filename:join([App, "_build", "dev", "lib", "beamdiag", "ebin",
                                               "beamdiag.app"]))).
 
