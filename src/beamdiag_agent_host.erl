@@ -31,6 +31,8 @@
 
 %% Pid => {comm, CPU time in clock ticks (utime + stime), monotonic ms}.
 -type readings() :: #{integer() => {binary(), non_neg_integer(), integer()}}.
+%% truncated: the host had more processes than a scan reads, or the last
+%% scan was asked for its readings before it had read them all.
 -type scan() :: #{first := readings(), last := readings(), truncated := boolean()}.
 
 %%%===================================================================
@@ -107,7 +109,7 @@ scanner(Owner, Root, Exclude, End) ->
     Wait = max(0, End - Took - erlang:monotonic_time(millisecond)),
     receive
         {result, From, Ref, _} ->
-            From ! {Ref, #{first => First, last => #{}, truncated => T1}}
+            From ! {Ref, #{first => First, last => #{}, truncated => true}}
     after Wait ->
         last_scan(Owner, Root, First, T1)
     end.
@@ -121,8 +123,8 @@ last_scan(_Owner, Root, First, T1) ->
 last_scan(Root, Pids, First, T1, Acc) ->
     receive
         {result, From, Ref, Until} ->
-            Last = finish_reads(Root, Pids, Until, Acc),
-            From ! {Ref, #{first => First, last => Last, truncated => T1}}
+            {Last, Left} = read_all(Root, Pids, Until, Acc),
+            From ! {Ref, #{first => First, last => Last, truncated => T1 orelse Left}}
     after 0 ->
         case Pids of
             [] ->
@@ -134,9 +136,6 @@ last_scan(Root, Pids, First, T1, Acc) ->
                 last_scan(Root, Rest, First, T1, read_one(Root, P, Acc))
         end
     end.
-
-finish_reads(Root, Pids, Until, Acc) ->
-    element(1, read_all(Root, Pids, Until, Acc)).
 
 read_all(_Root, [], _Until, Acc) ->
     {Acc, false};

@@ -299,7 +299,7 @@ top_others(#{host_scan := #{first := A, last := B} = Scan}, Ncpu) when is_map(A)
                TB >= TA, MB - MA >= 500],
     Sorted = lists:sort(fun(#{cpus := X}, #{cpus := Y}) -> X >= Y end, Used),
     {[P || P = #{cpus := C} <- lists:sublist(Sorted, 3), C >= 0.02],
-     maps:get(truncated, Scan, false) =:= true orelse maps:size(B) < maps:size(A)};
+     maps:get(truncated, Scan, false) =:= true};
 top_others(_, _) ->
     {[], false}.
 

@@ -35,19 +35,29 @@ ledger_findings_carry_figures_test() ->
      || {N, C} <- captures(), #{id := Id, figures := Figs} <- findings(C),
         lists:member(Id, Ledger)].
 
-%% The case from the field: dirty GC on a RabbitMQ whose queues backed up.
-%% msacc's wall time over its span reads more "CPUs" than the whole node
-%% used (the trap is in this capture); the finding's CPU figure is below
-%% the node's CPU, and its wall figure below the threads' wall time.
+%% The case from the field: dirty GC on a RabbitMQ whose queues backed up,
+%% where msacc's wall time over its span reads more "CPUs" than the whole
+%% node used. At least one recorded backlog has that trap; on each, the
+%% finding's CPU figure is below the node's CPU and its wall figure below
+%% the threads' wall time.
 backed_up_rabbitmq_dirty_gc_within_node_cpu_test() ->
-    [C] = [C || {"rabbitmq_backlog", C} <- captures()],
-    #{ledger := L = #{totals := #{cpus_used := Used}}, findings := F} = beamdiag:analyse(C),
-    #{msacc := #{by_type := #{dirty_cpu := #{seconds := Secs}}, span_s := Span}} = L,
-    ?assert(maps:get(gc, Secs) / Span > Used),
-    [Figs] = [Figs || #{id := dirty_cpu_gc, figures := Figs} <- F],
-    V = maps:from_list([{N, X} || #{name := N, value := X} <- Figs]),
-    ?assert(maps:get(dirty_gc_cpus, V) =< Used),
-    ?assert(maps:get(dirty_gc_wall_s, V) =< maps:get(msacc_wall_s, V)).
+    Traps = [{N, L, F} || {N = "rabbitmq_backlog" ++ _, C} <- captures(),
+                          #{ledger := L, findings := F} <- [beamdiag:analyse(C)],
+                          trap(L)],
+    ?assertNotEqual([], Traps),
+    [begin
+         #{totals := #{cpus_used := Used}} = L,
+         [Figs] = [Figs || #{id := dirty_cpu_gc, figures := Figs} <- F],
+         V = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
+         ?assert(maps:get(dirty_gc_cpus, V) =< Used),
+         ?assert(maps:get(dirty_gc_wall_s, V) =< maps:get(msacc_wall_s, V))
+     end || {_, L, F} <- Traps].
+
+trap(#{totals := #{cpus_used := Used},
+       msacc := #{by_type := #{dirty_cpu := #{seconds := Secs}}, span_s := Span}}) ->
+    maps:get(gc, Secs, 0) / Span > Used;
+trap(_) ->
+    false.
 
 %%% Helpers
 
