@@ -313,7 +313,7 @@ command_modules() ->
         beamdiag_cli_diagnose,
         beamdiag_cli_lab,
         beamdiag_cli_catalogue,
-        beamdiag_cli_flavor,
+        beamdiag_cli_emu_type,
         beamdiag_cli_flame,
         beamdiag_cli_report,
         beamdiag_cli_compare,

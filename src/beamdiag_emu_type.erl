@@ -16,13 +16,13 @@
 %%% never through a shell; their output goes to the `progress' fun.
 %%%
 %%% ```
-%%% 1> beamdiag_flavor:status().
+%%% 1> beamdiag_emu_type:status().
 %%% #{erts_version => <<"13.1.5">>, installed => false, ...}
-%%% 2> beamdiag_flavor:build(#{install => true, add_deb_src => true,
+%%% 2> beamdiag_emu_type:build(#{install => true, add_deb_src => true,
 %%%        progress => fun(D) -> io:put_chars(standard_error, D) end}).
 %%% {ok, #{action => built, installed => true, seconds => 372, ...}}
 %%% '''
--module(beamdiag_flavor).
+-module(beamdiag_emu_type).
 
 -export([build/1, status/0, missing_packages/1, advice/1, format_error/1]).
 
@@ -75,7 +75,7 @@
 %% `progress' (receives build output line by line), `jobs' (parallel make
 %% jobs, default the number of logical processors). Without `install' or
 %% `cache' the binaries are kept in the user cache directory.
--spec build(options()) -> {ok, report()} | {error, {beamdiag_flavor, term()}}.
+-spec build(options()) -> {ok, report()} | {error, {beamdiag_emu_type, term()}}.
 build(Opts0) when is_map(Opts0) ->
     Defaults = #{
         otp_src => undefined,
@@ -206,7 +206,7 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
--spec build_checked(map()) -> {ok, report()} | {error, {beamdiag_flavor, term()}}.
+-spec build_checked(map()) -> {ok, report()} | {error, {beamdiag_emu_type, term()}}.
 build_checked(Opts = #{install := Install, cache := Cache0, progress := P}) ->
     Vsn = erts_version(),
     Base = #{erts_version => list_to_binary(Vsn), bin_dir => list_to_binary(bin_dir())},

@@ -1,4 +1,4 @@
--module(beamdiag_flavor_tests).
+-module(beamdiag_emu_type_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -18,32 +18,32 @@
 >>).
 
 deb822_stanzas_test() ->
-    [A, B] = beamdiag_flavor:deb822(?DEBIAN_SOURCES),
+    [A, B] = beamdiag_emu_type:deb822(?DEBIAN_SOURCES),
     ?assertEqual("deb", maps:get("Types", A)),
     ?assertEqual("bookworm bookworm-updates", maps:get("Suites", A)),
     ?assertEqual("http://mirror.example/debian-security", maps:get("URIs", B)).
 
 deb822_continuation_test() ->
-    [S] = beamdiag_flavor:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
+    [S] = beamdiag_emu_type:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
     ?assertEqual("a b", maps:get("Suites", S)).
 
 has_deb_src_test_() ->
     [
-        ?_assertNot(beamdiag_flavor:has_deb_src(".sources", ?DEBIAN_SOURCES)),
-        ?_assert(beamdiag_flavor:has_deb_src(".sources", <<"Types: deb deb-src\nURIs: x\n">>)),
-        ?_assertNot(beamdiag_flavor:has_deb_src(
+        ?_assertNot(beamdiag_emu_type:has_deb_src(".sources", ?DEBIAN_SOURCES)),
+        ?_assert(beamdiag_emu_type:has_deb_src(".sources", <<"Types: deb deb-src\nURIs: x\n">>)),
+        ?_assertNot(beamdiag_emu_type:has_deb_src(
             ".sources", <<"Types: deb-src\nURIs: x\nEnabled: no\n">>)),
-        ?_assert(beamdiag_flavor:has_deb_src(".list", <<"deb http://x y main\ndeb-src http://x y main\n">>)),
-        ?_assertNot(beamdiag_flavor:has_deb_src(".list", <<"# deb-src http://x y main\n">>))
+        ?_assert(beamdiag_emu_type:has_deb_src(".list", <<"deb http://x y main\ndeb-src http://x y main\n">>)),
+        ?_assertNot(beamdiag_emu_type:has_deb_src(".list", <<"# deb-src http://x y main\n">>))
     ].
 
 unknown_option_test() ->
-    ?assertMatch({error, {beamdiag_flavor, {unknown_options, [bogus]}}},
-                 beamdiag_flavor:build(#{bogus => true})).
+    ?assertMatch({error, {beamdiag_emu_type, {unknown_options, [bogus]}}},
+                 beamdiag_emu_type:build(#{bogus => true})).
 
 missing_source_test() ->
-    ?assertMatch({error, {beamdiag_flavor, {no_source, _}}},
-                 beamdiag_flavor:build(#{otp_src => "/nonexistent/otp", cache => "/nonexistent/c"})).
+    ?assertMatch({error, {beamdiag_emu_type, {no_source, _}}},
+                 beamdiag_emu_type:build(#{otp_src => "/nonexistent/otp", cache => "/nonexistent/c"})).
 
 version_mismatch_test() ->
     Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
@@ -53,15 +53,15 @@ version_mismatch_test() ->
     ok = file:write_file(filename:join([Dir, "erts", "vsn.mk"]), "VSN = 10.3.5\n"),
     ok = file:write_file(filename:join(Dir, "configure"), "#!/bin/sh\nexit 1\n"),
     try
-        R = beamdiag_flavor:build(#{otp_src => Dir, cache => filename:join(Dir, "cache")}),
-        case beamdiag_flavor:missing_packages({dir, Dir}) of
+        R = beamdiag_emu_type:build(#{otp_src => Dir, cache => filename:join(Dir, "cache")}),
+        case beamdiag_emu_type:missing_packages({dir, Dir}) of
             [] ->
-                ?assertMatch({error, {beamdiag_flavor, {version_mismatch, _}}}, R),
+                ?assertMatch({error, {beamdiag_emu_type, {version_mismatch, _}}}, R),
                 {error, {M, Reason}} = R,
                 Text = lists:flatten(io_lib:format("~ts", [M:format_error(Reason)])),
                 ?assertNotEqual(nomatch, string:find(Text, "21.3.8"));
             Pkgs ->
-                ?assertEqual({error, {beamdiag_flavor, {missing_packages, Pkgs}}}, R)
+                ?assertEqual({error, {beamdiag_emu_type, {missing_packages, Pkgs}}}, R)
         end
     after
         file:del_dir_r(Dir)
@@ -69,7 +69,7 @@ version_mismatch_test() ->
 
 format_error_test_() ->
     [
-        ?_assertMatch([_ | _], lists:flatten(io_lib:format("~ts", [beamdiag_flavor:format_error(E)])))
+        ?_assertMatch([_ | _], lists:flatten(io_lib:format("~ts", [beamdiag_emu_type:format_error(E)])))
      || E <- [no_deb_src, need_root, no_debian_erlang, {missing_packages, ["dpkg-dev"]},
               {not_found, "make"}, {command_failed, "make", 2, "x"},
               {file, "write", "/x", eacces}, {verify_failed, "x"}]
@@ -83,7 +83,7 @@ one_line_debs_test() ->
           {"Components", "main contrib"}],
          [{"URIs", "http://mirror.example/sec"}, {"Suites", "trixie-security"},
           {"Components", "main"}]],
-        beamdiag_flavor:one_line_debs(<<
+        beamdiag_emu_type:one_line_debs(<<
             "deb http://mirror.example/debian trixie main contrib\n"
             "# deb http://old.example/debian bookworm main\n"
             "deb-src http://mirror.example/debian trixie main\n"
@@ -95,7 +95,7 @@ one_line_debs_test() ->
 %% A node without lock counting (OTP 29, whose Debian source is not served
 %% here) is told exactly which source and command build its emulator.
 advice_names_the_exact_source_test() ->
-    A = beamdiag_flavor:advice(#{otp_release => <<"29">>, otp_version => <<"29.1.2">>,
+    A = beamdiag_emu_type:advice(#{otp_release => <<"29">>, otp_version => <<"29.1.2">>,
                                  erts_version => <<"17.1.1">>, lock_counting => false}),
     [?assertNotEqual(nomatch, binary:match(A, W), W)
      || W <- [<<"OTP 29.1.2 (ERTS 17.1.1)">>,
@@ -105,7 +105,7 @@ advice_names_the_exact_source_test() ->
 
 %% Settings come from the target: anything but a version number is left out.
 advice_hostile_settings_test() ->
-    A = beamdiag_flavor:advice(#{otp_release => <<"27">>, otp_version => <<"27; rm -rf /">>,
+    A = beamdiag_emu_type:advice(#{otp_release => <<"27">>, otp_version => <<"27; rm -rf /">>,
                                  erts_version => [1, 2]}),
     ?assertEqual(nomatch, binary:match(A, <<"rm -rf">>)),
     ?assertNotEqual(nomatch, binary:match(A, <<"--otp-src otp_src_27.tar.gz">>)),

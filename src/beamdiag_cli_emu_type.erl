@@ -1,7 +1,7 @@
 %%% @doc `beamdiag flavor': builds and installs the lock-counting emulator.
 %%%
 %%% `beamdiag emu-type build' (named after `erl -emu_type'; `flavor' is an
-%%% alias) calls `beamdiag_flavor:build/1' and streams the
+%%% alias) calls `beamdiag_emu_type:build/1' and streams the
 %%% build output to standard error; `beamdiag emu-type status' says whether
 %%% `erl -emu_type lcnt' works on this machine.
 %%%
@@ -10,7 +10,7 @@
 %%% ERTS 13.1.5 (OTP 25.2.3): lock-counting emulator not installed
 %%% 0
 %%% '''
--module(beamdiag_cli_flavor).
+-module(beamdiag_cli_emu_type).
 
 -behaviour(beamdiag_cli).
 
@@ -77,7 +77,7 @@ spec() ->
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{action := "status"}, #{out := Out}) ->
     #{erts_version := V, otp_version := O, bin_dir := D, installed := I, working := W} =
-        beamdiag_flavor:status(),
+        beamdiag_emu_type:status(),
     State =
         case {I, W} of
             {false, _} -> "not installed";
@@ -94,7 +94,7 @@ run(Opts = #{action := "build"}, IO = #{out := Out, err := Err}) ->
         cache => maps:get(cache, Opts, undefined),
         progress => Err
     },
-    case beamdiag_flavor:build(BuildOpts) of
+    case beamdiag_emu_type:build(BuildOpts) of
         {ok, Report} ->
             Out(report(Report)),
             0;
@@ -109,7 +109,7 @@ run(#{action := Other}, IO) ->
 %%% Internal
 %%%===================================================================
 
--spec report(beamdiag_flavor:report()) -> iolist().
+-spec report(beamdiag_emu_type:report()) -> iolist().
 report(R = #{action := Action, erts_version := V}) ->
     What =
         case Action of
