@@ -1,4 +1,4 @@
-%%% @doc `beamdiag flavor': builds and installs the lock-counting emulator.
+%%% @doc `beamdiag emu-type': builds and installs the lock-counting emulator.
 %%%
 %%% `beamdiag emu-type build' (named after `erl -emu_type'; `flavor' is an
 %%% alias) calls `beamdiag_emu_type:build/1' and streams the

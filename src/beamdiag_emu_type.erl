@@ -429,7 +429,7 @@ ensure_deb_src(#{add_deb_src := Add, progress := P}) ->
                 ["Types: deb-src\n", [[K, ": ", V, "\n"] || {K, V} <- S], "\n"]
              || S <- Stanzas
             ],
-            Header = "# Added by beamdiag flavor build --add-deb-src (source of the emulator)\n",
+            Header = "# Added by beamdiag emu-type build --add-deb-src (source of the emulator)\n",
             case file:write_file(?DEB_SRC_FILE, [Header | Text]) of
                 ok -> ok;
                 {error, eacces} -> throw({?MODULE, need_root});
@@ -665,7 +665,7 @@ make_temp_dir() ->
         end,
     Dir = filename:join(
         Base,
-        "beamdiag-flavor-" ++ os:getpid() ++ "-" ++
+        "beamdiag-emu-type-" ++ os:getpid() ++ "-" ++
             integer_to_list(erlang:unique_integer([positive]))
     ),
     ok = file_op("create", Dir, file:make_dir(Dir)),
