@@ -56,6 +56,10 @@
 %% Internal: the agent process entry point.
 -export([init/4]).
 
+-ifdef(TEST).
+-export([next_tick/5, hard_deadline/2, msacc_tick/3]).
+-endif.
+
 -export_type([sample/0, opts/0]).
 
 -type opts() :: #{
