@@ -10,7 +10,7 @@
 
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1,
          init_per_group/2, end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
--export([idle/1, busy_wait/1, cpu_saturated/1, nif_threads/1, other_commands/1,
+-export([idle/1, busy_wait/1, busy_wait_off/1, cpu_saturated/1, nif_threads/1, other_commands/1,
          no_compiler_beams/1,
          no_compiler_refused/1, compile_cost/1, cli_built_on_29/1]).
 
@@ -22,7 +22,7 @@ all() ->
     [{group, otp25}, {group, otp27}, {group, otp29}, {group, cli29}].
 
 groups() ->
-    Common = [idle, busy_wait, cpu_saturated, nif_threads],
+    Common = [idle, busy_wait, busy_wait_off, cpu_saturated, nif_threads],
     [{otp25, [], Common},
      {otp27, [], Common ++ [other_commands, no_compiler_beams]},
      {otp29, [], Common ++ [other_commands, no_compiler_refused, compile_cost]},
@@ -52,6 +52,7 @@ end_per_group(_, _Config) ->
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
                    busy_wait -> busy_wait;
+                   busy_wait_off -> busy_wait_off;
                    cpu_saturated -> cpu_saturated;
                    cli_built_on_29 -> busy_wait;
                    _ -> idle
@@ -93,10 +94,12 @@ busy_wait(Config) ->
         {named, J} ->
             S = sched(J),
             fig(Config, busy_wait, J),
-            %% The raw signal: on CPU far longer than busy, the difference
-            %% spinning.
-            ?assert(share(<<"on_cpu">>, S) >= 2 * share(<<"busy">>, S)),
+            %% The raw signal: on CPU longer than busy, the difference
+            %% spinning, a large part of the schedulers' CPU time. (On a
+            %% host this busy, time descheduled inflates busy, so on-CPU
+            %% against busy is no fixed ratio.)
             ?assert(share(<<"spin">>, S) > 0.05),
+            ?assert(share(<<"spin">>, S) >= 0.4 * share(<<"on_cpu">>, S)),
             %% The flags came from emu_args on this release.
             #{<<"sbwt">> := <<"very_long">>, <<"sbwtdcpu">> := <<"very_long">>,
               <<"sbwtdio">> := <<"very_long">>} = maps:get(<<"settings">>, J),
@@ -127,6 +130,14 @@ starved(Config, What, J) ->
     ?assert(share(<<"runq">>, sched(J)) >= 0.25),
     {comment, "the host starved the node in every try (scheduler run-queue wait >= 25%): "
               "busy-waiting not observable"}.
+
+%% The negative control: the same load with +sbwt none does not spin.
+busy_wait_off(Config) ->
+    {J, S} = diagnose(Config),
+    fig(Config, busy_wait_off, J),
+    ?assert(share(<<"spin">>, S) < 0.05),
+    #{<<"sbwt">> := <<"none">>} = maps:get(<<"settings">>, J),
+    ?assertNot(lists:member(<<"busy_wait">>, ids(J))).
 
 cpu_saturated(Config) ->
     {J, S} = diagnose(Config),
@@ -285,7 +296,8 @@ cli_built_on_29(Config) ->
         {named, J} ->
             fig(Config, cli29_busy_wait, J),
             S = sched(J),
-            ?assert(share(<<"on_cpu">>, S) >= 2 * share(<<"busy">>, S));
+            ?assert(share(<<"spin">>, S) > 0.05),
+            ?assert(share(<<"spin">>, S) >= 0.4 * share(<<"on_cpu">>, S));
         {not_named, J} ->
             starved(Config, cli29_busy_wait, J)
     after
