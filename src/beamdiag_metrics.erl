@@ -41,6 +41,9 @@
 %% ratio of two tiny numbers swings: 0.18 to 0.43 on an idle node); the
 %% absolute figure beside it says the same without the swing.
 -define(MIN_CPUS, 0.05).
+%% Likewise a share of CFS periods over fewer periods than this (an idle
+%% cgroup runs a few periods a second).
+-define(MIN_PERIODS, 10).
 
 %%%===================================================================
 %%% API
@@ -143,8 +146,13 @@ text(L = #{by_type := ByType, totals := T, window_s := W}) ->
                [{[], V} || V <- [maps:get(busy, Host, undefined)], is_number(V)]),
         metric(beamdiag_host_steal_share, "Share of the host's CPU time stolen by the hypervisor.",
                [{[], V} || V <- [maps:get(steal, Host, undefined)], is_number(V)]),
-        metric(beamdiag_cgroup_throttled_share, "Share of CFS periods in which the cgroup was throttled.",
-               [{[], V} || V <- [maps:get(throttled_ratio, Cg, undefined)], is_number(V)]),
+        metric(beamdiag_cgroup_throttled_share,
+               "Share of CFS periods in which the cgroup was throttled; left out over fewer than "
+               "10 periods.",
+               [{[], V} || V <- [maps:get(throttled_ratio, Cg, undefined)], is_number(V),
+                           maps:get(periods, Cg, 0) >= ?MIN_PERIODS]),
+        metric(beamdiag_cgroup_throttled_periods, "CFS periods in which the cgroup was throttled.",
+               [{[], V} || V <- [maps:get(throttled_periods, Cg, undefined)], is_number(V)]),
         metric(beamdiag_cgroup_throttled_seconds_per_second,
                "Seconds throttled per second of wall time.",
                [{[], V} || V <- [maps:get(throttled_share, Cg, undefined)], is_number(V)]),
