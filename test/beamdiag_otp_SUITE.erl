@@ -144,7 +144,19 @@ cpu_saturated(Config) ->
     fig(Config, cpu_saturated, J),
     ?assert(share(<<"busy">>, S) >= 0.85),
     ?assert(lists:member(<<"cpu_saturated">>, serious(J))),
-    ?assertNot(lists:member(<<"busy_wait">>, ids(J))).
+    ?assertNot(lists:member(<<"busy_wait">>, ids(J))),
+    %% The Erlang-level sampler goes over with the same loader and finds
+    %% the burners.
+    Lab = ?config(lab, Config),
+    Flame = filename:join(?config(priv_dir, Config), "flame"),
+    {FCode, FOut, FErr} = cli(Config, ["flame", atom_to_list(beamdiag_lab:node(Lab)), "--erlang",
+                                       "--duration", "2", "--out", Flame],
+                              beamdiag_lab:cookie(Lab)),
+    ct:pal("flame --erlang exit ~b:~n~ts~ts", [FCode, FOut, FErr]),
+    ?assertEqual(0, FCode),
+    {ok, Folded} = file:read_file(filename:join(Flame, "profile.folded")),
+    ?assertMatch({_, _}, binary:match(Folded, <<"beamdiag_lab_ledger">>)),
+    agent_gone(Lab).
 
 %% A NIF's threads on an idle node: one spins under a scheduler's
 %% inherited name, one is named past the node's schedulers, one has a name
@@ -371,6 +383,8 @@ fig(Config, What, J) ->
     ok.
 
 %% No agent module and no flag of ours left on the node.
+agent_gone(#{peer := Peer}) ->
+    agent_gone(Peer);
 agent_gone(Peer) ->
     wait_until(fun() ->
         [] =:= [M || {M, _} <- peer:call(Peer, code, all_loaded, []),
