@@ -87,10 +87,17 @@ diagnose(NodeStr, Opts) ->
                             is_map(Partial)
                         ->
                             {error, {beamdiag, {partial, Why, analyse(Partial)}}};
-                        {error, _} = E ->
+                        {error, {beamdiag_collect, {agent_start, _, _}}} = E ->
                             %% The agent unloads itself when it ends; this
                             %% covers an agent that never started.
                             beamdiag_loader:unload(Node, Loaded),
+                            E;
+                        {error, _} = E ->
+                            %% The agent started: it unloads itself when it
+                            %% ends (by its deadline at the latest). Deleting
+                            %% its modules here as well would race with it,
+                            %% and a purge from here would kill it before it
+                            %% put the flags back.
                             E
                     end;
                 {error, _} = E ->
