@@ -205,11 +205,51 @@ other_commands(Config) ->
     ?assertMatch({_, _}, binary:match(Report, <<"TIME LEDGER">>)),
     {0, Cmp, _} = cli(Config, ["compare", A, B], C),
     ct:pal("compare:~n~ts", [Cmp]),
+    %% The Prometheus endpoint served from the node, scraped while it runs.
+    Port = 20000 + rand:uniform(20000),
+    Metrics = open_port({spawn_executable, ?config(escript, Config)},
+                        [{args, ["metrics", Node, "--port", integer_to_list(Port),
+                                 "--duration", "8"]},
+                         {env, [{"BEAMDIAG_COOKIE", atom_to_list(C)}]}, exit_status, binary,
+                         stderr_to_stdout, hide]),
+    Scrape = scrape(Port, 60),
+    ct:pal("metrics scrape:~n~ts", [Scrape]),
+    ?assertMatch({_, _}, binary:match(Scrape, <<"beamdiag_">>)),
+    ?assertMatch({_, _}, binary:match(Scrape, <<"scheduler">>)),
+    {MCode, MOut} = read_port(Metrics, <<>>),
+    ct:pal("metrics exit ~b: ~ts", [MCode, MOut]),
+    ?assertEqual(0, MCode),
     {WCode, Watch, WErr} = cli(Config, ["watch", Node, "--duration", "3"], C),
     ct:pal("watch exit ~b:~n~ts~ts", [WCode, Watch, WErr]),
     ?assertEqual(0, WCode),
     ?assertMatch({_, _}, binary:match(Watch, <<"scheduler">>)),
     agent_gone(Peer).
+
+%% GET /metrics once the endpoint answers with figures (it warms up for an
+%% interval first).
+scrape(_Port, 0) ->
+    <<>>;
+scrape(Port, N) ->
+    Got = case gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}], 1000) of
+              {ok, S} ->
+                  ok = gen_tcp:send(S, "GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                                       "Connection: close\r\n\r\n"),
+                  R = recv_all(S, <<>>),
+                  gen_tcp:close(S),
+                  R;
+              {error, _} ->
+                  <<>>
+          end,
+    case binary:match(Got, <<"\nbeamdiag_up 1">>) of
+        nomatch -> timer:sleep(250), scrape(Port, N - 1);
+        _ -> Got
+    end.
+
+recv_all(S, Acc) ->
+    case gen_tcp:recv(S, 0, 5000) of
+        {ok, D} -> recv_all(S, <<Acc/binary, D/binary>>);
+        {error, _} -> Acc
+    end.
 
 sched_name(25) -> <<"1_scheduler">>;
 sched_name(_) -> <<"erts_sched_1">>.
