@@ -40,7 +40,8 @@
 %%%
 %%% Messages to the caller, all `{beamdiag, Ref, Event}':
 %%% `{start, Info}', `{tick, Sample}' every interval, `{deadline, InMs}'
-%%% when the hard deadline moves, `{done, Extras}' at the end, or
+%%% when the hard deadline moves, `{procs, Report}' every `procs_every'
+%%% ticks when asked for, `{done, Extras}' at the end, or
 %%% `{aborted, Reason}'.
 %%%
 %%% ```
@@ -70,6 +71,7 @@
     locks => boolean(),
     sampler => boolean(),
     procs => boolean(),
+    procs_every => pos_integer(),
     unload => [module()],
     proc_root => file:filename(),
     exclude_pids => [integer()],
@@ -245,7 +247,8 @@ ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
             false -> Caller ! {beamdiag, Ref, {deadline, Hard - erlang:monotonic_time(millisecond)}}
         end,
     K2 = msacc_tick(State, K, next_tick(lists:min(Costs), Start, K, Interval, End)),
-    loop(maps:remove(status, State), K2, Clock#{hard := Hard, worst := Worst, costs := Costs}).
+    loop(procs_tick(maps:remove(status, State), K), K2,
+         Clock#{hard := Hard, worst := Worst, costs := Costs}).
 
 loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
      Clock = #{start := Start, interval := Interval, 'end' := End, hard := Hard}) ->
@@ -384,6 +387,22 @@ start_procs(Opts) ->
         false ->
             undefined
     end.
+
+%% With `procs_every' (watch), every that many ticks: the process report
+%% since the last one (one walk; see beamdiag_agent_procs:next/1).
+procs_tick(State = #{procs := P = #{}, opts := #{procs_every := N}, caller := Caller, ref := Ref},
+           K) when K rem N =:= 0 ->
+    try beamdiag_agent_procs:next(P) of
+        {Report, P2} ->
+            Caller ! {beamdiag, Ref, {procs, Report}},
+            State#{procs := P2}
+    catch
+        Class:Reason ->
+            Caller ! {beamdiag, Ref, {procs, #{error => error_text(Class, Reason)}}},
+            State#{procs := undefined}
+    end;
+procs_tick(State, _K) ->
+    State.
 
 %% The walk at the end, when the window ended as planned.
 procs_extras(#{procs := {error, Text}}, done) ->

@@ -37,7 +37,7 @@
 %%% '''
 -module(beamdiag_agent_procs).
 
--export([start/1, finish/1, limits/0]).
+-export([start/1, finish/1, next/1, limits/0]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -68,6 +68,7 @@
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
 -define(ITEMS, [reductions, message_queue_len, heap_size]).
+-define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status]).
 
 %%%===================================================================
 %%% API
@@ -106,7 +107,14 @@ start(Opts) ->
 %% @doc The walk at the window's end, and the report: bounded lists of
 %% entries, binaries and numbers only.
 -spec finish(state()) -> report().
-finish(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
+finish(S) ->
+    element(1, next(S)).
+
+%% @doc The report since the last walk, and the state that makes the end
+%% walk the start of the next span: one walk per report (watch takes one
+%% every few ticks).
+-spec next(state()) -> {report(), state()}.
+next(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
     T1 = erlang:monotonic_time(microsecond),
     {Reds1, _} = erlang:statistics(reductions),
     Count = erlang:system_info(process_count),
@@ -121,8 +129,11 @@ finish(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
                  [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
     HeapPids = top_heaps(End, ?MEM_CANDIDATES),
     Named = [P || {P, _, _, _} <- TopReds ++ Queues],
-    Mem1 = memories(lists:usort(HeapPids ++ maps:keys(Mem0) ++ Named)),
-    Heaps = top(fun({P, _}) -> P end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
+    %% Only processes the end walk read (a walk cut short by its time limit
+    %% may have missed some of the start's candidates).
+    Mem1 = memories([P || P <- lists:usort(HeapPids ++ maps:keys(Mem0) ++ Named),
+                          is_map_key(P, End)]),
+    Heaps = top(fun({M, _}) -> M end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     Growth = top(fun({G, _}) -> G end,
                  [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
                   M > start_memory(P, Mem0, Base)], ?TOP),
@@ -143,7 +154,10 @@ finish(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         heaps => entries([P || {_, P} <- Heaps], Info, Like),
         heap_growth => entries([P || {_, P} <- Growth], Info, #{})
     },
-    Report#{identify_us => erlang:monotonic_time(microsecond) - T2}.
+    Next = S#{t0 := T1, reds0 := Reds1, count0 := Count,
+              base := maps:map(fun(_, {R, Q, H, _}) -> {R, Q, H} end, End),
+              mem0 := Mem1, walk_us := T2 - T1, truncated := Trunc},
+    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2}, Next}.
 
 %% @doc The documented bounds: table size above which the table is not
 %% listed, a walk's time limit, entries per list.
@@ -268,9 +282,23 @@ info_fun(End, Mem0, Mem1, Base) ->
 entries(Pids, Info, Like) ->
     lists:append([identify(P, Info(P), Like) || P <- Pids]).
 
+%% What names a process to a person; beamdiag's own helpers on the target
+%% (the sampler, the lock-counting guard: running code of beamdiag_agent*
+%% modules) are left out, as the agent itself is.
 identify(P, Nums, Like) ->
-    case erlang:process_info(P, [registered_name, initial_call, current_function,
-                                 monitored_by, status]) of
+    Items = erlang:process_info(P, ?IDENTITY),
+    case Items of
+        [_, _, {_, {M, _, _}}, _, _] when is_atom(M) ->
+            case lists:prefix("beamdiag_agent", atom_to_list(M)) of
+                true -> [];
+                false -> identified(P, Nums, Like, Items)
+            end;
+        _ ->
+            identified(P, Nums, Like, Items)
+    end.
+
+identified(P, Nums, Like, Items) ->
+    case Items of
         [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}] ->
             Ic = proc_lib_initial_call(P, Init),
             [Nums#{

@@ -51,10 +51,20 @@
     list_reads := non_neg_integer(),
     skipped_ticks := non_neg_integer(),
     process_count := non_neg_integer(),
-    duration_ms := non_neg_integer()
+    duration_ms := non_neg_integer(),
+    processes := [#{pid := binary(), samples := pos_integer(),
+                    stacks := [#{stack := [binary()], count := pos_integer()}]}]
 }.
 
 -define(HOT_MAX, 64).
+%% Stacks kept per process, for at most ?PROCS_MAX processes: the hot
+%% stacks of the processes that ran most (their pids are matched with the
+%% diagnosis' top processes). The result keeps ?PROCS_TOP processes with
+%% ?STACKS_TOP stacks each.
+-define(PROCS_MAX, 256).
+-define(STACKS_PER_PROC, 100).
+-define(PROCS_TOP, 10).
+-define(STACKS_TOP, 10).
 
 %%%===================================================================
 %%% API
@@ -93,6 +103,7 @@ run(Opts0) ->
         next_refresh => Now,
         hot => [],
         stacks => #{},
+        by_pid => #{},
         samples => 0,
         ticks => 0,
         looked_at => 0,
@@ -123,7 +134,8 @@ run(Opts0) ->
         list_reads => maps:get(list_reads, St),
         skipped_ticks => maps:get(skipped, St),
         process_count => erlang:system_info(process_count),
-        duration_ms => (erlang:monotonic_time(microsecond) - Now) div 1000
+        duration_ms => (erlang:monotonic_time(microsecond) - Now) div 1000,
+        processes => top_processes(maps:get(by_pid, St))
     }.
 
 %%%===================================================================
@@ -158,7 +170,8 @@ drain(St, Ms) ->
     end.
 
 found(Asker, Found, St = #{idle := Idle, busy := B, hot := Hot}) ->
-    St2 = lists:foldl(fun({_Pid, Key}, Acc) -> count(Key, Acc) end, St, Found),
+    St2 = lists:foldl(fun({Pid, Key}, Acc) -> count_pid(Pid, Key, count(Key, Acc)) end, St,
+                      Found),
     NewHot = lists:sublist(lists:usort([P || {P, _} <- Found] ++ Hot), ?HOT_MAX),
     St2#{idle := [Asker | Idle], busy := B - 1, hot := NewHot}.
 
@@ -251,6 +264,32 @@ count(Key, St = #{stacks := Stacks, samples := N, opts := #{max_stacks := Max}})
         _ -> maps:update_with([<<"erlang">>, <<"[other stacks]">>], fun(X) -> X + 1 end, 1, Stacks)
     end,
     St#{stacks := Stacks2, samples := N + 1}.
+
+%% The stacks of one process, for a bounded number of processes.
+count_pid(Pid, Key, St = #{by_pid := By}) ->
+    case By of
+        #{Pid := {N, Stacks}} ->
+            Stacks2 = case Stacks of
+                          #{Key := C} -> Stacks#{Key := C + 1};
+                          _ when map_size(Stacks) < ?STACKS_PER_PROC -> Stacks#{Key => 1};
+                          _ -> maps:update_with([<<"erlang">>, <<"[other stacks]">>],
+                                                fun(X) -> X + 1 end, 1, Stacks)
+                      end,
+            St#{by_pid := By#{Pid := {N + 1, Stacks2}}};
+        _ when map_size(By) < ?PROCS_MAX ->
+            St#{by_pid := By#{Pid => {1, #{Key => 1}}}};
+        _ ->
+            St
+    end.
+
+top_processes(By) ->
+    Ranked = lists:sublist(lists:reverse(lists:keysort(2, [{P, N, S} || {P, {N, S}} <- maps:to_list(By)])),
+                           ?PROCS_TOP),
+    [#{pid => list_to_binary(pid_to_list(P)), samples => N,
+       stacks => [#{stack => K, count => C}
+                  || {K, C} <- lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(S))),
+                                             ?STACKS_TOP)]}
+     || {P, N, S} <- Ranked].
 
 frame({M, F, A, _}) when is_list(A) ->
     frame({M, F, length(A), []});

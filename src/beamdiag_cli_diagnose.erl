@@ -36,6 +36,9 @@ spec() ->
             #{key => perf, long => "--perf", type => boolean, default => false,
               help => "also record a perf profile over the window (run on the node's host; "
                       "see beamdiag flame)"},
+            #{key => erlang, long => "--erlang", type => boolean, default => false,
+              help => "also sample Erlang stacks over the window (no perf needed); the top "
+                      "process's hot stacks join TOP PROCESSES"},
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
             #{key => msacc_span, long => "--msacc-span", type => {float, 0.1, 3600.0},
@@ -136,10 +139,13 @@ end_progress(_IO) ->
 %%% Internal
 %%%===================================================================
 
-%% With --perf, a perf profile is recorded over the same window in a
-%% process of its own; its findings join the diagnosis and the flamegraph
-%% goes into the capture (the HTML report shows it).
-with_profile(Node, Opts = #{perf := true, duration := D}, #{err := Err}, Diagnose) ->
+%% With --perf (or --erlang, the Erlang sampler), a profile is recorded
+%% over the same window in a process of its own; its findings join the
+%% diagnosis and the flamegraph goes into the capture (the HTML report
+%% shows it). The sampler also gives the stacks per process.
+with_profile(Node, Opts = #{duration := D}, #{err := Err}, Diagnose) when
+    map_get(perf, Opts) =:= true; map_get(erlang, Opts) =:= true
+->
     case beamdiag_remote:connect(Node, maps:with([cookie, cookie_file], Opts)) of
         {ok, N} ->
             Self = self(),
@@ -147,6 +153,7 @@ with_profile(Node, Opts = #{perf := true, duration := D}, #{err := Err}, Diagnos
             Dir = perf_dir(),
             {Pid, MRef} = spawn_monitor(fun() ->
                 Self ! {Ref, beamdiag_profile:profile(N, #{duration => max(1, round(D)),
+                                                           erlang => maps:get(erlang, Opts),
                                                            out => Dir}, fun(_) -> ok end)}
             end),
             Result = Diagnose(),
@@ -165,10 +172,13 @@ with_profile(Node, Opts = #{perf := true, duration := D}, #{err := Err}, Diagnos
 with_profile(_Node, _Opts, _IO, Diagnose) ->
     Diagnose().
 
-attach_profile({ok, #{capture := C}}, {ok, #{profile := P, method := M, node := N}}, _Err) ->
+attach_profile({ok, #{capture := C}}, {ok, Prof = #{profile := P, method := M, node := N}}, _Err) ->
     Extras = maps:get(extras, C, #{}),
     Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => atom_to_list(N)})),
-    Profile = #{profile => P, method => M, svg => Svg, summary => beamdiag_fold:summary(P)},
+    %% The Erlang sampler's stacks per process, for the top processes.
+    ByProcess = maps:get(processes, maps:get(sampler, Prof, #{}), []),
+    Profile = #{profile => P, method => M, svg => Svg, summary => beamdiag_fold:summary(P),
+                by_process => ByProcess},
     {ok, beamdiag:analyse(C#{extras => Extras#{profile => Profile}})};
 attach_profile(Result, {error, {M, R}}, Err) when is_atom(M) ->
     Err(["beamdiag: no profile: ", M:format_error(R), "\n"]),

@@ -218,8 +218,12 @@ locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
 locks(_) ->
     "".
 
-processes(#{extras := #{procs := P}}) when is_map(P) ->
-    [beamdiag_proc_format:text(P), "\n"];
+processes(#{extras := Extras = #{procs := P}}) when is_map(P) ->
+    ByProcess = case Extras of
+                    #{profile := #{by_process := B}} when is_list(B) -> B;
+                    _ -> []
+                end,
+    [beamdiag_proc_format:text(P, ByProcess), "\n"];
 processes(_) ->
     "".
 

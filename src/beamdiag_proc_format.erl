@@ -11,7 +11,7 @@
 %%% '''
 -module(beamdiag_proc_format).
 
--export([text/1, scope/1, compare/2, compare_text/1]).
+-export([text/1, text/2, line/1, scope/1, compare/2, compare_text/1]).
 
 -define(ROWS, 5).
 
@@ -21,9 +21,18 @@
 
 %% @doc The section, or a line saying why it is missing.
 -spec text(map()) -> iolist().
-text(#{error := E}) ->
+text(P) ->
+    text(P, []).
+
+%% @doc The section with the Erlang sampler's hot stacks of the top
+%% process, when the sampler ran (`--erlang'): its stacks per process, as
+%% `beamdiag_agent_sampler' returns them.
+-spec text(map(), [map()]) -> iolist().
+text(P = #{top_reductions := [Top | _]}, ByProcess) when ByProcess =/= [] ->
+    [text(P, []), hot_stacks(Top, ByProcess)];
+text(#{error := E}, _) ->
     ["TOP PROCESSES\n  not collected: ", beamdiag_text:safe(E, 200), "\n"];
-text(P = #{top_reductions := Top}) ->
+text(P = #{top_reductions := Top}, _) ->
     Total = maps:get(reductions, P, 0),
     [
         io_lib:format("TOP PROCESSES (walks ~ts)~n", [scope(P)]),
@@ -36,7 +45,27 @@ text(P = #{top_reductions := Top}) ->
         queues(maps:get(queues, P, [])),
         heaps(maps:get(heaps, P, []))
     ];
-text(_) ->
+text(_, _) ->
+    "".
+
+%% @doc One line: the process with the largest share of the reductions
+%% and the longest mailbox (watch's frame).
+-spec line(map()) -> iolist().
+line(#{error := _}) ->
+    "processes: not collected";
+line(P = #{top_reductions := Top}) ->
+    Total = maps:get(reductions, P, 0),
+    Reds = case Top of
+               [E | _] when Total > 0 ->
+                   io_lib:format("top ~ts ~.1f%", [who_short(E), 100 * maps:get(reductions, E) / Total]);
+               _ -> "top -"
+           end,
+    Q = case [E || E = #{queue := [_, Q1]} <- maps:get(queues, P, []), Q1 >= 100] of
+            [QE = #{queue := [_, QL]} | _] -> io_lib:format("; mailbox ~ts ~ts", [who_short(QE), count(QL)]);
+            [] -> ""
+        end,
+    ["processes: ", Reds, Q];
+line(_) ->
     "".
 
 %% @doc Which processes changed between two windows' process data: each
@@ -133,6 +162,21 @@ opt(N) -> count(N).
 opt_bytes(null) -> "-";
 opt_bytes(N) -> beamdiag_proc_rules:bytes(N).
 
+hot_stacks(Top = #{pid := Pid}, ByProcess) ->
+    case [B || B = #{pid := P} <- ByProcess, P =:= Pid] of
+        [#{samples := N, stacks := Stacks}] ->
+            [io_lib:format("  hot stacks of ~ts (Erlang sampler, ~b samples of it running)~n",
+                           [who(Top, 40), N]),
+             [io_lib:format("  ~5.1f%  ~ts~n", [100 * C / N, beamdiag_text:safe(leaf(S), 66)])
+              || #{stack := S, count := C} <- lists:sublist(Stacks, 3)]];
+        [] ->
+            io_lib:format("  the Erlang sampler never found ~ts running~n", [who(Top, 40)])
+    end.
+
+%% The innermost frames of a folded stack, innermost first.
+leaf(Stack) ->
+    lists:join(" < ", lists:sublist(lists:reverse(Stack), 3)).
+
 notes(#{mode := sampled, limit := L}) ->
     io_lib:format("  above ~b processes every k-th process is read (the iterator of OTP 28)~n", [L]);
 notes(#{mode := registered, limit := L}) ->
@@ -184,6 +228,13 @@ where(#{current := C}) ->
     io_lib:format("~24sin ~ts~n", ["", beamdiag_text:safe(C, 50)]);
 where(_) ->
     "".
+
+who_short(E = #{pid := Pid}) ->
+    case {maps:get(name, E, null), maps:get(label, E, null)} of
+        {N, _} when is_binary(N) -> beamdiag_text:safe(N, 24);
+        {null, L} when is_binary(L) -> beamdiag_text:safe(L, 24);
+        _ -> [beamdiag_text:safe(Pid, 16), " ", beamdiag_text:safe(maps:get(initial_call, E, <<>>), 24)]
+    end.
 
 who(E, Max) ->
     beamdiag_text:safe(beamdiag_proc_rules:who(E), Max).

@@ -6,6 +6,9 @@
 %%% agent and starts it with a long window; `next/2' waits for the next
 %%% tick and returns the diagnosis of the sliding window; `stop/1' ends the
 %%% agent, which puts back every flag it changed and unloads itself.
+%%% Every 5 s the agent walks the process table once and the frame shows
+%%% the process with the largest share of the reductions and the longest
+%%% mailbox since the last walk (`procs => false' turns it off).
 %%% `frame/2' renders a diagnosis as one screen that fits 80 columns
 %%% whatever the number of schedulers (aggregated by thread type, plus the
 %%% outliers). Printing is the CLI's job (`beamdiag_cli_watch').
@@ -35,7 +38,10 @@
     interval := pos_integer()
 }.
 
--define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false}).
+-define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false,
+                   procs => true}).
+%% How often the agent walks the process table for the view, in ms.
+-define(PROCS_EVERY_MS, 5000).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
 %% An agent needs a bounded window; "until stopped" is a day.
 -define(LONG_MS, 86400000).
@@ -94,6 +100,8 @@ next(S = #{ref := Ref, mref := MRef}, Timeout) ->
     receive
         {beamdiag, Ref, {start, Info}} ->
             next(S#{info => Info}, Timeout);
+        {beamdiag, Ref, {procs, Report}} ->
+            next(S#{procs => Report}, Timeout);
         {beamdiag, Ref, {tick, Sample}} ->
             S2 = push(Sample, S),
             case diagnosis(S2) of
@@ -136,6 +144,7 @@ frame(#{capture := C, ledger := L, findings := F}, Opts) ->
     [
         header(C, L, Opts),
         cpu_line(L),
+        procs_line(C),
         "\n",
         ledger(L, Colour),
         outliers(maps:get(threads, L, []), Colour),
@@ -156,15 +165,17 @@ format_error({agent_start, Node, Why}) ->
 %%% Internal: session
 %%%===================================================================
 
-start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := M}) ->
+start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, msacc := M}) ->
     Duration = case D of
                    infinity -> ?LONG_MS;
                    _ -> max(I, round(D * 1000))
                end,
-    %% The process walks run at a window's start and end; a watch window
-    %% lasts until it is stopped, so they would show nothing.
+    %% A watch window lasts until it is stopped: the agent walks the
+    %% process table every few seconds instead (one walk each) and reports
+    %% the processes since the last walk.
     AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M, locks => false,
-                  procs => false, unload => Loaded},
+                  procs => maps:get(procs, Opts), procs_every => max(1, ?PROCS_EVERY_MS div I),
+                  unload => Loaded},
     Started = case Node =:= node() of
                   true -> beamdiag_agent:start(self(), AgentOpts);
                   false ->
@@ -187,8 +198,8 @@ start_agent(Node, Loaded, #{interval := I, duration := D, window := W, msacc := 
 push(Sample, S = #{samples := Samples, window := W, ticks := T}) ->
     S#{samples => lists:sublist([Sample | Samples], W), ticks => T + 1}.
 
-diagnosis(#{info := Info, samples := Samples, interval := I}) when is_map(Info),
-                                                                  length(Samples) >= 2 ->
+diagnosis(S = #{info := Info, samples := Samples, interval := I}) when is_map(Info),
+                                                                      length(Samples) >= 2 ->
     Ordered = lists:reverse(Samples),
     #{t := T0} = hd(Ordered),
     #{t := T1} = lists:last(Ordered),
@@ -200,7 +211,10 @@ diagnosis(#{info := Info, samples := Samples, interval := I}) when is_map(Info),
         duration_ms => max(1, (T1 - T0) div 1000000),
         wall_start_ms => maps:get(wall_start_ms, Info),
         samples => Ordered,
-        extras => #{},
+        extras => case S of
+                      #{procs := P} -> #{procs => P};
+                      _ -> #{}
+                  end,
         complete => true,
         notes => []
     },
@@ -245,6 +259,12 @@ cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
                    Host, Throttle]);
 cpu_line(_) ->
     "CPU: no per-thread figures\n".
+
+%% The top process and the longest mailbox from the latest process walk.
+procs_line(#{extras := #{procs := P}}) ->
+    [cut(beamdiag_proc_format:line(P), ?WIDTH), "\n"];
+procs_line(_) ->
+    "".
 
 ledger(#{by_type := ByType, threads := Threads}, Colour) when Threads =/= [] ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll],

@@ -8,7 +8,7 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([single_server/1, mailbox_growth/1, equal_workers/1, dirty_cpu_gc_heaps/1,
-         walk_bounds/1, otp27_label/1]).
+         walk_bounds/1, otp27_label/1, otp29_iterator/1, hot_stacks/1]).
 
 -define(WINDOW, 4).
 
@@ -17,14 +17,17 @@ suite() -> [{timetrap, {minutes, 3}}].
 
 -spec all() -> [atom()].
 all() ->
-    [single_server, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds, otp27_label].
+    [single_server, hot_stacks, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds, otp27_label,
+     otp29_iterator].
 
 -spec init_per_testcase(atom(), list()) -> list().
-init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label ->
+init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label;
+                                     Case =:= otp29_iterator ->
     Config;
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
                    dirty_cpu_gc_heaps -> dirty_cpu_gc;
+                   hot_stacks -> single_server;
                    _ -> Case
                end,
     {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60}),
@@ -64,6 +67,27 @@ single_server(Config) ->
     ?assertMatch({_, _}, binary:match(Json, <<"\"processes\":{">>)),
     Html = iolist_to_binary(beamdiag_format_html:diagnosis(D)),
     ?assertMatch({_, _}, binary:match(Html, <<"beamdiag_lab_server">>)).
+
+%% diagnose --erlang: the Erlang sampler runs over the same window and the
+%% server's hot stacks are printed under TOP PROCESSES.
+-spec hot_stacks(list()) -> term().
+hot_stacks(Config) ->
+    Lab = ?config(lab, Config),
+    Self = self(),
+    IO = #{out => fun(D) -> Self ! {io, out, unicode:characters_to_binary(D)}, ok end,
+           err => fun(D) -> Self ! {io, err, unicode:characters_to_binary(D)}, ok end,
+           colour => false},
+    Cookie = filename:join(?config(priv_dir, Config), "cookie"),
+    ok = file:write_file(Cookie, atom_to_list(beamdiag_lab:cookie(Lab))),
+    ok = file:change_mode(Cookie, 8#600),
+    Code = beamdiag_cli:run(["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--erlang",
+                             "--duration", integer_to_list(?WINDOW), "--cookie-file", Cookie], IO),
+    Out = iolist_to_binary([D || {io, out, D} <- flush_io()]),
+    ct:log("exit ~p~n~ts", [Code, Out]),
+    [Section | _] = binary:split(Out, <<"TIME LEDGER">>),
+    ?assertMatch({_, _}, binary:match(Section, <<"hot stacks of beamdiag_lab_server">>)),
+    %% The server's own work is on its hot stacks.
+    ?assertMatch({_, _}, binary:match(Section, <<"beamdiag_lab_procs:work/1">>)).
 
 -spec mailbox_growth(list()) -> term().
 mailbox_growth(Config) ->
@@ -175,6 +199,54 @@ otp27_label(_Config) ->
             Skip
     end.
 
+%% On OTP 29, above the walk limit, the walks take every k-th process from
+%% erlang:processes_iterator/0 (OTP 28+) and never list the table. The
+%% module is compiled on the node from its abstract code (OTP 29 refuses
+%% beams compiled by OTP 25).
+-spec otp29_iterator(list()) -> term().
+otp29_iterator(_Config) ->
+    case beamdiag_test_lib:start_node(29, #{args => ["-hidden"]}) of
+        {ok, Peer, _Node} ->
+            try
+                Mod = beamdiag_agent_procs,
+                {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+                    beam_lib:chunks(code:which(Mod), [abstract_code]),
+                {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
+                {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "procs", Bin]),
+                {ok, Tokens, _} = erl_scan:string(
+                    "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
+                    "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "
+                    "receive stop -> ok end end), register(labelled, L), "
+                    "[L ! {item, N} || N <- lists:seq(1, 3000)], ok."),
+                {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+                {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
+                Count = peer:call(Peer, erlang, system_info, [process_count]),
+                1 = peer:call(Peer, erlang, trace_pattern, [{erlang, processes, 0}, true,
+                                                            [call_count]]),
+                S = peer:call(Peer, Mod, start, [#{walk_max => 1000}]),
+                R = peer:call(Peer, Mod, finish, [S]),
+                {call_count, Calls} = peer:call(Peer, erlang, trace_info, [{erlang, processes, 0},
+                                                                           call_count]),
+                ct:pal("OTP 29, ~b processes, walk limit 1000: ~p; erlang:processes/0 called ~b "
+                       "times", [Count, maps:without([top_reductions, queues, heaps, heap_growth], R),
+                                 Calls]),
+                ?assertEqual(sampled, maps:get(mode, R)),
+                ?assertEqual(0, Calls),
+                [S0, S1] = maps:get(scanned, R),
+                Registered = length(peer:call(Peer, erlang, registered, [])),
+                ?assert(S0 > 900 andalso S0 =< 1000 + Registered),
+                ?assert(S1 =< S0 + Registered),
+                %% The registered process is always read, and named with its label.
+                [Q] = [E || E = #{name := <<"labelled">>} <- maps:get(queues, R)],
+                ?assertEqual(<<"busy">>, maps:get(label, Q)),
+                ?assertEqual([3000, 3000], maps:get(queue, Q))
+            after
+                peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
 %%% Helpers
 
 diagnose(Config) ->
@@ -190,3 +262,9 @@ procs(#{capture := #{extras := #{procs := P}}}) ->
     P.
 
 ids(F) -> [Id || #{id := Id} <- F].
+
+flush_io() ->
+    receive
+        {io, _, _} = M -> [M | flush_io()]
+    after 0 -> []
+    end.
