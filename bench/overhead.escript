@@ -42,6 +42,7 @@
 %%% BENCH_TICK_PAIRS (12) the amplified tick slices;
 %%% BENCH_PROCS (10000) idle processes on every measured node (the
 %%% session walks the process table at the window's start and end);
+%%% BENCH_PROCS_WALK=false measures sessions without the process walks;
 %%% BENCH_PARTS="throughput amplified session msacc memory ticks" picks
 %%% parts. Exit status 1 when the budget is missed beyond doubt (the whole
 %%% interval of the sum above 0.5%).
@@ -268,7 +269,7 @@ amplified(Load, Pairs, What) ->
     Sink = spawn_link(fun Drop() -> receive _ -> Drop() end end),
     {Fun, Args} = case What of
                       tick -> {tick_pairs, [Pairs, 5000, Sink]};
-                      session -> {session_pairs, [Pairs, 5000]}
+                      session -> {session_pairs, [Pairs, 5000, session_opts()]}
                   end,
     try
         ok = load_on(Peer, Load),
@@ -288,6 +289,13 @@ amplified(Load, Pairs, What) ->
         unlink(Sink),
         exit(Sink, kill),
         peer:stop(Peer)
+    end.
+
+%% Agent options for the amplified sessions.
+session_opts() ->
+    case os:getenv("BENCH_PROCS_WALK") of
+        "false" -> #{procs => false};
+        _ -> #{}
     end.
 
 mean(Xs) ->

@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, idle/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, idle/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, session_pairs/3, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -141,10 +141,16 @@ tick_pairs(Pairs, Ms, Sink) ->
 %% over the same without, and the sessions per second.
 -spec session_pairs(pos_integer(), pos_integer()) -> [{float(), float()}].
 session_pairs(Pairs, Ms) ->
+    session_pairs(Pairs, Ms, #{}).
+
+%% @doc As session_pairs/2, with more agent options (`procs => false': the
+%% session without its process walks).
+-spec session_pairs(pos_integer(), pos_integer(), map()) -> [{float(), float()}].
+session_pairs(Pairs, Ms, Extra) ->
     Session = fun(none) ->
-                  {ok, _, Ref} = beamdiag_agent:start(self(), #{duration_ms => 1, interval_ms => 1,
-                                                                msacc => true, locks => false,
-                                                                unload => []}),
+                  {ok, _, Ref} = beamdiag_agent:start(self(), maps:merge(
+                                     #{duration_ms => 1, interval_ms => 1, msacc => true,
+                                       locks => false, unload => []}, Extra)),
                   receive {beamdiag, Ref, {done, _}} -> ok end,
                   flush(Ref),
                   none

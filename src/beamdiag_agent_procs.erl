@@ -108,13 +108,21 @@ start(Opts) ->
 %% entries, binaries and numbers only.
 -spec finish(state()) -> report().
 finish(S) ->
-    element(1, next(S)).
+    element(1, report(S)).
 
 %% @doc The report since the last walk, and the state that makes the end
 %% walk the start of the next span: one walk per report (watch takes one
 %% every few ticks).
 -spec next(state()) -> {report(), state()}.
-next(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
+next(S) ->
+    {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
+               walk_us := W, truncated := Trunc}} = report(S),
+    {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count,
+                base := maps:map(fun(_, {R, Q, H, _}) -> {R, Q, H} end, End),
+                mem0 := Mem1, walk_us := W, truncated := Trunc}}.
+
+%% The end walk: the report, and what the next span starts from.
+report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
     T1 = erlang:monotonic_time(microsecond),
     {Reds1, _} = erlang:statistics(reductions),
     Count = erlang:system_info(process_count),
@@ -154,10 +162,9 @@ next(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, s
         heaps => entries([P || {_, P} <- Heaps], Info, Like),
         heap_growth => entries([P || {_, P} <- Growth], Info, #{})
     },
-    Next = S#{t0 := T1, reds0 := Reds1, count0 := Count,
-              base := maps:map(fun(_, {R, Q, H, _}) -> {R, Q, H} end, End),
-              mem0 := Mem1, walk_us := T2 - T1, truncated := Trunc},
-    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2}, Next}.
+    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
+     #{t1 => T1, reds1 => Reds1, count => Count, 'end' => End, mem1 => Mem1, walk_us => T2 - T1,
+       truncated => Trunc}}.
 
 %% @doc The documented bounds: table size above which the table is not
 %% listed, a walk's time limit, entries per list.
@@ -236,13 +243,35 @@ rows(Base, End) ->
 zero(null) -> 0;
 zero(N) -> N.
 
+%% The N rows with the largest positive keys, largest first: one pass
+%% that keeps the best N so far (no sort of the whole table).
 top(Key, Rows, N) ->
-    Keyed = [{Key(R), R} || R <- Rows],
-    [R || {K, R} <- lists:sublist(lists:reverse(lists:keysort(1, Keyed)), N), K > 0].
+    Best = lists:foldl(
+        fun(R, Acc) ->
+            case Key(R) of
+                K when K > 0 -> keep({K, R}, Acc, N);
+                _ -> Acc
+            end
+        end,
+        {0, []},
+        Rows),
+    [R || {_, R} <- lists:reverse(element(2, Best))].
 
+%% Acc is {Size, Kept}, Kept ascending by key (the smallest first).
+keep(KR, {Size, Kept}, N) when Size < N ->
+    {Size + 1, insert(KR, Kept)};
+keep({K, _} = KR, {Size, [{Min, _} | Rest]}, _N) when K > Min ->
+    {Size, insert(KR, Rest)};
+keep(_, Acc, _N) ->
+    Acc.
+
+insert({K, _} = KR, [{K2, _} = H | T]) when K > K2 -> [H | insert(KR, T)];
+insert(KR, L) -> [KR | L].
+
+%% The pids with the largest young heaps, from a walk's tuples (the third
+%% item is heap_size).
 top_heaps(Walk, N) ->
-    [P || {_, P} <- lists:sublist(lists:reverse(lists:sort(
-        [{element(3, T), P} || {P, T} <- maps:to_list(Walk)])), N)].
+    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, maps:to_list(Walk), N)].
 
 memories(Pids) ->
     maps:from_list([{P, M} || P <- Pids, {memory, M} <- [erlang:process_info(P, memory)]]).
