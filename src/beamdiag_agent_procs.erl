@@ -27,7 +27,9 @@
 %%% (`proc_lib:get_label/1', called only where it exists), the current
 %%% function, the number of monitors on it (callers of `gen:call' monitor
 %%% the server while they wait), and for the largest heaps the number of
-%%% processes with the same initial call.
+%%% processes with the same initial call (counted only when the start walk
+%%% found a heap of 1 MB or more: the end walk then also reads each
+%%% process's initial call, which costs more than the other items).
 %%%
 %%% ```
 %%% 1> S = beamdiag_agent_procs:start(#{}).
@@ -65,6 +67,9 @@
 -define(TOP, 10).
 %% Processes whose `memory' is read at each end (by young heap size).
 -define(MEM_CANDIDATES, 32).
+%% A heap this large at the start (bytes) makes the end walk read every
+%% process's initial call, to count the processes like it.
+-define(LIKE_HEAP_BYTES, 1048576).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
 -define(ITEMS, [reductions, message_queue_len, heap_size]).
@@ -118,7 +123,8 @@ next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
                walk_us := W, truncated := Trunc}} = report(S),
     {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count,
-                base := maps:map(fun(_, {R, Q, H, _}) -> {R, Q, H} end, End),
+                base := maps:map(fun(_, T) -> {element(1, T), element(2, T), element(3, T)} end,
+                                 End),
                 mem0 := Mem1, walk_us := W, truncated := Trunc}}.
 
 %% The end walk: the report, and what the next span starts from.
@@ -130,10 +136,18 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
                all -> erlang:processes();
                Sample -> Sample ++ new_registered(Base)
            end,
-    {End, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, ?ITEMS ++ [initial_call]),
+    %% The initial call (for the count of processes like a large heap) only
+    %% when a large heap was seen at the start: under load it costs more
+    %% than the three other items together.
+    Items = case lists:any(fun(M) -> M >= ?LIKE_HEAP_BYTES end, maps:values(Mem0)) of
+                true -> ?ITEMS ++ [initial_call];
+                false -> ?ITEMS
+            end,
+    {End, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, Items),
     Rows = rows(Base, End),
     TopReds = top(fun({_, R, _, _}) -> R end, Rows, ?TOP),
-    Queues = top(fun({_, _, {Q0, Q1}, _}) -> Q1 - zero(Q0) end,
+    %% Growing mailboxes first, then the longest.
+    Queues = top(fun({_, _, {Q0, Q1}, _}) -> {max(0, Q1 - zero(Q0)), Q1} end,
                  [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
     HeapPids = top_heaps(End, ?MEM_CANDIDATES),
     Named = [P || {P, _, _, _} <- TopReds ++ Queues],
@@ -233,8 +247,8 @@ walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
 %% {Pid, ReductionsInWindow, {QueueStart | null, QueueEnd}, HeapWordsEnd}
 %% for every process alive at the end.
 rows(Base, End) ->
-    [{P, R1 - R0, {Q0, Q1}, H1}
-     || {P, {R1, Q1, H1, _}} <- maps:to_list(End),
+    [{P, element(1, T) - R0, {Q0, element(2, T)}, element(3, T)}
+     || {P, T} <- maps:to_list(End),
         {R0, Q0} <- [case maps:find(P, Base) of
                          {ok, {R, Q, _}} -> {R, Q};
                          error -> {0, null}
@@ -243,8 +257,9 @@ rows(Base, End) ->
 zero(null) -> 0;
 zero(N) -> N.
 
-%% The N rows with the largest positive keys, largest first: one pass
-%% that keeps the best N so far (no sort of the whole table).
+%% The N rows with the largest positive keys (numbers, or tuples, which
+%% sort above every number), largest first: one pass that keeps the best N
+%% so far (no sort of the whole table).
 top(Key, Rows, N) ->
     Best = lists:foldl(
         fun(R, Acc) ->
@@ -294,7 +309,8 @@ info_fun(End, Mem0, Mem1, Base) ->
                        {ok, {R, Q, _}} -> {R, Q};
                        error -> {0, null}
                    end,
-        {R1, Q1, H1, _} = maps:get(P, End),
+        T = maps:get(P, End),
+        {R1, Q1, H1} = {element(1, T), element(2, T), element(3, T)},
         M1 = case maps:find(P, Mem1) of
                  {ok, M} -> M;
                  error -> null
@@ -397,6 +413,7 @@ label(P) ->
 %% registered walk has no count.
 like_counts(all, Pids, End) ->
     Wanted = lists:usort([Ic || P <- Pids, is_map_key(P, End),
+                                tuple_size(maps:get(P, End)) =:= 4,
                                 Ic <- [proc_lib_initial_call(P, element(4, maps:get(P, End)))],
                                 likeable(Ic)]),
     case Wanted of
@@ -411,7 +428,9 @@ count_like([], _Wanted, _Left, Acc) ->
 count_like([{P, {_, _, _, Init = {proc_lib, init_p, 5}}} | Ps], Wanted, Left, Acc) when Left > 0 ->
     count_like(Ps, Wanted, Left - 1, bump(proc_lib_initial_call(P, Init), Wanted, Acc));
 count_like([{_, {_, _, _, Init}} | Ps], Wanted, Left, Acc) ->
-    count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc)).
+    count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc));
+count_like([_ | Ps], Wanted, Left, Acc) ->
+    count_like(Ps, Wanted, Left, Acc).
 
 %% A process spawned from a fun shows erlang:apply/2 as its initial call,
 %% which says nothing about what it is: no count for it.

@@ -237,8 +237,12 @@ merge_bottlenecks(Findings) ->
     Procs = [F || F = #{id := single_process_bottleneck, metrics := #{pid := _}} <- Findings],
     Locks = [F || F = #{id := single_process_bottleneck, metrics := M} <- Findings,
                   is_map_key(process, M)],
-    case {Procs, Locks} of
-        {[P = #{metrics := #{pid := Pid}}], [L = #{metrics := #{process := Pid}}]} ->
+    %% Lock counting names a registered process by its name, others by pid.
+    Same = fun(#{metrics := #{pid := Pid} = PM}, #{metrics := #{process := Id}}) ->
+                   Id =:= Pid orelse Id =:= maps:get(name, PM, undefined)
+           end,
+    case {Procs, [L || L <- Locks, P <- Procs, Same(P, L)]} of
+        {[P], [L | _]} ->
             Merged = P#{
                 severity => worse(maps:get(severity, P), maps:get(severity, L)),
                 evidence => maps:get(evidence, P) ++ maps:get(evidence, L),

@@ -109,6 +109,11 @@ merged_with_locks_test() ->
     [F | _] = Out,
     ?assertEqual(4, length(maps:get(evidence, F))),
     ?assertEqual(30.0, maps:get(wait_pct, maps:get(metrics, F))),
+    %% Lock counting names a registered process by its name.
+    LockByName = Lock#{metrics => #{process => <<"my_server">>}},
+    ?assertEqual(1, length([x || #{id := single_process_bottleneck}
+                                     <- beamdiag_proc_rules:annotate(Own ++ [LockByName], P,
+                                                                     ledger(1.6))])),
     %% On another process: both stay.
     Lock2 = Lock#{metrics => #{process => <<"<0.99.0>">>}},
     ?assertEqual(2, length([x || #{id := single_process_bottleneck}
