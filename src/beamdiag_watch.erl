@@ -35,7 +35,8 @@
     samples := [beamdiag_agent:sample()],
     window := pos_integer(),
     ticks := non_neg_integer(),
-    interval := pos_integer()
+    interval := pos_integer(),
+    procs => map()
 }.
 
 -define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false,
