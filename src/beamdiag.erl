@@ -33,7 +33,19 @@
     locks => boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
-    progress => fun((non_neg_integer(), pos_integer()) -> term())
+    progress => fun((non_neg_integer(), pos_integer()) -> term()),
+    perf => boolean() | perf_options(),
+    erlang => boolean()
+}.
+%% With `perf', a perf profile of the node's OS process over the same
+%% window (this must run on the node's host): `call_graph' (auto | dwarf |
+%% fp | none), `frequency' (Hz, 97), `perf' (the executable), `dir' (the
+%% working directory; a temporary one, removed afterwards, by default).
+-type perf_options() :: #{
+    call_graph => auto | dwarf | fp | none,
+    frequency => pos_integer(),
+    perf => string(),
+    dir => file:filename()
 }.
 
 -define(DEFAULTS, #{
@@ -42,7 +54,9 @@
     msacc => true,
     msacc_span => 2,
     locks => true,
-    progress => undefined
+    progress => undefined,
+    perf => false,
+    erlang => false
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
 
@@ -56,14 +70,16 @@
 %% accounting covers (2; it slows every thread while on, so the default
 %% keeps it on for a fifth of the default window),
 %% `locks' (true: count locks when the emulator can), `progress' a fun of
-%% (ElapsedMs, DurationMs). Unknown options raise `badarg'.
+%% (ElapsedMs, DurationMs), `perf' (false; true or a map of perf options:
+%% a perf profile over the same window joins the capture, its findings the
+%% diagnosis; a profile that fails leaves a note in the capture's
+%% `extras.profile_error'), `erlang' (false; true: the Erlang-level sampler
+%% over the window instead of perf, its stacks also kept per process).
+%% Unknown options raise `badarg'.
 -spec diagnose(options()) -> {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Opts) ->
     O = options(Opts),
-    case beamdiag_collect:run(node(), collect_opts(O, [])) of
-        {ok, Capture} -> {ok, analyse(Capture)};
-        {error, _} = E -> E
-    end.
+    with_profile(node(), O, fun() -> beamdiag_collect:run(node(), collect_opts(O, [])) end).
 
 %% @doc Diagnoses another node, given as "name@host" or an atom; connects as
 %% a hidden node when this node is not yet distributed. Also takes `cookie'
@@ -79,10 +95,12 @@ diagnose(NodeStr, Opts) ->
         {ok, Node} ->
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
-                    Result = beamdiag_collect:run(Node, collect_opts(O, Loaded)),
+                    Result = with_profile(Node, O, fun() ->
+                                 beamdiag_collect:run(Node, collect_opts(O, Loaded))
+                             end),
                     case Result of
-                        {ok, Capture} ->
-                            {ok, analyse(Capture)};
+                        {ok, Diagnosis} ->
+                            {ok, Diagnosis};
                         {error, {beamdiag_collect, {target_down, Why, Partial}}} when
                             is_map(Partial)
                         ->
@@ -122,16 +140,89 @@ options(Opts) ->
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
     (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
     (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
+    perf_options(maps:get(perf, O)) orelse erlang:error({badarg, {perf, maps:get(perf, O)}}),
+    is_boolean(maps:get(erlang, O)) orelse erlang:error({badarg, {erlang, maps:get(erlang, O)}}),
     O.
+
+perf_options(B) when is_boolean(B) -> true;
+perf_options(M) when is_map(M) ->
+    lists:all(fun({call_graph, C}) -> lists:member(C, [auto, dwarf, fp, none]);
+                 ({frequency, F}) -> is_integer(F) andalso F >= 1 andalso F =< 999;
+                 ({perf, P}) -> is_list(P);
+                 ({dir, D}) -> is_list(D) orelse is_binary(D);
+                 (_) -> false
+              end, maps:to_list(M));
+perf_options(_) -> false.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({partial, Why, _}) ->
-    io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]).
+    io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]);
+format_error({profile_crashed, Why}) ->
+    io_lib:format("the perf profile crashed: ~p", [Why]).
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Runs Collect (the agent's window); with `perf', a perf profile of the
+%% node over the same window in a process of its own, attached to the
+%% capture before the one analysis. Returns Collect's result with the
+%% capture analysed.
+with_profile(Node, #{perf := false, erlang := false}, Collect) ->
+    analysed(Collect(), Node, none);
+with_profile(Node, #{duration := D, perf := Perf, erlang := Erlang}, Collect) ->
+    PerfOpts = case Perf of M when is_map(M) -> M; _ -> #{} end,
+    {Dir, Temp} = case maps:find(dir, PerfOpts) of
+        {ok, Given} -> {Given, false};
+        error -> {temp_dir(), true}
+    end,
+    ProfOpts = maps:merge(maps:with([call_graph, frequency, perf], PerfOpts),
+                          #{duration => max(1, round(D)), out => Dir, erlang => Erlang}),
+    Self = self(),
+    Ref = make_ref(),
+    {Pid, MRef} = spawn_monitor(fun() ->
+        Self ! {Ref, beamdiag_profile:profile(Node, ProfOpts, fun(_) -> ok end)}
+    end),
+    Result = Collect(),
+    Profile = receive
+        {Ref, P} -> P;
+        {'DOWN', MRef, process, Pid, Why} -> {error, {?MODULE, {profile_crashed, Why}}}
+    end,
+    erlang:demonitor(MRef, [flush]),
+    _ = case Temp of
+        true -> file:del_dir_r(Dir);
+        false -> ok
+    end,
+    analysed(Result, Node, Profile).
+
+analysed({ok, Capture}, _Node, Profile) ->
+    {ok, analyse(with_extras(Capture, Profile))};
+analysed({error, {beamdiag_collect, {target_down, Why, Partial}}}, _Node, Profile)
+  when is_map(Partial) ->
+    {error, {beamdiag_collect, {target_down, Why, with_extras(Partial, Profile)}}};
+analysed({error, _} = E, _Node, _Profile) ->
+    E.
+
+with_extras(Capture, none) ->
+    Capture;
+with_extras(Capture, {ok, #{profile := P, method := M, node := N} = R}) ->
+    Extras = maps:get(extras, Capture, #{}),
+    Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => atom_to_list(N)})),
+    %% The Erlang sampler's stacks per process, for the top processes.
+    ByProcess = maps:get(processes, maps:get(sampler, R, #{}), []),
+    Profile = maps:merge(maps:with([perf], R),
+                         #{profile => P, method => M, svg => Svg,
+                           summary => beamdiag_fold:summary(P), by_process => ByProcess}),
+    Capture#{extras => Extras#{profile => Profile}};
+with_extras(Capture, {error, {M, R}}) ->
+    Extras = maps:get(extras, Capture, #{}),
+    Capture#{extras => Extras#{profile_error => iolist_to_binary(M:format_error(R))}}.
+
+temp_dir() ->
+    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; T -> T end,
+                  "beamdiag-perf-" ++ os:getpid() ++ "-" ++
+                      integer_to_list(erlang:unique_integer([positive]))).
 
 collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
                progress := P}, Unload) ->

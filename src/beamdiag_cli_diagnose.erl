@@ -81,9 +81,12 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           msacc => not maps:get(no_msacc, Opts),
           msacc_span => maps:get(msacc_span, Opts),
           locks => not maps:get(no_locks, Opts),
+          perf => maps:get(perf, Opts, false),
+          erlang => maps:get(erlang, Opts, false),
           progress => progress(IO)}),
-    Result = with_profile(Node, Opts, IO, fun() -> beamdiag:diagnose(Node, LibOpts) end),
+    Result = beamdiag:diagnose(Node, LibOpts),
     end_progress(IO),
+    profile_error(Result, Err),
     case Result of
         {ok, Diagnosis} ->
             output(Diagnosis, Opts, IO);
@@ -139,59 +142,15 @@ end_progress(_IO) ->
 %%% Internal
 %%%===================================================================
 
-%% With --perf (or --erlang, the Erlang sampler), a profile is recorded
-%% over the same window in a process of its own; its findings join the
-%% diagnosis and the flamegraph goes into the capture (the HTML report
-%% shows it). The sampler also gives the stacks per process.
-with_profile(Node, Opts = #{duration := D}, #{err := Err}, Diagnose) when
-    map_get(perf, Opts) =:= true; map_get(erlang, Opts) =:= true
-->
-    case beamdiag_remote:connect(Node, maps:with([cookie, cookie_file], Opts)) of
-        {ok, N} ->
-            Self = self(),
-            Ref = make_ref(),
-            Dir = perf_dir(),
-            {Pid, MRef} = spawn_monitor(fun() ->
-                Self ! {Ref, beamdiag_profile:profile(N, #{duration => max(1, round(D)),
-                                                           erlang => maps:get(erlang, Opts),
-                                                           out => Dir}, fun(_) -> ok end)}
-            end),
-            Result = Diagnose(),
-            Profile = receive
-                          {Ref, P} -> P;
-                          {'DOWN', MRef, process, Pid, Why} -> {error, {crashed, Why}}
-                      end,
-            erlang:demonitor(MRef, [flush]),
-            %% perf's recording and script text are folded by now.
-            _ = file:del_dir_r(Dir),
-            attach_profile(Result, Profile, Err);
-        {error, _} ->
-            %% The diagnosis says why the node cannot be reached.
-            Diagnose()
-    end;
-with_profile(_Node, _Opts, _IO, Diagnose) ->
-    Diagnose().
-
-attach_profile({ok, #{capture := C}}, {ok, Prof = #{profile := P, method := M, node := N}}, _Err) ->
-    Extras = maps:get(extras, C, #{}),
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => atom_to_list(N)})),
-    %% The Erlang sampler's stacks per process, for the top processes.
-    ByProcess = maps:get(processes, maps:get(sampler, Prof, #{}), []),
-    Profile = #{profile => P, method => M, svg => Svg, summary => beamdiag_fold:summary(P),
-                by_process => ByProcess},
-    {ok, beamdiag:analyse(C#{extras => Extras#{profile => Profile}})};
-attach_profile(Result, {error, {M, R}}, Err) when is_atom(M) ->
-    Err(["beamdiag: no profile: ", M:format_error(R), "\n"]),
-    Result;
-attach_profile(Result, {error, R}, Err) ->
-    Err(io_lib:format("beamdiag: no profile: ~p~n", [R])),
-    Result;
-attach_profile(Result, _, _Err) ->
-    Result.
-
-perf_dir() ->
-    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; T -> T end,
-                  "beamdiag-perf-" ++ os:getpid()).
+%% With --perf or --erlang, a profile that failed is said on standard error; the
+%% diagnosis follows without it.
+profile_error({ok, #{capture := #{extras := #{profile_error := Why}}}}, Err) ->
+    Err(["beamdiag: no profile: ", Why, "\n"]);
+profile_error({error, {beamdiag, {partial, _, #{capture := #{extras := #{profile_error := Why}}}}}},
+              Err) ->
+    Err(["beamdiag: no profile: ", Why, "\n"]);
+profile_error(_, _) ->
+    ok.
 
 save(Diagnosis, #{save := File}, IO = #{err := Err}) ->
     case beamdiag_capture:save(File, Diagnosis) of

@@ -40,8 +40,9 @@ spec() ->
               metavar => "DIR", help => "directory for profile.folded, flame.svg, top.txt"},
             #{key => erlang, long => "--erlang", type => boolean, default => false,
               help => "Erlang-level sampler on the node instead of perf (any host)"},
-            #{key => call_graph, long => "--call-graph", type => {enum, [dwarf, fp, none]},
-              default => dwarf, help => "perf call-chain method"},
+            #{key => call_graph, long => "--call-graph", type => {enum, [auto, dwarf, fp, none]},
+              default => auto, help => "perf call-chain method (auto: fp when the node's JIT "
+                                       "keeps frame pointers and has a perf map, else dwarf)"},
             #{key => perf, long => "--perf", type => string, metavar => "PATH",
               help => "the perf executable (default: perf on the PATH)"},
             #{key => cookie, long => "--cookie", type => string, metavar => "C",
@@ -75,13 +76,9 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
 
 %% @doc The printed summary of a profile result.
 -spec report(map(), map()) -> iolist().
-report(#{profile := P, findings := Findings, method := Method}, _Opts) ->
-    S = beamdiag_fold:summary(P),
+report(Result = #{profile := P, findings := Findings}, _Opts) ->
     [
-        io_lib:format("~b samples (~s), [unknown] frames in ~.1f% of samples, "
-                      "stacks cut short by the unwinder in ~.1f%~n",
-                      [maps:get(samples, S), Method, 100 * maps:get(unknown_share, S),
-                       100 * maps:get(truncated_share, S)]),
+        beamdiag_profile:header(Result),
         "\n",
         beamdiag_fold:format_top("Erlang functions", beamdiag_fold:top(P, #{kind => erlang, limit => 15})),
         "\n",
@@ -133,8 +130,11 @@ write_all(Dir, Files) ->
 
 subtitle(#{profile := P, method := Method}) ->
     S = beamdiag_fold:summary(P),
-    io_lib:format("~s profile, ~b samples, [unknown] in ~.1f% of samples",
-                  [Method, maps:get(samples, S), 100 * maps:get(unknown_share, S)]).
+    io_lib:format("~s profile, ~b samples; Erlang function on the stack ~.1f%, unnamed JIT "
+                  "frame ~.1f%, unnamed native frame ~.1f%, cut short ~.1f%",
+                  [Method, maps:get(samples, S), 100 * maps:get(erlang_share, S),
+                   100 * maps:get(unnamed_jit_share, S), 100 * maps:get(unnamed_native_share, S),
+                   100 * maps:get(cut_short_share, S)]).
 
 finding_text(#{severity := Sev, title := T, evidence := Ev, fix := Fix}) ->
     [

@@ -156,6 +156,8 @@ colour(Name) ->
         erlang -> fmt("rgb(~b,~b,~b)", [80 + V, 190 + V div 2, 80 + V]);
         kernel -> fmt("rgb(~b,~b,~b)", [90 + V, 140 + V, 220]);
         unknown -> fmt("rgb(~b,~b,~b)", [170 + V, 170 + V, 170 + V]);
+        unnamed_jit -> fmt("rgb(~b,~b,~b)", [150 + V, 200 + V div 2, 150 + V]);
+        unnamed_native -> fmt("rgb(~b,~b,~b)", [230, 170 + V, 140 + V]);
         native -> fmt("rgb(~b,~b,~b)", [220, 110 + 2 * V, 50 + V])
     end.
 

@@ -41,12 +41,13 @@
     format_top/2,
     thread_type/1,
     frame_kind/1,
+    frame_stats/1,
     merge/2,
     from_counts/1,
     format_error/1
 ]).
 
--export_type([profile/0, stack/0, options/0, top_row/0]).
+-export_type([profile/0, stack/0, options/0, top_row/0, frame_kind/0]).
 
 %% Root-first list of frames; the first element is the thread type.
 -type stack() :: [binary()].
@@ -69,9 +70,10 @@
     perf_map => file:filename_all() | undefined,
     thread_types => all | [binary()]
 }.
+-type frame_kind() :: erlang | native | kernel | unnamed_jit | unnamed_native | unknown.
 -type top_row() :: #{
     name := binary(),
-    kind := erlang | native | kernel | unknown,
+    kind := frame_kind(),
     self := non_neg_integer(),
     total := non_neg_integer(),
     self_share := float(),
@@ -106,7 +108,7 @@ fold_file(Path, Opts0) ->
             case file:open(Path, [read, raw, binary]) of
                 {ok, Fd} ->
                     try
-                        run(file_reader(Fd), Opts)
+                        run(file_reader(Fd), small(filelib:file_size(Path), Opts))
                     after
                         ok = file:close(Fd)
                     end;
@@ -122,7 +124,7 @@ fold_file(Path, Opts0) ->
 fold_binary(Bin, Opts0) when is_binary(Bin) ->
     case options(Opts0) of
         {ok, Opts} ->
-            run(binary_reader(Bin, 0), Opts);
+            run(binary_reader(Bin, 0), small(byte_size(Bin), Opts));
         {error, _} = E ->
             E
     end.
@@ -157,9 +159,53 @@ to_iolist(#{stacks := Stacks}) ->
     Sorted = lists:sort(fun({_, A}, {_, B}) -> A >= B end, maps:to_list(Stacks)),
     [[lists:join($;, S), $\s, integer_to_binary(C), $\n] || {S, C} <- Sorted].
 
-%% @doc Sample counts and the share of samples with an `[unknown]' frame.
+%% @doc What the stacks show, counted from the folded stacks themselves
+%% (so `profile.folded' gives the same figures): samples whose stack holds
+%% an Erlang function, an unnamed JIT frame, an unnamed native frame, an
+%% address perf could place nowhere, a frame perf called `[unknown]' (the
+%% last two kinds together), and samples whose stack the unwinder cut short:
+%% no Erlang function on it and its root-most frame not a thread's entry.
+%% `[other stacks]' (the stack bound) counts in none of them.
+-spec frame_stats(profile() | #{stacks := #{stack() => pos_integer()}}) ->
+    #{samples | erlang | unnamed_jit | unnamed_native | unplaced | unknown | cut_short =>
+          non_neg_integer()}.
+frame_stats(#{stacks := Stacks}) ->
+    Zero = #{samples => 0, erlang => 0, unnamed_jit => 0, unnamed_native => 0, unplaced => 0,
+             unknown => 0, cut_short => 0},
+    maps:fold(fun(Stack, C, Acc) -> stack_stats(Stack, C, Acc) end, Zero, Stacks).
+
+stack_stats([_Type | Frames], C, Acc) ->
+    Kinds = lists:usort([frame_kind(F) || F <- Frames, F =/= <<"[other stacks]">>]),
+    Has = fun(K) -> lists:member(K, Kinds) end,
+    Erlang = Has(erlang),
+    Cut = Frames =/= [<<"[other stacks]">>] andalso not Erlang andalso not thread_root(Frames),
+    Add = fun(K, true, A) -> A#{K := maps:get(K, A) + C};
+             (_, false, A) -> A
+          end,
+    lists:foldl(fun({K, B}, A) -> Add(K, B, A) end, Acc,
+                [{samples, true}, {erlang, Erlang}, {unnamed_jit, Has(unnamed_jit)},
+                 {unnamed_native, Has(unnamed_native)}, {unplaced, Has(unknown)},
+                 {unknown, Has(unknown) orelse Has(unnamed_jit)}, {cut_short, Cut}]);
+stack_stats([], _C, Acc) ->
+    Acc.
+
+%% The root-most frame is where a thread starts: libc's thread entry, the
+%% program's entry, or the scheduler's loop in JIT code (below it there is
+%% only the emulator's thread start).
+thread_root([]) -> false;
+thread_root([Root | _]) ->
+    lists:member(Root, [<<"clone">>, <<"clone3">>, <<"__clone">>, <<"__clone3">>,
+                        <<"start_thread">>, <<"thread_start">>, <<"_start">>,
+                        <<"__libc_start_main">>, <<"__libc_start_call_main">>,
+                        <<"$global::process_main">>, <<"process_main">>]).
+
+%% @doc Sample counts and shares of what the stacks show (`frame_stats/1'):
+%% `erlang_share', `unnamed_jit_share', `unnamed_native_share',
+%% `unplaced_share', `unknown_share' (a frame perf called `[unknown]'),
+%% `cut_short_share' (also as `truncated_share').
 -spec summary(profile()) -> #{atom() => number()}.
-summary(P = #{samples := N, unknown_samples := U, truncated_samples := T}) ->
+summary(P = #{samples := N}) ->
+    FS = frame_stats(P),
     Types = maps:fold(
         fun([Type | _], C, Acc) -> maps:update_with(Type, fun(X) -> X + C end, C, Acc);
            ([], _, Acc) -> Acc
@@ -167,12 +213,18 @@ summary(P = #{samples := N, unknown_samples := U, truncated_samples := T}) ->
         #{},
         maps:get(stacks, P)
     ),
+    #{erlang := E, unnamed_jit := J, unnamed_native := Nat, unplaced := Pl, unknown := U} = FS,
     #{
+        erlang_samples => E, erlang_share => share(E, N),
+        unnamed_jit_samples => J, unnamed_jit_share => share(J, N),
+        unnamed_native_samples => Nat, unnamed_native_share => share(Nat, N),
+        unplaced_samples => Pl, unplaced_share => share(Pl, N),
+        unknown_samples => U, unknown_share => share(U, N),
+        cut_short_samples => maps:get(cut_short, FS),
+        cut_short_share => share(maps:get(cut_short, FS), N),
         samples => N,
-        unknown_samples => U,
-        unknown_share => share(U, N),
-        truncated_samples => T,
-        truncated_share => share(T, N),
+        truncated_samples => maps:get(cut_short, FS),
+        truncated_share => share(maps:get(cut_short, FS), N),
         skipped_lines => maps:get(skipped_lines, P),
         huge_lines => maps:get(huge_lines, P),
         overflow_samples => maps:get(overflow_samples, P),
@@ -257,10 +309,16 @@ thread_type(Comm) ->
     end.
 
 %% @doc What a frame name is: an Erlang function (`$lists:foldl/3' or
-%% `lists:foldl/3'), a kernel or native function, or unknown.
--spec frame_kind(binary()) -> erlang | native | kernel | unknown.
+%% `lists:foldl/3'), a kernel or native function, JIT code perf could not
+%% name (`[unknown] (/memfd:vmem (deleted))'), a native function of a known
+%% object without a name (`[beam.smp]'), or an address perf could place
+%% nowhere (`[unknown]').
+-spec frame_kind(binary()) -> frame_kind().
 frame_kind(?UNKNOWN) -> unknown;
-frame_kind(<<"[", _/binary>>) -> unknown;
+frame_kind(<<"[unknown] (", _/binary>>) -> unnamed_jit;
+frame_kind(<<"[no stack]">>) -> unknown;
+frame_kind(<<"[other stacks]">>) -> unknown;
+frame_kind(<<"[", _/binary>>) -> unnamed_native;
 frame_kind(F) when byte_size(F) > 4, binary_part(F, byte_size(F), -4) =:= <<"_[k]">> -> kernel;
 frame_kind(<<"$global::", _/binary>>) -> native;
 frame_kind(<<"$", Rest/binary>>) -> erlang_or_native(Rest);
@@ -320,13 +378,23 @@ binary_reader(Bin, Pos) ->
         end
     end.
 
+%% Input of one chunk or less goes to one worker with an ordinary heap:
+%% starting workers with 16 MiB heaps costs more than folding it.
+small(Size, Opts = #{chunk_size := CS}) when Size =< CS ->
+    Opts#{workers := 1, heap => small};
+small(_Size, Opts) ->
+    Opts.
+
 run(Read, Opts = #{workers := W, chunk_size := CS}) ->
     Ctx = ctx(Opts),
     Parent = self(),
     %% A large young heap: each chunk makes lots of short-lived garbage,
     %% and the caches would otherwise be copied by frequent collections.
-    Workers = [spawn_opt(fun() -> worker(Parent, Ctx) end,
-                         [monitor, {min_heap_size, ?WORKER_HEAP}, {min_bin_vheap_size, ?WORKER_HEAP}])
+    Heap = case maps:get(heap, Opts, large) of
+        large -> [{min_heap_size, ?WORKER_HEAP}, {min_bin_vheap_size, ?WORKER_HEAP}];
+        small -> []
+    end,
+    Workers = [spawn_opt(fun() -> worker(Parent, Ctx) end, [monitor | Heap])
                || _ <- lists:seq(1, W)],
     Result =
         try
@@ -764,15 +832,7 @@ parse_frame(Line0, Ctx) ->
     end.
 
 name(Addr, Rest, Ctx) ->
-    {Sym0, Dso} =
-        case binary:matches(Rest, <<" (">>) of
-            [] ->
-                {Rest, <<>>};
-            Ms ->
-                {P, _} = lists:last(Ms),
-                <<S:P/binary, " (", D0/binary>> = Rest,
-                {S, strip_paren(D0)}
-        end,
+    {Sym0, Dso} = split_dso(Rest),
     Sym = strip_offset(Sym0),
     case Sym of
         ?UNKNOWN when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
@@ -782,7 +842,17 @@ name(Addr, Rest, Ctx) ->
                 _ -> resolve(Addr, Ctx)
             end;
         ?UNKNOWN ->
-            <<"[", (basename(Dso))/binary, "]">>;
+            case jit_object(Dso) of
+                true ->
+                    %% JIT code perf could not name: the perf map perf
+                    %% could not read (a container's /tmp), or no map.
+                    case resolve(Addr, Ctx) of
+                        ?UNKNOWN -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
+                        Name -> Name
+                    end;
+                false ->
+                    <<"[", (basename(Dso))/binary, "]">>
+            end;
         <<>> ->
             junk;
         _ when Dso =:= <<"[kernel.kallsyms]">> ->
@@ -837,15 +907,47 @@ map_line(Line) ->
 hex(<<"0x", H/binary>>) -> binary_to_integer(H, 16);
 hex(H) -> binary_to_integer(H, 16).
 
-strip_paren(D) ->
-    case byte_size(D) of
-        0 -> D;
-        N ->
-            case binary:last(D) of
-                $) -> binary:part(D, 0, N - 1);
-                _ -> D
+%% "sym+0x1f (dso)" -> {"sym+0x1f", "dso"}. The object is the last
+%% parenthesised group, read from the end with the parentheses balanced:
+%% "[unknown] (/memfd:vmem (deleted))" is {"[unknown]", "/memfd:vmem (deleted)"}.
+split_dso(Rest) ->
+    N = byte_size(Rest),
+    case N > 0 andalso binary:last(Rest) =:= $) of
+        false -> {Rest, <<>>};
+        true ->
+            case open_paren(Rest, N - 2, 0) of
+                Pos when is_integer(Pos), Pos >= 1 ->
+                    case binary:at(Rest, Pos - 1) of
+                        $\s ->
+                            {binary:part(Rest, 0, Pos - 1), binary:part(Rest, Pos + 1, N - Pos - 2)};
+                        _ ->
+                            {Rest, <<>>}
+                    end;
+                _ ->
+                    {Rest, <<>>}
             end
     end.
+
+open_paren(_Bin, I, _Depth) when I < 0 -> none;
+open_paren(Bin, I, Depth) ->
+    case binary:at(Bin, I) of
+        $) -> open_paren(Bin, I - 1, Depth + 1);
+        $( when Depth =:= 0 -> I;
+        $( -> open_paren(Bin, I - 1, Depth - 1);
+        _ -> open_paren(Bin, I - 1, Depth)
+    end.
+
+%% Objects that hold JIT code: the JIT's memfd mapping (OTP 26+ with
+%% +JMsingle), anonymous executable memory, a perf map perf named but could
+%% not read, a perf inject --jit object.
+jit_object(<<"/memfd:", _/binary>>) -> true;
+jit_object(<<"//anon", _/binary>>) -> true;
+jit_object(<<"[anon", _/binary>>) -> true;
+jit_object(Dso) ->
+    Base = basename(Dso),
+    (binary:longest_common_prefix([Base, <<"perf-">>]) =:= 5 andalso
+         binary:longest_common_suffix([Base, <<".map">>]) =:= 4)
+        orelse binary:longest_common_prefix([Base, <<"jitted-">>]) =:= 7.
 
 strip_offset(Sym) ->
     case binary:matches(Sym, <<"+0x">>) of

@@ -227,11 +227,9 @@ processes(#{extras := Extras = #{procs := P}}) when is_map(P) ->
 processes(_) ->
     "".
 
-profile(#{extras := #{profile := #{profile := P, method := M}}}) ->
-    S = beamdiag_fold:summary(P),
+profile(#{extras := #{profile := R = #{profile := P}}}) ->
     [
-        io_lib:format("~nPROFILE (~s): ~b samples, [unknown] frames in ~.1f% of them~n",
-                      [M, maps:get(samples, S), 100 * maps:get(unknown_share, S)]),
+        "\nPROFILE: ", beamdiag_profile:header(R),
         beamdiag_fold:format_top("top functions", beamdiag_fold:top(P, #{kind => all, limit => 8}))
     ];
 profile(_) ->

@@ -24,11 +24,23 @@
 %%% '''
 -module(beamdiag_perf).
 
--export([record/2, script_args/1, record_args/3, find_perf/1, format_error/1, defaults/0]).
+-export([record/2, script_args/1, record_args/3, find_perf/1, format_error/1, defaults/0, target/1,
+         choose_call_graph/1]).
 
--export_type([options/0, result/0]).
+-export_type([options/0, result/0, target/0]).
 
--type call_graph() :: dwarf | fp | none.
+-type call_graph() :: auto | dwarf | fp | none.
+%% What /proc says about the target: its +JPperf flag (as given, or
+%% `none'), +JPperfdirectory, its pid in its own PID namespace, and where
+%% its perf map is (seen from here) or `missing'.
+-type target() :: #{
+    perf_flag := binary() | none,
+    perf_directory := binary() | undefined,
+    ns_pid := pos_integer(),
+    perf_map := file:filename() | missing,
+    frame_pointers := boolean(),
+    native_names := boolean()
+}.
 -type options() :: #{
     duration => pos_integer(),
     frequency => pos_integer(),
@@ -47,8 +59,11 @@
     ospid := pos_integer(),
     duration := pos_integer(),
     frequency := pos_integer(),
-    call_graph := call_graph(),
-    perf_map := present | missing,
+    call_graph := dwarf | fp | none,
+    call_graph_reason := binary(),
+    perf_map := file:filename() | missing,
+    target := target(),
+    wall_ms := #{record := non_neg_integer(), script := non_neg_integer()},
     record_output := binary()
 }.
 
@@ -60,15 +75,18 @@
 %%% API
 %%%===================================================================
 
-%% @doc The defaults: 10 s at 97 Hz with DWARF call chains of 16 KiB of
-%% stack, perf.data capped at 512 MiB and the script text at 1 GiB.
+%% @doc The defaults: 10 s at 97 Hz, the call-graph mode chosen for the
+%% target (`auto', see `choose_call_graph/1'), DWARF call chains copying
+%% 64 KiB of stack (16 KiB stops inside the emulator's C code before the
+%% first JIT frame in binary_to_term), perf.data capped at 512 MiB and the
+%% script text at 1 GiB.
 -spec defaults() -> options().
 defaults() ->
     #{
         duration => 10,
         frequency => 97,
-        call_graph => dwarf,
-        dwarf_stack => 16384,
+        call_graph => auto,
+        dwarf_stack => 65528,
         perf => undefined,
         dir => ".",
         max_data => 512 * 1024 * 1024,
@@ -94,9 +112,13 @@ record_args(OsPid, DataFile, Opts) ->
     CallGraph = case CG of
         dwarf -> ["--call-graph", "dwarf," ++ integer_to_list(DS)];
         fp -> ["--call-graph", "fp"];
-        none -> []
+        none -> [];
+        auto -> error({badarg, {call_graph, auto}})
     end,
-    ["record", "-e", "cpu-clock", "-F", integer_to_list(F)] ++ CallGraph ++
+    %% -N -B: no build-id cache in ~/.debug and no build-id pass over
+    %% every object at the end (the script is made at once, from the same
+    %% files).
+    ["record", "-N", "-B", "-e", "cpu-clock", "-F", integer_to_list(F)] ++ CallGraph ++
         ["-p", integer_to_list(OsPid), "-o", DataFile,
          "--max-size", integer_to_list(MD div 1024) ++ "K",
          "--", "sleep", integer_to_list(D)].
@@ -167,7 +189,7 @@ options(Opts) ->
 check([], O) -> {ok, O};
 check([{duration, D} | R], O) when is_integer(D), D >= 1, D =< ?MAX_DURATION -> check(R, O);
 check([{frequency, F} | R], O) when is_integer(F), F >= 1, F =< ?MAX_FREQUENCY -> check(R, O);
-check([{call_graph, C} | R], O) when C =:= dwarf; C =:= fp; C =:= none -> check(R, O);
+check([{call_graph, C} | R], O) when C =:= auto; C =:= dwarf; C =:= fp; C =:= none -> check(R, O);
 check([{dwarf_stack, S} | R], O) when is_integer(S), S >= 1024, S =< 65528 -> check(R, O);
 check([{perf, P} | R], O) when P =:= undefined; is_list(P) -> check(R, O);
 check([{dir, _} | R], O) -> check(R, O);
@@ -176,7 +198,7 @@ check([{max_script, M} | R], O) when is_integer(M), M >= 1024 -> check(R, O);
 check([{keep_data, B} | R], O) when is_boolean(B) -> check(R, O);
 check([{K, V} | _], _) -> {error, {?MODULE, {bad_option, K, V}}}.
 
-record1(OsPid, Opts = #{perf := PerfOpt, dir := Dir, duration := D}) ->
+record1(OsPid, Opts0 = #{perf := PerfOpt, dir := Dir, duration := D}) ->
     maybe_ok([
         fun() -> find_perf(PerfOpt) end,
         fun(_) -> alive(OsPid) end,
@@ -184,10 +206,22 @@ record1(OsPid, Opts = #{perf := PerfOpt, dir := Dir, duration := D}) ->
     ], undefined, fun(Perf) ->
         Data = filename:join(Dir, "perf.data"),
         Script = filename:join(Dir, "perf.script"),
+        Target = target(OsPid),
+        {CG, Why} = case maps:get(call_graph, Opts0) of
+            auto -> choose_call_graph(Target);
+            Asked -> {Asked, <<"asked for">>}
+        end,
+        Opts = Opts0#{call_graph := CG},
         logger:info("beamdiag_perf: recording OS pid ~b for ~b s", [OsPid, D]),
+        T0 = erlang:monotonic_time(millisecond),
         case run(Perf, record_args(OsPid, Data, Opts), D + 60, undefined) of
             {ok, 0, RecOut} ->
+                T1 = erlang:monotonic_time(millisecond),
+                %% A copy of the perf map as it was at the end of the
+                %% window: the node may be gone when the stacks are folded.
+                Map = copy_map(Target, Dir),
                 Res = to_script(Perf, Data, Script, Opts),
+                T2 = erlang:monotonic_time(millisecond),
                 _ = case maps:get(keep_data, Opts) of
                     true -> ok;
                     false -> file:delete(Data)
@@ -201,8 +235,11 @@ record1(OsPid, Opts = #{perf := PerfOpt, dir := Dir, duration := D}) ->
                             ospid => OsPid,
                             duration => D,
                             frequency => maps:get(frequency, Opts),
-                            call_graph => maps:get(call_graph, Opts),
-                            perf_map => perf_map(OsPid),
+                            call_graph => CG,
+                            call_graph_reason => Why,
+                            perf_map => Map,
+                            target => Target,
+                            wall_ms => #{record => T1 - T0, script => T2 - T1},
                             record_output => RecOut
                         }};
                     {ok, 0, _, _} ->
@@ -247,10 +284,108 @@ ensure_dir(Dir) ->
         {error, Why} -> {error, {?MODULE, {file, Dir, Why}}}
     end.
 
-perf_map(OsPid) ->
-    case filelib:is_regular("/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map") of
-        true -> present;
-        false -> missing
+%% @doc What /proc tells about a target: its +JPperf flags (the emulator's
+%% command line), its pid in its own PID namespace (a container's), and its
+%% perf map, looked for where the target wrote it: `+JPperfdirectory'
+%% (OTP 28+) or its own /tmp, both seen through `/proc/PID/root', then this
+%% host's /tmp.
+-spec target(pos_integer()) -> target().
+target(OsPid) ->
+    P = "/proc/" ++ integer_to_list(OsPid),
+    Args = case file:read_file(P ++ "/cmdline") of
+        {ok, B} -> binary:split(B, <<0>>, [global, trim_all]);
+        {error, _} -> []
+    end,
+    Flag = flag_value(<<"-JPperf">>, Args),
+    Dir = case flag_value(<<"-JPperfdirectory">>, Args) of
+        none -> undefined;
+        D -> D
+    end,
+    NsPid = ns_pid(P, OsPid),
+    MapName = "perf-" ++ integer_to_list(NsPid) ++ ".map",
+    Candidates =
+        [filename:join([P ++ "/root", strip_root(Dir), MapName]) || Dir =/= undefined] ++
+        [filename:join([P, "root", "tmp", MapName]),
+         "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map"],
+    Map = case [F || F <- Candidates, filelib:is_regular(F)] of
+        [F | _] -> F;
+        [] -> missing
+    end,
+    #{perf_flag => Flag, perf_directory => Dir, ns_pid => NsPid, perf_map => Map,
+      frame_pointers => lists:member(Flag, [<<"true">>, <<"map">>, <<"fp">>]),
+      native_names => native_names(P ++ "/exe")}.
+
+%% Whether the emulator names its internal C functions (perf can name
+%% erts_atom_put): Debian's OTP 25 and 27 export about 4,800 functions,
+%% sid's OTP 29 about 330 and none of the internal ones.
+native_names(Exe) ->
+    case filelib:file_size(Exe) of
+        N when N > 0, N =< 256 * 1024 * 1024 ->
+            case file:read_file(Exe) of
+                {ok, B} -> binary:match(B, <<0, "erts_atom_put", 0>>) =/= nomatch;
+                {error, _} -> true
+            end;
+        _ ->
+            true
+    end.
+
+%% @doc The call-graph mode for a target, and why (measured in
+%% docs/PROFILING.md). DWARF by default: native call chains from the
+%% objects' unwind tables, named, up to the first JIT frame, which the perf
+%% map names; that is what the knowledge base reads (binary_to_term_1,
+%% erts_atom_put). Frame pointers when the JIT keeps them (`+JPperf true',
+%% `map' or `fp'), the perf map names its code and the emulator's C
+%% functions have no names anyway (stripped to its exports, as sid's OTP
+%% 29): then Erlang call chains are the most a profile can name; native
+%% callers are lost (Debian's C code keeps no frame pointers).
+-spec choose_call_graph(target()) -> {fp | dwarf, binary()}.
+choose_call_graph(#{frame_pointers := true, perf_map := Map, perf_flag := F,
+                    native_names := false}) when Map =/= missing ->
+    {fp, <<"the node runs with +JPperf ", F/binary, ", so its JIT code keeps frame pointers, "
+           "and its emulator does not name its C functions">>};
+choose_call_graph(#{frame_pointers := true, perf_map := Map, perf_flag := F}) when Map =/= missing ->
+    {dwarf, <<"the emulator names its C functions, which DWARF unwinding follows up to the "
+              "first JIT frame (named from the perf map; +JPperf ", F/binary, ")">>};
+choose_call_graph(#{frame_pointers := true, perf_flag := F}) ->
+    {dwarf, <<"the node runs with +JPperf ", F/binary, " but no perf map was found">>};
+choose_call_graph(#{perf_flag := none}) ->
+    {dwarf, <<"the node runs without +JPperf: its JIT code keeps no frame pointers">>};
+choose_call_graph(#{perf_flag := F}) ->
+    {dwarf, <<"the node runs with +JPperf ", F/binary, ": its JIT code keeps no frame pointers">>}.
+
+flag_value(Flag, [Flag, V | _]) -> V;
+flag_value(Flag, [_ | Rest]) -> flag_value(Flag, Rest);
+flag_value(_, []) -> none.
+
+strip_root(<<"/", R/binary>>) -> strip_root(R);
+strip_root(D) -> D.
+
+%% The last NSpid of /proc/PID/status is the pid the process sees itself as
+%% (the JIT names its map after it).
+ns_pid(P, OsPid) ->
+    case file:read_file(P ++ "/status") of
+        {ok, B} ->
+            case [L || L <- binary:split(B, <<"\n">>, [global]),
+                       binary:longest_common_prefix([L, <<"NSpid:">>]) =:= 6] of
+                [L | _] ->
+                    Ids = binary:split(binary:part(L, 6, byte_size(L) - 6), [<<"\t">>, <<" ">>],
+                                       [global, trim_all]),
+                    try binary_to_integer(lists:last(Ids)) catch _:_ -> OsPid end;
+                [] ->
+                    OsPid
+            end;
+        {error, _} ->
+            OsPid
+    end.
+
+%% Copies the target's perf map next to the recording (at most 256 MiB).
+copy_map(#{perf_map := missing}, _Dir) ->
+    missing;
+copy_map(#{perf_map := Map}, Dir) ->
+    Copy = filename:join(Dir, "perf.map"),
+    case filelib:file_size(Map) =< 256 * 1024 * 1024 andalso file:copy(Map, Copy) of
+        {ok, _} -> Copy;
+        _ -> missing
     end.
 
 classify(Status, Out, OsPid) ->

@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_profile).
 
--export([profile/3, format_error/1]).
+-export([profile/3, header/1, format_error/1]).
 
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
@@ -34,33 +34,32 @@ profile(Node, Opts, Err) ->
     Out = maps:get(out, Opts, "beamdiag-flame"),
     case os_pid(Node) of
         {ok, OsPid} ->
-            MapFile = "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map",
-            _ = case filelib:is_regular(MapFile) of
-                true -> ok;
-                false -> Err(["warning: ", MapFile, " is missing: Erlang code will show as "
-                              "[unknown]; start the node with +JPperf true (or +JPperf map)\n"])
-            end,
             D = maps:get(duration, Opts, 10),
             Err(io_lib:format("recording OS process ~b (~p) with perf for ~b s...~n", [OsPid, Node, D])),
             PerfOpts = #{duration => D, frequency => maps:get(frequency, Opts, 97),
-                         call_graph => maps:get(call_graph, Opts, dwarf), dir => Out,
+                         call_graph => maps:get(call_graph, Opts, auto), dir => Out,
                          perf => maps:get(perf, Opts, undefined)},
             case beamdiag_perf:record(OsPid, PerfOpts) of
-                {ok, Rec = #{script := Script}} ->
+                {ok, Rec = #{script := Script, call_graph := CG, perf_map := Map}} ->
                     %% Frame-pointer chains are garbage rootwards of the
                     %% first unknown frame: keep the leafward part.
-                    Unknown = case maps:get(call_graph, Opts, dwarf) of
+                    Unknown = case CG of
                         fp -> cut;
                         _ -> keep
                     end,
-                    FoldOpts = case filelib:is_regular(MapFile) of
-                        true -> #{perf_map => MapFile, unknown => Unknown};
-                        false -> #{unknown => Unknown}
+                    FoldOpts = case Map of
+                        missing -> #{unknown => Unknown};
+                        _ -> #{perf_map => Map, unknown => Unknown}
                     end,
+                    T0 = erlang:monotonic_time(millisecond),
                     case beamdiag_fold:fold_file(Script, FoldOpts) of
                         {ok, P} ->
-                            {ok, #{profile => P, method => perf, node => Node,
-                                   perf => maps:remove(record_output, Rec),
+                            Wall = (maps:get(wall_ms, Rec))#{
+                                       fold => erlang:monotonic_time(millisecond) - T0},
+                            Perf = (maps:with([call_graph, call_graph_reason, perf_map, duration,
+                                               frequency, script_bytes, script_truncated, target],
+                                              Rec))#{wall_ms => Wall},
+                            {ok, #{profile => P, method => perf, node => Node, perf => Perf,
                                    findings => beamdiag_profile_rules:findings(P, #{})}};
                         {error, _} = E ->
                             E
@@ -71,6 +70,69 @@ profile(Node, Opts, Err) ->
         {error, _} = E ->
             E
     end.
+
+%% @doc The profile's header: its figures, counted from the folded stacks
+%% it writes (`beamdiag_fold:summary/1'), then what the call-graph mode
+%% lost and how to get more.
+-spec header(map()) -> iolist().
+header(R = #{profile := P, method := M}) ->
+    S = beamdiag_fold:summary(P),
+    Pct = fun(K) -> io_lib:format("~.1f%", [100 * maps:get(K, S)]) end,
+    Mode = case R of
+        #{perf := #{call_graph := CG}} -> [", call graph ", atom_to_list(CG)];
+        _ -> ""
+    end,
+    [
+        io_lib:format("~b samples (~s~s). Samples with an Erlang function on the stack: ~s; "
+                      "with an unnamed JIT frame: ~s; with an unnamed native frame: ~s; "
+                      "with an address perf could place nowhere: ~s; cut short by the unwinder "
+                      "before an Erlang or thread-root frame: ~s.~n",
+                      [maps:get(samples, S), M, Mode, Pct(erlang_share), Pct(unnamed_jit_share),
+                       Pct(unnamed_native_share), Pct(unplaced_share), Pct(cut_short_share)]),
+        [["  - ", N, "\n"] || N <- notes(R, S)]
+    ].
+
+notes(#{perf := Perf}, S) ->
+    Reason = case Perf of
+        #{call_graph := CG, call_graph_reason := Why} ->
+            [io_lib:format("call graph ~s: ~ts.", [CG, Why])];
+        _ ->
+            []
+    end,
+    Lost = case Perf of
+        #{call_graph := fp} ->
+            [io_lib:format("Frame pointers lose native callers: the emulator's C code keeps none, "
+                           "so a walk that enters it ends there (~.1f% of samples cut short). "
+                           "For native call chains: --call-graph dwarf.",
+                           [100 * maps:get(cut_short_share, S)])];
+        #{call_graph := dwarf} ->
+            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
+                           "native code are lost (~.1f% of samples cut short). For Erlang call "
+                           "chains: start the node with +JPperf true and use --call-graph fp, "
+                           "or --erlang.", [100 * maps:get(cut_short_share, S)])];
+        #{call_graph := none} ->
+            [<<"No call chains: only the function each sample landed in.">>];
+        _ ->
+            []
+    end,
+    Map = case Perf of
+        #{perf_map := missing} ->
+            [<<"No perf map: the node was not started with +JPperf true (or map), so its JIT "
+               "code has no names; restart it with +JPperf true to name Erlang functions.">>];
+        _ ->
+            []
+    end,
+    Native = case maps:get(unnamed_native_share, S) >= 0.2 of
+        true ->
+            [<<"Many native frames have no name: the emulator is stripped down to its "
+               "exported functions; its debug symbols (Debian: erlang-base-dbgsym) name the "
+               "rest.">>];
+        false ->
+            []
+    end,
+    Reason ++ Lost ++ Map ++ Native;
+notes(_, _) ->
+    [].
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().

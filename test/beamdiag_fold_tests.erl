@@ -4,7 +4,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--export([fixture/1]).
+-export([fixture/1, recount/1]).
 
 fixture(Name) ->
     Candidates = [
@@ -115,7 +115,9 @@ frame_kind_test_() ->
             {<<"$global::call_light_bif_shared">>, native},
             {<<"erts_atom_put">>, native},
             {<<"do_syscall_64_[k]">>, kernel},
-            {<<"[beam.smp]">>, unknown},
+            {<<"[beam.smp]">>, unnamed_native},
+            {<<"[unknown] (/memfd:vmem (deleted))">>, unnamed_jit},
+            {<<"[unknown] (/tmp/perf-42.map)">>, unnamed_jit},
             {<<"[unknown]">>, unknown}
         ]].
 
@@ -241,3 +243,103 @@ flip(Bin, N) ->
             <<H:P/binary, _, T/binary>> = B,
             <<H/binary, (rand:uniform(256) - 1), T/binary>>
         end, Bin, lists:seq(1, N)).
+
+%% The header's figures are what the folded stacks it writes show: counted
+%% again here from the folded text, with this test's own reading of frame
+%% names, they agree within 1 point for every recorded capture.
+header_figures_match_folded_text_test_() ->
+    [{F, fun() ->
+              {ok, P} = beamdiag_fold:fold_file(fixture(F), Opts),
+              S = beamdiag_fold:summary(P),
+              R = recount(iolist_to_binary(beamdiag_fold:to_iolist(P))),
+              ?assertEqual(maps:get(samples, S), maps:get(samples, R)),
+              [?assert(abs(maps:get(K, S) - maps:get(K, R)) =< 0.01)
+               || K <- [erlang_share, unnamed_jit_share, unnamed_native_share, unplaced_share,
+                        cut_short_share]]
+          end}
+     || {F, Opts} <- [{"dwarf_atom_decode.txt", #{}}, {"dwarf_redis_cache.txt", #{}},
+                      {"fp_atom_decode.txt", #{}}, {"fp_mixed.txt", #{}},
+                      {"fp_mixed.txt", #{unknown => cut}}, {"leaf_mixed.txt", #{}},
+                      {"fp_memfd_nomap.txt", #{}},
+                      {"fp_otp27_jpperf.txt", #{perf_map => fixture("fp_otp27_jpperf.map"),
+                                                unknown => cut}}]].
+
+%% OTP 27 without +JPperf, frame pointers: perf names the JIT's memfd
+%% mapping but no function in it; the folder keeps perf's name whole and
+%% the header counts those samples.
+memfd_without_map_test() ->
+    {ok, Raw} = file:read_file(fixture("fp_memfd_nomap.txt")),
+    RawJit = length(binary:matches(Raw, <<"[unknown] (/memfd:vmem (deleted))">>)),
+    ?assert(RawJit > 10),
+    P = fold("fp_memfd_nomap.txt"),
+    Frames = lists:usort(lists:append(maps:keys(maps:get(stacks, P)))),
+    ?assert(lists:member(<<"[unknown] (/memfd:vmem (deleted))">>, Frames)),
+    ?assertNot(lists:member(<<"[unknown] (/memfd:vmem">>, Frames)),
+    ?assert(maps:get(unnamed_jit_share, beamdiag_fold:summary(P)) > 0.2).
+
+%% OTP 27 with +JPperf true, frame pointers, perf map in the node's own
+%% /tmp (perf on the host names the map but cannot read it): the folder
+%% names the JIT frames from the map's copy.
+otp27_map_test() ->
+    {ok, Raw} = file:read_file(fixture("fp_otp27_jpperf.txt")),
+    ?assertMatch([_ | _], binary:matches(Raw, <<"[unknown] (/tmp/perf-">>)),
+    P = fold("fp_otp27_jpperf.txt", #{perf_map => fixture("fp_otp27_jpperf.map"), unknown => cut}),
+    Frames = lists:usort(lists:append(maps:keys(maps:get(stacks, P)))),
+    ?assertEqual([], [F || F <- Frames, beamdiag_fold:frame_kind(F) =:= unnamed_jit]),
+    ?assert(lists:member(<<"$w:cpu_loop/0">>, Frames)),
+    ?assert(maps:get(erlang_share, beamdiag_fold:summary(P)) > 0.05).
+
+%% Figures of folded text (`frame;frame count' lines), counted apart from
+%% the folder's code: shares of samples with an Erlang function
+%% (`mod:fun/arity', with or without `$'), an unnamed JIT frame
+%% (`[unknown] (object)'), an unnamed native frame (`[object]'), a bare
+%% `[unknown]', and samples cut short (no Erlang function, root-most frame
+%% not a thread entry).
+recount(Text) ->
+    Lines = binary:split(Text, <<"\n">>, [global, trim_all]),
+    Parsed = [begin
+                  {match, [St, C]} = re:run(L, <<"^(.*) ([0-9]+)$">>, [{capture, all_but_first, binary}]),
+                  {binary:split(St, <<";">>, [global]), binary_to_integer(C)}
+              end || L <- Lines],
+    N = lists:sum([C || {_, C} <- Parsed]),
+    Count = fun(Pred) -> lists:sum([C || {[_ | Fr], C} <- Parsed, Pred(Fr)]) end,
+    Any = fun(RE) -> fun(Fr) -> lists:any(fun(F) -> re:run(F, RE) =/= nomatch end, Fr) end end,
+    Erl = Any(<<"^\\$?[^$\\[][^:]*:.+/[0-9]+$">>),
+    Roots = [<<"clone">>, <<"clone3">>, <<"__clone">>, <<"__clone3">>, <<"start_thread">>,
+             <<"thread_start">>, <<"_start">>, <<"__libc_start_main">>,
+             <<"__libc_start_call_main">>, <<"$global::process_main">>, <<"process_main">>],
+    Cut = fun(Fr) -> Fr =/= [<<"[other stacks]">>] andalso not Erl(Fr) andalso
+                         not (Fr =/= [] andalso lists:member(hd(Fr), Roots)) end,
+    Share = fun(X) -> case N of 0 -> 0.0; _ -> X / N end end,
+    #{samples => N,
+      erlang_share => Share(Count(Erl)),
+      unnamed_jit_share => Share(Count(Any(<<"^\\[unknown\\] \\(">>))),
+      unnamed_native_share => Share(Count(fun(Fr) ->
+          lists:any(fun(F) -> re:run(F, <<"^\\[">>) =/= nomatch andalso
+                                  re:run(F, <<"^\\[(unknown|no stack|other stacks)\\]">>) =:= nomatch
+                    end, Fr) end)),
+      unplaced_share => Share(Count(fun(Fr) -> lists:member(<<"[unknown]">>, Fr) end)),
+      cut_short_share => Share(Count(Cut))}.
+
+%% perf's own text for JIT code it cannot name is kept whole, and the map
+%% names it when perf named the map but could not read it (a container's
+%% /tmp).
+jit_frames_kept_whole_test() ->
+    Map = filename:join(tmp_dir(), "perf-77.map"),
+    ok = file:write_file(Map, <<"7f0000001000 100 $mymod:hot/2\n">>),
+    Text = <<"erts_sched_1  4242   1.000000:   10309278 cpu-clock: \n"
+             "\t          3d0828 erts_atom_put (/usr/lib/erlang/erts-15.2.7/bin/beam.smp)\n"
+             "\t    7f5d68005bd [unknown] (/memfd:vmem (deleted))\n"
+             "\t    7f0000001010 [unknown] (/tmp/perf-77.map)\n"
+             "\t    7f0000009999 [unknown] (/tmp/perf-77.map)\n\n">>,
+    {ok, Raw} = beamdiag_fold:fold_binary(Text, #{}),
+    ?assertEqual(#{[<<"scheduler">>, <<"[unknown] (/tmp/perf-77.map)">>,
+                    <<"[unknown] (/tmp/perf-77.map)">>, <<"[unknown] (/memfd:vmem (deleted))">>,
+                    <<"erts_atom_put">>] => 1}, maps:get(stacks, Raw)),
+    ?assertMatch(#{unnamed_jit_share := 1.0, unplaced_share := 0.0, cut_short_share := 1.0},
+                 beamdiag_fold:summary(Raw)),
+    {ok, Named} = beamdiag_fold:fold_binary(Text, #{perf_map => Map}),
+    ?assertEqual(#{[<<"scheduler">>, <<"[unknown] (/tmp/perf-77.map)">>, <<"$mymod:hot/2">>,
+                    <<"[unknown] (/memfd:vmem (deleted))">>, <<"erts_atom_put">>] => 1},
+                 maps:get(stacks, Named)),
+    ?assertMatch(#{erlang_share := 1.0, cut_short_share := 0.0}, beamdiag_fold:summary(Named)).

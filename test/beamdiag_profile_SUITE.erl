@@ -9,10 +9,11 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([atom_decode_perf/1, redis_cache_perf/1, erlang_sampler/1, perf_errors/1,
-         flame_cli/1]).
+         flame_cli/1, diagnose_perf/1, header_otp25/1, header_otp27/1, header_otp29/1]).
 
 all() ->
-    [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli].
+    [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli, diagnose_perf,
+     header_otp25, header_otp27, header_otp29].
 
 init_per_suite(Config) ->
     case os:find_executable("perf") of
@@ -25,6 +26,14 @@ end_per_suite(_Config) ->
 
 init_per_testcase(perf_errors, Config) ->
     Config;
+init_per_testcase(header_otp25, Config) ->
+    Config;
+init_per_testcase(header_otp27, Config) ->
+    Config;
+init_per_testcase(header_otp29, Config) ->
+    Config;
+init_per_testcase(diagnose_perf, Config) ->
+    init_per_testcase(flame_cli, Config);
 init_per_testcase(flame_cli, Config) ->
     case ensure_distributed() of
         ok -> start_dist_node(Config);
@@ -60,7 +69,7 @@ perf_errors(_Config) ->
     ok.
 
 atom_decode_perf(Config) ->
-    P = record(Config, 5),
+    P = record(Config, 5, dwarf),
     S = beamdiag_fold:summary(P),
     ct:pal("summary: ~p~n~s", [S, beamdiag_fold:format_top("top", beamdiag_fold:top(P, #{}))]),
     %% Raw signal first: most samples decode atoms, and perf could place
@@ -89,7 +98,7 @@ redis_cache_perf(Config) ->
     ?assert(is_integer(RedisPid)),
     ?assert(alive(RedisPid)),
     Ops0 = peer:call(Peer, beamdiag_lab_cache, ops, [redis_cache]),
-    P = record(Config, 5),
+    P = record(Config, 5, dwarf),
     Ops1 = peer:call(Peer, beamdiag_lab_cache, ops, [redis_cache]),
     S = beamdiag_fold:summary(P),
     Decode = share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erts_atom_put_index">>,
@@ -142,7 +151,7 @@ flame_cli(Config) ->
                           [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erl_zlib_inflate_chunk">>]),
     ct:pal("binary_to_term frames in ~.1f% of the folded samples", [100 * Decode]),
     ?assert(Decode > 0.3),
-    {_, _} = binary:match(Printed, <<"[unknown] frames in">>),
+    {_, _} = binary:match(Printed, <<"with an unnamed JIT frame">>),
     {_, _} = binary:match(Printed, <<"binary_to_term decoding atoms">>),
     %% The Erlang-level sampler over distribution, from the same command.
     OutErl = filename:join(?config(priv_dir, Config), "flame_cli_erlang"),
@@ -159,6 +168,33 @@ flame_cli(Config) ->
     {_, _} = binary:match(PrintedErl, <<"beamdiag_lab_cache:decode_loop/2">>),
     %% The sampler was removed from the node afterwards.
     false = erpc:call(Node, code, is_loaded, [beamdiag_agent_sampler]),
+    ok.
+
+%% perf as a library option: one connection, one capture that holds the
+%% profile, one analysis whose findings include the profile's.
+diagnose_perf(Config) ->
+    Node = ?config(node, Config),
+    T0 = erlang:monotonic_time(millisecond),
+    {ok, D} = beamdiag:diagnose(Node, #{duration => 4, perf => true, msacc_span => 1}),
+    Elapsed = erlang:monotonic_time(millisecond) - T0,
+    #{capture := #{extras := #{profile := Prof}}, findings := Findings} = D,
+    #{profile := P, perf := Perf, svg := Svg} = Prof,
+    S = beamdiag_fold:summary(P),
+    ct:pal("diagnose --perf: ~b ms for a 4 s window; ~p~n~p", [Elapsed, S, Perf]),
+    %% Raw signal: the profile has samples, most in the atom decoding.
+    ?assert(maps:get(samples, S) >= 50),
+    ?assert(share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erts_atom_put_index">>,
+                           <<"erl_zlib_inflate_chunk">>]) > 0.3),
+    ?assertMatch({_, _}, binary:match(Svg, <<"<svg">>)),
+    %% The one analysis saw the profile: its finding is in the diagnosis.
+    ?assertMatch([_ | _], [F || F = #{id := hot_function, metrics := #{family := <<"atom_decode">>}}
+                                <- Findings]),
+    %% The text report carries the header.
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
+    ?assertMatch({_, _}, binary:match(Text, <<"with an unnamed JIT frame">>)),
+    %% A bad perf option is a caller's mistake.
+    ?assertError({badarg, {perf, #{call_graph := lbr}}},
+                 beamdiag:diagnose(Node, #{duration => 1, perf => #{call_graph => lbr}})),
     ok.
 
 %%% Helpers
@@ -206,13 +242,15 @@ wait_node(Node, N) ->
         pang -> timer:sleep(100), wait_node(Node, N - 1)
     end.
 
-record(Config, Seconds) ->
+record(Config, Seconds, CallGraph) ->
     OsPid = ?config(ospid, Config),
     Dir = filename:join(?config(priv_dir, Config), "perf"),
-    {ok, R = #{script := Script}} = beamdiag_perf:record(OsPid, #{duration => Seconds, dir => Dir}),
+    {ok, R = #{script := Script}} = beamdiag_perf:record(OsPid, #{duration => Seconds, dir => Dir,
+                                                                  call_graph => CallGraph}),
     ct:pal("perf: ~p", [maps:without([record_output], R)]),
-    present = maps:get(perf_map, R),
-    {ok, P} = beamdiag_fold:fold_file(Script, #{}),
+    Map = maps:get(perf_map, R),
+    true = filelib:is_regular(Map),
+    {ok, P} = beamdiag_fold:fold_file(Script, #{perf_map => Map}),
     P.
 
 %% Share of the samples of a folded file ("f1;f2;... count" lines) whose
@@ -225,6 +263,109 @@ folded_share(File, Frames) ->
     Hits = lists:sum([C || {S, C} <- Rows,
                            lists:any(fun(F) -> binary:match(S, F) =/= nomatch end, Frames)]),
     Hits / max(1, lists:sum([C || {_, C} <- Rows])).
+
+%%% The header's figures on real nodes of each OTP, with and without
+%%% +JPperf: they are what profile.folded shows (counted again from its
+%%% text by the fold tests' own reading), the call-graph mode fits the node
+%%% and the header says what it lost.
+
+header_otp25(Config) -> header(25, Config).
+header_otp27(Config) -> header(27, Config).
+header_otp29(Config) -> header(29, Config).
+
+header(Release, Config) ->
+    [header(Release, Flag, Config) || Flag <- [true, none]],
+    ok.
+
+header(Release, Flag, Config) ->
+    Args = case Flag of true -> ["+JPperf", "true"]; none -> [] end,
+    case beamdiag_test_lib:start_node(Release, #{args => Args}) of
+        {ok, Peer, _Node} ->
+            try
+                ok = start_workload(Peer),
+                OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+                Dir = filename:join(?config(priv_dir, Config),
+                                    lists:concat(["otp", Release, "_", Flag])),
+                {ok, R = #{script := Script, call_graph := CG, perf_map := Map}} =
+                    beamdiag_perf:record(OsPid, #{duration => 4, dir => Dir}),
+                ct:pal("OTP ~b, +JPperf ~p: ~p", [Release, Flag, maps:without([record_output], R)]),
+                %% The mode fits the node: frame pointers where the JIT
+                %% keeps them and the map was found (through /proc/PID/root
+                %% for a node in its own root), DWARF otherwise.
+                case {Release, Flag} of
+                    {29, true} -> fp = CG, true = filelib:is_regular(Map);
+                    {_, true} -> dwarf = CG, true = filelib:is_regular(Map);
+                    {_, none} -> dwarf = CG, missing = Map
+                end,
+                FoldOpts = case {Map, CG} of
+                    {missing, _} -> #{};
+                    {_, fp} -> #{perf_map => Map, unknown => cut};
+                    {_, dwarf} -> #{perf_map => Map}
+                end,
+                {ok, P} = beamdiag_fold:fold_file(Script, FoldOpts),
+                Folded = iolist_to_binary(beamdiag_fold:to_iolist(P)),
+                ok = file:write_file(filename:join(Dir, "profile.folded"), Folded),
+                %% Raw signal: samples were taken, and the folded text's own
+                %% figures.
+                Recount = beamdiag_fold_tests:recount(Folded),
+                S = beamdiag_fold:summary(P),
+                Header = iolist_to_binary(beamdiag_profile:header(
+                             #{profile => P, method => perf, perf => R})),
+                ct:pal("recount ~p~nheader ~s", [Recount, Header]),
+                ?assert(maps:get(samples, Recount) >= 20),
+                [?assert(abs(maps:get(K, S) - maps:get(K, Recount)) =< 0.01)
+                 || K <- [erlang_share, unnamed_jit_share, unnamed_native_share, unplaced_share,
+                          cut_short_share]],
+                %% The header prints those figures.
+                [{_, _} = binary:match(Header, iolist_to_binary(
+                              io_lib:format("~.1f%", [100 * maps:get(K, S)])))
+                 || K <- [erlang_share, unnamed_jit_share, cut_short_share]],
+                case Flag of
+                    true ->
+                        %% With +JPperf true the JIT code is named.
+                        ?assert(maps:get(unnamed_jit_share, Recount) < 0.05),
+                        ?assert(maps:get(erlang_share, Recount) > 0.0);
+                    none ->
+                        ?assert(maps:get(unnamed_jit_share, Recount) > 0.05),
+                        {_, _} = binary:match(Header, <<"No perf map">>),
+                        {_, _} = binary:match(Header, <<"DWARF unwinding stops">>)
+                end
+            after
+                catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
+%% A workload compiled on the target from source, so that it runs on any
+%% OTP: one process decodes an atom-heavy term, one does list and map work.
+start_workload(Peer) ->
+    Src = "-module(beamdiag_profile_work).\n"
+          "-export([start/0, decode_loop/1, cpu_loop/0]).\n"
+          "start() ->\n"
+          "    T = [list_to_atom(\"a\" ++ integer_to_list(I)) || I <- lists:seq(1, 20000)],\n"
+          "    Bin = term_to_binary(T, [{compressed, 6}]),\n"
+          "    spawn(fun() -> decode_loop(Bin) end), spawn(fun() -> cpu_loop() end), ok.\n"
+          "decode_loop(Bin) -> _ = binary_to_term(Bin), decode_loop(Bin).\n"
+          "cpu_loop() ->\n"
+          "    L = [rand:uniform(1000) || _ <- lists:seq(1, 200)],\n"
+          "    M = lists:foldl(fun(X, A) -> A#{X rem 32 => X} end, #{}, lists:sort(L)),\n"
+          "    _ = map_size(M), cpu_loop().\n",
+    Forms = forms(Src),
+    {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms]),
+    {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "beamdiag_profile_work.erl", Bin]),
+    ok = peer:call(Peer, Mod, start, []),
+    timer:sleep(1000),
+    ok.
+
+forms(Src) ->
+    case erl_scan:tokens([], Src, 1) of
+        {done, {ok, Toks, _}, Rest} ->
+            {ok, F} = erl_parse:parse_form(Toks),
+            [F | forms(Rest)];
+        _ ->
+            []
+    end.
 
 share_with(#{stacks := Stacks, samples := N}, Frames) ->
     Hits = lists:sum([C || {S, C} <- maps:to_list(Stacks),
