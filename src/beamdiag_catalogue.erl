@@ -310,7 +310,7 @@ entries() ->
         #{
             id => hot_function,
             area => profile,
-            title => <<"A single function takes a large share of the CPU">>,
+            title => <<"Functions that take a large share of the CPU">>,
             meaning =>
                 <<"The profile (perf, or the Erlang-level sampler) shows one function or "
                   "one known family of functions with a large share of the samples: "
@@ -319,14 +319,16 @@ entries() ->
                   "regular expressions compiled on every call, native lock waits or "
                   "scheduler busy-waiting.">>,
             fix =>
-                <<"The evidence names the functions, their share of the samples and, for "
-                  "a known family, the usual cause and its fix (for atom-heavy "
-                  "binary_to_term of cached values: keep the decoded terms in an ETS tier "
-                  "in front of the remote cache). For an unknown function, read its "
-                  "callers in flame.svg.">>,
+                <<"Each finding names the functions and their share of the samples; for a "
+                  "known family its title and fix are that family's (the table in "
+                  "docs/PROFILING.md). For a function the knowledge base does not know, "
+                  "read its callers in flame.svg.">>,
             when_not =>
                 <<"Work the node exists to do: a hot function is only a problem when it "
-                  "is not the job itself, or costs more than it should.">>
+                  "is not the job itself, or costs more than it should. Garbage "
+                  "collection, copies, ETS reads, lock waits, spinning and functions the "
+                  "knowledge base does not know are rated warning at most for that "
+                  "reason.">>
         }
     ].
 

@@ -23,6 +23,11 @@
 
 -type family() :: #{
     key := atom(),
+    title := binary(),
+    %% critical only for costs no node has as its job; garbage collection,
+    %% copies, ETS reads, lock waits and spinning are part of much work
+    %% (a message broker collects garbage all day): at most warning.
+    max_severity := beamdiag_finding:severity(),
     label := binary(),
     frames := [binary()],
     prefixes := [binary()],
@@ -45,6 +50,8 @@ families() ->
     [
         #{
             key => atom_decode,
+            title => <<"Decoding atom-heavy terms with binary_to_term takes a large share of the CPU">>,
+            max_severity => critical,
             label => <<"binary_to_term decoding atoms">>,
             frames => [<<"binary_to_term_1">>, <<"binary_to_term_2">>, <<"erts_atom_put">>,
                        <<"erts_atom_put_index">>, <<"atom_hash">>, <<"dec_atom">>,
@@ -61,6 +68,8 @@ families() ->
         },
         #{
             key => zlib_inflate,
+            title => <<"zlib decompression of stored terms takes a large share of the CPU">>,
+            max_severity => critical,
             label => <<"zlib decompression of compressed terms">>,
             frames => [<<"erl_zlib_inflate_chunk">>, <<"inflate">>, <<"inflate_fast">>,
                        <<"adler32_z">>, <<"adler32">>],
@@ -73,6 +82,8 @@ families() ->
         },
         #{
             key => zlib_deflate,
+            title => <<"zlib compression in term_to_binary takes a large share of the CPU">>,
+            max_severity => critical,
             label => <<"zlib compression in term_to_binary">>,
             frames => [<<"erl_zlib_deflate_chunk">>, <<"erl_zlib_deflate_start">>,
                        <<"deflate">>, <<"deflate_slow">>, <<"deflate_fast">>,
@@ -86,6 +97,8 @@ families() ->
         },
         #{
             key => ets_copy,
+            title => <<"Copying big terms out of ETS takes a large share of the CPU">>,
+            max_severity => warning,
             label => <<"copying big terms out of ETS">>,
             frames => [<<"db_get_element">>, <<"db_get_element_tree_common">>,
                        <<"copy_struct_x">>, <<"copy_shallow_x">>, <<"db_copy_from_comp">>,
@@ -101,6 +114,8 @@ families() ->
         },
         #{
             key => gc,
+            title => <<"Garbage collection takes a large share of the CPU">>,
+            max_severity => warning,
             label => <<"garbage collection">>,
             frames => [<<"erts_garbage_collect">>, <<"erts_garbage_collect_nobump">>,
                        <<"erts_garbage_collect_hibernate">>, <<"garbage_collect">>,
@@ -116,6 +131,8 @@ families() ->
         },
         #{
             key => regex_compile,
+            title => <<"Regular expressions compiled on every call take a large share of the CPU">>,
+            max_severity => critical,
             label => <<"regular expressions compiled on every call">>,
             frames => [<<"erts_pcre_compile">>, <<"erts_pcre_compile2">>, <<"re_compile_2">>,
                        <<"re_compile_1">>],
@@ -129,6 +146,8 @@ families() ->
         },
         #{
             key => memcpy,
+            title => <<"Copying memory (memcpy) takes a large share of the CPU">>,
+            max_severity => warning,
             label => <<"copying memory (memcpy)">>,
             frames => [<<"memcpy">>, <<"memmove">>],
             prefixes => [<<"__memcpy">>, <<"__memmove">>, <<"__memcpy_avx">>],
@@ -140,6 +159,8 @@ families() ->
         },
         #{
             key => native_locks,
+            title => <<"Waiting for native locks takes a large share of the CPU">>,
+            max_severity => warning,
             label => <<"waiting for native locks">>,
             frames => [<<"ethr_mutex_lock">>, <<"ethr_mutex_lock_wait__">>,
                        <<"ethr_event_wait">>, <<"ethr_event_swait">>,
@@ -155,6 +176,8 @@ families() ->
         },
         #{
             key => busy_wait,
+            title => <<"Schedulers spinning while idle take a large share of the CPU">>,
+            max_severity => warning,
             label => <<"schedulers spinning while idle">>,
             frames => [<<"scheduler_wait">>, <<"sched_spin_wait">>, <<"sched_busy_wait">>,
                        <<"erts_thr_progress_update">>, <<"erts_thr_progress_leader_update">>,
@@ -253,24 +276,39 @@ strip_suffix(F) ->
         _ -> F
     end.
 
-family_finding(#{key := Key, label := Label, advice := Advice}, Share, Frames, #{samples := N}) ->
-    Severity = severity(Share),
+family_finding(#{key := Key, label := Label, advice := Advice, title := Title,
+                 max_severity := Max}, Share, Frames, #{samples := N}) ->
+    Severity = capped(severity(Share), Max),
     Top = lists:sublist(Frames, 4),
     E1 = io_lib:format("~ts: ~.1f% of samples (~ts)",
                        [Label, 100 * Share,
                         lists:join(", ", [io_lib:format("~ts ~.1f%", [Fr, 100 * S]) || {Fr, S} <- Top])]),
     {TopFrame, TopShare} = case Top of [T | _] -> T; [] -> {<<>>, 0.0} end,
-    beamdiag_finding:new(hot_function, Severity, [E1, Advice],
-                         #{family => atom_to_binary(Key), share => Share,
-                           function => TopFrame, function_share => TopShare,
-                           samples => N}).
+    Capped = case Severity =/= severity(Share) of
+        true -> [<<"Rated warning, not critical: this is work many nodes exist to do; it is "
+                   "a fault only when it costs more than the node's job needs.">>];
+        false -> []
+    end,
+    F = beamdiag_finding:new(hot_function, Severity, [E1 | Capped],
+                             #{family => atom_to_binary(Key), share => Share,
+                               function => TopFrame, function_share => TopShare,
+                               samples => N}),
+    %% The title and the fix are the family's own.
+    F#{title := Title, fix := Advice}.
 
 hot_finding(#{name := Name, self_share := S, total_share := T, kind := K}, #{samples := N}) ->
     E = io_lib:format("~ts (~s) is the leaf of ~.1f% of samples, on the stack in ~.1f%",
                       [Name, K, 100 * S, 100 * T]),
-    beamdiag_finding:new(hot_function, severity(S),
-                         [E, <<"Not in the knowledge base: look at its callers in the flame graph.">>],
-                         #{function => Name, share => S, total_share => T, samples => N}).
+    %% Not in the knowledge base: it may well be the node's job, so at
+    %% most a warning.
+    F = beamdiag_finding:new(hot_function, capped(severity(S), warning), [E],
+                             #{function => Name, share => S, total_share => T, samples => N}),
+    F#{title := <<"One function takes a large share of the CPU">>,
+       fix := <<"Not in the knowledge base: read its callers in flame.svg and decide whether "
+                "it is the node's job or a cost to remove.">>}.
+
+capped(critical, warning) -> warning;
+capped(Severity, _Max) -> Severity.
 
 severity(S) when S >= ?CRIT -> critical;
 severity(S) when S >= ?WARN -> warning;

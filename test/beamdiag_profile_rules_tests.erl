@@ -52,10 +52,37 @@ families_test_() ->
                                           [<<"scheduler">>, <<"$app:work/1">>, <<"$lists:map/2">>] => 60}),
           Findings = beamdiag_profile_rules:findings(P, #{}),
           [F] = [X || X <- Findings, family(X) =:= Fam],
-          #{severity := critical, evidence := [E, _Advice], metrics := #{share := S}} = F,
+          #{severity := Sev, evidence := [E | _], metrics := #{share := S}, title := Title,
+            fix := Fix} = F,
           ?assertEqual(0.4, S),
-          ?assertMatch({_, _}, binary:match(E, <<"40.0%">>))
+          ?assertMatch({_, _}, binary:match(E, <<"40.0%">>)),
+          %% 40% is critical only for costs that are no node's job.
+          Want = case lists:member(Fam, [<<"gc">>, <<"memcpy">>, <<"native_locks">>,
+                                         <<"busy_wait">>, <<"ets_copy">>]) of
+              true -> warning;
+              false -> critical
+          end,
+          ?assertEqual(Want, Sev),
+          %% A family's title and fix are its own: Redis and binary_to_term
+          %% are named only for the atom decoding family.
+          ?assertEqual(nomatch, binary:match(Title, <<"single function">>)),
+          case Fam of
+              <<"atom_decode">> -> ?assertMatch({_, _}, binary:match(Fix, <<"Redis">>));
+              _ -> ?assertEqual(nomatch, binary:match(Fix, [<<"Redis">>, <<"binary_to_term">>]))
+          end
       end} || {Fam, Stack} <- Cases].
+
+%% GC on a node whose job makes garbage (a broker) is a warning with its
+%% own title and fix, however large its share.
+gc_is_not_critical_test() ->
+    P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"erts_garbage_collect_nobump">>,
+                                     <<"[beam.smp]">>] => 90,
+                                    [<<"scheduler">>, <<"$rabbit_amqqueue_process:handle_cast/2">>] => 10}),
+    [F] = beamdiag_profile_rules:findings(P, #{}),
+    ?assertMatch(#{severity := warning, title := <<"Garbage collection takes", _/binary>>}, F),
+    #{fix := Fix, evidence := Ev} = F,
+    ?assertEqual(nomatch, binary:match(Fix, [<<"Redis">>, <<"binary_to_term">>])),
+    ?assertMatch([_, _], Ev).
 
 no_double_count_test() ->
     %% A stack with several frames of one family counts once.
@@ -71,6 +98,8 @@ unknown_hot_function_test() ->
                                     [<<"scheduler">>, <<"$app:other/0">>] => 10,
                                     [<<"scheduler">>, <<"$app:more/0">>] => 10}),
     [F] = beamdiag_profile_rules:findings(P, #{}),
-    ?assertMatch(#{id := hot_function, metrics := #{function := <<"$app:crunch/2">>}}, F),
+    ?assertMatch(#{id := hot_function, metrics := #{function := <<"$app:crunch/2">>},
+                   severity := warning, title := <<"One function takes a large share of the CPU">>},
+                 F),
     #{evidence := [E | _]} = F,
     ?assertMatch({_, _}, binary:match(E, <<"70.0%">>)).
