@@ -195,7 +195,8 @@ abstract_code([{M, Bin, File} | Rest], Acc) ->
 
 %% Every module compiled on the target at once (one process there each),
 %% so that on a busy node they wait for a scheduler side by side; the whole
-%% is bounded. Each result comes back with its md5 as the target's loader
+%% is bounded: past the bound nothing is loaded (a compile still running
+%% there ends on its own, its result unused). Each result comes back with its md5 as the target's loader
 %% will see it, for the already-loaded check.
 compile_all(Target, Forms) ->
     Deadline = erlang:monotonic_time(millisecond) + ?COMPILE_TIMEOUT,

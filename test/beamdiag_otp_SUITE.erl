@@ -167,8 +167,12 @@ nif_threads(Config) ->
     {So, File} = nif_so(Config),
     {ok, _} = beamdiag_loader:load({peer, Peer}, [beamdiag_nif_thread]),
     ok = peer:call(Peer, beamdiag_nif_thread, run, [So, 8000]),
-    %% Loaded: the file can go.
+    %% Loaded: the file can go (and its folder, inside a root).
     ok = file:delete(File),
+    _ = case ?config(release, Config) of
+            25 -> ok;
+            _ -> file:del_dir(filename:dirname(File))
+        end,
     {J, S} = diagnose(Config),
     Threads = maps:get(<<"threads">>, J),
     Names = [{maps:get(<<"name">>, T), maps:get(<<"type">>, T)} || T <- Threads],
