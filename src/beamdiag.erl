@@ -208,7 +208,7 @@ with_extras(Capture, none) ->
     Capture;
 with_extras(Capture, {ok, #{profile := P, method := M, node := N} = R}) ->
     Extras = maps:get(extras, Capture, #{}),
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => atom_to_list(N)})),
+    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(P, #{title => atom_to_list(N)})),
     %% The Erlang sampler's stacks per process, for the top processes.
     ByProcess = maps:get(processes, maps:get(sampler, R, #{}), []),
     Profile = maps:merge(maps:with([perf], R),

@@ -99,7 +99,7 @@ write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Op
     Text = report(Result, Opts),
     Files = [
         {"profile.folded", beamdiag_fold:to_iolist(P)},
-        {"flame.svg", beamdiag_flamegraph:svg(P, #{title => io_lib:format("~p", [Node]),
+        {"flame.svg", beamdiag_format_flamegraph:svg(P, #{title => io_lib:format("~p", [Node]),
                                                      subtitle => subtitle(Result)})},
         {"top.txt", Text}
     ],

@@ -40,7 +40,7 @@ speedscope_refuses_garbage(Config) ->
 svg_renders(Config) ->
     Priv = ?config(priv_dir, Config),
     Svg = filename:join(Priv, "flame.svg"),
-    ok = file:write_file(Svg, beamdiag_flamegraph:svg(profile(), #{title => "fixture"})),
+    ok = file:write_file(Svg, beamdiag_format_flamegraph:svg(profile(), #{title => "fixture"})),
     Dom = chromium(Config, ["--dump-dom", "file://" ++ Svg]),
     ?assertNotEqual(nomatch, binary:match(Dom, <<"erts_atom_put">>)),
     Png = filename:join(Priv, "flame.png"),

@@ -228,7 +228,7 @@ hostile(#{capture := C0}) ->
                         #{class => Img, id => Long, wait_pct => 1.5}],
               tables => [#{name => Script, owner => Img}]},
     %% The flamegraph as its producer makes it, from hostile frame names.
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(#{[Script, Img, Long] => 10,
+    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(#{[Script, Img, Long] => 10,
                                                      [<<"main">>, Script] => 5},
                                                    #{title => Img})),
     C = C0#{node => <<Script/binary, "@", Img/binary>>,

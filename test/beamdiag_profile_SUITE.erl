@@ -88,7 +88,7 @@ atom_decode_perf(Config) ->
     ?assert(beamdiag_finding:at_least(F, warning)),
     %% The flame graph of the real profile is well-formed XML.
     Svg = filename:join(?config(priv_dir, Config), "flame.svg"),
-    ok = file:write_file(Svg, beamdiag_flamegraph:svg(P, #{title => <<"atom_decode">>})),
+    ok = file:write_file(Svg, beamdiag_format_flamegraph:svg(P, #{title => <<"atom_decode">>})),
     {_, _} = xmerl_scan:file(Svg, [{quiet, true}]),
     ok.
 

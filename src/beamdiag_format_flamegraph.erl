@@ -10,9 +10,9 @@
 %%%
 %%% ```
 %%% 1> {ok, P} = beamdiag_fold:fold_file("perf.script", #{}).
-%%% 2> file:write_file("flame.svg", beamdiag_flamegraph:svg(P, #{title => <<"node@host">>})).
+%%% 2> file:write_file("flame.svg", beamdiag_format_flamegraph:svg(P, #{title => <<"node@host">>})).
 %%% '''
--module(beamdiag_flamegraph).
+-module(beamdiag_format_flamegraph).
 
 -export([svg/2, escape/1]).
 

@@ -1,6 +1,6 @@
 %%% Tests of the SVG flame graph: well-formed XML (xmerl), escaping,
 %%% bounded size, nothing loaded from outside.
--module(beamdiag_flamegraph_tests).
+-module(beamdiag_format_flamegraph_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 -include_lib("xmerl/include/xmerl.hrl").
@@ -12,7 +12,7 @@ parse(Svg) ->
 
 fixture_svg_test() ->
     {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("fp_mixed.txt"), #{}),
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(P, #{title => <<"node@host">>})),
+    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(P, #{title => <<"node@host">>})),
     Doc = parse(Svg),
     ?assertEqual(svg, Doc#xmlElement.name),
     ?assertMatch({_, _}, binary:match(Svg, <<"$mix:erl_loop/1">>)),
@@ -27,7 +27,7 @@ escaping_test() ->
     Nasty = [<<"<script>alert(1)</script>">>, <<"a&b\"c'd">>, <<"]]>">>, <<"bad\xff\xfeutf8">>,
              <<"ctl\x01\x02">>, <<"$m:'f<x>'/1">>, <<"ünïcödé"/utf8>>],
     Stacks = maps:from_list([{[<<"scheduler">>, N], 10} || N <- Nasty]),
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(Stacks, #{title => <<"<t&>">>, subtitle => <<"\x00">>})),
+    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(Stacks, #{title => <<"<t&>">>, subtitle => <<"\x00">>})),
     _ = parse(Svg),
     ?assertEqual(nomatch, binary:match(Svg, <<"<script>alert">>)),
     ?assertMatch({_, _}, binary:match(Svg, <<"&lt;script&gt;alert(1)&lt;/script&gt;">>)).
@@ -37,14 +37,14 @@ bounded_size_test() ->
     Stacks = maps:from_list(
         [{[<<"scheduler">> | [integer_to_binary(rand:uniform(1000000)) || _ <- lists:seq(1, 20)]], 1}
          || _ <- lists:seq(1, 50000)]),
-    Svg = iolist_to_binary(beamdiag_flamegraph:svg(Stacks, #{})),
+    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(Stacks, #{})),
     %% 50,000 one-sample stacks: each is far narrower than the minimum
     %% width, so only the root frames are drawn.
     ?assert(byte_size(Svg) < 200000),
     _ = parse(Svg).
 
 empty_test() ->
-    _ = parse(beamdiag_flamegraph:svg(#{}, #{})).
+    _ = parse(beamdiag_format_flamegraph:svg(#{}, #{})).
 
 escape_test() ->
-    ?assertEqual(<<"&lt;&amp;&gt;&quot;&apos;?">>, beamdiag_flamegraph:escape(<<"<&>\"'", 7>>)).
+    ?assertEqual(<<"&lt;&amp;&gt;&quot;&apos;?">>, beamdiag_format_flamegraph:escape(<<"<&>\"'", 7>>)).
