@@ -74,7 +74,7 @@ compare(A, B, Opts) when is_map(Opts) ->
         alpha => Alpha,
         metrics => Metrics,
         findings => findings(maps:get(findings, A), maps:get(findings, B)),
-        processes => beamdiag_proc_format:compare(procs(A), procs(B))
+        processes => beamdiag_format_procs:compare(procs(A), procs(B))
     }.
 
 %% @doc The comparison as text, 80 columns.
@@ -95,7 +95,7 @@ text(Cmp = #{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
                                 [safe(Id), safe(SA), safe(SB), safe(C)])
                   || #{id := Id, a := SA, b := SB, change := C} <- Fs]
         end,
-        beamdiag_proc_format:compare_text(maps:get(processes, Cmp, [])),
+        beamdiag_format_procs:compare_text(maps:get(processes, Cmp, [])),
         summary(Ms)
     ].
 

@@ -321,7 +321,7 @@ msacc_table(ByType) ->
 
 procs_section(#{procs := P}) when is_map(P) ->
     [{"processes", "Top processes",
-      ["<pre>", esc(beamdiag_text:terminal(beamdiag_proc_format:text(P))), "</pre>\n",
+      ["<pre>", esc(beamdiag_text:terminal(beamdiag_format_procs:text(P))), "</pre>\n",
        value(maps:with([top_reductions, queues, heaps, heap_growth], P), 0)]}];
 procs_section(_) ->
     [].

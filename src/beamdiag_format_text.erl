@@ -223,7 +223,7 @@ processes(#{extras := Extras = #{procs := P}}) when is_map(P) ->
                     #{profile := #{by_process := B}} when is_list(B) -> B;
                     _ -> []
                 end,
-    [beamdiag_proc_format:text(P, ByProcess), "\n"];
+    [beamdiag_format_procs:text(P, ByProcess), "\n"];
 processes(_) ->
     "".
 

@@ -263,7 +263,7 @@ cpu_line(_) ->
 
 %% The top process and the longest mailbox from the latest process walk.
 procs_line(#{extras := #{procs := P}}) ->
-    [cut(beamdiag_proc_format:line(P), ?WIDTH), "\n"];
+    [cut(beamdiag_format_procs:line(P), ?WIDTH), "\n"];
 procs_line(_) ->
     "".
 

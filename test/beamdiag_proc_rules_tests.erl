@@ -124,13 +124,13 @@ text_section_test() ->
     Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
     Q = entry(<<"<0.95.0>">>, <<"consumer", 27, "[2J">>, 20000, [100, 50100], [1000, 4100000], 0),
     P = procs([Server], [Q], [Q, Server], 100000000),
-    Text = beamdiag_text:terminal(beamdiag_proc_format:text(P)),
+    Text = beamdiag_text:terminal(beamdiag_format_procs:text(P)),
     ?assertMatch({_, _}, binary:match(Text, <<"TOP PROCESSES">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"60.0%  my_server <0.90.0>">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"100 -> 50.1k">>)),
     ?assertEqual(nomatch, binary:match(Text, <<27>>)),
     ?assertMatch({_, _}, binary:match(beamdiag_text:terminal(
-        beamdiag_proc_format:text(#{error => <<"error:badarg">>})), <<"not collected">>)).
+        beamdiag_format_procs:text(#{error => <<"error:badarg">>})), <<"not collected">>)).
 
 %% Compare: which process changed between two windows.
 compare_test() ->
@@ -139,11 +139,11 @@ compare_test() ->
     Same = entry(<<"<0.5.0>">>, <<"logger">>, 1000000, [0, 0], [5000, 5000], 0),
     A = procs([ServerA, Same], [], [], 100000000),
     B = procs([ServerB, Same#{reductions => 1000000}], [], [], 100000000),
-    [First | _] = Rows = beamdiag_proc_format:compare(A, B),
+    [First | _] = Rows = beamdiag_format_procs:compare(A, B),
     ?assertEqual(<<"my_server">>, maps:get(process, First)),
     ?assertEqual([0.01, 0.6], maps:get(share, First)),
     ?assertEqual([0, 400], maps:get(queue, First)),
     ?assertEqual([], [R || R = #{process := <<"logger">>} <- Rows]),
-    Text = iolist_to_binary(beamdiag_proc_format:compare_text(Rows)),
+    Text = iolist_to_binary(beamdiag_format_procs:compare_text(Rows)),
     ?assertMatch({_, _}, binary:match(Text, <<"my_server">>)),
-    ?assertEqual([], beamdiag_proc_format:compare(undefined, undefined)).
+    ?assertEqual([], beamdiag_format_procs:compare(undefined, undefined)).

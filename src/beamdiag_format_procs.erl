@@ -5,11 +5,11 @@
 %%% (names and labels come from the target).
 %%%
 %%% ```
-%%% 1> io:put_chars(beamdiag_proc_format:text(Procs)).
+%%% 1> io:put_chars(beamdiag_format_procs:text(Procs)).
 %%% TOP PROCESSES (9.8 s between the walks; every process walked: 1,204 and 1,206)
 %%% ...
 %%% '''
--module(beamdiag_proc_format).
+-module(beamdiag_format_procs).
 
 -export([text/1, text/2, line/1, scope/1, compare/2, compare_text/1]).
 
