@@ -40,7 +40,10 @@
 -type target() :: node() | {peer, pid()}.
 -type plan() :: beams | compile | {refuse, no_compiler | unknown_build}.
 
--define(CALL_TIMEOUT, 5000).
+%% Each remote call the loader makes. On a node whose schedulers are all
+%% busy, on a host that is itself overloaded, the call's process waits for
+%% a scheduler: 5 s proved too short under a load average of 30 on 2 cores.
+-define(CALL_TIMEOUT, 10000).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
 %% Compiler application versions (major, minor) seen in each release, for

@@ -14,7 +14,10 @@
 
 -export([connect/2, load/2, unload/2, disconnect/1, parse_node/1, format_error/1]).
 
--define(CALL_TIMEOUT, 5000).
+%% How long the connection may take. A node whose schedulers are all busy,
+%% on a host that is itself overloaded, can take seconds to answer the
+%% handshake; a wrong cookie or a missing node answers at once.
+-define(CONNECT_TIMEOUT, 10000).
 
 %%%===================================================================
 %%% API
@@ -32,7 +35,7 @@ connect(NodeStr, Opts) ->
                     case cookie(Opts) of
                         {ok, Cookie} ->
                             true = erlang:set_cookie(Node, Cookie),
-                            try_connect(Node, maps:get(timeout, Opts, ?CALL_TIMEOUT));
+                            try_connect(Node, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
                         {error, _} = E ->
                             E
                     end;
@@ -105,7 +108,11 @@ format_error({unreachable, Node, no_epmd}) ->
     io_lib:format("cannot reach ~s: no epmd answers on its host (is the node running?)", [Node]);
 format_error({unreachable, Node, refused}) ->
     io_lib:format("cannot reach ~s: the node is running but refused the connection "
-                  "(wrong cookie?)", [Node]).
+                  "(wrong cookie?)", [Node]);
+format_error({unreachable, Node, {no_answer, Ms}}) ->
+    io_lib:format("cannot reach ~s: the node is registered but did not finish the connection "
+                  "within ~b s (overloaded, or its distribution port filtered?)",
+                  [Node, Ms div 1000]).
 
 %%%===================================================================
 %%% Internal
@@ -181,6 +188,7 @@ to_cookie(C) when is_list(C) -> list_to_atom(C).
 try_connect(Node, Timeout) ->
     Self = self(),
     Tag = make_ref(),
+    T0 = erlang:monotonic_time(millisecond),
     {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, net_kernel:connect_node(Node)} end),
     receive
         {Tag, true} ->
@@ -188,19 +196,36 @@ try_connect(Node, Timeout) ->
             {ok, Node};
         {Tag, _} ->
             erlang:demonitor(MRef, [flush]),
-            {error, {beamdiag_remote, diagnose_unreachable(Node)}}
+            Took = erlang:monotonic_time(millisecond) - T0,
+            {error, {beamdiag_remote, diagnose_unreachable(Node, refused_or_silent(Took))}}
     after Timeout ->
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
-        {error, {beamdiag_remote, diagnose_unreachable(Node)}}
+        {error, {beamdiag_remote, diagnose_unreachable(Node, {no_answer, Timeout})}}
     end.
 
-diagnose_unreachable(Node) ->
+%% A refused handshake (a wrong cookie) fails at once; one the node never
+%% finished fails when the kernel's own set-up time (net_setuptime, 7 s by
+%% default) runs out, before our timeout.
+refused_or_silent(Took) ->
+    SetupMs = 1000 * case application:get_env(kernel, net_setuptime) of
+                         {ok, S} when is_integer(S), S > 0 -> S;
+                         _ -> 7
+                     end,
+    case Took >= SetupMs * 9 div 10 of
+        true -> {no_answer, Took};
+        false -> refused
+    end.
+
+%% Why a connection failed: the name is not registered on its host, no
+%% epmd answers there, or (registered) the node refused the handshake or
+%% did not finish it in time.
+diagnose_unreachable(Node, Registered) ->
     [Name, Host] = string:split(atom_to_list(Node), "@"),
     case net_adm:names(Host) of
         {ok, Names} ->
             case lists:keymember(Name, 1, Names) of
-                true -> {unreachable, Node, refused};
+                true -> {unreachable, Node, Registered};
                 false -> {unreachable, Node, not_registered, [N || {N, _} <- Names]}
             end;
         {error, _} ->

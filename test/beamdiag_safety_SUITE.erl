@@ -18,7 +18,7 @@
     huge_node_no_table_walks/1,
     target_dies_mid_window/1,
     stalled_target_gives_partial/1,
-    output_survives_target_errors/1,
+    output_survives_target_errors/1, silent_node_not_wrong_cookie/1,
     cli_sigkill_restores_target/1,
     connection_drop_restores_target/1,
     overloaded_target_finishes/1,
@@ -47,6 +47,7 @@ all() ->
         target_dies_mid_window,
         stalled_target_gives_partial,
         output_survives_target_errors,
+        silent_node_not_wrong_cookie,
         cli_sigkill_restores_target,
         connection_drop_restores_target,
         overloaded_target_finishes,
@@ -197,6 +198,32 @@ stalled_target_gives_partial(_Config) ->
 %%   or nothing, and no report of the target's shows on either stream.
 %%   Where the agent loads there (compiled on the target), standard output
 %%   must then be the JSON document.
+-spec silent_node_not_wrong_cookie(list()) -> term().
+%% A node that is registered but never finishes the handshake (stopped
+%% here; on a host overloaded enough, alive but too slow) is not reported
+%% as a wrong cookie, which is refused at once.
+silent_node_not_wrong_cookie(Config) ->
+    T = start_target([], []),
+    Kill = fun(Sig) -> os:cmd(lists:concat(["kill -", Sig, " ", os_pid(T)])) end,
+    Node = atom_to_list(node_of(T)),
+    try
+        {Code1, Out1, Err1} = run_escript(["diagnose", Node, "--duration", "1"],
+                                          [{"BEAMDIAG_COOKIE", "wrong"}], Config),
+        ct:log("wrong cookie: exit ~b~nstderr ~ts", [Code1, Err1]),
+        ?assertEqual({3, <<>>}, {Code1, Out1}),
+        ?assertNotEqual(nomatch, binary:match(Err1, <<"refused the connection">>)),
+        _ = Kill("STOP"),
+        {Code2, Out2, Err2} = run_escript(["diagnose", Node, "--duration", "1"],
+                                          [{"BEAMDIAG_COOKIE", cookie_of(T)}], Config),
+        _ = Kill("CONT"),
+        ct:log("stopped node: exit ~b~nstderr ~ts", [Code2, Err2]),
+        ?assertEqual({3, <<>>}, {Code2, Out2}),
+        ?assertNotEqual(nomatch, binary:match(Err2, <<"did not finish the connection">>))
+    after
+        _ = Kill("CONT"),
+        stop_target(T)
+    end.
+
 -spec output_survives_target_errors(list()) -> term().
 output_survives_target_errors(Config) ->
     {_, Out1, Err1} = run_escript(["diagnose", "x@127.0.0.1", "--duration", "1", "--json"],
