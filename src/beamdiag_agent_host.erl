@@ -62,7 +62,7 @@ result(Pid, Timeout) ->
             Scan;
         {'DOWN', MRef, process, Pid, _} ->
             undefined
-    after Timeout + 1000 ->
+    after Timeout + 200 ->
         erlang:demonitor(MRef, [flush]),
         unlink(Pid),
         exit(Pid, kill),
