@@ -32,7 +32,12 @@ escaping_test() ->
     ?assertEqual(nomatch, binary:match(Svg, <<"<script>alert">>)),
     ?assertMatch({_, _}, binary:match(Svg, <<"&lt;script&gt;alert(1)&lt;/script&gt;">>)).
 
-bounded_size_test() ->
+%% 50,000 stacks take a few seconds to build and draw on a loaded machine:
+%% past EUnit's 5 s default, which cancelled the whole module.
+bounded_size_test_() ->
+    {timeout, 60, fun bounded_size/0}.
+
+bounded_size() ->
     rand:seed(exsss, {4, 5, 6}),
     Stacks = maps:from_list(
         [{[<<"scheduler">> | [integer_to_binary(rand:uniform(1000000)) || _ <- lists:seq(1, 20)]], 1}
