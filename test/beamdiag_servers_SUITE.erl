@@ -82,9 +82,8 @@ end_per_group(yaws, Config) ->
         Dir ->
             {0, _} = sh([script("yaws-lab.sh"), " stop ", Dir]),
             {_, Left} = sh(["pgrep -f 'sname [b]eamdiag_yaws' || true"]),
-            ?assertEqual(<<>>, string:trim(Left)),
             _ = sh(["rm -rf ", Dir]),
-            ok
+            ?assertEqual(<<>>, string:trim(Left))
     end;
 end_per_group(rabbitmq, Config) ->
     case ?config(rabbit_dir, Config) of
@@ -93,9 +92,8 @@ end_per_group(rabbitmq, Config) ->
             {0, _} = sh([script(), " stop ", Dir]),
             %% Nothing of the server is left running.
             {_, Left} = sh(["pgrep -u rabbitmq -f '[b]eamdiag_rabbit@' || true"]),
-            ?assertEqual(<<>>, string:trim(Left)),
             _ = sh(["rm -rf ", Dir]),
-            ok
+            ?assertEqual(<<>>, string:trim(Left))
     end.
 
 %%% Cases
