@@ -117,8 +117,10 @@ record_args(OsPid, DataFile, Opts) ->
     end,
     %% -N -B: no build-id cache in ~/.debug and no build-id pass over
     %% every object at the end (the script is made at once, from the same
-    %% files).
-    ["record", "-N", "-B", "-e", "cpu-clock", "-F", integer_to_list(F)] ++ CallGraph ++
+    %% files). --no-bpf-event: no side-band thread for BPF programs, whose
+    %% 1 s poll held perf up to a second past the window.
+    ["record", "-N", "-B", "--no-bpf-event", "-e", "cpu-clock", "-F", integer_to_list(F)] ++
+        CallGraph ++
         ["-p", integer_to_list(OsPid), "-o", DataFile,
          "--max-size", integer_to_list(MD div 1024) ++ "K",
          "--", "sleep", integer_to_list(D)].

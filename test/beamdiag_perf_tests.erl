@@ -37,6 +37,7 @@ target_of_self_test() ->
 record_args_test() ->
     Args = beamdiag_perf:record_args(7, "/d/perf.data", #{call_graph => dwarf, duration => 3}),
     ?assert(lists:member("-N", Args) andalso lists:member("-B", Args)),
+    ?assert(lists:member("--no-bpf-event", Args)),
     ?assert(lists:member("dwarf,65528", Args)),
     ?assertError({badarg, _}, beamdiag_perf:record_args(7, "/d", #{call_graph => auto})),
     ?assertMatch({error, {beamdiag_perf, {bad_option, call_graph, lbr}}},
