@@ -306,7 +306,8 @@ target(OsPid) ->
     NsPid = ns_pid(P, OsPid),
     MapName = "perf-" ++ integer_to_list(NsPid) ++ ".map",
     Candidates =
-        [filename:join([P ++ "/root", strip_root(Dir), MapName]) || Dir =/= undefined] ++
+        [filename:join([P ++ "/root", binary_to_list(strip_root(Dir)), MapName])
+         || Dir =/= undefined] ++
         [filename:join([P, "root", "tmp", MapName]),
          "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map"],
     Map = case [F || F <- Candidates, filelib:is_regular(F)] of

@@ -9,11 +9,12 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([atom_decode_perf/1, redis_cache_perf/1, erlang_sampler/1, perf_errors/1,
-         flame_cli/1, diagnose_perf/1, header_otp25/1, header_otp27/1, header_otp29/1]).
+         flame_cli/1, diagnose_perf/1, header_otp25/1, header_otp27/1, header_otp29/1,
+         perfdirectory_otp29/1]).
 
 all() ->
     [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli, diagnose_perf,
-     header_otp25, header_otp27, header_otp29].
+     header_otp25, header_otp27, header_otp29, perfdirectory_otp29].
 
 init_per_suite(Config) ->
     case os:find_executable("perf") of
@@ -31,6 +32,8 @@ init_per_testcase(header_otp25, Config) ->
 init_per_testcase(header_otp27, Config) ->
     Config;
 init_per_testcase(header_otp29, Config) ->
+    Config;
+init_per_testcase(perfdirectory_otp29, Config) ->
     Config;
 init_per_testcase(diagnose_perf, Config) ->
     init_per_testcase(flame_cli, Config);
@@ -332,6 +335,42 @@ header(Release, Flag, Config) ->
                 end
             after
                 catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
+%% OTP 28+ writes its perf map where +JPperfdirectory says, inside its own
+%% root: found through /proc/PID/root, named, and the JIT frames with it.
+perfdirectory_otp29(Config) ->
+    Args = ["+JPperf", "map", "+JPperfdirectory", "/dev/shm"],
+    case beamdiag_test_lib:start_node(29, #{args => Args}) of
+        {ok, Peer, _Node} ->
+            OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+            Written = "/dev/shm/perf-" ++ integer_to_list(OsPid) ++ ".map",
+            try
+                ok = start_workload(Peer),
+                T = beamdiag_perf:target(OsPid),
+                ct:pal("~p", [T]),
+                %% Raw signal: the file is where the flag says.
+                true = filelib:is_regular(Written),
+                #{perf_flag := <<"map">>, perf_directory := <<"/dev/shm">>, ns_pid := OsPid,
+                  frame_pointers := true} = T,
+                Map = maps:get(perf_map, T),
+                ?assertEqual(lists:concat(["/proc/", OsPid, "/root/dev/shm/perf-", OsPid, ".map"]),
+                             Map),
+                Dir = filename:join(?config(priv_dir, Config), "perfdirectory"),
+                {ok, #{script := Script, perf_map := Copy}} =
+                    beamdiag_perf:record(OsPid, #{duration => 3, dir => Dir, call_graph => fp}),
+                {ok, P} = beamdiag_fold:fold_file(Script, #{perf_map => Copy, unknown => cut}),
+                S = beamdiag_fold:summary(P),
+                ct:pal("~p", [S]),
+                ?assert(maps:get(samples, S) >= 20),
+                ?assert(maps:get(unnamed_jit_share, S) < 0.05),
+                ?assert(maps:get(erlang_share, S) > 0.0)
+            after
+                catch peer:stop(Peer),
+                file:delete(Written)
             end;
         Skip ->
             Skip
