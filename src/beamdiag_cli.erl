@@ -201,6 +201,7 @@ exit_code({?MODULE, {write, _, _}}) -> ?EXIT_FAILED;
 exit_code({?MODULE, _}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {bad_node, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, no_cookie}) -> ?EXIT_USAGE;
+exit_code({beamdiag_remote, {bad_cookie, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {cookie_file, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {no_distribution, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_remote, {unreachable, _, _}}) -> ?EXIT_UNREACHABLE;

@@ -99,6 +99,10 @@ format_error({no_distribution, Reason}) ->
     io_lib:format("cannot start distribution on this machine: ~0P", [Reason, 8]);
 format_error({cookie_file, F, Reason}) ->
     io_lib:format("cannot read the cookie file ~ts: ~ts", [F, file:format_error(Reason)]);
+format_error({bad_cookie, not_utf8}) ->
+    "the cookie is not valid UTF-8";
+format_error({bad_cookie, {length, N}}) ->
+    io_lib:format("the cookie has ~b characters; a cookie has 1 to 255", [N]);
 format_error(no_cookie) ->
     "no cookie: give --cookie-file FILE, set BEAMDIAG_COOKIE, or create ~/.erlang.cookie";
 format_error({unreachable, Node, not_registered, Names}) ->
@@ -151,7 +155,7 @@ ensure_distributed(Domain) ->
 
 cookie(Opts) ->
     case {maps:get(cookie, Opts, undefined), maps:get(cookie_file, Opts, undefined)} of
-        {C, _} when C =/= undefined -> {ok, to_cookie(C)};
+        {C, _} when C =/= undefined -> to_cookie(C);
         {undefined, F} when F =/= undefined -> read_cookie(F);
         {undefined, undefined} ->
             case os:getenv("BEAMDIAG_COOKIE") of
@@ -166,24 +170,36 @@ cookie(Opts) ->
                             {error, {beamdiag_remote, no_cookie}}
                     end;
                 Env ->
-                    {ok, to_cookie(Env)}
+                    to_cookie(Env)
             end
     end.
 
 read_cookie(File) ->
     case file:read_file(File) of
         {ok, Bin} when byte_size(Bin) > 0, byte_size(Bin) =< 1024 ->
-            {ok, to_cookie(string:trim(Bin))};
+            case unicode:characters_to_list(Bin) of
+                L when is_list(L) -> to_cookie(string:trim(L));
+                _ -> {error, {beamdiag_remote, {bad_cookie, not_utf8}}}
+            end;
         {ok, _} ->
             {error, {beamdiag_remote, {cookie_file, File, einval}}};
         {error, Reason} ->
             {error, {beamdiag_remote, {cookie_file, File, Reason}}}
     end.
 
-%% Cookies are atoms by the distribution's own API.
-to_cookie(C) when is_atom(C) -> C;
-to_cookie(C) when is_binary(C) -> binary_to_atom(C);
-to_cookie(C) when is_list(C) -> list_to_atom(C).
+%% Cookies are atoms by the distribution's own API, so they hold 1 to 255
+%% characters.
+to_cookie(C) when is_atom(C) ->
+    {ok, C};
+to_cookie(C) when is_binary(C) ->
+    case unicode:characters_to_list(C) of
+        L when is_list(L) -> to_cookie(L);
+        _ -> {error, {beamdiag_remote, {bad_cookie, not_utf8}}}
+    end;
+to_cookie(C) when is_list(C), C =/= [], length(C) =< 255 ->
+    {ok, list_to_atom(C)};
+to_cookie(C) when is_list(C) ->
+    {error, {beamdiag_remote, {bad_cookie, {length, length(C)}}}}.
 
 try_connect(Node, Timeout) ->
     Self = self(),

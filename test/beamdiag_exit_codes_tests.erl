@@ -17,6 +17,8 @@ usage_reasons() ->
         {beamdiag_cli, {extra_argument, "y"}},
         {beamdiag_remote, {bad_node, "no-at-sign"}},
         {beamdiag_remote, no_cookie},
+        {beamdiag_remote, {bad_cookie, {length, 300}}},
+        {beamdiag_remote, {bad_cookie, not_utf8}},
         {beamdiag_remote, {cookie_file, "/nonexistent", enoent}},
         {beamdiag_lab, {unknown_scenario, "nope", [busy_wait]}},
         {beamdiag_experiment, {unknown_lab, "nope"}},
