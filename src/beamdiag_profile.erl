@@ -35,6 +35,16 @@ profile(Node, Opts, Err) ->
     case os_pid(Node) of
         {ok, OsPid} ->
             D = maps:get(duration, Opts, 10),
+            _ = case beamdiag_perf:target(OsPid) of
+                #{perf_map := missing, perf_flag := Flag} ->
+                    Err(io_lib:format(
+                          "warning: no perf map for OS process ~b (+JPperf ~ts; looked in its "
+                          "+JPperfdirectory, its own /tmp through /proc/~b/root, and /tmp): its "
+                          "JIT code will have no names; start the node with +JPperf true~n",
+                          [OsPid, Flag, OsPid]));
+                _ ->
+                    ok
+            end,
             Err(io_lib:format("recording OS process ~b (~p) with perf for ~b s...~n", [OsPid, Node, D])),
             PerfOpts = #{duration => D, frequency => maps:get(frequency, Opts, 97),
                          call_graph => maps:get(call_graph, Opts, auto), dir => Out,
