@@ -211,7 +211,7 @@ with_extras(Capture, {ok, #{profile := P, method := M, node := N} = R}) ->
     Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(P, #{title => atom_to_list(N)})),
     %% The Erlang sampler's stacks per process, for the top processes.
     ByProcess = maps:get(processes, maps:get(sampler, R, #{}), []),
-    Profile = maps:merge(maps:with([perf], R),
+    Profile = maps:merge(maps:with([perf, callers], R),
                          #{profile => P, method => M, svg => Svg,
                            summary => beamdiag_fold:summary(P), by_process => ByProcess}),
     Capture#{extras => Extras#{profile => Profile}};

@@ -464,7 +464,9 @@ send({Pid, _} = W, Chunk, InFlight) ->
 wait_ack(Pid, InFlight) ->
     receive
         {ack, Pid} -> maps:update_with(Pid, fun(X) -> X - 1 end, InFlight);
-        {'DOWN', _, process, _, Reason} -> throw({fold_error, {worker, Reason}})
+        %% Only the workers' own monitors: the caller may monitor others.
+        {'DOWN', _, process, P, Reason} when is_map_key(P, InFlight) ->
+            throw({fold_error, {worker, Reason}})
     end.
 
 wait_all(InFlight) ->
@@ -474,7 +476,7 @@ wait_n(_Pid, 0) -> ok;
 wait_n(Pid, N) ->
     receive
         {ack, Pid} -> wait_n(Pid, N - 1);
-        {'DOWN', _, process, _, Reason} -> throw({fold_error, {worker, Reason}})
+        {'DOWN', _, process, Pid, Reason} -> throw({fold_error, {worker, Reason}})
     end.
 
 collect(Pid, Mon) ->

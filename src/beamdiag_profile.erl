@@ -35,7 +35,16 @@ profile(Node, Opts, Err) ->
     case os_pid(Node) of
         {ok, OsPid} ->
             D = maps:get(duration, Opts, 10),
-            _ = case beamdiag_perf:target(OsPid) of
+            Target = beamdiag_perf:target(OsPid),
+            %% An emulator without names for its C functions (sid's OTP 29)
+            %% leaves perf unable to say what the native code does, and no
+            %% perf mode here reaches the Erlang caller of a BIF: the
+            %% Erlang-level sampler runs beside perf, at 47 Hz, for both.
+            Callers = case maps:get(native_names, Target) of
+                false -> start_callers(Node, D);
+                true -> none
+            end,
+            _ = case Target of
                 #{perf_map := missing, perf_flag := Flag} ->
                     Err(io_lib:format(
                           "warning: no perf map for OS process ~b (+JPperf ~ts; looked in its "
@@ -69,8 +78,10 @@ profile(Node, Opts, Err) ->
                             Perf = (maps:with([call_graph, call_graph_reason, perf_map, duration,
                                                frequency, script_bytes, script_truncated, target],
                                               Rec))#{wall_ms => Wall},
-                            {ok, #{profile => P, method => perf, node => Node, perf => Perf,
-                                   findings => beamdiag_profile_rules:findings(P, #{})}};
+                            Findings = beamdiag_profile_rules:findings(P, #{}),
+                            {ok, with_callers(wait_callers(Callers),
+                                              #{profile => P, method => perf, node => Node,
+                                                perf => Perf, findings => Findings})};
                         {error, _} = E ->
                             E
                     end;
@@ -80,6 +91,39 @@ profile(Node, Opts, Err) ->
         {error, _} = E ->
             E
     end.
+
+%% The most frequent stacks, leaf first, with their shares.
+top_stacks(#{stacks := Stacks, samples := N}, K) ->
+    Sorted = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Stacks))), K),
+    [io_lib:format("~ts (~.1f%)", [lists:join(" < ", lists:sublist(lists:reverse(Fr), 4)),
+                                   100 * C / max(N, 1)])
+     || {[_Type | Fr], C} <- Sorted].
+
+%% The Erlang-level sampler over the same window, in a process of its own.
+%% No monitor: sample/2 turns every failure into a value, and a 'DOWN'
+%% arriving while the stacks are folded would not be the fold's own.
+start_callers(Node, D) ->
+    Self = self(),
+    Ref = make_ref(),
+    _ = spawn(fun() -> Self ! {Ref, sample(Node, #{duration => D, frequency => 47})} end),
+    {Ref, D}.
+
+wait_callers(none) ->
+    none;
+wait_callers({Ref, D}) ->
+    receive
+        {Ref, R} -> R
+    after (D + 40) * 1000 ->
+        {error, {?MODULE, {remote, exit, timeout}}}
+    end.
+
+%% The sampler's stacks stay beside the perf profile (`callers'); the
+%% knowledge base reads both.
+with_callers({ok, #{stacks := Stacks}}, R = #{profile := P}) ->
+    C = beamdiag_fold:from_counts(Stacks),
+    R#{callers => C, findings => beamdiag_profile_rules:findings(P, #{callers => C})};
+with_callers(_, R) ->
+    R.
 
 %% @doc The profile's header: its figures, counted from the folded stacks
 %% it writes (`beamdiag_fold:summary/1'), then what the call-graph mode
@@ -102,7 +146,7 @@ header(R = #{profile := P, method := M}) ->
         [["  - ", N, "\n"] || N <- notes(R, S)]
     ].
 
-notes(#{perf := Perf}, S) ->
+notes(R = #{perf := Perf}, S) ->
     Reason = case Perf of
         #{call_graph := CG, call_graph_reason := Why} ->
             [io_lib:format("call graph ~s: ~ts.", [CG, Why])];
@@ -140,7 +184,15 @@ notes(#{perf := Perf}, S) ->
         false ->
             []
     end,
-    Reason ++ Lost ++ Map ++ Native;
+    Callers = case R of
+        #{callers := C = #{samples := CN}} when CN > 0 ->
+            [io_lib:format("Erlang callers from the Erlang-level sampler beside perf (~b samples "
+                           "of running processes): ~ts.",
+                           [CN, lists:join("; ", [[Stack] || Stack <- top_stacks(C, 3)])])];
+        _ ->
+            []
+    end,
+    Reason ++ Lost ++ Map ++ Native ++ Callers;
 notes(_, _) ->
     [].
 

@@ -209,8 +209,22 @@ family_shares(#{stacks := Stacks, samples := N}) ->
 %% the samples, and for a single function that is the leaf of at least
 %% 15% of the samples without being explained by a family. Options:
 %% `min_samples' (default 50): below that the profile is too thin to judge.
--spec findings(beamdiag_fold:profile(), #{min_samples => non_neg_integer()}) ->
+-spec findings(beamdiag_fold:profile(), #{min_samples => non_neg_integer(),
+                                          callers => beamdiag_fold:profile()}) ->
     [beamdiag_finding:finding()].
+findings(P, Opts = #{callers := C}) ->
+    %% The Erlang-level sampler ran beside perf on an emulator whose native
+    %% frames have no names: its findings for the families perf could not
+    %% see join perf's, saying where they come from.
+    Base = findings(P, maps:remove(callers, Opts)),
+    Seen = [Fam || #{metrics := #{family := Fam}} <- Base],
+    Extra = [F#{evidence := [<<"From the Erlang-level sampler (stacks of running processes) "
+                               "beside perf, whose native frames have no names on this "
+                               "emulator:">> | Ev]}
+             || F = #{metrics := #{family := Fam}, evidence := Ev}
+                    <- findings(C, #{min_samples => 20}),
+                not lists:member(Fam, Seen)],
+    beamdiag_finding:sort(Base ++ Extra);
 findings(P = #{samples := N}, Opts) ->
     case N < maps:get(min_samples, Opts, 50) of
         true ->
@@ -220,7 +234,10 @@ findings(P = #{samples := N}, Opts) ->
             Fam = [family_finding(F, S, Frames, P) || {F, S, Frames} <- Fired],
             Hot = [hot_finding(R, P) || R = #{name := Name, self_share := S, kind := K}
                                         <- beamdiag_fold:top(P, #{limit => 5}),
-                                        S >= ?HOT_SELF, K =/= unknown,
+                                        S >= ?HOT_SELF,
+                                        %% A frame without a name is no function
+                                        %% to point at.
+                                        K =:= erlang orelse K =:= native orelse K =:= kernel,
                                         not explained(Name, [F || {F, _, _} <- Fired], P)],
             beamdiag_finding:sort(Fam ++ Hot)
     end.

@@ -392,7 +392,8 @@ extras(Capture, Ledger) ->
                 _ -> []
             end,
     Profile = case maps:find(profile, Extras) of
-                  {ok, #{profile := P}} -> beamdiag_profile_rules:findings(P, #{});
+                  {ok, Prof = #{profile := P}} ->
+                      beamdiag_profile_rules:findings(P, maps:with([callers], Prof));
                   _ -> []
               end,
     Locks ++ Profile.

@@ -10,11 +10,11 @@
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([atom_decode_perf/1, redis_cache_perf/1, erlang_sampler/1, perf_errors/1,
          flame_cli/1, diagnose_perf/1, header_otp25/1, header_otp27/1, header_otp29/1,
-         perfdirectory_otp29/1]).
+         perfdirectory_otp29/1, callers_otp29/1]).
 
 all() ->
     [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli, diagnose_perf,
-     header_otp25, header_otp27, header_otp29, perfdirectory_otp29].
+     header_otp25, header_otp27, header_otp29, perfdirectory_otp29, callers_otp29].
 
 init_per_suite(Config) ->
     case os:find_executable("perf") of
@@ -35,6 +35,11 @@ init_per_testcase(header_otp29, Config) ->
     Config;
 init_per_testcase(perfdirectory_otp29, Config) ->
     Config;
+init_per_testcase(callers_otp29, Config) ->
+    case ensure_distributed() of
+        ok -> Config;
+        {error, Why} -> beamdiag_test_lib:missing(io_lib:format("no distribution: ~p", [Why]))
+    end;
 init_per_testcase(diagnose_perf, Config) ->
     init_per_testcase(flame_cli, Config);
 init_per_testcase(flame_cli, Config) ->
@@ -375,6 +380,44 @@ perfdirectory_otp29(Config) ->
         Skip ->
             Skip
     end.
+
+%% Sid's OTP 29 emulator names none of its internal C functions: perf
+%% alone cannot see the atom decoding nor its Erlang caller. The Erlang
+%% sampler runs beside perf and names both; the finding says where it comes
+%% from.
+callers_otp29(Config) ->
+    Args = ["+JPperf", "true", "-setcookie", atom_to_list(erlang:get_cookie())],
+    case beamdiag_test_lib:start_node(29, #{args => Args}) of
+        {ok, Peer, Node} ->
+            try
+                ok = start_workload(Peer),
+                true = net_kernel:connect_node(Node),
+                Dir = filename:join(?config(priv_dir, Config), "callers"),
+                {ok, R = #{profile := P, callers := C, findings := Findings}} =
+                    beamdiag_profile:profile(Node, #{duration => 4, out => Dir}, fun(_) -> ok end),
+                Header = iolist_to_binary(header(R)),
+                ct:pal("~s~n~p", [Header, Findings]),
+                %% Raw signals: perf's native frames have no names here...
+                ?assertEqual(0.0, share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>])),
+                ?assertEqual(false, maps:get(native_names, maps:get(target, maps:get(perf, R)))),
+                %% ...the sampler's stacks name the Erlang function that
+                %% calls binary_to_term (on OTP 29 the BIF itself is not on
+                %% current_stacktrace), and the header shows it.
+                ?assert(maps:get(samples, C) >= 20),
+                ?assert(share_with(C, [<<"beamdiag_profile_work:decode_loop/1">>]) > 0.2),
+                ?assertMatch({_, _}, binary:match(Header, <<"Erlang callers from the Erlang-level "
+                                                            "sampler">>)),
+                ?assertMatch({_, _}, binary:match(Header, <<"beamdiag_profile_work:decode_loop/1">>)),
+                %% No finding points at a frame without a name.
+                ?assertEqual([], [X || X = #{metrics := #{function := <<"[", _/binary>>}} <- Findings])
+            after
+                catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
+header(R) -> beamdiag_profile:header(R).
 
 %% A workload compiled on the target from source, so that it runs on any
 %% OTP: one process decodes an atom-heavy term, one does list and map work.

@@ -103,3 +103,11 @@ unknown_hot_function_test() ->
                  F),
     #{evidence := [E | _]} = F,
     ?assertMatch({_, _}, binary:match(E, <<"70.0%">>)).
+
+%% An unnamed frame ([beam.smp], an unnamed JIT frame) is no function to
+%% name, however hot.
+unnamed_leaf_is_no_hot_function_test() ->
+    P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"[beam.smp]">>] => 70,
+                                    [<<"scheduler">>, <<"[unknown] (/memfd:vmem (deleted))">>] => 20,
+                                    [<<"scheduler">>, <<"$app:other/0">>] => 10}),
+    ?assertEqual([], beamdiag_profile_rules:findings(P, #{})).
