@@ -146,8 +146,8 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     {End, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, Items),
     Rows = rows(Base, End),
     TopReds = top(fun({_, R, _, _}) -> R end, Rows, ?TOP),
-    %% Growing mailboxes first, then the longest.
-    Queues = top(fun({_, _, {Q0, Q1}, _}) -> {max(0, Q1 - zero(Q0)), Q1} end,
+    %% By growth over the window plus length at its end.
+    Queues = top(fun({_, _, {Q0, Q1}, _}) -> max(0, Q1 - zero(Q0)) + Q1 end,
                  [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
     HeapPids = top_heaps(End, ?MEM_CANDIDATES),
     Named = [P || {P, _, _, _} <- TopReds ++ Queues],
@@ -257,9 +257,8 @@ rows(Base, End) ->
 zero(null) -> 0;
 zero(N) -> N.
 
-%% The N rows with the largest positive keys (numbers, or tuples, which
-%% sort above every number), largest first: one pass that keeps the best N
-%% so far (no sort of the whole table).
+%% The N rows with the largest positive keys, largest first: one pass
+%% that keeps the best N so far (no sort of the whole table).
 top(Key, Rows, N) ->
     Best = lists:foldl(
         fun(R, Acc) ->
@@ -365,7 +364,7 @@ identified(P, Nums, Like, Items) ->
     end.
 
 %% The initial call proc_lib recorded, or the spawn's.
-proc_lib_initial_call(P, Init = {proc_lib, init_p, 5}) ->
+proc_lib_initial_call(P, Init = {proc_lib, init_p, _}) ->
     case dict_value(P, '$initial_call') of
         {ok, {M, F, A}} when is_atom(M), is_atom(F), is_integer(A) -> {M, F, A};
         _ -> Init
@@ -425,7 +424,7 @@ like_counts(_, _, _) ->
 
 count_like([], _Wanted, _Left, Acc) ->
     Acc;
-count_like([{P, {_, _, _, Init = {proc_lib, init_p, 5}}} | Ps], Wanted, Left, Acc) when Left > 0 ->
+count_like([{P, {_, _, _, Init = {proc_lib, init_p, _}}} | Ps], Wanted, Left, Acc) when Left > 0 ->
     count_like(Ps, Wanted, Left - 1, bump(proc_lib_initial_call(P, Init), Wanted, Acc));
 count_like([{_, {_, _, _, Init}} | Ps], Wanted, Left, Acc) ->
     count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc));

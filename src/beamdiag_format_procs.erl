@@ -166,7 +166,7 @@ hot_stacks(Top = #{pid := Pid}, ByProcess) ->
     case [B || B = #{pid := P} <- ByProcess, P =:= Pid] of
         [#{samples := N, stacks := Stacks}] ->
             [io_lib:format("  hot stacks of ~ts (Erlang sampler, ~b samples of it running)~n",
-                           [who(Top, 40), N]),
+                           [who_short(Top), N]),
              [io_lib:format("  ~5.1f%  ~ts~n", [100 * C / N, beamdiag_text:safe(leaf(S), 66)])
               || #{stack := S, count := C} <- lists:sublist(Stacks, 3)]];
         [] ->
@@ -210,7 +210,7 @@ heaps([]) ->
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
      [io_lib:format("  ~12ts ~10ts  ~ts~ts~n",
-                    [beamdiag_proc_rules:bytes(M1), growth(M0, M1), who(E, 40), like(E)])
+                    [beamdiag_proc_rules:bytes(M1), growth(M0, M1), who_short(E), like(E)])
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
 growth(M0, M1) when is_integer(M0) ->

@@ -165,6 +165,10 @@ dirty_cpu_gc_heaps(Config) ->
     %% Raw signal: the four workers hold a 400,000-element list each.
     ?assert(length(Big) >= 4),
     ?assert(lists:all(fun(E) -> maps:get(like, E) >= 4 end, Big)),
+    %% proc_lib's record of the fun names them.
+    ?assert(lists:all(fun(#{initial_call := <<"beamdiag_lab_ledger:", _/binary>>}) -> true;
+                         (_) -> false
+                      end, Big)),
     %% The finding itself depends on how much CPU the dirty schedulers got
     %% on this host (the ledger suite asserts it); its evidence is checked
     %% on the finding the diagnosis made or, when the host starved the
