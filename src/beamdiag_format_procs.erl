@@ -99,7 +99,9 @@ scope(P = #{mode := Mode, scanned := [S0, S1], process_count := [C0, C1]}) ->
     What = case Mode of
                all -> io_lib:format("all ~b processes, ~b at the end", [S0, S1]);
                sampled -> io_lib:format("a sample of ~b of ~b processes", [S0, C0]);
-               registered -> io_lib:format("only the ~b registered of ~b processes", [S0, C1])
+               registered -> io_lib:format("only the ~b registered of ~b processes", [S0, C1]);
+               %% A capture read back where the mode's atom is unknown.
+               Other -> io_lib:format("~ts: ~b of ~b processes", [beamdiag_text:safe(Other, 20), S0, C1])
            end,
     Trunc = case maps:get(truncated, P, false) of
                 true -> ", a walk cut short by its time limit";
