@@ -31,6 +31,7 @@
     msacc => boolean(),
     msacc_span => number(),
     locks => boolean(),
+    procs => boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
@@ -54,6 +55,7 @@
     msacc => true,
     msacc_span => 2,
     locks => true,
+    procs => true,
     progress => undefined,
     perf => false,
     erlang => false
@@ -69,7 +71,8 @@
 %% `msacc_span' seconds at the end of the window that microstate
 %% accounting covers (2; it slows every thread while on, so the default
 %% keeps it on for a fifth of the default window),
-%% `locks' (true: count locks when the emulator can), `progress' a fun of
+%% `locks' (true: count locks when the emulator can), `procs' (true: walk the
+%% process table at the window's start and end), `progress' a fun of
 %% (ElapsedMs, DurationMs), `perf' (false; true or a map of perf options:
 %% a perf profile over the same window joins the capture, its findings the
 %% diagnosis; a profile that fails leaves a note in the capture's
@@ -225,13 +228,14 @@ temp_dir() ->
                       integer_to_list(erlang:unique_integer([positive]))).
 
 collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
-               progress := P}, Unload) ->
+               procs := Procs, progress := P}, Unload) ->
     Base = #{
         duration_ms => max(1, round(D * 1000)),
         interval_ms => I,
         msacc => M,
         msacc_ms => max(1, round(S * 1000)),
         locks => L,
+        procs => Procs,
         unload => Unload
     },
     case P of

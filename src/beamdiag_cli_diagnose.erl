@@ -45,6 +45,8 @@ spec() ->
               default => 2.0, metavar => "SECONDS",
               help => "keep microstate accounting on for the last SECONDS of the window only "
                       "(it slows every thread while on)"},
+            #{key => no_procs, long => "--no-procs", type => boolean, default => false,
+              help => "do not walk the process table (no TOP PROCESSES, no process findings)"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
               help => "do not count locks even on the lock-counting emulator"},
             #{key => cluster, long => "--cluster", type => boolean, default => false,
@@ -81,6 +83,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           msacc => not maps:get(no_msacc, Opts),
           msacc_span => maps:get(msacc_span, Opts),
           locks => not maps:get(no_locks, Opts),
+          procs => not maps:get(no_procs, Opts),
           perf => maps:get(perf, Opts, false),
           erlang => maps:get(erlang, Opts, false),
           progress => progress(IO)}),

@@ -157,3 +157,13 @@ capture_round_trip_test() ->
     ?assertEqual(P, P2),
     Text = iolist_to_binary(beamdiag_format_procs:text(P2#{mode => <<"unknown_mode">>})),
     ?assertMatch({_, _}, binary:match(Text, <<"unknown_mode: 1000 of 1000 processes">>)).
+
+%% The walks run by default and not with `procs => false'.
+procs_option_test_() ->
+    {timeout, 60, fun() ->
+        {ok, #{capture := #{extras := On}}} = beamdiag:diagnose(#{duration => 1, locks => false}),
+        ?assertMatch(#{procs := #{mode := all, top_reductions := _}}, On),
+        {ok, #{capture := #{extras := Off}}} =
+            beamdiag:diagnose(#{duration => 1, locks => false, procs => false}),
+        ?assertNot(is_map_key(procs, Off))
+    end}.
