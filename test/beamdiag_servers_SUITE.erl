@@ -148,12 +148,14 @@ rabbitmq_backlog(Config) ->
     [ok = beamdiag_amqp:declare(C, Q) || Q <- ?BACKLOG_QUEUES],
     [ok = beamdiag_amqp:publish(C, Q, ?BACKLOG_MSGS, ?MSG_SIZE) || Q <- ?BACKLOG_QUEUES],
     wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120),
-    %% More messages into the queues that already hold a backlog, during
-    %% the window: each queue process collects its large heap as it grows.
+    %% More messages into the queues that already hold a backlog, for the
+    %% whole window (a fixed count was all in before the msacc slice at the
+    %% window's end on a quiet host): each queue process collects its large
+    %% heap as it grows.
     Self = self(),
     Pubs = [spawn_link(fun() ->
                                {ok, P} = beamdiag_amqp:open(?PORT),
-                               ok = beamdiag_amqp:publish(P, Q, 60000, ?MSG_SIZE),
+                               ok = publish_for(P, Q, (?WINDOW + 1) * 1000, 150000),
                                beamdiag_amqp:close(P),
                                Self ! {published, Q}
                        end) || Q <- ?BACKLOG_QUEUES],
@@ -281,6 +283,20 @@ http_done(Pids) ->
                         after 60000 -> ct:fail(http_client_stuck)
                         end
                 end, {0, 0}, Pids).
+
+%% Publishes to Q in batches until Ms milliseconds have passed, at most
+%% Max messages.
+publish_for(P, Q, Ms, Max) ->
+    publish_until(P, Q, erlang:monotonic_time(millisecond) + Ms, Max).
+
+publish_until(P, Q, Deadline, Left) ->
+    case Left > 0 andalso erlang:monotonic_time(millisecond) < Deadline of
+        true ->
+            ok = beamdiag_amqp:publish(P, Q, min(2000, Left), ?MSG_SIZE),
+            publish_until(P, Q, Deadline, Left - 2000);
+        false ->
+            ok
+    end.
 
 diagnose3(Config, Case) ->
     diagnose3(Config, Case, rabbit_node, rabbit_cookie).
