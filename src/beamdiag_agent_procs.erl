@@ -89,8 +89,9 @@ start(Opts) ->
     T0 = erlang:monotonic_time(microsecond),
     {Reds0, _} = erlang:statistics(reductions),
     {Mode, Pids} = pids(Count, Max),
-    {Base, Trunc} = walk(Pids, Skip, T0 + ?WALK_MS * 1000, ?ITEMS),
-    Mem0 = memories(top_heaps(Base, ?MEM_CANDIDATES)),
+    {Walked, Trunc} = walk(Pids, Skip, T0 + ?WALK_MS * 1000, ?ITEMS),
+    Base = maps:from_list(Walked),
+    Mem0 = memories(top_heaps(Walked, ?MEM_CANDIDATES)),
     T1 = erlang:monotonic_time(microsecond),
     #{
         mode => Mode,
@@ -123,8 +124,8 @@ next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
                walk_us := W, truncated := Trunc}} = report(S),
     {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count,
-                base := maps:map(fun(_, T) -> {element(1, T), element(2, T), element(3, T)} end,
-                                 End),
+                base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
+                                        || {P, T} <- End]),
                 mem0 := Mem1, walk_us := W, truncated := Trunc}}.
 
 %% The end walk: the report, and what the next span starts from.
@@ -143,32 +144,35 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
                 true -> ?ITEMS ++ [initial_call];
                 false -> ?ITEMS
             end,
-    {End, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, Items),
-    Rows = rows(Base, End),
+    {Walked, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, Items),
+    Rows = rows(Base, Walked),
     TopReds = top(fun({_, R, _, _}) -> R end, Rows, ?TOP),
     %% By growth over the window plus length at its end.
     Queues = top(fun({_, _, {Q0, Q1}, _}) -> max(0, Q1 - zero(Q0)) + Q1 end,
                  [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
-    HeapPids = top_heaps(End, ?MEM_CANDIDATES),
+    HeapPids = top_heaps(Walked, ?MEM_CANDIDATES),
     Named = [P || {P, _, _, _} <- TopReds ++ Queues],
-    %% Only processes the end walk read (a walk cut short by its time limit
-    %% may have missed some of the start's candidates).
-    Mem1 = memories([P || P <- lists:usort(HeapPids ++ maps:keys(Mem0) ++ Named),
-                          is_map_key(P, End)]),
+    %% The end walk's figures by pid for the candidates only (a map of the
+    %% whole walk costs more than the walk); only processes the end walk
+    %% read (a walk cut short by its time limit may have missed some of the
+    %% start's candidates).
+    Candidates = maps:from_list([{P, true} || P <- HeapPids ++ maps:keys(Mem0) ++ Named]),
+    End = maps:from_list([W || W = {P, _} <- Walked, is_map_key(P, Candidates)]),
+    Mem1 = memories(maps:keys(End)),
     Heaps = top(fun({M, _}) -> M end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     Growth = top(fun({G, _}) -> G end,
                  [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
                   M > start_memory(P, Mem0, Base)], ?TOP),
     T2 = erlang:monotonic_time(microsecond),
     Info = info_fun(End, Mem0, Mem1, Base),
-    Like = like_counts(Mode, [P || {_, P} <- Heaps], End),
+    Like = like_counts(Mode, [P || {_, P} <- Heaps], End, Walked),
     Report = #{
         mode => Mode,
         limit => maps:get(limit, S),
         span_ms => (T1 - T0) div 1000,
         reductions => max(0, Reds1 - Reds0),
         process_count => [maps:get(count0, S), Count],
-        scanned => [map_size(Base), map_size(End)],
+        scanned => [map_size(Base), length(Walked)],
         walk_us => [maps:get(walk_us, S), T2 - T1],
         truncated => maps:get(truncated, S) orelse Trunc,
         top_reductions => entries([P || {P, _, _, _} <- TopReds], Info, #{}),
@@ -177,7 +181,7 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         heap_growth => entries([P || {_, P} <- Growth], Info, #{})
     },
     {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
-     #{t1 => T1, reds1 => Reds1, count => Count, 'end' => End, mem1 => Mem1, walk_us => T2 - T1,
+     #{t1 => T1, reds1 => Reds1, count => Count, 'end' => Walked, mem1 => Mem1, walk_us => T2 - T1,
        truncated => Trunc}}.
 
 %% @doc The documented bounds: table size above which the table is not
@@ -221,10 +225,10 @@ registered_pids() ->
 new_registered(Base) ->
     [P || P <- registered_pids(), not is_map_key(P, Base)].
 
-%% One walk: the items of each process as a tuple, by pid; stops at the
+%% One walk: {Pid, the items of the process as a tuple}; stops at the
 %% deadline (checked every 1024 processes).
 walk(Pids, Skip, Deadline, Items) ->
-    walk(Pids, Skip, Deadline, Items, 0, #{}).
+    walk(Pids, Skip, Deadline, Items, 0, []).
 
 walk([], _Skip, _Deadline, _Items, _N, Acc) ->
     {Acc, false};
@@ -237,7 +241,7 @@ walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
                        true -> Acc;
                        false ->
                            case erlang:process_info(P, Items) of
-                               L when is_list(L) -> Acc#{P => list_to_tuple([V || {_, V} <- L])};
+                               L when is_list(L) -> [{P, list_to_tuple([V || {_, V} <- L])} | Acc];
                                _ -> Acc
                            end
                    end,
@@ -246,9 +250,9 @@ walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
 
 %% {Pid, ReductionsInWindow, {QueueStart | null, QueueEnd}, HeapWordsEnd}
 %% for every process alive at the end.
-rows(Base, End) ->
+rows(Base, Walked) ->
     [{P, element(1, T) - R0, {Q0, element(2, T)}, element(3, T)}
-     || {P, T} <- maps:to_list(End),
+     || {P, T} <- Walked,
         {R0, Q0} <- [case maps:find(P, Base) of
                          {ok, {R, Q, _}} -> {R, Q};
                          error -> {0, null}
@@ -284,8 +288,8 @@ insert(KR, L) -> [KR | L].
 
 %% The pids with the largest young heaps, from a walk's tuples (the third
 %% item is heap_size).
-top_heaps(Walk, N) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, maps:to_list(Walk), N)].
+top_heaps(Walked, N) ->
+    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, Walked, N)].
 
 memories(Pids) ->
     maps:from_list([{P, M} || P <- Pids, {memory, M} <- [erlang:process_info(P, memory)]]).
@@ -410,16 +414,16 @@ label(P) ->
 %% call, from the end walk (proc_lib's initial call, for proc_lib
 %% processes: read for at most ?LIKE_READS of them). A sampled or
 %% registered walk has no count.
-like_counts(all, Pids, End) ->
+like_counts(all, Pids, End, Walked) ->
     Wanted = lists:usort([Ic || P <- Pids, is_map_key(P, End),
                                 tuple_size(maps:get(P, End)) =:= 4,
                                 Ic <- [proc_lib_initial_call(P, element(4, maps:get(P, End)))],
                                 likeable(Ic)]),
     case Wanted of
         [] -> #{};
-        _ -> count_like(maps:to_list(End), Wanted, ?LIKE_READS, #{})
+        _ -> count_like(Walked, Wanted, ?LIKE_READS, #{})
     end;
-like_counts(_, _, _) ->
+like_counts(_, _, _, _) ->
     #{}.
 
 count_like([], _Wanted, _Left, Acc) ->
