@@ -8,7 +8,8 @@
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([idle/1, busy_wait/1, busy_wait_off/1, cpu_saturated/1, cpu_starvation/1,
          cpu_throttling/1, high_system_cpu/1, dirty_cpu_gc/1, scheduler_blocking/1,
-         cli_json/1, cli_unreachable/1, flags_left_on_stay_on/1]).
+         cli_json/1, cli_unreachable/1, flags_left_on_stay_on/1,
+         cli_lab_survives_wrong_cookie/1]).
 
 -define(WINDOW, 4).
 
@@ -17,9 +18,11 @@ suite() -> [{timetrap, {minutes, 3}}].
 all() ->
     [idle, busy_wait, busy_wait_off, cpu_saturated, cpu_starvation, cpu_throttling,
      high_system_cpu, dirty_cpu_gc, scheduler_blocking, cli_json, cli_unreachable,
-     flags_left_on_stay_on].
+     flags_left_on_stay_on, cli_lab_survives_wrong_cookie].
 
 init_per_testcase(cli_unreachable, Config) ->
+    Config;
+init_per_testcase(cli_lab_survives_wrong_cookie, Config) ->
     Config;
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
@@ -148,6 +151,39 @@ cli_unreachable(_Config) ->
     {Code, _} = escript(["diagnose", "nobody_here@localhost", "--duration", "1"],
                         [{"BEAMDIAG_COOKIE", "whatever"}]),
     ?assertEqual(3, Code).
+
+%% A lab node started by the escript lives through a refused connection:
+%% its report of the refusal reaches the lab command's output, which once
+%% answered it with an error and so killed the node.
+cli_lab_survives_wrong_cookie(_Config) ->
+    {ok, Bin} = beamdiag_test_lib:escript(),
+    Lab = open_port({spawn_executable, Bin}, [{args, ["lab", "idle", "--duration", "40"]},
+                                              exit_status, binary, hide, stderr_to_stdout]),
+    try
+        {Node, Cookie} = lab_announced(Lab, <<>>),
+        {3, _} = escript(["diagnose", Node, "--duration", "1"], [{"BEAMDIAG_COOKIE", "wrong"}]),
+        timer:sleep(2000),
+        {Code, Out} = escript(["diagnose", Node, "--json", "--duration", "1"],
+                              [{"BEAMDIAG_COOKIE", Cookie}]),
+        ct:log("after a refused connection: exit ~b~n~ts", [Code, Out]),
+        ?assertEqual(0, Code)
+    after
+        catch port_close(Lab)
+    end.
+
+%% The node name and cookie the lab command prints once its node runs.
+lab_announced(Port, Acc) ->
+    case re:run(Acc, "BEAMDIAG_COOKIE=(\\S+) beamdiag diagnose (\\S+)",
+                [{capture, all_but_first, list}]) of
+        {match, [Cookie, Node]} ->
+            {Node, Cookie};
+        nomatch ->
+            receive
+                {Port, {data, D}} -> lab_announced(Port, <<Acc/binary, D/binary>>);
+                {Port, {exit_status, S}} -> error({lab_exited, S, Acc})
+            after 60000 -> error({lab_silent, Acc})
+            end
+    end.
 
 %% Flags that were on before the run are still on after it.
 flags_left_on_stay_on(Config) ->
