@@ -37,13 +37,15 @@
 %% BEAM busy time, msacc states); share: a part over its whole, 0 to 1;
 %% count: events; per_s: events per second of wall time.
 -type unit() :: cpus | cpu_s | wall_s | share | count | per_s.
-%% scope: whose figure it is (the node's threads, the whole host, or the
-%% window); part_of: the figure this one is a part of (never above it).
+%% scope: whose figure it is (the node's threads over the window, the
+%% node's threads over a span of it such as msacc's slice, the whole host,
+%% or the window); part_of: the figure this one is a part of (never above
+%% it).
 -type figure() :: #{
     name := atom(),
     value := number(),
     unit := unit(),
-    scope := node | host | window,
+    scope := node | span | host | window,
     part_of => atom()
 }.
 
@@ -84,7 +86,7 @@ figure(Name, Value, Unit) ->
     figure(Name, Value, Unit, #{}).
 
 %% @doc A figure with its scope (default node) and the figure it is part of.
--spec figure(atom(), number(), unit(), #{scope => node | host | window, part_of => atom()}) ->
+-spec figure(atom(), number(), unit(), #{scope => node | span | host | window, part_of => atom()}) ->
     figure().
 figure(Name, Value, Unit, Opts) when is_number(Value) ->
     maps:merge(#{name => Name, value => Value, unit => Unit, scope => node},

@@ -243,6 +243,9 @@ dirty_cpu_gc(L, Settings, T) ->
             OnCpu = span_on_cpu(L, dirty_cpu, Span),
             GcCpu = OnCpu * GcShare,
             Cpus = GcCpu / max(Span, 1.0e-9),
+            %% The node's CPUs over the same span: the window's average
+            %% would put a burst at the window's end above the node.
+            SpanCpus = span_on_cpu(L, all, Span) / max(Span, 1.0e-9),
             Mdai = maps:get(mdai, Settings, <<"0">>),
             Severity =
                 case Cpus >= map_get(dirty_gc_cpus_warn, T) of
@@ -256,8 +259,8 @@ dirty_cpu_gc(L, Settings, T) ->
                     "a CPU included): ~s of their time awake",
                     [GcWall, Span * N, Span, N, pct(GcShare)]),
                 fmt("they were on CPU ~.2f CPU-seconds in that span, so garbage collection "
-                    "took about ~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used",
-                    [OnCpu, GcCpu, Cpus, cpus_used(L)]),
+                    "took about ~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used in that span",
+                    [OnCpu, GcCpu, Cpus, SpanCpus]),
                 fmt("~b GCs/s node-wide, ~.1f MB reclaimed/s; +Mdai is ~s (~b eheap_alloc instances for ~b schedulers)",
                     [round(maps:get(gcs_per_s, maps:get(vm, L), 0.0)),
                      maps:get(gc_words_per_s, maps:get(vm, L), 0.0) * 8 / 1.0e6, Mdai,
@@ -268,7 +271,8 @@ dirty_cpu_gc(L, Settings, T) ->
                fig(msacc_wall_s, Span * N, wall_s),
                fig(dirty_gc_awake_share, GcShare, share),
                fig(dirty_on_cpu_s, OnCpu, cpu_s), fig(dirty_gc_cpu_s, GcCpu, cpu_s, dirty_on_cpu_s),
-               fig(dirty_gc_cpus, Cpus, cpus, cpus_used), fig(cpus_used, cpus_used(L), cpus)],
+               fig(dirty_gc_cpus, Cpus, cpus, #{scope => span, part_of => span_cpus_used}),
+               fig(span_cpus_used, SpanCpus, cpus, #{scope => span})],
               Settings);
         _ ->
             []
@@ -441,6 +445,9 @@ span_on_cpu([], _Type, _Span, _T, Acc) ->
     Acc;
 span_on_cpu(_, _Type, Span, T, Acc) when T >= Span - 1.0e-3 ->
     Acc;
+span_on_cpu([#{t := Dt, by_type := ByType} | Rest], all, Span, T, Acc) ->
+    OnCpu = lists:sum([V || #{on_cpu := V} <- maps:values(ByType), is_number(V)]),
+    span_on_cpu(Rest, all, Span, T + Dt, Acc + OnCpu);
 span_on_cpu([#{t := Dt, by_type := ByType} | Rest], Type, Span, T, Acc) ->
     OnCpu = case maps:find(Type, ByType) of
                 {ok, #{on_cpu := V}} when is_number(V) -> V;
