@@ -17,6 +17,8 @@
 -export([unit_context/1, unit/2]).
 %% Workloads, called on the lab node.
 -export([idle/1, wakeups/2, burn/2, burn_all/1, dev_zero/2, big_heap_gc/3, blocking/3]).
+%% The workload owner, shared with the other lab modules' workloads.
+-export([owner/2]).
 
 -define(NO_SPIN, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"]).
 
@@ -141,9 +143,10 @@ unit(hash, _) -> work(20000).
 %%% Internal
 %%%===================================================================
 
-%% Starts an owner process that starts the workers and kills them all after
-%% Ms. The owner is unlinked from the caller (a short-lived call process);
-%% the lab node itself dies with its session.
+%% @doc Starts an owner process that starts the workers and kills them all
+%% after Ms. The owner is unlinked from the caller (a short-lived call
+%% process); the lab node itself dies with its session.
+-spec owner(non_neg_integer(), fun(() -> [pid()])) -> ok.
 owner(Ms, Start) ->
     Self = self(),
     Ref = make_ref(),

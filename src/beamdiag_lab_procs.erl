@@ -36,15 +36,18 @@ scenarios() ->
         #{name => single_server,
           summary => <<"64 workers calling one registered gen_server that does the work">>,
           emu_args => ["+S", "2:2"], load => {?MODULE, single_server, ['$duration_ms', 64]},
+          modules => [beamdiag_lab_ledger],
           expect => [single_process_bottleneck]},
         #{name => mailbox_growth,
           summary => <<"eight producers casting to one consumer that takes 1 ms a message">>,
           emu_args => ["+S", "2:2"], load => {?MODULE, mailbox_growth, ['$duration_ms', 8]},
+          modules => [beamdiag_lab_ledger],
           expect => [message_queue_growth]},
         #{name => equal_workers,
           summary => <<"64 workers each doing its own work: saturated and healthy "
                        "(negative control)">>,
           emu_args => ["+S", "2:2"], load => {?MODULE, equal_workers, ['$duration_ms', 64]},
+          modules => [beamdiag_lab_ledger],
           expect => [cpu_saturated]}
     ].
 
@@ -52,7 +55,7 @@ scenarios() ->
 %% workers calling it in a loop.
 -spec single_server(pos_integer(), pos_integer()) -> ok.
 single_server(Ms, N) ->
-    owner(Ms, fun() ->
+    beamdiag_lab_ledger:owner(Ms, fun() ->
         {ok, S} = gen_server:start_link({local, ?SERVER}, ?MODULE, server, []),
         [S | [spawn_link(fun() -> caller_loop() end) || _ <- lists:seq(1, N)]]
     end).
@@ -61,7 +64,7 @@ single_server(Ms, N) ->
 %% that each cast a message every millisecond.
 -spec mailbox_growth(pos_integer(), pos_integer()) -> ok.
 mailbox_growth(Ms, N) ->
-    owner(Ms, fun() ->
+    beamdiag_lab_ledger:owner(Ms, fun() ->
         {ok, C} = gen_server:start_link({local, ?CONSUMER}, ?MODULE, consumer, []),
         [C | [spawn_link(fun() -> producer_loop(0) end) || _ <- lists:seq(1, N)]]
     end).
@@ -69,7 +72,7 @@ mailbox_growth(Ms, N) ->
 %% @doc N workers, each doing ?WORK steps at a time on its own.
 -spec equal_workers(pos_integer(), pos_integer()) -> ok.
 equal_workers(Ms, N) ->
-    owner(Ms, fun() -> [spawn_link(fun() -> worker_loop() end) || _ <- lists:seq(1, N)] end).
+    beamdiag_lab_ledger:owner(Ms, fun() -> [spawn_link(fun() -> worker_loop() end) || _ <- lists:seq(1, N)] end).
 
 %%%===================================================================
 %%% gen_server callbacks
@@ -101,24 +104,6 @@ handle_info(_, N) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
-
-%% Starts an owner process that starts the workers and kills them all after
-%% Ms (the same shape as the ledger lab's owner).
-owner(Ms, Start) ->
-    Self = self(),
-    Ref = make_ref(),
-    _ = spawn(fun() ->
-        process_flag(trap_exit, true),
-        Workers = Start(),
-        Self ! {Ref, started},
-        receive
-        after Ms -> [exit(W, kill) || W <- Workers]
-        end
-    end),
-    receive
-        {Ref, started} -> ok
-    after 10000 -> ok
-    end.
 
 caller_loop() ->
     _ = gen_server:call(?SERVER, work, infinity),
