@@ -292,6 +292,11 @@ process_findings(Locks, Classes, Ctx) ->
             case severity(Sum) of
                 none ->
                     [];
+                %% A bottleneck is a process others wait for: collisions
+                %% with short waits (0.2% of the window seen on a caller)
+                %% do not make one.
+                _ when map_get(wait_pct, Sum) < ?INFO_PCT ->
+                    [];
                 Sev ->
                     #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
                     ClassList = lists:usort([C || #{class := C} <- Ls]),
