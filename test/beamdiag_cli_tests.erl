@@ -1,6 +1,9 @@
 -module(beamdiag_cli_tests).
 -include_lib("eunit/include/eunit.hrl").
 
+%% The CLI run with its output gathered, shared with beamdiag_exit_codes_tests.
+-export([run/1, collect/1]).
+
 run(Args) ->
     Self = self(),
     IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,

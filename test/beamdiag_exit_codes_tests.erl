@@ -129,12 +129,7 @@ commands_use_the_mapping_test_() ->
 %%% Helpers
 
 run(Args) ->
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-           colour => false},
-    Code = beamdiag_cli:run(Args, IO),
-    {Code, collect(out), collect(err)}.
+    beamdiag_cli_tests:run(Args).
 
 fail(Reason) ->
     Self = self(),
@@ -144,9 +139,7 @@ fail(Reason) ->
     {Code, collect(err)}.
 
 collect(Tag) ->
-    receive {Tag, B} -> <<B/binary, (collect(Tag))/binary>>
-    after 0 -> <<>>
-    end.
+    beamdiag_cli_tests:collect(Tag).
 
 all_reasons() ->
     ok = case application:load(beamdiag) of
