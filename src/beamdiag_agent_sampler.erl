@@ -5,7 +5,9 @@
 %%% distribution):
 %%% at a prime rate (97 Hz by default) it looks at a bounded set of
 %%% processes, and for those whose status is `running' or `runnable' takes
-%%% `process_info(P, current_stacktrace)' and counts the stack. The result
+%%% `process_info(P, [current_function, current_stacktrace])' and counts the
+%%% stack, with the current function as its leaf when the stacktrace lacks
+%%% it (a BIF's trap continuation, `erts_internal:binary_to_term_trap/1'). The result
 %%% is folded stacks, `[<<"erlang">>, RootFrame, ..., LeafFrame]' to counts,
 %%% the same shape `beamdiag_fold' produces.
 %%%
@@ -246,9 +248,9 @@ window(Snap, Cur, N, Size, Acc) ->
 look(P, Depth) ->
     case erlang:process_info(P, status) of
         {status, S} when S =:= running; S =:= runnable ->
-            case erlang:process_info(P, current_stacktrace) of
-                {current_stacktrace, Stack} ->
-                    Frames = [frame(F) || F <- lists:sublist(Stack, Depth)],
+            case erlang:process_info(P, [current_function, current_stacktrace]) of
+                [{current_function, Fun}, {current_stacktrace, Stack}] ->
+                    Frames = [frame(F) || F <- lists:sublist(with_current(Fun, Stack), Depth)],
                     {true, {P, [<<"erlang">> | lists:reverse(Frames)]}};
                 undefined ->
                     false
@@ -256,6 +258,13 @@ look(P, Depth) ->
         _ ->
             false
     end.
+
+%% A BIF that traps (binary_to_term of a large term, ...) runs as its trap
+%% continuation, which is the current function but not on the stacktrace:
+%% it becomes the leaf, above the Erlang function that called the BIF.
+with_current({M, F, A}, Stack = [{M, F, A, _} | _]) -> Stack;
+with_current({M, F, A}, Stack) -> [{M, F, A, []} | Stack];
+with_current(_, Stack) -> Stack.
 
 count(Key, St = #{stacks := Stacks, samples := N, opts := #{max_stacks := Max}}) ->
     Stacks2 = case Stacks of

@@ -32,7 +32,12 @@
     frames := [binary()],
     prefixes := [binary()],
     unless := [binary()],
-    advice := binary()
+    advice := binary(),
+    %% What can be claimed when only `prefixes' matched, that is the BIF's
+    %% Erlang name (the Erlang sampler's stacks, or an emulator whose C
+    %% functions have no names): the frames that betray the cost itself
+    %% were not seen.
+    by_name_only => #{title := binary(), label := binary(), advice := binary()}
 }.
 
 -define(INFO, 0.05).
@@ -56,7 +61,9 @@ families() ->
             frames => [<<"binary_to_term_1">>, <<"binary_to_term_2">>, <<"erts_atom_put">>,
                        <<"erts_atom_put_index">>, <<"atom_hash">>, <<"dec_atom">>,
                        <<"dec_term">>, <<"binary_to_term_int">>, <<"erts_atom_get">>],
-            prefixes => [<<"$erlang:binary_to_term/">>, <<"erlang:binary_to_term/">>],
+            %% The BIF, and its trap continuation for large terms.
+            prefixes => [<<"$erlang:binary_to_term/">>, <<"erlang:binary_to_term/">>,
+                         <<"erts_internal:binary_to_term_trap/">>],
             unless => [],
             advice =>
                 <<"Decoding atom-heavy terms (e.g. values from a remote cache such as Redis "
@@ -64,7 +71,19 @@ families() ->
                   "its lock. Keep decoded terms in an ETS tier in front of the remote cache "
                   "(versioned keys make invalidation simple): a field report measured ETS "
                   "6.43x faster than Redis plus binary_to_term for a large term, and 40% "
-                  "less CPU at peak. Or store fewer atoms (binaries for keys).">>
+                  "less CPU at peak. Or store fewer atoms (binaries for keys).">>,
+            by_name_only => #{
+                title => <<"Decoding terms with binary_to_term takes a large share of the CPU">>,
+                label => <<"binary_to_term">>,
+                advice =>
+                    <<"Decode less often: keep decoded terms in an ETS tier in front of the "
+                      "remote cache they come from (versioned keys make invalidation simple); "
+                      "a field report measured ETS 6.43x faster than Redis plus "
+                      "binary_to_term for a large term. What inside the decoding costs most "
+                      "(atom lookups in erts_atom_put, zlib) shows only on an emulator that "
+                      "names its C functions (Debian: erlang-base-dbgsym) with `beamdiag "
+                      "flame --call-graph dwarf`; if it is atoms, store binaries for keys.">>
+            }
         },
         #{
             key => zlib_inflate,
@@ -293,8 +312,19 @@ strip_suffix(F) ->
         _ -> F
     end.
 
-family_finding(#{key := Key, label := Label, advice := Advice, title := Title,
-                 max_severity := Max}, Share, Frames, #{samples := N}) ->
+family_finding(Fam = #{frames := Own}, Share, Frames, P) ->
+    case Fam of
+        #{by_name_only := Named} ->
+            case lists:any(fun({F, _}) -> lists:member(strip_suffix(F), Own) end, Frames) of
+                true -> family_finding2(Fam, Share, Frames, P);
+                false -> family_finding2(maps:merge(Fam, Named), Share, Frames, P)
+            end;
+        _ ->
+            family_finding2(Fam, Share, Frames, P)
+    end.
+
+family_finding2(Fam = #{key := Key, label := Label, advice := Advice, title := Title,
+                        max_severity := Max}, Share, Frames, P = #{samples := N}) ->
     Severity = capped(severity(Share), Max),
     Top = lists:sublist(Frames, 4),
     E1 = io_lib:format("~ts: ~.1f% of samples (~ts)",
@@ -306,12 +336,61 @@ family_finding(#{key := Key, label := Label, advice := Advice, title := Title,
                    "a fault only when it costs more than the node's job needs.">>];
         false -> []
     end,
-    F = beamdiag_finding:new(hot_function, Severity, [E1 | Capped],
+    Callers = case callers(Fam, P) of
+        [] -> [];
+        Cs -> [io_lib:format("Called from ~ts",
+                             [lists:join(", ", [io_lib:format("~ts (~.1f% of samples; on the stack "
+                                                              "in ~.1f% in all)",
+                                                              [C, 100 * S, 100 * T])
+                                                || {C, S, T} <- lists:sublist(Cs, 3)])])]
+    end,
+    F = beamdiag_finding:new(hot_function, Severity, [E1 | Callers ++ Capped],
                              #{family => atom_to_binary(Key), share => Share,
                                function => TopFrame, function_share => TopShare,
                                samples => N}),
     %% The title and the fix are the family's own.
     F#{title := Title, fix := Advice}.
+
+%% The Erlang functions that call into a family: in each stack with the
+%% family's frames, the nearest Erlang frame on the root side of the first
+%% of them. Most frequent first, with the share of samples where it calls
+%% into the family and the share where it is on the stack at all (a
+%% sampler that sees a process only between time slices finds it often
+%% in the caller of a BIF whose work it did).
+callers(#{frames := Frames, prefixes := Prefixes, unless := Unless}, P = #{stacks := Stacks,
+                                                                           samples := N}) ->
+    Counts = maps:fold(
+        fun(Stack, C, Acc) ->
+            case lists:any(fun(U) -> lists:member(U, Stack) end, Unless) of
+                true -> Acc;
+                false -> add_caller(caller(Stack, Frames, Prefixes, none), C, Acc)
+            end
+        end, #{}, Stacks),
+    Sorted = lists:reverse(lists:keysort(2, maps:to_list(Counts))),
+    [{F, share(C, N), share(on_stack(F, P), N)} || {F, C} <- Sorted].
+
+on_stack(F, #{stacks := Stacks}) ->
+    maps:fold(fun(Stack, C, Acc) ->
+                      case lists:any(fun(X) -> strip_suffix(X) =:= F end, Stack) of
+                          true -> Acc + C;
+                          false -> Acc
+                      end
+              end, 0, Stacks).
+
+caller([], _Frames, _Prefixes, _Last) ->
+    none;
+caller([F | Rest], Frames, Prefixes, Last) ->
+    case matches(F, Frames, Prefixes) of
+        true -> Last;
+        false ->
+            case beamdiag_fold:frame_kind(F) of
+                erlang -> caller(Rest, Frames, Prefixes, strip_suffix(F));
+                _ -> caller(Rest, Frames, Prefixes, Last)
+            end
+    end.
+
+add_caller(none, _C, Acc) -> Acc;
+add_caller(F, C, Acc) -> maps:update_with(F, fun(X) -> X + C end, C, Acc).
 
 hot_finding(#{name := Name, self_share := S, total_share := T, kind := K}, #{samples := N}) ->
     E = io_lib:format("~ts (~s) is the leaf of ~.1f% of samples, on the stack in ~.1f%",

@@ -250,11 +250,4 @@ external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) -
 escript(Args, Env) ->
     {ok, Bin} = beamdiag_test_lib:escript(),
     Port = open_port({spawn_executable, Bin}, [{args, Args}, {env, Env}, exit_status, binary, hide]),
-    read_port(Port, <<>>).
-
-read_port(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 60000 -> error(escript_timeout)
-    end.
+    beamdiag_test_lib:read_port(Port, <<>>).

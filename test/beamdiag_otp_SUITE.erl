@@ -220,7 +220,7 @@ other_commands(Config) ->
     ct:pal("metrics scrape:~n~ts", [Scrape]),
     ?assertMatch({_, _}, binary:match(Scrape, <<"beamdiag_">>)),
     ?assertMatch({_, _}, binary:match(Scrape, <<"scheduler">>)),
-    {MCode, MOut} = read_port(Metrics, <<>>),
+    {MCode, MOut} = beamdiag_test_lib:read_port(Metrics, <<>>),
     ct:pal("metrics exit ~b: ~ts", [MCode, MOut]),
     ?assertEqual(0, MCode),
     {WCode, Watch, WErr} = cli(Config, ["watch", Node, "--duration", "3"], C),
@@ -385,22 +385,7 @@ cli(Config, Args, Cookie) ->
     run(?config(escript, Config), Args, [{"BEAMDIAG_COOKIE", atom_to_list(Cookie)}]).
 
 run(Exe, Args, Env) ->
-    Err = filename:join("/tmp", "beamdiag_otp_err_" ++ integer_to_list(erlang:unique_integer([positive]))),
-    %% stderr to a file, stdout read here.
-    Port = open_port({spawn_executable, "/bin/sh"},
-                     [{args, ["-c", "exec \"$0\" \"$@\" 2>" ++ Err, Exe | Args]}, {env, Env},
-                      exit_status, binary, hide]),
-    {Code, Out} = read_port(Port, <<>>),
-    {ok, E} = file:read_file(Err),
-    ok = file:delete(Err),
-    {Code, Out, unicode:characters_to_list(E)}.
-
-read_port(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 120000 -> error(cli_timeout)
-    end.
+    beamdiag_test_lib:run_exe(Exe, Args, Env).
 
 sched(J) -> maps:get(<<"scheduler">>, maps:get(<<"by_type">>, J)).
 

@@ -10,11 +10,12 @@
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([atom_decode_perf/1, redis_cache_perf/1, erlang_sampler/1, perf_errors/1,
          flame_cli/1, diagnose_perf/1, header_otp25/1, header_otp27/1, header_otp29/1,
-         perfdirectory_otp29/1, callers_otp29/1]).
+         perfdirectory_otp29/1, callers_otp29/1, cli_perf_otp27/1, cli_perf_otp29/1]).
 
 all() ->
     [perf_errors, atom_decode_perf, redis_cache_perf, erlang_sampler, flame_cli, diagnose_perf,
-     header_otp25, header_otp27, header_otp29, perfdirectory_otp29, callers_otp29].
+     header_otp25, header_otp27, header_otp29, perfdirectory_otp29, callers_otp29,
+     cli_perf_otp27, cli_perf_otp29].
 
 init_per_suite(Config) ->
     case os:find_executable("perf") of
@@ -35,6 +36,10 @@ init_per_testcase(header_otp29, Config) ->
     Config;
 init_per_testcase(perfdirectory_otp29, Config) ->
     Config;
+init_per_testcase(cli_perf_otp27, Config) ->
+    init_per_testcase(callers_otp29, Config);
+init_per_testcase(cli_perf_otp29, Config) ->
+    init_per_testcase(callers_otp29, Config);
 init_per_testcase(callers_otp29, Config) ->
     case ensure_distributed() of
         ok -> Config;
@@ -400,16 +405,82 @@ callers_otp29(Config) ->
                 %% Raw signals: perf's native frames have no names here...
                 ?assertEqual(0.0, share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>])),
                 ?assertEqual(false, maps:get(native_names, maps:get(target, maps:get(perf, R)))),
-                %% ...the sampler's stacks name the Erlang function that
-                %% calls binary_to_term (on OTP 29 the BIF itself is not on
-                %% current_stacktrace), and the header shows it.
+                %% ...the sampler's stacks name the BIF (as its trap
+                %% continuation: a large term) and the Erlang function that
+                %% calls it, and the header shows the caller.
                 ?assert(maps:get(samples, C) >= 20),
                 ?assert(share_with(C, [<<"beamdiag_profile_work:decode_loop/1">>]) > 0.2),
+                Bif = share_with(C, [<<"erts_internal:binary_to_term_trap/1">>,
+                                     <<"erlang:binary_to_term/1">>]),
+                ct:pal("sampler: binary_to_term in ~.1f% of samples", [100 * Bif]),
+                ?assert(Bif > 0.1),
                 ?assertMatch({_, _}, binary:match(Header, <<"Erlang callers from the Erlang-level "
                                                             "sampler">>)),
                 ?assertMatch({_, _}, binary:match(Header, <<"beamdiag_profile_work:decode_loop/1">>)),
+                %% Then the finding: binary_to_term named with its caller,
+                %% from the sampler, without a claim about atoms it did
+                %% not see.
+                [#{title := Title, evidence := Ev}] =
+                    [X || X = #{metrics := #{family := <<"atom_decode">>}} <- Findings],
+                ?assertEqual(<<"Decoding terms with binary_to_term takes a large share of the CPU">>,
+                             Title),
+                EvText = iolist_to_binary(lists:join("\n", Ev)),
+                ?assertMatch({_, _}, binary:match(EvText, <<"From the Erlang-level sampler">>)),
+                ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_work:"
+                                                            "decode_loop/1">>)),
                 %% No finding points at a frame without a name.
                 ?assertEqual([], [X || X = #{metrics := #{function := <<"[", _/binary>>}} <- Findings])
+            after
+                catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
+%% As a new user would: the escript of this machine's OTP runs `diagnose
+%% --perf' against a node of another OTP that decodes an atom-heavy term in
+%% a loop. On OTP 27 perf names the atom decoding in C (DWARF, the emulator
+%% has its symbols); on OTP 29 (stripped) the Erlang sampler beside perf
+%% names binary_to_term and its caller. Raw signal first, then the finding.
+cli_perf_otp27(Config) -> cli_perf(27, Config).
+cli_perf_otp29(Config) -> cli_perf(29, Config).
+
+cli_perf(Release, _Config) ->
+    Escript = case beamdiag_test_lib:escript() of
+        {ok, E} -> E;
+        error -> throw(beamdiag_test_lib:missing("the escript is not built (rebar3 escriptize)"))
+    end,
+    Cookie = atom_to_list(erlang:get_cookie()),
+    case beamdiag_test_lib:start_node(Release, #{args => ["+JPperf", "true", "-setcookie", Cookie]}) of
+        {ok, Peer, Node} ->
+            try
+                ok = start_workload(Peer),
+                T0 = erlang:monotonic_time(millisecond),
+                {Code, Out, Err} = beamdiag_test_lib:run_exe(
+                    Escript, ["diagnose", atom_to_list(Node), "--perf", "--json", "--duration", "4"],
+                    [{"BEAMDIAG_COOKIE", Cookie}]),
+                Ms = erlang:monotonic_time(millisecond) - T0,
+                ct:pal("OTP ~b: exit ~b in ~b ms for a 4 s window~n~ts", [Release, Code, Ms, Err]),
+                ?assertEqual(0, Code),
+                J = beamdiag_test_json:decode(Out),
+                Findings = maps:get(<<"findings">>, J),
+                [F] = [X || X = #{<<"id">> := <<"hot_function">>,
+                                  <<"metrics">> := #{<<"family">> := <<"atom_decode">>}} <- Findings],
+                #{<<"title">> := Title, <<"evidence">> := Ev} = F,
+                ct:pal("~ts~n~ts", [Title, [[E, $\n] || E <- Ev]]),
+                %% Raw signal: the share the finding is built on.
+                Share = maps:get(<<"share">>, maps:get(<<"metrics">>, F)),
+                ?assert(Share >= 0.05),
+                EvText = iolist_to_binary(lists:join("\n", Ev)),
+                case Release of
+                    27 ->
+                        ?assertMatch(<<"Decoding atom-heavy terms", _/binary>>, Title),
+                        ?assertMatch({_, _}, binary:match(EvText, <<"erts_atom_put">>));
+                    29 ->
+                        ?assertMatch(<<"Decoding terms with binary_to_term", _/binary>>, Title),
+                        ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_"
+                                                                    "work:decode_loop/1">>))
+                end
             after
                 catch peer:stop(Peer)
             end;

@@ -84,6 +84,32 @@ gc_is_not_critical_test() ->
     ?assertEqual(nomatch, binary:match(Fix, [<<"Redis">>, <<"binary_to_term">>])),
     ?assertMatch([_, _], Ev).
 
+%% The Erlang sampler sees binary_to_term only by its Erlang names (the BIF,
+%% or its trap continuation for large terms): the finding names it and its
+%% caller, but claims nothing about atoms, which it did not see.
+by_name_only_test() ->
+    P = beamdiag_fold:from_counts(#{[<<"erlang">>, <<"app:loop/1">>,
+                                     <<"erts_internal:binary_to_term_trap/1">>] => 50,
+                                    [<<"erlang">>, <<"app:loop/1">>] => 10,
+                                    [<<"erlang">>, <<"app:other/0">>] => 40}),
+    [F] = [X || X <- beamdiag_profile_rules:findings(P, #{}), family(X) =:= <<"atom_decode">>],
+    #{title := Title, fix := Fix, evidence := [E1, E2 | _], metrics := #{share := S}} = F,
+    ?assertEqual(0.5, S),
+    ?assertEqual(<<"Decoding terms with binary_to_term takes a large share of the CPU">>, Title),
+    ?assertMatch({_, _}, binary:match(E1, <<"binary_to_term: 50.0% of samples">>)),
+    ?assertEqual(<<"Called from app:loop/1 (50.0% of samples; on the stack in 60.0% in all)">>,
+                 iolist_to_binary(E2)),
+    ?assertEqual(nomatch, binary:match(Fix, <<"under its lock">>)),
+    %% With the C frames that show the atoms, the atom title and its caller.
+    P2 = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"$app:loop/1">>, <<"$erlang:binary_to_term/1">>,
+                                      <<"binary_to_term_1">>, <<"erts_atom_put">>] => 50,
+                                     [<<"scheduler">>, <<"$app:other/0">>] => 50}),
+    [F2] = [X || X <- beamdiag_profile_rules:findings(P2, #{}), family(X) =:= <<"atom_decode">>],
+    ?assertMatch(#{title := <<"Decoding atom-heavy terms", _/binary>>,
+                   evidence := [_, <<"Called from app:loop/1 (50.0% of samples; on the stack in 50.0% in all)">>
+                               | _]},
+                 F2#{evidence := [iolist_to_binary(E) || E <- maps:get(evidence, F2)]}).
+
 no_double_count_test() ->
     %% A stack with several frames of one family counts once.
     P = beamdiag_fold:from_counts(#{[<<"scheduler">>, <<"binary_to_term_1">>, <<"erts_atom_put">>,

@@ -853,22 +853,9 @@ noisy_tracer(Seen) ->
 
 %% The escript with these arguments and environment, its standard error
 %% going to a file of its own: {ExitCode, Stdout, Stderr}.
-run_escript(Args, Env, Config) ->
-    ErrFile = filename:join(?config(priv_dir, Config),
-                            "stderr_" ++ integer_to_list(erlang:unique_integer([positive]))),
-    Port = open_port({spawn_executable, "/bin/sh"},
-                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", escript() | Args]},
-                      {env, [{"BEAMDIAG_TEST_ERR", ErrFile} | Env]}, exit_status, binary]),
-    {Code, Out} = read_port(Port, <<>>),
-    {ok, Err} = file:read_file(ErrFile),
-    {Code, Out, Err}.
-
-read_port(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 120000 -> error(escript_timeout)
-    end.
+run_escript(Args, Env, _Config) ->
+    {Code, Out, Err} = beamdiag_test_lib:run_exe(escript(), Args, Env),
+    {Code, Out, unicode:characters_to_binary(Err)}.
 
 escript() ->
     case beamdiag_test_lib:escript() of

@@ -1,7 +1,7 @@
 %%% Helpers shared by the Common Test suites.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2]).
+-export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, run_exe/3, read_port/2]).
 
 %% A tool the suite needs is missing: skipped on a developer's machine,
 %% a failure in CI, where the set-up must have installed it.
@@ -37,6 +37,30 @@ escript(Dir) ->
         true -> {ok, E};
         false when Dir =:= "/" -> error;
         false -> escript(filename:dirname(Dir))
+    end.
+
+%% Runs a program with these arguments and environment, its standard error
+%% going to a file of its own, for at most two minutes:
+%% `{ExitCode, Stdout, Stderr}' with Stderr as a string.
+run_exe(Exe, Args, Env) ->
+    Err = filename:join("/tmp", "beamdiag_test_err_" ++
+                            integer_to_list(erlang:unique_integer([positive]))),
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", Exe | Args]},
+                      {env, [{"BEAMDIAG_TEST_ERR", Err} | Env]}, exit_status, binary, hide]),
+    {Code, Out} = read_port(Port, <<>>),
+    {ok, E} = file:read_file(Err),
+    ok = file:delete(Err),
+    {Code, Out, unicode:characters_to_list(E)}.
+
+%% The output of a port until it exits: {ExitCode, Output}.
+read_port(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after 120000 ->
+        catch port_close(Port),
+        error(exe_timeout)
     end.
 
 %% The `exec' option of OTP's `peer' that starts `erl' on another OTP
