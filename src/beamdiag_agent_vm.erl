@@ -63,6 +63,7 @@ settings() ->
         emu_flavor => atom_to_binary(erlang:system_info(emu_flavor)),
         build_type => atom_to_binary(erlang:system_info(build_type)),
         lock_counting => erlang:system_info(lock_counting),
+        lcnt_emulator_installed => lcnt_emulator_installed(),
         os_pid => list_to_binary(os:getpid()),
         os => os_name(),
         schedulers => S,
@@ -82,6 +83,17 @@ settings() ->
         eheap_alloc_instances => alloc_instances(eheap_alloc)
     },
     maps:merge(Base, Flags).
+
+%% Whether `erl -emu_type lcnt' would find a lock-counting emulator beside
+%% the running one (erlexec sets BINDIR to the emulator's folder): one
+%% file check.
+lcnt_emulator_installed() ->
+    case os:getenv("BINDIR") of
+        Dir when is_list(Dir), Dir =/= "" ->
+            filelib:is_regular(filename:join(Dir, "beam.lcnt.smp"));
+        _ ->
+            false
+    end.
 
 %% @doc VM counters for one tick. `swt' is `undefined' unless
 %% scheduler_wall_time is on; `msacc' is present when microstate accounting

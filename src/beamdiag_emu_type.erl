@@ -131,6 +131,14 @@ missing_packages(Source) ->
 %% source it needs, the command, and the restart. The build must run where
 %% the node's Erlang is installed, by a beamdiag that this OTP can run.
 -spec advice(map()) -> binary().
+advice(Settings = #{lcnt_emulator_installed := true}) ->
+    Otp = version(maps:get(otp_version, Settings, undefined), <<"?">>),
+    iolist_to_binary([
+        "locks not counted: the node runs OTP ", Otp, " on the stock emulator, and the "
+        "lock-counting emulator is installed beside it: restart the node with -emu_type lcnt "
+        "(for a release: add it to vm.args, or ERL_FLAGS=\"-emu_type lcnt\") and diagnose "
+        "again"
+    ]);
 advice(Settings) ->
     Rel = version(maps:get(otp_release, Settings, undefined), <<"?">>),
     Otp = version(maps:get(otp_version, Settings, undefined), Rel),

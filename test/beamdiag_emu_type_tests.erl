@@ -103,6 +103,14 @@ advice_names_the_exact_source_test() ->
               <<"https://github.com/erlang/otp/releases/download/OTP-29.1.2/otp_src_29.1.2.tar.gz">>,
               <<"-emu_type lcnt">>]].
 
+%% The emulator is installed beside the node's but not running: restart,
+%% nothing to build.
+advice_installed_test() ->
+    A = beamdiag_emu_type:advice(#{otp_release => <<"25">>, otp_version => <<"25.2.3">>,
+                                   lock_counting => false, lcnt_emulator_installed => true}),
+    ?assertNotEqual(nomatch, binary:match(A, <<"restart the node with -emu_type lcnt">>)),
+    ?assertEqual(nomatch, binary:match(A, <<"emu-type build">>)).
+
 %% Settings come from the target: anything but a version number is left out.
 advice_hostile_settings_test() ->
     A = beamdiag_emu_type:advice(#{otp_release => <<"27">>, otp_version => <<"27; rm -rf /">>,

@@ -13,7 +13,8 @@
          end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
 -export([ets_hot/1, ets_sharded/1, dirty_gc_alloc/1, dirty_gc_alloc_mdai/1, healthy_node/1,
          settings_restored/1, guard_restores_when_owner_dies/1]).
--export([ets_hot_session/1, ets_sharded_session/1, not_counted_session/1]).
+-export([ets_hot_session/1, ets_sharded_session/1, not_counted_session/1,
+         installed_not_running/1]).
 
 -define(WINDOW_MS, 4000).
 -define(WARMUP_MS, 1500).
@@ -23,7 +24,7 @@
 
 all() ->
     [ets_hot, ets_sharded, dirty_gc_alloc, dirty_gc_alloc_mdai, healthy_node,
-     settings_restored, guard_restores_when_owner_dies,
+     settings_restored, guard_restores_when_owner_dies, installed_not_running,
      {group, otp27}, {group, otp29}].
 
 %% The lock session (beamdiag:diagnose on a lab node) on OTP 27's
@@ -238,11 +239,32 @@ not_counted_session(Config) ->
         {ok, #{capture := C, ledger := #{notes := Notes}}} =
             beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => 2}),
         ?assertNot(maps:is_key(locks, maps:get(extras, C))),
-        #{otp_version := V, lock_counting := false} = maps:get(settings, C),
+        #{otp_version := V, lock_counting := false, lcnt_emulator_installed := false} =
+            maps:get(settings, C),
         ct:pal("OTP ~s notes: ~p", [V, Notes]),
         ?assertMatch(<<"29.", _/binary>>, V),
         Want = <<"emu-type build --install --otp-src otp_src_", V/binary, ".tar.gz">>,
         ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch])
+    after
+        beamdiag_lab:stop(Lab)
+    end.
+
+%% A node on the stock emulator of an Erlang that has the lock-counting
+%% emulator installed beside it (this machine's, by the set-up): the note
+%% says to restart it with -emu_type lcnt, not to build anything.
+installed_not_running(_Config) ->
+    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60}),
+    try
+        {ok, #{capture := C, ledger := #{notes := Notes}}} =
+            beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                        duration => 2}),
+        %% Raw signal: stock emulator, the lock-counting one on disk.
+        ?assertMatch(#{lock_counting := false, lcnt_emulator_installed := true},
+                     maps:get(settings, C)),
+        [N] = [X || X = <<"locks not counted", _/binary>> <- Notes],
+        ct:pal("~ts", [N]),
+        ?assertNotEqual(nomatch, binary:match(N, <<"restart the node with -emu_type lcnt">>)),
+        ?assertEqual(nomatch, binary:match(N, <<"emu-type build">>))
     after
         beamdiag_lab:stop(Lab)
     end.
