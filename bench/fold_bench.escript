@@ -2,12 +2,14 @@
 %% Folding speed on a large real capture.
 %%
 %% Records a real BEAM node (+JPperf true; the atom_decode and erlang_cpu
-%% lab workloads) with perf at 999 Hz: 60 s of frame-pointer call chains
-%% (long stacks, mostly unique: the folder's worst case) and 20 s of DWARF
+%% lab workloads) with perf at 999 Hz: 30 s of frame-pointer call chains
+%% (long stacks, mostly unique: the folder's worst case) and 10 s of DWARF
 %% call chains (short, repeating stacks). On a 2-core machine that is
-%% about 100 MB of perf script text; only if it is less, the real text is
-%% repeated to reach 100 MB (the repeat count is printed: repeats flatter
-%% the folder's caches). Then folds it, best of three, and prints MB/s.
+%% about 90 MB of perf script text; only if it is under 50 MB, the real
+%% text is repeated to reach 100 MB (the repeat count is printed: repeats
+%% flatter the folder's caches). Then folds it, best of three, and prints
+%% MB/s: one worker on one core (a VM pinned with taskset) and one worker
+%% per core.
 %% Needs root (or perf_event_paranoid <= 1) and `rebar3 compile'.
 %%
 %% Usage: bench/fold_bench.escript [CAPTURE_FILE]
@@ -23,10 +25,39 @@ main(Args) ->
         [] -> make_capture(Ebin)
     end,
     Size = filelib:file_size(File),
-    io:format("capture: ~s, ~.1f MB~n", [File, Size / 1.0e6]),
-    Workers = erlang:system_info(schedulers_online),
-    [run(File, Size, W) || W <- lists:usort([Workers, 1])],
+    case os:getenv("BENCH_FOLD_PINNED") of
+        "1" ->
+            %% The child run below: this VM sees one core.
+            run(File, Size, 1);
+        _ ->
+            io:format("capture: ~s, ~.1f MB~n", [File, Size / 1.0e6]),
+            one_core(File),
+            run(File, Size, erlang:system_info(schedulers_online))
+    end,
     ok.
+
+%% One worker on one core: the same fold in a VM that `taskset' pins to
+%% CPU 0, so the reader, the worker, file I/O and garbage collection share
+%% that core.
+one_core(File) ->
+    case os:find_executable("taskset") of
+        false ->
+            io:format("one core: taskset not found, skipped~n");
+        Taskset ->
+            Port = open_port({spawn_executable, Taskset},
+                             [{args, ["-c", "0", os:find_executable("escript"),
+                                      escript:script_name(), File]},
+                              {env, [{"BENCH_FOLD_PINNED", "1"}]}, exit_status, binary,
+                              stderr_to_stdout]),
+            Out = collect(Port, <<>>),
+            io:format("one core (taskset -c 0): ~s", [Out])
+    end.
+
+collect(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> collect(Port, <<Acc/binary, D/binary>>);
+        {Port, {exit_status, _}} -> Acc
+    end.
 
 run(File, Size, Workers) ->
     %% Best of three: the machine may be shared.
@@ -61,16 +92,23 @@ make_capture(Ebin) ->
     timer:sleep(1000),
     Texts = [begin
                  D = filename:join(Dir, atom_to_list(CG)),
+                 %% 16 KiB of stack per DWARF sample: 64 KiB at 999 Hz on
+                 %% two busy threads reaches perf's 512 MiB cap in seconds.
                  {ok, #{script := S}} = beamdiag_perf:record(
-                     OsPid, #{duration => Secs, frequency => 999, call_graph => CG, dir => D}),
+                     OsPid, #{duration => Secs, frequency => 999, call_graph => CG, dir => D,
+                              dwarf_stack => 16384}),
                  io:format("recorded ~s: ~.1f MB of perf script text~n",
                            [CG, filelib:file_size(S) / 1.0e6]),
                  S
-             end || {CG, Secs} <- [{fp, 60}, {dwarf, 20}]],
+             end || {CG, Secs} <- [{fp, 30}, {dwarf, 10}]],
     peer:stop(Peer),
     {ok, Parts} = {ok, [begin {ok, B} = file:read_file(T), B end || T <- Texts]},
     One = iolist_to_binary(Parts),
-    Copies = max(1, (100000000 + byte_size(One) - 1) div byte_size(One)),
+    %% Repeated only when short: repeats flatter the caches.
+    Copies = case byte_size(One) < 50000000 of
+        true -> (100000000 + byte_size(One) - 1) div byte_size(One);
+        false -> 1
+    end,
     Out = filename:join(Dir, "capture.txt"),
     {ok, Fd} = file:open(Out, [write, raw, binary]),
     [ok = file:write(Fd, One) || _ <- lists:seq(1, Copies)],

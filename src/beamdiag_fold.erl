@@ -534,7 +534,11 @@ split_at(Buf, Pos) ->
 }).
 
 -record(st, {
+    %% {Type, StackId} => samples; StackId numbers a distinct frame list
+    %% (`ids'), so that counting a sample hashes two small terms, not the
+    %% whole stack.
     stacks = #{} :: map(),
+    ids = #{} :: map(),
     cache = #{} :: map(),
     blocks = #{} :: map(),
     comms = #{} :: map(),
@@ -569,8 +573,11 @@ worker_loop(Parent, Ctx, St) ->
             From ! {profile, self(), to_profile(St)}
     end.
 
-to_profile(#st{stacks = S, samples = N, unknown = U, truncated = T, skipped = Sk, huge = H,
-               overflow = O}) ->
+to_profile(#st{stacks = S0, ids = Ids, samples = N, unknown = U, truncated = T, skipped = Sk,
+               huge = H, overflow = O}) ->
+    Frames = maps:from_list([{Id, F} || {F, Id} <- maps:to_list(Ids)]),
+    S = maps:fold(fun({Type, Id}, C, Acc) -> Acc#{[Type | maps:get(Id, Frames)] => C} end,
+                  #{}, S0),
     (empty())#{
         stacks := S,
         samples := N,
@@ -596,43 +603,52 @@ empty() ->
 %% Samples of perf script with call chains end in a blank line. Each
 %% sample is a header line and a block of frame lines; the same block
 %% (same addresses) recurs often, so blocks are cached whole and only new
-%% blocks are parsed line by line. Text without blank lines (no call
-%% chains, or not perf output) goes line by line.
+%% blocks are parsed line by line. The chunk's line ends are found in one
+%% pass (a blank line is two in a row), which is cheaper than searching
+%% for the two-byte separator. Text without blank lines (no call chains,
+%% or not perf output) goes line by line.
 fold_chunk(Chunk, Ctx = #ctx{nl = NL}, St) ->
-    case binary:matches(Chunk, <<"\n\n">>) of
-        [] ->
-            lines(binary:split(Chunk, NL, [global]), Ctx, St, none, [], false, false);
-        Ms ->
-            samples(Chunk, 0, Ms, Ctx, St)
+    samples(Chunk, 0, binary:matches(Chunk, NL), Ctx, St).
+
+%% Ms: the positions of the chunk's line ends from Start on.
+samples(Chunk, Start, Ms, Ctx = #ctx{nl = NL}, St) ->
+    case blank(Ms, none) of
+        {HeaderEnd, Blank, Rest} ->
+            St2 = sample(Chunk, Start, HeaderEnd, Blank, Ctx, St),
+            samples(Chunk, Blank + 2, Rest, Ctx, St2);
+        none ->
+            Tail = binary:part(Chunk, Start, byte_size(Chunk) - Start),
+            lines(binary:split(Tail, NL, [global]), Ctx, St, none, [], false, false)
     end.
 
-samples(Chunk, Start, [], Ctx = #ctx{nl = NL}, St) ->
-    Tail = binary:part(Chunk, Start, byte_size(Chunk) - Start),
-    lines(binary:split(Tail, NL, [global]), Ctx, St, none, [], false, false);
-samples(Chunk, Start, [{Pos, 2} | Ms], Ctx, St) ->
-    Sample = binary:part(Chunk, Start, Pos - Start),
-    samples(Chunk, Pos + 2, Ms, Ctx, sample(Sample, Ctx, St)).
+%% The first line end (the header's, `none' for a one-line sample), the
+%% blank line's start and the line ends after it.
+blank([{P, 1}, {Q, 1} | Rest], First) when Q =:= P + 1 ->
+    {First, P, Rest};
+blank([{P, 1} | Rest], none) ->
+    blank(Rest, P);
+blank([_ | Rest], First) ->
+    blank(Rest, First);
+blank([], _) ->
+    none.
 
-sample(Sample, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
-    case binary:match(Sample, NL) of
-        {P, 1} when P =< Max ->
-            Header = binary:part(Sample, 0, P),
-            Block = binary:part(Sample, P + 1, byte_size(Sample) - P - 1),
-            case Header of
-                <<C, _/binary>> when C =/= $\t ->
-                    case header(Header) of
-                        {ok, Comm, <<>>} ->
-                            {Type, St2} = type(Comm, Ctx, St),
-                            block(Type, Block, Ctx, St2);
-                        _ ->
-                            sample_lines(Sample, Ctx, St)
-                    end;
+sample(Chunk, Start, HeaderEnd, Blank, Ctx = #ctx{max_line = Max}, St)
+  when is_integer(HeaderEnd), HeaderEnd - Start =< Max ->
+    Header = binary:part(Chunk, Start, HeaderEnd - Start),
+    case Header of
+        <<C, _/binary>> when C =/= $\t ->
+            case header(Header) of
+                {ok, Comm, <<>>} ->
+                    {Type, St2} = type(Comm, Ctx, St),
+                    block(Type, binary:part(Chunk, HeaderEnd + 1, Blank - HeaderEnd - 1), Ctx, St2);
                 _ ->
-                    sample_lines(Sample, Ctx, St)
+                    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St)
             end;
         _ ->
-            sample_lines(Sample, Ctx, St)
-    end.
+            sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St)
+    end;
+sample(Chunk, Start, _HeaderEnd, Blank, Ctx, St) ->
+    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St).
 
 sample_lines(Sample, Ctx = #ctx{nl = NL}, St) ->
     lines(binary:split(Sample, NL, [global]) ++ [<<>>], Ctx, St, none, [], false, false).
@@ -640,18 +656,24 @@ sample_lines(Sample, Ctx = #ctx{nl = NL}, St) ->
 block(skip, _Block, _Ctx, St) ->
     St;
 block(Type, Block, Ctx, St = #st{blocks = Blocks}) ->
-    case Blocks of
-        #{Block := {Frames, U, T, Bad}} ->
-            emit(Ctx, St#st{skipped = St#st.skipped + Bad}, Type, Frames, U, T);
-        _ ->
+    %% The key is the block's size and first line or so (the leaf's
+    %% address); the whole block is compared only against the few cached
+    %% blocks with that key, which is cheaper than hashing it.
+    Key = {byte_size(Block), binary:part(Block, 0, min(byte_size(Block), 64))},
+    Same = maps:get(Key, Blocks, []),
+    case lists:keyfind(Block, 1, Same) of
+        {_, Stack, Bad} ->
+            count(Ctx, Type, Stack, St#st{skipped = St#st.skipped + Bad});
+        false ->
             {Frames, U, T, Bad, St2} = block_lines(binary:split(Block, Ctx#ctx.nl, [global]),
                                                    Ctx, St, [], false, false, 0),
+            {Stack, St3} = intern(Ctx, St2, Frames, U, T),
             %% Blocks with unknown frames rarely repeat: not cached.
-            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX andalso not U of
-                true -> Blocks#{binary:copy(Block) => {Frames, U, T, Bad}};
+            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX andalso not U andalso length(Same) < 4 of
+                true -> Blocks#{Key => [{binary:copy(Block), Stack, Bad} | Same]};
                 false -> Blocks
             end,
-            emit(Ctx, St2#st{blocks = Blocks2, skipped = St2#st.skipped + Bad}, Type, Frames, U, T)
+            count(Ctx, Type, Stack, St3#st{blocks = Blocks2, skipped = St3#st.skipped + Bad})
     end.
 
 block_lines([], _Ctx, St, Frames, U, T, Bad) ->
@@ -735,7 +757,13 @@ emit(_Ctx, St, none, _, _, _) ->
     St;
 emit(_Ctx, St, skip, _, _, _) ->
     St;
-emit(#ctx{max_stacks = Max, cut_unknown = Cut}, St, Type, Frames0, U, T) ->
+emit(Ctx, St, Type, Frames, U, T) ->
+    {Stack, St2} = intern(Ctx, St, Frames, U, T),
+    count(Ctx, Type, Stack, St2).
+
+%% A sample's frames as they will be counted, numbered: `{Id, Unknown,
+%% Truncated}', Id `overflow' past the bound on distinct stacks.
+intern(#ctx{max_stacks = Max, cut_unknown = Cut}, St = #st{ids = Ids}, Frames0, U, T) ->
     {Frames, U1, T1} =
         case Frames0 of
             [] -> {[<<"[no stack]">>], U, T};
@@ -744,27 +772,45 @@ emit(#ctx{max_stacks = Max, cut_unknown = Cut}, St, Type, Frames0, U, T) ->
                 {Kept, lists:member(?UNKNOWN, Kept), true};
             _ -> {Frames0, U, T}
         end,
-    Key = [Type | Frames],
-    #st{stacks = S, samples = N} = St,
+    case Ids of
+        #{Frames := Id} ->
+            {{Id, U1, T1}, St};
+        _ when map_size(Ids) < Max ->
+            Id = map_size(Ids),
+            {{Id, U1, T1}, St#st{ids = Ids#{Frames => Id}}};
+        _ ->
+            {{overflow, U1, T1}, St}
+    end.
+
+count(#ctx{max_stacks = Max}, Type, {Id, U, T}, St = #st{stacks = S, samples = N}) ->
+    Key = {Type, Id},
     St2 = case S of
         #{Key := C} ->
             St#st{stacks = S#{Key := C + 1}};
-        _ when map_size(S) < Max ->
+        _ when Id =/= overflow, map_size(S) < Max ->
             St#st{stacks = S#{Key => 1}};
         _ ->
-            K2 = [Type, <<"[other stacks]">>],
-            St#st{stacks = maps:update_with(K2, fun(X) -> X + 1 end, 1, S),
-                  overflow = St#st.overflow + 1}
+            overflow(Type, St)
     end,
-    St3 = case U1 of
+    St3 = case U of
         true -> St2#st{unknown = St2#st.unknown + 1};
         false -> St2
     end,
-    St4 = case T1 of
+    St4 = case T of
         true -> St3#st{truncated = St3#st.truncated + 1};
         false -> St3
     end,
     St4#st{samples = N + 1}.
+
+%% Past the bound on distinct stacks, samples count as `[other stacks]'.
+overflow(Type, St = #st{stacks = S, ids = Ids}) ->
+    Other = [<<"[other stacks]">>],
+    {Id, Ids2} = case Ids of
+        #{Other := I} -> {I, Ids};
+        _ -> {map_size(Ids), Ids#{Other => map_size(Ids)}}
+    end,
+    St#st{stacks = maps:update_with({Type, Id}, fun(X) -> X + 1 end, 1, S), ids = Ids2,
+          overflow = St#st.overflow + 1}.
 
 %% Keeps the frames leafwards of the last [unknown] frame (frames are
 %% root-first): with frame-pointer unwinding everything rootwards of an

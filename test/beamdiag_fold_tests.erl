@@ -79,6 +79,25 @@ chunking_does_not_change_result_test() ->
     {ok, D} = beamdiag_fold:fold_binary(Leaf, #{chunk_size => 333, workers => 2}),
     ?assertEqual(maps:get(stacks, C), maps:get(stacks, D)).
 
+%% The sample path (blocks between blank lines, cached whole) and the line
+%% path (text without blank lines: a header line ends the previous sample)
+%% are two readers of one format: on real text they must agree, and extra
+%% blank lines change nothing.
+sample_and_line_paths_agree_test_() ->
+    [{F, fun() ->
+          {ok, Bin} = file:read_file(fixture(F)),
+          {ok, A} = beamdiag_fold:fold_binary(Bin, #{}),
+          NoBlank = binary:replace(Bin, <<"\n\n">>, <<"\n">>, [global]),
+          ?assertEqual(nomatch, binary:match(NoBlank, <<"\n\n">>)),
+          {ok, B} = beamdiag_fold:fold_binary(NoBlank, #{}),
+          ExtraBlank = binary:replace(Bin, <<"\n\n">>, <<"\n\n\n\n">>, [global]),
+          {ok, C} = beamdiag_fold:fold_binary(ExtraBlank, #{chunk_size => 4096, workers => 2}),
+          [?assertEqual(maps:get(K, A), maps:get(K, X))
+           || X <- [B, C], K <- [stacks, samples, unknown_samples, truncated_samples]],
+          ?assert(maps:get(samples, A) > 100)
+      end} || F <- ["dwarf_atom_decode.txt", "fp_atom_decode.txt", "fp_mixed.txt",
+                    "dwarf_redis_cache.txt"]].
+
 thread_type_test_() ->
     [?_assertEqual(Want, beamdiag_fold:thread_type(Comm))
      || {Comm, Want} <- [
