@@ -36,7 +36,8 @@
     cookie_file => file:filename(),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
     perf => boolean() | perf_options(),
-    erlang => boolean()
+    erlang => boolean(),
+    slack => number() | infinity
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -58,7 +59,8 @@
     procs => true,
     progress => undefined,
     perf => false,
-    erlang => false
+    erlang => false,
+    slack => 1.5
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
 
@@ -77,11 +79,15 @@
 %% a perf profile over the same window joins the capture, its findings the
 %% diagnosis; a profile that fails leaves a note in the capture's
 %% `extras.profile_error'), `erlang' (false; true: the Erlang-level sampler
-%% over the window instead of perf, its stacks also kept per process).
+%% over the window instead of perf, its stacks also kept per process),
+%% `slack' (1.5: seconds after the window, counted from this call, by
+%% which the report is due; a node whose ticks come later than that, once
+%% two have come, is reported on from those, marked partial; `infinity'
+%% waits for the agent's last word).
 %% Unknown options raise `badarg'.
 -spec diagnose(options()) -> {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Opts) ->
-    O = options(Opts),
+    O = due(options(Opts)),
     with_profile(node(), O, fun() -> beamdiag_collect:run(node(), collect_opts(O, [])) end).
 
 %% @doc Diagnoses another node, given as "name@host" or an atom; connects as
@@ -93,7 +99,7 @@ diagnose(Opts) ->
 diagnose(Node, Opts) when is_atom(Node) ->
     diagnose(atom_to_list(Node), Opts);
 diagnose(NodeStr, Opts) ->
-    O = options(Opts),
+    O = due(options(Opts)),
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
@@ -145,7 +151,17 @@ options(Opts) ->
     (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
     perf_options(maps:get(perf, O)) orelse erlang:error({badarg, {perf, maps:get(perf, O)}}),
     is_boolean(maps:get(erlang, O)) orelse erlang:error({badarg, {erlang, maps:get(erlang, O)}}),
+    Slack = maps:get(slack, O),
+    (Slack =:= infinity orelse (is_number(Slack) andalso Slack >= 0 andalso Slack =< 3600))
+        orelse erlang:error({badarg, {slack, Slack}}),
     O.
+
+%% When the report is due: the window and the slack from now (the call's
+%% start, so connecting and loading count).
+due(O = #{slack := infinity}) ->
+    O#{ready_by => infinity};
+due(O = #{duration := D, slack := Slack}) ->
+    O#{ready_by => erlang:monotonic_time(millisecond) + round((D + Slack) * 1000)}.
 
 perf_options(B) when is_boolean(B) -> true;
 perf_options(M) when is_map(M) ->
@@ -228,8 +244,9 @@ temp_dir() ->
                       integer_to_list(erlang:unique_integer([positive]))).
 
 collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
-               procs := Procs, progress := P}, Unload) ->
+               procs := Procs, progress := P, ready_by := ReadyBy}, Unload) ->
     Base = #{
+        ready_by => ReadyBy,
         duration_ms => max(1, round(D * 1000)),
         interval_ms => I,
         msacc => M,

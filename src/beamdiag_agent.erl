@@ -258,6 +258,9 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
     receive
         {'DOWN', MRef, process, Caller, Reason} ->
             finish(State, {aborted, {caller_down, Reason}});
+        {beamdiag_abort, _} ->
+            %% The caller has what it needs and stopped waiting.
+            finish(State, {aborted, caller_gave_up});
         {beamdiag_stop, _} ->
             case take(State, Hard) of
                 {ok, Sample, State2} ->
@@ -357,7 +360,10 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
                done -> {done, Extras2};
                {aborted, _} = A -> A
            end,
-    Caller ! {beamdiag, Ref, Last},
+    _ = case How of
+        {aborted, caller_gave_up} -> ok;
+        _ -> Caller ! {beamdiag, Ref, Last}
+    end,
     unload(Unload),
     exit(normal).
 

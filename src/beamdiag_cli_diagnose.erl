@@ -45,6 +45,11 @@ spec() ->
               default => 2.0, metavar => "SECONDS",
               help => "keep microstate accounting on for the last SECONDS of the window only "
                       "(it slows every thread while on)"},
+            #{key => slack, long => "--slack", type => {float, 0.0, 3600.0}, default => 1.5,
+              metavar => "SECONDS",
+              help => "the report is due SECONDS after the window, counted from the start; "
+                      "a node whose ticks come later (throttled, overloaded) is reported on "
+                      "from the ticks that came, marked partial"},
             #{key => no_procs, long => "--no-procs", type => boolean, default => false,
               help => "do not walk the process table (no TOP PROCESSES, no process findings)"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
@@ -86,6 +91,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           procs => not maps:get(no_procs, Opts),
           perf => maps:get(perf, Opts, false),
           erlang => maps:get(erlang, Opts, false),
+          slack => maps:get(slack, Opts, 1.5),
           progress => progress(IO)}),
     Result = beamdiag:diagnose(Node, LibOpts),
     end_progress(IO),

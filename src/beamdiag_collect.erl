@@ -5,7 +5,10 @@
 %%% returned with the error, so the caller can still show them. If the
 %%% agent's last word is late (a throttled node stalls whole for seconds)
 %%% or it stops early, two samples or more are returned as a capture marked
-%%% `complete => false' with a note saying what is missing.
+%%% `complete => false' with a note saying what is missing. With `ready_by'
+%%% (a monotonic time in ms) the collector does not wait past it once it
+%%% holds two samples: the report is due then, and the agent is told to
+%%% end.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
@@ -48,6 +51,8 @@
 %% @doc Runs one window on Node. Options: `duration_ms', `interval_ms',
 %% `msacc', `msacc_ms' (the end of the window msacc covers; default the
 %% whole window), `locks', `unload' (modules the agent removes when done),
+%% `ready_by' (monotonic ms, default `infinity': when the capture is due;
+%% past it, two samples or more end the session as a partial capture),
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
@@ -67,6 +72,7 @@ run(Node, Opts) ->
             %% the agent's least grace time, from now.
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
             Result = gather(#{ref => Ref, mref => MRef, deadline => Deadline,
+                              ready_by => maps:get(ready_by, Opts, infinity), agent => Agent,
                               progress => Progress, duration => D, info => undefined,
                               samples => [], on_sample => OnSample}),
             erlang:demonitor(MRef, [flush]),
@@ -106,9 +112,26 @@ start_agent(Node, Opts) ->
 %% The deadline follows the agent's own: its start and each move of its
 %% hard deadline (ticks that cost seconds push it out) say how long it may
 %% still take, and the collector waits that long plus ?LATE_MS for transit.
-gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progress,
-             duration := D, info := Info, samples := Samples}) ->
-    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
+gather(G = #{ready_by := ReadyBy, duration := D, info := Info, samples := Samples}) ->
+    Now = erlang:monotonic_time(millisecond),
+    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso due(Info, Samples) of
+        true ->
+            %% The report is due and two samples make a window: the agent
+            %% ends now (flags back, modules gone) and what came is kept.
+            maps:get(agent, G) ! {beamdiag_abort, self()},
+            late(Info, Samples, D, due);
+        false ->
+            gather(G, Now)
+    end.
+
+gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy,
+             progress := Progress, duration := D, info := Info, samples := Samples}, Now) ->
+    Until = case ReadyBy of
+        infinity -> Deadline;
+        _ when ReadyBy > Now -> min(Deadline, ReadyBy);
+        _ -> Deadline
+    end,
+    Wait = max(0, Until - Now),
     receive
         {beamdiag, Ref, {start, I}} ->
             gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
@@ -134,8 +157,14 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, progress := Progres
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->
-        late(Info, Samples, D, timeout)
+        case erlang:monotonic_time(millisecond) >= Deadline of
+            true -> late(Info, Samples, D, timeout);
+            false -> gather(G)
+        end
     end.
+
+due(Info, [_, _ | _]) -> Info =/= undefined;
+due(_, _) -> false.
 
 %% With an on_sample fun, each sample goes to it as it arrives and only the
 %% first and the last are kept: a long window stays small.
@@ -168,6 +197,8 @@ late(_Info, _Samples, _D, Why) ->
     {error, {beamdiag_collect, Why}}.
 
 late_text(timeout) -> "the agent's last word did not come in time";
+late_text(due) -> "the node's ticks came too slowly for the report to be ready at the window's "
+                  "end plus its slack, so the agent was stopped";
 late_text({agent_aborted, deadline}) -> "the agent reached its deadline before its last tick";
 late_text({agent_aborted, Why}) -> io_lib:format("the agent stopped early (~0p)", [Why]).
 

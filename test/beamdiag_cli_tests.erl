@@ -58,7 +58,7 @@ parse_defaults_test() ->
     {ok, O} = beamdiag_cli:parse(beamdiag_cli_diagnose:spec(), ["n@h", "--duration=2.5"]),
     ?assertEqual(#{node => "n@h", duration => 2.5, interval => 1000, json => false,
                    no_msacc => false, msacc_span => 2.0, no_locks => false, cluster => false,
-                   perf => false, erlang => false, no_procs => false}, O).
+                   perf => false, erlang => false, no_procs => false, slack => 1.5}, O).
 
 repeatable_option_replaces_its_default_test() ->
     Spec = #{name => "t", summary => "", example => "", positional => [],

@@ -147,8 +147,8 @@ huge_node_no_table_walks(_Config) ->
 %% The target is killed mid-window: the CLI says so, prints the partial
 %% capture, and exits 4.
 %% A target that stalls whole mid-window (SIGSTOP: what a CFS quota does to
-%% a throttled node, for longer) after two ticks: the collector waits for
-%% the agent's own deadline (window + 5 s grace) plus 2 s, then returns the
+%% a throttled node, for longer) after two ticks: the report is due at the
+%% window plus 1.5 s from the call, and the collector returns then with the
 %% two samples as a partial capture with a note instead of an error. Once
 %% the target runs again, the agent ends on its own: flags back, modules
 %% gone.
@@ -177,9 +177,8 @@ stalled_target_gives_partial(_Config) ->
         ?assert(length(Samples) >= 2),
         ?assertMatch([_ | _], [N || N <- maps:get(notes, L), binary:match(N, <<"partial">>) =/= nomatch]),
         ?assert(maps:get(window_s, L) > 0),
-        %% Bounded: the window, the agent's grace, the collector's 2 s, and
-        %% connecting and loading (a few seconds on a loaded machine).
-        ?assert(Ms < 3000 + 5000 + 2000 + 10000),
+        %% Due at the window plus 1.5 s from the call; analysis after.
+        ?assert(Ms =< 3000 + 2000),
         ok = wait_until(fun() -> beamdiag_modules(T) =:= [] andalso not swt_on(T) end, 15000)
     after
         os:cmd("kill -CONT " ++ os_pid(T)),
