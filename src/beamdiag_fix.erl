@@ -48,7 +48,11 @@ advised_flags() ->
         #{flag => <<"Mdai">>, values => [<<"max">>], since => 24, doc => erts_alloc,
           meaning => <<"allocator instances for dirty schedulers">>},
         #{flag => <<"MMscs">>, values => [<<"size in MB">>], since => 17, doc => erts_alloc,
-          meaning => <<"pre-reserved super carrier">>}
+          meaning => <<"pre-reserved super carrier">>},
+        #{flag => <<"MMmcs">>, values => [<<"count">>], since => 17, doc => erts_alloc,
+          meaning => <<"carriers kept in the segment cache">>},
+        #{flag => <<"MBlmbcs">>, values => [<<"size in KB">>], since => 17, doc => erts_alloc,
+          meaning => <<"largest multiblock carrier of the binary allocator">>}
     ].
 
 %% @doc True when the node's OTP release documents the flag (the table's

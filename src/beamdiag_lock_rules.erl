@@ -18,7 +18,7 @@
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/2, class_text/1, thresholds/0]).
+-export([findings/2, findings/3, class_text/1, thresholds/0]).
 
 -define(INFO_PCT, 1.0).
 -define(WARNING_PCT, 5.0).
@@ -49,6 +49,12 @@
 %% `window_ns' is used when `WindowS' is not positive).
 -spec findings(beamdiag_agent_lcnt:lock_data(), number()) -> [beamdiag_finding:finding()].
 findings(Data, WindowS) ->
+    findings(Data, WindowS, #{}).
+
+%% @doc As `findings/2', with the node's settings (`beamdiag_agent_vm:settings/0'):
+%% a fix never advises an allocator flag the node already has.
+-spec findings(beamdiag_agent_lcnt:lock_data(), number(), map()) -> [beamdiag_finding:finding()].
+findings(Data, WindowS, Settings) ->
     WindowNs =
         case WindowS of
             W when is_number(W), W > 0 -> W * 1.0e9;
@@ -56,7 +62,7 @@ findings(Data, WindowS) ->
         end,
     Locks = maps:get(locks, Data, []),
     Classes = maps:get(classes, Data, []),
-    Ctx = #{window_ns => WindowNs, data => Data},
+    Ctx = #{window_ns => WindowNs, data => Data, settings => Settings},
     Findings =
         ets_findings(Locks, Ctx) ++
             allocator_findings(Locks, Ctx) ++
@@ -232,7 +238,7 @@ ets_advice(_) ->
 
 %% One finding per contended allocator (alcu_allocator ids are allocator names).
 -spec allocator_findings([map()], map()) -> [beamdiag_finding:finding()].
-allocator_findings(Locks, Ctx = #{data := Data}) ->
+allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
     Alloc = [L || L = #{class := <<"alcu_allocator">>} <- Locks],
     lists:flatmap(
         fun(L = #{id := Id}) ->
@@ -255,8 +261,9 @@ allocator_findings(Locks, Ctx = #{data := Data}) ->
                                     "freeing memory another allocated: look for large "
                                     "messages and binaries crossing processes", [N]));
                             _ ->
-                                <<"if the dirty schedulers share one instance, start the "
-                                  "node with +Mdai max">>
+                                fitted_fix(<<"alcu_allocator">>, Settings,
+                                           <<"if the dirty schedulers share one instance, "
+                                             "start the node with +Mdai max">>)
                         end,
                     Evidence = [
                         io_lib:format(
@@ -265,9 +272,12 @@ allocator_findings(Locks, Ctx = #{data := Data}) ->
                             [Id, pct_text(W), pct_text(CP), count_text(T)]
                         )
                     ] ++ location_lines([L]) ++ [Advice],
+                    %% The fix is the advice fitted above, not the catalogue's
+                    %% +Mdai max, which the node may already have.
                     [beamdiag_finding:new(
                         allocator_contention, Sev, Evidence,
-                        (metrics(Sum))#{allocator => Id}
+                        (metrics(Sum))#{allocator => Id},
+                        #{fix => capitalise(Advice)}
                     )]
             end
         end,
@@ -336,7 +346,7 @@ class_findings(Classes, Ctx) ->
 
 -spec class_finding(binary(), map(), map(), beamdiag_finding:severity(), map()) ->
     [beamdiag_finding:finding()].
-class_finding(Class, C, Sum, Sev, #{data := Data}) ->
+class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
     IsProc = lists:member(Class, ?PROC_CLASSES),
     %% Process classes concentrated on one process are reported by
     %% process_findings/3.
@@ -364,7 +374,7 @@ class_finding(Class, C, Sum, Sev, #{data := Data}) ->
                     Known ->
                         Known
                 end,
-            Fix = release_fix(Class, release(Data), Fix0),
+            Fix = fitted_fix(Class, Settings, release_fix(Class, release(Data), Fix0)),
             Ids = maps:get(ids, C, 1),
             Evidence = [
                 io_lib:format(
@@ -384,6 +394,47 @@ class_finding(Class, C, Sum, Sev, #{data := Data}) ->
                 end ++
                 [["fix: ", Fix]],
             [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
+    end.
+
+%% Allocator advice fitted to the flags the node already has.
+-spec fitted_fix(binary(), map(), binary()) -> binary().
+fitted_fix(Class, Settings, Fix) when Class =:= <<"erts_mmap">>; Class =:= <<"mseg">> ->
+    case setting(mmscs, Settings) of
+        Scs when Scs =:= undefined; Scs =:= <<"0">> ->
+            Fix;
+        Scs ->
+            iolist_to_binary(
+              ["a super carrier is already reserved (+MMscs ", Scs, " MB): if the node's "
+               "memory outgrows it, carriers come from the OS again, so raise it to what the "
+               "node holds at peak; and let carriers be cached longer (+MMmcs)"])
+    end;
+fitted_fix(<<"alcu_allocator">>, Settings, Fix) ->
+    case setting(mdai, Settings) of
+        Dai when Dai =:= undefined; Dai =:= <<"0">> ->
+            Fix;
+        Dai ->
+            iolist_to_binary(
+              ["dirty schedulers already have their own allocator instances (+Mdai ", Dai,
+               "): the contention is between threads freeing memory another allocated; look "
+               "for large messages and binaries crossing processes"])
+    end;
+fitted_fix(_Class, _Settings, Fix) ->
+    Fix.
+
+capitalise(<<C, Rest/binary>>) when C >= $a, C =< $z -> <<(C - 32), Rest/binary>>;
+capitalise(B) -> B.
+
+%% A setting that came from the target: a short printable binary, or
+%% `undefined'.
+setting(Key, Settings) ->
+    case maps:get(Key, Settings, undefined) of
+        V when is_binary(V), byte_size(V) =< 32 ->
+            case re:run(V, "^[A-Za-z0-9_.]+$", [{capture, none}]) of
+                match -> V;
+                nomatch -> undefined
+            end;
+        _ ->
+            undefined
     end.
 
 %% Run-queue advice depends on the node's release: OTP 28 reworked work

@@ -392,7 +392,7 @@ extras(Capture, Ledger) ->
     W = maps:get(window_s, Ledger, 0.0),
     Locks = case maps:find(locks, Extras) of
                 {ok, LockData = #{}} when not is_map_key(error, LockData) ->
-                    beamdiag_lock_rules:findings(LockData, W);
+                    beamdiag_lock_rules:findings(LockData, W, maps:get(settings, Capture, #{}));
                 _ -> []
             end,
     Profile = case maps:find(profile, Extras) of

@@ -87,6 +87,31 @@ class_specific_text_test() ->
     [F] = findings(data([lock(<<"erts_mmap">>, <<"1">>, 10000, 1000, 8)])),
     ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)), <<"+MMscs">>)).
 
+%% A fix never advises an allocator flag the node already has.
+fitted_to_settings_test() ->
+    Text = fun(Class, Settings) ->
+        %% Lock data that does not say how many instances the dirty
+        %% schedulers have: the settings decide.
+        D = maps:remove(dirty_alloc_instances, data([lock(Class, <<"1">>, 10000, 1000, 8)])),
+        [F] = beamdiag_lock_rules:findings(D, maps:get(window_s, D), Settings),
+        iolist_to_binary([maps:get(evidence, F), maps:get(fix, F)])
+    end,
+    Has = fun(T, W) -> binary:match(T, W) =/= nomatch end,
+    ?assert(Has(Text(<<"erts_mmap">>, #{mmscs => <<"0">>}), <<"preallocate a super carrier">>)),
+    Set = Text(<<"erts_mmap">>, #{mmscs => <<"2048">>}),
+    ?assert(Has(Set, <<"already reserved (+MMscs 2048 MB)">>)),
+    ?assertNot(Has(Set, <<"preallocate">>)),
+    ?assert(Has(Text(<<"mseg">>, #{mmscs => <<"512">>}), <<"already reserved (+MMscs 512 MB)">>)),
+    ?assert(Has(Text(<<"alcu_allocator">>, #{mdai => <<"0">>}), <<"with +Mdai max">>)),
+    %% The allocator finding's fix is the fitted advice, not the catalogue's.
+    ?assertNot(Has(Text(<<"alcu_allocator">>, #{mdai => <<"max">>}),
+                   <<"gives each dirty scheduler its own">>)),
+    Dai = Text(<<"alcu_allocator">>, #{mdai => <<"max">>}),
+    ?assert(Has(Dai, <<"already have their own allocator instances (+Mdai max)">>)),
+    ?assertNot(Has(Dai, <<"with +Mdai max">>)),
+    %% Settings come from the target: junk is not printed.
+    ?assertNot(Has(Text(<<"erts_mmap">>, #{mmscs => <<"1; rm">>}), <<"rm">>)).
+
 %% Before OTP 28 the fix is the upgrade; on 28 and later (work stealing
 %% reworked) it must not advise upgrading to what the node runs.
 run_queue_advice_by_release_test_() ->
