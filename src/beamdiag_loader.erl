@@ -37,6 +37,10 @@
 
 -export_type([target/0, plan/0]).
 
+-ifdef(TEST).
+-export([release_of_compiler/1]).
+-endif.
+
 -type target() :: node() | {peer, pid()}.
 -type plan() :: beams | compile | {refuse, no_compiler | unknown_build}.
 
@@ -48,7 +52,12 @@
 -define(COMPILE_TIMEOUT, 20000).
 %% Compiler application versions (major, minor) seen in each release, for
 %% beams that were not compiled by this node's own compiler.
--define(COMPILERS, [{{8, 2}, 25}, {{8, 6}, 27}, {{10, 0}, 29}]).
+%% The compiler's major.minor version each OTP release ships ('_' any
+%% minor): 25 has 8.2, 26 has 8.3 and 8.4, 27 has 8.5 and 8.6, 28 has 9,
+%% 29 has 10 (checked here: 8.2.3 on 25.2.3, 8.6 on 27.3.4.1, 10.0 on
+%% 29.1.2; the others from OTP's release notes).
+-define(COMPILERS, [{{8, 2}, 25}, {{8, 3}, 26}, {{8, 4}, 26}, {{8, 5}, 27}, {{8, 6}, 27},
+                    {{9, '_'}, 28}, {{10, '_'}, 29}]).
 
 %%%===================================================================
 %%% API
@@ -323,9 +332,15 @@ release_of_compiler(Vsn) ->
             release();
         _ ->
             case catch [list_to_integer(P) || P <- lists:sublist(string:split(Vsn, ".", all), 2)] of
-                [Ma, Mi] -> proplists:get_value({Ma, Mi}, ?COMPILERS, unknown);
+                [Ma, Mi] -> compiler_release(Ma, Mi);
                 _ -> unknown
             end
+    end.
+
+compiler_release(Ma, Mi) ->
+    case [R || {{A, B}, R} <- ?COMPILERS, A =:= Ma, B =:= Mi orelse B =:= '_'] of
+        [R | _] -> R;
+        [] -> unknown
     end.
 
 runs_on(Built, Built) -> "";

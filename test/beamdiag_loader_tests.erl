@@ -61,3 +61,11 @@ refusal_message_test() ->
                                                      runs_on => 27, compiler => false}})),
     ?assertEqual(nomatch, string:find(Msg2, "\n")),
     ?assertNotEqual(nomatch, string:find(Msg2, "OTP 27")).
+
+%% The release each compiler version ships with; a version no release is
+%% known to ship is unknown, not a guess.
+release_of_compiler_test_() ->
+    [?_assertEqual(Want, beamdiag_loader:release_of_compiler(V))
+     || {V, Want} <- [{"8.2.3", 25}, {"8.3.2", 26}, {"8.4.1", 26}, {"8.5", 27}, {"8.6.1", 27},
+                      {"9.0.2", 28}, {"9.1", 28}, {"10.0", 29}, {"10.2.1", 29},
+                      {"8.1.1", unknown}, {"11.0", unknown}, {"junk", unknown}]].
