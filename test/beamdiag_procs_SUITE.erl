@@ -212,35 +212,28 @@ walk_bounds(_Config) ->
 -spec otp27_label(list()) -> term().
 otp27_label(_Config) ->
     Cookie = "procs_" ++ integer_to_list(erlang:unique_integer([positive])),
-    case beamdiag_test_lib:start_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}) of
-        {ok, Peer, Node} ->
-            try
-                {ok, Tokens, _} = erl_scan:string(
-                    "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
-                    "receive stop -> ok end end), "
-                    "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
-                    "receive after 1 -> ok end, Loop(N - 1) end, "
-                    "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
-                {ok, Exprs} = erl_parse:parse_exprs(Tokens),
-                {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
-                timer:sleep(500),
-                {ok, D = #{findings := F}} =
-                    beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
-                P = procs(D),
-                [Q] = [E || E = #{label := <<"{beamdiag_test,queue}">>} <- maps:get(queues, P)],
-                [Q0, Q1] = maps:get(queue, Q),
-                ct:pal("OTP 27 labelled process: queue ~b -> ~b, name ~p", [Q0, Q1, maps:get(name, Q)]),
-                ?assertEqual(null, maps:get(name, Q)),
-                ?assert(Q1 - Q0 > 1000),
-                [G] = [X || X = #{id := message_queue_growth} <- F],
-                ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, G)),
-                                                  <<"label {beamdiag_test,queue}">>))
-            after
-                peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}, fun(Peer, Node) ->
+        {ok, Tokens, _} = erl_scan:string(
+            "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
+            "receive stop -> ok end end), "
+            "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
+            "receive after 1 -> ok end, Loop(N - 1) end, "
+            "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
+        {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+        {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
+        timer:sleep(500),
+        {ok, D = #{findings := F}} =
+            beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
+        P = procs(D),
+        [Q] = [E || E = #{label := <<"{beamdiag_test,queue}">>} <- maps:get(queues, P)],
+        [Q0, Q1] = maps:get(queue, Q),
+        ct:pal("OTP 27 labelled process: queue ~b -> ~b, name ~p", [Q0, Q1, maps:get(name, Q)]),
+        ?assertEqual(null, maps:get(name, Q)),
+        ?assert(Q1 - Q0 > 1000),
+        [G] = [X || X = #{id := message_queue_growth} <- F],
+        ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, G)),
+                                          <<"label {beamdiag_test,queue}">>))
+    end).
 
 %% On OTP 29, above the walk limit, the walks take every k-th process from
 %% erlang:processes_iterator/0 (OTP 28+) and never list the table. The
@@ -248,50 +241,43 @@ otp27_label(_Config) ->
 %% beams compiled by OTP 25).
 -spec otp29_iterator(list()) -> term().
 otp29_iterator(_Config) ->
-    case beamdiag_test_lib:start_node(29, #{args => ["-hidden"]}) of
-        {ok, Peer, _Node} ->
-            try
-                Mod = beamdiag_agent_procs,
-                {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
-                    beam_lib:chunks(code:which(Mod), [abstract_code]),
-                {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
-                {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "procs", Bin]),
-                {ok, Tokens, _} = erl_scan:string(
-                    "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
-                    "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "
-                    "receive stop -> ok end end), register(labelled, L), "
-                    "[L ! {item, N} || N <- lists:seq(1, 3000)], ok."),
-                {ok, Exprs} = erl_parse:parse_exprs(Tokens),
-                {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
-                Count = peer:call(Peer, erlang, system_info, [process_count]),
-                1 = peer:call(Peer, erlang, trace_pattern, [{erlang, processes, 0}, true,
-                                                            [call_count]]),
-                S = peer:call(Peer, Mod, start, [#{walk_max => 1000}]),
-                R = peer:call(Peer, Mod, finish, [S]),
-                {call_count, Calls} = peer:call(Peer, erlang, trace_info, [{erlang, processes, 0},
-                                                                           call_count]),
-                ct:pal("OTP 29, ~b processes, walk limit 1000: ~p; erlang:processes/0 called ~b "
-                       "times", [Count, maps:without([top_reductions, queues, heaps, heap_growth], R),
-                                 Calls]),
-                ?assertEqual(sampled, maps:get(mode, R)),
-                ?assertEqual(0, Calls),
-                [S0, S1] = maps:get(scanned, R),
-                Registered = length(peer:call(Peer, erlang, registered, [])),
-                %% Every k-th of the processes, k = ceil(Count / 1000), and the
-                %% registered ones.
-                K = (Count + 999) div 1000,
-                ?assert(S0 >= Count div K andalso S0 =< 1000 + Registered),
-                ?assert(S1 =< S0 + Registered),
-                %% The registered process is always read, and named with its label.
-                [Q] = [E || E = #{name := <<"labelled">>} <- maps:get(queues, R)],
-                ?assertEqual(<<"busy">>, maps:get(label, Q)),
-                ?assertEqual([3000, 3000], maps:get(queue, Q))
-            after
-                peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(29, #{args => ["-hidden"]}, fun(Peer, _Node) ->
+        Mod = beamdiag_agent_procs,
+        {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+            beam_lib:chunks(code:which(Mod), [abstract_code]),
+        {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
+        {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "procs", Bin]),
+        {ok, Tokens, _} = erl_scan:string(
+            "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
+            "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "
+            "receive stop -> ok end end), register(labelled, L), "
+            "[L ! {item, N} || N <- lists:seq(1, 3000)], ok."),
+        {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+        {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
+        Count = peer:call(Peer, erlang, system_info, [process_count]),
+        1 = peer:call(Peer, erlang, trace_pattern, [{erlang, processes, 0}, true,
+                                                    [call_count]]),
+        S = peer:call(Peer, Mod, start, [#{walk_max => 1000}]),
+        R = peer:call(Peer, Mod, finish, [S]),
+        {call_count, Calls} = peer:call(Peer, erlang, trace_info, [{erlang, processes, 0},
+                                                                   call_count]),
+        ct:pal("OTP 29, ~b processes, walk limit 1000: ~p; erlang:processes/0 called ~b "
+               "times", [Count, maps:without([top_reductions, queues, heaps, heap_growth], R),
+                         Calls]),
+        ?assertEqual(sampled, maps:get(mode, R)),
+        ?assertEqual(0, Calls),
+        [S0, S1] = maps:get(scanned, R),
+        Registered = length(peer:call(Peer, erlang, registered, [])),
+        %% Every k-th of the processes, k = ceil(Count / 1000), and the
+        %% registered ones.
+        K = (Count + 999) div 1000,
+        ?assert(S0 >= Count div K andalso S0 =< 1000 + Registered),
+        ?assert(S1 =< S0 + Registered),
+        %% The registered process is always read, and named with its label.
+        [Q] = [E || E = #{name := <<"labelled">>} <- maps:get(queues, R)],
+        ?assertEqual(<<"busy">>, maps:get(label, Q)),
+        ?assertEqual([3000, 3000], maps:get(queue, Q))
+    end).
 
 %%% Helpers
 

@@ -292,99 +292,88 @@ header(Release, Config) ->
 
 header(Release, Flag, Config) ->
     Args = case Flag of true -> ["+JPperf", "true"]; none -> [] end,
-    case beamdiag_test_lib:start_node(Release, #{args => Args}) of
-        {ok, Peer, _Node} ->
-            try
-                ok = start_workload(Peer),
-                OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
-                Dir = filename:join(?config(priv_dir, Config),
-                                    lists:concat(["otp", Release, "_", Flag])),
-                {ok, R = #{script := Script, call_graph := CG, perf_map := Map}} =
-                    beamdiag_perf:record(OsPid, #{duration => 4, dir => Dir}),
-                ct:pal("OTP ~b, +JPperf ~p: ~p", [Release, Flag, maps:without([record_output], R)]),
-                %% The mode fits the node: frame pointers where the JIT
-                %% keeps them and the map was found (through /proc/PID/root
-                %% for a node in its own root), DWARF otherwise.
-                case {Release, Flag} of
-                    {29, true} -> fp = CG, true = filelib:is_regular(Map);
-                    {_, true} -> dwarf = CG, true = filelib:is_regular(Map);
-                    {_, none} -> dwarf = CG, missing = Map
-                end,
-                FoldOpts = case {Map, CG} of
-                    {missing, _} -> #{};
-                    {_, fp} -> #{perf_map => Map, unknown => cut};
-                    {_, dwarf} -> #{perf_map => Map}
-                end,
-                {ok, P} = beamdiag_fold:fold_file(Script, FoldOpts),
-                Folded = iolist_to_binary(beamdiag_fold:to_iolist(P)),
-                ok = file:write_file(filename:join(Dir, "profile.folded"), Folded),
-                %% Raw signal: samples were taken, and the folded text's own
-                %% figures.
-                Recount = beamdiag_fold_tests:recount(Folded),
-                S = beamdiag_fold:summary(P),
-                Header = iolist_to_binary(beamdiag_profile:header(
-                             #{profile => P, method => perf, perf => R})),
-                ct:pal("recount ~p~nheader ~s", [Recount, Header]),
-                ?assert(maps:get(samples, Recount) >= 20),
-                [?assert(abs(maps:get(K, S) - maps:get(K, Recount)) =< 0.01)
-                 || K <- [erlang_share, unnamed_jit_share, unnamed_native_share, unplaced_share,
-                          cut_short_share]],
-                %% The header prints those figures.
-                [{_, _} = binary:match(Header, iolist_to_binary(
-                              io_lib:format("~.1f%", [100 * maps:get(K, S)])))
-                 || K <- [erlang_share, unnamed_jit_share, cut_short_share]],
-                case Flag of
-                    true ->
-                        %% With +JPperf true the JIT code is named.
-                        ?assert(maps:get(unnamed_jit_share, Recount) < 0.05),
-                        ?assert(maps:get(erlang_share, Recount) > 0.0);
-                    none ->
-                        ?assert(maps:get(unnamed_jit_share, Recount) > 0.05),
-                        {_, _} = binary:match(Header, <<"No perf map">>),
-                        {_, _} = binary:match(Header, <<"DWARF unwinding stops">>)
-                end
-            after
-                catch peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(Release, #{args => Args}, fun(Peer, _Node) ->
+        ok = start_workload(Peer),
+        OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+        Dir = filename:join(?config(priv_dir, Config),
+                            lists:concat(["otp", Release, "_", Flag])),
+        {ok, R = #{script := Script, call_graph := CG, perf_map := Map}} =
+            beamdiag_perf:record(OsPid, #{duration => 4, dir => Dir}),
+        ct:pal("OTP ~b, +JPperf ~p: ~p", [Release, Flag, maps:without([record_output], R)]),
+        %% The mode fits the node: frame pointers where the JIT
+        %% keeps them and the map was found (through /proc/PID/root
+        %% for a node in its own root), DWARF otherwise.
+        case {Release, Flag} of
+            {29, true} -> fp = CG, true = filelib:is_regular(Map);
+            {_, true} -> dwarf = CG, true = filelib:is_regular(Map);
+            {_, none} -> dwarf = CG, missing = Map
+        end,
+        FoldOpts = case {Map, CG} of
+            {missing, _} -> #{};
+            {_, fp} -> #{perf_map => Map, unknown => cut};
+            {_, dwarf} -> #{perf_map => Map}
+        end,
+        {ok, P} = beamdiag_fold:fold_file(Script, FoldOpts),
+        Folded = iolist_to_binary(beamdiag_fold:to_iolist(P)),
+        ok = file:write_file(filename:join(Dir, "profile.folded"), Folded),
+        %% Raw signal: samples were taken, and the folded text's own
+        %% figures.
+        Recount = beamdiag_fold_tests:recount(Folded),
+        S = beamdiag_fold:summary(P),
+        Header = iolist_to_binary(beamdiag_profile:header(
+                     #{profile => P, method => perf, perf => R})),
+        ct:pal("recount ~p~nheader ~s", [Recount, Header]),
+        ?assert(maps:get(samples, Recount) >= 20),
+        [?assert(abs(maps:get(K, S) - maps:get(K, Recount)) =< 0.01)
+         || K <- [erlang_share, unnamed_jit_share, unnamed_native_share, unplaced_share,
+                  cut_short_share]],
+        %% The header prints those figures.
+        [{_, _} = binary:match(Header, iolist_to_binary(
+                      io_lib:format("~.1f%", [100 * maps:get(K, S)])))
+         || K <- [erlang_share, unnamed_jit_share, cut_short_share]],
+        case Flag of
+            true ->
+                %% With +JPperf true the JIT code is named.
+                ?assert(maps:get(unnamed_jit_share, Recount) < 0.05),
+                ?assert(maps:get(erlang_share, Recount) > 0.0);
+            none ->
+                ?assert(maps:get(unnamed_jit_share, Recount) > 0.05),
+                {_, _} = binary:match(Header, <<"No perf map">>),
+                {_, _} = binary:match(Header, <<"DWARF unwinding stops">>)
+        end
+    end).
 
 %% OTP 28+ writes its perf map where +JPperfdirectory says, inside its own
 %% root: found through /proc/PID/root, named, and the JIT frames with it.
 perfdirectory_otp29(Config) ->
     Args = ["+JPperf", "map", "+JPperfdirectory", "/dev/shm"],
-    case beamdiag_test_lib:start_node(29, #{args => Args}) of
-        {ok, Peer, _Node} ->
-            OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
-            Written = "/dev/shm/perf-" ++ integer_to_list(OsPid) ++ ".map",
-            try
-                ok = start_workload(Peer),
-                T = beamdiag_perf:target(OsPid),
-                ct:pal("~p", [T]),
-                %% Raw signal: the file is where the flag says.
-                true = filelib:is_regular(Written),
-                #{perf_flag := <<"map">>, perf_directory := <<"/dev/shm">>, ns_pid := OsPid,
-                  frame_pointers := true} = T,
-                Map = maps:get(perf_map, T),
-                ?assertEqual(lists:concat(["/proc/", OsPid, "/root/dev/shm/perf-", OsPid, ".map"]),
-                             Map),
-                Dir = filename:join(?config(priv_dir, Config), "perfdirectory"),
-                {ok, #{script := Script, perf_map := Copy}} =
-                    beamdiag_perf:record(OsPid, #{duration => 3, dir => Dir, call_graph => fp}),
-                {ok, P} = beamdiag_fold:fold_file(Script, #{perf_map => Copy, unknown => cut}),
-                S = beamdiag_fold:summary(P),
-                ct:pal("~p", [S]),
-                ?assert(maps:get(samples, S) >= 20),
-                ?assert(maps:get(unnamed_jit_share, S) < 0.05),
-                ?assert(maps:get(erlang_share, S) > 0.0)
-            after
-                catch peer:stop(Peer),
-                file:delete(Written)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(29, #{args => Args}, fun(Peer, _Node) ->
+        OsPid = list_to_integer(peer:call(Peer, os, getpid, [])),
+        Written = "/dev/shm/perf-" ++ integer_to_list(OsPid) ++ ".map",
+        try
+            ok = start_workload(Peer),
+            T = beamdiag_perf:target(OsPid),
+            ct:pal("~p", [T]),
+            %% Raw signal: the file is where the flag says.
+            true = filelib:is_regular(Written),
+            #{perf_flag := <<"map">>, perf_directory := <<"/dev/shm">>, ns_pid := OsPid,
+              frame_pointers := true} = T,
+            Map = maps:get(perf_map, T),
+            ?assertEqual(lists:concat(["/proc/", OsPid, "/root/dev/shm/perf-", OsPid, ".map"]),
+                         Map),
+            Dir = filename:join(?config(priv_dir, Config), "perfdirectory"),
+            {ok, #{script := Script, perf_map := Copy}} =
+                beamdiag_perf:record(OsPid, #{duration => 3, dir => Dir, call_graph => fp}),
+            {ok, P} = beamdiag_fold:fold_file(Script, #{perf_map => Copy, unknown => cut}),
+            S = beamdiag_fold:summary(P),
+            ct:pal("~p", [S]),
+            ?assert(maps:get(samples, S) >= 20),
+            ?assert(maps:get(unnamed_jit_share, S) < 0.05),
+            ?assert(maps:get(erlang_share, S) > 0.0)
+        after
+            file:delete(Written)
+        end
+    end).
 
 %% Sid's OTP 29 emulator names none of its internal C functions: perf
 %% alone cannot see the atom decoding nor its Erlang caller. The Erlang
@@ -392,50 +381,43 @@ perfdirectory_otp29(Config) ->
 %% from.
 callers_otp29(Config) ->
     Args = ["+JPperf", "true", "-setcookie", atom_to_list(erlang:get_cookie())],
-    case beamdiag_test_lib:start_node(29, #{args => Args}) of
-        {ok, Peer, Node} ->
-            try
-                ok = start_workload(Peer),
-                true = net_kernel:connect_node(Node),
-                Dir = filename:join(?config(priv_dir, Config), "callers"),
-                {ok, R = #{profile := P, callers := C, findings := Findings}} =
-                    beamdiag_profile:profile(Node, #{duration => 4, out => Dir}, fun(_) -> ok end),
-                Header = iolist_to_binary(header(R)),
-                ct:pal("~s~n~p", [Header, Findings]),
-                %% Raw signals: perf's native frames have no names here...
-                ?assertEqual(0.0, share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>])),
-                ?assertEqual(false, maps:get(native_names, maps:get(target, maps:get(perf, R)))),
-                %% ...the sampler's stacks name the BIF (as its trap
-                %% continuation: a large term) and the Erlang function that
-                %% calls it, and the header shows the caller.
-                ?assert(maps:get(samples, C) >= 20),
-                ?assert(share_with(C, [<<"beamdiag_profile_work:decode_loop/1">>]) > 0.2),
-                Bif = share_with(C, [<<"erts_internal:binary_to_term_trap/1">>,
-                                     <<"erlang:binary_to_term/1">>]),
-                ct:pal("sampler: binary_to_term in ~.1f% of samples", [100 * Bif]),
-                ?assert(Bif > 0.1),
-                ?assertMatch({_, _}, binary:match(Header, <<"Erlang callers from the Erlang-level "
-                                                            "sampler">>)),
-                ?assertMatch({_, _}, binary:match(Header, <<"beamdiag_profile_work:decode_loop/1">>)),
-                %% Then the finding: binary_to_term named with its caller,
-                %% from the sampler, without a claim about atoms it did
-                %% not see.
-                [#{title := Title, evidence := Ev}] =
-                    [X || X = #{metrics := #{family := <<"atom_decode">>}} <- Findings],
-                ?assertEqual(<<"Decoding terms with binary_to_term takes a large share of the CPU">>,
-                             Title),
-                EvText = iolist_to_binary(lists:join("\n", Ev)),
-                ?assertMatch({_, _}, binary:match(EvText, <<"From the Erlang-level sampler">>)),
-                ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_work:"
-                                                            "decode_loop/1">>)),
-                %% No finding points at a frame without a name.
-                ?assertEqual([], [X || X = #{metrics := #{function := <<"[", _/binary>>}} <- Findings])
-            after
-                catch peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(29, #{args => Args}, fun(Peer, Node) ->
+        ok = start_workload(Peer),
+        true = net_kernel:connect_node(Node),
+        Dir = filename:join(?config(priv_dir, Config), "callers"),
+        {ok, R = #{profile := P, callers := C, findings := Findings}} =
+            beamdiag_profile:profile(Node, #{duration => 4, out => Dir}, fun(_) -> ok end),
+        Header = iolist_to_binary(header(R)),
+        ct:pal("~s~n~p", [Header, Findings]),
+        %% Raw signals: perf's native frames have no names here...
+        ?assertEqual(0.0, share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>])),
+        ?assertEqual(false, maps:get(native_names, maps:get(target, maps:get(perf, R)))),
+        %% ...the sampler's stacks name the BIF (as its trap
+        %% continuation: a large term) and the Erlang function that
+        %% calls it, and the header shows the caller.
+        ?assert(maps:get(samples, C) >= 20),
+        ?assert(share_with(C, [<<"beamdiag_profile_work:decode_loop/1">>]) > 0.2),
+        Bif = share_with(C, [<<"erts_internal:binary_to_term_trap/1">>,
+                             <<"erlang:binary_to_term/1">>]),
+        ct:pal("sampler: binary_to_term in ~.1f% of samples", [100 * Bif]),
+        ?assert(Bif > 0.1),
+        ?assertMatch({_, _}, binary:match(Header, <<"Erlang callers from the Erlang-level "
+                                                    "sampler">>)),
+        ?assertMatch({_, _}, binary:match(Header, <<"beamdiag_profile_work:decode_loop/1">>)),
+        %% Then the finding: binary_to_term named with its caller,
+        %% from the sampler, without a claim about atoms it did
+        %% not see.
+        [#{title := Title, evidence := Ev}] =
+            [X || X = #{metrics := #{family := <<"atom_decode">>}} <- Findings],
+        ?assertEqual(<<"Decoding terms with binary_to_term takes a large share of the CPU">>,
+                     Title),
+        EvText = iolist_to_binary(lists:join("\n", Ev)),
+        ?assertMatch({_, _}, binary:match(EvText, <<"From the Erlang-level sampler">>)),
+        ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_work:"
+                                                    "decode_loop/1">>)),
+        %% No finding points at a frame without a name.
+        ?assertEqual([], [X || X = #{metrics := #{function := <<"[", _/binary>>}} <- Findings])
+    end).
 
 %% As a new user would: the escript of this machine's OTP runs `diagnose
 %% --perf' against a node of another OTP that decodes an atom-heavy term in
@@ -451,42 +433,35 @@ cli_perf(Release, _Config) ->
         error -> throw(beamdiag_test_lib:missing("the escript is not built (rebar3 escriptize)"))
     end,
     Cookie = atom_to_list(erlang:get_cookie()),
-    case beamdiag_test_lib:start_node(Release, #{args => ["+JPperf", "true", "-setcookie", Cookie]}) of
-        {ok, Peer, Node} ->
-            try
-                ok = start_workload(Peer),
-                T0 = erlang:monotonic_time(millisecond),
-                {Code, Out, Err} = beamdiag_test_lib:run_exe(
-                    Escript, ["diagnose", atom_to_list(Node), "--perf", "--json", "--duration", "4"],
-                    [{"BEAMDIAG_COOKIE", Cookie}]),
-                Ms = erlang:monotonic_time(millisecond) - T0,
-                ct:pal("OTP ~b: exit ~b in ~b ms for a 4 s window~n~ts", [Release, Code, Ms, Err]),
-                ?assertEqual(0, Code),
-                J = beamdiag_test_json:decode(Out),
-                Findings = maps:get(<<"findings">>, J),
-                [F] = [X || X = #{<<"id">> := <<"hot_function">>,
-                                  <<"metrics">> := #{<<"family">> := <<"atom_decode">>}} <- Findings],
-                #{<<"title">> := Title, <<"evidence">> := Ev} = F,
-                ct:pal("~ts~n~ts", [Title, [[E, $\n] || E <- Ev]]),
-                %% Raw signal: the share the finding is built on.
-                Share = maps:get(<<"share">>, maps:get(<<"metrics">>, F)),
-                ?assert(Share >= 0.05),
-                EvText = iolist_to_binary(lists:join("\n", Ev)),
-                case Release of
-                    27 ->
-                        ?assertMatch(<<"Decoding atom-heavy terms", _/binary>>, Title),
-                        ?assertMatch({_, _}, binary:match(EvText, <<"erts_atom_put">>));
-                    29 ->
-                        ?assertMatch(<<"Decoding terms with binary_to_term", _/binary>>, Title),
-                        ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_"
-                                                                    "work:decode_loop/1">>))
-                end
-            after
-                catch peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(Release, #{args => ["+JPperf", "true", "-setcookie", Cookie]}, fun(Peer, Node) ->
+        ok = start_workload(Peer),
+        T0 = erlang:monotonic_time(millisecond),
+        {Code, Out, Err} = beamdiag_test_lib:run_exe(
+            Escript, ["diagnose", atom_to_list(Node), "--perf", "--json", "--duration", "4"],
+            [{"BEAMDIAG_COOKIE", Cookie}]),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("OTP ~b: exit ~b in ~b ms for a 4 s window~n~ts", [Release, Code, Ms, Err]),
+        ?assertEqual(0, Code),
+        J = beamdiag_test_json:decode(Out),
+        Findings = maps:get(<<"findings">>, J),
+        [F] = [X || X = #{<<"id">> := <<"hot_function">>,
+                          <<"metrics">> := #{<<"family">> := <<"atom_decode">>}} <- Findings],
+        #{<<"title">> := Title, <<"evidence">> := Ev} = F,
+        ct:pal("~ts~n~ts", [Title, [[E, $\n] || E <- Ev]]),
+        %% Raw signal: the share the finding is built on.
+        Share = maps:get(<<"share">>, maps:get(<<"metrics">>, F)),
+        ?assert(Share >= 0.05),
+        EvText = iolist_to_binary(lists:join("\n", Ev)),
+        case Release of
+            27 ->
+                ?assertMatch(<<"Decoding atom-heavy terms", _/binary>>, Title),
+                ?assertMatch({_, _}, binary:match(EvText, <<"erts_atom_put">>));
+            29 ->
+                ?assertMatch(<<"Decoding terms with binary_to_term", _/binary>>, Title),
+                ?assertMatch({_, _}, binary:match(EvText, <<"Called from beamdiag_profile_"
+                                                            "work:decode_loop/1">>))
+        end
+    end).
 
 header(R) -> beamdiag_profile:header(R).
 

@@ -248,29 +248,22 @@ output_survives_target_errors(Config) ->
         stop_target(T)
     end,
     Cookie = "safety_" ++ integer_to_list(rand:uniform(1 bsl 40)),
-    case beamdiag_test_lib:start_node(29, #{args => ["-setcookie", Cookie]}) of
-        {ok, Peer, Node} ->
-            try
-                {Code, Out, Err} = run_escript(["diagnose", atom_to_list(Node), "--json",
-                                                "--duration", "1"],
-                                               [{"BEAMDIAG_COOKIE", Cookie}], Config),
-                ct:log("OTP 29 target: exit ~b~nstdout ~p~nstderr ~p", [Code, Out, Err]),
-                [?assertEqual(nomatch, binary:match(B, [<<"REPORT">>, <<"beam_load">>, <<"\r">>]))
-                 || B <- [Out, Err]],
-                case Out of
-                    <<>> ->
-                        ?assertNotEqual(0, Code),
-                        ?assertMatch([_], binary:split(Err, <<"\n">>, [global, trim]));
-                    _ ->
-                        ok = json_check(Out),
-                        ?assertEqual(nomatch, binary:match(Err, <<"sampling">>))
-                end
-            after
-                catch peer:stop(Peer)
-            end;
-        Skip ->
-            Skip
-    end.
+    beamdiag_test_lib:with_node(29, #{args => ["-setcookie", Cookie]}, fun(_Peer, Node) ->
+        {Code, Out, Err} = run_escript(["diagnose", atom_to_list(Node), "--json",
+                                        "--duration", "1"],
+                                       [{"BEAMDIAG_COOKIE", Cookie}], Config),
+        ct:log("OTP 29 target: exit ~b~nstdout ~p~nstderr ~p", [Code, Out, Err]),
+        [?assertEqual(nomatch, binary:match(B, [<<"REPORT">>, <<"beam_load">>, <<"\r">>]))
+         || B <- [Out, Err]],
+        case Out of
+            <<>> ->
+                ?assertNotEqual(0, Code),
+                ?assertMatch([_], binary:split(Err, <<"\n">>, [global, trim]));
+            _ ->
+                ok = json_check(Out),
+                ?assertEqual(nomatch, binary:match(Err, <<"sampling">>))
+        end
+    end).
 
 -spec target_dies_mid_window(list()) -> term().
 target_dies_mid_window(Config) ->

@@ -1,7 +1,7 @@
 %%% Helpers shared by the Common Test suites.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, run_exe/3, read_port/2]).
+-export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, with_node/3, run_exe/3, read_port/2]).
 
 %% A tool the suite needs is missing: skipped on a developer's machine,
 %% a failure in CI, where the set-up must have installed it.
@@ -102,6 +102,21 @@ top(Dir) ->
 %% Starts a node on the given OTP release with OTP's `peer' over standard
 %% I/O (it dies with the test): `{ok, Peer, Node}' or a skip. Opts go to
 %% `peer:start/1' (`args', `name'...).
+%% Runs Fun(Peer, Node) with a node of that release (start_node/2), which
+%% is stopped afterwards whatever happens; when the node cannot be started,
+%% what `missing/1' returns (a skip, or a failure in CI).
+with_node(Release, Opts, Fun) ->
+    case start_node(Release, Opts) of
+        {ok, Peer, Node} ->
+            try
+                Fun(Peer, Node)
+            after
+                catch peer:stop(Peer)
+            end;
+        Skip ->
+            Skip
+    end.
+
 start_node(Release, Opts) ->
     case otp_exec(Release) of
         {ok, Exec} ->
