@@ -8,7 +8,7 @@
 %%% `complete => false' with a note saying what is missing. With `ready_by'
 %%% (a monotonic time in ms) the collector does not wait past it once it
 %%% holds two samples: the report is due then, and the agent is told to
-%%% end.
+%%% end. A lock-counting session waits for its lock data, which comes last.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
@@ -163,6 +163,11 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
         end
     end.
 
+%% Two samples make a window. A lock-counting session is the exception: its
+%% lock data comes with the agent's last word (collecting it on the
+%% lock-counting emulator takes seconds on a busy node), and a capture
+%% without it would miss what the session is for.
+due(#{locks := true}, _) -> false;
 due(Info, [_, _ | _]) -> Info =/= undefined;
 due(_, _) -> false.
 
