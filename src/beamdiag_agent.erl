@@ -278,8 +278,13 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
             {ok, Sample, State3} ->
                 Caller ! {beamdiag, Ref, {tick, Sample}},
                 case Last of
-                    true -> finish(State3, done);
-                    false -> ticked(State3, Sample, K + 1, Clock)
+                    true ->
+                        %% The window is answered; what follows is the
+                        %% extras (msacc, the end walk, lock data).
+                        Caller ! {beamdiag, Ref, finishing},
+                        finish(State3, done);
+                    false ->
+                        ticked(State3, Sample, K + 1, Clock)
                 end;
             _ ->
                 finish(State2, {aborted, deadline})

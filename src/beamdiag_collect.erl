@@ -7,8 +7,10 @@
 %%% or it stops early, two samples or more are returned as a capture marked
 %%% `complete => false' with a note saying what is missing. With `ready_by'
 %%% (a monotonic time in ms) the collector does not wait past it once it
-%%% holds two samples: the report is due then, and the agent is told to
-%%% end. A lock-counting session waits for its lock data, which comes last.
+%%% holds two samples while the agent is still behind on its ticks: the
+%%% report is due then, and the agent is told to end. An agent that has
+%%% sent its last tick is waited for while it gathers its extras, and a
+%%% lock-counting session waits for its lock data, which comes last.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
@@ -114,7 +116,8 @@ start_agent(Node, Opts) ->
 %% still take, and the collector waits that long plus ?LATE_MS for transit.
 gather(G = #{ready_by := ReadyBy, duration := D, info := Info, samples := Samples}) ->
     Now = erlang:monotonic_time(millisecond),
-    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso due(Info, Samples) of
+    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso not maps:get(finishing, G, false)
+             andalso due(Info, Samples) of
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
@@ -141,6 +144,10 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
             Samples2 = keep(S, Samples, maps:get(on_sample, G)),
             report_progress(Progress, Samples2, D),
             gather(G#{samples := Samples2});
+        {beamdiag, Ref, finishing} ->
+            %% Every tick came: a late report now is the extras' cost, not
+            %% a node too slow to answer; wait for them.
+            gather(G#{finishing => true});
         {beamdiag, Ref, {done, Extras}} ->
             {ok, capture(Info, Samples, Extras, true, D)};
         {beamdiag, Ref, {aborted, Why}} ->

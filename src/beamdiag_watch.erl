@@ -103,6 +103,8 @@ next(S = #{ref := Ref, mref := MRef}, Timeout) ->
             next(S#{info => Info}, Timeout);
         {beamdiag, Ref, {procs, Report}} ->
             next(S#{procs => Report}, Timeout);
+        {beamdiag, Ref, finishing} ->
+            next(S, Timeout);
         {beamdiag, Ref, {tick, Sample}} ->
             S2 = push(Sample, S),
             case diagnosis(S2) of
