@@ -28,7 +28,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
         "\n",
         processes(C),
         ledger_table(L, Opts),
-        msacc(L),
+        msacc(L, maps:get(settings, C, #{})),
         locks(C),
         profile(C),
         notes(L)
@@ -184,13 +184,17 @@ score(T = #{type := Ty, wall := W}, All) ->
 mean(K, Rows) ->
     lists:sum([share(K, R, W) || R = #{wall := W} <- Rows]) / max(1, length(Rows)).
 
-msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
+msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
     [
         "\nMICROSTATES (msacc, share of wall time", msacc_span(M, L), ")",
-        case Extra of
-            true -> " with extra states\n";
-            false ->
+        case {Extra, maps:get(lcnt_emulator_installed, Settings, false)} of
+            {true, _} -> " with extra states\n";
+            {false, true} ->
+                "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
+                "  and send inside 'emulator'; gc_full inside 'gc'. For the split, restart the\n"
+                "  node with -emu_type lcnt (installed beside this emulator, extra states)\n";
+            {false, _} ->
                 "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
                 "  and send inside 'emulator'; gc_full inside 'gc'. For the split, build the\n"
                 "  lock-counting emulator with extra states: beamdiag emu-type build --install\n"
@@ -198,7 +202,7 @@ msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}) ->
         "  wall time, not CPU: a thread that waits for a CPU stays in its state\n",
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
     ];
-msacc(_) ->
+msacc(_, _) ->
     "".
 
 %% Says so when msacc covered only the end of the window.

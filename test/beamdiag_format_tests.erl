@@ -61,3 +61,19 @@ json_document_test() ->
     %% Encodes, and the settings never carry the emulator's argument vector.
     Json = iolist_to_binary(beamdiag_format_json:diagnosis(beamdiag:analyse(capture("busy_wait")))),
     ?assertEqual(nomatch, binary:match(Json, <<"setcookie">>)).
+
+%% The microstates note fits the node: restart with -emu_type lcnt where
+%% the lock-counting emulator (extra states) is installed beside the stock
+%% one, build it where it is not.
+msacc_note_fits_the_node_test() ->
+    C = #{settings := S} = capture("busy_wait"),
+    Text = fun(Installed) ->
+        D = beamdiag:analyse(C#{settings => S#{lcnt_emulator_installed => Installed}}),
+        iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false}))
+    end,
+    With = Text(true),
+    Without = Text(false),
+    ?assertMatch({_, _}, binary:match(With, <<"default states only">>)),
+    ?assertMatch({_, _}, binary:match(With, <<"restart the\n  node with -emu_type lcnt">>)),
+    ?assertEqual(nomatch, binary:match(With, <<"beamdiag emu-type build --install\n">>)),
+    ?assertMatch({_, _}, binary:match(Without, <<"beamdiag emu-type build --install\n">>)).
