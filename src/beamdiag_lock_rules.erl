@@ -261,7 +261,7 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                                     "freeing memory another allocated: look for large "
                                     "messages and binaries crossing processes", [N]));
                             _ ->
-                                fitted_fix(<<"alcu_allocator">>, Settings,
+                                beamdiag_fix:lock_class(<<"alcu_allocator">>, Settings,
                                            <<"if the dirty schedulers share one instance, "
                                              "start the node with +Mdai max">>)
                         end,
@@ -374,7 +374,7 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
                     Known ->
                         Known
                 end,
-            Fix = fitted_fix(Class, Settings, release_fix(Class, release(Data), Fix0)),
+            Fix = beamdiag_fix:lock_class(Class, Settings, release_fix(Class, release(Data), Fix0)),
             Ids = maps:get(ids, C, 1),
             Evidence = [
                 io_lib:format(
@@ -396,46 +396,8 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
             [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
     end.
 
-%% Allocator advice fitted to the flags the node already has.
--spec fitted_fix(binary(), map(), binary()) -> binary().
-fitted_fix(Class, Settings, Fix) when Class =:= <<"erts_mmap">>; Class =:= <<"mseg">> ->
-    case setting(mmscs, Settings) of
-        Scs when Scs =:= undefined; Scs =:= <<"0">> ->
-            Fix;
-        Scs ->
-            iolist_to_binary(
-              ["a super carrier is already reserved (+MMscs ", Scs, " MB): if the node's "
-               "memory outgrows it, carriers come from the OS again, so raise it to what the "
-               "node holds at peak; and let carriers be cached longer (+MMmcs)"])
-    end;
-fitted_fix(<<"alcu_allocator">>, Settings, Fix) ->
-    case setting(mdai, Settings) of
-        Dai when Dai =:= undefined; Dai =:= <<"0">> ->
-            Fix;
-        Dai ->
-            iolist_to_binary(
-              ["dirty schedulers already have their own allocator instances (+Mdai ", Dai,
-               "): the contention is between threads freeing memory another allocated; look "
-               "for large messages and binaries crossing processes"])
-    end;
-fitted_fix(_Class, _Settings, Fix) ->
-    Fix.
-
 capitalise(<<C, Rest/binary>>) when C >= $a, C =< $z -> <<(C - 32), Rest/binary>>;
 capitalise(B) -> B.
-
-%% A setting that came from the target: a short printable binary, or
-%% `undefined'.
-setting(Key, Settings) ->
-    case maps:get(Key, Settings, undefined) of
-        V when is_binary(V), byte_size(V) =< 32 ->
-            case re:run(V, "^[A-Za-z0-9_.]+$", [{capture, none}]) of
-                match -> V;
-                nomatch -> undefined
-            end;
-        _ ->
-            undefined
-    end.
 
 %% Run-queue advice depends on the node's release: OTP 28 reworked work
 %% stealing (OTP pull request 9594: the victim's run-queue lock is only
