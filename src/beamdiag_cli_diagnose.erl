@@ -91,7 +91,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           procs => not maps:get(no_procs, Opts),
           perf => maps:get(perf, Opts, false),
           erlang => maps:get(erlang, Opts, false),
-          slack => maps:get(slack, Opts, 1.5),
+          slack => maps:get(slack, Opts),
           progress => progress(IO)}),
     Result = beamdiag:diagnose(Node, LibOpts),
     end_progress(IO),

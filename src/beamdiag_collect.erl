@@ -75,6 +75,7 @@ run(Node, Opts) ->
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
             Result = gather(#{ref => Ref, mref => MRef, deadline => Deadline,
                               ready_by => maps:get(ready_by, Opts, infinity), agent => Agent,
+                              finishing => false,
                               progress => Progress, duration => D, info => undefined,
                               samples => [], on_sample => OnSample}),
             erlang:demonitor(MRef, [flush]),
@@ -114,9 +115,10 @@ start_agent(Node, Opts) ->
 %% The deadline follows the agent's own: its start and each move of its
 %% hard deadline (ticks that cost seconds push it out) say how long it may
 %% still take, and the collector waits that long plus ?LATE_MS for transit.
-gather(G = #{ready_by := ReadyBy, duration := D, info := Info, samples := Samples}) ->
+gather(G = #{ready_by := ReadyBy, finishing := Finishing, duration := D, info := Info,
+             samples := Samples}) ->
     Now = erlang:monotonic_time(millisecond),
-    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso not maps:get(finishing, G, false)
+    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso not Finishing
              andalso due(Info, Samples) of
         true ->
             %% The report is due and two samples make a window: the agent
@@ -147,7 +149,7 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
         {beamdiag, Ref, finishing} ->
             %% Every tick came: a late report now is the extras' cost, not
             %% a node too slow to answer; wait for them.
-            gather(G#{finishing => true});
+            gather(G#{finishing := true});
         {beamdiag, Ref, {done, Extras}} ->
             {ok, capture(Info, Samples, Extras, true, D)};
         {beamdiag, Ref, {aborted, Why}} ->
