@@ -188,16 +188,18 @@ msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
     [
         "\nMICROSTATES (msacc, share of wall time", msacc_span(M, L), ")",
-        case {Extra, maps:get(lcnt_emulator_installed, Settings, false)} of
-            {true, _} -> " with extra states\n";
-            {false, true} ->
-                "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
-                "  and send inside 'emulator'; gc_full inside 'gc'. For the split, restart the\n"
-                "  node with -emu_type lcnt (installed beside this emulator, extra states)\n";
-            {false, _} ->
-                "\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
-                "  and send inside 'emulator'; gc_full inside 'gc'. For the split, build the\n"
-                "  lock-counting emulator with extra states: beamdiag emu-type build --install\n"
+        case Extra of
+            true ->
+                " with extra states\n";
+            false ->
+                ["\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
+                 "  and send inside 'emulator'; gc_full inside 'gc'. For the split, ",
+                 case maps:get(lcnt_emulator_installed, Settings, false) of
+                     true -> "restart the\n  node with -emu_type lcnt (installed beside this "
+                             "emulator, extra states)\n";
+                     _ -> "build the\n  lock-counting emulator with extra states: beamdiag "
+                              "emu-type build --install\n"
+                 end]
         end,
         "  wall time, not CPU: a thread that waits for a CPU stays in its state\n",
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
