@@ -210,10 +210,8 @@ flags_left_on_stay_on(Config) ->
     Lab = #{peer := Peer} = ?config(lab, Config),
     false = peer:call(Peer, erlang, system_flag, [microstate_accounting, true]),
     %% A process of the target's own turns scheduler_wall_time on and keeps it.
-    {ok, Tokens, _} = erl_scan:string(
-        "erlang:system_flag(scheduler_wall_time, true), timer:sleep(60000)."),
-    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
-    _ = peer:call(Peer, erlang, spawn, [erl_eval, exprs, [Exprs, []]]),
+    _ = beamdiag_test_lib:eval(Peer, "spawn(fun() -> erlang:system_flag(scheduler_wall_time, "
+                                     "true), timer:sleep(60000) end)."),
     timer:sleep(200),
     ?assertNotEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
     {ok, _} = beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),

@@ -213,14 +213,12 @@ walk_bounds(_Config) ->
 otp27_label(_Config) ->
     Cookie = "procs_" ++ integer_to_list(erlang:unique_integer([positive])),
     beamdiag_test_lib:with_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}, fun(Peer, Node) ->
-        {ok, Tokens, _} = erl_scan:string(
+        ok = beamdiag_test_lib:eval(Peer,
             "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
             "receive stop -> ok end end), "
             "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
             "receive after 1 -> ok end, Loop(N - 1) end, "
             "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
-        {ok, Exprs} = erl_parse:parse_exprs(Tokens),
-        {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
         timer:sleep(500),
         {ok, D = #{findings := F}} =
             beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
@@ -247,13 +245,11 @@ otp29_iterator(_Config) ->
             beam_lib:chunks(code:which(Mod), [abstract_code]),
         {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
         {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "procs", Bin]),
-        {ok, Tokens, _} = erl_scan:string(
+        ok = beamdiag_test_lib:eval(Peer,
             "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
             "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "
             "receive stop -> ok end end), register(labelled, L), "
             "[L ! {item, N} || N <- lists:seq(1, 3000)], ok."),
-        {ok, Exprs} = erl_parse:parse_exprs(Tokens),
-        {value, ok, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
         Count = peer:call(Peer, erlang, system_info, [process_count]),
         1 = peer:call(Peer, erlang, trace_pattern, [{erlang, processes, 0}, true,
                                                     [call_count]]),

@@ -1,7 +1,7 @@
 %%% Helpers shared by the Common Test suites.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, with_node/3, run_exe/3, read_port/2]).
+-export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, with_node/3, eval/2, run_exe/3, read_port/2]).
 
 %% A tool the suite needs is missing: skipped on a developer's machine,
 %% a failure in CI, where the set-up must have installed it.
@@ -116,6 +116,14 @@ with_node(Release, Opts, Fun) ->
         Skip ->
             Skip
     end.
+
+%% Evaluates Erlang expressions given as text on a peer node (code that
+%% then runs on that node's OTP, whatever this one is): their value.
+eval(Peer, Text) ->
+    {ok, Tokens, _} = erl_scan:string(Text),
+    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+    {value, Value, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
+    Value.
 
 start_node(Release, Opts) ->
     case otp_exec(Release) of
