@@ -28,6 +28,22 @@ mirror() {
     echo "$m"
 }
 
+# One build or install at a time per root: two runs at once (two suites,
+# two clones on one machine) would unpack into the same folder.
+mkdir -p "$cache/roots"
+exec 9>"$cache/roots/.$suite.lock"
+flock 9
+
+# Unmounts whatever a killed debootstrap left mounted under a folder (it
+# mounts /proc and /sys inside the root while it installs), deepest first,
+# so the folder can be removed.
+unmount_under() {
+    local m
+    for m in $(awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r); do
+        umount -l "$m" 2>/dev/null || true
+    done
+}
+
 if [ ! -f "$root/.beamdiag-ready" ]; then
     [ "$(id -u)" -eq 0 ] || { echo "otp-root: building $root needs root" >&2; exit 1; }
     if ! command -v debootstrap >/dev/null 2>&1; then
@@ -37,14 +53,15 @@ if [ ! -f "$root/.beamdiag-ready" ]; then
                   apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
     fi
     url=$(mirror)
+    unmount_under "$root.tmp"
     rm -rf "$root.tmp"
-    mkdir -p "$(dirname "$root")"
     echo "otp-root: debootstrap $suite into $root (about a minute)" >&2
     debootstrap --variant=minbase --include=erlang-base "$suite" "$root.tmp" "$url" \
-        >"$root.log" 2>&1 || { echo "otp-root: debootstrap failed, see $root.log" >&2; tail -5 "$root.log" >&2; exit 1; }
+        >"$root.log" 2>&1 || { unmount_under "$root.tmp"; echo "otp-root: debootstrap failed, see $root.log" >&2; tail -5 "$root.log" >&2; exit 1; }
     # Name resolution as on the host, so short node names work alike.
     cp /etc/hosts "$root.tmp/etc/hosts"
     cp /etc/hostname "$root.tmp/etc/hostname" 2>/dev/null || hostname > "$root.tmp/etc/hostname"
+    unmount_under "$root.tmp"
     rm -rf "$root" && mv "$root.tmp" "$root"
     touch "$root/.beamdiag-ready"
 fi
