@@ -137,18 +137,42 @@ dirty_gc_alloc(_Config) ->
 %% The same load with +Mdai max: one eheap_alloc instance (and lock) per
 %% dirty scheduler besides the global one, and no advice to set +Mdai max.
 dirty_gc_alloc_mdai(_Config) ->
-    Data = measure(dirty_gc, ?GC_ARGS ++ ["+Mdai", "max"]),
-    #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
-        lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
-    ct:pal("dirty_gc_alloc_mdai: eheap_alloc ~b locks, ~b tries, ~b collisions (~.2f%), "
-           "wait ~.2f%", [N, T, C, CP, W]),
-    ?assertEqual(4, maps:get(dirty_alloc_instances, Data)),
-    ?assertEqual(5, N),
-    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
-    [?assertEqual(nomatch, binary:match(iolist_to_binary([maps:get(evidence, F), maps:get(fix, F)]),
-                                        <<"+Mdai max">>))
-     || F = #{id := allocator_contention} <- Findings],
-    ok.
+    Check = fun() ->
+        Data = measure(dirty_gc, ?GC_ARGS ++ ["+Mdai", "max"]),
+        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
+            lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
+        ct:pal("dirty_gc_alloc_mdai: eheap_alloc ~b locks, ~b tries, ~b collisions (~.2f%), "
+               "wait ~.2f%", [N, T, C, CP, W]),
+        ?assertEqual(4, maps:get(dirty_alloc_instances, Data)),
+        ?assertEqual(5, N),
+        Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+        Found = [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
+                          <- Findings],
+        %% Raw signal first, as in dirty_gc_alloc: a window whose
+        %% eheap_alloc locks collided enough to count must give the
+        %% finding, whose advice is then checked; a quieter window is
+        %% measured again.
+        case C >= 100 andalso W >= 1.0 of
+            true -> ?assertMatch([_], Found), Found;
+            false -> put(quiet_windows, [{C, W} | get_list(quiet_windows)]), []
+        end
+    end,
+    case retry_or_none(Check, 3) of
+        [_ | _] = Found ->
+            [?assertEqual(nomatch, binary:match(iolist_to_binary([maps:get(evidence, F),
+                                                                   maps:get(fix, F)]),
+                                                <<"+Mdai max">>))
+             || F <- Found],
+            ok;
+        [] ->
+            beamdiag_test_lib:starved(
+              "eheap_alloc never contended in 3 windows with +Mdai max (collisions, wait %: ~p; "
+              "100 collisions and 1% wait needed): the host did not run the dirty GCs together",
+              [get_list(quiet_windows)])
+    end.
+
+get_list(K) ->
+    case get(K) of undefined -> []; L -> L end.
 
 %% An idle node gets no lock finding above info.
 healthy_node(_Config) ->
@@ -400,6 +424,15 @@ lock(Data, Class, Id) ->
     case [L || L = #{class := C, id := I} <- maps:get(locks, Data), C =:= Class, I =:= Id] of
         [L] -> L;
         [] -> #{instances => 0, collisions => 0, collision_pct => 0.0, wait_pct => 0.0, tries => 0}
+    end.
+
+%% Runs Check until it returns a non-empty list, at most N times: that
+%% list, or [].
+retry_or_none(Check, N) ->
+    case Check() of
+        [_ | _] = Found -> Found;
+        [] when N > 1 -> retry_or_none(Check, N - 1);
+        [] -> []
     end.
 
 %% Runs Check until it returns a non-empty list, at most N times.

@@ -170,7 +170,11 @@ remote_endpoint(_Config) ->
         ?assert(abs(SpinCpus - Share(<<"spin">>) * Sched) < 0.01),
         HasShare = [V || {<<"beamdiag_busy_wait_share">>, L, V} <- M,
                          lists:member({<<"type">>, <<"scheduler">>}, L)] =/= [],
-        ?assertEqual(OnCpus >= 0.05, HasShare),
+        %% The idle peer's schedulers are on CPU for a few thousandths of a
+        %% CPU: the share is left out (the answer written out, not derived
+        %% from the exposition's own bound).
+        ?assert(OnCpus < 0.02),
+        ?assertNot(HasShare),
         ?assertEqual({ok, 0}, wait_down(MRef, Runner, 30000)),
         closed(Port, 20),
         ok = gone(Peer, 100),

@@ -77,6 +77,13 @@ single_server(Config) ->
 %% point at the same process, in one finding.
 -spec single_server_lcnt(list()) -> term().
 single_server_lcnt(Config) ->
+    single_server_lcnt(Config, 3, []).
+
+%% A window in which the lock rules alone name the server (its own locks
+%% carried most of the process-lock wait) must give one finding with both
+%% evidences; a window in which they do not says nothing about the merge,
+%% and another is measured, three at most.
+single_server_lcnt(Config, Tries, Quiet) ->
     D = #{findings := F} = diagnose(Config),
     P = procs(D),
     [Top | _] = maps:get(top_reductions, P),
@@ -87,25 +94,39 @@ single_server_lcnt(Config) ->
     Own = [L || L = #{id := Id, class := C} <- maps:get(locks, Locks, []),
                 Id =:= Pid orelse Id =:= <<"beamdiag_lab_server">>,
                 lists:member(C, [<<"proc_main">>, <<"proc_msgq">>, <<"proc_status">>])],
+    OwnWait = lists:sum([0.0 | [W || #{wait_pct := W} <- Own]]),
     ct:pal("the server's locks: ~p", [[{C, T, Co, W} || #{class := C, tries := T, collisions := Co,
                                                            wait_pct := W} <- Own]]),
-    %% Raw signal: locks were counted, process main locks among them (the
-    %% lock list is bounded to the most contended; the server's own locks
-    %% are in it only when they are).
+    %% Raw signal: locks were counted, process main locks among them.
     ProcMain = [T || #{class := <<"proc_main">>, tries := T} <- maps:get(classes, Locks, [])],
     ct:pal("proc_main lock attempts over the window: ~p", [ProcMain]),
     ?assert(lists:sum(ProcMain) > 1000),
     [B] = [X || X = #{id := single_process_bottleneck} <- F],
     M = maps:get(metrics, B),
     ?assertEqual(<<"beamdiag_lab_server">>, maps:get(name, M)),
-    %% When the lock rule fired on it, its evidence is in this finding.
-    case maps:find(process, M) of
-        {ok, LockId} ->
-            ?assert(LockId =:= Pid orelse LockId =:= <<"beamdiag_lab_server">>),
-            ?assert(length(maps:get(evidence, B)) > 3);
-        error ->
-            ct:pal("the server's locks were not contended enough for a lock finding")
+    %% The lock rules on the raw lock data alone.
+    LockOnly = [X || X = #{id := single_process_bottleneck, metrics := #{process := Id}}
+                         <- beamdiag_lock_rules:findings(Locks, window_s(Locks)),
+                     Id =:= Pid orelse Id =:= <<"beamdiag_lab_server">>],
+    case LockOnly of
+        [#{metrics := #{process := LockId}}] ->
+            %% Merged: the one finding carries the lock rule's process and
+            %% its evidence line beside the process evidence.
+            ?assertEqual({ok, LockId}, maps:find(process, M)),
+            Ev = [iolist_to_binary(E) || E <- maps:get(evidence, B)],
+            ?assert(length(Ev) > 3),
+            LockLine = <<"process ", LockId/binary, ": threads waited">>,
+            ?assertMatch([_], [E || E <- Ev, binary:match(E, LockLine) =/= nomatch]),
+            ok;
+        [] when Tries > 1 ->
+            single_server_lcnt(Config, Tries - 1, [OwnWait | Quiet]);
+        [] ->
+            beamdiag_test_lib:starved(
+              "the server's own locks never carried most of the process-lock wait in 3 "
+              "windows (their wait, % of each window: ~p)", [lists:reverse([OwnWait | Quiet])])
     end.
+
+window_s(#{window_ns := Ns}) -> Ns / 1.0e9.
 
 %% diagnose --erlang: the Erlang sampler runs over the same window and the
 %% server's hot stacks are printed under TOP PROCESSES.
@@ -173,21 +194,43 @@ dirty_cpu_gc_heaps(Config) ->
     ?assert(lists:all(fun(#{initial_call := <<"beamdiag_lab_ledger:", _/binary>>}) -> true;
                          (_) -> false
                       end, Big)),
-    %% The finding itself depends on how much CPU the dirty schedulers got
-    %% on this host (the ledger suite asserts it); its evidence is checked
-    %% on the finding the diagnosis made or, when the host starved the
-    %% collections, on one built from the same capture.
+    %% The finding: made by the diagnosis, never built here. It needs the
+    %% dirty CPU schedulers to collect; a host that starved them (they
+    %% waited for a CPU, from their threads' counters) is a skip with
+    %% those numbers.
     G = case [X || X = #{id := dirty_cpu_gc} <- F] of
             [X] -> X;
-            [] ->
-                ct:pal("dirty_cpu_gc did not fire on this host (findings ~p)", [ids(F)]),
-                hd(beamdiag_proc_rules:annotate(
-                     [beamdiag_finding:new(dirty_cpu_gc, warning, [], #{})], P, #{}))
+            [] -> dirty_starved(D, F)
         end,
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, G))),
     ct:pal("~ts", [Ev]),
     ?assertMatch({_, _}, binary:match(Ev, <<"the heaps being collected">>)),
     ?assertMatch({_, _}, binary:match(Ev, maps:get(pid, hd(Big)))).
+
+%% dirty_cpu_gc was not named: a skip when the dirty CPU scheduler threads
+%% waited for a CPU a quarter of the window or more, a failure otherwise.
+dirty_starved(#{capture := #{samples := Samples}}, F) ->
+    Dirty = fun(S) -> maps:filter(fun(_, #{name := N}) -> is_dirty_cpu(N) end,
+                                  maps:get(threads, S)) end,
+    {S0, S1} = {hd(Samples), lists:last(Samples)},
+    {T0, T1} = {Dirty(S0), Dirty(S1)},
+    WallNs = erlang:convert_time_unit(maps:get(t, S1) - maps:get(t, S0), native, nanosecond),
+    Sum = fun(K) -> lists:sum([maps:get(K, T) - maps:get(K, maps:get(Tid, T0))
+                               || {Tid, T} <- maps:to_list(T1), maps:is_key(Tid, T0)]) end,
+    N = max(1, map_size(T1)),
+    Runq = Sum(wait_ns) / (WallNs * N),
+    OnCpu = Sum(run_ns) / (WallNs * N),
+    case Runq >= 0.25 of
+        true ->
+            beamdiag_test_lib:starved(
+              "dirty_cpu_gc not named (findings ~p): the ~b dirty CPU scheduler threads "
+              "waited for a CPU ~.3f of the window and ran ~.3f", [ids(F), N, Runq, OnCpu]);
+        false ->
+            ct:fail({dirty_cpu_gc_not_named, ids(F), #{runq => Runq, on_cpu => OnCpu}})
+    end.
+
+is_dirty_cpu(Name) ->
+    re:run(Name, <<"^([0-9]+_dirty_cpu_sch|erts_dcpus_[0-9]+)">>) =/= nomatch.
 
 %% The walk on this node with a small walk limit: above it, before OTP 28,
 %% only registered processes are read; below it, every process.

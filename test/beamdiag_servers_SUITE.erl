@@ -112,6 +112,14 @@ rabbitmq_idle(Config) ->
     nothing_the_node_has(F, S),
     ?assertEqual([], [Id || X = #{id := Id} <- F, beamdiag_finding:at_least(X, warning),
                            Id =/= cpu_starvation]),
+    %% Starvation may be said of an idle node only with its raw signal: its
+    %% schedulers waited for a CPU while the rest of the host used 0.3 CPUs
+    %% or more (the bound lab_SUITE's cpu_saturated holds it to).
+    Starved = [X || X = #{id := cpu_starvation} <- F, beamdiag_finding:at_least(X, warning)],
+    {Runq, Rest} = {runq_share(L), external_cpus(L)},
+    ct:pal("idle: run-queue wait ~.3f of the schedulers' wall time; rest of the host ~.2f CPUs; "
+           "starvation said: ~p", [Runq, Rest, Starved =/= []]),
+    Starved =:= [] orelse ?assert(Runq >= 0.02 andalso Rest >= 0.30),
     within_bounds(L, F).
 
 rabbitmq_paced(Config) ->
@@ -175,13 +183,17 @@ rabbitmq_backlog(Config) ->
            [Depths, Used, GcWall, Span, round(Faults)]),
     ?assert(GcWall > 0.05),
     ?assert(Faults > 1000),
-    %% The diagnosis: dirty GC within the node's CPU, nothing it has.
-    [begin
-         ct:pal("dirty_cpu_gc figures ~p", [Figs]),
-         %% Within the node's CPUs over the same span (msacc's slice).
-         ByName = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
-         ?assert(maps:get(dirty_gc_cpus, ByName) =< maps:get(span_cpus_used, ByName) + 1.0e-6)
-     end || #{id := dirty_cpu_gc, figures := Figs} <- F],
+    %% The diagnosis names dirty GC, within the node's CPU. A host that
+    %% starved the dirty schedulers (they waited for a CPU, their threads'
+    %% counters say) cannot show it: a skip with those numbers.
+    Figs = case [Fg || #{id := dirty_cpu_gc, figures := Fg} <- F] of
+               [Fg] -> Fg;
+               [] -> dirty_starved(L, F)
+           end,
+    ct:pal("dirty_cpu_gc figures ~p", [Figs]),
+    %% Within the node's CPUs over the same span (msacc's slice).
+    ByName = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
+    ?assert(maps:get(dirty_gc_cpus, ByName) =< maps:get(span_cpus_used, ByName) + 1.0e-6),
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
     nothing_the_node_has(F, S),
     within_bounds(L, F),
@@ -221,10 +233,17 @@ yaws_flat_out(Config) ->
            "schedulers busy ~.3f", [Served, PacedServed, Failed, cpus_used(L), PacedCpus, Busy]),
     ?assert(Served >= 2 * PacedServed),
     ?assert(cpus_used(L) >= 1.5 * PacedCpus),
-    %% "uses all the CPU it has" only at 90% of its CPUs and more.
-    [?assert(used_share(Figs) >= 0.9)
-     || #{id := cpu_saturated, title := <<"The node uses all the CPU it has">>,
-          figures := Figs} <- F],
+    %% Flat out the node either gets all its CPUs (saturated) or waits for
+    %% them (starved): one of the two is said. A saturation headline says
+    %% which: "uses all the CPU it has" at 90% of its CPUs and more, the
+    %% other title below.
+    Load = [Id || X = #{id := Id} <- F, lists:member(Id, [cpu_saturated, cpu_starvation]),
+                  beamdiag_finding:at_least(X, warning)],
+    ?assertMatch([_ | _], Load),
+    [case Title of
+         <<"The node uses all the CPU it has">> -> ?assert(used_share(Figs) >= 0.9);
+         _ -> ?assert(used_share(Figs) < 0.9)
+     end || #{id := cpu_saturated, title := Title, figures := Figs} <- F],
     nothing_the_node_has(F, S),
     within_bounds(L, F).
 
@@ -362,6 +381,31 @@ within_bounds(#{totals := #{cpus_used := Used, on_cpu := On}, host := #{ncpu := 
      end || #{figures := Figs} <- F, Fig = #{name := Name, value := V} <- Figs].
 
 cpus_used(#{totals := #{cpus_used := U}}) -> U.
+
+%% The normal and dirty CPU schedulers' run-queue wait, share of their
+%% wall time.
+runq_share(L) ->
+    Rows = [R || {T, R} <- maps:to_list(maps:get(by_type, L)), lists:member(T, [scheduler, dirty_cpu])],
+    lists:sum([maps:get(runq, R, 0.0) || R <- Rows]) /
+        max(1.0e-9, lists:sum([maps:get(wall, R, 0.0) || R <- Rows])).
+
+%% CPUs the rest of the host used over the window.
+external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) ->
+    B * N - U.
+
+%% dirty_cpu_gc not named: a skip when the dirty CPU schedulers waited for
+%% a CPU a quarter of their time or more, a failure otherwise.
+dirty_starved(#{by_type := ByType}, F) ->
+    Row = maps:get(dirty_cpu, ByType, #{}),
+    Runq = maps:get(runq, Row, 0.0) / max(1.0e-9, maps:get(wall, Row, 0.0)),
+    case Runq >= 0.25 of
+        true ->
+            beamdiag_test_lib:starved("dirty_cpu_gc not named (findings ~p): the dirty CPU "
+                                      "schedulers waited for a CPU ~.3f of their wall time",
+                                      [[Id || #{id := Id} <- F], Runq]);
+        false ->
+            ct:fail({dirty_cpu_gc_not_named, [Id || #{id := Id} <- F], Runq})
+    end.
 
 depths(Config) ->
     {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),

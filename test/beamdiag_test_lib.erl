@@ -12,7 +12,7 @@
 -export([missing/1, fixture/1, top/0, script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
 -export([start_lab/2, stop_lab/1]).
--export([run_exe/3, read_port/2, sh/1]).
+-export([run_exe/3, read_port/2, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0]).
 -export([wait_until/2, await/2]).
 -export([agent_gone/1, agent_gone/2, beamdiag_modules/1]).
@@ -95,7 +95,9 @@ otp_exec(Release) when is_integer(Release) ->
 %% `{error, Output}'.
 -spec otp_root(27 | 29) -> {ok, file:filename()} | {error, string()}.
 otp_root(Release) ->
-    {Code, Out} = sh([script("otp-root.sh"), " ", suite_of(Release), " 2>/dev/null"]),
+    %% The first build (debootstrap) takes minutes: it is waited for, as
+    %% two builds of one root must never run at once.
+    {Code, Out} = sh([script("otp-root.sh"), " ", suite_of(Release), " 2>/dev/null"], 3600000),
     case Code of
         0 -> {ok, string:trim(lists:last(string:split(string:trim(binary_to_list(Out)), "\n",
                                                      all)))};
@@ -252,6 +254,11 @@ read_port(Port, Acc, Deadline) ->
         {Port, {data, D}} -> read_port(Port, <<Acc/binary, (iolist_to_binary(D))/binary>>, Deadline);
         {Port, {exit_status, S}} -> {S, Acc}
     after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        %% Closing the port does not end the program: it is killed.
+        case erlang:port_info(Port, os_pid) of
+            {os_pid, OsPid} -> _ = os:cmd("kill -9 " ++ integer_to_list(OsPid));
+            undefined -> ok
+        end,
         catch port_close(Port),
         error({port_timeout, Acc})
     end.
@@ -260,10 +267,15 @@ read_port(Port, Acc, Deadline) ->
 %% at most three minutes: `{ExitCode, Output}'.
 -spec sh(iodata()) -> {integer(), binary()}.
 sh(Cmd) ->
+    sh(Cmd, 180000).
+
+%% @doc `sh/1' for at most Ms milliseconds.
+-spec sh(iodata(), non_neg_integer()) -> {integer(), binary()}.
+sh(Cmd, Ms) ->
     Port = open_port({spawn_executable, "/bin/sh"},
                      [{args, ["-c", unicode:characters_to_list([Cmd, " 2>&1"])]},
                       exit_status, binary, hide]),
-    read_port(Port, 180000).
+    read_port(Port, Ms).
 
 %%%===================================================================
 %%% The CLI's output, captured in process
@@ -375,7 +387,8 @@ call(Node, M, F, A) when is_atom(Node) -> erpc:call(Node, M, F, A, 15000).
 %% time and per-thread schedstat), with no code of beamdiag: `busy'
 %% (scheduler_wall_time active), `on_cpu' (thread run time), `runq'
 %% (thread time runnable but waiting for a CPU), `spin' (on_cpu - busy,
-%% at least 0), and `schedulers'.
+%% at least 0), `blocked' (busy but neither on a CPU nor waiting for one:
+%% in the kernel), `schedulers', `reductions_per_s' and `host_busy'.
 -spec raw_shares(map()) -> #{atom() => number()}.
 raw_shares(#{samples := Samples, settings := Settings}) ->
     N = maps:get(schedulers, Settings),
@@ -396,8 +409,9 @@ raw_shares(#{samples := Samples, settings := Settings}) ->
     Busy = case Total of 0 -> 0.0; _ -> Active / Total end,
     OnCpu = Delta(run_ns) / Wall,
     Reds = maps:get(reductions, maps:get(vm, Last)) - maps:get(reductions, maps:get(vm, First)),
-    #{busy => Busy, on_cpu => OnCpu, runq => Delta(wait_ns) / Wall,
-      spin => max(0.0, OnCpu - Busy), schedulers => N,
+    Runq = Delta(wait_ns) / Wall,
+    #{busy => Busy, on_cpu => OnCpu, runq => Runq,
+      spin => max(0.0, OnCpu - Busy), blocked => max(0.0, Busy - OnCpu - Runq), schedulers => N,
       reductions_per_s => Reds / max(1.0e-9, WallNs / 1.0e9),
       host_busy => host_busy(maps:get(host, First), maps:get(host, Last))}.
 
