@@ -17,7 +17,6 @@
          installed_not_running/1]).
 
 -define(WINDOW_MS, 4000).
--define(WARMUP_MS, 1500).
 -define(GC_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
 %% As the lab's ets_hot and ets_sharded scenarios: more writers than cores.
 -define(ETS_ARGS, ["+S", "4:4"]).
@@ -185,7 +184,7 @@ healthy_node(_Config) ->
 %% start/1 changes the mask, stop/1 puts back exactly what it found, twice.
 settings_restored(_Config) ->
     {Peer, Node} = start_peer([]),
-    try check_settings_restored(Node) after peer:stop(Peer) end.
+    try check_settings_restored(Node) after beamdiag_test_lib:stop_node(Peer) end.
 
 check_settings_restored(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
@@ -205,7 +204,7 @@ check_settings_restored(Node) ->
 %% puts the settings back.
 guard_restores_when_owner_dies(_Config) ->
     {Peer, Node} = start_peer([]),
-    try guard_restores(Node) after peer:stop(Peer) end.
+    try guard_restores(Node) after beamdiag_test_lib:stop_node(Peer) end.
 
 guard_restores(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db]]),
@@ -213,7 +212,8 @@ guard_restores(Node) ->
     {ok, _S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => Owner}]),
     ?assertNotEqual([db], erpc:call(Node, erts_debug, lcnt_control, [mask])),
     Owner ! stop,
-    ok = wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end, 50).
+    ok = beamdiag_test_lib:wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end,
+                                      5000).
 
 %% ets_hot on OTP 27, through the whole session: the raw lock counts in
 %% the capture first (the table's wait share and collision rate), then the
@@ -256,7 +256,7 @@ ets_sharded_session(Config) ->
 %% says which source and command build the lock-counting emulator for
 %% exactly that release.
 not_counted_session(Config) ->
-    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60, exec => ?config(exec, Config)}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(idle, #{duration => 60, exec => ?config(exec, Config)}),
     try
         Node = beamdiag_lab:node(Lab),
         Otp = peer:call(maps:get(peer, Lab), erlang, system_info, [otp_release]),
@@ -271,14 +271,14 @@ not_counted_session(Config) ->
         Want = <<"emu-type build --install --otp-src otp_src_", V/binary, ".tar.gz">>,
         ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch])
     after
-        beamdiag_lab:stop(Lab)
+        beamdiag_test_lib:stop_lab(Lab)
     end.
 
 %% A node on the stock emulator of an Erlang that has the lock-counting
 %% emulator installed beside it (this machine's, by the set-up): the note
 %% says to restart it with -emu_type lcnt, not to build anything.
 installed_not_running(_Config) ->
-    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(idle, #{duration => 60}),
     try
         {ok, #{capture := C, ledger := #{notes := Notes}}} =
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
@@ -291,7 +291,7 @@ installed_not_running(_Config) ->
         ?assertNotEqual(nomatch, binary:match(N, <<"restart the node with -emu_type lcnt">>)),
         ?assertEqual(nomatch, binary:match(N, <<"emu-type build">>))
     after
-        beamdiag_lab:stop(Lab)
+        beamdiag_test_lib:stop_lab(Lab)
     end.
 
 %%%===================================================================
@@ -308,13 +308,13 @@ session(Scenario, Config) ->
 
 session(Scenario, Config, Tries) ->
     Exec = ?config(exec, Config),
-    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60, exec => Exec}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => 60, exec => Exec}),
     Result =
         try
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                         duration => ?WINDOW_MS div 1000})
         after
-            beamdiag_lab:stop(Lab)
+            beamdiag_test_lib:stop_lab(Lab)
         end,
     case Result of
         {ok, #{capture := C, findings := F}} ->
@@ -355,16 +355,23 @@ measure(Load, EmuArgs) ->
     try
         case Load of
             idle -> ok;
-            _ -> {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 60}])
+            _ ->
+                {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 120}]),
+                %% The load runs before the window opens: the node's
+                %% reductions grow by millions.
+                {R0, _} = erpc:call(Node, erlang, statistics, [reductions]),
+                ok = beamdiag_test_lib:await(fun() ->
+                    {R, _} = erpc:call(Node, erlang, statistics, [reductions]),
+                    R - R0 > 2000000
+                end, 30000)
         end,
-        timer:sleep(?WARMUP_MS),
         {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => self()}]),
         timer:sleep(?WINDOW_MS),
         Data = erpc:call(Node, beamdiag_agent_lcnt, collect, [S], 30000),
         ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
         Data
     after
-        peer:stop(Peer)
+        beamdiag_test_lib:stop_node(Peer)
     end.
 
 start_peer(EmuArgs) ->
@@ -373,12 +380,10 @@ start_peer(EmuArgs) ->
     %% Control over standard I/O: the test node may already be a hidden node
     %% that does not listen (an earlier diagnosis made it one), so the peer
     %% cannot connect back to it.
-    {ok, Peer, Node} = peer:start_link(#{
-        name => Name,
-        connection => standard_io,
-        args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
-        wait_boot => 30000
-    }),
+    {ok, Peer, Node} = beamdiag_test_lib:start_node(
+                           list_to_integer(erlang:system_info(otp_release)),
+                           #{name => Name, args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
+                             wait_boot => 30000}),
     true = erpc:call(Node, erlang, system_info, [lock_counting]),
     [load(Node, M) || M <- [beamdiag_agent_lcnt, beamdiag_lab_locks]],
     {Peer, Node}.
@@ -441,13 +446,4 @@ retry(Check, N) ->
         [_ | _] = Found -> Found;
         [] when N > 1 -> retry(Check, N - 1);
         [] -> ct:fail("eheap_alloc never contended enough to count in any window")
-    end.
-
-wait_until(F, 0) ->
-    ?assert(F()),
-    ok;
-wait_until(F, N) ->
-    case F() of
-        true -> ok;
-        false -> timer:sleep(100), wait_until(F, N - 1)
     end.

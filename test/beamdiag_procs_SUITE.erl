@@ -11,6 +11,9 @@
          walk_bounds/1, otp27_label/1, otp29_iterator/1, hot_stacks/1, single_server_lcnt/1]).
 
 -define(WINDOW, 4).
+%% Seconds a lab load may run at most: the timetrap's bound; each case's
+%% load is stopped by end_per_testcase.
+-define(LAB_S, 180).
 
 -spec suite() -> [tuple()].
 suite() -> [{timetrap, {minutes, 3}}].
@@ -26,7 +29,7 @@ init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label;
     Config;
 init_per_testcase(single_server_lcnt, Config) ->
     {ok, S} = beamdiag_lab:scenario(single_server),
-    {ok, Lab} = beamdiag_lab:start(S#{emu_type => lcnt}, #{duration => 60}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(S#{emu_type => lcnt}, #{duration => ?LAB_S}),
     [{lab, Lab} | Config];
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
@@ -34,14 +37,14 @@ init_per_testcase(Case, Config) ->
                    hot_stacks -> single_server;
                    _ -> Case
                end,
-    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => ?LAB_S}),
     [{lab, Lab} | Config].
 
 -spec end_per_testcase(atom(), list()) -> ok.
 end_per_testcase(_, Config) ->
     case proplists:get_value(lab, Config) of
         undefined -> ok;
-        Lab -> beamdiag_lab:stop(Lab)
+        Lab -> beamdiag_test_lib:stop_lab(Lab)
     end.
 
 %%% Scenarios
@@ -133,16 +136,13 @@ window_s(#{window_ns := Ns}) -> Ns / 1.0e9.
 -spec hot_stacks(list()) -> term().
 hot_stacks(Config) ->
     Lab = ?config(lab, Config),
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {io, out, unicode:characters_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {io, err, unicode:characters_to_binary(D)}, ok end,
-           colour => false},
+    IO = beamdiag_test_lib:capture_io(),
     Cookie = filename:join(?config(priv_dir, Config), "cookie"),
     ok = file:write_file(Cookie, atom_to_list(beamdiag_lab:cookie(Lab))),
     ok = file:change_mode(Cookie, 8#600),
     Code = beamdiag_cli:run(["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--erlang",
                              "--duration", integer_to_list(?WINDOW), "--cookie-file", Cookie], IO),
-    Out = iolist_to_binary([D || {io, out, D} <- flush_io()]),
+    {Out, _} = beamdiag_test_lib:collect_io(),
     ct:log("exit ~p~n~ts", [Code, Out]),
     [Section | _] = binary:split(Out, <<"TIME LEDGER">>),
     ?assertMatch({_, _}, binary:match(Section, <<"hot stacks of beamdiag_lab_server">>)),
@@ -256,13 +256,18 @@ walk_bounds(_Config) ->
 otp27_label(_Config) ->
     Cookie = "procs_" ++ integer_to_list(erlang:unique_integer([positive])),
     beamdiag_test_lib:with_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}, fun(Peer, Node) ->
-        ok = beamdiag_test_lib:eval(Peer,
+        L = beamdiag_test_lib:eval(Peer,
             "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
             "receive stop -> ok end end), "
             "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
             "receive after 1 -> ok end, Loop(N - 1) end, "
-            "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
-        timer:sleep(500),
+            "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], L."),
+        %% The producers run: the queue has begun to grow.
+        ok = beamdiag_test_lib:await(fun() ->
+            {message_queue_len, N} = peer:call(Peer, erlang, process_info,
+                                               [L, message_queue_len]),
+            N > 100
+        end, 10000),
         {ok, D = #{findings := F}} =
             beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
         P = procs(D),
@@ -333,9 +338,3 @@ procs(#{capture := #{extras := #{procs := P}}}) ->
     P.
 
 ids(F) -> [Id || #{id := Id} <- F].
-
-flush_io() ->
-    receive
-        {io, _, _} = M -> [M | flush_io()]
-    after 0 -> []
-    end.

@@ -155,7 +155,7 @@ rabbitmq_backlog(Config) ->
     {ok, C} = beamdiag_amqp:open(?PORT),
     [ok = beamdiag_amqp:declare(C, Q) || Q <- ?BACKLOG_QUEUES],
     [ok = beamdiag_amqp:publish(C, Q, ?BACKLOG_MSGS, ?MSG_SIZE) || Q <- ?BACKLOG_QUEUES],
-    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120),
+    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120000),
     %% More messages into the queues that already hold a backlog, for the
     %% whole window (a fixed count was all in before the msacc slice at the
     %% window's end on a quiet host): each queue process collects its large
@@ -334,7 +334,7 @@ diagnose3(Config, Case, NodeKey, CookieKey) ->
 record(Case, Cap) ->
     case os:getenv("BEAMDIAG_RECORD") of
         "1" ->
-            File = filename:join([root(), "test", "fixtures", "captures",
+            File = filename:join([beamdiag_test_lib:top(), "test", "fixtures", "captures",
                                   atom_to_list(Case) ++ ".capture"]),
             ok = file:write_file(File, io_lib:format("~p.~n", [Cap]));
         _ ->
@@ -414,42 +414,22 @@ depths(Config) ->
      || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
         [Q, N] <- [binary:split(string:trim(Line), <<"\t">>)]].
 
-wait_depth(Config, Queues, N, Tries) ->
-    D = depths(Config),
-    case lists:all(fun(Q) -> proplists:get_value(Q, D, 0) >= N end, Queues) of
-        true -> ok;
-        false when Tries > 0 -> timer:sleep(1000), wait_depth(Config, Queues, N, Tries - 1);
-        false -> ct:fail({queues_not_filled, D})
+%% Waits up to Ms milliseconds for every queue to hold N messages.
+wait_depth(Config, Queues, N, Ms) ->
+    Full = fun() ->
+        D = depths(Config),
+        lists:all(fun(Q) -> proplists:get_value(Q, D, 0) >= N end, Queues)
+    end,
+    case beamdiag_test_lib:wait_until(Full, Ms) of
+        ok -> ok;
+        timeout -> ct:fail({queues_not_filled, depths(Config)})
     end.
 
 script() ->
     script("rabbitmq-lab.sh").
 
 script(Name) ->
-    filename:join([root(), "scripts", Name]).
-
-%% The project's root, found above where the beamdiag modules were loaded.
-root() ->
-    root(filename:dirname(code:which(beamdiag))).
-
-root("/") ->
-    error(no_project_root);
-root(Dir) ->
-    case filelib:is_regular(filename:join([Dir, "scripts", "rabbitmq-lab.sh"])) of
-        true -> Dir;
-        false -> root(filename:dirname(Dir))
-    end.
+    beamdiag_test_lib:script(Name).
 
 sh(Cmd) ->
-    Port = open_port({spawn, lists:flatten(["sh -c '", escape(lists:flatten(Cmd)), "' 2>&1"])},
-                     [exit_status, binary, hide]),
-    read(Port, <<>>).
-
-escape(S) -> lists:flatten(string:replace(S, "'", "'\\''", all)).
-
-read(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 180000 -> error(sh_timeout)
-    end.
+    beamdiag_test_lib:sh(Cmd).
