@@ -33,14 +33,10 @@ init_per_testcase(Case, Config) ->
                    flags_left_on_stay_on -> idle;
                    _ -> Case
                end,
-    {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => ?LAB_S}),
-    [{lab, Lab} | Config].
+    beamdiag_test_lib:case_lab(Scenario, #{duration => ?LAB_S}, Config).
 
 end_per_testcase(_, Config) ->
-    case proplists:get_value(lab, Config) of
-        undefined -> ok;
-        Lab -> beamdiag_test_lib:stop_lab(Lab)
-    end.
+    beamdiag_test_lib:end_case_lab(Config).
 
 %%% Scenarios
 

@@ -45,11 +45,7 @@ end_per_suite(_Config) ->
     ok.
 
 init_per_group(Group, Config) ->
-    Release = case Group of otp27 -> 27; otp29 -> 29 end,
-    case beamdiag_test_lib:otp_exec(Release) of
-        {ok, Exec} -> [{exec, Exec}, {release, Release} | Config];
-        Skip -> Skip
-    end.
+    beamdiag_test_lib:release_config(case Group of otp27 -> 27; otp29 -> 29 end, Config).
 
 end_per_group(_Group, _Config) ->
     ok.

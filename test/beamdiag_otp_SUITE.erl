@@ -42,11 +42,8 @@ end_per_suite(_Config) ->
 init_per_group(cli29, Config) ->
     init_per_group(otp29, Config);
 init_per_group(Group, Config) ->
-    Rel = list_to_integer(lists:nthtail(3, atom_to_list(Group))),
-    case beamdiag_test_lib:otp_exec(Rel) of
-        {ok, Exec} -> [{release, Rel}, {exec, Exec} | Config];
-        Skip -> Skip
-    end.
+    beamdiag_test_lib:release_config(list_to_integer(lists:nthtail(3, atom_to_list(Group))),
+                                     Config).
 
 end_per_group(_, _Config) ->
     ok.
@@ -82,10 +79,7 @@ init_per_testcase(Case, Config) ->
     end.
 
 end_per_testcase(_, Config) ->
-    case proplists:get_value(lab, Config) of
-        undefined -> ok;
-        Lab -> beamdiag_test_lib:stop_lab(Lab)
-    end,
+    beamdiag_test_lib:end_case_lab(Config),
     case proplists:get_value(peer, Config) of
         undefined -> ok;
         Peer -> beamdiag_test_lib:stop_node(Peer)

@@ -37,15 +37,11 @@ init_per_testcase(Case, Config) ->
                    hot_stacks -> single_server;
                    _ -> Case
                end,
-    {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => ?LAB_S}),
-    [{lab, Lab} | Config].
+    beamdiag_test_lib:case_lab(Scenario, #{duration => ?LAB_S}, Config).
 
 -spec end_per_testcase(atom(), list()) -> ok.
 end_per_testcase(_, Config) ->
-    case proplists:get_value(lab, Config) of
-        undefined -> ok;
-        Lab -> beamdiag_test_lib:stop_lab(Lab)
-    end.
+    beamdiag_test_lib:end_case_lab(Config).
 
 %%% Scenarios
 

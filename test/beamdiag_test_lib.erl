@@ -11,7 +11,7 @@
 
 -export([missing/1, fixture/1, top/0, script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
--export([start_lab/2, stop_lab/1]).
+-export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([run_exe/3, read_port/2, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0]).
 -export([wait_until/2, await/2]).
@@ -142,13 +142,8 @@ stop_node(Peer) ->
                 undefined -> catch peer:call(Peer, os, getpid, [], 2000);
                 P -> P
             end,
-    {Pid, Ref} = spawn_monitor(fun() -> catch peer:stop(Peer) end),
-    receive {'DOWN', Ref, process, Pid, _} -> ok
-    after 15000 -> exit(Pid, kill)
-    end,
-    kill9(OsPid),
-    _ = persistent_term:erase({?MODULE, Peer}),
-    ok.
+    bounded(fun() -> catch peer:stop(Peer) end, 15000),
+    forget(Peer, OsPid).
 
 %% @doc Runs Fun(Peer, Node) with a node of that release (start_node/2),
 %% which is stopped afterwards whatever happens (stop_node/1); when the
@@ -200,10 +195,42 @@ start_lab(Scenario, Opts) ->
 -spec stop_lab(map()) -> ok.
 stop_lab(Lab = #{peer := Peer}) ->
     OsPid = persistent_term:get({?MODULE, Peer}, undefined),
-    {Pid, Ref} = spawn_monitor(fun() -> beamdiag_lab:stop(Lab) end),
+    bounded(fun() -> beamdiag_lab:stop(Lab) end, 30000),
+    forget(Peer, OsPid).
+
+%% @doc A case's lab (init_per_testcase): the scenario started with these
+%% options, in the case's config as `lab'.
+-spec case_lab(atom() | map(), map(), list()) -> list().
+case_lab(Scenario, Opts, Config) ->
+    {ok, Lab} = start_lab(Scenario, Opts),
+    [{lab, Lab} | Config].
+
+%% @doc Stops the case's lab, if it has one (end_per_testcase).
+-spec end_case_lab(list()) -> ok.
+end_case_lab(Config) ->
+    case proplists:get_value(lab, Config) of
+        undefined -> ok;
+        Lab -> stop_lab(Lab)
+    end.
+
+%% @doc A group's OTP release (init_per_group): `release' and `exec' in
+%% the config, or the skip `otp_exec/1' gives.
+-spec release_config(pos_integer(), list()) -> list() | {skip, iodata()}.
+release_config(Release, Config) ->
+    case otp_exec(Release) of
+        {ok, Exec} -> [{release, Release}, {exec, Exec} | Config];
+        Skip -> Skip
+    end.
+
+%% Runs F in a process of its own for at most Ms milliseconds.
+bounded(F, Ms) ->
+    {Pid, Ref} = spawn_monitor(F),
     receive {'DOWN', Ref, process, Pid, _} -> ok
-    after 30000 -> exit(Pid, kill)
-    end,
+    after Ms -> exit(Pid, kill)
+    end.
+
+%% Kills the node's OS process if it is still there, and forgets it.
+forget(Peer, OsPid) ->
     kill9(OsPid),
     _ = persistent_term:erase({?MODULE, Peer}),
     ok.
