@@ -243,17 +243,30 @@ flags_left_on_stay_on(Config) ->
 %%% Helpers
 
 %% The diagnosis, and the raw shares of its capture's counters
-%% (beamdiag_test_lib:raw_shares/1), computed without the ledger.
+%% (beamdiag_test_lib:raw_shares/1), computed without the ledger. A capture
+%% the host left partial (the node's ticks came too late) is measured
+%% again, three times at most, then the case is a skip with its notes.
 diagnose(Config) ->
+    diagnose(Config, 3).
+
+diagnose(Config, Tries) ->
     Lab = ?config(lab, Config),
     {ok, #{ledger := L, findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW}),
     ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
-    Raw = beamdiag_test_lib:raw_shares(C),
-    ct:pal("raw ~p", [Raw]),
     beamdiag_test_lib:agent_gone(Lab),
-    {L, F, Raw}.
+    case maps:get(complete, C) of
+        true ->
+            Raw = beamdiag_test_lib:raw_shares(C),
+            ct:pal("raw ~p", [Raw]),
+            {L, F, Raw};
+        false when Tries > 1 ->
+            diagnose(Config, Tries - 1);
+        false ->
+            beamdiag_test_lib:starved("3 partial captures in a row; the last one's notes: ~p",
+                                      [maps:get(notes, C)])
+    end.
 
 ticks_at() ->
     receive {tick_at, T} -> [T | ticks_at()]
