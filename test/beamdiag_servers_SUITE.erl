@@ -203,8 +203,7 @@ rabbitmq_backlog(Config) ->
 %% requests served and the node's CPU; Yaws runs with the default busy-wait
 %% flags, so busy-wait advice may be given, but never a flag it has.
 yaws_paced(Config) ->
-    Load = http_load(4, 40, ?WINDOW + 3),
-    timer:sleep(500),
+    Load = http_load(4, 40),
     {L, F, #{settings := S}} = diagnose3(Config, yaws_paced, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     ct:pal("yaws paced: ~b served, ~b failed; node ~.3f CPUs; flags ~p",
@@ -222,8 +221,7 @@ yaws_paced(Config) ->
 %% Whether the node gets all its CPUs depends on the rest of the host; a
 %% saturation headline must say which.
 yaws_flat_out(Config) ->
-    Load = http_load(8, 0, ?WINDOW + 3),
-    timer:sleep(500),
+    Load = http_load(8, 0),
     {L, F, #{settings := S}} = diagnose3(Config, yaws_flat_out, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     #{by_type := #{scheduler := Sched}} = L,
@@ -253,16 +251,22 @@ used_share(Figs) ->
     hd([V || #{name := used_share, value := V} <- Figs]).
 
 %% N clients, each sending GET /work.yaws (one connection a request) at
-%% Rate a second, or as fast as answers come when Rate is 0, for Seconds.
-http_load(N, Rate, Seconds) ->
+%% Rate a second, or as fast as answers come when Rate is 0, until
+%% http_done/1 stops them (or 300 s pass). Returns once the first answers
+%% came back (the load runs): {Pids, Counter}.
+http_load(N, Rate) ->
     Self = self(),
-    Until = erlang:monotonic_time(millisecond) + round(Seconds * 1000),
-    [spawn_link(fun() -> Self ! {http, self(), http_client(Rate, Until, 0, 0)} end)
-     || _ <- lists:seq(1, N)].
+    Served = counters:new(1, []),
+    Until = erlang:monotonic_time(millisecond) + 300000,
+    Pids = [spawn_link(fun() -> Self ! {http, self(), http_client(Rate, Until, Served, 0, 0)} end)
+            || _ <- lists:seq(1, N)],
+    ok = beamdiag_test_lib:await(fun() -> counters:get(Served, 1) >= N end, 30000),
+    {Pids, Served}.
 
-http_client(Rate, Until, Ok, Bad) ->
+http_client(Rate, Until, Served, Ok, Bad) ->
     Now = erlang:monotonic_time(millisecond),
-    case Now >= Until of
+    Stop = receive stop -> true after 0 -> Now >= Until end,
+    case Stop of
         true ->
             {Ok, Bad};
         false ->
@@ -272,8 +276,8 @@ http_client(Rate, Until, Ok, Bad) ->
                 _ -> timer:sleep(max(0, 1000 div Rate - (erlang:monotonic_time(millisecond) - Now)))
             end,
             case R of
-                ok -> http_client(Rate, Until, Ok + 1, Bad);
-                _ -> http_client(Rate, Until, Ok, Bad + 1)
+                ok -> counters:add(Served, 1, 1), http_client(Rate, Until, Served, Ok + 1, Bad);
+                _ -> http_client(Rate, Until, Served, Ok, Bad + 1)
             end
     end.
 
@@ -298,7 +302,9 @@ http_read(S, Acc) ->
         {error, _} -> Acc
     end.
 
-http_done(Pids) ->
+%% Stops the clients of http_load/2: {Served, Failed}.
+http_done({Pids, _Served}) ->
+    [P ! stop || P <- Pids],
     lists:foldl(fun(P, {O, B}) ->
                         receive {http, P, {O1, B1}} -> {O + O1, B + B1}
                         after 60000 -> ct:fail(http_client_stuck)
