@@ -353,8 +353,9 @@ overloaded_target_finishes(_Config) ->
     try
         ok = load_module_on(T, beamdiag_lab_ledger),
         ok = peer_call(T, beamdiag_lab_ledger, burn, [120000, 2000]),
-        timer:sleep(1000),
-        RunQ = lists:sum(peer_call(T, erlang, statistics, [run_queue_lengths], 60000)),
+        RunQLen = fun() -> lists:sum(peer_call(T, erlang, statistics, [run_queue_lengths], 60000)) end,
+        _ = beamdiag_test_lib:wait_until(fun() -> RunQLen() > 100 end, 30000),
+        RunQ = RunQLen(),
         ?assert(RunQ > 100),
         RefPhases = phases(Ref),
         Phases = phases(T),
@@ -389,7 +390,8 @@ prior_flags_stay_on(_Config) ->
         Holder = peer_call(T, ?MODULE, hold_swt, []),
         ?assert(swt_on(T) andalso msacc_on(T)),
         {ok, _} = diagnose(T, 1500),
-        timer:sleep(200),
+        %% The session has left: its modules are gone from the node.
+        ok = beamdiag_test_lib:await(fun() -> beamdiag_modules(T) =:= [] end, 35000),
         ?assert(msacc_on(T)),
         ?assert(swt_on(T)),
         peer_call(T, erlang, exit, [Holder, kill]),
