@@ -107,7 +107,7 @@ ets_sharded(_Config) ->
 dirty_gc_alloc(_Config) ->
     Check = fun() ->
         Data = measure(dirty_gc, ?GC_ARGS),
-        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W} =
+        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
             lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
         ct:pal("dirty_gc_alloc: eheap_alloc ~b lock(s), ~b collisions (~.2f%), wait ~.2f%",
                [N, C, CP, W]),
@@ -121,10 +121,17 @@ dirty_gc_alloc(_Config) ->
         %% a window with less contention is measured again.
         case C >= 100 andalso W >= 1.0 of
             true -> ?assertEqual(1, N), ?assertMatch([_], Found), Found;
-            false -> []
+            false -> put(quiet_windows, [{T, C, W} | get_list(quiet_windows)]), []
         end
     end,
-    [F] = retry(Check, 3),
+    %% A host that never lets the dirty GCs overlap enough in three windows
+    %% is a skip with each window's tries, collisions and wait.
+    F = case retry_or_none(Check, 3) of
+            [Found1] -> Found1;
+            [] -> beamdiag_test_lib:starved(
+                    "eheap_alloc never reached 100 collisions and 1% wait in 3 windows "
+                    "(tries, collisions, wait %: ~p)", [get_list(quiet_windows)])
+        end,
     ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)),
                                           <<"+Mdai max">>)),
     ok.
@@ -434,12 +441,4 @@ retry_or_none(Check, N) ->
         [_ | _] = Found -> Found;
         [] when N > 1 -> retry_or_none(Check, N - 1);
         [] -> []
-    end.
-
-%% Runs Check until it returns a non-empty list, at most N times.
-retry(Check, N) ->
-    case Check() of
-        [_ | _] = Found -> Found;
-        [] when N > 1 -> retry(Check, N - 1);
-        [] -> ct:fail("eheap_alloc never contended enough to count in any window")
     end.

@@ -183,6 +183,9 @@ rabbitmq_backlog(Config) ->
     Used = cpus_used(L),
     ct:pal("backlog: depths ~p; node ~.3f CPUs; dirty gc ~.3f s wall in ~.1f s; ~b page faults",
            [Depths, Used, GcWall, Span, round(Faults)]),
+    %% No dirty GC in the slice: a skip only if the dirty schedulers were
+    %% starved of CPU (their run-queue wait), a failure otherwise.
+    GcWall > 0.05 orelse dirty_starved(L, F),
     ?assert(GcWall > 0.05),
     ?assert(Faults > 1000),
     %% The diagnosis names dirty GC, within the node's CPU. A host that
