@@ -28,6 +28,13 @@ mirror() {
     echo "$m"
 }
 
+# One build of a root at a time: a second caller (another suite, or the
+# same one again after a timetrap killed the first caller while debootstrap
+# went on) waits for the first instead of deleting its tree under it.
+mkdir -p "$cache/roots"
+exec 9>"$cache/roots/.$suite.lock"
+flock 9
+
 if [ ! -f "$root/.beamdiag-ready" ]; then
     [ "$(id -u)" -eq 0 ] || { echo "otp-root: building $root needs root" >&2; exit 1; }
     if ! command -v debootstrap >/dev/null 2>&1; then
@@ -37,6 +44,10 @@ if [ ! -f "$root/.beamdiag-ready" ]; then
                   apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
     fi
     url=$(mirror)
+    # A build that died inside debootstrap leaves its file systems mounted.
+    for m in proc sys dev/pts dev; do
+        if mountpoint -q "$root.tmp/$m" 2>/dev/null; then umount -l "$root.tmp/$m" || true; fi
+    done
     rm -rf "$root.tmp"
     mkdir -p "$(dirname "$root")"
     echo "otp-root: debootstrap $suite into $root (about a minute)" >&2
