@@ -169,7 +169,7 @@ bad_options_test() ->
                  beamdiag_fold:fold_binary(<<>>, #{nope => 1})),
     ?assertMatch({error, {beamdiag_fold, {open, _, enoent}}},
                  beamdiag_fold:fold_file("/nonexistent/perf.txt", #{})),
-    [?assert(is_list(beamdiag_fold:format_error(R)) orelse is_binary(iolist_to_binary(beamdiag_fold:format_error(R))))
+    [beamdiag_test_lib:sentence(beamdiag_fold:format_error(R))
      || R <- [not_perf_output, {read, x}, {worker, x}, {bad_option, a, b},
               {open, "f", enoent}, {perf_map, "f", enoent}]].
 

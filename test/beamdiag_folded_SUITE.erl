@@ -45,7 +45,12 @@ svg_renders(Config) ->
     ?assertNotEqual(nomatch, binary:match(Dom, <<"erts_atom_put">>)),
     Png = filename:join(Priv, "flame.png"),
     _ = chromium(Config, ["--window-size=1200,600", "--screenshot=" ++ Png, "file://" ++ Svg]),
-    ?assert(filelib:file_size(Png) > 1000).
+    %% Drawn, not blank: a flame graph's frames, their colours and text
+    %% give hundreds of distinct pixel values; an empty page gives one.
+    Colours = beamdiag_test_lib:png_colours(Png),
+    ct:log("~b distinct colours in the screenshot", [Colours]),
+    ?assert(filelib:file_size(Png) > 1000),
+    ?assert(Colours >= 16).
 
 %%% Helpers
 
@@ -78,13 +83,7 @@ chromium(Config, Args) ->
                      [{args, ["60", ?config(chromium, Config), "--headless=new", "--no-sandbox", "--log-level=3",
                               "--disable-gpu" | Args]},
                       exit_status, binary]),
-    read(Port, <<>>).
-
-read(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, 0}} -> Acc;
-        {Port, {exit_status, S}} -> error({chromium_failed, S, Acc})
-    after 90000 ->
-        error(chromium_timeout)
+    case beamdiag_test_lib:read_port(Port, 90000) of
+        {0, Out} -> Out;
+        {S, Out} -> error({chromium_failed, S, Out})
     end.

@@ -29,7 +29,12 @@ generic_shapes_test() ->
     Values = [#{}, [], [1, 2, 3], [#{a => 1}, #{b => <<"<x>">>}], #{a => #{b => 1}, c => #{b => 2}},
               {1.0, 2.0}, {tuple, [nested]}, self(), make_ref(), <<255, 0>>, "a string",
               [a, <<"b">>, 3], #{k => [#{x => [#{y => #{z => 1}}]}]}, 1.0e-9, 1.0e12, -0.5],
-    [?assert(is_binary(iolist_to_binary(beamdiag_format_html:generic(V, #{})))) || V <- Values],
+    %% Each shape renders to some markup whose elements are all closed.
+    [begin
+         H = iolist_to_binary(beamdiag_format_html:generic(V, #{})),
+         ?assert(byte_size(H) > 0),
+         ?assertEqual({V, []}, {V, unclosed(H)})
+     end || V <- Values],
     Html = iolist_to_binary(beamdiag_format_html:generic([#{b => <<"<x>">>}], #{})),
     ?assertEqual(nomatch, binary:match(Html, <<"<x>">>)).
 
@@ -37,3 +42,17 @@ generic_shapes_test() ->
 json_in_script_test() ->
     Html = iolist_to_binary(beamdiag_format_html:compare(#{v => <<"</script><b>&">>})),
     ?assertEqual(2, length(binary:matches(Html, <<"</script>">>))).
+
+%% Element names opened more (or fewer) times than they are closed, void
+%% elements aside.
+unclosed(Html) ->
+    Names = fun(Re) ->
+        case re:run(Html, Re, [global, {capture, all_but_first, binary}]) of
+            {match, Ms} -> [N || [N] <- Ms];
+            nomatch -> []
+        end
+    end,
+    Void = [<<"br">>, <<"hr">>, <<"img">>, <<"input">>, <<"meta">>, <<"col">>, <<"wbr">>],
+    Open = [N || N <- Names(<<"<([a-z][a-z0-9]*)[\\s>/]">>), not lists:member(N, Void)],
+    Close = Names(<<"</([a-z][a-z0-9]*)\\s*>">>),
+    lists:usort((Open -- Close) ++ (Close -- Open)).

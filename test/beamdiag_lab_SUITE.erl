@@ -12,6 +12,9 @@
          cli_lab_survives_wrong_cookie/1]).
 
 -define(WINDOW, 4).
+%% Seconds a lab load may run at most: the timetrap's bound; each case's
+%% load is stopped by end_per_testcase.
+-define(LAB_S, 180).
 
 suite() -> [{timetrap, {minutes, 3}}].
 
@@ -30,40 +33,35 @@ init_per_testcase(Case, Config) ->
                    flags_left_on_stay_on -> idle;
                    _ -> Case
                end,
-    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60}),
-    [{lab, Lab} | Config].
+    beamdiag_test_lib:case_lab(Scenario, #{duration => ?LAB_S}, Config).
 
 end_per_testcase(_, Config) ->
-    case proplists:get_value(lab, Config) of
-        undefined -> ok;
-        Lab -> beamdiag_lab:stop(Lab)
-    end.
+    beamdiag_test_lib:end_case_lab(Config).
 
 %%% Scenarios
 
 idle(Config) ->
-    {L, F} = diagnose(Config),
-    ?assert(share(busy, sched(L)) < 0.10),
+    {_L, F, Raw} = diagnose(Config),
+    ?assert(raw(busy, Raw) < 0.10),
     ?assertEqual([], serious(F)).
 
 busy_wait(Config) ->
-    {L, F} = diagnose(Config),
-    S = sched(L),
-    ct:pal("busy ~.3f on-cpu ~.3f", [share(busy, S), share(on_cpu, S)]),
-    ?assert(share(on_cpu, S) >= 2 * share(busy, S)),
+    {_L, F, Raw} = diagnose(Config),
+    ct:pal("busy ~.3f on-cpu ~.3f", [raw(busy, Raw), raw(on_cpu, Raw)]),
+    ?assert(raw(reductions_per_s, Raw) > 1.0e6),
+    ?assert(raw(on_cpu, Raw) >= 2 * raw(busy, Raw)),
     ?assert(lists:member(busy_wait, serious(F))).
 
 busy_wait_off(Config) ->
-    {L, F} = diagnose(Config),
-    S = sched(L),
-    ct:pal("on-cpu ~.3f spin ~.3f", [share(on_cpu, S), share(spin, S)]),
-    ?assert(share(spin, S) < 0.05),
+    {_L, F, Raw} = diagnose(Config),
+    ct:pal("on-cpu ~.3f spin ~.3f", [raw(on_cpu, Raw), raw(spin, Raw)]),
+    ?assert(raw(reductions_per_s, Raw) > 1.0e6),
+    ?assert(raw(spin, Raw) < 0.05),
     ?assertNot(lists:member(busy_wait, ids(F))).
 
 cpu_saturated(Config) ->
-    {L, F} = diagnose(Config),
-    S = sched(L),
-    ?assert(share(busy, S) >= 0.85),
+    {L, F, Raw} = diagnose(Config),
+    ?assert(raw(busy, Raw) >= 0.85),
     ?assert(lists:member(cpu_saturated, serious(F))),
     ?assertNot(lists:member(scheduler_blocking, ids(F))),
     %% A healthy saturated node is not starved. Other work on a busy host
@@ -80,15 +78,19 @@ cpu_saturated(Config) ->
     X >= 0.5 orelse ?assertNot(Starved).
 
 cpu_starvation(Config) ->
-    {L, F} = diagnose(Config),
-    S = sched(L),
-    ct:pal("runq ~.3f", [share(runq, S)]),
-    ?assert(share(runq, S) > 0.30),
-    ?assert(lists:member(cpu_starvation, serious(F))),
-    %% The competitor node, by its OS pid: the host scan saw it burn CPU,
-    %% and the evidence names it unless three processes burnt more.
     #{competitor := C} = ?config(lab, Config),
     Pid = list_to_integer(peer:call(C, os, getpid, [])),
+    {Ticks0, T0} = {cpu_ticks(Pid), erlang:monotonic_time(millisecond)},
+    {L, F, Raw} = diagnose_complete(Config),
+    %% The competitor's own CPU over the same time, from /proc.
+    CompCpus = (cpu_ticks(Pid) - Ticks0) / beamdiag_agent_proc:clock_ticks() /
+        ((erlang:monotonic_time(millisecond) - T0) / 1000),
+    ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
+    ?assert(raw(runq, Raw) > 0.30),
+    ?assert(lists:member(cpu_starvation, serious(F))),
+    %% The competitor node, by its OS pid: the host scan saw it burn CPU,
+    %% and the evidence names it. It is left out only when three other
+    %% processes burnt more: on a host that busy the case is a skip.
     #{host := #{top := Top}} = L,
     ct:pal("competitor ~b; busiest others ~p", [Pid, Top]),
     case [X || X = #{pid := P} <- Top, P =:= Pid] of
@@ -98,8 +100,24 @@ cpu_starvation(Config) ->
             ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev),
                                               iolist_to_binary(io_lib:format("(pid ~b)", [Pid]))));
         [] ->
-            ?assertEqual(3, length(Top))
+            Others = [Cp || #{cpus := Cp} <- Top],
+            ?assertEqual(3, length(Others)),
+            case lists:min(Others) >= 0.9 * CompCpus of
+                true ->
+                    beamdiag_test_lib:starved(
+                      "three other processes burnt ~p CPUs, the competitor ~.2f: it is not "
+                      "among the busiest the evidence names", [Others, CompCpus]);
+                false ->
+                    ct:fail({competitor_left_out, CompCpus, Top})
+            end
     end.
+
+%% utime + stime of an OS process, in clock ticks.
+cpu_ticks(OsPid) ->
+    {ok, Bin} = file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat"),
+    [_, After] = string:split(Bin, ")", trailing),
+    Fields = string:lexemes(After, " "),
+    binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
 
 %% Also the deadline: the report is due at the window plus 1.5 s from the
 %% call (connecting and loading included); a node too throttled to answer
@@ -115,7 +133,7 @@ cpu_throttling(Config) ->
                                                     duration => ?WINDOW, progress => Progress}),
     T1 = erlang:monotonic_time(millisecond),
     Ticks = [T - T0 || T <- ticks_at()],
-    no_leftovers(Lab),
+    beamdiag_test_lib:agent_gone(Lab),
     Due = ?WINDOW * 1000 + 1500,
     ct:pal("report after ~b ms for a ~b s window (due at ~b ms); ticks at ~p ms; complete ~p~n"
            "notes ~p", [T1 - T0, ?WINDOW, Due, Ticks, maps:get(complete, C), maps:get(notes, L)]),
@@ -130,7 +148,7 @@ cpu_throttling(Config) ->
     ?assertNot(lists:member(cpu_starvation, ids(F))).
 
 high_system_cpu(Config) ->
-    {L = #{totals := #{sys := Sys, on_cpu := On}}, F} = diagnose(Config),
+    {L = #{totals := #{sys := Sys, on_cpu := On}}, F, _} = diagnose(Config),
     ct:pal("sys ~.3f of ~.3f on cpu", [Sys, On]),
     ?assert(Sys / On > 0.5),
     ?assert(lists:member(high_system_cpu, serious(F))),
@@ -138,7 +156,7 @@ high_system_cpu(Config) ->
     _ = L.
 
 dirty_cpu_gc(Config) ->
-    {L, F} = diagnose(Config),
+    {L, F, _} = diagnose_complete(Config),
     %% msacc covers the end of the window only (--msacc-span, 2 s).
     #{msacc := #{by_type := #{dirty_cpu := #{seconds := Secs}}, span_s := W}, window_s := Win} = L,
     ct:pal("dirty cpu gc ~.3f s in the last ~.1f s of ~.1f s", [maps:get(gc, Secs), W, Win]),
@@ -147,10 +165,9 @@ dirty_cpu_gc(Config) ->
     ?assert(lists:member(dirty_cpu_gc, serious(F))).
 
 scheduler_blocking(Config) ->
-    {L, F} = diagnose(Config),
-    S = sched(L),
-    ct:pal("busy ~.3f blocked ~.3f", [share(busy, S), share(blocked, S)]),
-    ?assert(share(blocked, S) > 0.5 * share(busy, S)),
+    {_L, F, Raw} = diagnose(Config),
+    ct:pal("busy ~.3f blocked ~.3f", [raw(busy, Raw), raw(blocked, Raw)]),
+    ?assert(raw(blocked, Raw) > 0.5 * raw(busy, Raw)),
     ?assert(lists:member(scheduler_blocking, serious(F))),
     ?assertNot(lists:member(cpu_saturated, serious(F))).
 
@@ -165,7 +182,7 @@ cli_json(Config) ->
     ?assertMatch({_, _}, binary:match(Out, <<"\"schema\":\"beamdiag.diagnosis/1\"">>)),
     ?assertEqual(nomatch, binary:match(Out, atom_to_binary(beamdiag_lab:cookie(Lab)))),
     ?assertEqual(nomatch, binary:match(Out, <<"sampling">>)),
-    no_leftovers(Lab).
+    beamdiag_test_lib:agent_gone(Lab).
 
 cli_unreachable(_Config) ->
     {Code, _} = escript(["diagnose", "nobody_here@localhost", "--duration", "1"],
@@ -212,57 +229,58 @@ flags_left_on_stay_on(Config) ->
     %% A process of the target's own turns scheduler_wall_time on and keeps it.
     _ = beamdiag_test_lib:eval(Peer, "spawn(fun() -> erlang:system_flag(scheduler_wall_time, "
                                      "true), timer:sleep(60000) end)."),
-    timer:sleep(200),
-    ?assertNotEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
+    ok = beamdiag_test_lib:await(fun() ->
+        peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =/= undefined
+    end, 10000),
     {ok, _} = beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                           duration => 1}),
-    timer:sleep(500),
+    %% The session is over once its modules are gone from the node.
+    ok = beamdiag_test_lib:await(fun() -> beamdiag_test_lib:beamdiag_modules(Peer) =:= [] end,
+                                 35000),
     ?assertNotEqual(undefined, peer:call(Peer, erlang, statistics, [scheduler_wall_time])),
     ?assert(peer:call(Peer, erlang, system_flag, [microstate_accounting, true])).
 
 %%% Helpers
 
+%% The diagnosis, and the raw shares of its capture's counters
+%% (beamdiag_test_lib:raw_shares/1), computed without the ledger. A partial
+%% capture (the node's ticks came late, as a starved or blocked node's do)
+%% is a diagnosis like any other here.
 diagnose(Config) ->
+    diagnose(Config, 1, false).
+
+%% The same, for a case whose figures only a complete capture holds (msacc
+%% over the window's end, the host scan's busiest processes): a partial one
+%% is measured again, three times at most, then the case is a skip with
+%% its notes.
+diagnose_complete(Config) ->
+    diagnose(Config, 3, true).
+
+diagnose(Config, Tries, NeedComplete) ->
     Lab = ?config(lab, Config),
-    {ok, #{ledger := L, findings := F}} =
+    {ok, #{ledger := L, findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW}),
     ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
-    no_leftovers(Lab),
-    {L, F}.
+    beamdiag_test_lib:agent_gone(Lab),
+    case NeedComplete andalso not maps:get(complete, C) of
+        false ->
+            Raw = beamdiag_test_lib:raw_shares(C),
+            ct:pal("raw ~p", [Raw]),
+            {L, F, Raw};
+        true when Tries > 1 ->
+            diagnose(Config, Tries - 1, NeedComplete);
+        true ->
+            beamdiag_test_lib:starved("3 partial captures in a row; the last one's notes: ~p",
+                                      [maps:get(notes, C)])
+    end.
 
 ticks_at() ->
     receive {tick_at, T} -> [T | ticks_at()]
     after 0 -> []
     end.
 
-%% Nothing of beamdiag stays on the target: flags off, agent modules gone,
-%% waited for as events (up to 35 s: an agent whose last word was late
-%% ends by its own deadline, at most 30 s past the window).
-no_leftovers(Lab = #{peer := Peer}) ->
-    wait_until(fun() ->
-        Mods = [M || {M, _} <- peer:call(Peer, code, all_loaded, []),
-                     lists:prefix("beamdiag_", atom_to_list(M)),
-                     not lists:prefix("beamdiag_lab", atom_to_list(M))],
-        Mods =:= [] andalso
-            peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
-    end, 700),
-    %% msacc was off before the run: it is off again.
-    ?assertNot(peer:call(Peer, erlang, system_flag, [microstate_accounting, false])),
-    _ = Lab,
-    ok.
-
-wait_until(F, 0) ->
-    ?assert(F());
-wait_until(F, N) ->
-    case F() of
-        true -> ok;
-        false -> timer:sleep(50), wait_until(F, N - 1)
-    end.
-
-sched(#{by_type := #{scheduler := S}}) -> S.
-
-share(K, Row = #{wall := W}) -> beamdiag_ledger:share(K, Row, W).
+raw(K, Raw) -> maps:get(K, Raw).
 
 ids(F) -> [Id || #{id := Id} <- F].
 serious(F) -> [Id || X = #{id := Id} <- F, beamdiag_finding:at_least(X, warning)].
@@ -272,5 +290,5 @@ external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) -
 
 escript(Args, Env) ->
     {ok, Bin} = beamdiag_test_lib:escript(),
-    Port = open_port({spawn_executable, Bin}, [{args, Args}, {env, Env}, exit_status, binary, hide]),
-    beamdiag_test_lib:read_port(Port, <<>>).
+    {Code, Out, _Err} = beamdiag_test_lib:run_exe(Bin, Args, Env),
+    {Code, Out}.

@@ -80,11 +80,14 @@ dirty_gc_test() ->
         beamdiag_ledger:build(capture("dirty_cpu_gc")),
     ?assert(maps:get(gc, S) / W > 0.2).
 
+%% One row set per interval between samples: as many as the capture's
+%% samples less one, each with the scheduler's wall time.
 series_per_tick_test() ->
-    #{series := Series, samples := _} = maps:merge(beamdiag_ledger:build(capture("idle")),
-                                                   #{samples => x}),
+    C = #{samples := Samples} = capture("idle"),
+    #{series := Series} = beamdiag_ledger:build(C),
     ?assert(length(Series) >= 3),
-    [#{by_type := #{scheduler := #{wall := _}}} | _] = Series.
+    ?assertEqual(length(Samples) - 1, length(Series)),
+    [?assertMatch(#{by_type := #{scheduler := #{wall := W}}} when W > 0, S) || S <- Series].
 
 %% msacc on for the end of the window only: the ledger reads it over the
 %% samples that carry it, and the rule divides by that span.

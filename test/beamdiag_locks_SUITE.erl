@@ -17,7 +17,6 @@
          installed_not_running/1]).
 
 -define(WINDOW_MS, 4000).
--define(WARMUP_MS, 1500).
 -define(GC_ARGS, ["+S", "4:4", "+SDcpu", "4:4"]).
 %% As the lab's ets_hot and ets_sharded scenarios: more writers than cores.
 -define(ETS_ARGS, ["+S", "4:4"]).
@@ -46,11 +45,7 @@ end_per_suite(_Config) ->
     ok.
 
 init_per_group(Group, Config) ->
-    Release = case Group of otp27 -> 27; otp29 -> 29 end,
-    case beamdiag_test_lib:otp_exec(Release) of
-        {ok, Exec} -> [{exec, Exec}, {release, Release} | Config];
-        Skip -> Skip
-    end.
+    beamdiag_test_lib:release_config(case Group of otp27 -> 27; otp29 -> 29 end, Config).
 
 end_per_group(_Group, _Config) ->
     ok.
@@ -112,7 +107,7 @@ ets_sharded(_Config) ->
 dirty_gc_alloc(_Config) ->
     Check = fun() ->
         Data = measure(dirty_gc, ?GC_ARGS),
-        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W} =
+        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
             lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
         ct:pal("dirty_gc_alloc: eheap_alloc ~b lock(s), ~b collisions (~.2f%), wait ~.2f%",
                [N, C, CP, W]),
@@ -126,10 +121,17 @@ dirty_gc_alloc(_Config) ->
         %% a window with less contention is measured again.
         case C >= 100 andalso W >= 1.0 of
             true -> ?assertEqual(1, N), ?assertMatch([_], Found), Found;
-            false -> []
+            false -> put(quiet_windows, [{T, C, W} | get_list(quiet_windows)]), []
         end
     end,
-    [F] = retry(Check, 3),
+    %% A host that never lets the dirty GCs overlap enough in three windows
+    %% is a skip with each window's tries, collisions and wait.
+    F = case retry_or_none(Check, 3) of
+            [Found1] -> Found1;
+            [] -> beamdiag_test_lib:starved(
+                    "eheap_alloc never reached 100 collisions and 1% wait in 3 windows "
+                    "(tries, collisions, wait %: ~p)", [get_list(quiet_windows)])
+        end,
     ?assertNotEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)),
                                           <<"+Mdai max">>)),
     ok.
@@ -137,18 +139,42 @@ dirty_gc_alloc(_Config) ->
 %% The same load with +Mdai max: one eheap_alloc instance (and lock) per
 %% dirty scheduler besides the global one, and no advice to set +Mdai max.
 dirty_gc_alloc_mdai(_Config) ->
-    Data = measure(dirty_gc, ?GC_ARGS ++ ["+Mdai", "max"]),
-    #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
-        lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
-    ct:pal("dirty_gc_alloc_mdai: eheap_alloc ~b locks, ~b tries, ~b collisions (~.2f%), "
-           "wait ~.2f%", [N, T, C, CP, W]),
-    ?assertEqual(4, maps:get(dirty_alloc_instances, Data)),
-    ?assertEqual(5, N),
-    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
-    [?assertEqual(nomatch, binary:match(iolist_to_binary([maps:get(evidence, F), maps:get(fix, F)]),
-                                        <<"+Mdai max">>))
-     || F = #{id := allocator_contention} <- Findings],
-    ok.
+    Check = fun() ->
+        Data = measure(dirty_gc, ?GC_ARGS ++ ["+Mdai", "max"]),
+        #{instances := N, collisions := C, collision_pct := CP, wait_pct := W, tries := T} =
+            lock(Data, <<"alcu_allocator">>, <<"eheap_alloc">>),
+        ct:pal("dirty_gc_alloc_mdai: eheap_alloc ~b locks, ~b tries, ~b collisions (~.2f%), "
+               "wait ~.2f%", [N, T, C, CP, W]),
+        ?assertEqual(4, maps:get(dirty_alloc_instances, Data)),
+        ?assertEqual(5, N),
+        Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+        Found = [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
+                          <- Findings],
+        %% Raw signal first, as in dirty_gc_alloc: a window whose
+        %% eheap_alloc locks collided enough to count must give the
+        %% finding, whose advice is then checked; a quieter window is
+        %% measured again.
+        case C >= 100 andalso W >= 1.0 of
+            true -> ?assertMatch([_], Found), Found;
+            false -> put(quiet_windows, [{C, W} | get_list(quiet_windows)]), []
+        end
+    end,
+    case retry_or_none(Check, 3) of
+        [_ | _] = Found ->
+            [?assertEqual(nomatch, binary:match(iolist_to_binary([maps:get(evidence, F),
+                                                                   maps:get(fix, F)]),
+                                                <<"+Mdai max">>))
+             || F <- Found],
+            ok;
+        [] ->
+            beamdiag_test_lib:starved(
+              "eheap_alloc never contended in 3 windows with +Mdai max (collisions, wait %: ~p; "
+              "100 collisions and 1% wait needed): the host did not run the dirty GCs together",
+              [get_list(quiet_windows)])
+    end.
+
+get_list(K) ->
+    case get(K) of undefined -> []; L -> L end.
 
 %% An idle node gets no lock finding above info.
 healthy_node(_Config) ->
@@ -161,7 +187,7 @@ healthy_node(_Config) ->
 %% start/1 changes the mask, stop/1 puts back exactly what it found, twice.
 settings_restored(_Config) ->
     {Peer, Node} = start_peer([]),
-    try check_settings_restored(Node) after peer:stop(Peer) end.
+    try check_settings_restored(Node) after beamdiag_test_lib:stop_node(Peer) end.
 
 check_settings_restored(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
@@ -181,7 +207,7 @@ check_settings_restored(Node) ->
 %% puts the settings back.
 guard_restores_when_owner_dies(_Config) ->
     {Peer, Node} = start_peer([]),
-    try guard_restores(Node) after peer:stop(Peer) end.
+    try guard_restores(Node) after beamdiag_test_lib:stop_node(Peer) end.
 
 guard_restores(Node) ->
     ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db]]),
@@ -189,7 +215,8 @@ guard_restores(Node) ->
     {ok, _S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => Owner}]),
     ?assertNotEqual([db], erpc:call(Node, erts_debug, lcnt_control, [mask])),
     Owner ! stop,
-    ok = wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end, 50).
+    ok = beamdiag_test_lib:wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end,
+                                      5000).
 
 %% ets_hot on OTP 27, through the whole session: the raw lock counts in
 %% the capture first (the table's wait share and collision rate), then the
@@ -232,7 +259,7 @@ ets_sharded_session(Config) ->
 %% says which source and command build the lock-counting emulator for
 %% exactly that release.
 not_counted_session(Config) ->
-    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60, exec => ?config(exec, Config)}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(idle, #{duration => 60, exec => ?config(exec, Config)}),
     try
         Node = beamdiag_lab:node(Lab),
         Otp = peer:call(maps:get(peer, Lab), erlang, system_info, [otp_release]),
@@ -247,14 +274,14 @@ not_counted_session(Config) ->
         Want = <<"emu-type build --install --otp-src otp_src_", V/binary, ".tar.gz">>,
         ?assertMatch([_], [N || N <- Notes, binary:match(N, Want) =/= nomatch])
     after
-        beamdiag_lab:stop(Lab)
+        beamdiag_test_lib:stop_lab(Lab)
     end.
 
 %% A node on the stock emulator of an Erlang that has the lock-counting
 %% emulator installed beside it (this machine's, by the set-up): the note
 %% says to restart it with -emu_type lcnt, not to build anything.
 installed_not_running(_Config) ->
-    {ok, Lab} = beamdiag_lab:start(idle, #{duration => 60}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(idle, #{duration => 60}),
     try
         {ok, #{capture := C, ledger := #{notes := Notes}}} =
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
@@ -267,7 +294,7 @@ installed_not_running(_Config) ->
         ?assertNotEqual(nomatch, binary:match(N, <<"restart the node with -emu_type lcnt">>)),
         ?assertEqual(nomatch, binary:match(N, <<"emu-type build">>))
     after
-        beamdiag_lab:stop(Lab)
+        beamdiag_test_lib:stop_lab(Lab)
     end.
 
 %%%===================================================================
@@ -284,13 +311,13 @@ session(Scenario, Config) ->
 
 session(Scenario, Config, Tries) ->
     Exec = ?config(exec, Config),
-    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60, exec => Exec}),
+    {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => 60, exec => Exec}),
     Result =
         try
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                         duration => ?WINDOW_MS div 1000})
         after
-            beamdiag_lab:stop(Lab)
+            beamdiag_test_lib:stop_lab(Lab)
         end,
     case Result of
         {ok, #{capture := C, findings := F}} ->
@@ -331,16 +358,23 @@ measure(Load, EmuArgs) ->
     try
         case Load of
             idle -> ok;
-            _ -> {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 60}])
+            _ ->
+                {ok, _} = erpc:call(Node, beamdiag_lab_locks, run, [Load, #{duration_s => 120}]),
+                %% The load runs before the window opens: the node's
+                %% reductions grow by millions.
+                {R0, _} = erpc:call(Node, erlang, statistics, [reductions]),
+                ok = beamdiag_test_lib:await(fun() ->
+                    {R, _} = erpc:call(Node, erlang, statistics, [reductions]),
+                    R - R0 > 2000000
+                end, 30000)
         end,
-        timer:sleep(?WARMUP_MS),
         {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => self()}]),
         timer:sleep(?WINDOW_MS),
         Data = erpc:call(Node, beamdiag_agent_lcnt, collect, [S], 30000),
         ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
         Data
     after
-        peer:stop(Peer)
+        beamdiag_test_lib:stop_node(Peer)
     end.
 
 start_peer(EmuArgs) ->
@@ -349,12 +383,10 @@ start_peer(EmuArgs) ->
     %% Control over standard I/O: the test node may already be a hidden node
     %% that does not listen (an earlier diagnosis made it one), so the peer
     %% cannot connect back to it.
-    {ok, Peer, Node} = peer:start_link(#{
-        name => Name,
-        connection => standard_io,
-        args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
-        wait_boot => 30000
-    }),
+    {ok, Peer, Node} = beamdiag_test_lib:start_node(
+                           list_to_integer(erlang:system_info(otp_release)),
+                           #{name => Name, args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
+                             wait_boot => 30000}),
     true = erpc:call(Node, erlang, system_info, [lock_counting]),
     [load(Node, M) || M <- [beamdiag_agent_lcnt, beamdiag_lab_locks]],
     {Peer, Node}.
@@ -402,19 +434,11 @@ lock(Data, Class, Id) ->
         [] -> #{instances => 0, collisions => 0, collision_pct => 0.0, wait_pct => 0.0, tries => 0}
     end.
 
-%% Runs Check until it returns a non-empty list, at most N times.
-retry(Check, N) ->
+%% Runs Check until it returns a non-empty list, at most N times: that
+%% list, or [].
+retry_or_none(Check, N) ->
     case Check() of
         [_ | _] = Found -> Found;
-        [] when N > 1 -> retry(Check, N - 1);
-        [] -> ct:fail("eheap_alloc never contended enough to count in any window")
-    end.
-
-wait_until(F, 0) ->
-    ?assert(F()),
-    ok;
-wait_until(F, N) ->
-    case F() of
-        true -> ok;
-        false -> timer:sleep(100), wait_until(F, N - 1)
+        [] when N > 1 -> retry_or_none(Check, N - 1);
+        [] -> []
     end.

@@ -144,8 +144,9 @@ supervised(_Config) ->
 %% closes and nothing of beamdiag stays on the peer.
 remote_endpoint(_Config) ->
     Cookie = "metrics_" ++ integer_to_list(rand:uniform(1 bsl 40)),
-    {ok, Peer, Node} = peer:start(#{name => list_to_atom("beamdiag_metrics_" ++ os:getpid()),
-                                    connection => standard_io, wait_boot => 60000,
+    {ok, Peer, Node} = beamdiag_test_lib:start_node(
+                           list_to_integer(erlang:system_info(otp_release)),
+                           #{name => list_to_atom("beamdiag_metrics_" ++ os:getpid()),
                                     args => ["-setcookie", Cookie, "-hidden", "+sbwt", "none",
                                              "+sbwtdcpu", "none", "+sbwtdio", "none"]}),
     try
@@ -170,7 +171,11 @@ remote_endpoint(_Config) ->
         ?assert(abs(SpinCpus - Share(<<"spin">>) * Sched) < 0.01),
         HasShare = [V || {<<"beamdiag_busy_wait_share">>, L, V} <- M,
                          lists:member({<<"type">>, <<"scheduler">>}, L)] =/= [],
-        ?assertEqual(OnCpus >= 0.05, HasShare),
+        %% The idle peer's schedulers are on CPU for a few thousandths of a
+        %% CPU: the share is left out (the answer written out, not derived
+        %% from the exposition's own bound).
+        ?assert(OnCpus < 0.02),
+        ?assertNot(HasShare),
         ?assertEqual({ok, 0}, wait_down(MRef, Runner, 30000)),
         closed(Port, 20),
         ok = gone(Peer, 100),
@@ -183,7 +188,7 @@ remote_endpoint(_Config) ->
         closed(Port2, 50),
         ok = gone(Peer, 100)
     after
-        catch peer:stop(Peer)
+        beamdiag_test_lib:stop_node(Peer)
     end.
 
 %% The responder's bounds: a request over 8 KB is refused, a client that
@@ -248,13 +253,14 @@ beamdiag_on(Peer) ->
                       lists:prefix("beamdiag", atom_to_list(M))]).
 
 %% Nothing of beamdiag on the peer, scheduler_wall_time off: waited for.
-gone(Peer, 0) ->
-    ct:fail({left_on_target, beamdiag_on(Peer)});
-gone(Peer, N) ->
-    case beamdiag_on(Peer) =:= [] andalso
-             peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined of
-        true -> ok;
-        false -> timer:sleep(100), gone(Peer, N - 1)
+gone(Peer, Tries) ->
+    Gone = fun() ->
+        beamdiag_on(Peer) =:= [] andalso
+            peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
+    end,
+    case beamdiag_test_lib:wait_until(Gone, Tries * 100) of
+        ok -> ok;
+        timeout -> ct:fail({left_on_target, beamdiag_on(Peer)})
     end.
 
 %% Waits until the endpoint has served N texts over an interval that it had
@@ -297,13 +303,17 @@ body(Port) ->
     end.
 
 %% The listener goes away shortly after the stop returns.
-closed(Port, 0) ->
-    ct:fail({still_listening, Port});
-closed(Port, N) ->
-    case gen_tcp:connect({127, 0, 0, 1}, Port, [], 1000) of
-        {error, econnrefused} -> ok;
-        {error, _} -> timer:sleep(100), closed(Port, N - 1);
-        {ok, S} -> gen_tcp:close(S), timer:sleep(100), closed(Port, N - 1)
+closed(Port, Tries) ->
+    Closed = fun() ->
+        case gen_tcp:connect({127, 0, 0, 1}, Port, [], 1000) of
+            {error, econnrefused} -> true;
+            {error, _} -> false;
+            {ok, S} -> gen_tcp:close(S), false
+        end
+    end,
+    case beamdiag_test_lib:wait_until(Closed, Tries * 100) of
+        ok -> ok;
+        timeout -> ct:fail({still_listening, Port})
     end.
 
 init(ChildSpec) ->

@@ -15,21 +15,22 @@ text(L) ->
 has(Text, Line) ->
     binary:match(Text, Line) =/= nomatch.
 
-%% Raw first: the idle node's schedulers were on CPU for under 0.05 CPUs,
-%% the busy_wait node's for more; the share is there only for the latter,
-%% the CPUs spinning for both.
+%% Raw first: the idle node's schedulers were on CPU for a hundredth of a
+%% CPU, the busy_wait nodes' for a tenth and more; the share is there for
+%% the latter only (each capture's answer is written out, not derived
+%% from the exposition's own bound), the CPUs spinning for all.
 busy_wait_share_needs_cpu_test() ->
     _ = [begin
          L = #{by_type := #{scheduler := S}, window_s := W} = ledger(Name),
          OnCpus = maps:get(on_cpu, S) / W,
          T = text(L),
-         ?assertEqual(OnCpus >= 0.05, has(T, <<"\nbeamdiag_busy_wait_share{type=\"scheduler\"}">>)),
+         ?assert(OnCpus >= Lo andalso OnCpus < Hi),
+         ?assertEqual({Name, Shown}, {Name, has(T, <<"\nbeamdiag_busy_wait_share{type=\"scheduler\"}">>)}),
          ?assert(has(T, <<"\nbeamdiag_busy_wait_cpus{type=\"scheduler\"}">>))
-     end || Name <- ["idle", "busy_wait", "busy_wait_off"]],
-    #{by_type := #{scheduler := Idle}, window_s := Wi} = ledger("idle"),
-    ?assert(maps:get(on_cpu, Idle) / Wi < 0.05),
-    #{by_type := #{scheduler := Busy}, window_s := Wb} = ledger("busy_wait"),
-    ?assert(maps:get(on_cpu, Busy) / Wb >= 0.05).
+     end || {Name, Lo, Hi, Shown} <- [{"idle", 0.0, 0.02, false},
+                                      {"busy_wait", 0.5, 2.0, true},
+                                      {"busy_wait_off", 0.1, 0.2, true}]],
+    ok.
 
 %% A share of CFS periods over a handful of periods is left out; the
 %% throttled periods are counted either way.

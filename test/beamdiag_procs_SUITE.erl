@@ -11,6 +11,9 @@
          walk_bounds/1, otp27_label/1, otp29_iterator/1, hot_stacks/1, single_server_lcnt/1]).
 
 -define(WINDOW, 4).
+%% Seconds a lab load may run at most: the timetrap's bound; each case's
+%% load is stopped by end_per_testcase.
+-define(LAB_S, 180).
 
 -spec suite() -> [tuple()].
 suite() -> [{timetrap, {minutes, 3}}].
@@ -26,23 +29,22 @@ init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label;
     Config;
 init_per_testcase(single_server_lcnt, Config) ->
     {ok, S} = beamdiag_lab:scenario(single_server),
-    {ok, Lab} = beamdiag_lab:start(S#{emu_type => lcnt}, #{duration => 60}),
-    [{lab, Lab} | Config];
+    %% Four schedulers on the host's two cores: the callers meet on the
+    %% server's locks (with two, its lock wait measured 0.0% of the window
+    %% in three windows out of three).
+    beamdiag_test_lib:case_lab(S#{emu_type => lcnt},
+                               #{duration => ?LAB_S, extra_args => ["+S", "4:4"]}, Config);
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
                    dirty_cpu_gc_heaps -> dirty_cpu_gc;
                    hot_stacks -> single_server;
                    _ -> Case
                end,
-    {ok, Lab} = beamdiag_lab:start(Scenario, #{duration => 60}),
-    [{lab, Lab} | Config].
+    beamdiag_test_lib:case_lab(Scenario, #{duration => ?LAB_S}, Config).
 
 -spec end_per_testcase(atom(), list()) -> ok.
 end_per_testcase(_, Config) ->
-    case proplists:get_value(lab, Config) of
-        undefined -> ok;
-        Lab -> beamdiag_lab:stop(Lab)
-    end.
+    beamdiag_test_lib:end_case_lab(Config).
 
 %%% Scenarios
 
@@ -77,6 +79,13 @@ single_server(Config) ->
 %% point at the same process, in one finding.
 -spec single_server_lcnt(list()) -> term().
 single_server_lcnt(Config) ->
+    single_server_lcnt(Config, 3, []).
+
+%% A window in which the lock rules alone name the server (its own locks
+%% carried most of the process-lock wait) must give one finding with both
+%% evidences; a window in which they do not says nothing about the merge,
+%% and another is measured, three at most.
+single_server_lcnt(Config, Tries, Quiet) ->
     D = #{findings := F} = diagnose(Config),
     P = procs(D),
     [Top | _] = maps:get(top_reductions, P),
@@ -87,41 +96,52 @@ single_server_lcnt(Config) ->
     Own = [L || L = #{id := Id, class := C} <- maps:get(locks, Locks, []),
                 Id =:= Pid orelse Id =:= <<"beamdiag_lab_server">>,
                 lists:member(C, [<<"proc_main">>, <<"proc_msgq">>, <<"proc_status">>])],
+    OwnWait = lists:sum([0.0 | [W || #{wait_pct := W} <- Own]]),
     ct:pal("the server's locks: ~p", [[{C, T, Co, W} || #{class := C, tries := T, collisions := Co,
                                                            wait_pct := W} <- Own]]),
-    %% Raw signal: locks were counted, process main locks among them (the
-    %% lock list is bounded to the most contended; the server's own locks
-    %% are in it only when they are).
+    %% Raw signal: locks were counted, process main locks among them.
     ProcMain = [T || #{class := <<"proc_main">>, tries := T} <- maps:get(classes, Locks, [])],
     ct:pal("proc_main lock attempts over the window: ~p", [ProcMain]),
     ?assert(lists:sum(ProcMain) > 1000),
     [B] = [X || X = #{id := single_process_bottleneck} <- F],
     M = maps:get(metrics, B),
     ?assertEqual(<<"beamdiag_lab_server">>, maps:get(name, M)),
-    %% When the lock rule fired on it, its evidence is in this finding.
-    case maps:find(process, M) of
-        {ok, LockId} ->
-            ?assert(LockId =:= Pid orelse LockId =:= <<"beamdiag_lab_server">>),
-            ?assert(length(maps:get(evidence, B)) > 3);
-        error ->
-            ct:pal("the server's locks were not contended enough for a lock finding")
+    %% The lock rules on the raw lock data alone.
+    LockOnly = [X || X = #{id := single_process_bottleneck, metrics := #{process := Id}}
+                         <- beamdiag_lock_rules:findings(Locks, window_s(Locks)),
+                     Id =:= Pid orelse Id =:= <<"beamdiag_lab_server">>],
+    case LockOnly of
+        [#{metrics := #{process := LockId}}] ->
+            %% Merged: the one finding carries the lock rule's process and
+            %% its evidence line beside the process evidence.
+            ?assertEqual({ok, LockId}, maps:find(process, M)),
+            Ev = [iolist_to_binary(E) || E <- maps:get(evidence, B)],
+            ?assert(length(Ev) > 3),
+            LockLine = <<"process ", LockId/binary, ": threads waited">>,
+            ?assertMatch([_], [E || E <- Ev, binary:match(E, LockLine) =/= nomatch]),
+            ok;
+        [] when Tries > 1 ->
+            single_server_lcnt(Config, Tries - 1, [OwnWait | Quiet]);
+        [] ->
+            beamdiag_test_lib:starved(
+              "the server's own locks never carried most of the process-lock wait in 3 "
+              "windows (their wait, % of each window: ~p)", [lists:reverse([OwnWait | Quiet])])
     end.
+
+window_s(#{window_ns := Ns}) -> Ns / 1.0e9.
 
 %% diagnose --erlang: the Erlang sampler runs over the same window and the
 %% server's hot stacks are printed under TOP PROCESSES.
 -spec hot_stacks(list()) -> term().
 hot_stacks(Config) ->
     Lab = ?config(lab, Config),
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {io, out, unicode:characters_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {io, err, unicode:characters_to_binary(D)}, ok end,
-           colour => false},
+    IO = beamdiag_test_lib:capture_io(),
     Cookie = filename:join(?config(priv_dir, Config), "cookie"),
     ok = file:write_file(Cookie, atom_to_list(beamdiag_lab:cookie(Lab))),
     ok = file:change_mode(Cookie, 8#600),
     Code = beamdiag_cli:run(["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--erlang",
                              "--duration", integer_to_list(?WINDOW), "--cookie-file", Cookie], IO),
-    Out = iolist_to_binary([D || {io, out, D} <- flush_io()]),
+    {Out, _} = beamdiag_test_lib:collect_io(),
     ct:log("exit ~p~n~ts", [Code, Out]),
     [Section | _] = binary:split(Out, <<"TIME LEDGER">>),
     ?assertMatch({_, _}, binary:match(Section, <<"hot stacks of beamdiag_lab_server">>)),
@@ -173,21 +193,43 @@ dirty_cpu_gc_heaps(Config) ->
     ?assert(lists:all(fun(#{initial_call := <<"beamdiag_lab_ledger:", _/binary>>}) -> true;
                          (_) -> false
                       end, Big)),
-    %% The finding itself depends on how much CPU the dirty schedulers got
-    %% on this host (the ledger suite asserts it); its evidence is checked
-    %% on the finding the diagnosis made or, when the host starved the
-    %% collections, on one built from the same capture.
+    %% The finding: made by the diagnosis, never built here. It needs the
+    %% dirty CPU schedulers to collect; a host that starved them (they
+    %% waited for a CPU, from their threads' counters) is a skip with
+    %% those numbers.
     G = case [X || X = #{id := dirty_cpu_gc} <- F] of
             [X] -> X;
-            [] ->
-                ct:pal("dirty_cpu_gc did not fire on this host (findings ~p)", [ids(F)]),
-                hd(beamdiag_proc_rules:annotate(
-                     [beamdiag_finding:new(dirty_cpu_gc, warning, [], #{})], P, #{}))
+            [] -> dirty_starved(D, F)
         end,
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, G))),
     ct:pal("~ts", [Ev]),
     ?assertMatch({_, _}, binary:match(Ev, <<"the heaps being collected">>)),
     ?assertMatch({_, _}, binary:match(Ev, maps:get(pid, hd(Big)))).
+
+%% dirty_cpu_gc was not named: a skip when the dirty CPU scheduler threads
+%% waited for a CPU a quarter of the window or more, a failure otherwise.
+dirty_starved(#{capture := #{samples := Samples}}, F) ->
+    Dirty = fun(S) -> maps:filter(fun(_, #{name := N}) -> is_dirty_cpu(N) end,
+                                  maps:get(threads, S)) end,
+    {S0, S1} = {hd(Samples), lists:last(Samples)},
+    {T0, T1} = {Dirty(S0), Dirty(S1)},
+    WallNs = erlang:convert_time_unit(maps:get(t, S1) - maps:get(t, S0), native, nanosecond),
+    Sum = fun(K) -> lists:sum([maps:get(K, T) - maps:get(K, maps:get(Tid, T0))
+                               || {Tid, T} <- maps:to_list(T1), maps:is_key(Tid, T0)]) end,
+    N = max(1, map_size(T1)),
+    Runq = Sum(wait_ns) / (WallNs * N),
+    OnCpu = Sum(run_ns) / (WallNs * N),
+    case Runq >= 0.25 of
+        true ->
+            beamdiag_test_lib:starved(
+              "dirty_cpu_gc not named (findings ~p): the ~b dirty CPU scheduler threads "
+              "waited for a CPU ~.3f of the window and ran ~.3f", [ids(F), N, Runq, OnCpu]);
+        false ->
+            ct:fail({dirty_cpu_gc_not_named, ids(F), #{runq => Runq, on_cpu => OnCpu}})
+    end.
+
+is_dirty_cpu(Name) ->
+    re:run(Name, <<"^([0-9]+_dirty_cpu_sch|erts_dcpus_[0-9]+)">>) =/= nomatch.
 
 %% The walk on this node with a small walk limit: above it, before OTP 28,
 %% only registered processes are read; below it, every process.
@@ -213,13 +255,18 @@ walk_bounds(_Config) ->
 otp27_label(_Config) ->
     Cookie = "procs_" ++ integer_to_list(erlang:unique_integer([positive])),
     beamdiag_test_lib:with_node(27, #{args => ["-setcookie", Cookie, "-hidden"]}, fun(Peer, Node) ->
-        ok = beamdiag_test_lib:eval(Peer,
+        L = beamdiag_test_lib:eval(Peer,
             "L = proc_lib:spawn(fun() -> proc_lib:set_label({beamdiag_test, queue}), "
             "receive stop -> ok end end), "
             "Prod = fun Loop(0) -> ok; Loop(N) -> L ! {item, N}, "
             "receive after 1 -> ok end, Loop(N - 1) end, "
-            "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], ok."),
-        timer:sleep(500),
+            "[spawn(fun() -> Prod(60000) end) || _ <- [1, 2, 3, 4]], L."),
+        %% The producers run: the queue has begun to grow.
+        ok = beamdiag_test_lib:await(fun() ->
+            {message_queue_len, N} = peer:call(Peer, erlang, process_info,
+                                               [L, message_queue_len]),
+            N > 100
+        end, 10000),
         {ok, D = #{findings := F}} =
             beamdiag:diagnose(Node, #{cookie => Cookie, duration => ?WINDOW}),
         P = procs(D),
@@ -277,22 +324,28 @@ otp29_iterator(_Config) ->
 
 %%% Helpers
 
+%% A complete diagnosis of the case's lab node. A capture the host left
+%% partial (the node's ticks came too late: no process walks in it) says
+%% nothing about the processes: the window is measured again, three times
+%% at most, and the case is a skip with the notes that say why.
 diagnose(Config) ->
+    diagnose(Config, 3).
+
+diagnose(Config, Tries) ->
     Lab = ?config(lab, Config),
-    {ok, D = #{findings := F}} =
+    {ok, D = #{findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW}),
     ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
-    D.
+    case maps:get(complete, C) of
+        true -> D;
+        false when Tries > 1 -> diagnose(Config, Tries - 1);
+        false -> beamdiag_test_lib:starved("3 partial captures in a row; the last one's notes: ~p",
+                                           [maps:get(notes, C)])
+    end.
 
 procs(#{capture := #{extras := #{procs := P}}}) ->
     ct:log("procs ~p", [P]),
     P.
 
 ids(F) -> [Id || #{id := Id} <- F].
-
-flush_io() ->
-    receive
-        {io, _, _} = M -> [M | flush_io()]
-    after 0 -> []
-    end.

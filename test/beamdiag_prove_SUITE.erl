@@ -107,11 +107,17 @@ cluster_outlier(_Config) ->
         [{P1, N1}, _, {P3, N3}, _] = Peers,
         [true = peer:call(P1, net_kernel, connect_node, [N]) || N <- tl(Nodes)],
         [true = peer:call(P3, net_kernel, connect_node, [N]) || N <- Nodes, N =/= N3],
-        ok = wait_connected(P1, length(Nodes) - 1, 50),
+        ok = beamdiag_test_lib:await(
+               fun() -> length(peer:call(P1, erlang, nodes, [])) >= length(Nodes) - 1 end, 5000),
         {Mod, Bin, File} = code:get_object_code(beamdiag_lab_ledger),
         {module, Mod} = peer:call(P3, code, load_binary, [Mod, File, Bin]),
         ok = peer:call(P3, beamdiag_lab_ledger, wakeups, [120000, 40]),
-        timer:sleep(1500),
+        %% The load runs: the odd node's reductions grow by millions.
+        {R0, _} = peer:call(P3, erlang, statistics, [reductions]),
+        ok = beamdiag_test_lib:await(fun() ->
+            {R, _} = peer:call(P3, erlang, statistics, [reductions]),
+            R - R0 > 2000000
+        end, 30000),
         {ok, C} = beamdiag_cluster:diagnose(N1, #{cookie => list_to_atom(?COOKIE),
                                                   duration => 4, msacc => false}),
         ct:pal("~ts", [beamdiag_cluster:text(C)]),
@@ -132,7 +138,7 @@ cluster_outlier(_Config) ->
         Json = iolist_to_binary(beamdiag_json:encode(beamdiag_cluster:document(C))),
         ?assertMatch(<<"{", _/binary>>, Json)
     after
-        [catch peer:stop(P) || {P, _} <- Peers]
+        [beamdiag_test_lib:stop_node(P) || {P, _} <- Peers]
     end.
 
 %%%===================================================================
@@ -146,30 +152,12 @@ start_peer(I) ->
             3 -> ["+sbwt", "very_long", "+sbwtdcpu", "very_long", "+sbwtdio", "very_long"];
             _ -> []
         end,
-    {ok, P, N} = peer:start(#{name => Name, args => Args, connection => standard_io,
-                              wait_boot => 30000}),
+    {ok, P, N} = beamdiag_test_lib:start_node(list_to_integer(erlang:system_info(otp_release)),
+                                              #{name => Name, args => Args, wait_boot => 30000}),
     {P, N}.
-
-wait_connected(_P, _Want, 0) ->
-    {error, not_connected};
-wait_connected(P, Want, K) ->
-    case length(peer:call(P, erlang, nodes, [])) >= Want of
-        true -> ok;
-        false -> timer:sleep(100), wait_connected(P, Want, K - 1)
-    end.
 
 %% Runs a command line, returns its exit code and standard output.
 cli(Args) ->
-    Self = self(),
-    Ref = make_ref(),
-    IO = #{out => fun(D) -> Self ! {Ref, out, D}, ok end,
-           err => fun(_) -> ok end,
-           colour => false},
-    Code = beamdiag_cli:run(Args, IO),
-    {Code, lists:flatten(io_lib:format("~ts", [drain(Ref, [])]))}.
-
-drain(Ref, Acc) ->
-    receive
-        {Ref, out, D} -> drain(Ref, [Acc, D])
-    after 0 -> Acc
-    end.
+    Code = beamdiag_cli:run(Args, beamdiag_test_lib:capture_io()),
+    {Out, _} = beamdiag_test_lib:collect_io(),
+    {Code, unicode:characters_to_list(Out)}.

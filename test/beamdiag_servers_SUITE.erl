@@ -41,7 +41,8 @@ init_per_group(yaws, Config) ->
         true ->
             Dir = "/tmp/beamdiag_yaws_" ++ os:getpid(),
             Script = script("yaws-lab.sh"),
-            {0, _} = sh([Script, " start ", Dir, " 300"]),
+            %% Stops on its own after 20 min, or at end_per_group.
+            {0, _} = sh([Script, " start ", Dir, " 1200"]),
             case sh([Script, " wait ", Dir]) of
                 {0, _} ->
                     {ok, Host} = inet:gethostname(),
@@ -61,8 +62,9 @@ init_per_group(rabbitmq, Config) ->
         _ ->
             Dir = "/tmp/beamdiag_rabbit_" ++ os:getpid(),
             Script = script(),
-            %% Stops on its own after 300 s whatever happens to this suite.
-            {0, _} = sh([Script, " start ", Dir, " 300"]),
+            %% Stops on its own after 20 min (the group's cases' timetraps)
+            %% whatever happens to this suite; end_per_group stops it.
+            {0, _} = sh([Script, " start ", Dir, " 1200"]),
             case sh([Script, " wait ", Dir]) of
                 {0, _} ->
                     {ok, Host} = inet:gethostname(),
@@ -112,6 +114,14 @@ rabbitmq_idle(Config) ->
     nothing_the_node_has(F, S),
     ?assertEqual([], [Id || X = #{id := Id} <- F, beamdiag_finding:at_least(X, warning),
                            Id =/= cpu_starvation]),
+    %% Starvation may be said of an idle node only with its raw signal: its
+    %% schedulers waited for a CPU while the rest of the host used 0.3 CPUs
+    %% or more (the bound lab_SUITE's cpu_saturated holds it to).
+    Starved = [X || X = #{id := cpu_starvation} <- F, beamdiag_finding:at_least(X, warning)],
+    {Runq, Rest} = {runq_share(L), external_cpus(L)},
+    ct:pal("idle: run-queue wait ~.3f of the schedulers' wall time; rest of the host ~.2f CPUs; "
+           "starvation said: ~p", [Runq, Rest, Starved =/= []]),
+    Starved =:= [] orelse ?assert(Runq >= 0.02 andalso Rest >= 0.30),
     within_bounds(L, F).
 
 rabbitmq_paced(Config) ->
@@ -147,7 +157,7 @@ rabbitmq_backlog(Config) ->
     {ok, C} = beamdiag_amqp:open(?PORT),
     [ok = beamdiag_amqp:declare(C, Q) || Q <- ?BACKLOG_QUEUES],
     [ok = beamdiag_amqp:publish(C, Q, ?BACKLOG_MSGS, ?MSG_SIZE) || Q <- ?BACKLOG_QUEUES],
-    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120),
+    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS, 120000),
     %% More messages into the queues that already hold a backlog, for the
     %% whole window (a fixed count was all in before the msacc slice at the
     %% window's end on a quiet host): each queue process collects its large
@@ -173,15 +183,22 @@ rabbitmq_backlog(Config) ->
     Used = cpus_used(L),
     ct:pal("backlog: depths ~p; node ~.3f CPUs; dirty gc ~.3f s wall in ~.1f s; ~b page faults",
            [Depths, Used, GcWall, Span, round(Faults)]),
+    %% No dirty GC in the slice: a skip only if the dirty schedulers were
+    %% starved of CPU (their run-queue wait), a failure otherwise.
+    GcWall > 0.05 orelse dirty_starved(L, F),
     ?assert(GcWall > 0.05),
     ?assert(Faults > 1000),
-    %% The diagnosis: dirty GC within the node's CPU, nothing it has.
-    [begin
-         ct:pal("dirty_cpu_gc figures ~p", [Figs]),
-         %% Within the node's CPUs over the same span (msacc's slice).
-         ByName = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
-         ?assert(maps:get(dirty_gc_cpus, ByName) =< maps:get(span_cpus_used, ByName) + 1.0e-6)
-     end || #{id := dirty_cpu_gc, figures := Figs} <- F],
+    %% The diagnosis names dirty GC, within the node's CPU. A host that
+    %% starved the dirty schedulers (they waited for a CPU, their threads'
+    %% counters say) cannot show it: a skip with those numbers.
+    Figs = case [Fg || #{id := dirty_cpu_gc, figures := Fg} <- F] of
+               [Fg] -> Fg;
+               [] -> dirty_starved(L, F)
+           end,
+    ct:pal("dirty_cpu_gc figures ~p", [Figs]),
+    %% Within the node's CPUs over the same span (msacc's slice).
+    ByName = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
+    ?assert(maps:get(dirty_gc_cpus, ByName) =< maps:get(span_cpus_used, ByName) + 1.0e-6),
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
     nothing_the_node_has(F, S),
     within_bounds(L, F),
@@ -191,8 +208,7 @@ rabbitmq_backlog(Config) ->
 %% requests served and the node's CPU; Yaws runs with the default busy-wait
 %% flags, so busy-wait advice may be given, but never a flag it has.
 yaws_paced(Config) ->
-    Load = http_load(4, 40, ?WINDOW + 3),
-    timer:sleep(500),
+    Load = http_load(4, 40),
     {L, F, #{settings := S}} = diagnose3(Config, yaws_paced, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     ct:pal("yaws paced: ~b served, ~b failed; node ~.3f CPUs; flags ~p",
@@ -210,8 +226,7 @@ yaws_paced(Config) ->
 %% Whether the node gets all its CPUs depends on the rest of the host; a
 %% saturation headline must say which.
 yaws_flat_out(Config) ->
-    Load = http_load(8, 0, ?WINDOW + 3),
-    timer:sleep(500),
+    Load = http_load(8, 0),
     {L, F, #{settings := S}} = diagnose3(Config, yaws_flat_out, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     #{by_type := #{scheduler := Sched}} = L,
@@ -221,10 +236,17 @@ yaws_flat_out(Config) ->
            "schedulers busy ~.3f", [Served, PacedServed, Failed, cpus_used(L), PacedCpus, Busy]),
     ?assert(Served >= 2 * PacedServed),
     ?assert(cpus_used(L) >= 1.5 * PacedCpus),
-    %% "uses all the CPU it has" only at 90% of its CPUs and more.
-    [?assert(used_share(Figs) >= 0.9)
-     || #{id := cpu_saturated, title := <<"The node uses all the CPU it has">>,
-          figures := Figs} <- F],
+    %% Flat out the node either gets all its CPUs (saturated) or waits for
+    %% them (starved): one of the two is said. A saturation headline says
+    %% which: "uses all the CPU it has" at 90% of its CPUs and more, the
+    %% other title below.
+    Named = [Id || X = #{id := Id} <- F, lists:member(Id, [cpu_saturated, cpu_starvation]),
+                   beamdiag_finding:at_least(X, warning)],
+    ?assertMatch([_ | _], Named),
+    [case Title of
+         <<"The node uses all the CPU it has">> -> ?assert(used_share(Figs) >= 0.9);
+         _ -> ?assert(used_share(Figs) < 0.9)
+     end || #{id := cpu_saturated, title := Title, figures := Figs} <- F],
     nothing_the_node_has(F, S),
     within_bounds(L, F).
 
@@ -234,16 +256,22 @@ used_share(Figs) ->
     hd([V || #{name := used_share, value := V} <- Figs]).
 
 %% N clients, each sending GET /work.yaws (one connection a request) at
-%% Rate a second, or as fast as answers come when Rate is 0, for Seconds.
-http_load(N, Rate, Seconds) ->
+%% Rate a second, or as fast as answers come when Rate is 0, until
+%% http_done/1 stops them (or 300 s pass). Returns once the first answers
+%% came back (the load runs): {Pids, Counter}.
+http_load(N, Rate) ->
     Self = self(),
-    Until = erlang:monotonic_time(millisecond) + round(Seconds * 1000),
-    [spawn_link(fun() -> Self ! {http, self(), http_client(Rate, Until, 0, 0)} end)
-     || _ <- lists:seq(1, N)].
+    Served = counters:new(1, []),
+    Until = erlang:monotonic_time(millisecond) + 300000,
+    Pids = [spawn_link(fun() -> Self ! {http, self(), http_client(Rate, Until, Served, 0, 0)} end)
+            || _ <- lists:seq(1, N)],
+    ok = beamdiag_test_lib:await(fun() -> counters:get(Served, 1) >= N end, 30000),
+    {Pids, Served}.
 
-http_client(Rate, Until, Ok, Bad) ->
+http_client(Rate, Until, Served, Ok, Bad) ->
     Now = erlang:monotonic_time(millisecond),
-    case Now >= Until of
+    Stop = receive stop -> true after 0 -> Now >= Until end,
+    case Stop of
         true ->
             {Ok, Bad};
         false ->
@@ -253,8 +281,8 @@ http_client(Rate, Until, Ok, Bad) ->
                 _ -> timer:sleep(max(0, 1000 div Rate - (erlang:monotonic_time(millisecond) - Now)))
             end,
             case R of
-                ok -> http_client(Rate, Until, Ok + 1, Bad);
-                _ -> http_client(Rate, Until, Ok, Bad + 1)
+                ok -> counters:add(Served, 1, 1), http_client(Rate, Until, Served, Ok + 1, Bad);
+                _ -> http_client(Rate, Until, Served, Ok, Bad + 1)
             end
     end.
 
@@ -279,7 +307,9 @@ http_read(S, Acc) ->
         {error, _} -> Acc
     end.
 
-http_done(Pids) ->
+%% Stops the clients of http_load/2: {Served, Failed}.
+http_done({Pids, _Served}) ->
+    [P ! stop || P <- Pids],
     lists:foldl(fun(P, {O, B}) ->
                         receive {http, P, {O1, B1}} -> {O + O1, B + B1}
                         after 60000 -> ct:fail(http_client_stuck)
@@ -315,7 +345,7 @@ diagnose3(Config, Case, NodeKey, CookieKey) ->
 record(Case, Cap) ->
     case os:getenv("BEAMDIAG_RECORD") of
         "1" ->
-            File = filename:join([root(), "test", "fixtures", "captures",
+            File = filename:join([beamdiag_test_lib:top(), "test", "fixtures", "captures",
                                   atom_to_list(Case) ++ ".capture"]),
             ok = file:write_file(File, io_lib:format("~p.~n", [Cap]));
         _ ->
@@ -363,6 +393,31 @@ within_bounds(#{totals := #{cpus_used := Used, on_cpu := On}, host := #{ncpu := 
 
 cpus_used(#{totals := #{cpus_used := U}}) -> U.
 
+%% The normal and dirty CPU schedulers' run-queue wait, share of their
+%% wall time.
+runq_share(L) ->
+    Rows = [R || {T, R} <- maps:to_list(maps:get(by_type, L)), lists:member(T, [scheduler, dirty_cpu])],
+    lists:sum([maps:get(runq, R, 0.0) || R <- Rows]) /
+        max(1.0e-9, lists:sum([maps:get(wall, R, 0.0) || R <- Rows])).
+
+%% CPUs the rest of the host used over the window.
+external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) ->
+    B * N - U.
+
+%% dirty_cpu_gc not named: a skip when the dirty CPU schedulers waited for
+%% a CPU a quarter of their time or more, a failure otherwise.
+dirty_starved(#{by_type := ByType}, F) ->
+    Row = maps:get(dirty_cpu, ByType, #{}),
+    Runq = maps:get(runq, Row, 0.0) / max(1.0e-9, maps:get(wall, Row, 0.0)),
+    case Runq >= 0.25 of
+        true ->
+            beamdiag_test_lib:starved("dirty_cpu_gc not named (findings ~p): the dirty CPU "
+                                      "schedulers waited for a CPU ~.3f of their wall time",
+                                      [[Id || #{id := Id} <- F], Runq]);
+        false ->
+            ct:fail({dirty_cpu_gc_not_named, [Id || #{id := Id} <- F], Runq})
+    end.
+
 depths(Config) ->
     {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),
                    " list_queues -q --no-table-headers name messages"]),
@@ -370,42 +425,22 @@ depths(Config) ->
      || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
         [Q, N] <- [binary:split(string:trim(Line), <<"\t">>)]].
 
-wait_depth(Config, Queues, N, Tries) ->
-    D = depths(Config),
-    case lists:all(fun(Q) -> proplists:get_value(Q, D, 0) >= N end, Queues) of
-        true -> ok;
-        false when Tries > 0 -> timer:sleep(1000), wait_depth(Config, Queues, N, Tries - 1);
-        false -> ct:fail({queues_not_filled, D})
+%% Waits up to Ms milliseconds for every queue to hold N messages.
+wait_depth(Config, Queues, N, Ms) ->
+    Full = fun() ->
+        D = depths(Config),
+        lists:all(fun(Q) -> proplists:get_value(Q, D, 0) >= N end, Queues)
+    end,
+    case beamdiag_test_lib:wait_until(Full, Ms) of
+        ok -> ok;
+        timeout -> ct:fail({queues_not_filled, depths(Config)})
     end.
 
 script() ->
     script("rabbitmq-lab.sh").
 
 script(Name) ->
-    filename:join([root(), "scripts", Name]).
-
-%% The project's root, found above where the beamdiag modules were loaded.
-root() ->
-    root(filename:dirname(code:which(beamdiag))).
-
-root("/") ->
-    error(no_project_root);
-root(Dir) ->
-    case filelib:is_regular(filename:join([Dir, "scripts", "rabbitmq-lab.sh"])) of
-        true -> Dir;
-        false -> root(filename:dirname(Dir))
-    end.
+    beamdiag_test_lib:script(Name).
 
 sh(Cmd) ->
-    Port = open_port({spawn, lists:flatten(["sh -c '", escape(lists:flatten(Cmd)), "' 2>&1"])},
-                     [exit_status, binary, hide]),
-    read(Port, <<>>).
-
-escape(S) -> lists:flatten(string:replace(S, "'", "'\\''", all)).
-
-read(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 180000 -> error(sh_timeout)
-    end.
+    beamdiag_test_lib:sh(Cmd).

@@ -1,6 +1,8 @@
 %%% A JSON reader for the suites, which read the CLI's output as a user's
 %%% tool would (OTP 25 has no json module). Objects become maps with binary
-%%% keys, arrays lists, null `null'. Raises on anything that is not JSON.
+%%% keys, arrays lists, null `null'. Raises on anything that is not JSON
+%%% (RFC 8259: no control characters or bad UTF-8 in strings, numbers
+%%% without leading zeros or a bare dot, nothing after the value).
 -module(beamdiag_test_json).
 
 -export([decode/1]).
@@ -37,8 +39,15 @@ array(B, Acc) ->
     end.
 
 string(<<"\"", R/binary>>, Acc) -> {Acc, R};
+string(<<"\\u", H:4/binary, "\\u", L:4/binary, R/binary>>, Acc)
+  when H >= <<"D800">>, H =< <<"DBFF">>, L >= <<"DC00">>, L =< <<"DFFF">> ->
+    C = 16#10000 + ((hex4(H) - 16#D800) bsl 10) + (hex4(L) - 16#DC00),
+    string(R, <<Acc/binary, C/utf8>>);
 string(<<"\\u", H:4/binary, R/binary>>, Acc) ->
-    C = binary_to_integer(H, 16),
+    C = case hex4(H) of
+            S when S >= 16#D800, S =< 16#DFFF -> 16#FFFD;
+            V -> V
+        end,
     string(R, <<Acc/binary, C/utf8>>);
 string(<<"\\", C, R/binary>>, Acc) ->
     E = case C of
@@ -46,9 +55,16 @@ string(<<"\\", C, R/binary>>, Acc) ->
             $" -> $"; $\\ -> $\\; $/ -> $/
         end,
     string(R, <<Acc/binary, E>>);
-string(<<C, R/binary>>, Acc) -> string(R, <<Acc/binary, C>>).
+string(<<C, _/binary>>, _) when C < 32 -> error({json_control_character, C});
+string(<<C/utf8, R/binary>>, Acc) -> string(R, <<Acc/binary, C/utf8>>).
+
+hex4(H) ->
+    {match, _} = re:run(H, "^[0-9a-fA-F]{4}$"),
+    binary_to_integer(H, 16).
 
 number(B) ->
+    {match, [{0, _}]} = re:run(B, "^-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?(?![0-9.eE+-])",
+                               [{capture, first, index}]),
     {Num, R} = lists:splitwith(fun(C) -> lists:member(C, "-+.eE0123456789") end,
                                binary_to_list(B)),
     V = case lists:member($., Num) orelse lists:member($e, Num) orelse lists:member($E, Num) of

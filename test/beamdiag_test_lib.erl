@@ -1,93 +1,50 @@
-%%% Helpers shared by the Common Test suites.
+%%% @doc Helpers shared by the Common Test suites and the EUnit tests: the
+%%% project's folders and fixtures, the built escript, nodes of any OTP
+%%% release (started, and killed with SIGKILL when they do not stop), lab
+%%% nodes, programs run through ports, the CLI's output captured in
+%%% process, waiting on a condition (in milliseconds), the check that
+%%% nothing of beamdiag stays on a target, figures read straight from a
+%%% capture's raw counters, and the skip a starved host gets.
 -module(beamdiag_test_lib).
 
--export([missing/1, fixture/1, escript/0, otp_exec/1, start_node/2, with_node/3, eval/2, run_exe/3, read_port/2]).
+-include_lib("stdlib/include/assert.hrl").
 
-%% A tool the suite needs is missing: skipped on a developer's machine,
-%% a failure in CI, where the set-up must have installed it.
+-export([missing/1, fixture/1, top/0, script/1, escript/0, otp_exec/1, otp_root/1]).
+-export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
+-export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
+-export([run_exe/3, read_port/2, sh/1, sh/2]).
+-export([capture_io/0, collect_io/0]).
+-export([wait_until/2, await/2]).
+-export([agent_gone/1, agent_gone/2, beamdiag_modules/1]).
+-export([read_capture/1, raw_shares/1, starved/2, png_colours/1, sentence/1]).
+
+%%%===================================================================
+%%% Folders, fixtures, the escript
+%%%===================================================================
+
+%% @doc A tool the suite needs is missing: skipped on a developer's
+%% machine, a failure in CI, where the set-up must have installed it.
+-spec missing(iodata()) -> {skip, iodata()}.
 missing(Why) ->
     case os:getenv("CI") of
         "true" -> ct:fail(["CI must install what this suite needs: " | Why]);
         _ -> {skip, Why}
     end.
 
-%% A file under test/fixtures, found from where the beamdiag modules were
-%% loaded, whatever directory the suite runs in.
+%% @doc A file under test/fixtures, found from where the beamdiag modules
+%% were loaded, whatever directory the suite runs in.
+-spec fixture(file:filename()) -> file:filename().
 fixture(Rel) ->
-    fixture(filename:dirname(filename:dirname(code:which(beamdiag))), Rel).
-
-fixture("/", Rel) ->
-    error({no_fixture, Rel});
-fixture(Dir, Rel) ->
-    F = filename:join([Dir, "test", "fixtures", Rel]),
+    F = filename:join([top(), "test", "fixtures", Rel]),
     case filelib:is_regular(F) of
         true -> F;
-        false -> fixture(filename:dirname(Dir), Rel)
+        false -> error({no_fixture, Rel})
     end.
 
-%% The built escript, found above where the beamdiag modules were loaded
-%% from (`_build/PROFILE/lib/beamdiag/ebin'), whatever directory the suite
-%% runs in: `{ok, Path}', or `error' when it has not been built.
-escript() ->
-    escript(filename:dirname(code:which(beamdiag))).
-
-escript(Dir) ->
-    E = filename:join([Dir, "_build", "default", "bin", "beamdiag"]),
-    case filelib:is_regular(E) of
-        true -> {ok, E};
-        false when Dir =:= "/" -> error;
-        false -> escript(filename:dirname(Dir))
-    end.
-
-%% Runs a program with these arguments and environment, its standard error
-%% going to a file of its own, for at most two minutes:
-%% `{ExitCode, Stdout, Stderr}' with Stderr as a string.
-run_exe(Exe, Args, Env) ->
-    Err = filename:join("/tmp", "beamdiag_test_err_" ++
-                            integer_to_list(erlang:unique_integer([positive]))),
-    Port = open_port({spawn_executable, "/bin/sh"},
-                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", Exe | Args]},
-                      {env, [{"BEAMDIAG_TEST_ERR", Err} | Env]}, exit_status, binary, hide]),
-    {Code, Out} = read_port(Port, <<>>),
-    {ok, E} = file:read_file(Err),
-    ok = file:delete(Err),
-    {Code, Out, unicode:characters_to_list(E)}.
-
-%% The output of a port until it exits: {ExitCode, Output}.
-read_port(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> read_port(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after 120000 ->
-        catch port_close(Port),
-        error(exe_timeout)
-    end.
-
-%% The `exec' option of OTP's `peer' that starts `erl' on another OTP
-%% release, in a Debian root of its own (scripts/otp-root.sh builds and
-%% caches it; scripts/otp-run.sh enters it): 27 is Debian trixie's, 29 is
-%% sid's. 25 (or the running release) is this machine's own `erl'.
-%% `{ok, {Exe, Args}}', or what `missing/1' returns when the root cannot be
-%% built.
-otp_exec(Release) when is_integer(Release) ->
-    Here = list_to_integer(erlang:system_info(otp_release)),
-    case Release of
-        Here ->
-            {ok, {os:find_executable("erl"), []}};
-        _ ->
-            Suite = case Release of 27 -> "trixie"; 29 -> "sid" end,
-            Scripts = filename:join(top(), "scripts"),
-            Out = os:cmd(filename:join(Scripts, "otp-root.sh") ++ " " ++ Suite ++
-                         " 2>&1; echo \"exit=$?\""),
-            case string:find(Out, "exit=0") of
-                nomatch -> missing(["cannot build the OTP ", integer_to_list(Release),
-                                    " root: ", Out]);
-                _ -> {ok, {filename:join(Scripts, "otp-run.sh"), [Suite, "erl"]}}
-            end
-    end.
-
-%% The project's top folder: the first one above the loaded beamdiag
-%% modules that holds scripts/otp-run.sh.
+%% @doc The project's top folder: the first one above the loaded beamdiag
+%% modules that holds scripts/otp-run.sh (rebar3 copies or links the
+%% sources under _build; the scripts stay at the top).
+-spec top() -> file:filename().
 top() ->
     top(filename:dirname(code:which(beamdiag))).
 
@@ -99,39 +56,510 @@ top(Dir) ->
         false -> top(filename:dirname(Dir))
     end.
 
-%% Starts a node on the given OTP release with OTP's `peer' over standard
-%% I/O (it dies with the test): `{ok, Peer, Node}' or a skip. Opts go to
-%% `peer:start/1' (`args', `name'...).
-%% Runs Fun(Peer, Node) with a node of that release (start_node/2), which
-%% is stopped afterwards whatever happens; when the node cannot be started,
-%% what `missing/1' returns (a skip, or a failure in CI).
+%% @doc A script of the project's scripts/ folder.
+-spec script(string()) -> file:filename().
+script(Name) ->
+    filename:join([top(), "scripts", Name]).
+
+%% @doc The built escript (`_build/default/bin/beamdiag' at the top):
+%% `{ok, Path}', or `error' when it has not been built.
+-spec escript() -> {ok, file:filename()} | error.
+escript() ->
+    E = filename:join([top(), "_build", "default", "bin", "beamdiag"]),
+    case filelib:is_regular(E) of
+        true -> {ok, E};
+        false -> error
+    end.
+
+%% @doc The `exec' option of OTP's `peer' that starts `erl' on another OTP
+%% release, in a Debian root of its own (scripts/otp-root.sh builds and
+%% caches it; scripts/otp-run.sh enters it): 27 is Debian trixie's, 29 is
+%% sid's. The running release is this machine's own `erl'. `{ok, {Exe,
+%% Args}}', or what `missing/1' returns when the root cannot be built.
+-spec otp_exec(pos_integer()) -> {ok, {file:filename(), [string()]}} | {skip, iodata()}.
+otp_exec(Release) when is_integer(Release) ->
+    case Release =:= list_to_integer(erlang:system_info(otp_release)) of
+        true ->
+            {ok, {os:find_executable("erl"), []}};
+        false ->
+            Suite = suite_of(Release),
+            case otp_root(Release) of
+                {ok, _} -> {ok, {script("otp-run.sh"), [Suite, "erl"]}};
+                {error, Out} -> missing(["cannot build the OTP ", integer_to_list(Release),
+                                         " root: ", Out])
+            end
+    end.
+
+%% @doc The folder of the Debian root that holds this OTP release (built
+%% and cached by scripts/otp-root.sh on its first use): `{ok, Dir}' or
+%% `{error, Output}'.
+-spec otp_root(27 | 29) -> {ok, file:filename()} | {error, string()}.
+otp_root(Release) ->
+    %% The first build (debootstrap) takes minutes: it is waited for, as
+    %% two builds of one root must never run at once.
+    {Code, Out} = sh([script("otp-root.sh"), " ", suite_of(Release), " 2>/dev/null"], 3600000),
+    case Code of
+        0 -> {ok, string:trim(lists:last(string:split(string:trim(binary_to_list(Out)), "\n",
+                                                     all)))};
+        _ -> {error, binary_to_list(Out)}
+    end.
+
+suite_of(27) -> "trixie";
+suite_of(29) -> "sid".
+
+%%%===================================================================
+%%% Nodes
+%%%===================================================================
+
+%% @doc Starts a node on the given OTP release with OTP's `peer' over
+%% standard I/O (it dies with the test): `{ok, Peer, Node}' or a skip.
+%% Opts go to `peer:start/1' (`args', `name'...). Its OS pid is kept for
+%% `stop_node/1', which kills it with SIGKILL if it does not stop.
+-spec start_node(pos_integer(), map()) -> {ok, pid(), node()} | {skip, iodata()} | {error, term()}.
+start_node(Release, Opts) ->
+    case otp_exec(Release) of
+        {ok, Exec} ->
+            Name = maps:get(name, Opts, list_to_atom(lists:concat(
+                       ["beamdiag_otp", Release, "_", erlang:unique_integer([positive])]))),
+            case peer:start(maps:merge(#{name => Name, connection => standard_io, exec => Exec,
+                                         wait_boot => 60000}, Opts#{name => Name})) of
+                {ok, Peer, Node} ->
+                    remember(Peer, peer:call(Peer, os, getpid, [], 30000)),
+                    {ok, Peer, Node};
+                Error ->
+                    Error
+            end;
+        Other ->
+            Other
+    end.
+
+%% @doc Stops a node started by `start_node/2' (or any peer): OTP's stop
+%% first, then SIGKILL to its OS process if it is still there (a stuck
+%% node ignores the polite way).
+-spec stop_node(pid()) -> ok.
+stop_node(Peer) ->
+    OsPid = case persistent_term:get({?MODULE, Peer}, undefined) of
+                undefined -> catch peer:call(Peer, os, getpid, [], 2000);
+                P -> P
+            end,
+    bounded(fun() -> catch peer:stop(Peer) end, 15000),
+    forget(Peer, OsPid).
+
+%% @doc Runs Fun(Peer, Node) with a node of that release (start_node/2),
+%% which is stopped afterwards whatever happens (stop_node/1); when the
+%% node cannot be started, what `missing/1' returns (a skip, or a failure
+%% in CI). The caller returns that skip: it is the case's result.
+-spec with_node(pos_integer(), map(), fun((pid(), node()) -> Result)) -> Result | {skip, iodata()}.
 with_node(Release, Opts, Fun) ->
     case start_node(Release, Opts) of
         {ok, Peer, Node} ->
             try
                 Fun(Peer, Node)
             after
-                catch peer:stop(Peer)
+                stop_node(Peer)
             end;
-        Skip ->
-            Skip
+        {skip, _} = Skip ->
+            Skip;
+        {error, Why} ->
+            ct:fail({node_start, Release, Why})
     end.
 
-%% Evaluates Erlang expressions given as text on a peer node (code that
-%% then runs on that node's OTP, whatever this one is): their value.
+%% @doc Evaluates Erlang expressions given as text on a peer node (code
+%% that then runs on that node's OTP, whatever this one is): their value.
+-spec eval(pid(), string()) -> term().
 eval(Peer, Text) ->
     {ok, Tokens, _} = erl_scan:string(Text),
     {ok, Exprs} = erl_parse:parse_exprs(Tokens),
     {value, Value, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []]),
     Value.
 
-start_node(Release, Opts) ->
-    case otp_exec(Release) of
-        {ok, Exec} ->
-            Name = maps:get(name, Opts, list_to_atom(lists:concat(
-                       ["beamdiag_otp", Release, "_", erlang:unique_integer([positive])]))),
-            peer:start(maps:merge(#{name => Name, connection => standard_io, exec => Exec,
-                                    wait_boot => 60000}, Opts#{name => Name}));
-        Other ->
-            Other
+%% @doc Whether an OS process of this pid exists.
+-spec os_pid_alive(string() | integer()) -> boolean().
+os_pid_alive(OsPid) ->
+    filelib:is_dir(lists:concat(["/proc/", OsPid])).
+
+%% @doc Starts a lab scenario (beamdiag_lab:start/2) and keeps its OS pid
+%% for `stop_lab/1'.
+-spec start_lab(atom() | map(), map()) -> {ok, map()} | {error, term()}.
+start_lab(Scenario, Opts) ->
+    case beamdiag_lab:start(Scenario, Opts) of
+        {ok, Lab = #{peer := Peer}} ->
+            remember(Peer, catch peer:call(Peer, os, getpid, [], 30000)),
+            {ok, Lab};
+        Error ->
+            Error
     end.
+
+%% @doc Stops a lab (beamdiag_lab:stop/1: its workload, competitor and
+%% cgroup), then SIGKILL to the node if it is still there.
+-spec stop_lab(map()) -> ok.
+stop_lab(Lab = #{peer := Peer}) ->
+    OsPid = persistent_term:get({?MODULE, Peer}, undefined),
+    bounded(fun() -> beamdiag_lab:stop(Lab) end, 30000),
+    forget(Peer, OsPid).
+
+%% @doc A case's lab (init_per_testcase): the scenario started with these
+%% options, in the case's config as `lab'.
+-spec case_lab(atom() | map(), map(), list()) -> list().
+case_lab(Scenario, Opts, Config) ->
+    {ok, Lab} = start_lab(Scenario, Opts),
+    [{lab, Lab} | Config].
+
+%% @doc Stops the case's lab, if it has one (end_per_testcase).
+-spec end_case_lab(list()) -> ok.
+end_case_lab(Config) ->
+    case proplists:get_value(lab, Config) of
+        undefined -> ok;
+        Lab -> stop_lab(Lab)
+    end.
+
+%% @doc A group's OTP release (init_per_group): `release' and `exec' in
+%% the config, or the skip `otp_exec/1' gives.
+-spec release_config(pos_integer(), list()) -> list() | {skip, iodata()}.
+release_config(Release, Config) ->
+    case otp_exec(Release) of
+        {ok, Exec} -> [{release, Release}, {exec, Exec} | Config];
+        Skip -> Skip
+    end.
+
+%% Runs F in a process of its own for at most Ms milliseconds.
+bounded(F, Ms) ->
+    {Pid, Ref} = spawn_monitor(F),
+    receive {'DOWN', Ref, process, Pid, _} -> ok
+    after Ms -> exit(Pid, kill)
+    end.
+
+%% Kills the node's OS process if it is still there, and forgets it.
+forget(Peer, OsPid) ->
+    kill9(OsPid),
+    _ = persistent_term:erase({?MODULE, Peer}),
+    ok.
+
+remember(Peer, OsPid) when is_list(OsPid) ->
+    persistent_term:put({?MODULE, Peer}, OsPid);
+remember(_, _) ->
+    ok.
+
+kill9(OsPid) when is_list(OsPid) ->
+    case os_pid_alive(OsPid) of
+        true -> _ = os:cmd("kill -9 " ++ OsPid), ok;
+        false -> ok
+    end;
+kill9(_) ->
+    ok.
+
+%%%===================================================================
+%%% Programs and ports
+%%%===================================================================
+
+%% @doc Runs a program with these arguments and environment, its standard
+%% error going to a file of its own, for at most two minutes:
+%% `{ExitCode, Stdout, Stderr}' with Stdout a binary and Stderr a string.
+-spec run_exe(file:filename(), [string()], [{string(), string()}]) ->
+          {integer(), binary(), string()}.
+run_exe(Exe, Args, Env) ->
+    Err = filename:join("/tmp", "beamdiag_test_err_" ++
+                            integer_to_list(erlang:unique_integer([positive]))),
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", Exe | Args]},
+                      {env, [{"BEAMDIAG_TEST_ERR", Err} | Env]}, exit_status, binary, hide]),
+    {Code, Out} = read_port(Port, 120000),
+    {ok, E} = file:read_file(Err),
+    ok = file:delete(Err),
+    {Code, Out, unicode:characters_to_list(E)}.
+
+%% @doc The output of a port until it exits, for at most Ms milliseconds
+%% (the port is closed and the call fails after that): `{ExitCode,
+%% Output}'.
+-spec read_port(port(), non_neg_integer()) -> {integer(), binary()}.
+read_port(Port, Ms) ->
+    read_port(Port, <<>>, erlang:monotonic_time(millisecond) + Ms).
+
+read_port(Port, Acc, Deadline) ->
+    receive
+        {Port, {data, D}} when is_binary(D) -> read_port(Port, <<Acc/binary, D/binary>>, Deadline);
+        {Port, {data, D}} -> read_port(Port, <<Acc/binary, (iolist_to_binary(D))/binary>>, Deadline);
+        {Port, {exit_status, S}} -> {S, Acc}
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        %% Closing the port does not end the program: it is killed.
+        case erlang:port_info(Port, os_pid) of
+            {os_pid, OsPid} -> _ = os:cmd("kill -9 " ++ integer_to_list(OsPid));
+            undefined -> ok
+        end,
+        catch port_close(Port),
+        error({port_timeout, Acc})
+    end.
+
+%% @doc A shell command (iodata), its standard error with its output, for
+%% at most three minutes: `{ExitCode, Output}'.
+-spec sh(iodata()) -> {integer(), binary()}.
+sh(Cmd) ->
+    sh(Cmd, 180000).
+
+%% @doc `sh/1' for at most Ms milliseconds.
+-spec sh(iodata(), non_neg_integer()) -> {integer(), binary()}.
+sh(Cmd, Ms) ->
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", unicode:characters_to_list([Cmd, " 2>&1"])]},
+                      exit_status, binary, hide]),
+    read_port(Port, Ms).
+
+%%%===================================================================
+%%% The CLI's output, captured in process
+%%%===================================================================
+
+%% @doc The IO map beamdiag_cli:run/2 and the command modules take, sending
+%% what they print to the calling process; `collect_io/0' reads it back.
+-spec capture_io() -> map().
+capture_io() ->
+    Self = self(),
+    #{out => fun(D) -> Self ! {?MODULE, out, unicode:characters_to_binary(D)}, ok end,
+      err => fun(D) -> Self ! {?MODULE, err, unicode:characters_to_binary(D)}, ok end,
+      colour => false}.
+
+%% @doc What the IO of `capture_io/0' printed so far: `{Stdout, Stderr}'.
+-spec collect_io() -> {binary(), binary()}.
+collect_io() ->
+    collect_io(<<>>, <<>>).
+
+collect_io(Out, Err) ->
+    receive
+        {?MODULE, out, D} -> collect_io(<<Out/binary, D/binary>>, Err);
+        {?MODULE, err, D} -> collect_io(Out, <<Err/binary, D/binary>>)
+    after 0 -> {Out, Err}
+    end.
+
+%%%===================================================================
+%%% Waiting
+%%%===================================================================
+
+%% @doc Calls F every 50 ms until it returns true, for at most Ms
+%% milliseconds: `ok', or `timeout' (F is called a last time at the
+%% deadline).
+-spec wait_until(fun(() -> boolean()), non_neg_integer()) -> ok | timeout.
+wait_until(F, Ms) ->
+    wait_loop(F, erlang:monotonic_time(millisecond) + Ms).
+
+wait_loop(F, Deadline) ->
+    case F() of
+        true ->
+            ok;
+        false ->
+            case erlang:monotonic_time(millisecond) >= Deadline of
+                true -> timeout;
+                false -> timer:sleep(50), wait_loop(F, Deadline)
+            end
+    end.
+
+%% @doc `wait_until/2' that fails the case when the condition does not hold
+%% within Ms milliseconds.
+-spec await(fun(() -> boolean()), non_neg_integer()) -> ok.
+await(F, Ms) ->
+    case wait_until(F, Ms) of
+        ok -> ok;
+        timeout -> error({condition_not_met_within_ms, Ms})
+    end.
+
+%%%===================================================================
+%%% Nothing left on the target
+%%%===================================================================
+
+%% @doc No agent module and no flag of beamdiag left on the node (a peer,
+%% a lab, or a node name), waited for up to 35 s (an agent whose last word
+%% came late ends by its own deadline, at most 30 s past the window);
+%% msacc, off before the session, is off.
+-spec agent_gone(pid() | map() | node()) -> ok.
+agent_gone(Target) ->
+    agent_gone(Target, 35000).
+
+-spec agent_gone(pid() | map() | node(), non_neg_integer()) -> ok.
+agent_gone(#{peer := Peer}, Ms) ->
+    agent_gone(Peer, Ms);
+agent_gone(Target, Ms) ->
+    Gone = fun() ->
+        beamdiag_modules(Target) =:= [] andalso
+            call(Target, erlang, statistics, [scheduler_wall_time]) =:= undefined
+    end,
+    case wait_until(Gone, Ms) of
+        ok -> ok;
+        timeout -> ?assertEqual({[], undefined},
+                                {beamdiag_modules(Target),
+                                 call(Target, erlang, statistics, [scheduler_wall_time])})
+    end,
+    ?assertNot(call(Target, erlang, system_flag, [microstate_accounting, false])),
+    ok.
+
+%% @doc The modules of beamdiag loaded on the node, but for the lab's own
+%% workloads and the test fixtures shipped there on purpose.
+-spec beamdiag_modules(pid() | node()) -> [module()].
+beamdiag_modules(Target) ->
+    lists:sort([M || {M, _} <- call(Target, code, all_loaded, []),
+                     is_beamdiag(atom_to_list(M))]).
+
+is_beamdiag("beamdiag_lab" ++ _) -> false;
+is_beamdiag("beamdiag_nif_thread") -> false;
+is_beamdiag("beamdiag_profile_work") -> false;
+is_beamdiag("beamdiag_" ++ _) -> true;
+is_beamdiag(_) -> false.
+
+call(Peer, M, F, A) when is_pid(Peer) -> peer:call(Peer, M, F, A, 15000);
+call(Node, M, F, A) when is_atom(Node) -> erpc:call(Node, M, F, A, 15000).
+
+%%%===================================================================
+%%% Raw figures, starvation, pictures, sentences
+%%%===================================================================
+
+%% @doc The normal schedulers' shares of their wall time over a capture,
+%% from its raw counters only (the first and last samples' scheduler wall
+%% time and per-thread schedstat), with no code of beamdiag: `busy'
+%% (scheduler_wall_time active), `on_cpu' (thread run time), `runq'
+%% (thread time runnable but waiting for a CPU), `spin' (on_cpu - busy,
+%% at least 0), `blocked' (busy but neither on a CPU nor waiting for one:
+%% in the kernel), `schedulers', `reductions_per_s' and `host_busy'.
+-spec raw_shares(map()) -> #{atom() => number()}.
+raw_shares(#{samples := Samples, settings := Settings}) ->
+    N = maps:get(schedulers, Settings),
+    First = hd(Samples),
+    Last = lists:last(Samples),
+    WallNs = erlang:convert_time_unit(maps:get(t, Last) - maps:get(t, First), native, nanosecond),
+    Swt = fun(S) -> [{Id, A, T} || {Id, A, T} <- maps:get(swt, maps:get(vm, S)), Id =< N] end,
+    Pairs = lists:zip(lists:sort(Swt(First)), lists:sort(Swt(Last))),
+    Active = lists:sum([A1 - A0 || {{_, A0, _}, {_, A1, _}} <- Pairs]),
+    Total = lists:sum([T1 - T0 || {{_, _, T0}, {_, _, T1}} <- Pairs]),
+    Scheds = fun(S) -> maps:filter(fun(_, #{name := Name}) -> is_scheduler(Name) end,
+                                   maps:get(threads, S)) end,
+    T0s = Scheds(First),
+    T1s = Scheds(Last),
+    Delta = fun(K) -> lists:sum([maps:get(K, T) - maps:get(K, maps:get(Tid, T0s))
+                                 || {Tid, T} <- maps:to_list(T1s), maps:is_key(Tid, T0s)]) end,
+    Wall = max(1, WallNs * N),
+    Busy = case Total of 0 -> 0.0; _ -> Active / Total end,
+    OnCpu = Delta(run_ns) / Wall,
+    Reds = maps:get(reductions, maps:get(vm, Last)) - maps:get(reductions, maps:get(vm, First)),
+    Runq = Delta(wait_ns) / Wall,
+    #{busy => Busy, on_cpu => OnCpu, runq => Runq,
+      spin => max(0.0, OnCpu - Busy), blocked => max(0.0, Busy - OnCpu - Runq), schedulers => N,
+      reductions_per_s => Reds / max(1.0e-9, WallNs / 1.0e9),
+      host_busy => host_busy(maps:get(host, First), maps:get(host, Last))}.
+
+%% The share of the host's CPU time not idle (nor waiting for I/O), from
+%% /proc/stat's counters.
+host_busy(#{cpu := C0}, #{cpu := C1}) ->
+    D = maps:map(fun(K, V) -> V - maps:get(K, C0) end, C1),
+    All = lists:sum([V || {K, V} <- maps:to_list(D), K =/= guest, K =/= guest_nice]),
+    Idle = maps:get(idle, D) + maps:get(iowait, D, 0),
+    case All of 0 -> 0.0; _ -> 1 - Idle / All end;
+host_busy(_, _) ->
+    0.0.
+
+%% @doc The capture inside a file the CLI wrote with `--save', read by
+%% hand from its documented frame (header line, length, CRC-32, external
+%% term format with atoms as `{'$a', Name}'), not with beamdiag_capture.
+-spec read_capture(file:filename()) -> map().
+read_capture(File) ->
+    {ok, Bin} = file:read_file(File),
+    [<<"beamdiag-capture ", _/binary>>, Frame] = binary:split(Bin, <<"\n">>),
+    <<Len:64, Crc:32, Body:Len/binary>> = Frame,
+    ?assertEqual(Crc, erlang:crc32(Body)),
+    #{body := #{capture := C}} = atoms(binary_to_term(Body)),
+    C.
+
+atoms({'$a', Name}) when is_binary(Name) -> binary_to_atom(Name);
+atoms(L) when is_list(L) -> [atoms(E) || E <- L];
+atoms(T) when is_tuple(T) -> list_to_tuple([atoms(E) || E <- tuple_to_list(T)]);
+atoms(M) when is_map(M) -> maps:from_list([{atoms(K), atoms(V)} || {K, V} <- maps:to_list(M)]);
+atoms(X) -> X.
+
+%% Normal scheduler threads: "1_scheduler" (OTP 25, 26), "erts_sched_1"
+%% (OTP 27 on).
+is_scheduler(Name) ->
+    re:run(Name, <<"^([0-9]+_scheduler|erts_sched_[0-9]+)$">>) =/= nomatch.
+
+%% @doc The host could not give the pathology its CPUs: the case is
+%% skipped (thrown, so it ends the case wherever it is called), with the
+%% numbers that show it, never passed. The reason starts with "starved:",
+%% which the run's hook (beamdiag_cth) counts: in CI more than one such
+%% skip fails the run.
+-spec starved(io:format(), [term()]) -> no_return().
+starved(Fmt, Args) ->
+    Why = lists:flatten(io_lib:format("starved: " ++ Fmt, Args)),
+    ct:pal("~ts", [Why]),
+    throw({skip, Why}).
+
+%% @doc How many distinct colours a PNG file (8-bit, non-interlaced,
+%% greyscale, RGB or RGBA, as Chromium writes them) has in its pixels: a
+%% blank page has one.
+-spec png_colours(file:filename()) -> non_neg_integer().
+png_colours(File) ->
+    {ok, <<137, "PNG", 13, 10, 26, 10, Chunks/binary>>} = file:read_file(File),
+    {#{width := W, height := H, depth := 8, colour := Colour, interlace := 0}, Idat} =
+        chunks(Chunks, #{}, []),
+    Bpp = case Colour of 0 -> 1; 2 -> 3; 4 -> 2; 6 -> 4 end,
+    Raw = zlib:uncompress(Idat),
+    Rows = unfilter(Raw, W * Bpp, Bpp, binary:copy(<<0>>, W * Bpp), H, []),
+    Pixels = sets:from_list([P || Row <- Rows, <<P:Bpp/binary>> <= Row]),
+    sets:size(Pixels).
+
+chunks(<<Len:32, "IHDR", W:32, H:32, D, C, _, _, I, _:32, Rest/binary>>, _, Acc) when Len =:= 13 ->
+    chunks(Rest, #{width => W, height => H, depth => D, colour => C, interlace => I}, Acc);
+chunks(<<Len:32, "IDAT", Data:Len/binary, _:32, Rest/binary>>, Hdr, Acc) ->
+    chunks(Rest, Hdr, [Data | Acc]);
+chunks(<<_:32, "IEND", _/binary>>, Hdr, Acc) ->
+    {Hdr, iolist_to_binary(lists:reverse(Acc))};
+chunks(<<Len:32, _:4/binary, _:Len/binary, _:32, Rest/binary>>, Hdr, Acc) ->
+    chunks(Rest, Hdr, Acc).
+
+unfilter(_, _, _, _, 0, Acc) ->
+    lists:reverse(Acc);
+unfilter(<<F, Rest/binary>>, Stride, Bpp, Prev, H, Acc) ->
+    <<Line:Stride/binary, More/binary>> = Rest,
+    Row = unfilter_row(F, Line, Prev, Bpp),
+    unfilter(More, Stride, Bpp, Row, H - 1, [Row | Acc]).
+
+unfilter_row(0, Line, _Prev, _Bpp) ->
+    Line;
+unfilter_row(F, Line, Prev, Bpp) ->
+    L = binary_to_list(Line),
+    P = binary_to_list(Prev),
+    list_to_binary(unfilter_bytes(F, L, P, Bpp, [], [])).
+
+%% Out holds the bytes decoded so far, newest first; UpLeft the bytes of
+%% the row above, newest first.
+unfilter_bytes(_, [], _, _, Out, _) ->
+    lists:reverse(Out);
+unfilter_bytes(F, [X | Xs], [B | Bs], Bpp, Out, UpLeft) ->
+    A = nth_back(Bpp, Out),
+    C = nth_back(Bpp, UpLeft),
+    V = case F of
+            1 -> X + A;
+            2 -> X + B;
+            3 -> X + (A + B) div 2;
+            4 -> X + paeth(A, B, C)
+        end,
+    unfilter_bytes(F, Xs, Bs, Bpp, [V band 255 | Out], [B | UpLeft]).
+
+nth_back(1, [H | _]) -> H;
+nth_back(N, [_ | T]) -> nth_back(N - 1, T);
+nth_back(_, []) -> 0.
+
+paeth(A, B, C) ->
+    P = A + B - C,
+    Pa = abs(P - A),
+    Pb = abs(P - B),
+    Pc = abs(P - C),
+    if
+        Pa =< Pb, Pa =< Pc -> A;
+        Pb =< Pc -> B;
+        true -> C
+    end.
+
+%% @doc Asserts that a format_error/1 result is a sentence a user can read:
+%% text of some length, not a printed Erlang term. Returns it as a binary.
+-spec sentence(iodata()) -> binary().
+sentence(IoData) ->
+    Text = unicode:characters_to_binary(IoData),
+    ?assert(is_binary(Text)),
+    ?assert(byte_size(Text) >= 10),
+    ?assertEqual(nomatch, re:run(Text, <<"^[{\\[<#]">>)),
+    ?assertMatch({match, _}, re:run(Text, <<"[a-z]{3,} [a-z]{2,}">>)),
+    Text.
