@@ -397,7 +397,7 @@ chart_data(C, L) ->
     Ticks = ticks(C),
     Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
     Ends = ends(Series),
-    Outliers = outliers(maps:get(threads, L, [])),
+    Outliers = beamdiag_outliers:threads(maps:get(threads, L, []), ?OUTLIERS),
     #{
         kind => diagnosis,
         states => [[S, beamdiag_ledger:state_name(S)] || S <- beamdiag_ledger:states()],
@@ -443,23 +443,6 @@ thread_in(Tid, #{threads := Threads}) ->
         [T | _] -> T;
         [] -> #{}
     end.
-
-%% The scheduler threads that stand out most from their type's mean.
-outliers(Threads) ->
-    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
-                  is_number(maps:get(busy, T, undefined))],
-    Means = maps:map(fun(_, Rows) -> mean_parts(Rows) end,
-                     maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
-    Scored = [{score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
-              || T = #{type := Ty} <- Sched],
-    [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS), S > 0.05].
-
-mean_parts(Rows) ->
-    Ps = [beamdiag_ledger:state_shares(R) || R <- Rows],
-    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)} || K <- beamdiag_ledger:states()]).
-
-score(P, Mean) ->
-    lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [spin, blocked, runq, run]]).
 
 cpu_data(Series, Ticks, L) ->
     Sum = fun(B, Types, K) ->

@@ -158,17 +158,12 @@ share(K, Row, Wall) ->
         V -> beamdiag_ledger:share(K, #{K => V}, Wall)
     end.
 
-%% The scheduler threads that stand out most from their type's mean on
-%% spin, blocked or runq.
+%% The scheduler threads that stand out most from their type (see
+%% beamdiag_outliers:threads/2).
 outliers(Threads) ->
-    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
-                  is_number(maps:get(busy, T))],
-    Scored = [{score(T, Sched), T} || T <- Sched],
-    Top = [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
-                S > 0.05],
-    case Top of
+    case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
         [] -> "";
-        _ ->
+        Top ->
             ["outliers:\n",
              [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
                             [safe(Name), pct(share(busy, T, W)), pct(share(on_cpu, T, W)),
@@ -176,13 +171,6 @@ outliers(Threads) ->
                              pct(share(blocked, T, W))])
               || T = #{name := Name, wall := W} <- Top]]
     end.
-
-score(T = #{type := Ty, wall := W}, All) ->
-    Same = [X || X = #{type := Y} <- All, Y =:= Ty],
-    lists:max([abs(share(K, T, W) - mean(K, Same)) || K <- [spin, blocked, runq, busy]]).
-
-mean(K, Rows) ->
-    lists:sum([share(K, R, W) || R = #{wall := W} <- Rows]) / max(1, length(Rows)).
 
 msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
