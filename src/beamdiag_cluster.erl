@@ -574,7 +574,16 @@ rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
 rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 rate(V) -> integer_to_list(round(V)).
 
-%% An error of one member, in words.
+%% An error of one member, in words (the node's name is on the line
+%% already).
+words({beamdiag_remote, {unreachable, _, not_registered, _}}) ->
+    "cannot reach it: no node of that name is registered on its host";
+words({beamdiag_remote, R = {unreachable, Node, _}}) ->
+    Text = unicode:characters_to_list(beamdiag_remote:format_error(R)),
+    case string:prefix(Text, "cannot reach " ++ atom_to_list(Node) ++ ": ") of
+        nomatch -> Text;
+        Rest -> ["cannot reach it: ", Rest]
+    end;
 words({M, R}) when is_atom(M) ->
     try M:format_error(R)
     catch _:_ -> "the diagnosis failed for a reason beamdiag cannot put in words"

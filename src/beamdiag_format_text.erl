@@ -262,13 +262,13 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
                       [length(Ms), source(C), length(Nodes), length(Errs)]),
         case Nodes of
             [] -> "";
-            _ -> [io_lib:format("  windows of ~.1f s started within ~.2f s of each other "
-                                "(wall clock); all overlap for ~.1f s~n",
+            _ -> [io_lib:format("  ~.1f s windows, started within ~.2f s (wall clock); "
+                                "all overlap for ~.1f s~n",
                                 [float(W), float(Spread), float(Overlap)]),
                   case C of
                       #{prepare_s := P, total_s := T} ->
-                          io_lib:format("  connected and loaded in ~.1f s; report ready ~.1f s "
-                                        "after the first connection~n", [float(P), float(T)]);
+                          io_lib:format("  connected and loaded in ~.1f s; report ready ~.1f s after "
+                                        "that began~n", [float(P), float(T)]);
                       _ -> ""
                   end]
         end,
