@@ -336,7 +336,7 @@ entries() ->
             title => <<"This node is the odd one out in its cluster">>,
             meaning =>
                 <<"Diagnosed over the same seconds as the rest of its cluster, this node's "
-                  "figures lie far from the cluster's median: its robust z-score, the "
+                  "figures lie far above the cluster's median: its robust z-score, the "
                   "distance from the median over the spread of the nodes (1.4826 times the "
                   "median absolute deviation, with a floor so that near-identical nodes do "
                   "not turn jitter into a difference), is 3.5 or more. Nodes that run the "

@@ -293,12 +293,12 @@ source(#{source := list}) -> "(from the node list)".
 cluster_outliers(_Out, N) when N < 3 ->
     "OUTLIERS\n  none: it takes at least three answering nodes\n";
 cluster_outliers([], _N) ->
-    "OUTLIERS\n  none: no node's figures stand out from the cluster's median (|z| < 3.5)\n";
+    "OUTLIERS\n  none: no node's figures stand out above the cluster's median (z < 3.5)\n";
 cluster_outliers(Out, _N) ->
     {Full, Short} = lists:split(min(?CLUSTER_FULL, length(Out)), Out),
     {Named, Unnamed} = lists:split(min(?CLUSTER_NAMED, length(Short)), Short),
-    ["OUTLIERS (", integer_to_list(length(Out)), "; robust z against the cluster's median, "
-     "|z| >= 3.5)\n",
+    ["OUTLIERS (", integer_to_list(length(Out)), "; robust z above the cluster's median "
+     ">= 3.5)\n",
      [cluster_outlier(O) || O <- Full],
      [io_lib:format("  ~ts: ~ts~n", [safe(N), cut(hd(Ev), ?WIDTH - 6 - string:length(safe(N)))])
       || #{node := N, finding := #{evidence := Ev}} <- Named],

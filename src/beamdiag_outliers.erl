@@ -13,8 +13,12 @@
 %%% `(x - median) / max(1.4826 * MAD, floor)'. The floor (a share's 5
 %%% points, 0.1 CPUs, half the median rate and at least 20k reductions per
 %%% second) keeps a cluster of near-identical nodes from turning jitter into
-%%% an outlier. |z| >= 3.5 (Iglewicz and Hoaglin's cut-off) marks an
-%%% outlier; it takes at least three nodes.
+%%% an outlier. z >= 3.5 (Iglewicz and Hoaglin's cut-off, on the high side
+%%% only) marks an outlier; it takes at least three nodes. Only the high
+%%% side: a node that burns more, waits more or spins more than the rest is
+%%% what this tool explains, while one that does less is where the load is
+%%% not (and on a shared host, a node that happened to wait less for a CPU
+%%% than its neighbours).
 %%%
 %%% ```
 %%% 1> beamdiag_outliers:threads(maps:get(threads, Ledger), 3).
@@ -89,7 +93,7 @@ threads(Threads, Max) ->
 
 %% @doc The cluster analysis of summary rows (maps with `node', the
 %% figures of `figures/0' and `findings'): the distribution of every figure
-%% and the outlier nodes, highest score (largest |z|) first, each with the
+%% and the outlier nodes, highest score (largest z) first, each with the
 %% figures that stand out and the findings fewer than half the nodes share.
 -spec nodes([map()]) -> #{spread := #{atom() => spread()}, outliers := [node_outlier()]}.
 nodes(Rows) ->
@@ -139,15 +143,15 @@ node_outliers(Rows, Spread) ->
             Figs = [#{figure => K, value => V, median => Med, mad => Mad, p10 => P10, p90 => P90,
                       z => float(Z)}
                     || {K, #{p50 := Med, mad := Mad, p10 := P10, p90 := P90}, Scale} <- Scales,
-                       V <- [maps:get(K, Row)], Z <- [(V - Med) / Scale], abs(Z) >= ?Z_CUT],
+                       V <- [maps:get(K, Row)], Z <- [(V - Med) / Scale], Z >= ?Z_CUT],
             Own = lists:usort([Id || #{id := Id} <- Fs, maps:get(Id, Counts) < Half]),
             case Figs of
                 [] ->
                     false;
                 _ ->
-                    Sorted = lists:sort(fun(#{z := A}, #{z := B}) -> abs(A) >= abs(B) end, Figs),
+                    Sorted = lists:sort(fun(#{z := A}, #{z := B}) -> A >= B end, Figs),
                     {true, #{node => N, figures => Sorted, own_findings => Own,
-                             score => abs(maps:get(z, hd(Sorted)))}}
+                             score => maps:get(z, hd(Sorted))}}
             end
         end,
         Rows),
