@@ -8,10 +8,14 @@
 %%% scheduler of each kind, -connect_all false, no busy-waiting), and
 %%% listed in a node file; the built escript runs `beamdiag cluster --nodes
 %%% FILE' as a separate OS process under /usr/bin/time. Printed per N: the
-%%% wall time from the command's start to its report against the target
-%%% (window + 5 s), the command's peak memory (maximum resident set), the
-%%% share of members that answered, whether the busy node is the first
-%%% outlier, and the report's length in lines (target: one screen, <= 50).
+%%% time to start the nodes; the command's wall time from its start to its
+%%% report; of that, the time it took to connect to every member and load
+%%% the agent (load s), and the time from the agents' start to the report
+%%% (window+ s) against the target (window + 5 s); the command's peak
+%%% memory (maximum resident set), the share of members that answered,
+%%% whether the busy node is the first outlier, the report's length in
+%%% lines (target: one screen, <= 50), and how long all windows overlapped
+%%% (with how far apart they started).
 %%%
 %%% Every node is started with OTP's `peer' over standard I/O: it halts
 %%% when this VM goes away, however that happens (interrupted included),
@@ -40,9 +44,9 @@ main(_) ->
     io:format("beamdiag cluster bench: window ~b s, target report within ~b s; host ~b CPUs, "
               "~b MB available~n", [Window, Window + 5, erlang:system_info(logical_processors),
                                     available_mb()]),
-    io:format("~6s ~9s ~9s ~8s ~9s ~8s ~9s ~6s ~12s~n",
-              ["nodes", "start s", "wall s", "target", "peak MB", "answered", "odd first",
-               "lines", "overlap s"]),
+    io:format("~6s ~8s ~8s ~8s ~11s ~7s ~8s ~9s ~9s ~6s ~12s~n",
+              ["nodes", "start s", "wall s", "load s", "window+ s", "target", "peak MB",
+               "answered", "odd first", "lines", "overlap s"]),
     [round(N, Window, Exe) || N <- Ns],
     ok.
 
@@ -74,9 +78,10 @@ round(N, Window, Exe) ->
                 {Answered, Members} = answered(hd(Lines)),
                 OddFirst = odd_first(Lines, atom_to_binary(Busy)),
                 Overlap = overlap(Lines),
-                io:format("~6b ~9.1f ~9.1f ~8s ~9.1f ~7.1f% ~9s ~6b ~12s~n",
-                          [N + 1, StartS, WallS,
-                           case WallS =< Window + 5 of true -> "met"; false -> "missed" end,
+                {LoadS, ReadyS} = phases(Lines),
+                io:format("~6b ~8.1f ~8.1f ~8.1f ~11.1f ~7s ~8.1f ~8.1f% ~9s ~6b ~12s~n",
+                          [N + 1, StartS, WallS, LoadS, ReadyS - LoadS,
+                           case ReadyS - LoadS =< Window + 5 of true -> "met"; false -> "missed" end,
                            PeakKb / 1024, 100 * Answered / max(1, Members),
                            atom_to_list(OddFirst), length(Lines), Overlap]),
                 [file:delete(F) || F <- [File, Out, Json]],
@@ -147,6 +152,18 @@ overlap(Lines) ->
                 nomatch -> "?"
             end;
         [] -> "-"
+    end.
+
+%% How long connecting and loading took, and when the report was ready,
+%% both from the start of connecting (the report's second line).
+phases(Lines) ->
+    case [L || L <- Lines, binary:match(L, <<"connected and loaded in">>) =/= nomatch] of
+        [L | _] ->
+            {match, [A, B]} = re:run(L, "in ([0-9.]+) s; report ready ([0-9.]+) s",
+                                     [{capture, all_but_first, list}]),
+            {list_to_float(A), list_to_float(B)};
+        [] ->
+            {0.0, 0.0}
     end.
 
 is_prefix(P, B) ->

@@ -91,7 +91,7 @@ diagnose(Seed, Opts) when is_map(Opts) ->
         orelse erlang:error({badarg, perf}),
     Before = nodes([visible, hidden]),
     Remote = maps:with([cookie, cookie_file], DiagOpts),
-    case members(Seed, List, Remote) of
+    case members(Seed, List, Remote, Before) of
         {ok, SeedNode, _Source, Members} when length(Members) > Max ->
             disconnect_new([SeedNode], Before),
             {error, {?MODULE, {too_many_nodes, length(Members), Max}}};
@@ -234,19 +234,20 @@ format_error(timeout) ->
 %%% Internal: members
 %%%===================================================================
 
-members(Seed, undefined, Remote) when Seed =/= undefined ->
+members(Seed, undefined, Remote, Before) when Seed =/= undefined ->
     case beamdiag_remote:connect(Seed, Remote) of
         {ok, Node} ->
             try erpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
                 Nodes when is_list(Nodes) -> {ok, Node, seed, lists:usort([Node | Nodes])}
             catch
                 Class:Reason ->
+                    disconnect_new([Node], Before),
                     {error, {?MODULE, {members, Node, {Class, Reason}}}}
             end;
         {error, _} = E ->
             E
     end;
-members(Seed, List, _Remote) when is_list(List) ->
+members(Seed, List, _Remote, _Before) when is_list(List) ->
     Names = [to_list(N) || N <- List] ++ [to_list(Seed) || Seed =/= undefined],
     Parsed = [{N, beamdiag_remote:parse_node(N)} || N <- Names],
     case [E || {_, {error, _} = E} <- Parsed] of
@@ -302,11 +303,11 @@ prepare(Members, Remote, K) ->
                end
            end,
     Start = fun(M) ->
-                {Pid, _} = spawn_monitor(fun() -> Self ! {Tag, self(), M, Work(M)} end),
-                Pid
+                {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, self(), Work(M)} end),
+                {Pid, {M, MRef}}
             end,
     {First, Queue} = lists:split(min(K, length(Members)), Members),
-    Running = maps:from_list([{Start(M), M} || M <- First]),
+    Running = maps:from_list([Start(M) || M <- First]),
     Done = pool(Tag, Start, Running, Queue, #{}),
     [{M, maps:get(M, Done)} || M <- Members].
 
@@ -314,18 +315,19 @@ pool(_Tag, _Start, Running, [], Done) when map_size(Running) =:= 0 ->
     Done;
 pool(Tag, Start, Running, Queue, Done) ->
     receive
-        {Tag, Pid, M, Result} ->
+        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
+            {M, MRef} = maps:get(Pid, Running),
+            erlang:demonitor(MRef, [flush]),
             next(Tag, Start, maps:remove(Pid, Running), Queue, Done#{M => Result});
-        {'DOWN', _, process, Pid, Why} when is_map_key(Pid, Running), Why =/= normal ->
-            M = maps:get(Pid, Running),
+        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
+            {M, MRef} = maps:get(Pid, Running),
             next(Tag, Start, maps:remove(Pid, Running), Queue,
-                 Done#{M => {error, {?MODULE, {crashed, Why}}}});
-        {'DOWN', _, process, _, _} ->
-            pool(Tag, Start, Running, Queue, Done)
+                 Done#{M => {error, {?MODULE, {crashed, Why}}}})
     end.
 
 next(Tag, Start, Running, [M | Queue], Done) ->
-    pool(Tag, Start, Running#{Start(M) => M}, Queue, Done);
+    {Pid, V} = Start(M),
+    pool(Tag, Start, Running#{Pid => V}, Queue, Done);
 next(Tag, Start, Running, [], Done) ->
     pool(Tag, Start, Running, [], Done).
 
@@ -353,7 +355,7 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
                                          infinity -> 30000;
                                          _ -> round(Slack * 1000)
                                      end + ?GRACE_MS,
-    [wait(Tag, Pid, MRef, M, GiveUp, Now) || {{Pid, MRef}, M} <- Procs].
+    [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
 
 collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
                procs := P}, Due) ->
@@ -386,7 +388,7 @@ member(Node, Collect) ->
             E
     end.
 
-wait(Tag, Pid, MRef, M, GiveUp, Start) ->
+wait(Tag, Pid, MRef, M, GiveUp, WindowEnd) ->
     Wait = max(0, GiveUp - erlang:monotonic_time(millisecond)),
     receive
         {Tag, Pid, Result} ->
@@ -399,7 +401,7 @@ wait(Tag, Pid, MRef, M, GiveUp, Start) ->
         %% and the agent, which monitors the collector, ends and cleans up.
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
-        {M, {error, {?MODULE, {no_answer, GiveUp - Start}}}}
+        {M, {error, {?MODULE, {no_answer, GiveUp - WindowEnd}}}}
     end.
 
 %%%===================================================================
