@@ -27,7 +27,8 @@
 %%% Run from the repository root after `rebar3 escriptize':
 %%%   bench/cluster.escript
 %%% Environment: BENCH_CLUSTER_NS ("50 100 200"), BENCH_CLUSTER_WINDOW (10,
-%%% seconds).
+%%% seconds), BENCH_CLUSTER_CONCURRENCY (32, the command's --concurrency),
+%%% BENCH_CLUSTER_SHOW (set: print each report).
 -mode(compile).
 
 -define(COOKIE, "beamdiag_cluster_bench").
@@ -37,20 +38,21 @@
 main(_) ->
     Ns = [list_to_integer(S) || S <- string:lexemes(env("BENCH_CLUSTER_NS", "50 100 200"), " ,")],
     Window = list_to_integer(env("BENCH_CLUSTER_WINDOW", "10")),
+    K = list_to_integer(env("BENCH_CLUSTER_CONCURRENCY", "32")),
     Exe = filename:absname("_build/default/bin/beamdiag"),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
     {ok, _} = net_kernel:start(list_to_atom("bdc_bench_" ++ os:getpid()), #{name_domain => shortnames}),
     erlang:set_cookie(list_to_atom(?COOKIE)),
-    io:format("beamdiag cluster bench: window ~b s, target report within ~b s; host ~b CPUs, "
-              "~b MB available~n", [Window, Window + 5, erlang:system_info(logical_processors),
-                                    available_mb()]),
+    io:format("beamdiag cluster bench: window ~b s, target report within ~b s; --concurrency ~b; "
+              "host ~b CPUs, ~b MB available~n",
+              [Window, Window + 5, K, erlang:system_info(logical_processors), available_mb()]),
     io:format("~6s ~8s ~8s ~8s ~11s ~7s ~8s ~9s ~9s ~6s ~12s~n",
               ["nodes", "start s", "wall s", "load s", "window+ s", "target", "peak MB",
                "answered", "odd first", "lines", "overlap s"]),
-    [round(N, Window, Exe) || N <- Ns],
+    [round(N, Window, K, Exe) || N <- Ns],
     ok.
 
-round(N, Window, Exe) ->
+round(N, Window, K, Exe) ->
     Need = (N + 1) * ?MB_PER_NODE + 2048,
     case available_mb() of
         Avail when Avail < Need ->
@@ -69,8 +71,8 @@ round(N, Window, Exe) ->
                 Json = Out ++ ".json",
                 W0 = erlang:monotonic_time(millisecond),
                 Cmd = io_lib:format("/usr/bin/time -f '%M' ~s cluster --nodes ~s --cookie ~s "
-                                    "--duration ~b --out ~s 2>&1 | tail -1",
-                                    [Exe, File, ?COOKIE, Window, Out]),
+                                    "--duration ~b --concurrency ~b --out ~s 2>&1 | tail -1",
+                                    [Exe, File, ?COOKIE, Window, K, Out]),
                 PeakKb = list_to_integer(string:trim(os:cmd(lists:flatten(Cmd)))),
                 WallS = (erlang:monotonic_time(millisecond) - W0) / 1000,
                 {ok, Text} = file:read_file(Out),
