@@ -151,7 +151,12 @@ function spread(container, fig) {
   var title = fig.key + ' (' + fig.unit + ')';
   var f = frame(container, title), svg = f.svg, vals = fig.values || [];
   var share = fig.unit.indexOf('share') === 0;
-  var fmtv = function (v) { return share ? pct(v) : (+v.toFixed(2)).toString(); };
+  var fmtv = function (v) {
+    if (share) return pct(v);
+    if (v >= 1e6) return (v / 1e6).toFixed(1) + 'M';
+    if (v >= 1e3) return (v / 1e3).toFixed(1) + 'k';
+    return (+v.toFixed(2)).toString();
+  };
   var ymax = vals.reduce(function (m, p) { return Math.max(m, p[1]); }, 0);
   ymax = share ? Math.min(1, Math.max(0.05, ymax * 1.1)) : Math.max(1e-9, ymax * 1.1);
   var ih = H - M.t - M.b, iw = W - M.l - M.r, bw = iw / Math.max(1, vals.length);

@@ -101,9 +101,10 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) -
          ["<details><summary>", integer_to_list(length(Nodes)), " nodes</summary>\n",
           "<table class=\"num\"><thead><tr><th>node</th>",
           [["<th>", esc(K), "</th>"] || K <- beamdiag_outliers:figures()],
+          %% shares of scheduler wall time in %, CPUs, reductions per second
           "<th>findings</th></tr></thead><tbody>\n",
           [["<tr><td class=\"t\">", cell_text(N, 200), "</td>",
-            [["<td>", fmt("~.4g", [float(maps:get(K, R))]), "</td>"] || K <- beamdiag_outliers:figures()],
+            [["<td>", cluster_value(K, maps:get(K, R)), "</td>"] || K <- beamdiag_outliers:figures()],
             "<td class=\"t\">", esc(lists:join(", ", [atom_to_list(Id) || #{id := Id} <- Fs])),
             "</td></tr>\n"]
            || R = #{node := N, findings := Fs} <- lists:sublist(Nodes, ?MAX_ROWS * 4)],
@@ -455,7 +456,7 @@ cluster_rest(#{n := N, shared := #{by_finding := By, without_findings := None}, 
      "<table class=\"num\"><thead><tr><th>figure</th><th>min</th><th>p10</th><th>p50</th>"
      "<th>p90</th><th>max</th></tr></thead><tbody>\n",
      [["<tr><td class=\"t\">", esc(K), "</td>",
-       [["<td>", fmt("~.4g", [float(maps:get(P, maps:get(K, Spread)))]), "</td>"]
+       [["<td>", cluster_value(K, maps:get(P, maps:get(K, Spread))), "</td>"]
         || P <- [min, p10, p50, p90, max]], "</tr>\n"]
       || K <- beamdiag_outliers:figures()],
      "</tbody></table>\n"];
@@ -473,6 +474,12 @@ cluster_data(#{nodes := Nodes, outliers := Out, spread := Spread}) ->
                                                       [{float(maps:get(K, R)), N}
                                                        || R = #{node := N} <- Nodes]))]}
                   || K <- beamdiag_outliers:figures()]}.
+
+cluster_value(cpus_used, V) -> fmt("~.2f", [float(V)]);
+cluster_value(reductions_per_s, V) when V >= 1.0e6 -> fmt("~.1fM", [V / 1.0e6]);
+cluster_value(reductions_per_s, V) when V >= 1.0e3 -> fmt("~.1fk", [V / 1.0e3]);
+cluster_value(reductions_per_s, V) -> integer_to_list(round(V));
+cluster_value(_, V) -> fmt("~.1f%", [100 * V]).
 
 cluster_unit(cpus_used) -> <<"CPUs">>;
 cluster_unit(reductions_per_s) -> <<"reductions/s">>;
