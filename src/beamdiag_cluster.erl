@@ -247,6 +247,8 @@ members(Seed, undefined, Remote, Before) when Seed =/= undefined ->
         {error, _} = E ->
             E
     end;
+members(undefined, undefined, _Remote, _Before) ->
+    erlang:error({badarg, no_members});
 members(Seed, List, _Remote, _Before) when is_list(List) ->
     Names = [to_list(N) || N <- List] ++ [to_list(Seed) || Seed =/= undefined],
     Parsed = [{N, beamdiag_remote:parse_node(N)} || N <- Names],
@@ -306,9 +308,15 @@ prepare(Members, Remote, K) ->
                 {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, self(), Work(M)} end),
                 {Pid, {M, MRef}}
             end,
-    {First, Queue} = lists:split(min(K, length(Members)), Members),
+    %% This node starts its distribution with the first connection: that
+    %% one alone, the rest side by side.
+    {Done0, Rest} = case {node(), Members} of
+                        {nonode@nohost, [M1 | Ms]} -> {#{M1 => Work(M1)}, Ms};
+                        _ -> {#{}, Members}
+                    end,
+    {First, Queue} = lists:split(min(K, length(Rest)), Rest),
     Running = maps:from_list([Start(M) || M <- First]),
-    Done = pool(Tag, Start, Running, Queue, #{}),
+    Done = pool(Tag, Start, Running, Queue, Done0),
     [{M, maps:get(M, Done)} || M <- Members].
 
 pool(_Tag, _Start, Running, [], Done) when map_size(Running) =:= 0 ->

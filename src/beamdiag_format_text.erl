@@ -309,7 +309,7 @@ cluster_outliers(Out, _N) ->
 
 cluster_outlier(#{node := N, figures := Figs, finding := #{evidence := [Head | _]},
                   findings := Fs}) ->
-    [io_lib:format("  ~ts (z ~ts)~n", [safe(N), zs(Figs)]),
+    ["  ", cut([safe(N), " (z ", zs(Figs), ")"], ?WIDTH - 2), "\n",
      block(["WARNING cluster_outlier: ", Head], 4),
      case [F || F = #{id := Id} <- Fs, Id =/= cluster_outlier] of
          [] -> "    its findings: none\n";
