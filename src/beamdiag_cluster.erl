@@ -357,7 +357,7 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
               _ -> Now + round((D + Slack) * 1000)
           end,
     Collect = collect_opts(Opts, Due),
-    [Pid ! {Tag, go, Collect} || {{Pid, _}, _} <- Procs],
+    _ = [Pid ! {Tag, go, Collect} || {{Pid, _}, _} <- Procs],
     %% The collectors' own deadlines end them; this one is the backstop.
     GiveUp = Now + round(D * 1000) + case Slack of
                                          infinity -> 30000;
