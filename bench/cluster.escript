@@ -82,8 +82,8 @@ round(N, Window, K, Exe) ->
                 Overlap = overlap(Lines),
                 {LoadS, ReadyS} = phases(Lines),
                 io:format("~6b ~8.1f ~8.1f ~8.1f ~11.1f ~7s ~8.1f ~8.1f% ~9s ~6b ~12s~n",
-                          [N + 1, StartS, WallS, LoadS, ReadyS - LoadS,
-                           case ReadyS - LoadS =< Window + 5 of true -> "met"; false -> "missed" end,
+                          [N + 1, StartS, WallS, LoadS, ReadyS,
+                           case ReadyS =< Window + 5 of true -> "met"; false -> "missed" end,
                            PeakKb / 1024, 100 * Answered / max(1, Members),
                            atom_to_list(OddFirst), length(Lines), Overlap]),
                 [file:delete(F) || F <- [File, Out, Json]],
@@ -156,12 +156,12 @@ overlap(Lines) ->
         [] -> "-"
     end.
 
-%% How long connecting and loading took, and when the report was ready,
-%% both from the start of connecting (the report's second line).
+%% How long connecting and loading took, and how long after the agents
+%% started the report was ready (the report's third line).
 phases(Lines) ->
-    case [L || L <- Lines, binary:match(L, <<"connected and loaded in">>) =/= nomatch] of
+    case [L || L <- Lines, binary:match(L, <<"connect and load:">>) =/= nomatch] of
         [L | _] ->
-            {match, [A, B]} = re:run(L, "in ([0-9.]+) s; report ready ([0-9.]+) s",
+            {match, [A, B]} = re:run(L, "load: ([0-9.]+) s; report ready ([0-9.]+) s",
                                      [{capture, all_but_first, list}]),
             {list_to_float(A), list_to_float(B)};
         [] ->

@@ -267,8 +267,9 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
                                 [float(W), float(Spread), float(Overlap)]),
                   case C of
                       #{prepare_s := P, total_s := T} ->
-                          io_lib:format("  connected and loaded in ~.1f s; report ready ~.1f s after "
-                                        "that began~n", [float(P), float(T)]);
+                          io_lib:format("  connect and load: ~.1f s; report ready ~.1f s after the "
+                                        "agents started~n",
+                                        [float(P), float(T - P)]);
                       _ -> ""
                   end]
         end,

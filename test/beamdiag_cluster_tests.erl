@@ -23,6 +23,7 @@ cluster(Results) ->
        members => [N || #{node := N} <- maps:get(nodes, A)],
        window_s => 10.0,
        windows => #{first_start_ms => 0, start_spread_s => 0.2, overlap_s => 9.8},
+       prepare_s => 12.3, total_s => 26.6,
        errors => []}.
 
 homogeneous_cluster_has_no_outlier_test() ->
