@@ -10,7 +10,7 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0]).
--export([seventy_one_members/1, node_list/1]).
+-export([seventy_one_members/1, node_list/1, stalled_member/1]).
 
 -define(COOKIE, "beamdiag_cluster_suite").
 %% Small nodes: one scheduler, one dirty scheduler of each kind, one async
@@ -23,7 +23,7 @@ suite() ->
     [{timetrap, {minutes, 10}}].
 
 all() ->
-    [node_list, seventy_one_members].
+    [node_list, stalled_member, seventy_one_members].
 
 %%%===================================================================
 %%% Cases
@@ -116,6 +116,35 @@ node_list(Config) ->
         ?assertMatch({match, _}, re:run(Err, "line 2: 'not a node' is not a node name")),
         ?assertEqual(Before, nodes([visible, hidden]))
     after
+        beamdiag_test_lib:stop_peers(Peers)
+    end.
+
+%% A member stopped with SIGSTOP (a node that does not answer at all): it
+%% is listed with the reason in words, the others are diagnosed, and once
+%% it runs again nothing of beamdiag is on it or on the others.
+stalled_member(_Config) ->
+    Peers = beamdiag_test_lib:start_peers([name(I) || I <- lists:seq(201, 204)], ?SMALL, 4),
+    [{_, Stalled} | _] = Peers,
+    OsPid = peer:call(element(1, hd(Peers)), os, getpid, []),
+    try
+        "" = os:cmd("kill -STOP " ++ OsPid),
+        T0 = erlang:monotonic_time(millisecond),
+        {ok, C} = beamdiag_cluster:diagnose(undefined, #{nodes => [N || {_, N} <- Peers],
+                                                         cookie => list_to_atom(?COOKIE),
+                                                         duration => 2, msacc => false}),
+        Took = erlang:monotonic_time(millisecond) - T0,
+        "" = os:cmd("kill -CONT " ++ OsPid),
+        Text = beamdiag_format_text:cluster(C, #{}),
+        ct:pal("~b ms~n~ts", [Took, Text]),
+        ?assertEqual(3, length(maps:get(nodes, C))),
+        [#{node := N, message := M}] = maps:get(errors, C),
+        ?assertEqual(atom_to_binary(Stalled), N),
+        %% Words, not a term.
+        ?assertMatch({match, _}, re:run(M, "^cannot reach it: .* did not finish the connection")),
+        ?assertEqual(nomatch, re:run(M, "[{}]")),
+        ok = nothing_left(Peers, 100)
+    after
+        os:cmd("kill -CONT " ++ OsPid),
         beamdiag_test_lib:stop_peers(Peers)
     end.
 
