@@ -66,6 +66,9 @@
 %% large (a share of 0.5%, 0.01 CPUs, 1000 reductions per second).
 -define(RATIO_FLOOR, #{cpus_used => 0.01, reductions_per_s => 1000.0}).
 -define(SHARE_RATIO_FLOOR, 0.005).
+%% Members on one host past which their agents do not scan the host's
+%% processes (see crowded/1).
+-define(CROWDED, 16).
 
 %%%===================================================================
 %%% API
@@ -357,13 +360,31 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
               _ -> Now + round((D + Slack) * 1000)
           end,
     Collect = collect_opts(Opts, Due),
-    _ = [Pid ! {Tag, go, Collect} || {{Pid, _}, _} <- Procs],
+    Crowded = crowded([M || {M, _} <- Prepared]),
+    _ = [Pid ! {Tag, go, Collect#{host_scan => not lists:member(host(M), Crowded)}}
+         || {{Pid, _}, M} <- Procs],
     %% The collectors' own deadlines end them; this one is the backstop.
     GiveUp = Now + round(D * 1000) + case Slack of
                                          infinity -> 30000;
                                          _ -> round(Slack * 1000)
                                      end + ?GRACE_MS,
     [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
+
+%% The hosts with more than ?CROWDED members. Each agent reads every
+%% process of its host at the window's start and end (to name what
+%% competes for CPUs); with hundreds of members on one host that is
+%% hundreds of scans of hundreds of processes, all at the window's start,
+%% so there the scan is left out.
+crowded(Members) ->
+    Counts = lists:foldl(fun(M, Acc) -> maps:update_with(host(M), fun(X) -> X + 1 end, 1, Acc) end,
+                         #{}, Members),
+    [H || {H, N} <- maps:to_list(Counts), N > ?CROWDED].
+
+host(Node) ->
+    case string:split(atom_to_list(Node), "@") of
+        [_, H] -> H;
+        _ -> ""
+    end.
 
 collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
                procs := P}, Due) ->
