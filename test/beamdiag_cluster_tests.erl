@@ -62,7 +62,6 @@ text_fits_one_screen_test() ->
                                         || I <- lists:seq(1, 12)]},
     Text = beamdiag_format_text:cluster(C, #{}),
     Lines = binary:split(Text, <<"\n">>, [global, trim]),
-    ?debugFmt("~ts", [Text]),
     ?assert(length(Lines) =< 50),
     ?assertEqual([], [L || L <- Lines, string:length(L) > 80]),
     %% The outliers come first, the rest after.
