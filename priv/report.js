@@ -147,6 +147,43 @@ function bars(container, title, rows) {
   });
   rendered++;
 }
+function spread(container, fig) {
+  var title = fig.key + ' (' + fig.unit + ')';
+  var f = frame(container, title), svg = f.svg, vals = fig.values || [];
+  var share = fig.unit.indexOf('share') === 0;
+  var fmtv = function (v) {
+    if (share) return pct(v);
+    if (v >= 1e6) return (v / 1e6).toFixed(1) + 'M';
+    if (v >= 1e3) return (v / 1e3).toFixed(1) + 'k';
+    return (+v.toFixed(2)).toString();
+  };
+  var ymax = vals.reduce(function (m, p) { return Math.max(m, p[1]); }, 0);
+  ymax = share ? Math.min(1, Math.max(0.05, ymax * 1.1)) : Math.max(1e-9, ymax * 1.1);
+  var ih = H - M.t - M.b, iw = W - M.l - M.r, bw = iw / Math.max(1, vals.length);
+  function y(v) { return M.t + ih - ih * Math.min(1, Math.max(0, v / ymax)); }
+  for (var i = 0; i <= 4; i++) {
+    var gy = M.t + ih - ih * i / 4;
+    el('line', {x1: M.l, x2: W - M.r, y1: gy, y2: gy, 'class': 'grid'}, svg);
+    text('text', {x: M.l - 5, y: gy + 4, 'text-anchor': 'end'}, fmtv(ymax * i / 4), svg);
+  }
+  var odd = {}, labelled = 0;
+  (fig.outliers || []).forEach(function (n) { odd[n] = true; });
+  vals.forEach(function (p, i) {
+    var x = M.l + i * bw, top = y(p[1]);
+    var r = el('rect', {x: x, y: top, width: Math.max(0.5, bw - (bw > 3 ? 1 : 0)), height: Math.max(0.5, M.t + ih - top),
+                        fill: odd[p[0]] ? '#d7302a' : '#8aa4c8', 'data-node': p[0], 'class': odd[p[0]] ? 'outlier' : 'node'}, svg);
+    text('title', {}, p[0] + ': ' + fmtv(p[1]) + (odd[p[0]] ? ' (outlier)' : ''), r);
+    if (odd[p[0]] && labelled < 3) {
+      text('text', {x: Math.min(W - M.r - 4, x + bw + 3), y: Math.max(M.t + 10, top + 10 + 12 * labelled), 'class': 'label'}, p[0], svg);
+      labelled++;
+    }
+  });
+  var my = y(fig.median || 0);
+  el('line', {x1: M.l, x2: W - M.r, y1: my, y2: my, stroke: '#2e9e6a', 'stroke-dasharray': '6 4', 'stroke-width': 1.5}, svg);
+  text('text', {x: W - M.r, y: my - 4, 'text-anchor': 'end'}, 'median ' + fmtv(fig.median || 0), svg);
+  text('text', {x: M.l + iw / 2, y: H - 8, 'text-anchor': 'middle'}, vals.length + ' nodes, sorted', svg);
+  rendered++;
+}
 function run(name, f) { try { f(); } catch (e) { fail(name + ': ' + (e && e.message ? e.message : e)); } }
 var node = document.getElementById('beamdiag-data');
 var data = {};
@@ -177,6 +214,12 @@ if (data.kind === 'diagnosis') {
   });
   var mc = document.getElementById('msacc-charts');
   if (mc && data.msacc && data.msacc.length) run('msacc', function () { bars(mc, 'msacc states by thread type', data.msacc); });
+}
+if (data.kind === 'cluster') {
+  var kc = document.getElementById('cluster-charts');
+  if (kc) (data.figures || []).forEach(function (fig) {
+    run('figure ' + fig.key, function () { spread(kc, fig); });
+  });
 }
 body.setAttribute('data-rendered', String(rendered));
 }());

@@ -19,7 +19,7 @@
 -type id() :: atom().
 -type entry() :: #{
     id := id(),
-    area := ledger | locks | processes | profile,
+    area := ledger | locks | processes | profile | cluster,
     title := binary(),
     meaning := binary(),
     fix := binary(),
@@ -329,6 +329,29 @@ entries() ->
                   "collection, copies, ETS reads, lock waits, spinning and functions the "
                   "knowledge base does not know are rated warning at most for that "
                   "reason.">>
+        },
+        #{
+            id => cluster_outlier,
+            area => cluster,
+            title => <<"This node is the odd one out in its cluster">>,
+            meaning =>
+                <<"Diagnosed over the same seconds as the rest of its cluster, this node's "
+                  "figures lie far above the cluster's median: its robust z-score, the "
+                  "distance from the median over the spread of the nodes (1.4826 times the "
+                  "median absolute deviation, with a floor so that near-identical nodes do "
+                  "not turn jitter into a difference), is 3.5 or more. Nodes that run the "
+                  "same code under a balanced load look alike; one that does not gets more "
+                  "of the load, or does different work, or runs on a different host.">>,
+            fix =>
+                <<"Read this node's own findings first: they say where its time goes. Then "
+                  "ask why it differs: traffic skewed to it (a hot key, a shard or partition "
+                  "leader, a registered process the others call, sticky sessions), a job "
+                  "only it runs, different flags or a release the others do not have, or a "
+                  "busier host (compare the hosts' CPU and steal).">>,
+            when_not =>
+                <<"A node with a role of its own (the one that runs the scheduler of "
+                  "periodic jobs, the leader, the seed that every other node connects to) "
+                  "is expected to differ; the finding then confirms its role.">>
         }
     ].
 

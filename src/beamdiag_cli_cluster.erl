@@ -1,6 +1,6 @@
-%%% @doc `beamdiag cluster NODE': diagnose NODE and every node connected to
-%%% it over the same window; a row per node, each node's findings and the
-%%% node whose ledger differs from the rest.
+%%% @doc `beamdiag cluster [NODE] [--nodes FILE]': diagnose every member of
+%%% a cluster over the same window; the outliers first, with why they stand
+%%% out, then one screen on the rest (`--all' adds a row per node).
 -module(beamdiag_cli_cluster).
 
 -behaviour(beamdiag_cli).
@@ -16,18 +16,36 @@
 spec() ->
     #{
         name => "cluster",
-        summary => "Diagnose every node connected to NODE at once; point at outliers.",
+        summary => "Diagnose every member of a cluster over the same window; the outliers first.",
         exit_codes => [0, 1, 2, 3, 4],
         example => "beamdiag cluster app@db1 --cookie-file /etc/app/cookie --duration 10",
-        positional => [#{key => node, metavar => "NODE", required => true,
-                         help => "any node of the cluster, name@host"}],
+        positional => [#{key => node, metavar => "NODE", required => false,
+                         help => "any node of the cluster, name@host: it and the nodes it is "
+                                 "connected to are the members (optional with --nodes)"}],
         options => beamdiag_cli_diagnose:node_options() ++ [
+            #{key => nodes, long => "--nodes", type => string, metavar => "FILE",
+              help => "the members, one node name a line (blank lines and # comments "
+                      "skipped), for clusters that are not fully meshed"},
+            #{key => max_nodes, long => "--max-nodes", type => {integer, 1, 100000},
+              default => 500, metavar => "N", help => "refuse clusters of more members"},
+            #{key => concurrency, long => "--concurrency", type => {integer, 1, 1000},
+              default => 32, metavar => "K",
+              help => "members connected and loaded at once before the window"},
             #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
               metavar => "SECONDS", help => "length of the window"},
             #{key => interval, long => "--interval", type => {integer, 10, 60000},
               default => 1000, metavar => "MS", help => "time between samples"},
+            #{key => slack, long => "--slack", type => {float, 0.0, 3600.0}, default => 1.5,
+              metavar => "SECONDS",
+              help => "the report is due SECONDS after the window, counted from the agents' "
+                      "start; members later than that are listed as not diagnosed"},
+            #{key => all, long => "--all", type => boolean, default => false,
+              help => "also print a row per node"},
             #{key => json, long => "--json", type => boolean, default => false,
-              help => "print one JSON document (schema beamdiag.cluster/1)"},
+              help => "print one JSON document (schema beamdiag.cluster/2)"},
+            #{key => html, long => "--html", type => string, metavar => "FILE",
+              help => "also write a self-contained HTML report to FILE (a chart per figure "
+                      "across the nodes, outliers marked)"},
             #{key => out, long => "--out", type => string, metavar => "FILE",
               help => "write the report to FILE instead of standard output"},
             #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
@@ -38,27 +56,51 @@ spec() ->
 %% @doc Runs the command. Also takes the options of `diagnose' (those it
 %% does not use are ignored), so that `diagnose --cluster' can call it.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(Opts = #{node := Node}, IO = #{err := Err}) ->
+run(Opts, IO) ->
+    case {maps:get(node, Opts, undefined), maps:get(nodes, Opts, undefined)} of
+        {undefined, undefined} ->
+            beamdiag_cli:usage_error("give NODE (a member of the cluster) or --nodes FILE", IO);
+        {Node, undefined} ->
+            run(Node, undefined, Opts, IO);
+        {Node, File} ->
+            case beamdiag_cluster:read_nodes(File) of
+                {ok, List} -> run(Node, List, Opts, IO);
+                {error, Error} -> beamdiag_cli:fail(Error, IO)
+            end
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+run(Node, List, Opts, IO = #{err := Err}) ->
     LibOpts = maps:merge(
-        maps:with([cookie, cookie_file], Opts),
+        maps:with([cookie, cookie_file, max_nodes, concurrency, slack], Opts),
         #{duration => maps:get(duration, Opts, 10.0),
           interval => maps:get(interval, Opts, 1000),
           msacc => not maps:get(no_msacc, Opts, false),
           msacc_span => maps:get(msacc_span, Opts, 2.0),
-          locks => not maps:get(no_locks, Opts, false)}),
+          locks => not maps:get(no_locks, Opts, false),
+          nodes => List}),
     Err(io_lib:format("beamdiag: diagnosing the cluster of ~ts for ~.1f s\n",
-                      [Node, float(maps:get(duration, LibOpts))])),
+                      [case List of
+                           undefined -> Node;
+                           _ -> io_lib:format("~b listed nodes", [length(List)])
+                       end, float(maps:get(duration, LibOpts))])),
     case beamdiag_cluster:diagnose(Node, LibOpts) of
         {ok, C} ->
             Text = case maps:get(json, Opts, false) of
-                       true -> [beamdiag_json:encode(beamdiag_cluster:document(C)), "\n"];
-                       false -> beamdiag_cluster:text(C)
+                       true -> beamdiag_format_json:cluster(C);
+                       false -> beamdiag_format_text:cluster(C, #{all => maps:get(all, Opts, false)})
                    end,
+            Findings = lists:append(maps:values(maps:get(findings, C))),
             case beamdiag_cli:emit(Text, Opts, IO) of
                 0 ->
-                    beamdiag_cli:findings_code(
-                      [F || D <- maps:values(maps:get(diagnoses, C)), F <- maps:get(findings, D)],
-                      Opts);
+                    case beamdiag_cli:html(fun() -> beamdiag_format_html:cluster(C) end,
+                                           maps:with([html], Opts), IO) of
+                        0 -> beamdiag_cli:findings_code(Findings, Opts);
+                        Code -> Code
+                    end;
                 Code ->
                     Code
             end;

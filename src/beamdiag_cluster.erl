@@ -1,87 +1,153 @@
-%%% @doc Diagnoses every node of a cluster at once and points at the odd
-%%% one out.
+%%% @doc Diagnoses every node of a cluster over the same wall-clock window
+%%% and points at the odd one out.
 %%%
-%%% From one node the cluster's members are read over distribution
-%%% (`erlang:nodes()' on that node, plus the node itself; hidden nodes are
-%%% not members). Each member is diagnosed in a process of its own, all over
-%%% the same window, with `beamdiag:diagnose/2'. The report is a summary row
-%%% per node, each node's findings, and the outliers: for every ledger
-%%% figure, each node's robust z-score against the cluster, `(x - median) /
-%%% (1.4826 * MAD)', where the MAD (median absolute deviation) has a floor
-%%% (5 points of a share, 0.1 CPUs, half the median rate) so that a
-%%% cluster of near-identical nodes does not turn measurement jitter into an
-%%% outlier. |z| >= 3.5 (Iglewicz and Hoaglin's cut-off) marks an outlier;
-%%% it takes at least three answering nodes.
+%%% The members are the seed node and the nodes it is connected to
+%%% (`erlang:nodes()' on the seed; hidden nodes are not members), or a list
+%%% of node names (`nodes'), for clusters that are not fully meshed. This
+%%% node connects to each member as a hidden node and leaves nothing behind:
+%%% the agents remove their modules when they end, and every connection this
+%%% session opened is closed at its end.
+%%%
+%%% Two phases keep hundreds of members cheap and comparable. First, at
+%%% most `concurrency' members at a time are connected and given the
+%%% agent's modules. Then every prepared member's agent is started at once,
+%%% so that all windows cover the same seconds; each member's window start
+%%% (its wall clock) is kept, and the report says how far apart the starts
+%%% were and how long all windows overlap. The report is due at the window
+%%% plus `slack' from the agents' start: a member whose agent has not
+%%% answered by then (and a few seconds of grace) is listed, with the reason
+%%% in words, and the rest of the report stands.
+%%%
+%%% The analysis (`beamdiag_outliers:nodes/1') gives each figure's
+%%% distribution over the nodes and the outliers; each outlier gets a
+%%% finding of its own, `cluster_outlier', that says in figures how it
+%%% differs from the cluster's median.
 %%%
 %%% ```
 %%% 1> {ok, C} = beamdiag_cluster:diagnose("app@host1", #{duration => 5}).
 %%% 2> [N || #{node := N} <- maps:get(outliers, C)].
 %%% [<<"app@host3">>]
-%%% 3> io:put_chars(beamdiag_cluster:text(C)).
+%%% 3> io:put_chars(beamdiag_format_text:cluster(C, #{})).
 %%% '''
 -module(beamdiag_cluster).
 
--export([diagnose/2, summary_row/1, outliers/1, text/1, document/1, format_error/1]).
+-export([diagnose/2, analyse/1, summary_row/1, parse_nodes/1, read_nodes/1, document/1,
+         format_error/1]).
 
--export_type([cluster/0]).
+-export_type([cluster/0, member_result/0]).
 
+%% What one member gave: its summary row and its findings in full.
+-type member_result() :: #{row := map(), findings := [beamdiag_finding:finding()]}.
 -type cluster() :: #{
     schema := binary(),
-    seed := binary(),
+    seed := binary() | null,
+    source := seed | list,
     members := [binary()],
+    window_s := float(),
+    windows := map(),
+    prepare_s => float(),
+    total_s => float(),
     nodes := [map()],
+    spread := #{atom() => beamdiag_outliers:spread()},
     outliers := [map()],
+    rest := map(),
     errors := [map()],
-    diagnoses := #{binary() => beamdiag:diagnosis()}
+    findings := #{binary() => [beamdiag_finding:finding()]}
 }.
 
--define(SCHEMA, <<"beamdiag.cluster/1">>).
--define(DEFAULTS, #{max_nodes => 64}).
+-define(SCHEMA, <<"beamdiag.cluster/2">>).
+-define(DEFAULTS, #{max_nodes => 500, concurrency => 32, nodes => undefined}).
+-define(OWN_KEYS, [max_nodes, concurrency, nodes]).
 -define(CALL_TIMEOUT, 5000).
--define(Z_CUT, 3.5).
-%% Figures per node: key, floor of the deviation scale.
--define(FIGURES, [
-    {cpus_used, {abs, 0.1}},
-    {busy, {abs, 0.05}},
-    {on_cpu, {abs, 0.05}},
-    {spin, {abs, 0.05}},
-    {runq, {abs, 0.05}},
-    {sys, {abs, 0.05}},
-    {blocked, {abs, 0.05}},
-    {reductions_per_s, {rel, 0.50}}
-]).
+%% How long past the report's due time a member's agent may still take to
+%% send what it has (the collector's own grace) before it is given up.
+-define(GRACE_MS, 4000).
+%% A figure stands out as a ratio only against a median at least this
+%% large (a share of 0.5%, 0.01 CPUs, 1000 reductions per second).
+-define(RATIO_FLOOR, #{cpus_used => 0.01, reductions_per_s => 1000.0}).
+-define(SHARE_RATIO_FLOOR, 0.005).
+%% Members on one host past which their agents do not scan the host's
+%% processes (see crowded/1).
+-define(CROWDED, 16).
 
 %%%===================================================================
 %%% API
 %%%===================================================================
 
-%% @doc Diagnoses NODE and every node connected to it. Options: those of
-%% `beamdiag:diagnose/2' (without `progress') and `max_nodes' (64; more
-%% members is an error rather than a storm of connections).
--spec diagnose(node() | string() | binary(), map()) ->
+%% @doc Diagnoses the cluster of NODE (NODE and every node connected to
+%% it), or, with `nodes', the nodes listed there (and NODE, unless it is
+%% `undefined'). Options: those of `beamdiag:diagnose/2' except `progress',
+%% `perf' and `erlang'; `max_nodes' (500: more members is an error, not a
+%% storm of connections), `concurrency' (32: members connected and loaded
+%% at once), `nodes' (a list of node names).
+-spec diagnose(node() | string() | binary() | undefined, map()) ->
     {ok, cluster()} | {error, {module(), term()}}.
-diagnose(Node, Opts) when is_atom(Node) ->
+diagnose(Node, Opts) when is_atom(Node), Node =/= undefined ->
     diagnose(atom_to_list(Node), Opts);
-diagnose(NodeStr, Opts) when is_map(Opts) ->
-    #{max_nodes := Max} = maps:merge(?DEFAULTS, maps:with([max_nodes], Opts)),
-    DiagOpts = beamdiag:options(maps:without([max_nodes], Opts)),
-    case beamdiag_remote:connect(NodeStr, maps:with([cookie, cookie_file], DiagOpts)) of
-        {ok, Seed} ->
-            case members(Seed) of
-                {ok, Members} when length(Members) > Max ->
-                    {error, {beamdiag_cluster, {too_many_nodes, length(Members), Max}}};
-                {ok, Members} ->
-                    Results = run_all(Members, maps:remove(progress, DiagOpts)),
-                    {ok, build(Seed, Members, Results)};
-                {error, _} = E ->
-                    E
+diagnose(Seed, Opts) when is_map(Opts) ->
+    #{max_nodes := Max, concurrency := K, nodes := List} =
+        maps:merge(?DEFAULTS, maps:with(?OWN_KEYS, Opts)),
+    (is_integer(Max) andalso Max >= 1) orelse erlang:error({badarg, {max_nodes, Max}}),
+    (is_integer(K) andalso K >= 1) orelse erlang:error({badarg, {concurrency, K}}),
+    DiagOpts = beamdiag:options(maps:without(?OWN_KEYS, Opts)),
+    (maps:get(perf, DiagOpts) =:= false andalso maps:get(erlang, DiagOpts) =:= false)
+        orelse erlang:error({badarg, perf}),
+    Before = nodes([visible, hidden]),
+    Remote = maps:with([cookie, cookie_file], DiagOpts),
+    case members(Seed, List, Remote, Before) of
+        {ok, SeedNode, _Source, Members} when length(Members) > Max ->
+            disconnect_new([SeedNode], Before),
+            {error, {?MODULE, {too_many_nodes, length(Members), Max}}};
+        {ok, SeedNode, Source, Members} ->
+            try
+                T0 = erlang:monotonic_time(millisecond),
+                Prepared = prepare(Members, Remote, K),
+                PrepareS = (erlang:monotonic_time(millisecond) - T0) / 1000,
+                Run = run_all([{M, L} || {M, {ok, L}} <- Prepared], DiagOpts),
+                Errors = [{M, E} || {M, {error, E}} <- Prepared] ++
+                    [{M, E} || {M, {error, E}} <- Run],
+                Results = [{M, R} || {M, {ok, R}} <- Run],
+                C = build(SeedNode, Source, Members, Results, Errors, maps:get(duration, DiagOpts)),
+                {ok, C#{prepare_s => PrepareS,
+                        total_s => (erlang:monotonic_time(millisecond) - T0) / 1000}}
+            after
+                disconnect_new(Members, Before)
             end;
         {error, _} = E ->
             E
     end.
 
+%% @doc The cluster's analysis over the members' results: each figure's
+%% spread, the outliers (each with its `cluster_outlier' finding added to
+%% its findings), and for the other nodes how many share each finding and
+%% the spread of their figures.
+-spec analyse([member_result()]) ->
+    #{nodes := [map()], spread := map(), outliers := [map()], rest := map(),
+      findings := #{binary() => [beamdiag_finding:finding()]}}.
+analyse(Results) ->
+    Rows = [R || #{row := R} <- Results],
+    #{spread := Spread, outliers := Out0} = beamdiag_outliers:nodes(Rows),
+    Own = maps:from_list([{N, outlier_finding(O)} || O = #{node := N} <- Out0]),
+    Findings = maps:from_list(
+        [{N, beamdiag_finding:sort(case maps:find(N, Own) of
+                                       {ok, F} -> [F | Fs];
+                                       error -> Fs
+                                   end)}
+         || #{row := #{node := N}, findings := Fs} <- Results]),
+    Brief = fun(N) -> [#{id => Id, severity => S} || #{id := Id, severity := S} <- maps:get(N, Findings)] end,
+    Nodes = [R#{findings => Brief(N)} || R = #{node := N} <- Rows],
+    Out = [O#{finding => maps:get(N, Own), findings => Brief(N)} || O = #{node := N} <- Out0],
+    Odd = maps:keys(Own),
+    Rest = [R || R = #{node := N} <- Nodes, not lists:member(N, Odd)],
+    #{nodes => Nodes, spread => Spread, outliers => Out, findings => Findings,
+      rest => #{n => length(Rest),
+                shared => shared(Rest),
+                spread => maps:from_list([{K, beamdiag_outliers:spread([maps:get(K, R) || R <- Rest])}
+                                          || K <- beamdiag_outliers:figures()])}}.
+
 %% @doc The summary figures of one diagnosis: the node's CPUs, the normal
-%% schedulers' shares of wall time, reductions per second, findings.
+%% schedulers' shares of wall time, reductions per second, findings, and
+%% its window (wall-clock start in ms and length in s).
 -spec summary_row(beamdiag:diagnosis()) -> map().
 summary_row(#{capture := C, ledger := L, findings := F}) ->
     Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
@@ -89,7 +155,9 @@ summary_row(#{capture := C, ledger := L, findings := F}) ->
     Share = fun(K) -> beamdiag_ledger:share(K, Sched, Wall) end,
     #{
         node => maps:get(node, C),
+        window_start_ms => maps:get(wall_start_ms, C, 0),
         window_s => maps:get(window_s, L, 0.0),
+        complete => maps:get(complete, C, true),
         cpus_used => maps:get(cpus_used, maps:get(totals, L, #{}), 0.0),
         busy => Share(busy),
         on_cpu => Share(on_cpu),
@@ -102,181 +170,462 @@ summary_row(#{capture := C, ledger := L, findings := F}) ->
         top_process => top_process(maps:get(extras, C, #{}))
     }.
 
-%% @doc The outliers among summary rows: per node, the figures whose robust
-%% z-score reaches the cut-off, and the findings no other node has.
--spec outliers([map()]) -> [map()].
-outliers(Rows) when length(Rows) < 3 ->
-    [];
-outliers(Rows) ->
-    Stats = [{K, robust(K, Floor, Rows)} || {K, Floor} <- ?FIGURES],
-    Counts = lists:foldl(
-        fun(#{findings := Fs}, Acc) ->
-            lists:foldl(fun(Id, A) -> A#{Id => maps:get(Id, A, 0) + 1} end,
-                        Acc, lists:usort([I || #{id := I} <- Fs]))
-        end, #{}, Rows),
-    Half = length(Rows) / 2,
-    lists:filtermap(
-        fun(Row = #{node := N, findings := Fs}) ->
-            Figs = [#{figure => K, value => V, median => Med, z => Z}
-                    || {K, {Med, Scale}} <- Stats, V <- [maps:get(K, Row)],
-                       Z <- [(V - Med) / Scale], abs(Z) >= ?Z_CUT],
-            Own = lists:usort([Id || #{id := Id} <- Fs, maps:get(Id, Counts) < Half]),
-            case Figs of
-                [] -> false;
-                _ -> {true, #{node => N, figures => Figs, own_findings => Own,
-                              score => lists:max([abs(Z) || #{z := Z} <- Figs])}}
-            end
-        end,
-        Rows).
+%% @doc Parses a list of node names, one a line: blank lines and lines
+%% starting with `#' (after blanks) are skipped, a `#' after a name starts
+%% a comment. A line that is not a node name is an error naming the line.
+-spec parse_nodes(binary() | string()) ->
+    {ok, [node()]} | {error, {beamdiag_cluster, {bad_line, pos_integer(), binary()}}}.
+parse_nodes(Text) ->
+    Lines = binary:split(unicode:characters_to_binary(Text), [<<"\r\n">>, <<"\n">>], [global]),
+    parse_lines(lists:enumerate(Lines), []).
 
-%% @doc The cluster report as text.
--spec text(cluster()) -> iolist().
-text(#{seed := Seed, members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) ->
-    [
-        io_lib:format("beamdiag cluster: ~b nodes reached from ~ts, ~b answered~n~n",
-                      [length(Ms), safe(Seed), length(Nodes)]),
-        io_lib:format("~-30s ~5s ~6s ~6s ~6s ~6s ~6s ~7s  ~s~n",
-                      ["node", "cpus", "busy", "on-cpu", "spin", "runq", "sys", "red/s",
-                       "findings"]),
-        [io_lib:format("~-30ts ~5.2f ~6s ~6s ~6s ~6s ~6s ~7s  ~ts~n",
-                       [safe(N), float(Cpus), pct(B), pct(O), pct(S), pct(R), pct(Sy), rate(Red),
-                        short_findings(Fs)])
-         || #{node := N, cpus_used := Cpus, busy := B, on_cpu := O, spin := S, runq := R,
-              sys := Sy, reductions_per_s := Red, findings := Fs} <- Nodes],
-        "\nOUTLIERS (robust z-score against the cluster's median, |z| >= 3.5)\n",
-        case Out of
-            [] when length(Nodes) < 3 -> "  need at least three answering nodes\n";
-            [] -> "  none: the nodes' ledgers agree\n";
-            _ -> [outlier_line(O) || O <- Out]
-        end,
-        "\nTOP PROCESS PER NODE (share of the node's reductions; largest mailbox)\n",
-        [io_lib:format("  ~-30ts ~ts~n", [safe(N), top_process_text(maps:get(top_process, Row, null))])
-         || Row = #{node := N} <- Nodes],
-        "\nFINDINGS PER NODE\n",
-        [case Fs of
-             [] -> io_lib:format("  ~ts: none~n", [safe(N)]);
-             _ -> io_lib:format("  ~ts: ~ts~n", [safe(N), long_findings(Fs)])
-         end || #{node := N, findings := Fs} <- Nodes],
-        case Errs of
-            [] -> "";
-            _ -> ["\nNOT DIAGNOSED\n",
-                  [io_lib:format("  ~ts: ~ts~n", [safe(N), M])
-                   || #{node := N, message := M} <- Errs]]
-        end
-    ].
+%% @doc Reads a file of node names (see `parse_nodes/1').
+-spec read_nodes(file:filename()) -> {ok, [node()]} | {error, {beamdiag_cluster, term()}}.
+read_nodes(File) ->
+    case file:read_file(File) of
+        {ok, Bin} ->
+            case parse_nodes(Bin) of
+                {ok, []} -> {error, {?MODULE, {no_nodes, File}}};
+                {ok, _} = Ok -> Ok;
+                {error, {?MODULE, {bad_line, N, L}}} -> {error, {?MODULE, {bad_line, File, N, L}}}
+            end;
+        {error, Why} ->
+            {error, {?MODULE, {nodes_file, File, Why}}}
+    end.
 
-%% @doc The cluster report as the map its JSON encodes: the summary rows,
-%% outliers and errors, and each node's findings in full.
+%% @doc The cluster report as the map its JSON encodes: everything, each
+%% node's findings in full.
 -spec document(cluster()) -> map().
 document(C) ->
-    Diags = maps:get(diagnoses, C, #{}),
-    (maps:remove(diagnoses, C))#{
-        findings => maps:map(fun(_, #{findings := Fs}) ->
-                                     [maps:with([id, severity, title, evidence, metrics, fix], F)
-                                      || F <- Fs]
-                             end, Diags)
-    }.
+    C.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({members, Node, Why}) ->
-    io_lib:format("cannot list the nodes connected to ~ts: ~0tp", [safe(Node), Why]);
+    io_lib:format("cannot list the nodes connected to ~ts: ~ts", [safe(Node), erpc_words(Why)]);
 format_error({too_many_nodes, N, Max}) ->
-    io_lib:format("the cluster has ~b nodes; at most ~b are diagnosed at once", [N, Max]);
+    io_lib:format("the cluster has ~b nodes; at most ~b are diagnosed at once "
+                  "(raise it with --max-nodes, library option max_nodes)", [N, Max]);
+format_error({bad_line, File, N, Line}) ->
+    io_lib:format("~ts, line ~b: '~ts' is not a node name (expected name@host, one a line; "
+                  "# starts a comment)", [safe(File), N, safe(Line)]);
+format_error({bad_line, N, Line}) ->
+    io_lib:format("line ~b: '~ts' is not a node name (expected name@host)", [N, safe(Line)]);
+format_error({no_nodes, File}) ->
+    io_lib:format("~ts lists no node names", [safe(File)]);
+format_error({nodes_file, File, Why}) ->
+    io_lib:format("cannot read the node list ~ts: ~ts", [safe(File), file:format_error(Why)]);
+format_error({no_answer, Ms}) ->
+    io_lib:format("its agent sent nothing usable within ~.1f s of the window's end; "
+                  "it was told to stop", [Ms / 1000]);
+format_error({crashed, _}) ->
+    "the diagnosis of this node crashed in beamdiag (a bug; the other nodes are unaffected)";
+format_error({agent_start, timeout}) ->
+    "the node did not start the agent within 5 s (overloaded or stalled)";
+format_error({agent_start, noconnection}) ->
+    "the connection to the node dropped before its agent started";
+format_error({agent_start, Why}) ->
+    io_lib:format("the agent could not start on the node (~ts)", [erpc_words(Why)]);
+format_error({target_down, noconnection, N}) ->
+    io_lib:format("the connection to the node dropped mid-window after ~b samples", [N]);
+format_error({target_down, _, N}) ->
+    io_lib:format("the agent ended mid-window after ~b samples", [N]);
 format_error(timeout) ->
-    "the node's diagnosis did not finish in time".
+    "the agent did not send two samples in time".
 
 %%%===================================================================
-%%% Internal
+%%% Internal: members
 %%%===================================================================
 
-members(Seed) ->
-    try erpc:call(Seed, erlang, nodes, [], ?CALL_TIMEOUT) of
-        Nodes when is_list(Nodes) -> {ok, lists:usort([Seed | Nodes])}
-    catch
-        Class:Reason -> {error, {beamdiag_cluster, {members, Seed, {Class, Reason}}}}
+members(Seed, undefined, Remote, Before) when Seed =/= undefined ->
+    case beamdiag_remote:connect(Seed, Remote) of
+        {ok, Node} ->
+            try erpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
+                Nodes when is_list(Nodes) -> {ok, Node, seed, lists:usort([Node | Nodes])}
+            catch
+                Class:Reason ->
+                    disconnect_new([Node], Before),
+                    {error, {?MODULE, {members, Node, {Class, Reason}}}}
+            end;
+        {error, _} = E ->
+            E
+    end;
+members(undefined, undefined, _Remote, _Before) ->
+    erlang:error({badarg, no_members});
+members(Seed, List, _Remote, _Before) when is_list(List) ->
+    Names = [to_list(N) || N <- List] ++ [to_list(Seed) || Seed =/= undefined],
+    Parsed = [{N, beamdiag_remote:parse_node(N)} || N <- Names],
+    case [E || {_, {error, _} = E} <- Parsed] of
+        [E | _] ->
+            E;
+        [] ->
+            SeedNode = case Seed of
+                           undefined -> null;
+                           _ -> list_to_atom(to_list(Seed))
+                       end,
+            {ok, SeedNode, list, lists:usort([N || {_, {ok, N, _}} <- Parsed])}
     end.
 
-run_all(Members, Opts) ->
-    Self = self(),
-    Timeout = round(maps:get(duration, Opts) * 1000) + 30000,
-    Procs = [{spawn_monitor(fun() -> Self ! {self(), beamdiag:diagnose(M, Opts)} end), M}
-             || M <- Members],
-    Deadline = erlang:monotonic_time(millisecond) + Timeout,
-    [collect(Pid, MRef, M, Deadline) || {{Pid, MRef}, M} <- Procs].
+to_list(A) when is_atom(A) -> atom_to_list(A);
+to_list(B) when is_binary(B) -> unicode:characters_to_list(B);
+to_list(L) when is_list(L) -> L.
 
-collect(Pid, MRef, M, Deadline) ->
-    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
+parse_lines([], Acc) ->
+    {ok, lists:reverse(Acc)};
+parse_lines([{N, Line} | Rest], Acc) ->
+    Name = string:trim(hd(binary:split(Line, <<"#">>))),
+    case Name of
+        <<>> ->
+            parse_lines(Rest, Acc);
+        _ ->
+            case beamdiag_remote:parse_node(Name) of
+                {ok, Node, _} -> parse_lines(Rest, [Node | Acc]);
+                {error, _} -> {error, {?MODULE, {bad_line, N, string:trim(Line)}}}
+            end
+    end.
+
+%% Only the connections this session opened are closed: a node this one
+%% was already connected to stays connected.
+disconnect_new(Nodes, Before) ->
+    [beamdiag_remote:disconnect(N) || N <- Nodes, is_atom(N), N =/= null,
+                                      not lists:member(N, Before)],
+    ok.
+
+%%%===================================================================
+%%% Internal: the two phases
+%%%===================================================================
+
+%% Phase one: connect to each member and load the agent's modules, at most
+%% K members at a time. [{Member, {ok, Loaded} | {error, Reason}}], in
+%% member order.
+prepare(Members, Remote, K) ->
+    Self = self(),
+    Tag = make_ref(),
+    Work = fun(M) ->
+               case beamdiag_remote:connect(atom_to_list(M), Remote) of
+                   {ok, Node} -> beamdiag_loader:load(Node, beamdiag_agent:modules());
+                   {error, _} = E -> E
+               end
+           end,
+    Start = fun(M) ->
+                {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, self(), Work(M)} end),
+                {Pid, {M, MRef}}
+            end,
+    %% This node starts its distribution with the first connection: that
+    %% one alone, the rest side by side.
+    {Done0, Rest} = case {node(), Members} of
+                        {nonode@nohost, [M1 | Ms]} -> {#{M1 => Work(M1)}, Ms};
+                        _ -> {#{}, Members}
+                    end,
+    {First, Queue} = lists:split(min(K, length(Rest)), Rest),
+    Running = maps:from_list([Start(M) || M <- First]),
+    Done = pool(Tag, Start, Running, Queue, Done0),
+    [{M, maps:get(M, Done)} || M <- Members].
+
+pool(_Tag, _Start, Running, [], Done) when map_size(Running) =:= 0 ->
+    Done;
+pool(Tag, Start, Running, Queue, Done) ->
     receive
-        {Pid, Result} ->
+        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
+            {M, MRef} = maps:get(Pid, Running),
+            erlang:demonitor(MRef, [flush]),
+            next(Tag, Start, maps:remove(Pid, Running), Queue, Done#{M => Result});
+        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
+            {M, MRef} = maps:get(Pid, Running),
+            next(Tag, Start, maps:remove(Pid, Running), Queue,
+                 Done#{M => {error, {?MODULE, {crashed, Why}}}})
+    end.
+
+next(Tag, Start, Running, [M | Queue], Done) ->
+    {Pid, V} = Start(M),
+    pool(Tag, Start, Running#{Pid => V}, Queue, Done);
+next(Tag, Start, Running, [], Done) ->
+    pool(Tag, Start, Running, [], Done).
+
+%% Phase two: one collector per prepared member, all told to start at
+%% once, so that every window covers the same seconds. Each collector
+%% analyses its capture and keeps only the summary row and the findings.
+run_all([], _Opts) ->
+    [];
+run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
+    Self = self(),
+    Tag = make_ref(),
+    Procs = [{spawn_monitor(fun() -> receive {Tag, go, Collect} -> ok end,
+                                    Self ! {Tag, self(), member(M, Collect#{unload => L})}
+                            end), M}
+             || {M, L} <- Prepared],
+    Now = erlang:monotonic_time(millisecond),
+    Due = case Slack of
+              infinity -> infinity;
+              _ -> Now + round((D + Slack) * 1000)
+          end,
+    Collect = collect_opts(Opts, Due),
+    Crowded = crowded([M || {M, _} <- Prepared]),
+    _ = [Pid ! {Tag, go, Collect#{host_scan => not lists:member(host(M), Crowded)}}
+         || {{Pid, _}, M} <- Procs],
+    %% The collectors' own deadlines end them; this one is the backstop.
+    GiveUp = Now + round(D * 1000) + case Slack of
+                                         infinity -> 30000;
+                                         _ -> round(Slack * 1000)
+                                     end + ?GRACE_MS,
+    [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
+
+%% The hosts with more than ?CROWDED members. Each agent reads every
+%% process of its host at the window's start and end (to name what
+%% competes for CPUs); with hundreds of members on one host that is
+%% hundreds of scans of hundreds of processes, all at the window's start,
+%% so there the scan is left out.
+crowded(Members) ->
+    Counts = lists:foldl(fun(M, Acc) -> maps:update_with(host(M), fun(X) -> X + 1 end, 1, Acc) end,
+                         #{}, Members),
+    [H || {H, N} <- maps:to_list(Counts), N > ?CROWDED].
+
+host(Node) ->
+    case string:split(atom_to_list(Node), "@") of
+        [_, H] -> H;
+        _ -> ""
+    end.
+
+collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
+               procs := P}, Due) ->
+    #{duration_ms => max(1, round(D * 1000)), interval_ms => I, msacc => M,
+      msacc_ms => max(1, round(S * 1000)), locks => L, procs => P, ready_by => Due}.
+
+member(Node, Collect) ->
+    case beamdiag_collect:run(Node, Collect) of
+        {ok, Capture} ->
+            D = #{findings := F} = beamdiag:analyse(Capture),
+            {ok, #{row => summary_row(D), findings => F}};
+        {error, {beamdiag_collect, {target_down, Why, Partial}}} ->
+            N = case Partial of
+                    #{samples := S} -> length(S);
+                    _ -> 0
+                end,
+            Words = case Why of
+                        noconnection -> noconnection;
+                        _ -> other
+                    end,
+            {error, {?MODULE, {target_down, Words, N}}};
+        {error, {beamdiag_collect, {agent_start, _, {error, {erpc, What}}}}}
+          when What =:= timeout; What =:= noconnection ->
+            {error, {?MODULE, {agent_start, What}}};
+        {error, {beamdiag_collect, {agent_start, _, Why}}} ->
+            {error, {?MODULE, {agent_start, Why}}};
+        {error, {beamdiag_collect, timeout}} ->
+            {error, {?MODULE, timeout}};
+        {error, _} = E ->
+            E
+    end.
+
+wait(Tag, Pid, MRef, M, GiveUp, WindowEnd) ->
+    Wait = max(0, GiveUp - erlang:monotonic_time(millisecond)),
+    receive
+        {Tag, Pid, Result} ->
             erlang:demonitor(MRef, [flush]),
             {M, Result};
         {'DOWN', MRef, process, Pid, Why} ->
-            {M, {error, {beamdiag_cluster, {crashed, Why}}}}
+            {M, {error, {?MODULE, {crashed, Why}}}}
     after Wait ->
+        %% The collector is ended; the connection closes with the session,
+        %% and the agent, which monitors the collector, ends and cleans up.
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
-        {M, {error, {beamdiag_cluster, timeout}}}
+        {M, {error, {?MODULE, {no_answer, GiveUp - WindowEnd}}}}
     end.
 
-build(Seed, Members, Results) ->
-    Ok = [{M, D} || {M, {ok, D}} <- Results],
-    Rows = [summary_row(D) || {_, D} <- Ok],
-    Errors = [#{node => atom_to_binary(M), message => iolist_to_binary(message(E))}
-              || {M, {error, E}} <- Results],
+%%%===================================================================
+%%% Internal: the report
+%%%===================================================================
+
+build(Seed, Source, Members, Results, Errors, Duration) ->
+    A = analyse([R || {_, R} <- Results]),
     #{
         schema => ?SCHEMA,
-        seed => atom_to_binary(Seed),
+        seed => case Seed of null -> null; _ -> atom_to_binary(Seed) end,
+        source => Source,
         members => [atom_to_binary(M) || M <- Members],
-        nodes => Rows,
-        outliers => lists:sort(fun(#{score := A}, #{score := B}) -> A >= B end, outliers(Rows)),
-        errors => Errors,
-        diagnoses => maps:from_list([{atom_to_binary(M), D} || {M, D} <- Ok])
+        window_s => float(Duration),
+        windows => windows(maps:get(nodes, A)),
+        nodes => maps:get(nodes, A),
+        spread => maps:get(spread, A),
+        outliers => maps:get(outliers, A),
+        rest => maps:get(rest, A),
+        findings => maps:get(findings, A),
+        errors => [#{node => atom_to_binary(M), message => iolist_to_binary(words(E))}
+                   || {M, E} <- lists:keysort(1, Errors)]
     }.
 
-message({beamdiag, {partial, Why, _}}) ->
-    beamdiag:format_error({partial, Why, undefined});
-message({M, R}) when is_atom(M) ->
-    try M:format_error(R)
-    catch _:_ -> io_lib:format("~p", [R])
+%% How far apart the members' windows started (their wall clocks) and how
+%% long all of them overlapped.
+windows([]) ->
+    #{first_start_ms => null, start_spread_s => 0.0, overlap_s => 0.0};
+windows(Rows) ->
+    Starts = [S || #{window_start_ms := S} <- Rows],
+    Ends = [S + W * 1000 || #{window_start_ms := S, window_s := W} <- Rows],
+    #{first_start_ms => lists:min(Starts),
+      start_spread_s => (lists:max(Starts) - lists:min(Starts)) / 1000,
+      overlap_s => max(0.0, (lists:min(Ends) - lists:max(Starts)) / 1000)}.
+
+%% How many of the nodes share each finding, most shared first.
+shared(Rows) ->
+    Counts = lists:foldl(
+        fun(#{findings := Fs}, Acc) ->
+            lists:foldl(fun(#{id := Id, severity := S}, A) ->
+                                maps:update_with(Id, fun(X = #{nodes := K}) -> X#{nodes := K + 1} end,
+                                                 #{id => Id, severity => S, nodes => 1}, A)
+                        end, Acc, uniq_findings(Fs))
+        end, #{}, Rows),
+    None = length([R || R = #{findings := []} <- Rows]),
+    Sorted = lists:sort(fun(#{nodes := A}, #{nodes := B}) -> A >= B end, maps:values(Counts)),
+    #{by_finding => Sorted, without_findings => None}.
+
+uniq_findings(Fs) ->
+    maps:values(maps:from_list([{Id, F} || F = #{id := Id} <- Fs])).
+
+%% The finding that says a node is the odd one out, with the figures.
+outlier_finding(#{figures := Figs}) ->
+    {Top, More} = lead(Figs),
+    Evidence = [headline(Top) | [line(F) || F <- lists:sublist(More, 3)]],
+    Metrics = maps:from_list(
+        lists:append([[{metric(K, value), V}, {metric(K, median), Med}, {metric(K, mad), Mad},
+                       {metric(K, z), Z}]
+                      || #{figure := K, value := V, median := Med, mad := Mad, z := Z}
+                             <- [Top | More]])),
+    Figures = [beamdiag_finding:figure(K, V, unit(K))
+               || #{figure := K, value := V} <- [Top | More]],
+    beamdiag_finding:new(cluster_outlier, warning, Evidence, Metrics, #{figures => Figures}).
+
+metric(K, Part) -> list_to_atom(atom_to_list(K) ++ "_" ++ atom_to_list(Part)).
+
+unit(cpus_used) -> cpus;
+unit(reductions_per_s) -> per_s;
+unit(_) -> share.
+
+%% "this node's schedulers are 3.4x busier than the cluster's median (82%
+%% of scheduler wall time vs median 24%, spread 3 points)"
+headline(F) ->
+    [compared(F), " (", value_text(F), ")"].
+
+line(F = #{figure := K}) ->
+    [label(K), ": ", value_text(F), ", ", how_far(F)].
+
+%% The figure the finding leads with: the first that stands out, in the
+%% order a reader weighs them.
+lead(Figs) ->
+    Order = [busy, cpus_used, on_cpu, runq, spin, sys, blocked, reductions_per_s],
+    [Lead | _] = lists:sort(fun(#{figure := A}, #{figure := B}) ->
+                                    index(A, Order) =< index(B, Order)
+                            end, Figs),
+    {Lead, Figs -- [Lead]}.
+
+index(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
+
+compared(F = #{figure := K, value := V, median := Med}) ->
+    Up = V >= Med,
+    case ratio(K, V, Med) of
+        {ok, R} -> ratio_words(K, Up, io_lib:format("~sx", [num(R)]));
+        none -> [points_subject(K), " ", how_far(F)]
     end.
 
-%% Median and deviation scale of one figure over the rows.
-robust(K, Floor, Rows) ->
-    Vs = [maps:get(K, R) || R <- Rows],
-    Med = median(Vs),
-    Mad = median([abs(V - Med) || V <- Vs]),
-    Min = case Floor of
-              {abs, F} -> F;
-              {rel, F} -> max(F * abs(Med), 1.0)
-          end,
-    {Med, max(1.4826 * Mad, Min)}.
-
-median(Vs) ->
-    S = lists:sort(Vs),
-    N = length(S),
-    case N rem 2 of
-        1 -> lists:nth(N div 2 + 1, S);
-        0 -> (lists:nth(N div 2, S) + lists:nth(N div 2 + 1, S)) / 2
+ratio(K, V, Med) ->
+    Floor = maps:get(K, ?RATIO_FLOOR, ?SHARE_RATIO_FLOOR),
+    case Med >= Floor andalso V >= Floor of
+        true when V >= Med -> {ok, V / Med};
+        true -> {ok, Med / V};
+        false -> none
     end.
 
-outlier_line(#{node := N, figures := Figs, own_findings := Own}) ->
-    [io_lib:format("  ~ts~n", [safe(N)]),
-     [io_lib:format("    ~-18s ~11s   cluster median ~11s   z ~s~.1f~n",
-                    [atom_to_list(K), fig(K, V), fig(K, Med), sign(Z), abs(float(Z))])
-      || #{figure := K, value := V, median := Med, z := Z} <- Figs],
-     case Own of
-         [] -> "";
-         _ -> io_lib:format("    findings no other node has: ~ts~n",
-                            [lists:join(", ", [safe(I) || I <- Own])])
-     end].
+ratio_words(busy, true, R) -> ["this node's schedulers are ", R, " busier than the cluster's median"];
+ratio_words(busy, false, R) -> ["this node's schedulers are ", R, " less busy than the cluster's median"];
+ratio_words(cpus_used, true, R) -> ["this node uses ", R, " the CPU of the cluster's median node"];
+ratio_words(cpus_used, false, R) -> ["this node uses ", R, " less CPU than the cluster's median node"];
+ratio_words(reductions_per_s, true, R) ->
+    ["this node runs ", R, " the reductions per second of the cluster's median node"];
+ratio_words(reductions_per_s, false, R) ->
+    ["this node runs ", R, " fewer reductions per second than the cluster's median node"];
+ratio_words(K, true, R) ->
+    ["this node's schedulers spend ", R, " more time ", state_words(K), " than the cluster's median"];
+ratio_words(K, false, R) ->
+    ["this node's schedulers spend ", R, " less time ", state_words(K), " than the cluster's median"].
+
+points_subject(cpus_used) -> "this node's CPU use is";
+points_subject(reductions_per_s) -> "this node's reductions per second are";
+points_subject(K) -> ["this node's schedulers' time ", state_words(K), " is"].
+
+state_words(on_cpu) -> "on a CPU";
+state_words(spin) -> "spinning";
+state_words(runq) -> "waiting for a CPU";
+state_words(sys) -> "in the kernel";
+state_words(blocked) -> "blocked";
+state_words(busy) -> "busy".
+
+how_far(#{figure := K, value := V, median := Med}) ->
+    case unit(K) of
+        share -> io_lib:format("~s points ~s the cluster's median", [num(100 * abs(V - Med)), above(V, Med)]);
+        cpus -> io_lib:format("~.2f CPUs ~s the cluster's median", [float(abs(V - Med)), above(V, Med)]);
+        per_s -> [rate(abs(V - Med)), "/s ", above(V, Med), " the cluster's median"]
+    end.
+
+above(V, Med) when V >= Med -> "above";
+above(_, _) -> "below".
+
+value_text(#{figure := K, value := V, median := Med, mad := Mad, p10 := P10, p90 := P90}) ->
+    [fig(K, V), vs(K), " vs median ", fig(K, Med), "; spread: MAD ", spread_text(K, Mad),
+     ", p10-p90 ", fig(K, P10), " to ", fig(K, P90)].
+
+vs(cpus_used) -> "";
+vs(reductions_per_s) -> "";
+vs(_) -> " of scheduler wall time".
+
+spread_text(K, Mad) ->
+    case unit(K) of
+        share -> [num(100 * Mad), " points"];
+        cpus -> io_lib:format("~.2f CPUs", [float(Mad)]);
+        per_s -> [rate(Mad), "/s"]
+    end.
+
+label(cpus_used) -> "CPUs used";
+label(reductions_per_s) -> "reductions";
+label(busy) -> "scheduler busy";
+label(on_cpu) -> "scheduler on CPU";
+label(spin) -> "scheduler spin";
+label(runq) -> "scheduler runq wait";
+label(sys) -> "scheduler kernel time";
+label(blocked) -> "scheduler blocked".
 
 fig(cpus_used, V) -> io_lib:format("~.2f CPUs", [float(V)]);
 fig(reductions_per_s, V) -> [rate(V), "/s"];
-fig(_, V) -> pct(V).
+fig(_, V) -> [num(100 * V), "%"].
 
-sign(Z) when Z < 0 -> "-";
-sign(_) -> "+".
+num(X) when abs(X) >= 100 -> integer_to_list(round(X));
+num(X) when abs(X) >= 10 -> io_lib:format("~.1f", [float(X)]);
+num(X) -> io_lib:format("~.1f", [float(X)]).
+
+rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
+rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
+rate(V) -> integer_to_list(round(V)).
+
+%% An error of one member, in words (the node's name is on the line
+%% already).
+words({beamdiag_remote, {unreachable, _, not_registered, _}}) ->
+    "cannot reach it: no node of that name is registered on its host";
+words({beamdiag_remote, R = {unreachable, Node, _}}) ->
+    Text = unicode:characters_to_list(beamdiag_remote:format_error(R)),
+    case string:prefix(Text, "cannot reach " ++ atom_to_list(Node) ++ ": ") of
+        nomatch -> Text;
+        Rest -> ["cannot reach it: ", Rest]
+    end;
+words({M, R}) when is_atom(M) ->
+    try M:format_error(R)
+    catch _:_ -> "the diagnosis failed for a reason beamdiag cannot put in words"
+    end.
+
+erpc_words({error, {erpc, timeout}}) -> "it did not answer within 5 s";
+erpc_words({error, {erpc, noconnection}}) -> "the connection dropped";
+erpc_words({error, {erpc, Other}}) -> io_lib:format("the call failed (~0P)", [Other, 4]);
+erpc_words({error, undef}) -> "a module it needs is missing there";
+erpc_words({Class, Reason}) when is_atom(Class) -> io_lib:format("~s: ~0P", [Class, Reason, 6]);
+erpc_words(Other) -> io_lib:format("~0P", [Other, 6]).
 
 %% The process with the largest share of a node's reductions, and the
 %% longest mailbox at the end, from the process walks.
@@ -297,30 +646,5 @@ top_process(_) ->
 
 proc_key(#{name := N}) when is_binary(N) -> N;
 proc_key(#{pid := P}) -> P.
-
-top_process_text(#{reductions := R, mailbox := Q}) ->
-    [case R of
-         #{process := P, share := S} -> [safe(P), " ", pct(S)];
-         null -> "-"
-     end,
-     case Q of
-         #{process := QP, queue := Len} -> io_lib:format("; mailbox ~ts ~b", [safe(QP), Len]);
-         null -> ""
-     end];
-top_process_text(_) ->
-    "no process data".
-
-short_findings([]) -> "-";
-short_findings(Fs) -> lists:join(",", [safe(Id) || #{id := Id} <- Fs]).
-
-long_findings(Fs) ->
-    lists:join(", ", [["[", string:uppercase(safe(S)), "] ", safe(Id)]
-                      || #{id := Id, severity := S} <- Fs]).
-
-pct(X) -> io_lib:format("~.1f%", [100 * X]).
-
-rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
-rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
-rate(V) -> integer_to_list(round(V)).
 
 safe(B) -> beamdiag_text:safe(B, 120).

@@ -62,7 +62,7 @@
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
-                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs,
+                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs, host_scan,
                                       unload, proc_root], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     OnSample = maps:get(on_sample, Opts, undefined),

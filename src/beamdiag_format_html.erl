@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_format_html).
 
--export([diagnosis/1, compare/1, experiment/1, generic/2, escape/1]).
+-export([diagnosis/1, compare/1, experiment/1, cluster/1, generic/2, escape/1]).
 
 %% Layers of the ledger charts, bottom to top.
 -define(OUTLIERS, 4).
@@ -58,6 +58,59 @@ diagnosis(#{capture := C, ledger := L, findings := F}) ->
         {"notes", "Notes", notes_section(L, C)}
     ],
     page(["beamdiag: ", esc(lists:sublist(to_chars(Node), 200))], header(C, L, F), Sections, Data).
+
+%% @doc A cluster report (see `beamdiag_cluster') as one HTML document: the
+%% outliers with their findings, a chart per figure across the nodes (each
+%% node a bar, sorted, the outliers marked, the median drawn), the rest of
+%% the nodes in summary, the members not diagnosed, and a row per node.
+-spec cluster(beamdiag_cluster:cluster()) -> iodata().
+cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) ->
+    Findings = maps:get(findings, C, #{}),
+    #{windows := #{start_spread_s := Spread, overlap_s := Overlap}, window_s := W} = C,
+    Header = ["<header>\n<h1>beamdiag cluster</h1>\n<p class=\"meta\">",
+              integer_to_list(length(Ms)), " members &middot; ", integer_to_list(length(Nodes)),
+              " answered &middot; ", integer_to_list(length(Errs)), " not diagnosed &middot; ",
+              fmt("~.1f", [float(W)]), " s windows started within ", fmt("~.2f", [float(Spread)]),
+              " s, all overlapping for ", fmt("~.1f", [float(Overlap)]), " s</p>\n",
+              "<p class=\"summary\">",
+              case Out of
+                  [] -> "<span class=\"badge ok\">no outlier</span>";
+                  _ -> ["<span class=\"badge warning\">", integer_to_list(length(Out)),
+                        " outlier", case Out of [_] -> ""; _ -> "s" end, "</span>"]
+              end, "</p>\n</header>\n"],
+    Sections = [
+        {"outliers", "Outliers",
+         case Out of
+             [] -> "<p class=\"none\">No node's figures stand out from the cluster's median.</p>\n";
+             _ -> [["<h3>", cell_text(N, 200), "</h3>\n", findings(maps:get(N, Findings, []))]
+                   || #{node := N} <- Out]
+         end},
+        {"figures", "Figures across the nodes",
+         ["<p class=\"help\">One bar per node, sorted; outliers in red, the dashed line is the "
+          "cluster's median.</p>\n<div class=\"charts\" id=\"cluster-charts\"></div>\n"]},
+        {"rest", "The other nodes", cluster_rest(maps:get(rest, C, #{}))},
+        {"errors", "Not diagnosed",
+         case Errs of
+             [] -> "<p class=\"none\">Every member answered.</p>\n";
+             _ -> ["<table><thead><tr><th>node</th><th>why</th></tr></thead><tbody>\n",
+                   [["<tr><td>", cell_text(N, 200), "</td><td>", esc(M), "</td></tr>\n"]
+                    || #{node := N, message := M} <- Errs],
+                   "</tbody></table>\n"]
+         end},
+        {"nodes", "Every node",
+         ["<details><summary>", integer_to_list(length(Nodes)), " nodes</summary>\n",
+          "<table class=\"num\"><thead><tr><th>node</th>",
+          [["<th>", esc(K), "</th>"] || K <- beamdiag_outliers:figures()],
+          %% shares of scheduler wall time in %, CPUs, reductions per second
+          "<th>findings</th></tr></thead><tbody>\n",
+          [["<tr><td class=\"t\">", cell_text(N, 200), "</td>",
+            [["<td>", cluster_value(K, maps:get(K, R)), "</td>"] || K <- beamdiag_outliers:figures()],
+            "<td class=\"t\">", esc(lists:join(", ", [atom_to_list(Id) || #{id := Id} <- Fs])),
+            "</td></tr>\n"]
+           || R = #{node := N, findings := Fs} <- lists:sublist(Nodes, ?MAX_ROWS * 4)],
+          "</tbody></table>\n</details>\n"]}
+    ],
+    page("beamdiag cluster", Header, Sections, cluster_data(C)).
 
 %% @doc A compare result (any map) as one HTML document.
 -spec compare(map()) -> iodata().
@@ -387,6 +440,52 @@ notes_section(L, C) ->
     end.
 
 %%%===================================================================
+%%% Internal: cluster
+%%%===================================================================
+
+cluster_rest(#{n := 0}) ->
+    "<p class=\"none\">Every node that answered is an outlier.</p>\n";
+cluster_rest(#{n := N, shared := #{by_finding := By, without_findings := None}, spread := Spread}) ->
+    ["<p>", integer_to_list(N), " nodes.</p>\n",
+     "<table class=\"num\"><thead><tr><th>finding</th><th>nodes</th></tr></thead><tbody>\n",
+     [["<tr><td class=\"t\"><span class=\"badge ", esc(S), "\">", esc(S), "</span> <code>",
+       esc(Id), "</code></td><td>", integer_to_list(K), "</td></tr>\n"]
+      || #{id := Id, severity := S, nodes := K} <- By],
+     "<tr><td class=\"t\">no finding</td><td>", integer_to_list(None), "</td></tr>\n",
+     "</tbody></table>\n",
+     "<table class=\"num\"><thead><tr><th>figure</th><th>min</th><th>p10</th><th>p50</th>"
+     "<th>p90</th><th>max</th></tr></thead><tbody>\n",
+     [["<tr><td class=\"t\">", esc(K), "</td>",
+       [["<td>", cluster_value(K, maps:get(P, maps:get(K, Spread))), "</td>"]
+        || P <- [min, p10, p50, p90, max]], "</tr>\n"]
+      || K <- beamdiag_outliers:figures()],
+     "</tbody></table>\n"];
+cluster_rest(_) ->
+    "".
+
+%% One series per figure: every node's value, sorted, and which nodes are
+%% outliers on that figure.
+cluster_data(#{nodes := Nodes, outliers := Out, spread := Spread}) ->
+    #{kind => cluster,
+      figures => [#{key => K, unit => cluster_unit(K), median => maps:get(p50, maps:get(K, Spread)),
+                    outliers => [N || #{node := N, figures := Fs} <- Out,
+                                      lists:any(fun(#{figure := F}) -> F =:= K end, Fs)],
+                    values => [[N, V] || {V, N} <- lists:reverse(lists:sort(
+                                                      [{float(maps:get(K, R)), N}
+                                                       || R = #{node := N} <- Nodes]))]}
+                  || K <- beamdiag_outliers:figures()]}.
+
+cluster_value(cpus_used, V) -> fmt("~.2f", [float(V)]);
+cluster_value(reductions_per_s, V) when V >= 1.0e6 -> fmt("~.1fM", [V / 1.0e6]);
+cluster_value(reductions_per_s, V) when V >= 1.0e3 -> fmt("~.1fk", [V / 1.0e3]);
+cluster_value(reductions_per_s, V) -> integer_to_list(round(V));
+cluster_value(_, V) -> fmt("~.1f%", [100 * V]).
+
+cluster_unit(cpus_used) -> <<"CPUs">>;
+cluster_unit(reductions_per_s) -> <<"reductions/s">>;
+cluster_unit(_) -> <<"share of scheduler wall time">>.
+
+%%%===================================================================
 %%% Internal: chart data
 %%%===================================================================
 
@@ -397,7 +496,7 @@ chart_data(C, L) ->
     Ticks = ticks(C),
     Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
     Ends = ends(Series),
-    Outliers = outliers(maps:get(threads, L, [])),
+    Outliers = beamdiag_outliers:threads(maps:get(threads, L, []), ?OUTLIERS),
     #{
         kind => diagnosis,
         states => [[S, beamdiag_ledger:state_name(S)] || S <- beamdiag_ledger:states()],
@@ -443,23 +542,6 @@ thread_in(Tid, #{threads := Threads}) ->
         [T | _] -> T;
         [] -> #{}
     end.
-
-%% The scheduler threads that stand out most from their type's mean.
-outliers(Threads) ->
-    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
-                  is_number(maps:get(busy, T, undefined))],
-    Means = maps:map(fun(_, Rows) -> mean_parts(Rows) end,
-                     maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
-    Scored = [{score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
-              || T = #{type := Ty} <- Sched],
-    [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS), S > 0.05].
-
-mean_parts(Rows) ->
-    Ps = [beamdiag_ledger:state_shares(R) || R <- Rows],
-    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)} || K <- beamdiag_ledger:states()]).
-
-score(P, Mean) ->
-    lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [spin, blocked, runq, run]]).
 
 cpu_data(Series, Ticks, L) ->
     Sum = fun(B, Types, K) ->

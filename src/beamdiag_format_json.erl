@@ -13,7 +13,7 @@
 %%% '''
 -module(beamdiag_format_json).
 
--export([diagnosis/1, document/1]).
+-export([diagnosis/1, document/1, cluster/1]).
 
 -define(SCHEMA, <<"beamdiag.diagnosis/1">>).
 
@@ -25,6 +25,12 @@
 -spec diagnosis(beamdiag:diagnosis()) -> iolist().
 diagnosis(D) ->
     [beamdiag_json:encode(document(D)), "\n"].
+
+%% @doc A cluster report (see `beamdiag_cluster') as JSON text, schema
+%% "beamdiag.cluster/2": everything it holds, every node's findings in full.
+-spec cluster(beamdiag_cluster:cluster()) -> iolist().
+cluster(C) ->
+    [beamdiag_json:encode(beamdiag_cluster:document(C)), "\n"].
 
 %% @doc The diagnosis as the map the JSON text encodes.
 -spec document(beamdiag:diagnosis()) -> map().

@@ -9,10 +9,16 @@
 %%% '''
 -module(beamdiag_format_text).
 
--export([diagnosis/2, ledger_table/2, findings/2, pct/1, wrap/3]).
+-export([diagnosis/2, ledger_table/2, findings/2, pct/1, wrap/3, cluster/2]).
 
 -define(WIDTH, 80).
 -define(OUTLIERS, 3).
+%% The cluster report's bounds: outliers in full, outliers named, findings
+%% counted, members not diagnosed listed.
+-define(CLUSTER_FULL, 3).
+-define(CLUSTER_NAMED, 5).
+-define(CLUSTER_SHARED, 8).
+-define(CLUSTER_ERRORS, 5).
 
 %%%===================================================================
 %%% API
@@ -158,17 +164,12 @@ share(K, Row, Wall) ->
         V -> beamdiag_ledger:share(K, #{K => V}, Wall)
     end.
 
-%% The scheduler threads that stand out most from their type's mean on
-%% spin, blocked or runq.
+%% The scheduler threads that stand out most from their type (see
+%% beamdiag_outliers:threads/2).
 outliers(Threads) ->
-    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
-                  is_number(maps:get(busy, T))],
-    Scored = [{score(T, Sched), T} || T <- Sched],
-    Top = [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
-                S > 0.05],
-    case Top of
+    case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
         [] -> "";
-        _ ->
+        Top ->
             ["outliers:\n",
              [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
                             [safe(Name), pct(share(busy, T, W)), pct(share(on_cpu, T, W)),
@@ -176,13 +177,6 @@ outliers(Threads) ->
                              pct(share(blocked, T, W))])
               || T = #{name := Name, wall := W} <- Top]]
     end.
-
-score(T = #{type := Ty, wall := W}, All) ->
-    Same = [X || X = #{type := Y} <- All, Y =:= Ty],
-    lists:max([abs(share(K, T, W) - mean(K, Same)) || K <- [spin, blocked, runq, busy]]).
-
-mean(K, Rows) ->
-    lists:sum([share(K, R, W) || R = #{wall := W} <- Rows]) / max(1, length(Rows)).
 
 msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],
@@ -249,3 +243,157 @@ quota(Q) when is_number(Q) -> io_lib:format("~.2f CPUs", [float(Q)]).
 
 %% Strings from the target: printable, one line, bounded.
 safe(Text) -> beamdiag_text:safe(Text, 120).
+
+%%%===================================================================
+%%% Cluster
+%%%===================================================================
+
+%% @doc The cluster report (see `beamdiag_cluster'): the outliers first,
+%% each with the figures that set it apart and its findings, then one
+%% screen on the other nodes (how many share each finding, the spread of
+%% each figure), then the members that did not answer. Option `all'
+%% (false) adds a row per node. Fits 80 columns and, without `all', about
+%% 50 lines whatever the number of nodes.
+-spec cluster(beamdiag_cluster:cluster(), map()) -> binary().
+cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, Opts) ->
+    #{windows := #{start_spread_s := Spread, overlap_s := Overlap}, window_s := W} = C,
+    Plain = iolist_to_binary([
+        io_lib:format("beamdiag cluster: ~b members ~ts, ~b answered, ~b did not~n",
+                      [length(Ms), source(C), length(Nodes), length(Errs)]),
+        case Nodes of
+            [] -> "";
+            _ -> [io_lib:format("  ~.1f s windows, started within ~.2f s (wall clock); "
+                                "all overlap for ~.1f s~n",
+                                [float(W), float(Spread), float(Overlap)]),
+                  case C of
+                      #{prepare_s := P, total_s := T} ->
+                          io_lib:format("  connect and load: ~.1f s; report ready ~.1f s after the "
+                                        "agents started~n",
+                                        [float(P), float(T - P)]);
+                      _ -> ""
+                  end]
+        end,
+        "\n",
+        cluster_outliers(Out, length(Nodes)),
+        "\n",
+        cluster_rest(C),
+        cluster_errors(Errs),
+        case maps:get(all, Opts, false) of
+            true -> ["\n", cluster_rows(Nodes)];
+            false when Nodes =/= [] -> "\n(one row per node: --all; everything: --json)\n";
+            false -> ""
+        end
+    ]),
+    beamdiag_text:report(Plain).
+
+source(#{source := seed, seed := Seed}) -> ["(", safe(Seed), " and the nodes it is connected to)"];
+source(#{source := list}) -> "(from the node list)".
+
+%% The outliers in full, at most ?CLUSTER_FULL of them; the next ones by
+%% name and headline.
+cluster_outliers(_Out, N) when N < 3 ->
+    "OUTLIERS\n  none: it takes at least three answering nodes\n";
+cluster_outliers([], _N) ->
+    "OUTLIERS\n  none: no node's figures stand out above the cluster's median (z < 3.5)\n";
+cluster_outliers(Out, _N) ->
+    {Full, Short} = lists:split(min(?CLUSTER_FULL, length(Out)), Out),
+    {Named, Unnamed} = lists:split(min(?CLUSTER_NAMED, length(Short)), Short),
+    ["OUTLIERS (", integer_to_list(length(Out)), "; robust z above the cluster's median "
+     ">= 3.5)\n",
+     [cluster_outlier(O) || O <- Full],
+     [io_lib:format("  ~ts: ~ts~n", [safe(N), cut(hd(Ev), ?WIDTH - 6 - string:length(safe(N)))])
+      || #{node := N, finding := #{evidence := Ev}} <- Named],
+     case Unnamed of
+         [] -> "";
+         _ -> io_lib:format("  and ~b more (--all, --json)~n", [length(Unnamed)])
+     end].
+
+cluster_outlier(#{node := N, figures := Figs, finding := #{evidence := [Head | _]},
+                  findings := Fs}) ->
+    ["  ", cut([safe(N), " (z ", zs(Figs), ")"], ?WIDTH - 2), "\n",
+     block(["WARNING cluster_outlier: ", Head], 4),
+     case [F || F = #{id := Id} <- Fs, Id =/= cluster_outlier] of
+         [] -> "    its findings: none\n";
+         Own -> ["    its findings: ",
+                 cut(lists:join(", ", [[string:uppercase(atom_to_list(S)), " ", atom_to_list(Id)]
+                                       || #{id := Id, severity := S} <- Own]), ?WIDTH - 18),
+                 "\n"]
+     end].
+
+zs(Figs) ->
+    lists:join(", ", [io_lib:format("~ts ~s~.1f", [K, sign(Z), abs(Z)])
+                      || #{figure := K, z := Z} <- lists:sublist(Figs, 3)]).
+
+sign(Z) when Z < 0 -> "-";
+sign(_) -> "+".
+
+cluster_rest(#{rest := #{n := 0}}) ->
+    "";
+cluster_rest(#{rest := #{n := N, shared := #{by_finding := By, without_findings := None},
+                         spread := Spread}}) ->
+    Shown = lists:sublist(By, ?CLUSTER_SHARED),
+    [io_lib:format("THE OTHER ~b NODES~n", [N]),
+     io_lib:format("  ~-40s ~6s~n", ["findings", "nodes"]),
+     [io_lib:format("  ~-40ts ~6b~n", [[string:uppercase(atom_to_list(S)), " ", atom_to_list(Id)], K])
+      || #{id := Id, severity := S, nodes := K} <- Shown],
+     case length(By) > ?CLUSTER_SHARED of
+         true -> io_lib:format("  and ~b findings more (--json)~n", [length(By) - ?CLUSTER_SHARED]);
+         false -> ""
+     end,
+     io_lib:format("  ~-40s ~6b~n", ["no finding", None]),
+     io_lib:format("~n  ~-22s ~10s ~10s ~10s ~10s~n", ["figure", "min", "p50", "p90", "max"]),
+     [io_lib:format("  ~-22s ~10ts ~10ts ~10ts ~10ts~n",
+                    [figure_label(K) | [figure_value(K, maps:get(P, S)) || P <- [min, p50, p90, max]]])
+      || K <- beamdiag_outliers:figures(), S <- [maps:get(K, Spread)]]].
+
+figure_label(cpus_used) -> "CPUs used";
+figure_label(reductions_per_s) -> "reductions/s";
+figure_label(busy) -> "sched busy (% wall)";
+figure_label(on_cpu) -> "sched on CPU (% wall)";
+figure_label(spin) -> "sched spin (% wall)";
+figure_label(runq) -> "sched runq (% wall)";
+figure_label(sys) -> "sched kernel (% wall)";
+figure_label(blocked) -> "sched blocked (% wall)".
+
+figure_value(cpus_used, V) -> io_lib:format("~.2f", [float(V)]);
+figure_value(reductions_per_s, V) -> rate(V);
+figure_value(_, V) -> pct(V).
+
+rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
+rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
+rate(V) -> integer_to_list(round(V)).
+
+cluster_errors([]) ->
+    "";
+cluster_errors(Errs) ->
+    {Shown, More} = lists:split(min(?CLUSTER_ERRORS, length(Errs)), Errs),
+    ["\nNOT DIAGNOSED (", integer_to_list(length(Errs)), ")\n",
+     [block([safe(N), ": ", M], 2) || #{node := N, message := M} <- Shown],
+     case More of
+         [] -> "";
+         _ -> io_lib:format("  and ~b more (--json)~n", [length(More)])
+     end].
+
+cluster_rows(Nodes) ->
+    [io_lib:format("~-24s ~5s ~6s ~6s ~6s ~6s ~7s  ~s~n",
+                   ["node", "cpus", "busy", "on-cpu", "spin", "runq", "red/s", "findings"]),
+     [io_lib:format("~-24ts ~5.2f ~6s ~6s ~6s ~6s ~7s  ~ts~n",
+                    [safe(N), float(Cpus), pct(B), pct(O), pct(S), pct(R), rate(Red),
+                     case Fs of
+                         [] -> "-";
+                         _ -> cut(lists:join(",", [atom_to_list(Id) || #{id := Id} <- Fs]), 80)
+                     end])
+      || #{node := N, cpus_used := Cpus, busy := B, on_cpu := O, spin := S, runq := R,
+           reductions_per_s := Red, findings := Fs} <- Nodes]].
+
+%% Text wrapped to the width, every line indented.
+block(Text, Indent) ->
+    [lists:duplicate(Indent, $\s), wrap(Text, Indent, ?WIDTH), "\n"].
+
+%% Text cut to at most N characters, "..." marking the cut.
+cut(Text, N) ->
+    Chars = beamdiag_text:chars(Text),
+    case string:length(Chars) > N of
+        true -> [string:slice(Chars, 0, max(0, N - 3)), "..."];
+        false -> Chars
+    end.

@@ -288,19 +288,11 @@ row(Label, N, P, Colour) ->
      bar(P, 20, Colour), "\n"].
 
 outliers(Threads, Colour) ->
-    Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
-                  is_number(maps:get(busy, T, undefined))],
-    Means = maps:map(fun(_, Rows) -> mean(Rows) end,
-                     maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
-    Scored = [{score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
-              || T = #{type := Ty} <- Sched],
-    Top = [T || {Sc, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), ?OUTLIERS),
-                Sc > 0.05],
-    case Top of
+    case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
         [] -> "";
-        _ -> ["outliers:\n",
-              [row(beamdiag_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
-               || T = #{name := Name} <- Top]]
+        Top -> ["outliers:\n",
+                [row(beamdiag_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
+                 || T = #{name := Name} <- Top]]
     end.
 
 findings([], _Colour) ->
@@ -318,14 +310,6 @@ findings(F, Colour) ->
          true -> io_lib:format("  and ~b more~n", [length(F) - ?FINDINGS]);
          false -> ""
      end].
-
-mean(Rows) ->
-    Ps = [beamdiag_ledger:state_shares(R) || R <- Rows],
-    maps:from_list([{K, lists:sum([maps:get(K, P) || P <- Ps]) / length(Ps)}
-                    || K <- beamdiag_ledger:states()]).
-
-score(P, Mean) ->
-    lists:max([abs(maps:get(K, P) - maps:get(K, Mean)) || K <- [run, spin, blocked, runq]]).
 
 %% A bar of Width characters: one glyph per layer, coloured on a terminal.
 bar(P, Width, Colour) ->

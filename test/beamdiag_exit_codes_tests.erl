@@ -25,7 +25,11 @@ usage_reasons() ->
         {beamdiag_experiment, {bad_workload, "nope"}},
         {beamdiag_experiment, {no_module, "nope"}},
         {beamdiag_experiment, {no_function, "lists", "nope"}},
-        {beamdiag_experiment, {bad_variant, "+nope"}}
+        {beamdiag_experiment, {bad_variant, "+nope"}},
+        {beamdiag_cluster, {too_many_nodes, 600, 500}},
+        {beamdiag_cluster, {bad_line, "nodes.txt", 3, <<"no-at-sign">>}},
+        {beamdiag_cluster, {no_nodes, "nodes.txt"}},
+        {beamdiag_cluster, {nodes_file, "nodes.txt", enoent}}
     ].
 
 unreachable_reasons() ->

@@ -9,7 +9,8 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([ledger_scenarios/0, ledger_scenarios/1, hostile_strings/1, generic_results/1]).
+-export([ledger_scenarios/0, ledger_scenarios/1, hostile_strings/1, generic_results/1,
+         cluster_report/1]).
 
 -define(WINDOW_S, 3).
 
@@ -17,7 +18,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [hostile_strings, generic_results, ledger_scenarios].
+    [hostile_strings, generic_results, cluster_report, ledger_scenarios].
 
 init_per_suite(Config) ->
     case os:find_executable("chromium") of
@@ -75,6 +76,37 @@ hostile_strings(Config) ->
     ?assertEqual(1, count(Html, <<"sandbox=\"allow-scripts\"">>)),
     #{dom := Dom, rendered := N} = browse(<<"hostile">>, Html, Config),
     ?assert(N >= 3),
+    ?assertEqual(0, count(Dom, <<"data-pwned=\"">>)),
+    ok.
+
+%% A cluster of 200 nodes, one busy and one with a hostile name: a chart
+%% per figure, one bar per node, the busy node's bars marked as outliers,
+%% and no name runs as markup.
+cluster_report(Config) ->
+    rand:seed(exsss, {3, 2, 1}),
+    Row = fun(Name, Busy) ->
+              J = fun(S) -> S * rand:uniform() end,
+              #{row => #{node => Name, window_start_ms => 0, window_s => 4.0, complete => true,
+                         cpus_used => 0.01 + J(0.01) + Busy, busy => 0.02 + J(0.01) + Busy * 0.8,
+                         on_cpu => 0.01 + J(0.01) + Busy * 0.7, spin => J(0.01), runq => J(0.02),
+                         sys => J(0.01), blocked => 0.0, reductions_per_s => 2.0e4 + J(2.0e3),
+                         findings => [], top_process => null},
+                findings => []}
+          end,
+    Evil = <<"<img src=x onerror=\"document.body.dataset.pwned=1\">@h">>,
+    Results = [Row(iolist_to_binary(["n", integer_to_list(I), "@h"]), 0.0) || I <- lists:seq(1, 198)]
+        ++ [Row(Evil, 0.0), Row(<<"busy@h">>, 1.0)],
+    A = beamdiag_cluster:analyse(Results),
+    C = A#{schema => <<"beamdiag.cluster/2">>, seed => null, source => list,
+           members => [N || #{node := N} <- maps:get(nodes, A)], window_s => 4.0,
+           windows => #{first_start_ms => 0, start_spread_s => 0.3, overlap_s => 3.7},
+           errors => [#{node => <<"gone@h">>, message => <<"cannot reach it">>}]},
+    Html = iolist_to_binary(beamdiag_format_html:cluster(C)),
+    #{dom := Dom, rendered := N} = browse(<<"cluster">>, Html, Config),
+    ?assertEqual(8, N),
+    ?assertEqual(200 * 8, count(Dom, <<"data-node=\"">>)),
+    %% The busy node is an outlier on busy, on-CPU and CPUs: its bars are marked.
+    ?assert(count(Dom, <<"class=\"outlier\"">>) >= 3),
     ?assertEqual(0, count(Dom, <<"data-pwned=\"">>)),
     ok.
 

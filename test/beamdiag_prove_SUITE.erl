@@ -120,7 +120,7 @@ cluster_outlier(_Config) ->
         end, 30000),
         {ok, C} = beamdiag_cluster:diagnose(N1, #{cookie => list_to_atom(?COOKIE),
                                                   duration => 4, msacc => false}),
-        ct:pal("~ts", [beamdiag_cluster:text(C)]),
+        ct:pal("~ts", [beamdiag_format_text:cluster(C, #{all => true})]),
         %% The peers, and this node when it is distributed and they see it.
         Members = maps:get(members, C),
         ?assertEqual([], [atom_to_binary(N) || N <- Nodes] -- Members),

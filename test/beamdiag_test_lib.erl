@@ -11,6 +11,7 @@
 
 -export([missing/1, fixture/1, top/0, script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
+-export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([run_exe/3, read_port/2, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0]).
@@ -563,3 +564,40 @@ sentence(IoData) ->
     ?assertEqual(nomatch, re:run(Text, <<"^[{\\[<#]">>)),
     ?assertMatch({match, _}, re:run(Text, <<"[a-z]{3,} [a-z]{2,}">>)),
     Text.
+
+%% @doc Starts many small nodes of this OTP side by side (Batch at a time), each
+%% over standard I/O (it dies with the test) with these extra arguments:
+%% [{Peer, Node}] in the order of the names. A node that fails to start
+%% stops the others and fails the test.
+-spec start_peers([atom()], [string()], pos_integer()) -> [{pid(), node()}].
+start_peers(Names, Args, Batch) ->
+    start_peers(Names, Args, Batch, []).
+
+start_peers([], _Args, _Batch, Acc) ->
+    Acc;
+start_peers(Names, Args, Batch, Acc) ->
+    {Now, Later} = lists:split(min(Batch, length(Names)), Names),
+    Self = self(),
+    Pids = [spawn(fun() ->
+                      Self ! {self(), catch peer:start(#{name => N, args => Args,
+                                                         connection => standard_io,
+                                                         wait_boot => 120000})}
+                  end) || N <- Now],
+    Started = [receive {P, R} -> R end || P <- Pids],
+    Ok = [{P, N} || {ok, P, N} <- Started],
+    case length(Ok) =:= length(Now) of
+        true ->
+            start_peers(Later, Args, Batch, Acc ++ Ok);
+        false ->
+            stop_peers(Acc ++ Ok),
+            error({peers_not_started, [R || R <- Started, element(1, R) =/= ok]})
+    end.
+
+%% @doc Stops the nodes start_peers/3 started, and kills with kill -9 any that
+%% did not stop (a stuck node ignores a polite stop).
+-spec stop_peers([{pid(), node()}]) -> ok.
+stop_peers(Peers) ->
+    OsPids = [catch peer:call(P, os, getpid, [], 2000) || {P, _} <- Peers],
+    _ = [catch peer:stop(P) || {P, _} <- Peers],
+    _ = [os:cmd("kill -9 " ++ Pid ++ " 2>/dev/null") || Pid <- OsPids, is_list(Pid)],
+    ok.

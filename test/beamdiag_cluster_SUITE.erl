@@ -1,0 +1,196 @@
+%%% Common Test suite for the cluster view on live nodes of this host: more
+%%% than 64 members with one busy among idle ones (the busy one is the
+%%% first outlier and gets its finding; nothing of beamdiag stays on any
+%%% member), and a node list with a member that does not exist (listed in
+%%% words, the rest of the report stands; a homogeneous cluster has no odd
+%%% node).
+-module(beamdiag_cluster_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0]).
+-export([seventy_one_members/1, node_list/1, stalled_member/1]).
+
+-define(COOKIE, "beamdiag_cluster_suite").
+%% Small nodes: one scheduler, one dirty scheduler of each kind, one async
+%% thread, no busy-waiting, no global mesh.
+-define(SMALL, ["-setcookie", ?COOKIE, "+S", "1:1", "+SDcpu", "1:1", "+SDio", "1", "+A", "1",
+                "-connect_all", "false", "+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
+                "+Mea", "min"]).
+
+suite() ->
+    [{timetrap, {minutes, 10}}].
+
+all() ->
+    [node_list, stalled_member, seventy_one_members].
+
+%%%===================================================================
+%%% Cases
+%%%===================================================================
+
+%% 70 idle nodes and a busy one, all connected to the first (a star, as
+%% the seed's nodes() lists them): every member answers, the busy one is
+%% the first outlier with a warning that says so in figures, and afterwards
+%% no member holds a connection to this node or a beamdiag module.
+seventy_one_members(_Config) ->
+    Names = [name(I) || I <- lists:seq(1, 71)],
+    Peers = beamdiag_test_lib:start_peers(Names, ?SMALL, 12),
+    try
+        [{SeedPeer, Seed} | _] = Peers,
+        {BusyPeer, Busy} = lists:last(Peers),
+        [true = peer:call(SeedPeer, net_kernel, connect_node, [N]) || {_, N} <- tl(Peers)],
+        ?assertEqual(70, length(peer:call(SeedPeer, erlang, nodes, []))),
+        spin(BusyPeer),
+        timer:sleep(1000),
+        {ok, C} = beamdiag_cluster:diagnose(Seed, #{cookie => list_to_atom(?COOKIE),
+                                                    duration => 4, msacc => false}),
+        Text = beamdiag_format_text:cluster(C, #{}),
+        ct:pal("~ts", [Text]),
+        ?assertEqual(71, length(maps:get(members, C))),
+        ?assertEqual([], maps:get(errors, C)),
+        ?assertEqual(71, length(maps:get(nodes, C))),
+        %% The raw signal first: the busy node's schedulers are busy, the
+        %% others' are not.
+        BusyB = atom_to_binary(Busy),
+        [Row] = [R || R = #{node := N} <- maps:get(nodes, C), N =:= BusyB],
+        #{busy := #{p50 := Median}} = maps:get(spread, C),
+        ct:pal("busy node: busy ~.3f, CPUs ~.2f; cluster median busy ~.3f; windows ~p",
+               [maps:get(busy, Row), maps:get(cpus_used, Row), Median, maps:get(windows, C)]),
+        ?assert(maps:get(busy, Row) > 0.5),
+        case Median > 0.5 of
+            true ->
+                %% The idle nodes wait for a CPU so long that the BEAM counts
+                %% them busy too: this host cannot show the difference now.
+                ok = nothing_left(Peers, 50),
+                {skip, io_lib:format("host too loaded: idle nodes' median busy ~.2f, busy node ~.2f",
+                                     [Median, maps:get(busy, Row)])};
+            false ->
+                ?assert(maps:get(busy, Row) > Median + 0.25),
+                %% Then the diagnosis: it is the first outlier, and its
+                %% finding says why.
+                [#{node := First, finding := F} | _] = maps:get(outliers, C),
+                ?assertEqual(BusyB, First),
+                ?assertMatch(#{id := cluster_outlier, severity := warning}, F),
+                ?assertMatch({match, _}, re:run(hd(maps:get(evidence, F)), "median")),
+                ?assert(lists:member(cluster_outlier,
+                                     [Id || #{id := Id} <- maps:get(BusyB, maps:get(findings, C))])),
+                %% Every window overlaps the others.
+                ?assert(maps:get(overlap_s, maps:get(windows, C)) > 1.0),
+                %% One screen without --all.
+                ?assert(length(binary:split(Text, <<"\n">>, [global, trim])) =< 50),
+                %% The JSON holds the same, read back as a user's tool would.
+                Doc = beamdiag_test_json:decode(iolist_to_binary(beamdiag_format_json:cluster(C))),
+                #{<<"outliers">> := [#{<<"node">> := BusyB} | _], <<"nodes">> := JRows} = Doc,
+                ?assertEqual(71, length(JRows)),
+                ok = nothing_left(Peers, 50)
+        end
+    after
+        beamdiag_test_lib:stop_peers(Peers)
+    end.
+
+%% Four idle nodes listed in a file with a name no node has: the missing
+%% one is listed in words, the four are diagnosed and none is odd; a file
+%% with a bad line is refused, naming the line, before any connection.
+node_list(Config) ->
+    Peers = beamdiag_test_lib:start_peers([name(I) || I <- lists:seq(101, 104)], ?SMALL, 4),
+    try
+        Dir = ?config(priv_dir, Config),
+        {ok, Host} = inet:gethostname(),
+        Ghost = "beamdiag_cluster_ghost@" ++ Host,
+        File = filename:join(Dir, "nodes.txt"),
+        ok = file:write_file(File, ["# the members\n\n", [[atom_to_list(N), "\n"] || {_, N} <- Peers],
+                                    Ghost, "  # gone\n"]),
+        {0, Out0, _} = cli(["cluster", "--nodes", File, "--cookie", ?COOKIE, "--duration", "2"]),
+        ct:pal("~ts", [Out0]),
+        Out = re:replace(Out0, "\\s+", " ", [global, {return, list}]),
+        ?assertMatch({match, _}, re:run(Out, "5 members \\(from the node list\\), 4 answered, 1 did not")),
+        ?assertMatch({match, _}, re:run(Out, Ghost ++ ": cannot reach it: no node of that name")),
+        ?assertMatch(nomatch, re:run(Out, "cluster_outlier")),
+        ?assertMatch({match, _}, re:run(Out, "OUTLIERS none")),
+        ok = nothing_left(Peers, 50),
+        Before = nodes([visible, hidden]),
+        Bad = filename:join(Dir, "bad.txt"),
+        ok = file:write_file(Bad, [atom_to_list(element(2, hd(Peers))), "\nnot a node\n"]),
+        {2, _, Err} = cli(["cluster", "--nodes", Bad, "--cookie", ?COOKIE]),
+        ?assertMatch({match, _}, re:run(Err, "line 2: 'not a node' is not a node name")),
+        ?assertEqual(Before, nodes([visible, hidden]))
+    after
+        beamdiag_test_lib:stop_peers(Peers)
+    end.
+
+%% A member stopped with SIGSTOP (a node that does not answer at all): it
+%% is listed with the reason in words, the others are diagnosed, and once
+%% it runs again nothing of beamdiag is on it or on the others.
+stalled_member(_Config) ->
+    Peers = beamdiag_test_lib:start_peers([name(I) || I <- lists:seq(201, 204)], ?SMALL, 4),
+    [{_, Stalled} | _] = Peers,
+    OsPid = peer:call(element(1, hd(Peers)), os, getpid, []),
+    try
+        "" = os:cmd("kill -STOP " ++ OsPid),
+        T0 = erlang:monotonic_time(millisecond),
+        {ok, C} = beamdiag_cluster:diagnose(undefined, #{nodes => [N || {_, N} <- Peers],
+                                                         cookie => list_to_atom(?COOKIE),
+                                                         duration => 2, msacc => false}),
+        Took = erlang:monotonic_time(millisecond) - T0,
+        "" = os:cmd("kill -CONT " ++ OsPid),
+        Text = beamdiag_format_text:cluster(C, #{}),
+        ct:pal("~b ms~n~ts", [Took, Text]),
+        ?assertEqual(3, length(maps:get(nodes, C))),
+        [#{node := N, message := M}] = maps:get(errors, C),
+        ?assertEqual(atom_to_binary(Stalled), N),
+        %% Words, not a term.
+        ?assertMatch({match, _}, re:run(M, "^cannot reach it: .* did not finish the connection")),
+        ?assertEqual(nomatch, re:run(M, "[{}]")),
+        ok = nothing_left(Peers, 100)
+    after
+        os:cmd("kill -CONT " ++ OsPid),
+        beamdiag_test_lib:stop_peers(Peers)
+    end.
+
+%%%===================================================================
+%%% Helpers
+%%%===================================================================
+
+name(I) ->
+    list_to_atom(lists:concat(["beamdiag_cluster_", I, "_", os:getpid()])).
+
+%% A process on the node that keeps its one scheduler busy until the node
+%% stops.
+spin(Peer) ->
+    beamdiag_test_lib:eval(Peer, "spawn(fun() -> F = fun F(X) -> F(erlang:phash2({X, X})) end, "
+                                 "F(1) end)."),
+    ok.
+
+%% No member keeps a connection to this node or a beamdiag module (the
+%% agents remove theirs as they end: waited for, 100 ms at a time).
+nothing_left(Peers, 0) ->
+    Left = [{N, leftovers(P)} || {P, N} <- Peers, leftovers(P) =/= {[], []}],
+    ct:fail({left_behind, Left});
+nothing_left(Peers, Tries) ->
+    case lists:all(fun({P, _}) -> leftovers(P) =:= {[], []} end, Peers) of
+        true -> ok;
+        false -> timer:sleep(100), nothing_left(Peers, Tries - 1)
+    end.
+
+leftovers(P) ->
+    Me = node(),
+    Conns = [N || N <- peer:call(P, erlang, nodes, [[visible, hidden]]), N =:= Me],
+    Mods = [M || {M, _} <- peer:call(P, code, all_loaded, []),
+                 lists:prefix("beamdiag", atom_to_list(M))],
+    {Conns, Mods}.
+
+cli(Args) ->
+    Self = self(),
+    Ref = make_ref(),
+    IO = #{out => fun(D) -> Self ! {Ref, out, D}, ok end,
+           err => fun(D) -> Self ! {Ref, err, D}, ok end,
+           colour => false},
+    Code = beamdiag_cli:run(Args, IO),
+    {Code, drain(Ref, out), drain(Ref, err)}.
+
+drain(Ref, Tag) ->
+    receive
+        {Ref, Tag, D} -> lists:flatten(io_lib:format("~ts", [D])) ++ drain(Ref, Tag)
+    after 0 -> ""
+    end.
