@@ -194,7 +194,10 @@ nif_threads(Config) ->
     Lab = #{peer := Peer} = ?config(lab, Config),
     {So, File} = nif_so(Config),
     {ok, _} = beamdiag_loader:load({peer, Peer}, [beamdiag_nif_thread]),
-    ok = peer:call(Peer, beamdiag_nif_thread, run, [So, 8000]),
+    %% The threads live until the lab node is stopped at the case's end
+    %% (two minutes at most): a fixed few seconds ran out before a window
+    %% that started late on a loaded host.
+    ok = peer:call(Peer, beamdiag_nif_thread, run, [So, 120000]),
     %% Loaded: the file can go (and its folder, inside a root).
     ok = file:delete(File),
     _ = case ?config(release, Config) of
