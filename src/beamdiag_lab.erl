@@ -54,7 +54,8 @@
 -spec scenarios() -> [scenario()].
 scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
-        beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios().
+        beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
+        beamdiag_lab_flood:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
