@@ -308,6 +308,30 @@ entries() ->
                           "grows window after window.">>
         },
         #{
+            id => long_schedule,
+            area => processes,
+            title => <<"A process holds its scheduler in native code">>,
+            meaning =>
+                <<"The runtime's system monitor saw a process stay on its scheduler for "
+                  "tens or hundreds of milliseconds at a time, in and out of the same NIF "
+                  "or BIF. While it runs no other process gets that scheduler: the "
+                  "schedulers look unevenly busy, timers and replies on it are late, and "
+                  "calls that need every scheduler (code loading, system flags, "
+                  "statistics) wait for it. A NIF should return within about a "
+                  "millisecond.">>,
+            fix =>
+                <<"For a NIF: make it yield (count its work with enif_consume_timeslice and "
+                  "continue with enif_schedule_nif), or run it on a dirty scheduler "
+                  "(ERL_NIF_DIRTY_JOB_CPU_BOUND in its ErlNifFunc flags, IO_BOUND for "
+                  "blocking I/O). For a BIF: give it less work per call (split the input, "
+                  "e.g. binary_to_term or term_to_binary on smaller terms, ETS selects "
+                  "with a limit and a continuation). No scheduler flag (+scl, +sub, +sbt) "
+                  "helps: the process does not give the scheduler back.">>,
+            when_not =>
+                <<"A one-off long schedule at start-up (a NIF library loading its data) "
+                  "is expected; act when it repeats under load.">>
+        },
+        #{
             id => hot_function,
             area => profile,
             title => <<"Functions that take a large share of the CPU">>,

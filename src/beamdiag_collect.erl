@@ -45,6 +45,9 @@
 %% The agent's least grace time past the window (beamdiag_agent).
 -define(GRACE_MS, 5000).
 -define(CALL_TIMEOUT, 5000).
+%% How long a collector that stopped waiting gives the agent for its
+%% last word's quick extras.
+-define(QUICK_MS, 300).
 
 %%%===================================================================
 %%% API
@@ -124,7 +127,7 @@ gather(G = #{ready_by := ReadyBy, finishing := Finishing, duration := D, info :=
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
             maps:get(agent, G) ! {beamdiag_abort, self()},
-            late(Info, Samples, D, due);
+            late(quick_extras(G), Info, Samples, D, due);
         false ->
             gather(G, Now)
     end.
@@ -146,28 +149,34 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
             Samples2 = keep(S, Samples, maps:get(on_sample, G)),
             report_progress(Progress, Samples2, D),
             gather(G#{samples := Samples2});
+        {beamdiag, Ref, {procs_start, Snapshot}} ->
+            %% The start walk's report: kept for a capture cut short.
+            gather(G#{procs_start => Snapshot});
+        {beamdiag, Ref, {partial_extras, Quick}} ->
+            gather(G#{quick => Quick});
         {beamdiag, Ref, finishing} ->
             %% Every tick came: a late report now is the extras' cost, not
             %% a node too slow to answer; wait for them.
             gather(G#{finishing := true});
         {beamdiag, Ref, {done, Extras}} ->
-            {ok, capture(Info, Samples, Extras, true, D)};
+            {ok, capture(Info, Samples, end_walk(Extras, G), true, D)};
         {beamdiag, Ref, {aborted, Why}} ->
-            late(Info, Samples, D, {agent_aborted, Why});
+            late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
         {'DOWN', MRef, process, _, Reason} ->
             Partial = case Info of
                           undefined ->
                               undefined;
                           _ ->
-                              C = capture(Info, Samples, #{}, false, D),
+                              C = capture(Info, Samples, partial_extras(G), false, D),
                               C#{notes => [iolist_to_binary(
                                   io_lib:format("partial capture: the target went away mid-window "
-                                                "(~0P) after ~b samples", [Reason, 6, length(Samples)]))]}
+                                                "(~0P) after ~b samples", [Reason, 6, length(Samples)]))
+                                           | maps:get(notes, C)]}
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->
         case erlang:monotonic_time(millisecond) >= Deadline of
-            true -> late(Info, Samples, D, timeout);
+            true -> late(partial_extras(G), Info, Samples, D, timeout);
             false -> gather(G)
         end
     end.
@@ -196,18 +205,64 @@ moved(G, InMs) when is_integer(InMs) ->
 moved(G, _) ->
     G.
 
+%% What a capture cut short keeps beside its samples: the long schedules
+%% the agent sent with its last word, and the start walk's process report
+%% brought forward with the queue lengths of the last tick.
+partial_extras(G) ->
+    Quick = maps:get(quick, G, #{}),
+    case maps:find(procs_start, G) of
+        {ok, Snapshot} ->
+            Procs = forward(Snapshot, maps:get(samples, G)),
+            Quick#{procs => case Quick of
+                                #{memory_room := Room} -> Procs#{memory_room => Room};
+                                _ -> Procs
+                            end};
+        error -> Quick
+    end.
+
+%% The agent was told to end because the report is due: its long-schedule
+%% report comes with its last word, waited for briefly.
+quick_extras(G = #{ref := Ref}) ->
+    receive
+        {beamdiag, Ref, {partial_extras, Quick}} -> partial_extras(G#{quick => Quick})
+    after ?QUICK_MS ->
+        partial_extras(G)
+    end.
+
+%% A finished capture whose end walk did not finish in time keeps the start
+%% walk's report, brought forward.
+end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
+    case maps:is_key(procs, Extras) of
+        true -> Extras;
+        false -> Extras#{procs => forward(Snapshot, maps:get(samples, G))}
+    end;
+end_walk(Extras, _G) ->
+    Extras.
+
+%% The start walk's queues at the last tick that read them (samples are
+%% newest first; the walk was taken just after the first).
+forward(Snapshot, Samples) ->
+    case [S || S = #{queues := _} <- Samples] of
+        [#{queues := Qs, t := T} | _] ->
+            #{t := T0} = lists:last(Samples),
+            beamdiag_agent_procs:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
+        [] ->
+            Snapshot
+    end.
+
 %% The agent's last word came late or not at all: two samples are a window,
-%% and what they show is kept, marked partial, with a note.
-late(Info, Samples = [_, _ | _], D, Why) when Info =/= undefined ->
-    C = capture(Info, Samples, #{}, false, D),
+%% and what they show is kept, marked partial, with a note, and with what
+%% the agent sent before (the start walk, the long schedules).
+late(Extras, Info, Samples = [_, _ | _], D, Why) when Info =/= undefined ->
+    C = capture(Info, Samples, Extras, false, D),
     #{samples := [#{t := T0} | _]} = C,
     #{t := T1} = hd(Samples),
     Note = iolist_to_binary(
              io_lib:format("partial capture: ~s; the ledger and findings cover the ~b samples "
                            "gathered over ~.1f s of the ~.1f s window",
                            [late_text(Why), length(Samples), (T1 - T0) / 1.0e9, D / 1000])),
-    {ok, C#{notes => [Note]}};
-late(_Info, _Samples, _D, Why) ->
+    {ok, C#{notes => [Note | maps:get(notes, C)]}};
+late(_Extras, _Info, _Samples, _D, Why) ->
     {error, {beamdiag_collect, Why}}.
 
 late_text(timeout) -> "the agent's last word did not come in time";
@@ -231,11 +286,30 @@ capture(Info, RevSamples, Extras, Complete, D) ->
         samples => lists:reverse(RevSamples),
         extras => Extras,
         complete => Complete,
-        notes => [],
+        notes => extras_notes(Extras),
         cgroup_location => maps:get(cgroup_location, Info),
         msacc_was_on => maps:get(msacc_was_on, Info)
     },
     Base#{interval_ms => interval(Base)}.
+
+%% What the extras say is missing: the long schedules when the node's
+%% system monitor was taken, the end walk when it did not finish in time.
+extras_notes(Extras) ->
+    Sched = case maps:find(long_schedules, Extras) of
+                {ok, LS = #{}} ->
+                    case beamdiag_sched_rules:note(LS) of
+                        none -> [];
+                        N -> [N]
+                    end;
+                _ -> []
+            end,
+    Walk = case maps:find(procs_end_missing, Extras) of
+               {ok, W} when is_binary(W) ->
+                   [<<W/binary, ": the process figures are the start walk's, with the queue "
+                      "lengths of the last tick">>];
+               _ -> []
+           end,
+    Sched ++ Walk.
 
 interval(#{samples := [#{t := A}, #{t := B} | _]}) -> max(1, (B - A) div 1000000);
 interval(_) -> 1000.
