@@ -200,7 +200,7 @@ vm(#{probe := Probe, interval_ms := Interval}, Msacc) ->
         {ok, M} ->
             maps:merge(Vm0, M);
         Why ->
-            Items = [swt | [msacc || Msacc]],
+            Items = [swt, garbage_collection | [msacc || Msacc]],
             Vm0#{missing => #{items => Items, why => missing_why(Why),
                               waited_ms => slow_ms(Interval)}}
     end;
@@ -252,7 +252,7 @@ init(Caller, Ref, Opts, _Starter) ->
     Restore0 = #{swt => Swt},
     {Restore1, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
     Sysmon = case maps:get(long_schedules, Opts, true) of
-                 true -> beamdiag_agent_sysmon:start(self(), #{});
+                 true -> beamdiag_agent_sysmon:start(self(), #{notify => {Caller, Ref}});
                  false -> undefined
              end,
     {Locks, Restore} = start_locks(Opts, Restore1),

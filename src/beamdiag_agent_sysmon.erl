@@ -21,6 +21,11 @@
 %%% NIF holds a scheduler it waits for that NIF to return (up to one NIF
 %%% call), in this process, not in the agent. Freeing it does not block.
 %%%
+%%% With `notify => {Pid, Ref}', the watcher also sends its report as
+%%% `{beamdiag, Ref, {long_schedules, Report}}' to Pid at most once a
+%%% second while new events come (none on a healthy node), so that a
+%%% capture cut short still has it.
+%%%
 %%% Bounds: at most `?MAX_PIDS' processes are counted (later ones only add
 %%% to `others'); the report lists at most `?TOP', largest total first;
 %%% each process is named once, when its first event comes.
@@ -48,6 +53,8 @@
 -define(LMQ_OFF, 10000).
 -define(MAX_PIDS, 1000).
 -define(TOP, 10).
+%% The least time between two reports sent on the watcher's own.
+-define(NOTIFY_MS, 1000).
 
 %%%===================================================================
 %%% API
@@ -95,7 +102,8 @@ init(Owner, Opts) ->
     MRef = erlang:monitor(process, Owner),
     Ms = maps:get(threshold_ms, Opts, ?LONG_MS),
     T0 = erlang:monotonic_time(millisecond),
-    St0 = #{threshold_ms => Ms, pids => #{}, others => 0, queues => #{}, t0 => T0},
+    St0 = #{threshold_ms => Ms, pids => #{}, others => 0, queues => #{}, t0 => T0,
+            notify => maps:get(notify, Opts, undefined), dirty => false},
     St = case erlang:system_monitor() of
              undefined ->
                  _ = erlang:system_monitor(self(), options(Ms)),
@@ -128,9 +136,11 @@ holder(_) ->
 loop(MRef, St) ->
     receive
         {monitor, Who, long_schedule, Info} ->
-            loop(MRef, long_schedule(Who, Info, St));
+            loop(MRef, notify(long_schedule(Who, Info, St)));
         {monitor, Who, long_message_queue, Long} ->
-            loop(MRef, long_queue(Who, Long, St));
+            loop(MRef, notify(long_queue(Who, Long, St)));
+        notify ->
+            loop(MRef, sent(St#{timer => undefined}));
         {monitor, _, _, _} ->
             loop(MRef, St);
         {report, ReplyTo} ->
@@ -141,6 +151,27 @@ loop(MRef, St) ->
         {'DOWN', MRef, process, _, _} ->
             free(St)
     end.
+
+%% New events: the report goes out now, or when a second has passed since
+%% the last one.
+notify(St = #{notify := undefined}) ->
+    St;
+notify(St = #{timer := T}) when T =/= undefined ->
+    St#{dirty := true};
+notify(St) ->
+    Last = maps:get(last_sent, St, undefined),
+    Now = erlang:monotonic_time(millisecond),
+    case Last =:= undefined orelse Now - Last >= ?NOTIFY_MS of
+        true -> sent(St#{dirty := true});
+        false -> St#{dirty := true,
+                     timer => erlang:send_after(?NOTIFY_MS - (Now - Last), self(), notify)}
+    end.
+
+sent(St = #{dirty := true, notify := {Pid, Ref}}) ->
+    Pid ! {beamdiag, Ref, {long_schedules, summary(St)}},
+    St#{dirty := false, last_sent => erlang:monotonic_time(millisecond)};
+sent(St) ->
+    St.
 
 %% Frees the slot when it still holds this process's setting.
 free(#{state := watching}) ->

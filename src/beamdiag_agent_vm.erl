@@ -22,8 +22,8 @@
     swt := [{pos_integer(), non_neg_integer(), non_neg_integer()}] | undefined,
     run_queues := [non_neg_integer()],
     reductions := non_neg_integer(),
-    gcs := non_neg_integer(),
-    gc_words := non_neg_integer(),
+    gcs := non_neg_integer() | undefined,
+    gc_words := non_neg_integer() | undefined,
     context_switches := non_neg_integer(),
     process_count := non_neg_integer(),
     msacc => [map()]
@@ -102,28 +102,29 @@ lcnt_emulator_installed() ->
 -spec counters(#{msacc := boolean(), swt => boolean()}) -> counters().
 counters(Opts = #{msacc := WantMsacc}) ->
     {Reds, _} = erlang:statistics(reductions),
-    {GCs, Words, _} = erlang:statistics(garbage_collection),
     {CS, _} = erlang:statistics(context_switches),
     C = #{
         run_queues => erlang:statistics(run_queue_lengths_all),
         reductions => Reds,
-        gcs => GCs,
-        gc_words => Words,
         context_switches => CS,
         process_count => erlang:system_info(process_count)
     },
     case maps:get(swt, Opts, true) of
         true -> maps:merge(C, all_schedulers(#{msacc => WantMsacc}));
-        false -> C#{swt => undefined}
+        false -> C#{swt => undefined, gcs => undefined, gc_words => undefined}
     end.
 
-%% @doc The counters every scheduler must answer for: scheduler wall time
-%% and, when wanted, microstate accounting. A scheduler held by a NIF
+%% @doc The counters every scheduler must answer for: scheduler wall time,
+%% garbage collection (OTP sums it from a request to every scheduler) and,
+%% when wanted, microstate accounting. A scheduler held by a NIF
 %% answers only when the NIF returns, so callers that must not stall run
 %% this with a deadline (see beamdiag_agent_probe).
--spec all_schedulers(#{msacc := boolean()}) -> #{swt := list() | undefined, msacc => [map()]}.
+-spec all_schedulers(#{msacc := boolean()}) ->
+    #{swt := list() | undefined, gcs := non_neg_integer(), gc_words := non_neg_integer(),
+      msacc => [map()]}.
 all_schedulers(#{msacc := WantMsacc}) ->
-    C = #{swt => swt()},
+    {GCs, Words, _} = erlang:statistics(garbage_collection),
+    C = #{swt => swt(), gcs => GCs, gc_words => Words},
     case WantMsacc of
         true -> C#{msacc => msacc()};
         false -> C

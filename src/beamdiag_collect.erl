@@ -154,6 +154,9 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
             gather(G#{procs_start => Snapshot});
         {beamdiag, Ref, {partial_extras, Quick}} ->
             gather(G#{quick => Quick});
+        {beamdiag, Ref, {long_schedules, LS}} ->
+            %% The long schedules so far (sent while events come).
+            gather(G#{long_schedules => LS});
         {beamdiag, Ref, finishing} ->
             %% Every tick came: a late report now is the extras' cost, not
             %% a node too slow to answer; wait for them.
@@ -209,7 +212,11 @@ moved(G, _) ->
 %% the agent sent with its last word, and the start walk's process report
 %% brought forward with the queue lengths of the last tick.
 partial_extras(G) ->
-    Quick = maps:get(quick, G, #{}),
+    Quick = case {maps:get(quick, G, #{}), maps:find(long_schedules, G)} of
+                {Q = #{long_schedules := _}, _} -> Q;
+                {Q, {ok, LS}} -> Q#{long_schedules => LS};
+                {Q, error} -> Q
+            end,
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
             Procs = forward(Snapshot, maps:get(samples, G)),

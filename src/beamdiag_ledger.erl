@@ -344,8 +344,8 @@ vm(Samples = [#{vm := A} | _], Window, Settings) ->
     D = fun(K) -> (maps:get(K, B) - maps:get(K, A)) / Window end,
     #{
         reductions_per_s => D(reductions),
-        gcs_per_s => D(gcs),
-        gc_words_per_s => D(gc_words),
+        gcs_per_s => rate_of(gcs, Samples),
+        gc_words_per_s => rate_of(gc_words, Samples),
         context_switches_per_s => D(context_switches),
         run_queue_avg => Avg(Normal),
         run_queue_max => lists:max(Normal),
@@ -353,6 +353,18 @@ vm(Samples = [#{vm := A} | _], Window, Settings) ->
         process_count => maps:get(process_count, B),
         tick_cost_us_avg => Avg([maps:get(tick_cost_us, X, 0) || X <- Samples])
     }.
+
+%% A counter's rate between the first and last samples that have it (the
+%% garbage collection counters need every scheduler's answer, and a tick
+%% goes without them when one is held).
+rate_of(K, Samples) ->
+    case [S || S = #{vm := #{K := V}} <- Samples, is_integer(V)] of
+        [SA = #{vm := A} | Rest = [_ | _]] ->
+            SB = #{vm := B} = lists:last(Rest),
+            (maps:get(K, B) - maps:get(K, A)) / seconds(SA, SB);
+        _ ->
+            0.0
+    end.
 
 %% Microstate accounting over the samples that carry it (the agent keeps it
 %% on for the end of the window only): per thread type, each state's share

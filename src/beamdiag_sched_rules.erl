@@ -26,7 +26,8 @@
 -spec findings(map(), beamdiag_ledger:ledger()) -> [beamdiag_finding:finding()].
 findings(#{state := watching, processes := Ps} = R, Ledger) ->
     T = thresholds(),
-    Window = max(1.0e-3, maps:get(window_s, Ledger, maps:get(span_ms, R, 1000) / 1000)),
+    %% The watcher's own span: a capture cut short has a shorter ledger.
+    Window = max(1.0e-3, max(maps:get(window_s, Ledger, 0.0), maps:get(span_ms, R, 0) / 1000)),
     Online = maps:get(schedulers_online, maps:get(settings, Ledger, #{}), undefined),
     [finding(P, Window, R, Ledger, Online, T)
      || P = #{native := N, count := C, total_ms := Tot} <- Ps,
