@@ -44,7 +44,8 @@
 -define(LATE_MS, 2000).
 %% The agent's least grace time past the window (beamdiag_agent).
 -define(GRACE_MS, 5000).
--define(CALL_TIMEOUT, 5000).
+%% The agent's start: its wait, and the retry's.
+-define(START_WAITS, [2500, 2500]).
 %% How long a collector that stopped waiting gives the agent for its
 %% last word's quick extras.
 -define(QUICK_MS, 300).
@@ -90,15 +91,28 @@ run(Node, Opts) ->
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
+format_error({agent_start, Node, {timeout, Waits}}) ->
+    io_lib:format("~s did not start the agent within ~ts (tried ~b times): it is overloaded or "
+                  "a scheduler is held (a NIF that does not yield); run beamdiag on its host for "
+                  "a host-side view",
+                  [Node, lists:join(" and ", [io_lib:format("~.1f s", [W / 1000]) || W <- Waits]),
+                   length(Waits)]);
+format_error({agent_start, Node, {error, {erpc, noconnection}}}) ->
+    io_lib:format("~s went away while the agent was starting (the connection dropped)", [Node]);
+format_error({agent_start, Node, {error, {exception, undef, _}}}) ->
+    io_lib:format("the agent's code is not loaded on ~s", [Node]);
 format_error({agent_start, Node, Reason}) ->
-    io_lib:format("cannot start the agent on ~s: ~p", [Node, Reason]);
+    io_lib:format("cannot start the agent on ~s: ~0tP", [Node, Reason, 8]);
 format_error({target_down, Reason, #{samples := S}}) ->
-    io_lib:format("the target went away mid-window (~p) after ~b samples; "
-                  "the partial capture is kept", [Reason, length(S)]);
+    io_lib:format("the target went away mid-window (~ts) after ~b samples; "
+                  "the partial capture is kept", [down_text(Reason), length(S)]);
 format_error({target_down, Reason, undefined}) ->
-    io_lib:format("the target went away before the first sample (~p)", [Reason]);
+    io_lib:format("the target went away before the first sample (~ts)", [down_text(Reason)]);
 format_error({agent_aborted, Why}) ->
-    io_lib:format("the agent stopped early: ~p", [Why]);
+    io_lib:format("the agent stopped early (~ts)", [aborted_text(Why)]);
+format_error(due) ->
+    "the node's first samples did not come before the report was due: it is overloaded or a "
+    "scheduler is held";
 format_error(timeout) ->
     "the agent did not finish in time".
 
@@ -106,13 +120,34 @@ format_error(timeout) ->
 %%% Internal
 %%%===================================================================
 
+down_text(noconnection) -> "the connection dropped";
+down_text(noproc) -> "the agent was gone before it could be watched";
+down_text(killed) -> "the agent was killed";
+down_text(R) -> io_lib:format("~0tP", [R, 6]).
+
+aborted_text(deadline) -> "it reached its deadline before its last tick";
+aborted_text({caller_down, _}) -> "its caller went away";
+aborted_text(shutdown) -> "the node is shutting down";
+aborted_text(W) -> io_lib:format("~0tP", [W, 6]).
+
 start_agent(Node, Opts) when Node =:= node() ->
     beamdiag_agent:start(self(), Opts);
 start_agent(Node, Opts) ->
-    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], ?CALL_TIMEOUT) of
+    start_agent(Node, Opts, ?START_WAITS, []).
+
+%% With a timeout and one retry: a start that answers too late may still
+%% start an agent, whose first word then names it and is told to end
+%% (gather/2, flush/1).
+start_agent(Node, Opts, [Wait | More], Tried) ->
+    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], Wait) of
         {ok, _, _} = Ok -> Ok
     catch
-        Class:Reason -> {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
+        error:{erpc, timeout} when More =/= [] ->
+            start_agent(Node, Opts, More, [Wait | Tried]);
+        error:{erpc, timeout} ->
+            {error, {beamdiag_collect, {agent_start, Node, {timeout, lists:reverse([Wait | Tried])}}}};
+        Class:Reason ->
+            {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
     end.
 
 %% The deadline follows the agent's own: its start and each move of its
@@ -143,6 +178,10 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
     receive
         {beamdiag, Ref, {start, I}} ->
             gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
+        {beamdiag, Other, {start, #{agent := Stray}}} when Other =/= Ref ->
+            %% An agent whose start answered after the retry: it ends now.
+            Stray ! {beamdiag_abort, self()},
+            gather(G);
         {beamdiag, Ref, {deadline, InMs}} ->
             gather(moved(G, InMs));
         {beamdiag, Ref, {tick, S}} ->
@@ -323,6 +362,9 @@ interval(_) -> 1000.
 
 flush(Ref) ->
     receive
-        {beamdiag, Ref, _} -> flush(Ref)
+        {beamdiag, Ref, _} -> flush(Ref);
+        {beamdiag, _, {start, #{agent := Stray}}} ->
+            Stray ! {beamdiag_abort, self()},
+            flush(Ref)
     after 0 -> ok
     end.

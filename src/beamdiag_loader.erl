@@ -48,6 +48,8 @@
 %% busy, on a host that is itself overloaded, the call's process waits for
 %% a scheduler: 5 s proved too short under a load average of 30 on 2 cores.
 -define(CALL_TIMEOUT, 10000).
+%% The release read: its wait, and the retry's.
+-define(FACTS_WAITS, [2000, 3000]).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
 %% Compiler application versions (major, minor) seen in each release, for
@@ -144,8 +146,15 @@ format_error({refuse, unknown_build, Node, #{target := T, runs_on := R}}) ->
                   "beamdiag (running on OTP ~b) is not known; use a beamdiag built on OTP ~ts, "
                   "or add the compiler application to the node's release",
                   [Node, T, R, loadable_builds(T)]);
-format_error({target_facts, Node, Why}) ->
-    io_lib:format("cannot read the OTP release of ~s: ~p", [Node, Why]);
+format_error({target_facts, Node, {timeout, Waits}}) ->
+    io_lib:format("~s did not answer the release read within ~ts (tried ~s): it is overloaded "
+                  "or a scheduler is held (a NIF that does not yield); run beamdiag on its "
+                  "host for a host-side view", [Node, waits(Waits), times(length(Waits))]);
+format_error({target_facts, Node, {noconnection, _}}) ->
+    io_lib:format("~s went away during the release read (the connection dropped)", [Node]);
+format_error({target_facts, Node, {Class, Why}}) ->
+    io_lib:format("cannot read the OTP release of ~s: the call failed (~ts)",
+                  [Node, short(Class, Why)]);
 format_error({no_object_code, Mod}) ->
     io_lib:format("cannot find the object code of ~s", [Mod]);
 format_error({no_abstract_code, Mod}) ->
@@ -171,16 +180,58 @@ object_code([M | Ms], Acc) ->
         error -> {error, {?MODULE, {no_object_code, M}}}
     end.
 
-%% The target's release and whether it can compile. Neither call loads
-%% or changes anything there.
+%% The target's release and whether it can compile, in one call, with a
+%% timeout and one retry (?FACTS_WAITS): a node that is only slow answers
+%% the second, and one that cannot answer costs seconds, not ten. Nothing
+%% is loaded or changed there.
 target_facts(Target) ->
-    try
-        Rel = call(Target, erlang, system_info, [otp_release], ?CALL_TIMEOUT),
-        Which = call(Target, code, which, [compile], ?CALL_TIMEOUT),
-        {ok, list_to_integer(Rel), is_list(Which)}
+    target_facts(Target, ?FACTS_WAITS, []).
+
+target_facts(Target, [Wait | More], Tried) ->
+    try facts(Target, Wait) of
+        {Rel, Which} -> {ok, list_to_integer(Rel), is_list(Which)}
     catch
-        Class:Why -> {error, {?MODULE, {target_facts, name(Target), {Class, Why}}}}
+        error:{erpc, timeout} when More =/= [] ->
+            target_facts(Target, More, [Wait | Tried]);
+        error:{erpc, timeout} ->
+            {error, {?MODULE, {target_facts, name(Target),
+                               {timeout, lists:reverse([Wait | Tried])}}}};
+        exit:{timeout, _} when More =/= [] ->
+            target_facts(Target, More, [Wait | Tried]);
+        exit:{timeout, _} ->
+            {error, {?MODULE, {target_facts, name(Target),
+                               {timeout, lists:reverse([Wait | Tried])}}}};
+        error:{erpc, noconnection} ->
+            {error, {?MODULE, {target_facts, name(Target), {noconnection, Tried}}}};
+        Class:Why ->
+            {error, {?MODULE, {target_facts, name(Target), {Class, Why}}}}
     end.
+
+%% The two reads at once, under one wait (over distribution; a peer
+%% answers one after the other).
+facts(Node, Wait) when is_atom(Node) ->
+    Deadline = erlang:monotonic_time(millisecond) + Wait,
+    R1 = erpc:send_request(Node, erlang, system_info, [otp_release]),
+    R2 = erpc:send_request(Node, code, which, [compile]),
+    Rel = erpc:receive_response(R1, left(Deadline)),
+    Which = erpc:receive_response(R2, left(Deadline)),
+    {Rel, Which};
+facts(Target, Wait) ->
+    {call(Target, erlang, system_info, [otp_release], Wait),
+     call(Target, code, which, [compile], Wait)}.
+
+left(Deadline) ->
+    max(0, Deadline - erlang:monotonic_time(millisecond)).
+
+waits(Waits) ->
+    lists:join(" and ", [io_lib:format("~.1f s", [W / 1000]) || W <- Waits]).
+
+times(1) -> "once";
+times(2) -> "twice";
+times(N) -> io_lib:format("~b times", [N]).
+
+short(Class, Why) ->
+    io_lib:format("~0tP", [{Class, Why}, 8]).
 
 ship(beams, Target, Objects) ->
     load_each(Target, [{M, Bin, File, local_md5(M, Bin)} || {M, Bin, File} <- Objects], []);
