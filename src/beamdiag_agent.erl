@@ -104,6 +104,9 @@
 %% table (the walk stops itself at 500 ms) and for the long-schedule report.
 -define(END_WALK_MS, 1500).
 -define(SYSMON_MS, 300).
+%% The longest the end of a session waits for its helpers to put their
+%% flags back.
+-define(HELPERS_MS, 500).
 
 %%%===================================================================
 %%% API
@@ -616,19 +619,38 @@ restore(Restore, State) ->
         {ok, LS} -> catch beamdiag_agent_lcnt:stop(LS);
         error -> ok
     end,
-    _ = case maps:get(sysmon, State, undefined) of
-            Pid when is_pid(Pid) -> beamdiag_agent_sysmon:stop(Pid);
-            _ -> ok
-        end,
-    _ = case maps:find(probe, State) of
-            {ok, Probe} ->
-                beamdiag_agent_probe:cast(
-                  Probe, fun() -> erlang:system_flag(scheduler_wall_time, false) end),
-                beamdiag_agent_probe:stop(Probe);
-            error ->
-                ok
-        end,
+    Sysmon = case maps:get(sysmon, State, undefined) of
+                 Pid when is_pid(Pid) ->
+                     beamdiag_agent_sysmon:stop(Pid),
+                     [erlang:monitor(process, Pid)];
+                 _ ->
+                     []
+             end,
+    Probe = case maps:find(probe, State) of
+                {ok, P} ->
+                    beamdiag_agent_probe:cast(
+                      P, fun() -> erlang:system_flag(scheduler_wall_time, false) end),
+                    beamdiag_agent_probe:stop(P),
+                    [erlang:monitor(process, beamdiag_agent_probe:pid(P))];
+                error ->
+                    []
+            end,
+    %% Their flags are back when they have ended: waited for (bounded), so
+    %% that the caller finds them back when the last word comes, and the
+    %% purge of the agent's modules does not cut them short. A helper held
+    %% by a scheduler that does not answer finishes on its own later.
+    wait_down(Sysmon ++ Probe, erlang:monotonic_time(millisecond) + ?HELPERS_MS),
     ok.
+
+wait_down([], _Deadline) ->
+    ok;
+wait_down([MRef | More], Deadline) ->
+    receive
+        {'DOWN', MRef, process, _, _} -> wait_down(More, Deadline)
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        erlang:demonitor(MRef, [flush]),
+        wait_down(More, Deadline)
+    end.
 
 %% Removes modules loaded for this session. The agent runs the old code of
 %% its own module after the delete; the purge runs in a process of its own,
