@@ -285,14 +285,16 @@ init(Caller, Ref, Opts, _Starter) ->
     }}},
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
               costs => []},
+    %% The start walk runs beside the first tick (which reads every
+    %% thread's files and on a starved host takes a second or more).
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [Sysmon || is_pid(Sysmon)]],
+    Procs = start_procs(Opts, Helpers),
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            Helpers = [beamdiag_agent_probe:pid(Probe) | [Sysmon || is_pid(Sysmon)]],
-            ticked(State1#{procs => start_procs(Opts, Helpers), host_scan => HostScan}, First, 1,
-                   Clock);
+            ticked(State1#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
         late ->
-            finish(State#{host_scan => HostScan}, {aborted, deadline})
+            finish(State#{procs => Procs, host_scan => HostScan}, {aborted, deadline})
     end.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
