@@ -149,9 +149,10 @@ bottleneck(_, _, _, _) ->
 queue_growth(Procs, T) ->
     Span = max(1.0e-3, maps:get(span_ms, Procs, 0) / 1000),
     Room = maps:get(memory_room, Procs, #{}),
-    lists:append([queue_finding(E, Span, T, Room) || E <- maps:get(queues, Procs, [])]).
+    Partial = maps:is_key(partial, Procs),
+    lists:append([queue_finding(E, Span, T, Room, Partial) || E <- maps:get(queues, Procs, [])]).
 
-queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room) ->
+queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
     Start = case Q0 of null -> 0; _ -> Q0 end,
     Growth = Q1 - Start,
     Rate = Growth / Span,
@@ -169,10 +170,19 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room) ->
                 fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~b messages/s "
                     "more arrive than it takes", [who(E), Start, Q1, Span, round(Rate)]),
                 MemLine] ++ RoomLines ++ [
-                fmt("it took ~s reductions in the window and was in ~ts (~ts); at this rate the "
-                    "queue holds ~s messages in ten minutes",
-                    [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
-                     maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))])
+                case Partial of
+                    false ->
+                        fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
+                            "rate the queue holds ~s messages in ten minutes",
+                            [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
+                             maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))]);
+                    true ->
+                        fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
+                            "holds ~s messages in ten minutes (the capture was cut short: the "
+                            "queue lengths are the start walk's and the last tick's)",
+                            [maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
+                             count(round(Q1 + Rate * 600))])
+                end
             ],
             [beamdiag_finding:new(message_queue_growth, Sev, Evidence, Metrics#{
                 pid => maps:get(pid, E),
