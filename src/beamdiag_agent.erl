@@ -441,8 +441,11 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
             {aborted, _} -> Caller ! {beamdiag, Ref, {partial_extras, Quick}};
             done -> ok
         end,
-    Extras = with_room(maps:merge(maps:merge(maps:merge(collect_extras(State),
-                                                        procs_extras(State, How)),
+    %% The end walk runs in its own process while the lock data is read
+    %% here: on a lock-counting node each takes a second or more.
+    Walk = end_walk(State, How),
+    Locks = collect_extras(State),
+    Extras = with_room(maps:merge(maps:merge(maps:merge(Locks, procs_extras(Walk)),
                                              host_extras(State, How)), Quick)),
     restore(Restore, State),
     {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
@@ -528,9 +531,9 @@ procs_tick(State, _K) ->
 %% The walk at the end, when the window ended as planned: in a process of
 %% its own, waited for at most ?END_WALK_MS (the collector has the start
 %% walk's report either way).
-procs_extras(#{procs := {error, Text}}, done) ->
-    #{procs => #{error => Text}};
-procs_extras(#{procs := P = #{}}, done) ->
+end_walk(#{procs := {error, Text}}, done) ->
+    {extras, #{procs => #{error => Text}}};
+end_walk(#{procs := P = #{}}, done) ->
     Self = self(),
     Ref = make_ref(),
     {Walker, MRef} = spawn_opt(fun() ->
@@ -538,6 +541,16 @@ procs_extras(#{procs := P = #{}}, done) ->
                      catch Class:Reason -> {error, error_text(Class, Reason)}
                      end}
     end, [monitor, {priority, high}]),
+    {walking, Walker, MRef, Ref, erlang:monotonic_time(millisecond) + ?END_WALK_MS};
+end_walk(#{procs := {walking, Walker}}, _) ->
+    exit(Walker, kill),
+    {extras, #{}};
+end_walk(_, _) ->
+    {extras, #{}}.
+
+procs_extras({extras, E}) ->
+    E;
+procs_extras({walking, Walker, MRef, Ref, Deadline}) ->
     receive
         {Ref, {ok, Report}} ->
             erlang:demonitor(MRef, [flush]),
@@ -547,18 +560,13 @@ procs_extras(#{procs := P = #{}}, done) ->
             #{procs => #{error => Text}};
         {'DOWN', MRef, process, Walker, Why} ->
             #{procs => #{error => error_text(exit, Why)}}
-    after ?END_WALK_MS ->
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         exit(Walker, kill),
         erlang:demonitor(MRef, [flush]),
         #{procs_end_missing => iolist_to_binary(
             io_lib:format("the process walk at the window's end did not finish in ~b ms",
                           [?END_WALK_MS]))}
-    end;
-procs_extras(#{procs := {walking, Walker}}, _) ->
-    exit(Walker, kill),
-    #{};
-procs_extras(_, _) ->
-    #{}.
+    end.
 
 %% The memory the node can still take (host or cgroup), read once.
 memory_extras(#{proc_root := Root, pid := OsPid}) ->

@@ -325,29 +325,63 @@ stop_jobs(Jobs) ->
          end || {_, _, {Pid, MRef}} <- Jobs],
     ok.
 
-load_each(_Target, [], Acc) ->
+%% Which modules are there already, in one call; the others loaded in one
+%% more (code:atomic_load/1): two round trips instead of two or three a
+%% module, each a wait for a scheduler on a busy node. The check asks the
+%% code server, so it comes after the deletes of a session that just
+%% ended there (its agent deletes its modules after its last word).
+load_each(Target, Items, []) ->
+    Mods = [M || {M, _, _, _} <- Items],
+    case catch call(Target, lists, map, [fun code:is_loaded/1, Mods], ?CALL_TIMEOUT) of
+        Flags0 when is_list(Flags0), length(Flags0) =:= length(Mods) ->
+            Flags = [F =/= false || F <- Flags0],
+            Present = [I || {I, true} <- lists:zip(Items, Flags)],
+            Missing = [I || {I, false} <- lists:zip(Items, Flags)],
+            case [M || {M, _, _, Md5} <- Present, remote_md5(Target, M) =/= {ok, Md5}] of
+                [M | _] ->
+                    {error, {?MODULE, {version_conflict, name(Target), M}}};
+                [] ->
+                    atomic_load(Target, Missing)
+            end;
+        _ ->
+            load_one_by_one(Target, Items, [])
+    end.
+
+atomic_load(_Target, []) ->
+    {ok, []};
+atomic_load(Target, Missing) ->
+    case catch call(Target, code, atomic_load, [[{M, File, Bin} || {M, Bin, File, _} <- Missing]],
+                    ?CALL_TIMEOUT) of
+        ok ->
+            {ok, [M || {M, _, _, _} <- Missing]};
+        {error, [{M, What} | _]} ->
+            {error, {?MODULE, {load_failed, name(Target), M, What}}};
+        Other ->
+            {error, {?MODULE, {load_failed, name(Target), element(1, hd(Missing)), Other}}}
+    end.
+
+load_one_by_one(_Target, [], Acc) ->
     {ok, lists:reverse(Acc)};
-load_each(Target, [{M, Bin, File, Md5} | Rest], Acc) ->
+load_one_by_one(Target, [{M, Bin, File, Md5} | Rest], Acc) ->
     case remote_md5(Target, M) of
         {ok, Md5} ->
-            load_each(Target, Rest, Acc);
+            load_one_by_one(Target, Rest, Acc);
         {ok, _Other} ->
             unload(Target, Acc),
             {error, {?MODULE, {version_conflict, name(Target), M}}};
         missing ->
             case catch call(Target, code, load_binary, [M, File, Bin], ?CALL_TIMEOUT) of
                 {module, M} ->
-                    load_each(Target, Rest, [M | Acc]);
+                    load_one_by_one(Target, Rest, [M | Acc]);
                 Other ->
                     unload(Target, Acc),
                     {error, {?MODULE, {load_failed, name(Target), M, Other}}}
             end
     end.
 
-%% Whether the module is loaded, from the BIF (no code server call).
 remote_md5(Target, M) ->
-    case catch call(Target, erlang, module_loaded, [M], ?CALL_TIMEOUT) of
-        true ->
+    case catch call(Target, code, is_loaded, [M], ?CALL_TIMEOUT) of
+        {file, _} ->
             case catch call(Target, M, module_info, [md5], ?CALL_TIMEOUT) of
                 Md5 when is_binary(Md5) -> {ok, Md5};
                 _ -> missing
