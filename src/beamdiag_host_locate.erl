@@ -31,7 +31,9 @@
     os_pid := pos_integer(),
     how := given | epmd_port | cmdline,
     comm := binary(),
-    port => inet:port_number()
+    port => inet:port_number(),
+    %% What epmd said of the name (found by name only).
+    epmd => registered | not_registered | no_answer
 }.
 -type options() :: #{
     proc_root => file:filename(),
@@ -185,13 +187,27 @@ by_local_name(Root, Name, Host, Opts) ->
                  {error, _} ->
                      none
              end,
+    Epmd = case Names of
+               {ok, L2} ->
+                   case lists:keymember(Name, 1, L2) of
+                       true -> registered;
+                       false -> not_registered
+                   end;
+               {error, _} ->
+                   no_answer
+           end,
     case ByPort of
-        {ok, _} = Ok ->
-            Ok;
+        {ok, Found} ->
+            {ok, Found#{epmd => Epmd}};
         none ->
             case [P || {P, _} <- Beams, lists:member(Name, cmd_names(Root, P, Host))] of
-                [Pid | _] -> check_pid(Root, Pid, cmdline);
-                [] -> {error, {?MODULE, {not_found, Name ++ "@" ++ Host}}}
+                [Pid | _] ->
+                    case check_pid(Root, Pid, cmdline) of
+                        {ok, Found} -> {ok, Found#{epmd => Epmd}};
+                        E -> E
+                    end;
+                [] ->
+                    {error, {?MODULE, {not_found, Name ++ "@" ++ Host}}}
             end
     end.
 

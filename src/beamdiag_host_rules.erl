@@ -190,8 +190,8 @@ native_lines(_, _) ->
     [<<"perf was not run: the native function is not named">>].
 
 answer_lines(#{unresponsive := true, waited_ms := Ms} = C) ->
-    [fmt("the node did not answer in ~.1f s (~ts); a scheduler running Erlang code is "
-         "preempted and the node answers", [Ms / 1000, maps:get(distribution, C, <<"">>)])];
+    [fmt("the node did not answer in ~.1f s: ~ts. A scheduler running Erlang code is "
+         "preempted, and the node would answer", [Ms / 1000, maps:get(distribution, C, <<"">>)])];
 answer_lines(_) ->
     [].
 
