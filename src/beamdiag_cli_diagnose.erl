@@ -59,7 +59,7 @@ spec() ->
               help => "diagnose NODE and every node connected to it at once (as beamdiag cluster)"},
             #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
               help => "exit 1 when a finding is at least this severe"},
-            #{key => host_only, long => "--host-only", type => boolean, default => false,
+            #{key => host_only, long => "--host-only", type => boolean,
               help => "diagnose from this host alone (/proc, cgroups, perf), without asking "
                       "the node: a node without distribution, or whose cookie you lack"},
             #{key => os_pid, long => "--os-pid", type => {integer, 1, 1 bsl 31}, metavar => "PID",

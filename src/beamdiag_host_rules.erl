@@ -9,7 +9,8 @@
 %%% <ul>
 %%% <li>`scheduler_held_native': a normal scheduler thread that wanted a
 %%%     CPU (on it, or runnable waiting for it) for nearly the whole
-%%%     window, almost all of it in user mode, when perf shows that thread
+%%%     window, almost all of it in user mode, and never slept (no
+%%%     voluntary context switches), when perf shows that thread
 %%%     in a native library outside the emulator, or when the node did not
 %%%     answer (a scheduler running Erlang code is preempted and the node
 %%%     answers);</li>
@@ -48,6 +49,11 @@ thresholds() ->
         held_wanted_share => 0.90,
         %% User time / on-CPU time of a held scheduler thread.
         held_user_share => 0.80,
+        %% Voluntary context switches per second of a held scheduler thread,
+        %% at most: it never goes back to its loop to sleep (a scheduler
+        %% running a NIF that yields, among processes that wake every
+        %% millisecond, slept 110 to 140 times a second on a loaded host).
+        held_sleeps_per_s => 2.0,
         %% perf samples of the held thread in one native library, at least.
         native_share => 0.50,
         %% Memory available / total, below which memory is low (crit below half).
@@ -71,12 +77,14 @@ analyse(Capture, Context) ->
       host_view => maps:merge(Context, #{hot => hot_threads(Ledger), settings => Settings})}.
 
 %% @doc Normal scheduler threads that wanted a CPU (ran, or waited for
-%% one) for nearly the whole window, mostly in user mode, hottest first.
+%% one) for nearly the whole window, mostly in user mode, and never went
+%% to sleep, hottest first.
 -spec hot_threads(beamdiag_ledger:ledger()) -> [beamdiag_ledger:row()].
 hot_threads(#{threads := Rows, window_s := W}) when W > 0 ->
-    #{held_wanted_share := WantedMin, held_user_share := UserMin} = thresholds(),
-    Hot = [R || R = #{type := scheduler, on_cpu := On, runq := Q, user := U} <- Rows,
-                (On + Q) / W >= WantedMin, On > 0, U / On >= UserMin],
+    #{held_wanted_share := WantedMin, held_user_share := UserMin,
+      held_sleeps_per_s := SleepsMax} = thresholds(),
+    Hot = [R || R = #{type := scheduler, on_cpu := On, runq := Q, user := U, nvcsw := Vol} <- Rows,
+                (On + Q) / W >= WantedMin, On > 0, U / On >= UserMin, Vol / W =< SleepsMax],
     lists:sort(fun(#{on_cpu := A, runq := QA}, #{on_cpu := B, runq := QB}) ->
                    A + QA >= B + QB end, Hot);
 hot_threads(_) ->
