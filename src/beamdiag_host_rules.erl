@@ -325,4 +325,4 @@ plural(_) -> "s".
 pct(X) -> [integer_to_list(round(100 * X)), "%"].
 
 gib(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
-gib(B) -> io_lib:format("~.0f MiB", [B / (1 bsl 20)]).
+gib(B) -> io_lib:format("~b MiB", [B div (1 bsl 20)]).
