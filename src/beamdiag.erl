@@ -126,6 +126,9 @@ diagnose(NodeStr, Opts) ->
 
 %% @doc Ledger and findings for a capture (pure).
 -spec analyse(beamdiag_collect:capture()) -> diagnosis().
+analyse(Capture = #{extras := #{host_only := true, host_view := Context}}) ->
+    %% Seen from the host alone (beamdiag_host).
+    beamdiag_host_rules:analyse(Capture, Context);
 analyse(Capture) ->
     Ledger = beamdiag_ledger:build(Capture),
     #{capture => Capture, ledger => Ledger, findings => beamdiag_rules:findings(Capture, Ledger)}.

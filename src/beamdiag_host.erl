@@ -157,7 +157,10 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
     Ctx = Context#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
                    window_s => D / 1000, perf => PerfTop},
-    beamdiag_host_rules:analyse(Capture, Ctx).
+    %% The context goes with the capture, so a saved capture is analysed
+    %% again the same way (beamdiag:analyse/1).
+    Extras = maps:get(extras, Capture),
+    beamdiag_host_rules:analyse(Capture#{extras => Extras#{host_view => Ctx}}, Ctx).
 
 wait_until(Until, H) ->
     Now = erlang:monotonic_time(millisecond),
