@@ -1,5 +1,5 @@
-%%% Sick nodes seen from the host: real lab nodes on OTP 25 and on OTP 29
-%%% (sid's root) whose scheduler a plain NIF holds (nif_stuck), and the
+%%% Sick nodes seen from the host: real lab nodes on OTP 25, 27 (trixie's
+%%% root) and 29 (sid's root) whose scheduler a plain NIF holds (nif_stuck), and the
 %%% control whose NIF yields (nif_yield). The NIF is built with this
 %%% machine's gcc against OTP 25's erl_nif.h and loads on 29 too.
 %%%
@@ -25,24 +25,26 @@
 suite() -> [{timetrap, {minutes, 4}}].
 
 all() ->
-    [{group, otp25}, {group, otp29}].
+    [{group, otp25}, {group, otp27}, {group, otp29}].
 
 groups() ->
     Cases = [nif_stuck_unresponsive, nif_stuck_os_pid, nif_yield_control],
-    [{otp25, [], Cases}, {otp29, [], Cases}].
+    [{otp25, [], Cases}, {otp27, [], Cases}, {otp29, [], Cases}].
 
 init_per_group(otp25, Config) ->
     [{release, 25}, {lab_opts, #{}} | Config];
-init_per_group(otp29, Config) ->
-    %% The sid root is built by the set-up, never here.
-    Ready = filename:join([os:getenv("BEAMDIAG_CACHE", "/var/cache/beamdiag"), "roots", "sid",
+init_per_group(Group, Config) ->
+    %% The roots are built by the set-up (scripts/otp-root.sh), never here.
+    {Rel, Suite} = case Group of otp27 -> {27, "trixie"}; otp29 -> {29, "sid"} end,
+    Ready = filename:join([os:getenv("BEAMDIAG_CACHE", "/var/cache/beamdiag"), "roots", Suite,
                            ".beamdiag-ready"]),
     case filelib:is_regular(Ready) of
         false ->
-            beamdiag_test_lib:missing("the OTP 29 root is not built (scripts/otp-root.sh sid)");
+            beamdiag_test_lib:missing(["the OTP ", integer_to_list(Rel), " root is not built "
+                                       "(scripts/otp-root.sh ", Suite, ")"]);
         true ->
-            case beamdiag_test_lib:otp_exec(29) of
-                {ok, Exec} -> [{release, 29}, {lab_opts, #{exec => Exec}} | Config];
+            case beamdiag_test_lib:otp_exec(Rel) of
+                {ok, Exec} -> [{release, Rel}, {lab_opts, #{exec => Exec}} | Config];
                 Skip -> Skip
             end
     end.
