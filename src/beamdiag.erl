@@ -23,7 +23,10 @@
 -type diagnosis() :: #{
     capture := beamdiag_collect:capture(),
     ledger := beamdiag_ledger:ledger(),
-    findings := [beamdiag_finding:finding()]
+    findings := [beamdiag_finding:finding()],
+    %% Seen from the host alone (beamdiag_host), and how.
+    host_only => true,
+    host_view => map()
 }.
 -type options() :: #{
     duration => number(),
@@ -197,10 +200,10 @@ remote(NodeStr, O) ->
 remote(NodeStr, O, Notify) ->
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
-            Notify(connected),
+            _ = Notify(connected),
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
-                    Notify(loaded),
+                    _ = Notify(loaded),
                     Result = with_profile(Node, O, fun() ->
                                  beamdiag_collect:run(Node, collect_opts(O, Loaded))
                              end),
@@ -279,7 +282,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     AnswerMs = answer_ms(maps:get(answer_timeout, O), D),
     Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
     View = case Located of
-               {ok, L} -> beamdiag_host:start(L, (host_options(O))#{node => NodeStr});
+               {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
                {error, _} -> none
            end,
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
@@ -288,13 +291,12 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
 
 await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by := By}) ->
     Wait = case View of
-               none -> infinity;
-               answered -> infinity;
-               _ -> max(0, By - erlang:monotonic_time(millisecond))
+               {watching, _} -> max(0, By - erlang:monotonic_time(millisecond));
+               _ -> infinity
            end,
     receive
-        {Tag, answered} when View =/= answered, View =/= none ->
-            ok = beamdiag_host:cancel(View),
+        {Tag, answered} when is_tuple(View) ->
+            ok = beamdiag_host:cancel(element(2, View)),
             await(W#{view := answered});
         {Tag, answered} ->
             await(W);
@@ -303,7 +305,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by 
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
-                    #{} -> beamdiag_host:cancel(View);
+                    {watching, H} -> beamdiag_host:cancel(H);
                     _ -> ok
                 end,
             flush_answers(Tag),
@@ -317,7 +319,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by 
         exit(Worker, kill),
         erlang:demonitor(MRef, [flush]),
         flush_answers(Tag),
-        {ok, beamdiag_host:finish(View, #{waited_ms => maps:get(answer_ms, W),
+        {watching, Handle} = View,
+        {ok, beamdiag_host:finish(Handle, #{waited_ms => maps:get(answer_ms, W),
                                           distribution => distribution_seen(W)})}
     end.
 

@@ -131,10 +131,8 @@ memory(C) ->
          end,
     ["memory: ", Host, Rss, Cg, "\n"].
 
-last_memory(#{samples := Samples = [_ | _]}) ->
-    maps:get(memory, lists:last(Samples), #{});
-last_memory(_) ->
-    #{}.
+last_memory(#{extras := #{memory := M}}) -> M;
+last_memory(_) -> #{}.
 
 perf({ok, #{samples := N, top := Top}}) ->
     ["perf: ", integer_to_list(N), " samples of the held threads",

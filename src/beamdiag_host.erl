@@ -178,12 +178,18 @@ progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
     _ = P(Now - T0, D),
     ok.
 
+%% The samples as the agent's (the ledger reads them), the host's and
+%% cgroup's memory at the end of the window in the extras.
 capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
     Settings = maps:merge(beamdiag_host_view:settings(Samples), flags(Root, OsPid)),
+    Memory = case Samples of
+                 [_ | _] -> maps:get(memory, lists:last(Samples), #{});
+                 [] -> #{}
+             end,
     #{
         schema => <<"beamdiag.capture/1">>,
         node => maps:get(node, H),
-        samples => Samples,
+        samples => [maps:remove(memory, S) || S <- Samples],
         settings => Settings,
         interval_ms => maps:get(interval_ms, H),
         duration_ms => maps:get(duration_ms, H),
@@ -191,7 +197,7 @@ capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
             (erlang:monotonic_time(millisecond) - maps:get(t0, H)),
         complete => true,
         notes => [],
-        extras => #{host_only => true, os_pid => OsPid}
+        extras => #{host_only => true, os_pid => OsPid, memory => Memory}
     }.
 
 %% The node's emulator flags from its command line (erlexec passes +F as

@@ -61,7 +61,8 @@ thresholds() ->
     }.
 
 %% @doc The host-only diagnosis of a host capture (`samples' and
-%% `settings' from `beamdiag_host_view'). Context: `unresponsive' (the
+%% `settings' from `beamdiag_host_view', the last memory readings in
+%% `extras.memory'). Context: `unresponsive' (the
 %% node did not answer), `perf' (`{ok, perf_top()}', `{error, Text}' or
 %% `none').
 -spec analyse(beamdiag_collect:capture(), map()) -> beamdiag:diagnosis().
@@ -203,14 +204,11 @@ answer_lines(#{unresponsive := true, waited_ms := Ms} = C) ->
 answer_lines(_) ->
     [].
 
-memory(#{samples := Samples}, T) ->
-    case lists:last(Samples) of
-        #{memory := M} ->
-            Limit = map_get(memory_available_warn, T),
-            host_memory(M, Limit) ++ cgroup_memory(M, Limit);
-        _ ->
-            []
-    end.
+memory(#{extras := #{memory := M}}, T) ->
+    Limit = map_get(memory_available_warn, T),
+    host_memory(M, Limit) ++ cgroup_memory(M, Limit);
+memory(_, _) ->
+    [].
 
 host_memory(#{mem_total := Tot, mem_available := Av} = M, Limit) when Tot > 0 ->
     Share = Av / Tot,

@@ -29,7 +29,8 @@
     host := beamdiag_agent_proc:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
     memory := #{atom() => non_neg_integer() | max},
-    vm := map()
+    vm := beamdiag_agent_vm:counters(),
+    tick_cost_us := non_neg_integer()
 }.
 
 %% At most this many samples are kept (an hour at one a second).
@@ -89,7 +90,8 @@ sample(Root, OsPid, Cg) ->
         memory => memory(Root, OsPid, Cg),
         %% No figures from the VM: the node is not asked.
         vm => #{swt => undefined, run_queues => [], reductions => 0, gcs => 0, gc_words => 0,
-                context_switches => 0, process_count => 0}
+                context_switches => 0, process_count => 0},
+        tick_cost_us => 0
     }.
 
 %% @doc The node's settings as its threads' names show them: its

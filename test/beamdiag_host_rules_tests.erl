@@ -107,19 +107,19 @@ figures_within_bounds_test() ->
      || #{unit := share, value := V} <- maps:get(figures, held(D))].
 
 memory_low_test() ->
-    C = #{samples := Samples} = capture("nif_stuck_samples.term"),
-    Last = lists:last(Samples),
-    Low = Last#{memory => #{mem_total => 8 bsl 30, mem_available => 300 bsl 20,
-                            rss => 7 bsl 30}},
-    D = beamdiag_host_rules:analyse(C#{samples => lists:droplast(Samples) ++ [Low]},
-                                    #{unresponsive => false}),
+    C = capture("nif_stuck_samples.term"),
+    Low = #{mem_total => 8 bsl 30, mem_available => 300 bsl 20, rss => 7 bsl 30},
+    D = beamdiag_host_rules:analyse(C#{extras => #{memory => Low}}, #{unresponsive => false}),
     [F] = [X || X = #{id := host_memory_low} <- maps:get(findings, D)],
     ?assertEqual(critical, maps:get(severity, F)),
-    CgLow = Last#{memory => #{mem_total => 8 bsl 30, mem_available => 6 bsl 30,
-                              cgroup_max => 1 bsl 30, cgroup_current => 980 bsl 20}},
-    D2 = beamdiag_host_rules:analyse(C#{samples => lists:droplast(Samples) ++ [CgLow]},
-                                     #{unresponsive => false}),
-    ?assertEqual([host_memory_low], ids(D2)).
+    CgLow = #{mem_total => 8 bsl 30, mem_available => 6 bsl 30,
+              cgroup_max => 1 bsl 30, cgroup_current => 980 bsl 20},
+    D2 = beamdiag_host_rules:analyse(C#{extras => #{memory => CgLow}}, #{unresponsive => false}),
+    ?assertEqual([host_memory_low], ids(D2)),
+    Plenty = #{mem_total => 8 bsl 30, mem_available => 6 bsl 30, cgroup_max => max,
+               cgroup_current => 980 bsl 20},
+    ?assertEqual([], ids(beamdiag_host_rules:analyse(C#{extras => #{memory => Plenty}},
+                                                     #{unresponsive => false}))).
 
 reports_test() ->
     D = beamdiag_host_rules:analyse(capture("nif_stuck_samples.term"),
