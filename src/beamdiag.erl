@@ -105,9 +105,10 @@ diagnose(Opts) ->
 %% `{error, {beamdiag, {partial, Reason, Diagnosis}}}' with what was gathered.
 %%
 %% A node on this host is also watched from the host from the call's start
-%% (`beamdiag_host'): when it does not answer within `answer_timeout'
-%% seconds (auto: half the window, 1 to 5 s), the window is finished from
-%% the host alone and the diagnosis is marked `host_only'. `host_only'
+%% (`beamdiag_host'): when it does not finish the handshake within
+%% `answer_timeout' seconds (auto: half the window, 2 to 5 s), or does not
+%% let the agent load by the end of the window, the window is finished
+%% from the host alone and the diagnosis is marked `host_only'. `host_only'
 %% (true), `os_pid', or an OS pid in place of the node's name ask for that
 %% host-only diagnosis at once (a node without distribution, or whose
 %% cookie is not at hand).
@@ -259,9 +260,11 @@ local_host(NodeStr) ->
 
 %% The node's host is this one: the host view starts with the call, while
 %% a worker connects and runs the window as on any node. The worker says
-%% when the node has answered (its agent's first tick); until then, if the
-%% answer time passes, the worker is stopped and the window finished from
-%% the host view alone.
+%% each step it got through. A node that has not finished the handshake
+%% within the answer time, or has not let the agent load by the end of the
+%% window, has not answered: the worker is stopped and the window finished
+%% from the host view alone. Once the agent is loaded (or has ticked), the
+%% node has answered and the host view is dropped.
 with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     Self = self(),
     Tag = make_ref(),
@@ -286,13 +289,19 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
                {error, _} -> none
            end,
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
-            answer_by => T0 + AnswerMs, answer_ms => AnswerMs, located => Located,
+            t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
             node => NodeStr}).
 
-await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by := By}) ->
+await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := Stage, t0 := T0}) ->
     Wait = case View of
-               {watching, _} -> max(0, By - erlang:monotonic_time(millisecond));
-               _ -> infinity
+               {watching, _} ->
+                   By = T0 + case Stage of
+                                 connecting -> maps:get(answer_ms, W);
+                                 connected -> max(maps:get(answer_ms, W), maps:get(window_ms, W))
+                             end,
+                   max(0, By - erlang:monotonic_time(millisecond));
+               _ ->
+                   infinity
            end,
     receive
         {Tag, answered} when is_tuple(View) ->
@@ -300,8 +309,11 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by 
             await(W#{view := answered});
         {Tag, answered} ->
             await(W);
-        {Tag, stage, Stage} ->
-            await(W#{stage := Stage});
+        {Tag, stage, loaded} when is_tuple(View) ->
+            ok = beamdiag_host:cancel(element(2, View)),
+            await(W#{view := answered, stage := loaded});
+        {Tag, stage, NewStage} ->
+            await(W#{stage := NewStage});
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
@@ -320,7 +332,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, answer_by 
         erlang:demonitor(MRef, [flush]),
         flush_answers(Tag),
         {watching, Handle} = View,
-        {ok, beamdiag_host:finish(Handle, #{waited_ms => maps:get(answer_ms, W),
+        {ok, beamdiag_host:finish(Handle, #{waited_ms => erlang:monotonic_time(millisecond) - T0,
                                           distribution => distribution_seen(W)})}
     end.
 
@@ -331,12 +343,13 @@ flush_answers(Tag) ->
     after 0 -> ok
     end.
 
-%% How long the node is given to answer: half the window, 1 to 5 s.
-answer_ms(auto, D) -> max(1000, min(5000, round(D * 500)));
+%% How long the node is given to finish the handshake: half the window,
+%% 2 to 5 s.
+answer_ms(auto, D) -> max(2000, min(5000, round(D * 500)));
 answer_ms(S, _D) -> max(100, round(S * 1000)).
 
 %% What the distribution layer saw of a node that did not answer, in words.
-distribution_seen(#{stage := Stage, answer_ms := Ms, located := Located}) ->
+distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
     S = Ms / 1000,
     iolist_to_binary(
         case Stage of
@@ -355,10 +368,8 @@ distribution_seen(#{stage := Stage, answer_ms := Ms, located := Located}) ->
                 end;
             connected ->
                 io_lib:format("the handshake finished, but the node did not answer the "
-                              "release read and the agent's load in ~.1f s", [S]);
-            loaded ->
-                io_lib:format("connected and the agent loaded, but it did not start "
-                              "sampling in ~.1f s", [S])
+                              "release read and the agent's load by the end of the window "
+                              "(~.1f s)", [max(S, maps:get(window_ms, W) / 1000)])
         end).
 
 %% A node on another host that does not answer: say so, and where beamdiag

@@ -66,8 +66,8 @@ spec() ->
               help => "the node's OS pid on this host (implies --host-only)"},
             #{key => answer_timeout, long => "--answer-timeout", type => {float, 0.1, 3600.0},
               metavar => "SECONDS",
-              help => "a node on this host that does not answer within SECONDS is diagnosed "
-                      "from the host alone (default: half the window, 1 to 5 s)"}
+              help => "a node on this host that does not finish the handshake within SECONDS "
+                      "is diagnosed from the host alone (default: half the window, 2 to 5 s)"}
         ]
     }.
 
