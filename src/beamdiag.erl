@@ -344,8 +344,8 @@ flush_answers(Tag) ->
     end.
 
 %% How long the node is given to finish the handshake: half the window,
-%% 2 to 5 s.
-answer_ms(auto, D) -> max(2000, min(5000, round(D * 500)));
+%% 2 to 5 s, and never past the window.
+answer_ms(auto, D) -> min(round(D * 1000), max(2000, min(5000, round(D * 500))));
 answer_ms(S, _D) -> max(100, round(S * 1000)).
 
 %% What the distribution layer saw of a node that did not answer, in words.

@@ -74,7 +74,8 @@ threads(_) ->
 %% @doc What the JSON report carries about the host-only view.
 -spec summary(beamdiag:diagnosis()) -> map().
 summary(#{capture := C, host_view := V}) ->
-    Base = maps:with([reason, waited_ms, distribution, os_pid, node, located, window_s], V),
+    Base = maps:with([reason, waited_ms, distribution, os_pid, node, located, window_s,
+                      process_state], V),
     Perf = case maps:get(perf, V, none) of
                {ok, P} -> P;
                {error, Why} -> #{error => Why};
@@ -93,6 +94,13 @@ reason(V) ->
     [reason_line(V), "\n",
      case V of
          #{distribution := D} -> ["  distribution: ", D, "\n"];
+         _ -> ""
+     end,
+     case maps:get(process_state, V, unknown) of
+         stopped -> "  the node's OS process is stopped (SIGSTOP, or a debugger holds it): "
+                    "none of its threads runs\n";
+         zombie -> "  the node's OS process has exited (a zombie its parent has not reaped)\n";
+         gone -> "  the node's OS process is gone\n";
          _ -> ""
      end].
 

@@ -156,7 +156,8 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
               end,
     Ctx = Context#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
-                   window_s => D / 1000, perf => PerfTop},
+                   window_s => D / 1000, perf => PerfTop,
+                   process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},
     %% The context goes with the capture, so a saved capture is analysed
     %% again the same way (beamdiag:analyse/1).
     Extras = maps:get(extras, Capture),
@@ -199,6 +200,28 @@ capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
         notes => [],
         extras => #{host_only => true, os_pid => OsPid, memory => Memory}
     }.
+
+%% The state of the node's OS process at the end of the window (proc(5)):
+%% running, sleeping, stopped (SIGSTOP, or held by a debugger), zombie or
+%% gone.
+process_state(Root, OsPid) ->
+    case file:read_file(filename:join([Root, integer_to_list(OsPid), "stat"])) of
+        {ok, Bin} ->
+            case binary:split(Bin, <<") ">>, [global]) of
+                [_ | _] = Parts when length(Parts) >= 2 ->
+                    case lists:last(Parts) of
+                        <<"T", _/binary>> -> stopped;
+                        <<"t", _/binary>> -> stopped;
+                        <<"Z", _/binary>> -> zombie;
+                        <<"R", _/binary>> -> running;
+                        _ -> sleeping
+                    end;
+                _ ->
+                    unknown
+            end;
+        {error, _} ->
+            gone
+    end.
 
 %% The node's emulator flags from its command line (erlexec passes +F as
 %% -F to the emulator), read as the agent reads them on the node.
