@@ -207,6 +207,7 @@ exit_code({beamdiag_remote, {no_distribution, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_remote, {unreachable, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_remote, {unreachable, _, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_cluster, {members, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag, {elsewhere, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_lab, {unknown_scenario, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_experiment, {unknown_lab, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_experiment, {bad_workload, _}}) -> ?EXIT_USAGE;

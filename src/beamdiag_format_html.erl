@@ -43,11 +43,11 @@
 
 %% @doc The whole diagnosis as one HTML document.
 -spec diagnosis(beamdiag:diagnosis()) -> iodata().
-diagnosis(#{capture := C, ledger := L, findings := F}) ->
+diagnosis(D = #{capture := C, ledger := L, findings := F}) ->
     Node = maps:get(node, C, <<"?">>),
     Extras = maps:get(extras, C, #{}),
     Data = chart_data(C, L),
-    Sections = [
+    Sections = host_only_section(D) ++ [
         {"findings", "Findings", findings(F)},
         {"ledger", "Time ledger", ledger_section(L)},
         {"schedulers", "Schedulers", scheduler_section(L, Data)},
@@ -58,6 +58,15 @@ diagnosis(#{capture := C, ledger := L, findings := F}) ->
         {"notes", "Notes", notes_section(L, C)}
     ],
     page(["beamdiag: ", esc(lists:sublist(to_chars(Node), 200))], header(C, L, F), Sections, Data).
+
+%% A diagnosis from the host alone (beamdiag_host): why, what distribution
+%% saw, and the threads, first; the VM's sections below stay empty.
+host_only_section(D = #{host_only := true}) ->
+    [{"host", "Host-side only",
+      ["<pre>", esc(iolist_to_binary([beamdiag_format_host:header(D), "\n",
+                                      beamdiag_format_host:threads(D)])), "</pre>"]}];
+host_only_section(_) ->
+    [].
 
 %% @doc A compare result (any map) as one HTML document.
 -spec compare(map()) -> iodata().

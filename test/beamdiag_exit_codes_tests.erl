@@ -42,7 +42,8 @@ unreachable_reasons() ->
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', refused}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', refused_twice}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', {no_answer, 10000}}},
-        {beamdiag_cluster, {members, 'a@127.0.0.1', {error, {erpc, noconnection}}}}
+        {beamdiag_cluster, {members, 'a@127.0.0.1', {error, {erpc, noconnection}}}},
+        {beamdiag, {elsewhere, "db1", {unreachable, 'a@db1', {no_answer, 10000}}}}
     ].
 
 expected(Reason) ->
