@@ -175,10 +175,10 @@ sent(St) ->
 
 %% Frees the slot when it still holds this process's setting.
 free(#{state := watching}) ->
-    case erlang:system_monitor() of
-        {Me, _} when Me =:= self() -> _ = erlang:system_monitor(undefined);
-        _ -> ok
-    end,
+    _ = case erlang:system_monitor() of
+            {Me, _} when Me =:= self() -> erlang:system_monitor(undefined);
+            _ -> ok
+        end,
     ok;
 free(_) ->
     ok.

@@ -22,8 +22,9 @@
 %%% API
 %%%===================================================================
 
-%% @doc The long-schedule findings for a window's report.
--spec findings(map(), beamdiag_ledger:ledger()) -> [beamdiag_finding:finding()].
+%% @doc The long-schedule findings for a window's report, set against the
+%% ledger (with the capture's `settings' added by the caller).
+-spec findings(map(), map()) -> [beamdiag_finding:finding()].
 findings(#{state := watching, processes := Ps} = R, Ledger) ->
     T = thresholds(),
     %% The watcher's own span: a capture cut short has a shorter ledger.
