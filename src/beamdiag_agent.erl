@@ -279,6 +279,9 @@ init(Caller, Ref, Opts, _Starter) ->
         settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
+        %% Read once now too: a capture cut short still has it.
+        memory_room => maps:get(memory_room, memory_extras(#{proc_root => Root, pid => OsPid}),
+                                #{}),
         locks => Locks =/= undefined,
         wall_start_ms => erlang:system_time(millisecond),
         deadline_in_ms => Hard - Start

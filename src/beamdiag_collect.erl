@@ -251,10 +251,18 @@ moved(G, _) ->
 %% the agent sent with its last word, and the start walk's process report
 %% brought forward with the queue lengths of the last tick.
 partial_extras(G) ->
-    Quick = case {maps:get(quick, G, #{}), maps:find(long_schedules, G)} of
-                {Q = #{long_schedules := _}, _} -> Q;
-                {Q, {ok, LS}} -> Q#{long_schedules => LS};
-                {Q, error} -> Q
+    Quick0 = case {maps:get(quick, G, #{}), maps:find(long_schedules, G)} of
+                 {Q = #{long_schedules := _}, _} -> Q;
+                 {Q, {ok, LS}} -> Q#{long_schedules => LS};
+                 {Q, error} -> Q
+             end,
+    %% The memory room the agent read at its start, when its last word
+    %% did not bring a fresher one.
+    Quick = case {Quick0, maps:get(info, G, undefined)} of
+                {#{memory_room := _}, _} -> Quick0;
+                {_, #{memory_room := StartRoom}} when map_size(StartRoom) > 0 ->
+                    Quick0#{memory_room => StartRoom};
+                _ -> Quick0
             end,
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
@@ -280,7 +288,12 @@ quick_extras(G = #{ref := Ref}) ->
 end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
     case maps:is_key(procs, Extras) of
         true -> Extras;
-        false -> Extras#{procs => forward(Snapshot, maps:get(samples, G))}
+        false ->
+            Procs = forward(Snapshot, maps:get(samples, G)),
+            Extras#{procs => case Extras of
+                                 #{memory_room := Room} -> Procs#{memory_room => Room};
+                                 _ -> Procs
+                             end}
     end;
 end_walk(Extras, _G) ->
     Extras.
