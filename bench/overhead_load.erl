@@ -117,10 +117,13 @@ tick_pairs(Pairs, Ms, Sink) ->
              {ok, L} -> L;
              {error, _} = E -> E
          end,
-    %% Made in the worker, which owns the descriptors it opens.
+    %% Made in the worker, which owns the descriptors it opens and, as the
+    %% agent does, the helper that reads the counters every scheduler must
+    %% answer for (a message each way per tick).
     Init = fun() ->
                #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
-                 status => false, held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc"))}
+                 status => false, held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")),
+                 probe => beamdiag_agent_probe:start(self()), interval_ms => 1000}
            end,
     Tick = fun(State) ->
                {Sample, State2} = beamdiag_agent:take(State),

@@ -23,7 +23,10 @@
 -type diagnosis() :: #{
     capture := beamdiag_collect:capture(),
     ledger := beamdiag_ledger:ledger(),
-    findings := [beamdiag_finding:finding()]
+    findings := [beamdiag_finding:finding()],
+    %% Seen from the host alone (beamdiag_host), and how.
+    host_only => true,
+    host_view => map()
 }.
 -type options() :: #{
     duration => number(),
@@ -37,7 +40,10 @@
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
     perf => boolean() | perf_options(),
     erlang => boolean(),
-    slack => number() | infinity
+    slack => number() | infinity,
+    host_only => boolean(),
+    os_pid => pos_integer() | undefined,
+    answer_timeout => number() | auto
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -60,7 +66,10 @@
     progress => undefined,
     perf => false,
     erlang => false,
-    slack => 1.5
+    slack => 1.5,
+    host_only => false,
+    os_pid => undefined,
+    answer_timeout => auto
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
 
@@ -94,16 +103,108 @@ diagnose(Opts) ->
 %% a hidden node when this node is not yet distributed. Also takes `cookie'
 %% or `cookie_file'. A target that dies mid-window gives
 %% `{error, {beamdiag, {partial, Reason, Diagnosis}}}' with what was gathered.
+%%
+%% A node on this host is also watched from the host from the call's start
+%% (`beamdiag_host'): when it does not finish the handshake within
+%% `answer_timeout' seconds (auto: half the window, 2 to 5 s), or does not
+%% let the agent load by the end of the window, the window is finished
+%% from the host alone and the diagnosis is marked `host_only'. `host_only'
+%% (true), `os_pid', or an OS pid in place of the node's name ask for that
+%% host-only diagnosis at once (a node without distribution, or whose
+%% cookie is not at hand).
 -spec diagnose(node() | string() | binary(), options()) ->
     {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Node, Opts) when is_atom(Node) ->
     diagnose(atom_to_list(Node), Opts);
 diagnose(NodeStr, Opts) ->
     O = due(options(Opts)),
+    case host_request(NodeStr, O) of
+        {host_only, Target} ->
+            beamdiag_host:diagnose(Target, host_options(O));
+        remote ->
+            case local_host(NodeStr) of
+                true -> with_host_view(NodeStr, O);
+                false -> elsewhere(remote(NodeStr, O), NodeStr)
+            end
+    end.
+
+%% @doc Ledger and findings for a capture (pure).
+-spec analyse(beamdiag_collect:capture()) -> diagnosis().
+analyse(Capture = #{extras := #{host_only := true, host_view := Context}}) ->
+    %% Seen from the host alone (beamdiag_host).
+    beamdiag_host_rules:analyse(Capture, Context);
+analyse(Capture) ->
+    Ledger = beamdiag_ledger:build(Capture),
+    #{capture => Capture, ledger => Ledger, findings => beamdiag_rules:findings(Capture, Ledger)}.
+
+%% @doc Validates options and fills in defaults; raises `badarg' with the
+%% offending keys on unknown options or bad values.
+-spec options(map()) -> map().
+options(Opts) ->
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
+    #{duration := D, interval := I, msacc_span := S} = O,
+    (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
+    (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
+    (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
+    perf_options(maps:get(perf, O)) orelse erlang:error({badarg, {perf, maps:get(perf, O)}}),
+    is_boolean(maps:get(erlang, O)) orelse erlang:error({badarg, {erlang, maps:get(erlang, O)}}),
+    Slack = maps:get(slack, O),
+    (Slack =:= infinity orelse (is_number(Slack) andalso Slack >= 0 andalso Slack =< 3600))
+        orelse erlang:error({badarg, {slack, Slack}}),
+    is_boolean(maps:get(host_only, O)) orelse erlang:error({badarg, {host_only, maps:get(host_only, O)}}),
+    OsPid = maps:get(os_pid, O),
+    (OsPid =:= undefined orelse (is_integer(OsPid) andalso OsPid > 0))
+        orelse erlang:error({badarg, {os_pid, OsPid}}),
+    Answer = maps:get(answer_timeout, O),
+    (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
+        orelse erlang:error({badarg, {answer_timeout, Answer}}),
+    O.
+
+%% When the report is due: the window and the slack from now (the call's
+%% start, so connecting and loading count).
+due(O = #{slack := infinity}) ->
+    O#{ready_by => infinity};
+due(O = #{duration := D, slack := Slack}) ->
+    O#{ready_by => erlang:monotonic_time(millisecond) + round((D + Slack) * 1000)}.
+
+perf_options(B) when is_boolean(B) -> true;
+perf_options(M) when is_map(M) ->
+    lists:all(fun({call_graph, C}) -> lists:member(C, [auto, dwarf, fp, none]);
+                 ({frequency, F}) -> is_integer(F) andalso F >= 1 andalso F =< 999;
+                 ({perf, P}) -> is_list(P);
+                 ({dir, D}) -> is_list(D) orelse is_binary(D);
+                 (_) -> false
+              end, maps:to_list(M));
+perf_options(_) -> false.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({partial, Why, _}) ->
+    io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]);
+format_error({profile_crashed, Why}) ->
+    io_lib:format("the perf profile crashed: ~p", [Why]);
+format_error({elsewhere, Host, Why}) ->
+    [beamdiag_remote:format_error(Why),
+     io_lib:format(". The node runs on ~ts: beamdiag run there diagnoses it from the host "
+                   "side even when it does not answer (beamdiag diagnose NODE --host-only, "
+                   "or its OS pid)", [beamdiag_text:safe(Host, 100)])].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% Connects, loads the agent and runs the window over distribution; Notify
+%% hears each step done (connected, loaded).
+remote(NodeStr, O) ->
+    remote(NodeStr, O, fun(_) -> ok end).
+
+remote(NodeStr, O, Notify) ->
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
+            _ = Notify(connected),
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
+                    _ = Notify(loaded),
                     Result = with_profile(Node, O, fun() ->
                                  beamdiag_collect:run(Node, collect_opts(O, Loaded))
                              end),
@@ -134,55 +235,150 @@ diagnose(NodeStr, Opts) ->
             E
     end.
 
-%% @doc Ledger and findings for a capture (pure).
--spec analyse(beamdiag_collect:capture()) -> diagnosis().
-analyse(Capture) ->
-    Ledger = beamdiag_ledger:build(Capture),
-    #{capture => Capture, ledger => Ledger, findings => beamdiag_rules:findings(Capture, Ledger)}.
+%% An OS pid in place of the node, `os_pid' or `host_only': the host-only
+%% diagnosis at once.
+host_request(_NodeStr, #{os_pid := P}) when is_integer(P) -> {host_only, P};
+host_request(NodeStr, #{host_only := true}) -> {host_only, NodeStr};
+host_request(NodeStr, _) ->
+    case beamdiag_host_locate:target(NodeStr) of
+        {os_pid, P} -> {host_only, P};
+        {node, _} -> remote
+    end.
 
-%% @doc Validates options and fills in defaults; raises `badarg' with the
-%% offending keys on unknown options or bad values.
--spec options(map()) -> map().
-options(Opts) ->
-    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
-    #{duration := D, interval := I, msacc_span := S} = O,
-    (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
-    (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
-    (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
-    perf_options(maps:get(perf, O)) orelse erlang:error({badarg, {perf, maps:get(perf, O)}}),
-    is_boolean(maps:get(erlang, O)) orelse erlang:error({badarg, {erlang, maps:get(erlang, O)}}),
-    Slack = maps:get(slack, O),
-    (Slack =:= infinity orelse (is_number(Slack) andalso Slack >= 0 andalso Slack =< 3600))
-        orelse erlang:error({badarg, {slack, Slack}}),
-    O.
+host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P}) ->
+    Base = #{duration => D, interval => I, ready_by => ReadyBy, perf => true},
+    case P of
+        undefined -> Base;
+        _ -> Base#{progress => P}
+    end.
 
-%% When the report is due: the window and the slack from now (the call's
-%% start, so connecting and loading count).
-due(O = #{slack := infinity}) ->
-    O#{ready_by => infinity};
-due(O = #{duration := D, slack := Slack}) ->
-    O#{ready_by => erlang:monotonic_time(millisecond) + round((D + Slack) * 1000)}.
+local_host(NodeStr) ->
+    case string:split(NodeStr, "@") of
+        [_, Host] when Host =/= "" -> beamdiag_host_locate:is_local_host(Host);
+        _ -> false
+    end.
 
-perf_options(B) when is_boolean(B) -> true;
-perf_options(M) when is_map(M) ->
-    lists:all(fun({call_graph, C}) -> lists:member(C, [auto, dwarf, fp, none]);
-                 ({frequency, F}) -> is_integer(F) andalso F >= 1 andalso F =< 999;
-                 ({perf, P}) -> is_list(P);
-                 ({dir, D}) -> is_list(D) orelse is_binary(D);
-                 (_) -> false
-              end, maps:to_list(M));
-perf_options(_) -> false.
+%% The node's host is this one: the host view starts with the call, while
+%% a worker connects and runs the window as on any node. The worker says
+%% each step it got through. A node that has not finished the handshake
+%% within the answer time, or has not let the agent load by the end of the
+%% window, has not answered: the worker is stopped and the window finished
+%% from the host view alone. Once the agent is loaded (or has ticked), the
+%% node has answered and the host view is dropped.
+with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
+    Self = self(),
+    Tag = make_ref(),
+    Progress = fun(E, T) ->
+                   Self ! {Tag, answered},
+                   case P of undefined -> ok; _ -> P(E, T) end
+               end,
+    {Worker, MRef} = spawn_monitor(fun() ->
+        R = try
+                {result, remote(NodeStr, O#{progress := Progress},
+                                fun(Stage) -> Self ! {Tag, stage, Stage} end)}
+            catch
+                C:Why:St -> {raise, C, Why, St}
+            end,
+        Self ! {Tag, R}
+    end),
+    T0 = erlang:monotonic_time(millisecond),
+    AnswerMs = answer_ms(maps:get(answer_timeout, O), D),
+    Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
+    View = case Located of
+               {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
+               {error, _} -> none
+           end,
+    await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
+            t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
+            node => NodeStr}).
 
-%% @doc Turns an error reason of this module into a sentence.
--spec format_error(term()) -> iolist().
-format_error({partial, Why, _}) ->
-    io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]);
-format_error({profile_crashed, Why}) ->
-    io_lib:format("the perf profile crashed: ~p", [Why]).
+await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := Stage, t0 := T0}) ->
+    Wait = case View of
+               {watching, _} ->
+                   By = T0 + case Stage of
+                                 connecting -> maps:get(answer_ms, W);
+                                 connected -> max(maps:get(answer_ms, W), maps:get(window_ms, W))
+                             end,
+                   max(0, By - erlang:monotonic_time(millisecond));
+               _ ->
+                   infinity
+           end,
+    receive
+        {Tag, answered} when is_tuple(View) ->
+            ok = beamdiag_host:cancel(element(2, View)),
+            await(W#{view := answered});
+        {Tag, answered} ->
+            await(W);
+        {Tag, stage, loaded} when is_tuple(View) ->
+            ok = beamdiag_host:cancel(element(2, View)),
+            await(W#{view := answered, stage := loaded});
+        {Tag, stage, NewStage} ->
+            await(W#{stage := NewStage});
+        {Tag, Result} ->
+            erlang:demonitor(MRef, [flush]),
+            _ = case View of
+                    {watching, H} -> beamdiag_host:cancel(H);
+                    _ -> ok
+                end,
+            flush_answers(Tag),
+            case Result of
+                {result, R} -> R;
+                {raise, C, Why, St} -> erlang:raise(C, Why, St)
+            end;
+        {'DOWN', MRef, process, Worker, Why} ->
+            erlang:error({diagnose_worker, Why})
+    after Wait ->
+        exit(Worker, kill),
+        erlang:demonitor(MRef, [flush]),
+        flush_answers(Tag),
+        {watching, Handle} = View,
+        {ok, beamdiag_host:finish(Handle, #{waited_ms => erlang:monotonic_time(millisecond) - T0,
+                                          distribution => distribution_seen(W)})}
+    end.
 
-%%%===================================================================
-%%% Internal
-%%%===================================================================
+flush_answers(Tag) ->
+    receive
+        {Tag, _} -> flush_answers(Tag);
+        {Tag, _, _} -> flush_answers(Tag)
+    after 0 -> ok
+    end.
+
+%% How long the node is given to finish the handshake: half the window,
+%% 2 to 5 s, and never past the window.
+answer_ms(auto, D) -> min(round(D * 1000), max(2000, min(5000, round(D * 500))));
+answer_ms(S, _D) -> max(100, round(S * 1000)).
+
+%% What the distribution layer saw of a node that did not answer, in words.
+distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
+    S = Ms / 1000,
+    iolist_to_binary(
+        case Stage of
+            connecting ->
+                case Located of
+                    {ok, #{how := epmd_port, port := Port}} ->
+                        io_lib:format("it is registered in epmd (port ~b), but the distribution "
+                                      "handshake did not finish in ~.1f s", [Port, S]);
+                    {ok, #{epmd := not_registered}} ->
+                        "it is not registered in epmd: started without distribution, or it "
+                        "could not register";
+                    {ok, #{epmd := no_answer}} ->
+                        "no epmd answered on this host";
+                    _ ->
+                        io_lib:format("the distribution handshake did not finish in ~.1f s", [S])
+                end;
+            connected ->
+                io_lib:format("the handshake finished, but the node did not answer the "
+                              "release read and the agent's load by the end of the window "
+                              "(~.1f s)", [max(S, maps:get(window_ms, W) / 1000)])
+        end).
+
+%% A node on another host that does not answer: say so, and where beamdiag
+%% can still diagnose it.
+elsewhere({error, {beamdiag_remote, Why}}, NodeStr) when element(1, Why) =:= unreachable ->
+    [_, Host] = string:split(NodeStr, "@"),
+    {error, {?MODULE, {elsewhere, Host, Why}}};
+elsewhere(Result, _NodeStr) ->
+    Result.
 
 %% Runs Collect (the agent's window); with `perf', a perf profile of the
 %% node over the same window in a process of its own, attached to the

@@ -94,6 +94,19 @@
 -define(HOST_SCAN_WAIT_MS, 300).
 %% Above this many processes the agent does not purge its modules.
 -define(PURGE_MAX_PROCESSES, 100000).
+%% The longest a tick waits for the counters every scheduler must answer
+%% for (less at short intervals: a quarter of the interval).
+-define(SLOW_MS, 250).
+%% The longest the start of a session waits for a flag every scheduler
+%% must answer for (scheduler_wall_time, msacc).
+-define(FLAG_MS, 1000).
+%% The longest the end of a session waits for the end walk of the process
+%% table (the walk stops itself at 500 ms) and for the long-schedule report.
+-define(END_WALK_MS, 1500).
+-define(SYSMON_MS, 300).
+%% The longest the end of a session waits for its helpers to put their
+%% flags back.
+-define(HELPERS_MS, 500).
 
 %%%===================================================================
 %%% API
@@ -121,7 +134,8 @@ stop(Pid) ->
 -spec modules() -> [module()].
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_procs].
+     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_procs, beamdiag_agent_probe,
+     beamdiag_agent_sysmon].
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
 %% the state skips the per-thread context-switch counts.
@@ -149,7 +163,7 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     Status = maps:get(status, State, true),
     H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
-    Vm = beamdiag_agent_vm:counters(#{msacc => Msacc}),
+    Vm = vm(State, Msacc),
     case in_time(Deadline) andalso
              beamdiag_agent_proc:threads(Root, OsPid, #{status => Status, deadline => Deadline}, H0) of
         false ->
@@ -165,18 +179,54 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                         false ->
                             late;
                         {Cgroup, H3} ->
-                            Sample = #{
+                            Sample = queues(State, #{
                                 t => T,
                                 vm => Vm,
                                 threads => ok_or_error(Threads),
                                 host => ok_or_error(Host),
                                 cgroup => Cgroup,
                                 tick_cost_us => erlang:monotonic_time(microsecond) - T0
-                            },
+                            }),
                             {ok, Sample, State#{held => H3}}
                     end
             end
     end.
+
+%% The VM counters; those every scheduler must answer for (scheduler wall
+%% time, msacc) through the session's helper, with a deadline: a scheduler
+%% held by a NIF answers late, and the tick goes on without them (`missing'
+%% says which and why).
+vm(#{probe := Probe, interval_ms := Interval}, Msacc) ->
+    Vm0 = beamdiag_agent_vm:counters(#{msacc => false, swt => false}),
+    Fun = fun() -> beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}) end,
+    case beamdiag_agent_probe:call(Probe, Fun, slow_ms(Interval)) of
+        {ok, M} ->
+            maps:merge(Vm0, M);
+        Why ->
+            Items = [swt, garbage_collection | [msacc || Msacc]],
+            Vm0#{missing => #{items => Items, why => missing_why(Why),
+                              waited_ms => slow_ms(Interval)}}
+    end;
+vm(_State, Msacc) ->
+    beamdiag_agent_vm:counters(#{msacc => Msacc}).
+
+%% How long a tick waits for every scheduler's answer.
+slow_ms(Interval) ->
+    max(20, min(?SLOW_MS, Interval div 4)).
+
+missing_why(timeout) -> timeout;
+missing_why(busy) -> busy;
+missing_why({error, _}) -> error.
+
+%% The queue lengths of the processes with the longest queues at the
+%% window's start (at most ten, one constant-time read each), so that a
+%% capture cut short still has their growth.
+queues(#{watch := [_ | _] = Pids}, Sample) ->
+    Sample#{queues => maps:from_list(
+        [{list_to_binary(pid_to_list(P)), Q}
+         || P <- Pids, {message_queue_len, Q} <- [erlang:process_info(P, message_queue_len)]])};
+queues(_State, Sample) ->
+    Sample.
 
 in_time(infinity) -> true;
 in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
@@ -197,8 +247,17 @@ init(Caller, Ref, Opts, _Starter) ->
     Root = maps:get(proc_root, Opts, "/proc"),
     OsPid = os:getpid(),
     #{duration_ms := Duration, interval_ms := Interval} = Opts,
-    Restore0 = #{swt => erlang:system_flag(scheduler_wall_time, true)},
-    {Restore1, MsaccFrom} = msacc_plan(Opts, Restore0),
+    %% The helper for calls every scheduler must answer; it owns the
+    %% session's scheduler_wall_time reference and puts msacc back.
+    Probe = beamdiag_agent_probe:start(self()),
+    Swt = beamdiag_agent_probe:call(
+            Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
+    Restore0 = #{swt => Swt},
+    {Restore1, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
+    Sysmon = case maps:get(long_schedules, Opts, true) of
+                 true -> beamdiag_agent_sysmon:start(self(), #{notify => {Caller, Ref}});
+                 false -> undefined
+             end,
     {Locks, Restore} = start_locks(Opts, Restore1),
     Cg = case beamdiag_agent_cgroup:locate(Root, OsPid) of
              {ok, L} -> L;
@@ -207,6 +266,7 @@ init(Caller, Ref, Opts, _Starter) ->
     State = #{
         caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
+        probe => Probe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
@@ -219,18 +279,25 @@ init(Caller, Ref, Opts, _Starter) ->
         settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
+        %% Read once now too: a capture cut short still has it.
+        memory_room => maps:get(memory_room, memory_extras(#{proc_root => Root, pid => OsPid}),
+                                #{}),
         locks => Locks =/= undefined,
         wall_start_ms => erlang:system_time(millisecond),
         deadline_in_ms => Hard - Start
     }}},
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
               costs => []},
+    %% The start walk runs beside the first tick (which reads every
+    %% thread's files and on a starved host takes a second or more).
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [Sysmon || is_pid(Sysmon)]],
+    Procs = start_procs(Opts, Helpers),
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1#{procs => start_procs(Opts), host_scan => HostScan}, First, 1, Clock);
+            ticked(State1#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
         late ->
-            finish(State#{host_scan => HostScan}, {aborted, deadline})
+            finish(State#{procs => Procs, host_scan => HostScan}, {aborted, deadline})
     end.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
@@ -258,6 +325,8 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
     receive
         {'DOWN', MRef, process, Caller, Reason} ->
             finish(State, {aborted, {caller_down, Reason}});
+        {beamdiag_walk, Walker, Result} ->
+            loop(walked(State, Walker, Result), K, Clock);
         {beamdiag_abort, _} ->
             %% The caller has what it needs and stopped waiting.
             finish(State, {aborted, caller_gave_up});
@@ -302,28 +371,39 @@ hard_deadline(End, WorstMs) ->
 %% when it is not wanted), and the flag to put back. msacc is turned on only
 %% when the slice starts; the value it had is learnt by setting it, so when
 %% it was off it goes straight back off until then.
-msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore) ->
+msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, Probe) ->
     case maps:get(msacc, Opts, true) of
         false ->
             {Restore, never};
         true ->
-            Was = erlang:system_flag(microstate_accounting, true),
             Span = maps:get(msacc_ms, Opts, Duration),
-            From = case Was of
-                       true -> 0;
-                       false -> max(0, (Duration - Span) div Interval)
+            Later = max(0, (Duration - Span) div Interval),
+            %% In the helper, under a deadline (every thread must answer);
+            %% the helper puts the flag back when the session ends, also
+            %% when the answer came too late for the agent.
+            Plan = fun() ->
+                           Was = erlang:system_flag(microstate_accounting, true),
+                           self() ! {on_exit, fun() ->
+                                                      erlang:system_flag(microstate_accounting, Was)
+                                              end},
+                           _ = case Was =:= false andalso Later > 0 of
+                                   true -> erlang:system_flag(microstate_accounting, false);
+                                   false -> ok
+                               end,
+                           Was
                    end,
-            case From of
-                0 -> ok;
-                _ -> erlang:system_flag(microstate_accounting, false)
-            end,
-            {Restore#{msacc => Was}, From}
+            case beamdiag_agent_probe:call(Probe, Plan, ?FLAG_MS) of
+                {ok, true} -> {Restore#{msacc => true}, 0};
+                {ok, false} -> {Restore#{msacc => false}, Later};
+                _ -> {Restore#{msacc_missing => true}, never}
+            end
     end.
 
 %% Turns microstate accounting on when tick K reaches the slice, before the
 %% tick's sample, so that sample is the slice's baseline.
-msacc_slice(State = #{msacc := false, msacc_from := From}, K) when is_integer(From), K >= From ->
-    _ = erlang:system_flag(microstate_accounting, true),
+msacc_slice(State = #{msacc := false, msacc_from := From, probe := Probe}, K)
+  when is_integer(From), K >= From ->
+    beamdiag_agent_probe:cast(Probe, fun() -> erlang:system_flag(microstate_accounting, true) end),
     State#{msacc := true};
 msacc_slice(State, _K) ->
     State.
@@ -357,8 +437,19 @@ last_tick(Start, Interval, End) ->
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
-    Extras = maps:merge(maps:merge(collect_extras(State), procs_extras(State, How)),
-                        host_extras(State, How)),
+    %% What the collector can keep even when it stopped waiting: the long
+    %% schedules and the start walk's figures.
+    Quick = maps:merge(sysmon_extras(State), memory_extras(State)),
+    _ = case How of
+            {aborted, _} -> Caller ! {beamdiag, Ref, {partial_extras, Quick}};
+            done -> ok
+        end,
+    %% The end walk runs in its own process while the lock data is read
+    %% here: on a lock-counting node each takes a second or more.
+    Walk = end_walk(State, How),
+    Locks = collect_extras(State),
+    Extras = with_room(maps:merge(maps:merge(maps:merge(Locks, procs_extras(Walk)),
+                                             host_extras(State, How)), Quick)),
     restore(Restore, State),
     {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
     Last = case How of
@@ -388,16 +479,41 @@ unload_plan(Mods, Extras) ->
     end.
 
 %% The process walk at the window's start (see beamdiag_agent_procs),
-%% unless turned off.
-start_procs(Opts) ->
+%% unless turned off: in a process of its own, so that a process that
+%% answers slowly (one held in a NIF) stalls the walk, not the ticks; the
+%% walker sends the walk's state and a report of it alone, which goes to
+%% the caller at once (a capture cut short keeps it).
+start_procs(Opts, Helpers) ->
     case maps:get(procs, Opts, true) of
         true ->
-            try beamdiag_agent_procs:start(#{})
-            catch Class:Reason -> {error, error_text(Class, Reason)}
-            end;
+            Self = self(),
+            Skip = [Self | Helpers],
+            %% High priority, like the agent: on a node whose processes
+            %% crowd the run queue a normal walker would wait behind them.
+            Walker = spawn_opt(fun() ->
+                Result = try
+                             S = beamdiag_agent_procs:start(#{skip => Skip}),
+                             {ok, S, beamdiag_agent_procs:snapshot(S)}
+                         catch Class:Reason -> {error, error_text(Class, Reason)}
+                         end,
+                Self ! {beamdiag_walk, self(), Result}
+            end, [{priority, high}]),
+            {walking, Walker};
         false ->
             undefined
     end.
+
+%% The start walk's result.
+walked(State = #{procs := {walking, Walker}, caller := Caller, ref := Ref}, Walker, Result) ->
+    case Result of
+        {ok, S, Snapshot} ->
+            Caller ! {beamdiag, Ref, {procs_start, Snapshot}},
+            State#{procs := S, watch => beamdiag_agent_procs:watch(S)};
+        {error, Text} ->
+            State#{procs := {error, Text}}
+    end;
+walked(State, _Walker, _Result) ->
+    State.
 
 %% With `procs_every' (watch), every that many ticks: the process report
 %% since the last one (one walk; see beamdiag_agent_procs:next/1).
@@ -415,16 +531,66 @@ procs_tick(State = #{procs := P = #{}, opts := #{procs_every := N}, caller := Ca
 procs_tick(State, _K) ->
     State.
 
-%% The walk at the end, when the window ended as planned.
-procs_extras(#{procs := {error, Text}}, done) ->
-    #{procs => #{error => Text}};
-procs_extras(#{procs := P = #{}}, done) ->
-    try
-        #{procs => beamdiag_agent_procs:finish(P)}
-    catch
-        Class:Reason -> #{procs => #{error => error_text(Class, Reason)}}
+%% The walk at the end, when the window ended as planned: in a process of
+%% its own, waited for at most ?END_WALK_MS (the collector has the start
+%% walk's report either way).
+end_walk(#{procs := {error, Text}}, done) ->
+    {extras, #{procs => #{error => Text}}};
+end_walk(#{procs := P = #{}}, done) ->
+    Self = self(),
+    Ref = make_ref(),
+    {Walker, MRef} = spawn_opt(fun() ->
+        Self ! {Ref, try {ok, beamdiag_agent_procs:finish(P)}
+                     catch Class:Reason -> {error, error_text(Class, Reason)}
+                     end}
+    end, [monitor, {priority, high}]),
+    {walking, Walker, MRef, Ref, erlang:monotonic_time(millisecond) + ?END_WALK_MS};
+end_walk(#{procs := {walking, Walker}}, _) ->
+    exit(Walker, kill),
+    {extras, #{}};
+end_walk(_, _) ->
+    {extras, #{}}.
+
+procs_extras({extras, E}) ->
+    E;
+procs_extras({walking, Walker, MRef, Ref, Deadline}) ->
+    receive
+        {Ref, {ok, Report}} ->
+            erlang:demonitor(MRef, [flush]),
+            #{procs => Report};
+        {Ref, {error, Text}} ->
+            erlang:demonitor(MRef, [flush]),
+            #{procs => #{error => Text}};
+        {'DOWN', MRef, process, Walker, Why} ->
+            #{procs => #{error => error_text(exit, Why)}}
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        exit(Walker, kill),
+        erlang:demonitor(MRef, [flush]),
+        #{procs_end_missing => iolist_to_binary(
+            io_lib:format("the process walk at the window's end did not finish in ~b ms",
+                          [?END_WALK_MS]))}
+    end.
+
+%% The memory the node can still take (host or cgroup), read once.
+memory_extras(#{proc_root := Root, pid := OsPid}) ->
+    try #{memory_room => beamdiag_agent_cgroup:memory_room(Root, OsPid)}
+    catch _:_ -> #{}
+    end.
+
+%% The process report carries the memory room: the queue rule says when a
+%% growing mailbox would exhaust it.
+with_room(Extras = #{procs := P = #{queues := _}, memory_room := Room}) ->
+    Extras#{procs := P#{memory_room => Room}};
+with_room(Extras) ->
+    Extras.
+
+%% The long schedules seen over the window (see beamdiag_agent_sysmon).
+sysmon_extras(#{sysmon := Pid}) when is_pid(Pid) ->
+    case beamdiag_agent_sysmon:report(Pid, ?SYSMON_MS) of
+        undefined -> #{};
+        R -> #{long_schedules => R}
     end;
-procs_extras(_, _) ->
+sysmon_extras(_) ->
     #{}.
 
 error_text(Class, Reason) ->
@@ -456,21 +622,48 @@ start_locks(Opts, Restore) ->
 lcnt_available() ->
     beamdiag_agent_lcnt:available().
 
-%% Puts every flag back as it was found.
-restore(Restore, _State) ->
-    case maps:find(msacc, Restore) of
-        {ok, Was} -> _ = erlang:system_flag(microstate_accounting, Was);
-        error -> ok
-    end,
+%% Puts every flag back as it was found. The helper puts msacc back and
+%% drops its scheduler_wall_time reference (counted per process: it stays
+%% on for anybody else who had turned it on) when it stops, after any work
+%% still waiting for a held scheduler; the long-schedule watcher frees the
+%% system monitor if it took it.
+restore(Restore, State) ->
     case maps:find(locks, Restore) of
         {ok, LS} -> catch beamdiag_agent_lcnt:stop(LS);
         error -> ok
     end,
-    %% scheduler_wall_time is reference counted per process: turning it off
-    %% drops only this process's reference, so it stays on for anybody else
-    %% who had turned it on.
-    _ = erlang:system_flag(scheduler_wall_time, false),
+    Sysmon = case maps:get(sysmon, State, undefined) of
+                 Pid when is_pid(Pid) ->
+                     beamdiag_agent_sysmon:stop(Pid),
+                     [erlang:monitor(process, Pid)];
+                 _ ->
+                     []
+             end,
+    Probe = case maps:find(probe, State) of
+                {ok, P} ->
+                    beamdiag_agent_probe:cast(
+                      P, fun() -> erlang:system_flag(scheduler_wall_time, false) end),
+                    beamdiag_agent_probe:stop(P),
+                    [erlang:monitor(process, beamdiag_agent_probe:pid(P))];
+                error ->
+                    []
+            end,
+    %% Their flags are back when they have ended: waited for (bounded), so
+    %% that the caller finds them back when the last word comes, and the
+    %% purge of the agent's modules does not cut them short. A helper held
+    %% by a scheduler that does not answer finishes on its own later.
+    wait_down(Sysmon ++ Probe, erlang:monotonic_time(millisecond) + ?HELPERS_MS),
     ok.
+
+wait_down([], _Deadline) ->
+    ok;
+wait_down([MRef | More], Deadline) ->
+    receive
+        {'DOWN', MRef, process, _, _} -> wait_down(More, Deadline)
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        erlang:demonitor(MRef, [flush]),
+        wait_down(More, Deadline)
+    end.
 
 %% Removes modules loaded for this session. The agent runs the old code of
 %% its own module after the delete; the purge runs in a process of its own,

@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_agent_cgroup).
 
--export([locate/2, locate/3, read/1, read/2]).
+-export([locate/2, locate/3, read/1, read/2, memory_room/2, parse_meminfo/1]).
 -export([parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
 -export([format_error/1]).
 
@@ -165,6 +165,84 @@ format_error(no_cgroup) -> "no cgroup information (/proc/PID/cgroup unreadable)"
 format_error(no_mountinfo) -> "no mount information (/proc/PID/mountinfo unreadable)";
 format_error(no_cpu_controller) -> "no CPU cgroup controller mounted";
 format_error({unreadable, Dir}) -> io_lib:format("cannot read the cgroup's cpu.stat in ~ts", [Dir]).
+
+%% @doc The memory the node can still take, read once (at the window's
+%% end): the host's `MemAvailable' and, when the node's memory cgroup has a
+%% limit, the limit less the cgroup's usage (v2: memory.max and
+%% memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes);
+%% `room' is the smaller, `bound_by' says which. Bytes.
+-spec memory_room(file:filename(), string() | integer()) -> map().
+memory_room(ProcRoot, Pid) ->
+    Host = case read_file(filename:join(ProcRoot, "meminfo")) of
+               {ok, Mi} -> parse_meminfo(Mi);
+               {error, _} -> #{}
+           end,
+    Cg = cgroup_memory(ProcRoot, Pid),
+    Avail = maps:get(mem_available, Host, undefined),
+    CgRoom = case Cg of
+                 #{limit := L, usage := U} -> max(0, L - U);
+                 _ -> undefined
+             end,
+    Base = maps:merge(Host, Cg),
+    case {Avail, CgRoom} of
+        {undefined, undefined} -> Base;
+        {A, C} when C =:= undefined; is_integer(A), A =< C -> Base#{room => A, bound_by => host};
+        {_, C} -> Base#{room => C, bound_by => cgroup}
+    end.
+
+%% @doc MemTotal and MemAvailable from /proc/meminfo, in bytes.
+-spec parse_meminfo(binary()) -> #{mem_total => non_neg_integer(), mem_available => non_neg_integer()}.
+parse_meminfo(Bin) ->
+    maps:from_list(
+      [{Key, list_to_integer(binary_to_list(N)) * 1024}
+       || Line <- binary:split(Bin, <<"\n">>, [global]),
+          [Name, N | _] <- [binary:split(Line, [<<" ">>], [global, trim_all])],
+          {Want, Key} <- [{<<"MemTotal:">>, mem_total}, {<<"MemAvailable:">>, mem_available}],
+          Name =:= Want,
+          is_digits(N)]).
+
+is_digits(<<>>) -> false;
+is_digits(B) -> lists:all(fun(C) -> C >= $0 andalso C =< $9 end, binary_to_list(B)).
+
+%% The memory cgroup's limit and usage, when it has a limit.
+cgroup_memory(ProcRoot, Pid) ->
+    PidDir = filename:join(ProcRoot, to_list(Pid)),
+    case {read_file(filename:join(PidDir, "cgroup")), read_file(filename:join(PidDir, "mountinfo"))} of
+        {{ok, CgBin}, {ok, MiBin}} ->
+            Cgroups = parse_proc_cgroup(CgBin),
+            Mounts = parse_mountinfo(MiBin),
+            V1 = [{dir("", Mount, Root, Path), "memory.limit_in_bytes", "memory.usage_in_bytes"}
+                  || {v1, Ctrls, Path} <- Cgroups, lists:member(<<"memory">>, Ctrls),
+                     {1, Root, Mount, Opts} <- Mounts, lists:member(<<"memory">>, Opts)],
+            V2 = [{dir("", Mount, Root, Path), "memory.max", "memory.current"}
+                  || {v2, Path} <- Cgroups, {2, Root, Mount, _} <- Mounts],
+            case V1 ++ V2 of
+                [{Dir, LimitFile, UsageFile} | _] ->
+                    case {number_file(filename:join(Dir, LimitFile)),
+                          number_file(filename:join(Dir, UsageFile))} of
+                        %% v1 writes a huge number for no limit.
+                        {L, U} when is_integer(L), is_integer(U), L < 1 bsl 60 ->
+                            #{limit => L, usage => U};
+                        _ ->
+                            #{}
+                    end;
+                [] ->
+                    #{}
+            end;
+        _ ->
+            #{}
+    end.
+
+number_file(Path) ->
+    case read_file(Path) of
+        {ok, B} ->
+            case string:to_integer(string:trim(binary_to_list(B))) of
+                {N, []} -> N;
+                _ -> undefined
+            end;
+        {error, _} ->
+            undefined
+    end.
 
 %%%===================================================================
 %%% Internal

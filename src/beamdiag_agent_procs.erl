@@ -4,11 +4,19 @@
 %%%
 %%% Two walks of the process table per window, one at its start and one at
 %%% its end, each reading three cheap items per process (`reductions',
-%%% `message_queue_len', `heap_size': read without a signal to the
-%%% process, about 0.5 us each). `memory', which needs a round trip through
-%%% the process, is read only for the candidates: the 32 largest heaps at
-%%% each end, and the processes reported. Never a message's contents: only
-%%% the queue's length.
+%%% `message_queue_len', `total_heap_size': constant time, about 0.5 us
+%%% each). `memory' is read only for the candidates: the 32 largest heaps
+%%% at each end, the longest queues, and the processes reported. Never a
+%%% message's contents: only the queue's length.
+%%%
+%%% A flooded mailbox. `process_info(P, memory)' walks P's whole message
+%%% queue (measured on OTP 25: 90 to 250 ms for 8 million queued messages,
+%%% on a busy node more), so for a process whose queue holds more than
+%%% `?QUEUE_BOUND' messages it is not asked: its memory is estimated as its
+%%% heap (`total_heap_size' words) plus `?MSG_BYTES' a queued message (a
+%%% small message's measured cost on OTP 25; larger messages hold more), and
+%%% the entry says so (`memory_estimated => true'). `messages' is never
+%%% read.
 %%%
 %%% Bounds. Up to `?WALK_MAX' processes (50,000) both walks cover every
 %%% process (`mode => all'). Above it the table is not listed: on OTP 28
@@ -39,7 +47,7 @@
 %%% '''
 -module(beamdiag_agent_procs).
 
--export([start/1, finish/1, next/1, limits/0]).
+-export([start/1, finish/1, next/1, snapshot/1, watch/1, advance/3, limits/0]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -54,7 +62,8 @@
     walk_us := non_neg_integer(),
     truncated := boolean(),
     skip := [pid(), ...],
-    limit := pos_integer()
+    limit := pos_integer(),
+    estimated := #{pid() => true}
 }.
 -type entry() :: #{atom() => term()}.
 -type report() :: #{atom() => term()}.
@@ -72,7 +81,12 @@
 -define(LIKE_HEAP_BYTES, 1048576).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
--define(ITEMS, [reductions, message_queue_len, heap_size]).
+-define(ITEMS, [reductions, message_queue_len, total_heap_size]).
+%% Above this many queued messages a process's memory is estimated, not read.
+-define(QUEUE_BOUND, 10000).
+%% Bytes a small queued message holds beyond its data (measured on OTP 25:
+%% 112 bytes for a 3-word tuple, of which 88 outside the heap).
+-define(MSG_BYTES, 112).
 -define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status]).
 
 %%%===================================================================
@@ -91,7 +105,10 @@ start(Opts) ->
     {Mode, Pids} = pids(Count, Max),
     {Walked, Trunc} = walk(Pids, Skip, T0 + ?WALK_MS * 1000, ?ITEMS),
     Base = maps:from_list(Walked),
-    Mem0 = memories(top_heaps(Walked, ?MEM_CANDIDATES)),
+    %% The largest heaps and the longest queues (a flooded mailbox is the
+    %% memory that grows).
+    {Mem0, Est0} = memories(lists:usort(top_heaps(Walked, ?MEM_CANDIDATES) ++
+                                        top_queues(Walked, ?TOP)), Base),
     T1 = erlang:monotonic_time(microsecond),
     #{
         mode => Mode,
@@ -107,7 +124,8 @@ start(Opts) ->
         walk_us => T1 - T0,
         truncated => Trunc,
         skip => Skip,
-        limit => Max
+        limit => Max,
+        estimated => Est0
     }.
 
 %% @doc The walk at the window's end, and the report: bounded lists of
@@ -122,8 +140,8 @@ finish(S) ->
 -spec next(state()) -> {report(), state()}.
 next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
-               walk_us := W, truncated := Trunc}} = report(S),
-    {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count,
+               walk_us := W, truncated := Trunc, estimated := Est}} = report(S),
+    {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count, estimated := Est,
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
                 mem0 := Mem1, walk_us := W, truncated := Trunc}}.
@@ -158,13 +176,14 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     %% start's candidates).
     Candidates = maps:from_list([{P, true} || P <- HeapPids ++ maps:keys(Mem0) ++ Named]),
     End = maps:from_list([W || W = {P, _} <- Walked, is_map_key(P, Candidates)]),
-    Mem1 = memories(maps:keys(End)),
+    {Mem1, Est1} = memories(maps:keys(End), End),
+    Est = maps:merge(maps:get(estimated, S, #{}), Est1),
     Heaps = top(fun({M, _}) -> M end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     Growth = top(fun({G, _}) -> G end,
                  [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
                   M > start_memory(P, Mem0, Base)], ?TOP),
     T2 = erlang:monotonic_time(microsecond),
-    Info = info_fun(End, Mem0, Mem1, Base),
+    Info = info_fun(End, Mem0, Mem1, Base, Est),
     Like = like_counts(Mode, [P || {_, P} <- Heaps], End, Walked),
     Report = #{
         mode => Mode,
@@ -182,7 +201,66 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     },
     {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
      #{t1 => T1, reds1 => Reds1, count => Count, 'end' => Walked, mem1 => Mem1, walk_us => T2 - T1,
-       truncated => Trunc}}.
+       truncated => Trunc, estimated => Est1}}.
+
+%% @doc A report from the start walk alone, in the shape `finish/1'
+%% returns (no reductions over the window; queues and memory at the start
+%% on both ends), marked `partial => start': what a capture cut short
+%% keeps. Identifies at most 2 x ?TOP processes.
+-spec snapshot(state()) -> report().
+snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
+    Est = maps:get(estimated, S, #{}),
+    Walked = maps:to_list(Base),
+    Queues = [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, ?TOP)],
+    Heaps = [P || {_, P} <- top(fun({M, _}) -> M end,
+                                [{M, P} || {P, M} <- maps:to_list(Mem0)], ?TOP)],
+    Info = fun(P) ->
+                   T = maps:get(P, Base),
+                   M = maps:get(P, Mem0, null),
+                   #{reductions => 0, queue => [element(2, T), element(2, T)], memory => [M, M],
+                     memory_estimated => is_map_key(P, Est), heap_words => element(3, T),
+                     born => false}
+           end,
+    #{
+        mode => Mode,
+        limit => maps:get(limit, S),
+        span_ms => 0,
+        reductions => 0,
+        process_count => [Count, Count],
+        scanned => [map_size(Base), 0],
+        walk_us => [maps:get(walk_us, S), 0],
+        truncated => maps:get(truncated, S),
+        top_reductions => [],
+        queues => entries(Queues, Info, #{}),
+        heaps => entries(Heaps, Info, #{}),
+        heap_growth => [],
+        partial => start
+    }.
+
+%% @doc The processes whose queue length the agent reads each tick: the
+%% longest queues at the start (at most ?TOP, non-empty ones only).
+-spec watch(state()) -> [pid()].
+watch(#{base := Base}) ->
+    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, maps:to_list(Base), ?TOP)].
+
+%% @doc A start-walk report (`snapshot/1') brought forward with the queue
+%% lengths read at a later tick (pid text => length) SpanMs after the
+%% walk: the queue entries' end lengths and the span.
+-spec advance(report(), #{binary() => non_neg_integer()}, non_neg_integer()) -> report().
+advance(R = #{queues := Qs}, Lengths, SpanMs) ->
+    Qs2 = [case maps:find(Pid, Lengths) of
+               {ok, Q1} -> forward_memory(E#{queue := [Q0, Q1]}, Q1 - Q0);
+               error -> E
+           end || E = #{pid := Pid, queue := [Q0, _]} <- Qs],
+    R#{queues := Qs2, span_ms := SpanMs, partial := start_and_ticks};
+advance(R, _, _) ->
+    R.
+
+%% An estimated memory grows with the queue.
+forward_memory(E = #{memory_estimated := true, memory := [M0, _]}, Dq) when is_integer(M0) ->
+    E#{memory := [M0, max(0, M0 + Dq * ?MSG_BYTES)]};
+forward_memory(E, _) ->
+    E.
 
 %% @doc The documented bounds: table size above which the table is not
 %% listed, a walk's time limit, entries per list.
@@ -291,8 +369,28 @@ insert(KR, L) -> [KR | L].
 top_heaps(Walked, N) ->
     [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, Walked, N)].
 
-memories(Pids) ->
-    maps:from_list([{P, M} || P <- Pids, {memory, M} <- [erlang:process_info(P, memory)]]).
+%% The memory of each process, read, or estimated when its queue (from
+%% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
+%% and the pids whose memory is an estimate.
+memories(Pids, Walked) ->
+    W = erlang:system_info(wordsize),
+    lists:foldl(
+        fun(P, {Mem, Est}) ->
+            case maps:find(P, Walked) of
+                {ok, T} when element(2, T) > ?QUEUE_BOUND ->
+                    {Mem#{P => element(3, T) * W + element(2, T) * ?MSG_BYTES}, Est#{P => true}};
+                _ ->
+                    case erlang:process_info(P, memory) of
+                        {memory, M} -> {Mem#{P => M}, Est};
+                        _ -> {Mem, Est}
+                    end
+            end
+        end,
+        {#{}, #{}}, Pids).
+
+%% The pids with the longest queues, from a walk's tuples.
+top_queues(Walked, N) ->
+    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, N)].
 
 %% Memory at the start: measured for the start's largest heaps, otherwise
 %% the young heap then (a small process's heap is mostly young).
@@ -306,7 +404,7 @@ start_memory(P, Mem0, Base) ->
             end
     end.
 
-info_fun(End, Mem0, Mem1, Base) ->
+info_fun(End, Mem0, Mem1, Base, Est) ->
     fun(P) ->
         {R0, Q0} = case maps:find(P, Base) of
                        {ok, {R, Q, _}} -> {R, Q};
@@ -324,6 +422,7 @@ info_fun(End, Mem0, Mem1, Base) ->
                  error -> start_memory(P, Mem0, Base)
              end,
         #{reductions => R1 - R0, queue => [Q0, Q1], memory => [M0, M1],
+          memory_estimated => is_map_key(P, Est),
           heap_words => H1, born => not is_map_key(P, Base)}
     end.
 

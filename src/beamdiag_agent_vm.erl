@@ -13,7 +13,7 @@
 %%% '''
 -module(beamdiag_agent_vm).
 
--export([settings/0, counters/1, msacc/0, parse_flags/1, msacc_extra/1]).
+-export([settings/0, counters/1, all_schedulers/1, msacc/0, parse_flags/1, msacc_extra/1]).
 
 -export_type([settings/0, counters/0]).
 
@@ -22,8 +22,8 @@
     swt := [{pos_integer(), non_neg_integer(), non_neg_integer()}] | undefined,
     run_queues := [non_neg_integer()],
     reductions := non_neg_integer(),
-    gcs := non_neg_integer(),
-    gc_words := non_neg_integer(),
+    gcs := non_neg_integer() | undefined,
+    gc_words := non_neg_integer() | undefined,
     context_switches := non_neg_integer(),
     process_count := non_neg_integer(),
     msacc => [map()]
@@ -97,21 +97,34 @@ lcnt_emulator_installed() ->
 
 %% @doc VM counters for one tick. `swt' is `undefined' unless
 %% scheduler_wall_time is on; `msacc' is present when microstate accounting
-%% is on.
--spec counters(#{msacc := boolean()}) -> counters().
-counters(#{msacc := WantMsacc}) ->
+%% is on. With `swt => false' neither is read (the caller reads them with
+%% `all_schedulers/1', under a deadline).
+-spec counters(#{msacc := boolean(), swt => boolean()}) -> counters().
+counters(Opts = #{msacc := WantMsacc}) ->
     {Reds, _} = erlang:statistics(reductions),
-    {GCs, Words, _} = erlang:statistics(garbage_collection),
     {CS, _} = erlang:statistics(context_switches),
     C = #{
-        swt => swt(),
         run_queues => erlang:statistics(run_queue_lengths_all),
         reductions => Reds,
-        gcs => GCs,
-        gc_words => Words,
         context_switches => CS,
         process_count => erlang:system_info(process_count)
     },
+    case maps:get(swt, Opts, true) of
+        true -> maps:merge(C, all_schedulers(#{msacc => WantMsacc}));
+        false -> C#{swt => undefined, gcs => undefined, gc_words => undefined}
+    end.
+
+%% @doc The counters every scheduler must answer for: scheduler wall time,
+%% garbage collection (OTP sums it from a request to every scheduler) and,
+%% when wanted, microstate accounting. A scheduler held by a NIF
+%% answers only when the NIF returns, so callers that must not stall run
+%% this with a deadline (see beamdiag_agent_probe).
+-spec all_schedulers(#{msacc := boolean()}) ->
+    #{swt := list() | undefined, gcs := non_neg_integer(), gc_words := non_neg_integer(),
+      msacc => [map()]}.
+all_schedulers(#{msacc := WantMsacc}) ->
+    {GCs, Words, _} = erlang:statistics(garbage_collection),
+    C = #{swt => swt(), gcs => GCs, gc_words => Words},
     case WantMsacc of
         true -> C#{msacc => msacc()};
         false -> C

@@ -111,6 +111,48 @@ entries() ->
                   "looks at normal and dirty CPU schedulers.">>
         },
         #{
+            id => scheduler_held_native,
+            area => ledger,
+            title => <<"A scheduler is held in native code">>,
+            meaning =>
+                <<"A normal scheduler thread ran (or waited for a CPU to run) for the whole "
+                  "window without once going back to its scheduler loop: native code (a NIF, "
+                  "or a long BIF) holds it and does not yield. The processes queued on that "
+                  "scheduler wait, and a node whose scheduler is held can miss distribution "
+                  "handshakes and ticks, ignore SIGTERM, and stall every call that needs all "
+                  "schedulers. Read from the host alone (/proc/PID/task, and perf on that "
+                  "thread), so it is found even when the node does not answer.">>,
+            fix =>
+                <<"Make the NIF yield: do the work in slices of about a millisecond, report "
+                  "each with enif_consume_timeslice and, when it returns 1, continue with "
+                  "enif_schedule_nif (or return to Erlang and call again). Or run it on a "
+                  "dirty scheduler: declare it with ERL_NIF_DIRTY_JOB_CPU_BOUND (or "
+                  "ERL_NIF_DIRTY_JOB_IO_BOUND when it blocks) in its ErlNifFunc entry. "
+                  "Scheduler flags (+scl, +sub, +sbt) do not help: the scheduler is not "
+                  "idle, it is held.">>,
+            when_not =>
+                <<"A NIF that returns within about a millisecond is fine on a normal "
+                  "scheduler; this finding needs the thread held for the whole window.">>
+        },
+        #{
+            id => host_memory_low,
+            area => ledger,
+            title => <<"The node's memory is nearly used up">>,
+            meaning =>
+                <<"The host's available memory (MemAvailable), or the cgroup's room under its "
+                  "memory.max, is below a tenth of the total. Next comes the kernel's OOM "
+                  "killer, or the cgroup's, which ends the node without a crash dump.">>,
+            fix =>
+                <<"Find what holds the memory: the node's resident memory is in the evidence; "
+                  "when the node answers, `beamdiag diagnose` names the processes and queues "
+                  "that hold it (message_queue_growth). Raise the limit only once the growth "
+                  "is understood.">>,
+            when_not =>
+                <<"A host that keeps its page cache full shows little MemFree, but "
+                  "MemAvailable counts the cache it can drop; this finding reads "
+                  "MemAvailable.">>
+        },
+        #{
             id => high_system_cpu,
             area => ledger,
             title => <<"The kernel takes a large share of the node's CPU">>,
@@ -306,6 +348,30 @@ entries() ->
                   "garbage collection but does not stop the growth.">>,
             when_not => <<"A burst that drains after a deploy or a reconnect; act when it "
                           "grows window after window.">>
+        },
+        #{
+            id => long_schedule,
+            area => processes,
+            title => <<"A process holds its scheduler in native code">>,
+            meaning =>
+                <<"The runtime's system monitor saw a process stay on its scheduler for "
+                  "tens or hundreds of milliseconds at a time, in and out of the same NIF "
+                  "or BIF. While it runs no other process gets that scheduler: the "
+                  "schedulers look unevenly busy, timers and replies on it are late, and "
+                  "calls that need every scheduler (code loading, system flags, "
+                  "statistics) wait for it. A NIF should return within about a "
+                  "millisecond.">>,
+            fix =>
+                <<"For a NIF: make it yield (count its work with enif_consume_timeslice and "
+                  "continue with enif_schedule_nif), or run it on a dirty scheduler "
+                  "(ERL_NIF_DIRTY_JOB_CPU_BOUND in its ErlNifFunc flags, IO_BOUND for "
+                  "blocking I/O). For a BIF: give it less work per call (split the input, "
+                  "e.g. binary_to_term or term_to_binary on smaller terms, ETS selects "
+                  "with a limit and a continuation). No scheduler flag (+scl, +sub, +sbt) "
+                  "helps: the process does not give the scheduler back.">>,
+            when_not =>
+                <<"A one-off long schedule at start-up (a NIF library loading its data) "
+                  "is expected; act when it repeats under load.">>
         },
         #{
             id => hot_function,

@@ -18,8 +18,9 @@ spec() ->
         summary => "Sample a live node for a window; print findings and the time ledger.",
         exit_codes => [0, 1, 2, 3, 4],
         example => "beamdiag diagnose app@db1 --cookie-file /etc/app/cookie --duration 10",
-        positional => [#{key => node, metavar => "NODE", required => true,
-                         help => "the node, name@host (short or long names inferred)"}],
+        positional => [#{key => node, metavar => "NODE", required => false,
+                         help => "the node, name@host (short or long names inferred), or the "
+                                 "OS pid of a node on this host (host-side only)"}],
         options => node_options() ++ [
             #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
               metavar => "SECONDS", help => "length of the window"},
@@ -57,7 +58,16 @@ spec() ->
             #{key => cluster, long => "--cluster", type => boolean, default => false,
               help => "diagnose NODE and every node connected to it at once (as beamdiag cluster)"},
             #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
-              help => "exit 1 when a finding is at least this severe"}
+              help => "exit 1 when a finding is at least this severe"},
+            #{key => host_only, long => "--host-only", type => boolean,
+              help => "diagnose from this host alone (/proc, cgroups, perf), without asking "
+                      "the node: a node without distribution, or whose cookie you lack"},
+            #{key => os_pid, long => "--os-pid", type => {integer, 1, 1 bsl 31}, metavar => "PID",
+              help => "the node's OS pid on this host (implies --host-only)"},
+            #{key => answer_timeout, long => "--answer-timeout", type => {float, 0.1, 3600.0},
+              metavar => "SECONDS",
+              help => "a node on this host that does not finish the handshake within SECONDS "
+                      "is diagnosed from the host alone (default: half the window, 2 to 5 s)"}
         ]
     }.
 
@@ -76,6 +86,10 @@ node_options() ->
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{cluster := true}, IO) ->
     beamdiag_cli_cluster:run(Opts, IO);
+run(Opts = #{os_pid := Pid}, IO) when not is_map_key(node, Opts) ->
+    run(Opts#{node => integer_to_list(Pid)}, IO);
+run(Opts, IO) when not is_map_key(node, Opts) ->
+    beamdiag_cli:usage_error("diagnose: missing argument NODE (or --os-pid PID)", IO);
 run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
     case maps:is_key(cookie, Opts) of
         true -> Err("beamdiag: warning: --cookie shows the cookie in the process list; "
@@ -92,8 +106,10 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           perf => maps:get(perf, Opts, false),
           erlang => maps:get(erlang, Opts, false),
           slack => maps:get(slack, Opts),
+          host_only => maps:get(host_only, Opts, false),
           progress => progress(IO)}),
-    Result = beamdiag:diagnose(Node, LibOpts),
+    LibOpts2 = maps:merge(LibOpts, maps:with([os_pid, answer_timeout], Opts)),
+    Result = beamdiag:diagnose(Node, LibOpts2),
     end_progress(IO),
     profile_error(Result, Err),
     case Result of

@@ -44,7 +44,11 @@
 -define(LATE_MS, 2000).
 %% The agent's least grace time past the window (beamdiag_agent).
 -define(GRACE_MS, 5000).
--define(CALL_TIMEOUT, 5000).
+%% The agent's start: its wait, and the retry's.
+-define(START_WAITS, [2500, 2500]).
+%% How long a collector that stopped waiting gives the agent for its
+%% last word's quick extras.
+-define(QUICK_MS, 300).
 
 %%%===================================================================
 %%% API
@@ -87,15 +91,28 @@ run(Node, Opts) ->
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
+format_error({agent_start, Node, {timeout, Waits}}) ->
+    io_lib:format("~s did not start the agent within ~ts (tried ~b times): it is overloaded or "
+                  "a scheduler is held (a NIF that does not yield); run beamdiag on its host for "
+                  "a host-side view",
+                  [Node, lists:join(" and ", [io_lib:format("~.1f s", [W / 1000]) || W <- Waits]),
+                   length(Waits)]);
+format_error({agent_start, Node, {error, {erpc, noconnection}}}) ->
+    io_lib:format("~s went away while the agent was starting (the connection dropped)", [Node]);
+format_error({agent_start, Node, {error, {exception, undef, _}}}) ->
+    io_lib:format("the agent's code is not loaded on ~s", [Node]);
 format_error({agent_start, Node, Reason}) ->
-    io_lib:format("cannot start the agent on ~s: ~p", [Node, Reason]);
+    io_lib:format("cannot start the agent on ~s: ~0tP", [Node, Reason, 8]);
 format_error({target_down, Reason, #{samples := S}}) ->
-    io_lib:format("the target went away mid-window (~p) after ~b samples; "
-                  "the partial capture is kept", [Reason, length(S)]);
+    io_lib:format("the target went away mid-window (~ts) after ~b samples; "
+                  "the partial capture is kept", [down_text(Reason), length(S)]);
 format_error({target_down, Reason, undefined}) ->
-    io_lib:format("the target went away before the first sample (~p)", [Reason]);
+    io_lib:format("the target went away before the first sample (~ts)", [down_text(Reason)]);
 format_error({agent_aborted, Why}) ->
-    io_lib:format("the agent stopped early: ~p", [Why]);
+    io_lib:format("the agent stopped early (~ts)", [aborted_text(Why)]);
+format_error(due) ->
+    "the node's first samples did not come before the report was due: it is overloaded or a "
+    "scheduler is held";
 format_error(timeout) ->
     "the agent did not finish in time".
 
@@ -103,13 +120,34 @@ format_error(timeout) ->
 %%% Internal
 %%%===================================================================
 
+down_text(noconnection) -> "the connection dropped";
+down_text(noproc) -> "the agent was gone before it could be watched";
+down_text(killed) -> "the agent was killed";
+down_text(R) -> io_lib:format("~0tP", [R, 6]).
+
+aborted_text(deadline) -> "it reached its deadline before its last tick";
+aborted_text({caller_down, _}) -> "its caller went away";
+aborted_text(shutdown) -> "the node is shutting down";
+aborted_text(W) -> io_lib:format("~0tP", [W, 6]).
+
 start_agent(Node, Opts) when Node =:= node() ->
     beamdiag_agent:start(self(), Opts);
 start_agent(Node, Opts) ->
-    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], ?CALL_TIMEOUT) of
+    start_agent(Node, Opts, ?START_WAITS, []).
+
+%% With a timeout and one retry: a start that answers too late may still
+%% start an agent, whose first word then names it and is told to end
+%% (gather/2, flush/1).
+start_agent(Node, Opts, [Wait | More], Tried) ->
+    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], Wait) of
         {ok, _, _} = Ok -> Ok
     catch
-        Class:Reason -> {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
+        error:{erpc, timeout} when More =/= [] ->
+            start_agent(Node, Opts, More, [Wait | Tried]);
+        error:{erpc, timeout} ->
+            {error, {beamdiag_collect, {agent_start, Node, {timeout, lists:reverse([Wait | Tried])}}}};
+        Class:Reason ->
+            {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
     end.
 
 %% The deadline follows the agent's own: its start and each move of its
@@ -124,7 +162,7 @@ gather(G = #{ready_by := ReadyBy, finishing := Finishing, duration := D, info :=
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
             maps:get(agent, G) ! {beamdiag_abort, self()},
-            late(Info, Samples, D, due);
+            late(quick_extras(G), Info, Samples, D, due);
         false ->
             gather(G, Now)
     end.
@@ -140,34 +178,47 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
     receive
         {beamdiag, Ref, {start, I}} ->
             gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
+        {beamdiag, Other, {start, #{agent := Stray}}} when Other =/= Ref ->
+            %% An agent whose start answered after the retry: it ends now.
+            Stray ! {beamdiag_abort, self()},
+            gather(G);
         {beamdiag, Ref, {deadline, InMs}} ->
             gather(moved(G, InMs));
         {beamdiag, Ref, {tick, S}} ->
             Samples2 = keep(S, Samples, maps:get(on_sample, G)),
             report_progress(Progress, Samples2, D),
             gather(G#{samples := Samples2});
+        {beamdiag, Ref, {procs_start, Snapshot}} ->
+            %% The start walk's report: kept for a capture cut short.
+            gather(G#{procs_start => Snapshot});
+        {beamdiag, Ref, {partial_extras, Quick}} ->
+            gather(G#{quick => Quick});
+        {beamdiag, Ref, {long_schedules, LS}} ->
+            %% The long schedules so far (sent while events come).
+            gather(G#{long_schedules => LS});
         {beamdiag, Ref, finishing} ->
             %% Every tick came: a late report now is the extras' cost, not
             %% a node too slow to answer; wait for them.
             gather(G#{finishing := true});
         {beamdiag, Ref, {done, Extras}} ->
-            {ok, capture(Info, Samples, Extras, true, D)};
+            {ok, capture(Info, Samples, end_walk(Extras, G), true, D)};
         {beamdiag, Ref, {aborted, Why}} ->
-            late(Info, Samples, D, {agent_aborted, Why});
+            late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
         {'DOWN', MRef, process, _, Reason} ->
             Partial = case Info of
                           undefined ->
                               undefined;
                           _ ->
-                              C = capture(Info, Samples, #{}, false, D),
+                              C = capture(Info, Samples, partial_extras(G), false, D),
                               C#{notes => [iolist_to_binary(
                                   io_lib:format("partial capture: the target went away mid-window "
-                                                "(~0P) after ~b samples", [Reason, 6, length(Samples)]))]}
+                                                "(~0P) after ~b samples", [Reason, 6, length(Samples)]))
+                                           | maps:get(notes, C)]}
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}}
     after Wait ->
         case erlang:monotonic_time(millisecond) >= Deadline of
-            true -> late(Info, Samples, D, timeout);
+            true -> late(partial_extras(G), Info, Samples, D, timeout);
             false -> gather(G)
         end
     end.
@@ -196,18 +247,81 @@ moved(G, InMs) when is_integer(InMs) ->
 moved(G, _) ->
     G.
 
+%% What a capture cut short keeps beside its samples: the long schedules
+%% the agent sent with its last word, and the start walk's process report
+%% brought forward with the queue lengths of the last tick.
+partial_extras(G) ->
+    Quick0 = case {maps:get(quick, G, #{}), maps:find(long_schedules, G)} of
+                 {Q = #{long_schedules := _}, _} -> Q;
+                 {Q, {ok, LS}} -> Q#{long_schedules => LS};
+                 {Q, error} -> Q
+             end,
+    %% The memory room the agent read at its start, when its last word
+    %% did not bring a fresher one.
+    Quick = case {Quick0, maps:get(info, G, undefined)} of
+                {#{memory_room := _}, _} -> Quick0;
+                {_, #{memory_room := StartRoom}} when map_size(StartRoom) > 0 ->
+                    Quick0#{memory_room => StartRoom};
+                _ -> Quick0
+            end,
+    case maps:find(procs_start, G) of
+        {ok, Snapshot} ->
+            Procs = forward(Snapshot, maps:get(samples, G)),
+            Quick#{procs => case Quick of
+                                #{memory_room := Room} -> Procs#{memory_room => Room};
+                                _ -> Procs
+                            end};
+        error -> Quick
+    end.
+
+%% The agent was told to end because the report is due: its long-schedule
+%% report comes with its last word, waited for briefly.
+quick_extras(G = #{ref := Ref}) ->
+    receive
+        {beamdiag, Ref, {partial_extras, Quick}} -> partial_extras(G#{quick => Quick})
+    after ?QUICK_MS ->
+        partial_extras(G)
+    end.
+
+%% A finished capture whose end walk did not finish in time keeps the start
+%% walk's report, brought forward.
+end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
+    case maps:is_key(procs, Extras) of
+        true -> Extras;
+        false ->
+            Procs = forward(Snapshot, maps:get(samples, G)),
+            Extras#{procs => case Extras of
+                                 #{memory_room := Room} -> Procs#{memory_room => Room};
+                                 _ -> Procs
+                             end}
+    end;
+end_walk(Extras, _G) ->
+    Extras.
+
+%% The start walk's queues at the last tick that read them (samples are
+%% newest first; the walk was taken just after the first).
+forward(Snapshot, Samples) ->
+    case [S || S = #{queues := _} <- Samples] of
+        [#{queues := Qs, t := T} | _] ->
+            #{t := T0} = lists:last(Samples),
+            beamdiag_agent_procs:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
+        [] ->
+            Snapshot
+    end.
+
 %% The agent's last word came late or not at all: two samples are a window,
-%% and what they show is kept, marked partial, with a note.
-late(Info, Samples = [_, _ | _], D, Why) when Info =/= undefined ->
-    C = capture(Info, Samples, #{}, false, D),
+%% and what they show is kept, marked partial, with a note, and with what
+%% the agent sent before (the start walk, the long schedules).
+late(Extras, Info, Samples = [_, _ | _], D, Why) when Info =/= undefined ->
+    C = capture(Info, Samples, Extras, false, D),
     #{samples := [#{t := T0} | _]} = C,
     #{t := T1} = hd(Samples),
     Note = iolist_to_binary(
              io_lib:format("partial capture: ~s; the ledger and findings cover the ~b samples "
                            "gathered over ~.1f s of the ~.1f s window",
                            [late_text(Why), length(Samples), (T1 - T0) / 1.0e9, D / 1000])),
-    {ok, C#{notes => [Note]}};
-late(_Info, _Samples, _D, Why) ->
+    {ok, C#{notes => [Note | maps:get(notes, C)]}};
+late(_Extras, _Info, _Samples, _D, Why) ->
     {error, {beamdiag_collect, Why}}.
 
 late_text(timeout) -> "the agent's last word did not come in time";
@@ -231,17 +345,39 @@ capture(Info, RevSamples, Extras, Complete, D) ->
         samples => lists:reverse(RevSamples),
         extras => Extras,
         complete => Complete,
-        notes => [],
+        notes => extras_notes(Extras),
         cgroup_location => maps:get(cgroup_location, Info),
         msacc_was_on => maps:get(msacc_was_on, Info)
     },
     Base#{interval_ms => interval(Base)}.
+
+%% What the extras say is missing: the long schedules when the node's
+%% system monitor was taken, the end walk when it did not finish in time.
+extras_notes(Extras) ->
+    Sched = case maps:find(long_schedules, Extras) of
+                {ok, LS = #{}} ->
+                    case beamdiag_sched_rules:note(LS) of
+                        none -> [];
+                        N -> [N]
+                    end;
+                _ -> []
+            end,
+    Walk = case maps:find(procs_end_missing, Extras) of
+               {ok, W} when is_binary(W) ->
+                   [<<W/binary, ": the process figures are the start walk's, with the queue "
+                      "lengths of the last tick">>];
+               _ -> []
+           end,
+    Sched ++ Walk.
 
 interval(#{samples := [#{t := A}, #{t := B} | _]}) -> max(1, (B - A) div 1000000);
 interval(_) -> 1000.
 
 flush(Ref) ->
     receive
-        {beamdiag, Ref, _} -> flush(Ref)
+        {beamdiag, Ref, _} -> flush(Ref);
+        {beamdiag, _, {start, #{agent := Stray}}} ->
+            Stray ! {beamdiag_abort, self()},
+            flush(Ref)
     after 0 -> ok
     end.

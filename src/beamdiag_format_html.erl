@@ -43,11 +43,11 @@
 
 %% @doc The whole diagnosis as one HTML document.
 -spec diagnosis(beamdiag:diagnosis()) -> iodata().
-diagnosis(#{capture := C, ledger := L, findings := F}) ->
+diagnosis(D = #{capture := C, ledger := L, findings := F}) ->
     Node = maps:get(node, C, <<"?">>),
     Extras = maps:get(extras, C, #{}),
     Data = chart_data(C, L),
-    Sections = [
+    Sections = host_only_section(D) ++ [
         {"findings", "Findings", findings(F)},
         {"ledger", "Time ledger", ledger_section(L)},
         {"schedulers", "Schedulers", scheduler_section(L, Data)},
@@ -111,6 +111,15 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) -
           "</tbody></table>\n</details>\n"]}
     ],
     page("beamdiag cluster", Header, Sections, cluster_data(C)).
+
+%% A diagnosis from the host alone (beamdiag_host): why, what distribution
+%% saw, and the threads, first; the VM's sections below stay empty.
+host_only_section(D = #{host_only := true}) ->
+    [{"host", "Host-side only",
+      ["<pre>", esc(iolist_to_binary([beamdiag_format_host:header(D), "\n",
+                                      beamdiag_format_host:threads(D)])), "</pre>"]}];
+host_only_section(_) ->
+    [].
 
 %% @doc A compare result (any map) as one HTML document.
 -spec compare(map()) -> iodata().

@@ -34,6 +34,25 @@ cluster(C) ->
 
 %% @doc The diagnosis as the map the JSON text encodes.
 -spec document(beamdiag:diagnosis()) -> map().
+document(D = #{host_only := true, capture := C, ledger := L, findings := F}) ->
+    %% Seen from the host alone (beamdiag_host): no VM figures.
+    #{
+        schema => ?SCHEMA,
+        host_only => true,
+        host_view => beamdiag_format_host:summary(D),
+        node => maps:get(node, C),
+        window_s => maps:get(window_s, L),
+        samples => length(maps:get(samples, C)),
+        complete => maps:get(complete, C, true),
+        settings => maps:get(settings, C),
+        threads => [thread(T) || T <- maps:get(threads, L)],
+        by_type => maps:get(by_type, L),
+        totals => maps:get(totals, L),
+        host => maps:get(host, L),
+        cgroup => maps:get(cgroup, L),
+        findings => [finding(X) || X <- F],
+        notes => maps:get(notes, L)
+    };
 document(#{capture := C, ledger := L, findings := F}) ->
     Settings = maps:get(settings, C),
     Doc = #{

@@ -202,17 +202,31 @@ queues(Qs) ->
             "  mailboxes: none with messages at the end\n";
         Rows ->
             ["  mailboxes (messages at start -> end)\n",
-             [io_lib:format("  ~12ts -> ~-9ts  ~ts~n",
-                            [qstart(Q0), count(Q1), who(E, 52)])
+             [io_lib:format("  ~12ts -> ~-9ts  ~ts~ts~n",
+                            [qstart(Q0), count(Q1), who(E, 52), queue_memory(E)])
               || E = #{queue := [Q0, Q1]} <- lists:sublist(Rows, ?ROWS)]]
     end.
+
+%% The memory a long queue holds; "~" when estimated (the agent does not
+%% ask a process with a long queue for its memory).
+queue_memory(E = #{memory := [_, M1], queue := [_, Q1]}) when is_integer(M1), Q1 >= 10000 ->
+    [", ", tilde(E), beamdiag_proc_rules:bytes(M1), estimated(E)];
+queue_memory(_) ->
+    "".
+
+tilde(#{memory_estimated := true}) -> "~";
+tilde(_) -> "".
+
+estimated(#{memory_estimated := true}) -> " (estimated)";
+estimated(_) -> "".
 
 heaps([]) ->
     "";
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
-     [io_lib:format("  ~12ts ~10ts  ~ts~ts~n",
-                    [beamdiag_proc_rules:bytes(M1), growth(M0, M1), who_short(E), like(E)])
+     [io_lib:format("  ~12ts ~10ts  ~ts~ts~ts~n",
+                    [[tilde(E), beamdiag_proc_rules:bytes(M1)], growth(M0, M1), who_short(E),
+                     like(E), estimated(E)])
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
 growth(M0, M1) when is_integer(M0) ->

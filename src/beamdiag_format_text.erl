@@ -26,6 +26,16 @@
 
 %% @doc The whole report. Options: `colour' (false).
 -spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
+diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
+    %% Seen from the host alone (beamdiag_host): no VM figures.
+    finish(iolist_to_binary([
+        beamdiag_format_host:header(D),
+        "\n",
+        findings(F, Opts#{colour => false}),
+        "\n",
+        beamdiag_format_host:threads(D),
+        notes(L)
+    ]), Opts);
 diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
     Plain = iolist_to_binary([
         header(C, L),
@@ -39,8 +49,11 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
         profile(C),
         notes(L)
     ]),
-    %% Strings from the target or a capture file may hold anything: the
-    %% report is made safe for a terminal as a whole, then coloured.
+    finish(Plain, Opts).
+
+%% Strings from the target or a capture file may hold anything: the
+%% report is made safe for a terminal as a whole, then coloured.
+finish(Plain, Opts) ->
     Clean = beamdiag_text:report(Plain),
     case maps:get(colour, Opts, false) of
         true -> colourise(Clean);

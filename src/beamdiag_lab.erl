@@ -31,6 +31,14 @@
     competitor => #{cpus := pos_integer()},
     cgroup => #{quota_cpus := float()},
     warmup_ms => non_neg_integer(),
+    %% Run on this host before the workload: `{ok, Value}' (the atom
+    %% '$prepared' in the load's arguments stands for Value) or an error.
+    prepare => {module(), atom(), [term()]},
+    %% Run on this host when the lab stops, with the lab appended to the
+    %% arguments, before the node goes.
+    release => {module(), atom(), [term()]},
+    %% The node may ignore SIGTERM and peer:stop: kill its OS process.
+    hard_stop => boolean(),
     %% A unit of work for `beamdiag experiment': `Module:unit(Name, Ctx)'
     %% of the load's module.
     unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
@@ -40,6 +48,8 @@
     node := node(),
     peer := pid(),
     cookie := atom(),
+    os_pid => string(),
+    prepared => term(),
     competitor => pid(),
     cgroup => file:filename()
 }.
@@ -54,7 +64,8 @@
 -spec scenarios() -> [scenario()].
 scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
-        beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios().
+        beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
+        beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
@@ -70,7 +81,7 @@ scenario(Name) ->
 %% flags, e.g. a variant under test), `exec' (how to start `erl', as OTP's
 %% `peer' takes it: `{Executable, Args}', e.g. a command that runs another
 %% OTP release's `erl' in its own root; default: this machine's `erl').
--spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {beamdiag_lab, term()}}.
+-spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {module(), term()}}.
 start(Name, Opts) when is_atom(Name); is_list(Name) ->
     case scenario(Name) of
         {ok, S} -> start(S, Opts);
@@ -115,6 +126,14 @@ stop(Lab = #{peer := Peer, scenario := S}) ->
         {ok, {M, F, A}} -> catch peer:call(Peer, M, F, A, 15000);
         error -> ok
     end,
+    case maps:find(release, S) of
+        {ok, {RM, RF, RA}} -> catch apply(RM, RF, RA ++ [Lab]);
+        error -> ok
+    end,
+    case {maps:get(hard_stop, S, false), maps:find(os_pid, Lab)} of
+        {true, {ok, OsPid}} -> kill9(OsPid);
+        _ -> ok
+    end,
     catch peer:stop(Peer),
     case maps:find(competitor, Lab) of
         {ok, C} -> catch peer:stop(C);
@@ -155,14 +174,20 @@ format_error({workload, Reason}) ->
 
 setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
     Steps = [
+        fun(L) -> {ok, L#{os_pid => peer:call(Peer, os, getpid, [], 30000)}} end,
         %% The workload's module and any others it needs.
         fun(L) -> load_all(Peer, lists:usort([Mod | maps:get(modules, S, [])]), L) end,
+        fun(L) -> prepare(S, L) end,
         fun(L) -> cgroup(S, L, Duration) end,
         fun(L) -> competitor(S, L, Duration) end,
         fun(L) ->
             %% The atom '$duration_ms' in a scenario's arguments stands for the
             %% workload's time bound.
-            Args = [case A of '$duration_ms' -> Duration * 1000; _ -> A end || A <- FArgs],
+            Args = [case A of
+                        '$duration_ms' -> Duration * 1000;
+                        '$prepared' -> maps:get(prepared, L);
+                        _ -> A
+                    end || A <- FArgs],
             case catch peer:call(Peer, Mod, Fun, Args, 30000) of
                 ok -> {ok, L};
                 {ok, _} -> {ok, L};
@@ -179,6 +204,28 @@ load_all(Peer, Mods, Lab) ->
     case beamdiag_loader:load({peer, Peer}, Mods) of
         {ok, _} -> {ok, Lab};
         {error, {beamdiag_loader, Why}} -> {error, {beamdiag_lab, {load, Why}}}
+    end.
+
+%% The scenario's step on this host before its workload (a NIF built).
+prepare(#{prepare := {M, F, A}}, Lab) ->
+    case apply(M, F, A) of
+        {ok, Value} -> {ok, Lab#{prepared => Value}};
+        {error, _} = E -> E
+    end;
+prepare(_, Lab) ->
+    {ok, Lab}.
+
+%% SIGKILL to the node's OS process, then wait (up to 5 s) until it is gone.
+kill9(OsPid) ->
+    _ = os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
+    wait_gone(OsPid, 50).
+
+wait_gone(_OsPid, 0) ->
+    ok;
+wait_gone(OsPid, N) ->
+    case filelib:is_dir("/proc/" ++ OsPid) of
+        true -> timer:sleep(100), wait_gone(OsPid, N - 1);
+        false -> ok
     end.
 
 %% A second node that burns the given number of CPUs, competing with the lab

@@ -62,7 +62,10 @@ build(#{samples := Samples, settings := Settings} = Capture) when length(Samples
     First = hd(Samples),
     Last = lists:last(Samples),
     Window = seconds(First, Last),
-    Threads = thread_rows(First, Last, Settings),
+    %% Scheduler wall time from the first and last samples that have it: a
+    %% tick whose schedulers did not all answer in time goes without it.
+    {SwtA, SwtB} = swt_ends(Samples),
+    Threads = thread_rows(with_swt(First, SwtA), with_swt(Last, SwtB), Settings),
     ByType = by_type(Threads),
     Host = others(Capture, host(First, Last)),
     Cgroup = cgroup(First, Last, Window),
@@ -143,6 +146,15 @@ num(X) when is_number(X) -> float(X);
 num(_) -> 0.0.
 
 seconds(#{t := A}, #{t := B}) -> max(1.0e-9, (B - A) / 1.0e9).
+
+swt_ends(Samples) ->
+    case [Swt || #{vm := #{swt := Swt}} <- Samples, is_list(Swt)] of
+        [A | Rest = [_ | _]] -> {A, lists:last(Rest)};
+        _ -> {undefined, undefined}
+    end.
+
+with_swt(S = #{vm := Vm}, Swt) ->
+    S#{vm := Vm#{swt => Swt}}.
 
 thread_rows(#{threads := TA, vm := VA} = A, #{threads := TB, vm := VB} = B, Settings)
   when is_map(TA), is_map(TB) ->
@@ -332,8 +344,8 @@ vm(Samples = [#{vm := A} | _], Window, Settings) ->
     D = fun(K) -> (maps:get(K, B) - maps:get(K, A)) / Window end,
     #{
         reductions_per_s => D(reductions),
-        gcs_per_s => D(gcs),
-        gc_words_per_s => D(gc_words),
+        gcs_per_s => rate_of(gcs, Samples),
+        gc_words_per_s => rate_of(gc_words, Samples),
         context_switches_per_s => D(context_switches),
         run_queue_avg => Avg(Normal),
         run_queue_max => lists:max(Normal),
@@ -341,6 +353,18 @@ vm(Samples = [#{vm := A} | _], Window, Settings) ->
         process_count => maps:get(process_count, B),
         tick_cost_us_avg => Avg([maps:get(tick_cost_us, X, 0) || X <- Samples])
     }.
+
+%% A counter's rate between the first and last samples that have it (the
+%% garbage collection counters need every scheduler's answer, and a tick
+%% goes without them when one is held).
+rate_of(K, Samples) ->
+    case [S || S = #{vm := #{K := V}} <- Samples, is_integer(V)] of
+        [SA = #{vm := A} | Rest = [_ | _]] ->
+            SB = #{vm := B} = lists:last(Rest),
+            (maps:get(K, B) - maps:get(K, A)) / seconds(SA, SB);
+        _ ->
+            0.0
+    end.
 
 %% Microstate accounting over the samples that carry it (the agent keeps it
 %% on for the end of the window only): per thread type, each state's share
@@ -385,6 +409,17 @@ series([A, B | Rest], Settings) ->
     Types = maps:map(fun(_, R) -> maps:with(?FIELDS ++ [wall, n], R) end, by_type(Rows)),
     [#{t => seconds(A, B), by_type => Types} | series([B | Rest], Settings)].
 
+%% Ticks whose schedulers did not all answer in time.
+missing_note(Missing = [#{waited_ms := Ms} | _], N) ->
+    iolist_to_binary(
+      io_lib:format("scheduler wall time (and msacc, when on) missing in ~b of ~b samples: not "
+                    "every scheduler answered within ~b ms (a scheduler held by a NIF or a long "
+                    "BIF answers only when it returns); the busy figures come from the samples "
+                    "that have it", [length(Missing), N, Ms]));
+missing_note(Missing, N) ->
+    iolist_to_binary(io_lib:format("scheduler wall time missing in ~b of ~b samples",
+                                   [length(Missing), N])).
+
 notes(Capture, First) ->
     Sources = [
         {threads, <<"per-thread OS figures">>},
@@ -395,9 +430,17 @@ notes(Capture, First) ->
         iolist_to_binary([Label, " unavailable: ", error_text(E)])
      || {K, Label} <- Sources, {error, _} = E <- [maps:get(K, First, ok)]
     ],
-    Swt = case First of
-              #{vm := #{swt := undefined}} -> [<<"scheduler_wall_time unavailable">>];
-              _ -> []
+    Samples = maps:get(samples, Capture, []),
+    Missing = [W || #{vm := #{missing := W}} <- Samples],
+    Swt = case {First, Missing} of
+              {#{vm := #{swt := undefined, missing := _}}, _} ->
+                  [missing_note(Missing, length(Samples))];
+              {#{vm := #{swt := undefined}}, _} ->
+                  [<<"scheduler_wall_time unavailable">>];
+              {_, [_ | _]} ->
+                  [missing_note(Missing, length(Samples))];
+              _ ->
+                  []
           end,
     Left = case maps:get(extras, Capture, #{}) of
                #{left_loaded := Mods = [_ | _]} ->

@@ -48,6 +48,8 @@
 %% busy, on a host that is itself overloaded, the call's process waits for
 %% a scheduler: 5 s proved too short under a load average of 30 on 2 cores.
 -define(CALL_TIMEOUT, 10000).
+%% The release read: its wait, and the retry's.
+-define(FACTS_WAITS, [2000, 3000]).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
 %% Compiler application versions (major, minor) seen in each release, for
@@ -72,9 +74,9 @@ load(Node, Mods) when Node =:= node() ->
 load(Target, Mods) ->
     case object_code(Mods, []) of
         {ok, Objects} ->
-            case target_facts(Target) of
+            Built = built_on(element(2, hd(Objects))),
+            case target_facts(Target, Built) of
                 {ok, Release, Compiler} ->
-                    Built = built_on(element(2, hd(Objects))),
                     Facts = #{built_on => Built, target => Release, compiler => Compiler},
                     case plan(Facts) of
                         {refuse, Why} ->
@@ -105,7 +107,7 @@ unload(Target, Mods) ->
 %% the target's code path. Beams load on their own release and the two
 %% after it; anything else is compiled on the target, or refused.
 -spec plan(#{built_on := pos_integer() | unknown, target := pos_integer(),
-             compiler := boolean()}) -> plan().
+             compiler := boolean() | unknown}) -> plan().
 plan(#{built_on := Built, target := Target, compiler := Compiler}) ->
     Loadable = is_integer(Built) andalso Target >= Built andalso Target =< Built + 2,
     case {Loadable, Compiler} of
@@ -144,8 +146,15 @@ format_error({refuse, unknown_build, Node, #{target := T, runs_on := R}}) ->
                   "beamdiag (running on OTP ~b) is not known; use a beamdiag built on OTP ~ts, "
                   "or add the compiler application to the node's release",
                   [Node, T, R, loadable_builds(T)]);
-format_error({target_facts, Node, Why}) ->
-    io_lib:format("cannot read the OTP release of ~s: ~p", [Node, Why]);
+format_error({target_facts, Node, {timeout, Waits}}) ->
+    io_lib:format("~s did not answer the release read within ~ts (tried ~s): it is overloaded "
+                  "or a scheduler is held (a NIF that does not yield); run beamdiag on its "
+                  "host for a host-side view", [Node, waits(Waits), times(length(Waits))]);
+format_error({target_facts, Node, {noconnection, _}}) ->
+    io_lib:format("~s went away during the release read (the connection dropped)", [Node]);
+format_error({target_facts, Node, {Class, Why}}) ->
+    io_lib:format("cannot read the OTP release of ~s: the call failed (~ts)",
+                  [Node, short(Class, Why)]);
 format_error({no_object_code, Mod}) ->
     io_lib:format("cannot find the object code of ~s", [Mod]);
 format_error({no_abstract_code, Mod}) ->
@@ -171,16 +180,61 @@ object_code([M | Ms], Acc) ->
         error -> {error, {?MODULE, {no_object_code, M}}}
     end.
 
-%% The target's release and whether it can compile. Neither call loads
-%% or changes anything there.
-target_facts(Target) ->
-    try
-        Rel = call(Target, erlang, system_info, [otp_release], ?CALL_TIMEOUT),
-        Which = call(Target, code, which, [compile], ?CALL_TIMEOUT),
-        {ok, list_to_integer(Rel), is_list(Which)}
-    catch
-        Class:Why -> {error, {?MODULE, {target_facts, name(Target), {Class, Why}}}}
+%% The target's release, and whether it can compile only when the beams
+%% as built cannot load there: each read with a timeout and one retry
+%% (?FACTS_WAITS), so a node that is only slow answers the second, and one
+%% that cannot answer costs seconds, not ten. The compiler check asks the
+%% code server, which searches the code path for a module not loaded
+%% (measured: 2.4 to 5 s on a node whose schedulers a mailbox flood keeps
+%% busy, where the release read took 0 to 60 ms). Nothing is loaded or
+%% changed there.
+target_facts(Target, Built) ->
+    case bounded(Target, erlang, system_info, [otp_release], ?FACTS_WAITS, []) of
+        {ok, Rel} ->
+            Release = list_to_integer(Rel),
+            case plan(#{built_on => Built, target => Release, compiler => false}) of
+                beams ->
+                    {ok, Release, unknown};
+                _ ->
+                    case bounded(Target, code, which, [compile], ?FACTS_WAITS, []) of
+                        {ok, Which} -> {ok, Release, is_list(Which)};
+                        {error, _} = E -> E
+                    end
+            end;
+        {error, _} = E ->
+            E
     end.
+
+bounded(Target, M, F, A, [Wait | More], Tried) ->
+    try call(Target, M, F, A, Wait) of
+        V -> {ok, V}
+    catch
+        error:{erpc, timeout} when More =/= [] ->
+            bounded(Target, M, F, A, More, [Wait | Tried]);
+        error:{erpc, timeout} ->
+            {error, {?MODULE, {target_facts, name(Target),
+                               {timeout, lists:reverse([Wait | Tried])}}}};
+        exit:{timeout, _} when More =/= [] ->
+            bounded(Target, M, F, A, More, [Wait | Tried]);
+        exit:{timeout, _} ->
+            {error, {?MODULE, {target_facts, name(Target),
+                               {timeout, lists:reverse([Wait | Tried])}}}};
+        error:{erpc, noconnection} ->
+            {error, {?MODULE, {target_facts, name(Target), {noconnection, Tried}}}};
+        Class:Why ->
+            {error, {?MODULE, {target_facts, name(Target), {Class, Why}}}}
+    end.
+
+
+waits(Waits) ->
+    lists:join(" and ", [io_lib:format("~.1f s", [W / 1000]) || W <- Waits]).
+
+times(1) -> "once";
+times(2) -> "twice";
+times(N) -> io_lib:format("~b times", [N]).
+
+short(Class, Why) ->
+    io_lib:format("~0tP", [{Class, Why}, 8]).
 
 ship(beams, Target, Objects) ->
     load_each(Target, [{M, Bin, File, local_md5(M, Bin)} || {M, Bin, File} <- Objects], []);
@@ -271,19 +325,54 @@ stop_jobs(Jobs) ->
          end || {_, _, {Pid, MRef}} <- Jobs],
     ok.
 
-load_each(_Target, [], Acc) ->
+%% Which modules are there already, in one call; the others loaded in one
+%% more (code:atomic_load/1): two round trips instead of two or three a
+%% module, each a wait for a scheduler on a busy node. The check asks the
+%% code server, so it comes after the deletes of a session that just
+%% ended there (its agent deletes its modules after its last word).
+load_each(Target, Items, []) ->
+    Mods = [M || {M, _, _, _} <- Items],
+    case catch call(Target, lists, map, [fun code:is_loaded/1, Mods], ?CALL_TIMEOUT) of
+        Flags0 when is_list(Flags0), length(Flags0) =:= length(Mods) ->
+            Flags = [F =/= false || F <- Flags0],
+            Present = [I || {I, true} <- lists:zip(Items, Flags)],
+            Missing = [I || {I, false} <- lists:zip(Items, Flags)],
+            case [M || {M, _, _, Md5} <- Present, remote_md5(Target, M) =/= {ok, Md5}] of
+                [M | _] ->
+                    {error, {?MODULE, {version_conflict, name(Target), M}}};
+                [] ->
+                    atomic_load(Target, Missing)
+            end;
+        _ ->
+            load_one_by_one(Target, Items, [])
+    end.
+
+atomic_load(_Target, []) ->
+    {ok, []};
+atomic_load(Target, Missing) ->
+    case catch call(Target, code, atomic_load, [[{M, File, Bin} || {M, Bin, File, _} <- Missing]],
+                    ?CALL_TIMEOUT) of
+        ok ->
+            {ok, [M || {M, _, _, _} <- Missing]};
+        {error, [{M, What} | _]} ->
+            {error, {?MODULE, {load_failed, name(Target), M, What}}};
+        Other ->
+            {error, {?MODULE, {load_failed, name(Target), element(1, hd(Missing)), Other}}}
+    end.
+
+load_one_by_one(_Target, [], Acc) ->
     {ok, lists:reverse(Acc)};
-load_each(Target, [{M, Bin, File, Md5} | Rest], Acc) ->
+load_one_by_one(Target, [{M, Bin, File, Md5} | Rest], Acc) ->
     case remote_md5(Target, M) of
         {ok, Md5} ->
-            load_each(Target, Rest, Acc);
+            load_one_by_one(Target, Rest, Acc);
         {ok, _Other} ->
             unload(Target, Acc),
             {error, {?MODULE, {version_conflict, name(Target), M}}};
         missing ->
             case catch call(Target, code, load_binary, [M, File, Bin], ?CALL_TIMEOUT) of
                 {module, M} ->
-                    load_each(Target, Rest, [M | Acc]);
+                    load_one_by_one(Target, Rest, [M | Acc]);
                 Other ->
                     unload(Target, Acc),
                     {error, {?MODULE, {load_failed, name(Target), M, Other}}}

@@ -50,7 +50,11 @@
     dir => file:filename(),
     max_data => pos_integer(),
     max_script => pos_integer(),
-    keep_data => boolean()
+    keep_data => boolean(),
+    %% Sample only these threads of the process (`perf record -t').
+    tids => [pos_integer()],
+    %% Only user-mode samples (`cpu-clock:u'): no kernel symbols to load.
+    user_only => boolean()
 }.
 -type result() :: #{
     script := file:filename(),
@@ -91,7 +95,9 @@ defaults() ->
         dir => ".",
         max_data => 512 * 1024 * 1024,
         max_script => 1024 * 1024 * 1024,
-        keep_data => false
+        keep_data => false,
+        tids => [],
+        user_only => false
     }.
 
 %% @doc Profiles OS process `OsPid' for `duration' seconds and writes
@@ -107,8 +113,16 @@ record(OsPid, Opts0) when is_integer(OsPid), OsPid > 0 ->
 %% @doc The `perf record' arguments (exposed for the docs and tests).
 -spec record_args(pos_integer(), file:filename(), options()) -> [string()].
 record_args(OsPid, DataFile, Opts) ->
-    #{duration := D, frequency := F, call_graph := CG, dwarf_stack := DS, max_data := MD} =
-        maps:merge(defaults(), Opts),
+    #{duration := D, frequency := F, call_graph := CG, dwarf_stack := DS, max_data := MD,
+      tids := Tids, user_only := UserOnly} = maps:merge(defaults(), Opts),
+    Event = case UserOnly of
+        true -> "cpu-clock:u";
+        false -> "cpu-clock"
+    end,
+    Who = case Tids of
+        [] -> ["-p", integer_to_list(OsPid)];
+        _ -> ["-t", lists:flatten(lists:join(",", [integer_to_list(T) || T <- Tids]))]
+    end,
     CallGraph = case CG of
         dwarf -> ["--call-graph", "dwarf," ++ integer_to_list(DS)];
         fp -> ["--call-graph", "fp"];
@@ -119,9 +133,9 @@ record_args(OsPid, DataFile, Opts) ->
     %% every object at the end (the script is made at once, from the same
     %% files). --no-bpf-event: no side-band thread for BPF programs, whose
     %% 1 s poll held perf up to a second past the window.
-    ["record", "-N", "-B", "--no-bpf-event", "-e", "cpu-clock", "-F", integer_to_list(F)] ++
+    ["record", "-N", "-B", "--no-bpf-event", "-e", Event, "-F", integer_to_list(F)] ++
         CallGraph ++
-        ["-p", integer_to_list(OsPid), "-o", DataFile,
+        Who ++ ["-o", DataFile,
          "--max-size", integer_to_list(MD div 1024) ++ "K",
          "--", "sleep", integer_to_list(D)].
 
@@ -198,6 +212,12 @@ check([{dir, _} | R], O) -> check(R, O);
 check([{max_data, M} | R], O) when is_integer(M), M >= 1048576 -> check(R, O);
 check([{max_script, M} | R], O) when is_integer(M), M >= 1024 -> check(R, O);
 check([{keep_data, B} | R], O) when is_boolean(B) -> check(R, O);
+check([{user_only, B} | R], O) when is_boolean(B) -> check(R, O);
+check([{tids, Ts} | R], O) when is_list(Ts) ->
+    case lists:all(fun(T) -> is_integer(T) andalso T > 0 end, Ts) of
+        true -> check(R, O);
+        false -> {error, {?MODULE, {bad_option, tids, Ts}}}
+    end;
 check([{K, V} | _], _) -> {error, {?MODULE, {bad_option, K, V}}}.
 
 record1(OsPid, Opts0 = #{perf := PerfOpt, dir := Dir, duration := D}) ->

@@ -148,9 +148,11 @@ bottleneck(_, _, _, _) ->
 
 queue_growth(Procs, T) ->
     Span = max(1.0e-3, maps:get(span_ms, Procs, 0) / 1000),
-    lists:append([queue_finding(E, Span, T) || E <- maps:get(queues, Procs, [])]).
+    Room = maps:get(memory_room, Procs, #{}),
+    Partial = maps:is_key(partial, Procs),
+    lists:append([queue_finding(E, Span, T, Room, Partial) || E <- maps:get(queues, Procs, [])]).
 
-queue_finding(E = #{queue := [Q0, Q1]}, Span, T) ->
+queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
     Start = case Q0 of null -> 0; _ -> Q0 end,
     Growth = Q1 - Start,
     Rate = Growth / Span,
@@ -162,15 +164,25 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T) ->
                       true -> critical;
                       false -> warning
                   end,
-            {MemLine, Metrics} = queue_memory(E, Growth, Rate),
+            {MemLine, Metrics0} = queue_memory(E, Growth, Rate),
+            {RoomLines, Metrics} = exhaustion(Metrics0, Room),
             Evidence = [
                 fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~b messages/s "
                     "more arrive than it takes", [who(E), Start, Q1, Span, round(Rate)]),
-                MemLine,
-                fmt("it took ~s reductions in the window and was in ~ts (~ts); at this rate the "
-                    "queue holds ~s messages in ten minutes",
-                    [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
-                     maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))])
+                MemLine] ++ RoomLines ++ [
+                case Partial of
+                    false ->
+                        fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
+                            "rate the queue holds ~s messages in ten minutes",
+                            [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
+                             maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))]);
+                    true ->
+                        fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
+                            "holds ~s messages in ten minutes (the capture was cut short: the "
+                            "queue lengths are the start walk's and the last tick's)",
+                            [maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
+                             count(round(Q1 + Rate * 600))])
+                end
             ],
             [beamdiag_finding:new(message_queue_growth, Sev, Evidence, Metrics#{
                 pid => maps:get(pid, E),
@@ -182,16 +194,52 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T) ->
     end.
 
 %% The process's memory now and the rate it grows with the queue, when both
-%% ends were measured.
-queue_memory(#{memory := [M0, M1]}, Growth, Rate) when is_integer(M1), is_integer(M0) ->
+%% ends were measured. A flooded process's memory is an estimate (the agent
+%% does not ask a process with a long queue for it: that walks the queue),
+%% and the text says so with "~".
+queue_memory(E = #{memory := [M0, M1]}, Growth, Rate) when is_integer(M1), is_integer(M0) ->
     PerMsg = max(0, M1 - M0) / Growth,
-    {fmt("the process holds ~ts now (~ts at the start): about ~ts a message, ~ts a minute at "
-         "this rate", [bytes(M1), bytes(M0), bytes(PerMsg), bytes(PerMsg * Rate * 60)]),
-     #{memory_bytes => M1, bytes_per_minute => round(PerMsg * Rate * 60)}};
-queue_memory(#{memory := [_, M1]}, _, _) when is_integer(M1) ->
-    {fmt("the process holds ~ts now", [bytes(M1)]), #{memory_bytes => M1}};
+    {Tilde, How} = estimated(E),
+    {fmt("the process holds ~s~ts now (~s~ts at the start)~s: about ~ts a message, ~ts a second "
+         "(~ts a minute) at this rate",
+         [Tilde, bytes(M1), Tilde, bytes(M0), How, bytes(PerMsg), bytes(PerMsg * Rate),
+          bytes(PerMsg * Rate * 60)]),
+     #{memory_bytes => M1, memory_estimated => Tilde =/= "", bytes_per_s => round(PerMsg * Rate),
+       bytes_per_minute => round(PerMsg * Rate * 60)}};
+queue_memory(E = #{memory := [_, M1]}, _, _) when is_integer(M1) ->
+    {Tilde, How} = estimated(E),
+    {fmt("the process holds ~s~ts now~s", [Tilde, bytes(M1), How]),
+     #{memory_bytes => M1, memory_estimated => Tilde =/= ""}};
 queue_memory(_, _, _) ->
     {"its memory was not read", #{}}.
+
+estimated(#{memory_estimated := true}) ->
+    {"~", " (estimated: its heap plus about 112 B a queued message; a process with a queue this "
+          "long is not asked for its memory, which would walk the whole queue; larger messages "
+          "hold more)"};
+estimated(_) ->
+    {"", ""}.
+
+%% When the node runs out of memory at this rate: the host's MemAvailable
+%% or the cgroup's limit less its usage, whichever is smaller.
+exhaustion(M = #{bytes_per_s := Bps}, #{room := Room, bound_by := By} = R)
+  when is_integer(Room), Bps > 0 ->
+    Secs = Room / Bps,
+    Bound = case By of
+                host -> fmt("the host's MemAvailable, ~ts", [bytes(Room)]);
+                cgroup -> fmt("the cgroup's memory limit, ~ts, less the ~ts it uses",
+                              [bytes(maps:get(limit, R, 0)), bytes(maps:get(usage, R, 0))])
+            end,
+    {[fmt("at this rate the node runs out of memory in ~~~ts: ~ts of room left (~ts)",
+          [duration(Secs), bytes(Room), Bound])],
+     M#{seconds_to_exhaustion => round(Secs), memory_room_bytes => Room,
+        memory_bound_by => By}};
+exhaustion(M, _) ->
+    {[], M}.
+
+duration(S) when S < 120 -> io_lib:format("~b s", [round(S)]);
+duration(S) when S < 7200 -> io_lib:format("~.1f min", [S / 60]);
+duration(S) -> io_lib:format("~.1f h", [S / 3600]).
 
 gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
     Min = map_get(heap_bytes_min, thresholds()),

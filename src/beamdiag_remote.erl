@@ -35,7 +35,7 @@ connect(NodeStr, Opts) ->
                     case cookie(Opts) of
                         {ok, Cookie} ->
                             true = erlang:set_cookie(Node, Cookie),
-                            try_connect(Node, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
+                            connect_twice(Node, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
                         {error, _} = E ->
                             E
                     end;
@@ -112,6 +112,9 @@ format_error({unreachable, Node, no_epmd}) ->
     io_lib:format("cannot reach ~s: no epmd answers on its host (is the node running?)", [Node]);
 format_error({unreachable, Node, refused}) ->
     io_lib:format("cannot reach ~s: the node is running but refused the connection "
+                  "(wrong cookie?)", [Node]);
+format_error({unreachable, Node, refused_twice}) ->
+    io_lib:format("cannot reach ~s: the node is running but refused the connection twice "
                   "(wrong cookie?)", [Node]);
 format_error({unreachable, Node, {no_answer, Ms}}) ->
     io_lib:format("cannot reach ~s: the node is registered but did not finish the connection "
@@ -200,6 +203,26 @@ to_cookie(C) when is_list(C), C =/= [], length(C) =< 255 ->
     {ok, list_to_atom(C)};
 to_cookie(C) when is_list(C) ->
     {error, {beamdiag_remote, {bad_cookie, {length, length(C)}}}}.
+
+%% A handshake refused at once is tried once more (a node that is starting
+%% or briefly overloaded can drop one; a wrong cookie fails again at once,
+%% for a few milliseconds more); one that timed out has used the time.
+connect_twice(Node, Timeout) ->
+    T0 = erlang:monotonic_time(millisecond),
+    case try_connect(Node, Timeout) of
+        {error, {beamdiag_remote, {unreachable, Node, refused}}} ->
+            Left = Timeout - (erlang:monotonic_time(millisecond) - T0),
+            case Left > 0 andalso try_connect(Node, Left) of
+                {error, {beamdiag_remote, {unreachable, Node, refused}}} ->
+                    {error, {beamdiag_remote, {unreachable, Node, refused_twice}}};
+                false ->
+                    {error, {beamdiag_remote, {unreachable, Node, refused}}};
+                Other ->
+                    Other
+            end;
+        Other ->
+            Other
+    end.
 
 try_connect(Node, Timeout) ->
     Self = self(),

@@ -38,7 +38,8 @@ findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
             fun schedulers_exceed_cpus/3
         ]
     ]),
-    beamdiag_finding:sort(processes(suppress(Ledgers) ++ extras(Capture, Ledger), Capture, Ledger));
+    beamdiag_finding:sort(beamdiag_sched_rules:suppress(
+        processes(suppress(Ledgers) ++ extras(Capture, Ledger), Capture, Ledger)));
 findings(Capture, Ledger) ->
     beamdiag_finding:sort(processes(extras(Capture, Ledger), Capture, Ledger)).
 
@@ -400,7 +401,13 @@ extras(Capture, Ledger) ->
                       beamdiag_profile_rules:findings(P, maps:with([callers], Prof));
                   _ -> []
               end,
-    Locks ++ Profile.
+    Schedules = case maps:find(long_schedules, Extras) of
+                    {ok, LS = #{}} ->
+                        beamdiag_sched_rules:findings(
+                          LS, Ledger#{settings => maps:get(settings, Capture, #{})});
+                    _ -> []
+                end,
+    Locks ++ Profile ++ Schedules.
 
 %% Findings from the process walks, and their evidence added to the other
 %% findings (see beamdiag_proc_rules).

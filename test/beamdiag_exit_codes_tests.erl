@@ -44,8 +44,10 @@ unreachable_reasons() ->
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', not_registered, ["b", "c"]}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', no_epmd}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', refused}},
+        {beamdiag_remote, {unreachable, 'a@127.0.0.1', refused_twice}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', {no_answer, 10000}}},
-        {beamdiag_cluster, {members, 'a@127.0.0.1', {error, {erpc, noconnection}}}}
+        {beamdiag_cluster, {members, 'a@127.0.0.1', {error, {erpc, noconnection}}}},
+        {beamdiag, {elsewhere, "db1", {unreachable, 'a@db1', {no_answer, 10000}}}}
     ].
 
 expected(Reason) ->

@@ -204,7 +204,9 @@ stalled_target_gives_partial(_Config) ->
 -spec silent_node_not_wrong_cookie(list()) -> term().
 %% A node that is registered but never finishes the handshake (stopped
 %% here; on a host overloaded enough, alive but too slow) is not reported
-%% as a wrong cookie, which is refused at once.
+%% as a wrong cookie, which is refused at once: it is diagnosed from the
+%% host alone, which says what distribution saw and that the process is
+%% stopped.
 silent_node_not_wrong_cookie(Config) ->
     T = start_target([], []),
     Kill = fun(Sig) -> os:cmd(lists:concat(["kill -", Sig, " ", os_pid(T)])) end,
@@ -219,9 +221,11 @@ silent_node_not_wrong_cookie(Config) ->
         {Code2, Out2, Err2} = run_escript(["diagnose", Node, "--duration", "1"],
                                           [{"BEAMDIAG_COOKIE", cookie_of(T)}], Config),
         _ = Kill("CONT"),
-        ct:log("stopped node: exit ~b~nstderr ~ts", [Code2, Err2]),
-        ?assertEqual({3, <<>>}, {Code2, Out2}),
-        ?assertNotEqual(nomatch, binary:match(Err2, <<"did not finish the connection">>))
+        ct:log("stopped node: exit ~b~nstdout ~ts~nstderr ~ts", [Code2, Out2, Err2]),
+        ?assertEqual(0, Code2),
+        [?assertNotEqual(nomatch, binary:match(Out2, S))
+         || S <- [<<"host-side only">>, <<"the distribution handshake did not finish">>,
+                  <<"the node's OS process is stopped">>]]
     after
         _ = Kill("CONT"),
         stop_target(T)

@@ -1,0 +1,139 @@
+%%% @doc The agent's helper for calls that need every scheduler to answer,
+%%% run with a deadline. Runs on the target node.
+%%%
+%%% `statistics(scheduler_wall_time_all)', `statistics(microstate_accounting)'
+%%% and the flags that turn them on send a request to every scheduler and
+%%% wait for all of them. A scheduler held by a NIF (or a long BIF) answers
+%%% only when the NIF returns, so such a call stalls its caller for as long:
+%%% forever for a NIF that never yields. The agent therefore makes these
+%%% calls through one long-lived helper process: it sends the work, waits at
+%%% most the given time, and goes on without the answer when it is late
+%%% (the item is missing from that tick). While the helper is still waiting
+%%% for a late answer, further calls are not queued behind it: they return
+%%% `busy' at once.
+%%%
+%%% One helper per session, started with the agent (no process per tick:
+%%% a call costs a message each way). The helper owns the session's
+%%% `scheduler_wall_time' reference (the flag is counted per process and
+%%% dropped when its process exits) and runs the session's clean-up funs
+%%% (`on_exit/2') when it is stopped or when its owner dies, after any work
+%%% still queued: a flag whose restore waits for a held scheduler is put back
+%%% when that scheduler answers, whatever happened to the agent.
+%%%
+%%% ```
+%%% 1> P = beamdiag_agent_probe:start(self()).
+%%% 2> beamdiag_agent_probe:call(P, fun() -> erlang:statistics(run_queue) end, 200).
+%%% {ok, 0}
+%%% 3> beamdiag_agent_probe:stop(P).
+%%% ok
+%%% '''
+-module(beamdiag_agent_probe).
+
+-export([start/1, call/3, cast/2, on_exit/2, stop/1, pid/1]).
+
+%% Internal: the helper's entry point.
+-export([init/2]).
+
+-export_type([probe/0]).
+
+-opaque probe() :: {probe, pid(), atomics:atomics_ref()}.
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc Starts the helper for Owner (the agent): high priority, ends when
+%% Owner does.
+-spec start(pid()) -> probe().
+start(Owner) ->
+    Busy = atomics:new(1, []),
+    Pid = proc_lib:spawn_opt(?MODULE, init, [Owner, Busy], [{priority, high}]),
+    {probe, Pid, Busy}.
+
+%% @doc Runs Fun in the helper and waits at most TimeoutMs for its value:
+%% `{ok, Value}', `timeout' (the value, when it comes, is dropped), `busy'
+%% (a previous call's work is still running) or `{error, Text}' (Fun
+%% raised).
+-spec call(probe(), fun(() -> term()), non_neg_integer()) ->
+    {ok, term()} | timeout | busy | {error, binary()}.
+call({probe, Pid, Busy}, Fun, TimeoutMs) ->
+    case atomics:get(Busy, 1) of
+        0 ->
+            atomics:put(Busy, 1, 1),
+            %% A reply alias: an answer that comes after the caller stopped
+            %% waiting is dropped by the runtime, not left in its mailbox.
+            Alias = alias([reply]),
+            Pid ! {run, Alias, Fun},
+            receive
+                {Alias, Reply} -> Reply
+            after TimeoutMs ->
+                _ = unalias(Alias),
+                receive
+                    {Alias, Reply} -> Reply
+                after 0 -> timeout
+                end
+            end;
+        _ ->
+            busy
+    end.
+
+%% @doc Runs Fun in the helper without waiting (after any work queued).
+-spec cast(probe(), fun(() -> term())) -> ok.
+cast({probe, Pid, _}, Fun) ->
+    Pid ! {run, none, Fun},
+    ok.
+
+%% @doc Registers a clean-up fun, run when the helper stops or its owner
+%% dies (last registered, first run).
+-spec on_exit(probe(), fun(() -> term())) -> ok.
+on_exit({probe, Pid, _}, Fun) ->
+    Pid ! {on_exit, Fun},
+    ok.
+
+%% @doc Stops the helper once its queued work is done; it runs its clean-up
+%% funs first. Returns at once.
+-spec stop(probe()) -> ok.
+stop({probe, Pid, _}) ->
+    Pid ! stop,
+    ok.
+
+%% @doc The helper's pid (left out of the process walk).
+-spec pid(probe()) -> pid().
+pid({probe, Pid, _}) ->
+    Pid.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% @private
+-spec init(pid(), atomics:atomics_ref()) -> ok.
+init(Owner, Busy) ->
+    MRef = erlang:monitor(process, Owner),
+    loop(MRef, Busy, []).
+
+loop(MRef, Busy, Cleanups) ->
+    receive
+        {run, ReplyTo, Fun} ->
+            Reply = try {ok, Fun()}
+                    catch Class:Reason ->
+                        {error, iolist_to_binary(io_lib:format("~p:~p", [Class, Reason],
+                                                               [{chars_limit, 200}]))}
+                    end,
+            _ = case ReplyTo of
+                    none -> ok;
+                    _ -> ReplyTo ! {ReplyTo, Reply}
+                end,
+            atomics:put(Busy, 1, 0),
+            loop(MRef, Busy, Cleanups);
+        {on_exit, Fun} ->
+            loop(MRef, Busy, [Fun | Cleanups]);
+        stop ->
+            cleanup(Cleanups);
+        {'DOWN', MRef, process, _, _} ->
+            cleanup(Cleanups)
+    end.
+
+cleanup(Funs) ->
+    _ = [catch F() || F <- Funs],
+    ok.

@@ -1,0 +1,167 @@
+%%% @doc The parts of a report that only a host-only diagnosis has
+%%% (`beamdiag_host'): the header saying why the report is host-side only
+%%% and what the distribution layer saw, the threads that wanted a CPU
+%%% most, memory, and perf's view of the held threads. The text, JSON and
+%%% HTML reports put these where the agent's sections would be.
+%%%
+%%% ```
+%%% 1> io:put_chars(beamdiag_format_host:header(D)).
+%%% beamdiag: app@host (OS pid 4242, found from epmd's port)
+%%% the node did not answer in 3.0 s; host-side only
+%%% ...
+%%% '''
+-module(beamdiag_format_host).
+
+-export([header/1, threads/1, summary/1]).
+
+%% Threads listed in the hot-threads table.
+-define(TOP_THREADS, 6).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The report's header: the node, why host-side only, what
+%% distribution saw, the window, the host's CPUs, cgroup and memory, perf.
+-spec header(beamdiag:diagnosis()) -> iolist().
+header(#{capture := C, ledger := L, host_view := V}) ->
+    S = maps:get(settings, C),
+    H = maps:get(host, L, #{}),
+    T = maps:get(totals, L, #{}),
+    Cg = maps:get(cgroup, L, #{}),
+    [
+        io_lib:format("beamdiag: ~ts (OS pid ~b, ~ts)~n",
+                      [beamdiag_text:safe(maps:get(node, V, <<"?">>), 68), maps:get(os_pid, V),
+                       located(maps:get(located, V, given))]),
+        reason(V),
+        io_lib:format("host view: ~.1f s window, ~b samples of /proc; schedulers ~b, dirty cpu ~b, "
+                      "dirty io ~b (from the threads' names)~n",
+                      [maps:get(window_s, L, 0.0), length(maps:get(samples, C)),
+                       maps:get(schedulers, S), maps:get(dirty_cpu_schedulers, S),
+                       maps:get(dirty_io_schedulers, S)]),
+        case H of
+            #{ncpu := N} ->
+                io_lib:format("host ~b CPUs, ~s busy, steal ~s; node used ~.2f CPUs~n",
+                              [N, pct(maps:get(busy, H)), pct(maps:get(steal, H)),
+                               maps:get(cpus_used, T, 0.0)]);
+            _ ->
+                ""
+        end,
+        cgroup(Cg),
+        memory(C),
+        perf(maps:get(perf, V, none))
+    ].
+
+%% @doc The threads that wanted a CPU most (on it, or runnable waiting for
+%% it), as shares of the window.
+-spec threads(beamdiag:diagnosis()) -> iolist().
+threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
+    Sorted = lists:sort(fun(A, B) -> wanted(A) >= wanted(B) end, Rows),
+    [
+        "THREADS (share of the window; from /proc/PID/task, the node not asked)\n",
+        io_lib:format("  ~-16s ~8s ~10s ~7s ~6s ~6s ~6s ~9s~n",
+                      ["thread", "tid", "type", "wanted", "on-cpu", "user", "runq", "vol. cs"]),
+        [io_lib:format("  ~-16ts ~8b ~10s ~7s ~6s ~6s ~6s ~9b~n",
+                       [beamdiag_text:safe(Name, 16), Tid, Type, pct(min(1.0, wanted(R) / W)),
+                        pct(min(1.0, On / W)), pct(min(1.0, U / W)), pct(min(1.0, Q / W)), Vol])
+         || R = #{name := Name, tid := Tid, type := Type, on_cpu := On, user := U, runq := Q,
+                  nvcsw := Vol} <- lists:sublist(Sorted, ?TOP_THREADS)],
+        "\n"
+    ];
+threads(_) ->
+    "THREADS\n  no per-thread figures (see notes)\n\n".
+
+%% @doc What the JSON report carries about the host-only view.
+-spec summary(beamdiag:diagnosis()) -> map().
+summary(#{capture := C, host_view := V}) ->
+    Base = maps:with([reason, waited_ms, distribution, os_pid, node, located, window_s,
+                      process_state], V),
+    Perf = case maps:get(perf, V, none) of
+               {ok, P} -> P;
+               {error, Why} -> #{error => Why};
+               none -> #{error => <<"not run">>}
+           end,
+    Base#{header => iolist_to_binary(reason_line(V)),
+          hot_threads => [maps:with([tid, name], R) || R <- maps:get(hot, V, [])],
+          perf => Perf,
+          memory => last_memory(C)}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+reason(V) ->
+    [reason_line(V), "\n",
+     case V of
+         #{distribution := D} -> ["  distribution: ", D, "\n"];
+         _ -> ""
+     end,
+     case maps:get(process_state, V, unknown) of
+         stopped -> "  the node's OS process is stopped (SIGSTOP, or a debugger holds it): "
+                    "none of its threads runs\n";
+         zombie -> "  the node's OS process has exited (a zombie its parent has not reaped)\n";
+         gone -> "  the node's OS process is gone\n";
+         _ -> ""
+     end].
+
+reason_line(#{reason := unresponsive, waited_ms := Ms}) ->
+    io_lib:format("the node did not answer in ~.1f s; host-side only", [Ms / 1000]);
+reason_line(_) ->
+    "host-side only, as asked: the node was not asked anything".
+
+located(given) -> "given";
+located(epmd_port) -> "found from epmd's port";
+located(cmdline) -> "found from its command line".
+
+cgroup(#{quota_cpus := Q} = Cg) when is_number(Q) ->
+    io_lib:format("cgroup quota ~.2f CPUs; throttled ~b of ~b periods~n",
+                  [float(Q), maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0)]);
+cgroup(#{}) ->
+    "cgroup quota: none\n".
+
+memory(C) ->
+    M = last_memory(C),
+    Host = case M of
+               #{mem_available := A, mem_total := Tot} ->
+                   io_lib:format("host ~ts available of ~ts", [bytes(A), bytes(Tot)]);
+               _ -> "host: unknown"
+           end,
+    Rss = case M of
+              #{rss := R} -> io_lib:format("; node resident ~ts", [bytes(R)]);
+              _ -> ""
+          end,
+    Cg = case M of
+             #{cgroup_max := max, cgroup_current := Cur} ->
+                 io_lib:format("; cgroup uses ~ts, no limit", [bytes(Cur)]);
+             #{cgroup_max := Max, cgroup_current := Cur} ->
+                 io_lib:format("; cgroup uses ~ts of ~ts", [bytes(Cur), bytes(Max)]);
+             _ -> ""
+         end,
+    ["memory: ", Host, Rss, Cg, "\n"].
+
+last_memory(#{extras := #{memory := M}}) -> M;
+last_memory(_) -> #{}.
+
+perf({ok, #{samples := N, top := Top}}) ->
+    ["perf: ", integer_to_list(N), " samples of the held threads",
+     case Top of
+         [] -> "";
+         _ -> [": ", lists:join(", ", [[beamdiag_text:safe(S, 60), " (",
+                                        beamdiag_text:safe(filename:basename(D), 60), ") ",
+                                        pct(Sh)]
+                                       || #{symbol := S, dso := D, share := Sh} <-
+                                              lists:sublist(Top, 3)])]
+     end, "\n"];
+perf({error, Why}) ->
+    ["perf: not used: ", beamdiag_text:safe(Why, 200), "\n"];
+perf(none) ->
+    "perf: not run (no thread held, or too little of the window left)\n".
+
+wanted(#{on_cpu := On, runq := Q}) -> On + Q.
+
+pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
+pct(_) -> "-".
+
+bytes(max) -> "no limit";
+bytes(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
+bytes(B) -> io_lib:format("~b MiB", [B div (1 bsl 20)]).

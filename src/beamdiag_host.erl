@@ -1,0 +1,295 @@
+%%% @doc A diagnosis from the host alone: the window of a node on this host
+%%% read from /proc, the cgroup files and perf, without asking the node.
+%%%
+%%% Two ways in. `diagnose/2' on request (an OS pid, or a node with no
+%%% distribution or whose cookie the operator does not have): the host
+%%% sampler and, when perf is usable, perf on the whole OS process run
+%%% for the window; perf's samples of the threads found hot are kept.
+%%% `start/2' then `finish/2' for `beamdiag:diagnose/2': the sampler starts
+%%% with the call, while the node is being connected to; when the node does
+%%% not answer in time, `finish/2' starts perf on the hot threads for the
+%%% rest of the window and builds the diagnosis from the host view alone.
+%%% `cancel/1' drops the view when the node answered.
+%%%
+%%% ```
+%%% 1> {ok, D} = beamdiag_host:diagnose("4242", #{duration => 6}).
+%%% 2> [Id || #{id := Id} <- maps:get(findings, D)].
+%%% [scheduler_held_native]
+%%% '''
+-module(beamdiag_host).
+
+-export([diagnose/2, start/2, finish/2, cancel/1, format_error/1]).
+
+-export_type([handle/0]).
+
+-opaque handle() :: #{
+    sampler := pid(),
+    os_pid := pos_integer(),
+    located := beamdiag_host_locate:located(),
+    node := binary(),
+    t0 := integer(),
+    duration_ms := pos_integer(),
+    interval_ms := pos_integer(),
+    ready_by := integer() | infinity,
+    perf := boolean(),
+    proc_root := file:filename(),
+    progress := fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
+    whole_perf => {pid(), reference()}
+}.
+
+-define(PERF_HZ, 199).
+%% Time kept after perf and the analysis for the report itself.
+-define(REPORT_MS, 300).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The host-only diagnosis of a node on this host, given as an OS pid
+%% (integer or digits) or a node name: the window sampled from the host.
+%% Options: `duration' (seconds, 10), `interval' (ms between samples,
+%% 1000), `perf' (true: perf samples the node when it can), `progress',
+%% `ready_by' (monotonic ms by which the report is due), `proc_root'.
+-spec diagnose(string() | binary() | integer(), map()) ->
+    {ok, beamdiag:diagnosis()} | {error, {module(), term()}}.
+diagnose(Target, Opts) ->
+    Root = maps:get(proc_root, Opts, "/proc"),
+    case beamdiag_host_locate:locate(Target, #{proc_root => Root}) of
+        {ok, Located} ->
+            H = start(Located, Opts#{node => node_name(Target, Located)}),
+            Secs = perf_seconds(maps:get(duration_ms, H)),
+            H2 = case maps:get(perf, H) andalso Secs >= 1 of
+                     true -> H#{whole_perf => perf(maps:get(os_pid, H), [], Secs)};
+                     false -> H
+                 end,
+            {ok, window(H2, #{unresponsive => false, reason => requested})};
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc Starts the host view of a located node now. Options as
+%% `diagnose/2', and `node' (its name, for the report).
+-spec start(beamdiag_host_locate:located(), map()) -> handle().
+start(Located = #{os_pid := OsPid}, Opts) ->
+    Interval = maps:get(interval, Opts, 1000),
+    Root = maps:get(proc_root, Opts, "/proc"),
+    T0 = erlang:monotonic_time(millisecond),
+    #{
+        sampler => beamdiag_host_view:start(OsPid, #{interval_ms => Interval, proc_root => Root}),
+        os_pid => OsPid,
+        located => Located,
+        node => iolist_to_binary(maps:get(node, Opts, integer_to_list(OsPid))),
+        t0 => T0,
+        duration_ms => max(1, round(maps:get(duration, Opts, 10) * 1000)),
+        interval_ms => Interval,
+        ready_by => maps:get(ready_by, Opts, infinity),
+        perf => maps:get(perf, Opts, true) =/= false,
+        proc_root => Root,
+        progress => maps:get(progress, Opts, undefined)
+    }.
+
+%% @doc Finishes the window from the host view alone: the node did not
+%% answer. Context: `waited_ms' (how long it was given), `distribution'
+%% (what the distribution layer saw, in words). When perf is usable, it
+%% samples the scheduler threads found hot for the rest of the window.
+-spec finish(handle(), map()) -> beamdiag:diagnosis().
+finish(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := UsePerf},
+       Context) ->
+    Now = erlang:monotonic_time(millisecond),
+    Secs = perf_seconds(T0 + D - Now),
+    H2 = case UsePerf andalso Secs >= 1 of
+             true ->
+                 Samples = beamdiag_host_view:snapshot(S),
+                 Ledger = beamdiag_ledger:build(capture(H, Samples)),
+                 case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
+                     [] -> H;
+                     Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
+                 end;
+             false ->
+                 H
+         end,
+    window(H2, Context#{unresponsive => true, reason => unresponsive}).
+
+%% @doc Drops the host view (the node answered).
+-spec cancel(handle()) -> ok.
+cancel(#{sampler := S}) ->
+    unlink(S),
+    exit(S, kill),
+    ok.
+
+%% @doc Turns an error reason of this module into a sentence.
+-spec format_error(term()) -> iolist().
+format_error({perf_crashed, Why}) ->
+    io_lib:format("perf's run crashed: ~0P", [Why, 10]).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% Waits for the end of the window, then for perf (until the report is
+%% due), and analyses.
+window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Context) ->
+    wait_until(T0 + D, H),
+    Samples = beamdiag_host_view:stop(S),
+    Perf = case maps:find(whole_perf, H) of
+               {ok, Run} -> perf_result(Run, ReadyBy);
+               error -> none
+           end,
+    {PerfCtx, Tids} = case Perf of
+                          {ok, Script0, Ts} -> {{script, Script0}, Ts};
+                          Other -> {Other, []}
+                      end,
+    Capture = capture(H, Samples),
+    Ledger = beamdiag_ledger:build(Capture),
+    HotTids = [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)],
+    PerfTop = case PerfCtx of
+                  {script, Script} ->
+                      %% The hot threads' samples (perf ran on the hot threads
+                      %% already, or on the whole process).
+                      Keep = case Tids of [] -> HotTids; _ -> Tids end,
+                      case Keep of
+                          [] -> none;
+                          _ -> {ok, beamdiag_host_rules:perf_top(Script, Keep)}
+                      end;
+                  _ ->
+                      PerfCtx
+              end,
+    Ctx = Context#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
+                   located => maps:get(how, maps:get(located, H)),
+                   window_s => D / 1000, perf => PerfTop,
+                   process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},
+    %% The context goes with the capture, so a saved capture is analysed
+    %% again the same way (beamdiag:analyse/1).
+    Extras = maps:get(extras, Capture),
+    beamdiag_host_rules:analyse(Capture#{extras => Extras#{host_view => Ctx}}, Ctx).
+
+wait_until(Until, H) ->
+    Now = erlang:monotonic_time(millisecond),
+    case Now >= Until of
+        true ->
+            ok;
+        false ->
+            progress(H, Now),
+            receive after min(1000, Until - Now) -> ok end,
+            wait_until(Until, H)
+    end.
+
+progress(#{progress := undefined}, _) -> ok;
+progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
+    _ = P(Now - T0, D),
+    ok.
+
+%% The samples as the agent's (the ledger reads them), the host's and
+%% cgroup's memory at the end of the window in the extras.
+capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
+    Settings = maps:merge(beamdiag_host_view:settings(Samples), flags(Root, OsPid)),
+    Memory = case Samples of
+                 [_ | _] -> maps:get(memory, lists:last(Samples), #{});
+                 [] -> #{}
+             end,
+    #{
+        schema => <<"beamdiag.capture/1">>,
+        node => maps:get(node, H),
+        samples => [maps:remove(memory, S) || S <- Samples],
+        settings => Settings,
+        interval_ms => maps:get(interval_ms, H),
+        duration_ms => maps:get(duration_ms, H),
+        wall_start_ms => erlang:system_time(millisecond) -
+            (erlang:monotonic_time(millisecond) - maps:get(t0, H)),
+        complete => true,
+        notes => [],
+        extras => #{host_only => true, os_pid => OsPid, memory => Memory}
+    }.
+
+%% The state of the node's OS process at the end of the window (proc(5)):
+%% running, sleeping, stopped (SIGSTOP, or held by a debugger), zombie or
+%% gone.
+process_state(Root, OsPid) ->
+    case file:read_file(filename:join([Root, integer_to_list(OsPid), "stat"])) of
+        {ok, Bin} ->
+            case binary:split(Bin, <<") ">>, [global]) of
+                [_ | _] = Parts when length(Parts) >= 2 ->
+                    case lists:last(Parts) of
+                        <<"T", _/binary>> -> stopped;
+                        <<"t", _/binary>> -> stopped;
+                        <<"Z", _/binary>> -> zombie;
+                        <<"R", _/binary>> -> running;
+                        _ -> sleeping
+                    end;
+                _ ->
+                    unknown
+            end;
+        {error, _} ->
+            gone
+    end.
+
+%% The node's emulator flags from its command line (erlexec passes +F as
+%% -F to the emulator), read as the agent reads them on the node.
+flags(Root, OsPid) ->
+    case file:read_file(filename:join([Root, integer_to_list(OsPid), "cmdline"])) of
+        {ok, Bin} ->
+            case binary:split(Bin, <<0>>, [global, trim_all]) of
+                [_Exe | Args] -> beamdiag_agent_vm:parse_flags(Args);
+                [] -> #{}
+            end;
+        {error, _} ->
+            #{}
+    end.
+
+%% perf on the process (Tids = []) or on some of its threads, for Secs
+%% seconds, in a process of its own: {Pid, MRef}; it sends back the
+%% script's text and the threads it sampled, or an error in words.
+perf(OsPid, Tids, Secs) ->
+    Self = self(),
+    spawn_monitor(fun() ->
+        Dir = temp_dir(),
+        R = try
+                case beamdiag_perf:record(OsPid, #{duration => Secs, frequency => ?PERF_HZ,
+                                                   call_graph => none, dir => Dir,
+                                                   tids => Tids, user_only => true}) of
+                    {ok, #{script := Path}} ->
+                        {ok, Script} = file:read_file(Path),
+                        {ok, Script, Tids};
+                    {error, {M, Why}} ->
+                        {error, iolist_to_binary(M:format_error(Why))}
+                end
+            after
+                _ = file:del_dir_r(Dir)
+            end,
+        Self ! {?MODULE, self(), R}
+    end).
+
+%% Whole seconds of perf in what is left of the window, less two: perf's
+%% start, and its naming of the symbols after, took 2.4 s together on a
+%% host with a load of 30 (1.5 s and 0.9 s); both then fit before the
+%% report is due. None when less than 2.5 s is left.
+perf_seconds(LeftMs) when LeftMs < 2500 -> 0;
+perf_seconds(LeftMs) -> max(1, (LeftMs - 2000) div 1000).
+
+perf_result({Pid, MRef}, ReadyBy) ->
+    Wait = case ReadyBy of
+               infinity -> 60000;
+               _ -> max(0, ReadyBy - ?REPORT_MS - erlang:monotonic_time(millisecond))
+           end,
+    receive
+        {?MODULE, Pid, R} ->
+            erlang:demonitor(MRef, [flush]),
+            R;
+        {'DOWN', MRef, process, Pid, Why} ->
+            {error, iolist_to_binary(format_error({perf_crashed, Why}))}
+    after Wait ->
+        exit(Pid, kill),
+        erlang:demonitor(MRef, [flush]),
+        {error, <<"perf did not finish before the report was due">>}
+    end.
+
+temp_dir() ->
+    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; "" -> "/tmp"; T -> T end,
+                  "beamdiag-host-" ++ os:getpid() ++ "-" ++
+                      integer_to_list(erlang:unique_integer([positive]))).
+
+node_name(Target, #{os_pid := OsPid}) ->
+    case beamdiag_host_locate:target(Target) of
+        {node, Name} -> Name;
+        {os_pid, _} -> "OS process " ++ integer_to_list(OsPid)
+    end.

@@ -1,0 +1,326 @@
+%%% @doc The host-only diagnosis: findings from what the host alone saw of
+%%% a node (`beamdiag_host_view' samples, and perf's samples of the hot
+%%% threads), for a node that does not answer or is not asked.
+%%%
+%%% All pure. The per-thread ledger is `beamdiag_ledger''s, built from the
+%%% host samples (no BEAM figures: no busy time, no spinning); the
+%%% throttling and system-CPU findings are `beamdiag_rules'' own, kept
+%%% because the host's figures are all they read. This module adds:
+%%% <ul>
+%%% <li>`scheduler_held_native': a normal scheduler thread that wanted a
+%%%     CPU (on it, or runnable waiting for it) for nearly the whole
+%%%     window, almost all of it in user mode, and never slept (no
+%%%     voluntary context switches), when perf shows that thread
+%%%     in a native library outside the emulator, or when the node did not
+%%%     answer (a scheduler running Erlang code is preempted and the node
+%%%     answers);</li>
+%%% <li>`host_memory_low': the host's or the cgroup's memory nearly used up.</li>
+%%% </ul>
+%%%
+%%% ```
+%%% 1> D = beamdiag_host_rules:analyse(Capture, #{unresponsive => true}).
+%%% 2> [Id || #{id := Id} <- maps:get(findings, D)].
+%%% [scheduler_held_native]
+%%% '''
+-module(beamdiag_host_rules).
+
+-export([analyse/2, hot_threads/1, perf_top/2, thresholds/0]).
+
+-export_type([perf_top/0]).
+
+-type perf_top() :: #{
+    samples := non_neg_integer(),
+    top := [#{symbol := binary(), dso := binary(), samples := pos_integer(),
+              share := float(), native := boolean()}]
+}.
+
+%% The findings of beamdiag_rules that read nothing but host figures.
+-define(HOST_RULES, [cpu_throttling, high_system_cpu]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The thresholds.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        %% (on CPU + runnable-wait) / window of a held scheduler thread.
+        held_wanted_share => 0.90,
+        %% User time / on-CPU time of a held scheduler thread.
+        held_user_share => 0.80,
+        %% Voluntary context switches per second of a held scheduler thread,
+        %% at most: it never goes back to its loop to sleep (a scheduler
+        %% running a NIF that yields, among processes that wake every
+        %% millisecond, slept 110 to 140 times a second on a loaded host).
+        held_sleeps_per_s => 2.0,
+        %% perf samples of the held thread in one native library, at least.
+        native_share => 0.50,
+        %% Memory available / total, below which memory is low (crit below half).
+        memory_available_warn => 0.10
+    }.
+
+%% @doc The host-only diagnosis of a host capture (`samples' and
+%% `settings' from `beamdiag_host_view', the last memory readings in
+%% `extras.memory'). Context: `unresponsive' (the
+%% node did not answer), `perf' (`{ok, perf_top()}', `{error, Text}' or
+%% `none').
+-spec analyse(beamdiag_collect:capture(), map()) -> beamdiag:diagnosis().
+analyse(Capture, Context) ->
+    Ledger = beamdiag_ledger:build(Capture),
+    Settings = maps:get(settings, Capture),
+    T = thresholds(),
+    Kept = [F || F = #{id := Id} <- beamdiag_rules:findings(Capture, Ledger),
+                 lists:member(Id, ?HOST_RULES)],
+    Findings = held(Ledger, Context, T) ++ memory(Capture, T) ++ Kept,
+    #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)},
+      findings => beamdiag_finding:sort(Findings), host_only => true,
+      host_view => maps:merge(Context, #{hot => hot_threads(Ledger), settings => Settings})}.
+
+%% @doc Normal scheduler threads that wanted a CPU (ran, or waited for
+%% one) for nearly the whole window, mostly in user mode, and never went
+%% to sleep, hottest first.
+-spec hot_threads(beamdiag_ledger:ledger()) -> [beamdiag_ledger:row()].
+hot_threads(#{threads := Rows, window_s := W}) when W > 0 ->
+    #{held_wanted_share := WantedMin, held_user_share := UserMin,
+      held_sleeps_per_s := SleepsMax} = thresholds(),
+    Hot = [R || R = #{type := scheduler, on_cpu := On, runq := Q, user := U, nvcsw := Vol} <- Rows,
+                (On + Q) / W >= WantedMin, On > 0, U / On >= UserMin, Vol / W =< SleepsMax],
+    lists:sort(fun(#{on_cpu := A, runq := QA}, #{on_cpu := B, runq := QB}) ->
+                   A + QA >= B + QB end, Hot);
+hot_threads(_) ->
+    [].
+
+%% @doc Counts `perf script' samples (no call graph; fields comm, tid,
+%% time, period, event, ip, sym, dso) of the given threads (all when the
+%% list is empty) by symbol and library, most first.
+-spec perf_top(binary(), [integer()]) -> perf_top().
+perf_top(Script, Tids) ->
+    Counts = lists:foldl(
+        fun(Line, Acc) ->
+            case sample(Line) of
+                {Tid, Sym, Dso} ->
+                    case Tids =:= [] orelse lists:member(Tid, Tids) of
+                        true -> maps:update_with({Sym, Dso}, fun(C) -> C + 1 end, 1, Acc);
+                        false -> Acc
+                    end;
+                skip ->
+                    Acc
+            end
+        end,
+        #{}, binary:split(Script, <<"\n">>, [global, trim_all])),
+    N = lists:sum(maps:values(Counts)),
+    Sorted = lists:sort(fun({_, A}, {_, B}) -> A >= B end, maps:to_list(Counts)),
+    #{samples => N,
+      top => [#{symbol => S, dso => D, samples => C, share => C / N, native => native(D)}
+              || {{S, D}, C} <- lists:sublist(Sorted, 8)]}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+held(Ledger = #{window_s := W}, Context, T) ->
+    Unresponsive = maps:get(unresponsive, Context, false),
+    Perf = maps:get(perf, Context, none),
+    case hot_threads(Ledger) of
+        [] ->
+            [];
+        [Top | _] = Hot ->
+            Native = case Perf of
+                         {ok, #{top := [#{native := true, share := S} = Sym | _]}}
+                           when S >= map_get(native_share, T) -> {yes, Sym};
+                         {ok, #{top := [#{dso := D} | _]}} ->
+                             case emulator(D) of
+                                 true -> no;
+                                 false -> unknown
+                             end;
+                         _ -> unknown
+                     end,
+            case {Native, Unresponsive} of
+                {no, _} -> [];
+                {unknown, false} -> [];
+                _ -> [held_finding(Top, Hot, Ledger, W, Native, Perf, Context)]
+            end
+    end.
+
+held_finding(Top, Hot, Ledger, W, Native, Perf, Context) ->
+    #{name := Name, tid := Tid, on_cpu := On, runq := Q, user := U, nvcsw := Vol} = Top,
+    Others = [R || R = #{type := scheduler} <- maps:get(threads, Ledger),
+                   not lists:member(R, Hot)],
+    OthersShare = case Others of
+                      [] -> 0.0;
+                      _ -> lists:sum([min(1.0, (maps:get(on_cpu, R) + maps:get(runq, R)) / W)
+                                      || R <- Others]) / length(Others)
+                  end,
+    Wanted = min(1.0, (On + Q) / W),
+    UserShare = U / On,
+    Evidence =
+        [fmt("~ts (thread ~b) wanted a CPU ~s of the ~.1f s window: on CPU ~.2f s (~s of it "
+             "user time), runnable waiting for a CPU ~.2f s; ~b voluntary context switches: it "
+             "never went back to its scheduler loop to sleep",
+             [Name, Tid, pct(Wanted), W, On, pct(UserShare), Q, Vol])] ++
+        [fmt("also held: ~ts", [lists:join(", ", [N || #{name := N} <- tl(Hot)])])
+         || length(Hot) > 1] ++
+        [fmt("the node's other normal scheduler thread~s wanted a CPU ~s of the window~s",
+             [plural(Others), pct(OthersShare), case Others of [_] -> ""; _ -> " on average" end])
+         || Others =/= []] ++
+        native_lines(Native, Perf) ++
+        answer_lines(Context),
+    Metrics = #{thread => Name, wanted_share => Wanted, user_share => UserShare,
+                on_cpu_s => On, runq_s => Q},
+    Figures = [fig(window_s, W, wall_s, #{scope => window}),
+               fig(on_cpu_s, On, cpu_s), fig(user_s, U, cpu_s, on_cpu_s),
+               fig(runq_s, Q, wall_s, #{part_of => window_s}),
+               fig(wanted_share, Wanted, share), fig(user_share, UserShare, share)] ++
+              case Native of
+                  {yes, #{share := S}} -> [fig(native_share, S, share)];
+                  _ -> []
+              end,
+    Severity = critical,
+    Title = case Native of
+                {yes, #{symbol := Sym}} ->
+                    [<<"A scheduler is held in native code: ">>, Sym];
+                _ ->
+                    <<"A scheduler is held, most likely in native code (a NIF or BIF that "
+                      "does not yield)">>
+            end,
+    beamdiag_finding:new(scheduler_held_native, Severity, Evidence, Metrics,
+                         #{figures => Figures, title => Title}).
+
+native_lines({yes, #{symbol := S, dso := D, share := Sh}}, {ok, #{samples := N, top := Top}}) ->
+    [fmt("perf, ~b samples of the held thread: ~s in ~ts (~ts)", [N, pct(Sh), S, D])] ++
+        [fmt("next: ~ts", [lists:join(", ", [[Sym, " ", pct(Share)]
+                                             || #{symbol := Sym, share := Share} <- tl(Top),
+                                                Share >= 0.01])])
+         || length([x || #{share := Share} <- tl(Top), Share >= 0.01]) > 0];
+native_lines(unknown, {error, Why}) ->
+    [fmt("perf could not sample the thread (~ts): the native function is not named", [Why])];
+native_lines(_, _) ->
+    [<<"perf was not run: the native function is not named">>].
+
+answer_lines(#{unresponsive := true, waited_ms := Ms} = C) ->
+    [fmt("the node did not answer in ~.1f s: ~ts. A scheduler running Erlang code is "
+         "preempted, and the node would answer", [Ms / 1000, maps:get(distribution, C, <<"">>)])];
+answer_lines(_) ->
+    [].
+
+memory(#{extras := #{memory := M}}, T) ->
+    Limit = map_get(memory_available_warn, T),
+    host_memory(M, Limit) ++ cgroup_memory(M, Limit);
+memory(_, _) ->
+    [].
+
+host_memory(#{mem_total := Tot, mem_available := Av} = M, Limit) when Tot > 0 ->
+    Share = Av / Tot,
+    case Share < Limit of
+        true ->
+            [beamdiag_finding:new(host_memory_low, severity(Share, Limit),
+                [fmt("the host has ~s available of ~s (~s)", [gib(Av), gib(Tot), pct(Share)])] ++
+                    rss_line(M),
+                #{available_share => Share},
+                #{figures => [fig(available_share, Share, share, #{scope => host})]})];
+        false ->
+            []
+    end;
+host_memory(_, _) ->
+    [].
+
+cgroup_memory(#{cgroup_max := Max, cgroup_current := Cur} = M, Limit)
+  when is_integer(Max), Max > 0, is_integer(Cur) ->
+    Share = max(0.0, (Max - Cur) / Max),
+    case Share < Limit of
+        true ->
+            [beamdiag_finding:new(host_memory_low, severity(Share, Limit),
+                [fmt("the cgroup uses ~s of its ~s limit (memory.max); ~s left",
+                     [gib(Cur), gib(Max), pct(Share)])] ++ rss_line(M),
+                #{available_share => Share},
+                #{figures => [fig(available_share, Share, share, #{scope => host})]})];
+        false ->
+            []
+    end;
+cgroup_memory(_, _) ->
+    [].
+
+rss_line(#{rss := R}) -> [fmt("the node's resident memory: ~s", [gib(R)])];
+rss_line(_) -> [].
+
+severity(Share, Limit) when Share < Limit / 2 -> critical;
+severity(_, _) -> warning.
+
+%% The ledger's notes, less the one every host-only ledger has.
+host_notes(#{notes := Notes}) ->
+    [N || N <- Notes, N =/= <<"scheduler_wall_time unavailable">>].
+
+%% One `perf script' sample line without a call graph:
+%% "  comm  TID  TIME:  PERIOD  EVENT:  IP  SYM+OFF (DSO)".
+sample(Line) ->
+    case binary:split(Line, <<" (">>, [global]) of
+        [_] ->
+            skip;
+        Parts ->
+            Dso0 = lists:last(Parts),
+            Head = iolist_to_binary(lists:join(<<" (">>, lists:droplast(Parts))),
+            Dso = case binary:last(Dso0) of
+                      $) -> binary:part(Dso0, 0, byte_size(Dso0) - 1);
+                      _ -> Dso0
+                  end,
+            case binary:split(Head, <<":">>, [global]) of
+                [Pre | Rest = [_ | _]] ->
+                    %% After "EVENT:" come the address and the symbol.
+                    AfterEvent = lists:last(Rest),
+                    case {tid(Pre), string:lexemes(AfterEvent, " ")} of
+                        {{ok, Tid}, [_Ip | SymParts = [_ | _]]} ->
+                            Sym = strip_offset(iolist_to_binary(lists:join(<<" ">>, SymParts))),
+                            {Tid, Sym, Dso};
+                        _ ->
+                            skip
+                    end;
+                _ ->
+                    skip
+            end
+    end.
+
+%% "  comm-with spaces  TID  TIME" -> the TID (the field before the time).
+tid(Pre) ->
+    case lists:reverse(string:lexemes(Pre, " ")) of
+        [_Time, TidB | _] ->
+            try {ok, binary_to_integer(TidB)} catch error:badarg -> error end;
+        _ ->
+            error
+    end.
+
+strip_offset(Sym) ->
+    case binary:split(Sym, <<"+0x">>) of
+        [S, _] -> S;
+        [S] -> S
+    end.
+
+%% A library of its own: not the emulator, the kernel, the vDSO or libc.
+native(Dso) ->
+    Base = filename:basename(Dso),
+    not (emulator(Dso) orelse Dso =:= <<"[kernel.kallsyms]">> orelse Dso =:= <<"[unknown]">>
+         orelse Dso =:= <<"[vdso]">> orelse
+         binary:match(Base, <<"libc.so">>) =/= nomatch orelse
+         binary:match(Base, <<"libc-">>) =/= nomatch).
+
+%% The emulator's own code: its executable, or JIT code (anonymous memory,
+%% or named by a perf map).
+emulator(Dso) ->
+    Base = filename:basename(Dso),
+    binary:match(Dso, <<"memfd:">>) =/= nomatch orelse
+        binary:match(Base, <<"beam.">>) =:= {0, 5} orelse
+        binary:match(Base, <<"perf-">>) =:= {0, 5}.
+
+fig(Name, V, Unit) -> beamdiag_finding:figure(Name, V, Unit).
+fig(Name, V, Unit, Opts) when is_map(Opts) -> beamdiag_finding:figure(Name, V, Unit, Opts);
+fig(Name, V, Unit, Whole) -> beamdiag_finding:figure(Name, V, Unit, #{part_of => Whole}).
+
+fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).
+
+plural([_]) -> "";
+plural(_) -> "s".
+
+pct(X) -> [integer_to_list(round(100 * X)), "%"].
+
+gib(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
+gib(B) -> io_lib:format("~b MiB", [B div (1 bsl 20)]).

@@ -1,0 +1,164 @@
+%%% @doc Findings from the long schedules seen over the window (pure): the
+%%% report `beamdiag_agent_sysmon' returns, set beside the ledger.
+%%%
+%%% `long_schedule': a process held its scheduler in the same NIF or BIF
+%%% at least `count_min' times at `beamdiag_agent_sysmon:threshold_ms/0' or
+%%% more. Long schedules in Erlang code are left out: Erlang code yields
+%%% every few thousand reductions, so a long one means the OS took the
+%%% scheduler's thread away (cpu_starvation and cpu_throttling say so).
+%%% When such a finding explains uneven scheduler busy time, the
+%%% `scheduler_imbalance' finding and its flag advice are dropped
+%%% (`suppress/1'): no balance flag helps a process that does not yield.
+%%%
+%%% ```
+%%% 1> [Id || #{id := Id} <- beamdiag_sched_rules:findings(Report, Ledger)].
+%%% [long_schedule]
+%%% '''
+-module(beamdiag_sched_rules).
+
+-export([findings/2, suppress/1, thresholds/0, note/1]).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The long-schedule findings for a window's report, set against the
+%% ledger (with the capture's `settings' added by the caller).
+-spec findings(map(), map()) -> [beamdiag_finding:finding()].
+findings(#{state := watching, processes := Ps} = R, Ledger) ->
+    T = thresholds(),
+    %% The watcher's own span: a capture cut short has a shorter ledger.
+    Window = max(1.0e-3, max(maps:get(window_s, Ledger, 0.0), maps:get(span_ms, R, 0) / 1000)),
+    Online = maps:get(schedulers_online, maps:get(settings, Ledger, #{}), undefined),
+    [finding(P, Window, R, Ledger, Online, T)
+     || P = #{native := N, count := C, total_ms := Tot} <- Ps,
+        C >= map_get(count_min, T),
+        (N =:= nif orelse N =:= bif orelse
+         (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)))];
+findings(_, _) ->
+    [].
+
+%% @doc Drops `scheduler_imbalance' when a long schedule explains it.
+-spec suppress([beamdiag_finding:finding()]) -> [beamdiag_finding:finding()].
+suppress(Findings) ->
+    case lists:any(fun(#{id := Id}) -> Id =:= long_schedule end, Findings) of
+        true -> [F || F = #{id := Id} <- Findings, Id =/= scheduler_imbalance];
+        false -> Findings
+    end.
+
+%% @doc The thresholds the rule uses.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        %% Long schedules in the same native function, in the window.
+        count_min => 3,
+        %% In and out of the same Erlang function (the runtime records the
+        %% Erlang caller of a NIF): only when one process held a scheduler
+        %% this share of the window. The OS taking a thread away (a starved
+        %% or throttled node) spreads short long schedules over many
+        %% processes instead.
+        erlang_share_min => 0.25,
+        %% Share of the window one scheduler was held: critical from here.
+        held_share_crit => 0.5
+    }.
+
+%% @doc What a report says when the system monitor could not be used, for
+%% the capture's notes; `none' otherwise.
+-spec note(map()) -> binary() | none.
+note(#{state := taken} = R) ->
+    By = maps:get(taken_by, R, #{}),
+    Who = case By of
+              #{name := N} when is_binary(N) -> [N, " ", maps:get(pid, By, <<>>)];
+              #{pid := P} when is_binary(P) -> P;
+              _ -> "another process"
+          end,
+    iolist_to_binary(
+      ["long schedules not watched: the node's system monitor is taken by ", Who,
+       " and was left alone (one slot per node); a NIF or BIF holding a scheduler shows "
+       "only as uneven scheduler busy time and in the process table's current functions"]);
+note(_) ->
+    none.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window, R, Ledger,
+        Online, T) ->
+    Share = min(1.0, Tot / 1000 / Window),
+    Sev = case Share >= map_get(held_share_crit, T) of
+              true -> critical;
+              false -> warning
+          end,
+    Fun = maps:get(in, P, null),
+    Where = case N of
+                nif -> ["the NIF ", text(Fun)];
+                bif -> ["the BIF ", text(Fun)];
+                erlang -> ["native code called from ", text(Fun)]
+            end,
+    Evidence = [
+        fmt("~ts held its scheduler ~b times for ~b ms or more in ~ts: longest ~b ms, "
+            "~b ms in all over ~.1f s (~s of one scheduler's wall time)",
+            [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, pct(Share)])
+    ] ++ imbalance(Ledger, Online) ++ [
+        case N of
+            nif -> fmt("the NIF is a plain one (it runs on a normal scheduler and does not "
+                       "yield): ~ts", [text(Fun)]);
+            bif -> fmt("the BIF ~ts does not trap out for the work it is given", [text(Fun)]);
+            erlang ->
+                fmt("Erlang code yields every few thousand reductions, so one process held "
+                    "in and out of ~ts for ~s of the window is in a NIF or BIF called from "
+                    "there (the runtime records the calling Erlang function); NIF libraries "
+                    "loaded from outside OTP: ~ts",
+                    [text(Fun), pct(Share),
+                     case maps:get(nif_modules, R, []) of
+                         [] -> "none";
+                         Ms -> lists:join("; ", Ms)
+                     end])
+        end
+    ],
+    beamdiag_finding:new(long_schedule, Sev, Evidence, #{
+        pid => maps:get(pid, P),
+        name => name_or_pid(P),
+        function => text(Fun),
+        native => atom_to_binary(N, utf8),
+        count => C,
+        longest_ms => L,
+        total_ms => Tot,
+        held_share => round(Share * 10000) / 10000
+    }).
+
+%% The schedulers' spread of busy time, which the held scheduler explains.
+imbalance(#{threads := Rows}, Online) when is_integer(Online) ->
+    Shares = [B / W || #{type := scheduler, index := I, busy := B, wall := W} <- Rows,
+                       I =< Online, is_number(B), W > 0],
+    case Shares of
+        [_, _ | _] ->
+            [fmt("normal schedulers busy from ~s to ~s: the held scheduler, not the "
+                 "balancing, makes the spread; no scheduler flag (+scl, +sub, +sbt) helps",
+                 [pct(lists:min(Shares)), pct(lists:max(Shares))])];
+        _ ->
+            []
+    end;
+imbalance(_, _) ->
+    [].
+
+who(P) ->
+    Name = case maps:get(name, P, null) of
+               N when is_binary(N) -> [N, " "];
+               _ -> []
+           end,
+    Init = case maps:get(initial_call, P, null) of
+               I when is_binary(I) -> [" (", I, ")"];
+               _ -> []
+           end,
+    [Name, maps:get(pid, P, <<"?">>), Init].
+
+name_or_pid(#{name := N}) when is_binary(N) -> N;
+name_or_pid(#{pid := P}) -> P.
+
+text(B) when is_binary(B) -> B;
+text(_) -> <<"?">>.
+
+pct(X) -> io_lib:format("~.1f%", [100 * X]).
+fmt(F, A) -> io_lib:format(F, A).

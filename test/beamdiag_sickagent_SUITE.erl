@@ -1,0 +1,260 @@
+%%% Sick nodes seen from the agent: a plain NIF holding a scheduler 100 ms
+%%% at a time (nif_long) and a flooded mailbox (mailbox_flood), on OTP 25
+%%% and 29; the raw signal first (long schedules counted on the node, the
+%%% queue's length and growth read from it), then the diagnosis and its
+%%% latency from the call. A node whose system monitor is taken keeps it;
+%%% one whose slot was free gets it back, also when the agent is killed; a
+%%% healthy node gets no new finding.
+-module(beamdiag_sickagent_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
+         end_per_testcase/2]).
+-export([nif_long/1, mailbox_flood/1, sysmon_taken/1, sysmon_back_when_killed/1, healthy/1,
+         first_calls_in_words/1]).
+
+-define(WINDOW, 5).
+
+-spec suite() -> [tuple()].
+suite() -> [{timetrap, {minutes, 4}}].
+
+-spec all() -> [term()].
+all() ->
+    [{group, otp25}, {group, otp29}].
+
+-spec groups() -> [term()].
+groups() ->
+    [{otp25, [], [nif_long, mailbox_flood, sysmon_taken, sysmon_back_when_killed, healthy,
+                  first_calls_in_words]},
+     {otp29, [], [nif_long, mailbox_flood]}].
+
+-spec init_per_group(atom(), list()) -> list() | {skip, term()}.
+init_per_group(otp25, Config) ->
+    [{lab_opts, #{duration => 60}}, {otp, 25} | Config];
+init_per_group(otp29, Config) ->
+    case beamdiag_test_lib:otp_exec(29) of
+        {ok, Exec} -> [{lab_opts, #{duration => 60, exec => Exec}}, {otp, 29} | Config];
+        Skip -> Skip
+    end.
+
+-spec end_per_group(atom(), list()) -> ok.
+end_per_group(_, _) ->
+    ok.
+
+-spec init_per_testcase(atom(), list()) -> list().
+init_per_testcase(first_calls_in_words, Config) ->
+    Config;
+init_per_testcase(Case, Config) ->
+    Scenario = case Case of
+                   sysmon_taken -> idle;
+                   sysmon_back_when_killed -> idle;
+                   healthy -> idle;
+                   _ -> Case
+               end,
+    {ok, Lab} = beamdiag_lab:start(Scenario, ?config(lab_opts, Config)),
+    [{lab, Lab} | Config].
+
+-spec end_per_testcase(atom(), list()) -> ok.
+end_per_testcase(_, Config) ->
+    case proplists:get_value(lab, Config) of
+        undefined -> ok;
+        Lab -> beamdiag_lab:stop(Lab)
+    end.
+
+%%% Cases
+
+%% The NIF holds its scheduler: the node's own system monitor counts the
+%% long schedules; then the diagnosis names the process and where it was
+%% held, advises no scheduler balance flag, and comes within the window
+%% plus 2 s of the call.
+-spec nif_long(list()) -> term().
+nif_long(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    %% Raw signal: long schedules of 50 ms or more over 2 s, counted on the
+    %% node by a monitor of the test's own (then freed for the session).
+    Events = beamdiag_test_lib:eval(Peer,
+        "undefined = erlang:system_monitor(),"
+        "Self = self(),"
+        "spawn(fun() -> erlang:system_monitor(self(), [{long_schedule, 50}]),"
+        "               receive after 2000 -> ok end,"
+        "               erlang:system_monitor(undefined),"
+        "               {messages, Ms} = erlang:process_info(self(), messages),"
+        "               Self ! {sysmon_events, Ms} end),"
+        "receive {sysmon_events, Ms} ->"
+        "    [{T, In} || {monitor, _, long_schedule, I} <- Ms,"
+        "                {timeout, T} <- [lists:keyfind(timeout, 1, I)],"
+        "                {in, In} <- [lists:keyfind(in, 1, I)]]"
+        "after 10000 -> []"
+        "end."),
+    ct:pal("long schedules on the node in 2 s: ~b, longest ~p ms", [length(Events),
+                                                                   lists:max([0 | [T || {T, _} <- Events]])]),
+    ?assert(length(Events) >= 8),
+    ?assert(lists:max([T || {T, _} <- Events]) >= 90),
+    {D, Took} = timed_diagnose(Lab),
+    #{findings := F, capture := C} = D,
+    ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
+            maps:get(notes, C)]),
+    #{long_schedules := LS} = maps:get(extras, C),
+    ct:log("long schedules ~p", [LS]),
+    ?assertEqual(watching, maps:get(state, LS)),
+    [L] = [X || X = #{id := long_schedule} <- F],
+    M = maps:get(metrics, L),
+    %% The process and the function: the NIF's caller (the runtime records
+    %% the Erlang function that called the NIF), and the NIF library.
+    ?assertEqual(<<"beamdiag_lab_sick:call_loop/3">>, maps:get(function, M)),
+    ?assert(maps:get(count, M) >= 10),
+    ?assert(maps:get(longest_ms, M) >= 90),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"beamdiag_lab_nif: spin/1">>)),
+    ?assertMatch({_, _}, binary:match(maps:get(fix, L), <<"ERL_NIF_DIRTY_JOB_CPU_BOUND">>)),
+    ?assertMatch({_, _}, binary:match(maps:get(fix, L), <<"enif_schedule_nif">>)),
+    %% No scheduler balance flag advised anywhere.
+    ?assertEqual([], [X || X = #{id := scheduler_imbalance} <- F]),
+    Fixes = iolist_to_binary([maps:get(fix, X) || X <- F, maps:get(id, X) =/= long_schedule]),
+    ?assertEqual([], [Flag || Flag <- [<<"+scl">>, <<"+sub">>, <<"+sbt">>],
+                              binary:match(Fixes, Flag) =/= nomatch]),
+    on_time(Took),
+    %% The system monitor is free again.
+    ?assertEqual(undefined, erpc:call(beamdiag_lab:node(Lab), erlang, system_monitor, [])).
+
+%% Eight producers flood one consumer: the queue read from the node grows
+%% by more than 100,000 messages a second; then the diagnosis names the
+%% consumer with its growth, the memory it holds (estimated) and the time
+%% to memory exhaustion, and the process data is in the JSON even when the
+%% capture is partial.
+-spec mailbox_flood(list()) -> term().
+mailbox_flood(Config) ->
+    Lab = ?config(lab, Config),
+    Node = beamdiag_lab:node(Lab),
+    Peer = maps:get(peer, Lab),
+    Len = "{message_queue_len, Q} = erlang:process_info(whereis(beamdiag_lab_flooded), "
+          "message_queue_len), Q.",
+    Q0 = beamdiag_test_lib:eval(Peer, Len),
+    timer:sleep(500),
+    Q1 = beamdiag_test_lib:eval(Peer, Len),
+    Rate = (Q1 - Q0) * 2,
+    ct:pal("queue ~b -> ~b in 0.5 s: ~b messages/s", [Q0, Q1, Rate]),
+    ?assert(Rate > 100000),
+    {D, Took} = timed_diagnose(Lab),
+    #{findings := F, capture := C} = D,
+    ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
+            maps:get(notes, C)]),
+    Procs = maps:get(procs, maps:get(extras, C)),
+    [Flooded | _] = [E || E = #{name := <<"beamdiag_lab_flooded">>} <- maps:get(queues, Procs)],
+    ct:log("flooded ~p", [Flooded]),
+    ?assert(maps:get(memory_estimated, Flooded)),
+    [G] = [X || X = #{id := message_queue_growth} <- F],
+    M = maps:get(metrics, G),
+    ?assertEqual(<<"beamdiag_lab_flooded">>, maps:get(name, M)),
+    ?assert(maps:get(queue_rate, M) > 50000),
+    ?assert(maps:get(memory_estimated, M)),
+    ?assert(is_integer(maps:get(seconds_to_exhaustion, M))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, G))),
+    ct:log("~ts", [Ev]),
+    ?assertMatch({_, _}, binary:match(Ev, <<"runs out of memory in ~">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"estimated">>)),
+    Text = beamdiag_format_text:diagnosis(D, #{}),
+    ct:log("~ts", [Text]),
+    ?assertMatch({_, _}, binary:match(Text, <<"beamdiag_lab_flooded">>)),
+    Json = iolist_to_binary(beamdiag_format_json:diagnosis(D)),
+    ?assertMatch({_, _}, binary:match(Json, <<"\"processes\":{">>)),
+    on_time(Took),
+    ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])).
+
+%% A node whose system monitor is taken (by a process of its own, as
+%% RabbitMQ's sysmon handler does) keeps it, and the report says so.
+-spec sysmon_taken(list()) -> term().
+sysmon_taken(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    Holder = beamdiag_test_lib:eval(Peer,
+        "P = spawn(fun() -> erlang:system_monitor(self(), [{long_gc, 500}, busy_port]),"
+        "                   receive stop -> ok end end),"
+        "timer:sleep(100), P."),
+    Before = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
+    ?assertMatch({Holder, _}, Before),
+    #{capture := C} = element(1, timed_diagnose(Lab)),
+    After = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
+    ct:pal("before ~p after ~p; notes ~p", [Before, After, maps:get(notes, C)]),
+    ?assertEqual(Before, After),
+    #{long_schedules := LS} = maps:get(extras, C),
+    ?assertEqual(taken, maps:get(state, LS)),
+    ?assert(lists:any(fun(N) -> binary:match(N, <<"system monitor is taken">>) =/= nomatch end,
+                      maps:get(notes, C))),
+    Holder ! stop.
+
+%% The agent killed outright mid-window: its watcher frees the system
+%% monitor it took and its helper puts msacc back.
+-spec sysmon_back_when_killed(list()) -> term().
+sysmon_back_when_killed(Config) ->
+    Lab = ?config(lab, Config),
+    Node = beamdiag_lab:node(Lab),
+    erlang:set_cookie(Node, beamdiag_lab:cookie(Lab)),
+    true = net_kernel:connect_node(Node),
+    {ok, Loaded} = beamdiag_loader:load(Node, beamdiag_agent:modules()),
+    ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])),
+    {ok, Agent, Ref} = erpc:call(Node, beamdiag_agent, start,
+                                 [self(), #{duration_ms => 20000, interval_ms => 1000}]),
+    receive {beamdiag, Ref, {tick, _}} -> ok after 10000 -> ct:fail(no_tick) end,
+    Taken = erpc:call(Node, erlang, system_monitor, []),
+    ct:pal("during the session: ~p", [Taken]),
+    ?assertMatch({_, [_ | _]}, Taken),
+    exit(Agent, kill),
+    timer:sleep(500),
+    ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])),
+    ?assertNot(erpc:call(Node, erlang, system_flag, [microstate_accounting, false])),
+    beamdiag_loader:unload(Node, Loaded).
+
+%% An idle node: no long schedule, no mailbox finding.
+-spec healthy(list()) -> term().
+healthy(Config) ->
+    {#{findings := F, capture := C}, _} = timed_diagnose(?config(lab, Config)),
+    ct:pal("findings ~p; long schedules ~p",
+           [[Id || #{id := Id} <- F], maps:get(long_schedules, maps:get(extras, C), none)]),
+    ?assertEqual([], [Id || #{id := Id} <- F,
+                            lists:member(Id, [long_schedule, message_queue_growth])]).
+
+%% The first calls' errors are sentences, with the waits they tried.
+-spec first_calls_in_words(list()) -> term().
+first_calls_in_words(_Config) ->
+    Rel = iolist_to_binary(beamdiag_loader:format_error(
+                             {target_facts, 'n@h', {timeout, [2000, 3000]}})),
+    ?assertEqual(<<"n@h did not answer the release read within 2.0 s and 3.0 s (tried twice): "
+                   "it is overloaded or a scheduler is held (a NIF that does not yield); run "
+                   "beamdiag on its host for a host-side view">>, Rel),
+    Start = iolist_to_binary(beamdiag_collect:format_error(
+                               {agent_start, 'n@h', {timeout, [2500, 2500]}})),
+    ?assertMatch({_, _}, binary:match(Start, <<"did not start the agent within 2.5 s and 2.5 s">>)),
+    %% A node that is not there: no raw term.
+    {error, {M, R}} = beamdiag_loader:load('nobody@127.0.0.1', [beamdiag_agent]),
+    Text = iolist_to_binary(M:format_error(R)),
+    ct:pal("~ts", [Text]),
+    ?assertEqual(nomatch, binary:match(Text, <<"{">>)).
+
+%%% Helpers
+
+timed_diagnose(Lab) ->
+    T0 = erlang:monotonic_time(millisecond),
+    {ok, D} = beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                          duration => ?WINDOW}),
+    {D, erlang:monotonic_time(millisecond) - T0}.
+
+%% The report within the window plus 2 s of the call, start-up included;
+%% on a host whose load is beyond four times its CPUs the figure is logged
+%% and the latency check skipped, with the numbers.
+on_time(Took) ->
+    Limit = (?WINDOW + 2) * 1000,
+    {ok, L} = file:read_file("/proc/loadavg"),
+    Load = binary_to_float(hd(binary:split(L, <<" ">>))),
+    Cpus = erlang:system_info(logical_processors_available),
+    Cores = case Cpus of unknown -> 1; N -> N end,
+    ct:pal("report in ~b ms (limit ~b); host load ~.1f on ~b CPUs", [Took, Limit, Load, Cores]),
+    case Load > 4 * Cores of
+        true -> ct:comment(io_lib:format("latency ~b ms not checked: host load ~.1f on ~b CPUs",
+                                        [Took, Load, Cores]));
+        false -> ?assert(Took =< Limit)
+    end.
