@@ -72,6 +72,9 @@
     answer_timeout => auto
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
+%% When perf starts on the held threads of a local node that has not
+%% finished the handshake (beamdiag_host:arm/1).
+-define(ARM_MS, 1000).
 
 %%%===================================================================
 %%% API
@@ -105,10 +108,12 @@ diagnose(Opts) ->
 %% `{error, {beamdiag, {partial, Reason, Diagnosis}}}' with what was gathered.
 %%
 %% A node on this host is also watched from the host from the call's start
-%% (`beamdiag_host'): when it does not finish the handshake within
-%% `answer_timeout' seconds (auto: half the window, 2 to 5 s), or does not
-%% let the agent load by the end of the window, the window is finished
-%% from the host alone and the diagnosis is marked `host_only'. `host_only'
+%% (`beamdiag_host'): when it has not finished the handshake within a
+%% second, or has not let the agent load within `answer_timeout' seconds
+%% (auto: half the window, 2 to 5 s), perf starts on the threads the host
+%% sees held; if it still has not let the agent load by the window's end,
+%% the window is finished from the host alone and the diagnosis is marked
+%% `host_only'. `host_only'
 %% (true), `os_pid', or an OS pid in place of the node's name ask for that
 %% host-only diagnosis at once (a node without distribution, or whose
 %% cookie is not at hand).
@@ -260,11 +265,11 @@ local_host(NodeStr) ->
 
 %% The node's host is this one: the host view starts with the call, while
 %% a worker connects and runs the window as on any node. The worker says
-%% each step it got through. A node that has not finished the handshake
-%% within the answer time, or has not let the agent load by the end of the
-%% window, has not answered: the worker is stopped and the window finished
-%% from the host view alone. Once the agent is loaded (or has ticked), the
-%% node has answered and the host view is dropped.
+%% each step it got through. Once the agent is loaded (or has ticked), the
+%% node has answered and the host view is dropped. Past the answer time,
+%% perf starts on the threads the host view finds held; a node that has
+%% still not let the agent load by the window's end has not answered: the
+%% worker is stopped and the window finished from the host view alone.
 with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     Self = self(),
     Tag = make_ref(),
@@ -292,12 +297,19 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
             node => NodeStr}).
 
-await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := Stage, t0 := T0}) ->
+await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
+            stage := Stage}) ->
+    %% perf is armed a second in when the handshake has not finished by
+    %% then (it takes milliseconds on a node that answers), or at the
+    %% answer time when the agent has not loaded by then; the node has
+    %% until the window's end.
     Wait = case View of
                {watching, _} ->
-                   By = T0 + case Stage of
-                                 connecting -> maps:get(answer_ms, W);
-                                 connected -> max(maps:get(answer_ms, W), maps:get(window_ms, W))
+                   AnswerMs = maps:get(answer_ms, W),
+                   By = T0 + case {maps:get(armed, W, false), Stage} of
+                                 {false, connecting} -> min(?ARM_MS, AnswerMs);
+                                 {false, _} -> AnswerMs;
+                                 {true, _} -> max(AnswerMs, maps:get(window_ms, W))
                              end,
                    max(0, By - erlang:monotonic_time(millisecond));
                _ ->
@@ -314,6 +326,14 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := S
             await(W#{view := answered, stage := loaded});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
+        {Tag, {result, {error, {beamdiag_remote, {unreachable, _, {no_answer, _}} = Why}}}}
+          when is_tuple(View) ->
+            %% The handshake gave up (net_setuptime) before the window's end.
+            erlang:demonitor(MRef, [flush]),
+            flush_answers(Tag),
+            {ok, beamdiag_host:finish(element(2, View), #{
+                waited_ms => erlang:monotonic_time(millisecond) - T0,
+                distribution => iolist_to_binary(beamdiag_remote:format_error(Why))})};
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
@@ -328,12 +348,19 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := S
         {'DOWN', MRef, process, Worker, Why} ->
             erlang:error({diagnose_worker, Why})
     after Wait ->
-        exit(Worker, kill),
-        erlang:demonitor(MRef, [flush]),
-        flush_answers(Tag),
         {watching, Handle} = View,
-        {ok, beamdiag_host:finish(Handle, #{waited_ms => erlang:monotonic_time(millisecond) - T0,
-                                          distribution => distribution_seen(W)})}
+        case maps:get(armed, W, false) of
+            false ->
+                %% The node may still answer; perf starts on the hot threads.
+                await(W#{view := {watching, beamdiag_host:arm(Handle)}, armed => true});
+            true ->
+                exit(Worker, kill),
+                erlang:demonitor(MRef, [flush]),
+                flush_answers(Tag),
+                {ok, beamdiag_host:finish(Handle, #{
+                    waited_ms => erlang:monotonic_time(millisecond) - T0,
+                    distribution => distribution_seen(W)})}
+        end
     end.
 
 flush_answers(Tag) ->
@@ -349,8 +376,8 @@ answer_ms(auto, D) -> min(round(D * 1000), max(2000, min(5000, round(D * 500))))
 answer_ms(S, _D) -> max(100, round(S * 1000)).
 
 %% What the distribution layer saw of a node that did not answer, in words.
-distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
-    S = Ms / 1000,
+distribution_seen(#{stage := Stage, t0 := T0, located := Located}) ->
+    S = (erlang:monotonic_time(millisecond) - T0) / 1000,
     iolist_to_binary(
         case Stage of
             connecting ->
@@ -368,8 +395,7 @@ distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
                 end;
             connected ->
                 io_lib:format("the handshake finished, but the node did not answer the "
-                              "release read and the agent's load by the end of the window "
-                              "(~.1f s)", [max(S, maps:get(window_ms, W) / 1000)])
+                              "release read and the agent's load in ~.1f s", [S])
         end).
 
 %% A node on another host that does not answer: say so, and where beamdiag

