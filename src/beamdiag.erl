@@ -301,19 +301,16 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             stage := Stage}) ->
     %% perf is armed a second in when the handshake has not finished by
     %% then (it takes milliseconds on a node that answers), or at the
-    %% answer time when the agent has not loaded by then; the node has
-    %% until the window's end.
-    Wait = case View of
-               {watching, _} ->
-                   AnswerMs = maps:get(answer_ms, W),
-                   By = T0 + case {maps:get(armed, W, false), Stage} of
-                                 {false, connecting} -> min(?ARM_MS, AnswerMs);
-                                 {false, _} -> AnswerMs;
-                                 {true, _} -> max(AnswerMs, maps:get(window_ms, W))
-                             end,
-                   max(0, By - erlang:monotonic_time(millisecond));
-               _ ->
-                   infinity
+    %% answer time when the agent has not loaded by then. A node that has
+    %% not finished the handshake by the window's end has not answered; one
+    %% that has is given the usual, bounded, course.
+    Armed = maps:get(armed, W, false),
+    Wait = case {View, Armed, Stage} of
+               {{watching, _}, false, connecting} -> T0 + min(?ARM_MS, maps:get(answer_ms, W));
+               {{watching, _}, false, connected} -> T0 + maps:get(answer_ms, W);
+               {{watching, _}, true, connecting} ->
+                   T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
+               _ -> infinity
            end,
     receive
         {Tag, answered} when is_tuple(View) ->
@@ -321,19 +318,22 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             await(W#{view := answered});
         {Tag, answered} ->
             await(W);
-        {Tag, stage, loaded} when is_tuple(View) ->
-            ok = beamdiag_host:cancel(element(2, View)),
-            await(W#{view := answered, stage := loaded});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
-        {Tag, {result, {error, {beamdiag_remote, {unreachable, _, {no_answer, _}} = Why}}}}
-          when is_tuple(View) ->
-            %% The handshake gave up (net_setuptime) before the window's end.
+        {Tag, {result, {error, Why}}} when is_tuple(View) ->
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),
-            {ok, beamdiag_host:finish(element(2, View), #{
-                waited_ms => erlang:monotonic_time(millisecond) - T0,
-                distribution => iolist_to_binary(beamdiag_remote:format_error(Why))})};
+            case timed_out(Why) of
+                true ->
+                    %% The handshake gave up, or the release read or the
+                    %% agent's start timed out: what the host saw is all.
+                    {ok, beamdiag_host:finish(element(2, View), #{
+                        waited_ms => erlang:monotonic_time(millisecond) - T0,
+                        distribution => iolist_to_binary(error_text(Why))})};
+                false ->
+                    ok = beamdiag_host:cancel(element(2, View)),
+                    {error, Why}
+            end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
@@ -347,11 +347,14 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             end;
         {'DOWN', MRef, process, Worker, Why} ->
             erlang:error({diagnose_worker, Why})
-    after Wait ->
+    after case Wait of
+              infinity -> infinity;
+              _ -> max(0, Wait - erlang:monotonic_time(millisecond))
+          end ->
         {watching, Handle} = View,
-        case maps:get(armed, W, false) of
+        case Armed of
             false ->
-                %% The node may still answer; perf starts on the hot threads.
+                %% The node may still answer; perf starts on the held threads.
                 await(W#{view := {watching, beamdiag_host:arm(Handle)}, armed => true});
             true ->
                 exit(Worker, kill),
@@ -362,6 +365,14 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     distribution => distribution_seen(W)})}
         end
     end.
+
+%% The first calls that time out on a node too busy to answer.
+timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
+timed_out({beamdiag_loader, {target_facts, _, {error, {erpc, timeout}}}}) -> true;
+timed_out({beamdiag_collect, {agent_start, _, {error, {erpc, timeout}}}}) -> true;
+timed_out(_) -> false.
+
+error_text({M, R}) -> M:format_error(R).
 
 flush_answers(Tag) ->
     receive
