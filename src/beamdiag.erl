@@ -75,6 +75,9 @@
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
+%% The least of the window perf needs (beamdiag_host: its start, one
+%% second, its symbols).
+-define(PERF_LEAST_MS, 3500).
 
 %%%===================================================================
 %%% API
@@ -306,8 +309,10 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
     %% that has is given the usual, bounded, course.
     Armed = maps:get(armed, W, false),
     Wait = case {View, Armed, Stage} of
-               {{watching, _}, false, connecting} -> T0 + min(?ARM_MS, maps:get(answer_ms, W));
-               {{watching, _}, false, connected} -> T0 + maps:get(answer_ms, W);
+               {{watching, _}, false, connecting} ->
+                   maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
+               {{watching, _}, false, connected} ->
+                   maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
                {{watching, _}, true, connecting} ->
                    T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
                _ -> infinity
@@ -354,8 +359,14 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
         {watching, Handle} = View,
         case Armed of
             false ->
-                %% The node may still answer; perf starts on the held threads.
-                await(W#{view := {watching, beamdiag_host:arm(Handle)}, armed => true});
+                %% The node may still answer; perf starts on the held
+                %% threads, once the host view shows them (tried each second
+                %% while perf would still fit in the window).
+                H2 = beamdiag_host:arm(Handle),
+                Next = erlang:monotonic_time(millisecond) + ?ARM_MS,
+                Done = beamdiag_host:armed(H2) orelse
+                    Next > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS,
+                await(W#{view := {watching, H2}, armed => Done, next_arm => Next});
             true ->
                 exit(Worker, kill),
                 erlang:demonitor(MRef, [flush]),

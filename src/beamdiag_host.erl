@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, finish/2, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, cancel/1, format_error/1]).
 
 -export_type([handle/0]).
 
@@ -110,6 +110,11 @@ arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := Use
         false ->
             H
     end.
+
+%% @doc Whether perf runs (`arm/1' found held threads).
+-spec armed(handle()) -> boolean().
+armed(H) ->
+    maps:is_key(whole_perf, H).
 
 %% @doc Finishes the window from the host view alone: the node did not
 %% answer. Context: `waited_ms' (how long it was given), `distribution'
