@@ -72,6 +72,12 @@
     answer_timeout => auto
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
+%% When perf starts on the held threads of a local node that has not
+%% finished the handshake (beamdiag_host:arm/1).
+-define(ARM_MS, 1000).
+%% The least of the window perf needs (beamdiag_host: its start, one
+%% second, its symbols).
+-define(PERF_LEAST_MS, 3500).
 
 %%%===================================================================
 %%% API
@@ -105,10 +111,12 @@ diagnose(Opts) ->
 %% `{error, {beamdiag, {partial, Reason, Diagnosis}}}' with what was gathered.
 %%
 %% A node on this host is also watched from the host from the call's start
-%% (`beamdiag_host'): when it does not finish the handshake within
-%% `answer_timeout' seconds (auto: half the window, 2 to 5 s), or does not
-%% let the agent load by the end of the window, the window is finished
-%% from the host alone and the diagnosis is marked `host_only'. `host_only'
+%% (`beamdiag_host'): when it has not finished the handshake within a
+%% second, or has not let the agent load within `answer_timeout' seconds
+%% (auto: half the window, 2 to 5 s), perf starts on the threads the host
+%% sees held; if it still has not let the agent load by the window's end,
+%% the window is finished from the host alone and the diagnosis is marked
+%% `host_only'. `host_only'
 %% (true), `os_pid', or an OS pid in place of the node's name ask for that
 %% host-only diagnosis at once (a node without distribution, or whose
 %% cookie is not at hand).
@@ -260,11 +268,11 @@ local_host(NodeStr) ->
 
 %% The node's host is this one: the host view starts with the call, while
 %% a worker connects and runs the window as on any node. The worker says
-%% each step it got through. A node that has not finished the handshake
-%% within the answer time, or has not let the agent load by the end of the
-%% window, has not answered: the worker is stopped and the window finished
-%% from the host view alone. Once the agent is loaded (or has ticked), the
-%% node has answered and the host view is dropped.
+%% each step it got through. Once the agent is loaded (or has ticked), the
+%% node has answered and the host view is dropped. Past the answer time,
+%% perf starts on the threads the host view finds held; a node that has
+%% still not let the agent load by the window's end has not answered: the
+%% worker is stopped and the window finished from the host view alone.
 with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     Self = self(),
     Tag = make_ref(),
@@ -292,16 +300,22 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
             node => NodeStr}).
 
-await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := Stage, t0 := T0}) ->
-    Wait = case View of
-               {watching, _} ->
-                   By = T0 + case Stage of
-                                 connecting -> maps:get(answer_ms, W);
-                                 connected -> max(maps:get(answer_ms, W), maps:get(window_ms, W))
-                             end,
-                   max(0, By - erlang:monotonic_time(millisecond));
-               _ ->
-                   infinity
+await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
+            stage := Stage}) ->
+    %% perf is armed a second in when the handshake has not finished by
+    %% then (it takes milliseconds on a node that answers), or at the
+    %% answer time when the agent has not loaded by then. A node that has
+    %% not finished the handshake by the window's end has not answered; one
+    %% that has is given the usual, bounded, course.
+    Armed = maps:get(armed, W, false),
+    Wait = case {View, Armed, Stage} of
+               {{watching, _}, false, connecting} ->
+                   maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
+               {{watching, _}, false, connected} ->
+                   maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
+               {{watching, _}, true, connecting} ->
+                   T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
+               _ -> infinity
            end,
     receive
         {Tag, answered} when is_tuple(View) ->
@@ -309,11 +323,22 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := S
             await(W#{view := answered});
         {Tag, answered} ->
             await(W);
-        {Tag, stage, loaded} when is_tuple(View) ->
-            ok = beamdiag_host:cancel(element(2, View)),
-            await(W#{view := answered, stage := loaded});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
+        {Tag, {result, {error, Why}}} when is_tuple(View) ->
+            erlang:demonitor(MRef, [flush]),
+            flush_answers(Tag),
+            case timed_out(Why) of
+                true ->
+                    %% The handshake gave up, or the release read or the
+                    %% agent's start timed out: what the host saw is all.
+                    {ok, beamdiag_host:finish(element(2, View), #{
+                        waited_ms => erlang:monotonic_time(millisecond) - T0,
+                        distribution => iolist_to_binary(error_text(Why))})};
+                false ->
+                    ok = beamdiag_host:cancel(element(2, View)),
+                    {error, Why}
+            end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
@@ -327,14 +352,38 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, stage := S
             end;
         {'DOWN', MRef, process, Worker, Why} ->
             erlang:error({diagnose_worker, Why})
-    after Wait ->
-        exit(Worker, kill),
-        erlang:demonitor(MRef, [flush]),
-        flush_answers(Tag),
+    after case Wait of
+              infinity -> infinity;
+              _ -> max(0, Wait - erlang:monotonic_time(millisecond))
+          end ->
         {watching, Handle} = View,
-        {ok, beamdiag_host:finish(Handle, #{waited_ms => erlang:monotonic_time(millisecond) - T0,
-                                          distribution => distribution_seen(W)})}
+        case Armed of
+            false ->
+                %% The node may still answer; perf starts on the held
+                %% threads, once the host view shows them (tried each second
+                %% while perf would still fit in the window).
+                H2 = beamdiag_host:arm(Handle),
+                Next = erlang:monotonic_time(millisecond) + ?ARM_MS,
+                Done = beamdiag_host:armed(H2) orelse
+                    Next > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS,
+                await(W#{view := {watching, H2}, armed => Done, next_arm => Next});
+            true ->
+                exit(Worker, kill),
+                erlang:demonitor(MRef, [flush]),
+                flush_answers(Tag),
+                {ok, beamdiag_host:finish(Handle, #{
+                    waited_ms => erlang:monotonic_time(millisecond) - T0,
+                    distribution => distribution_seen(W)})}
+        end
     end.
+
+%% The first calls that time out on a node too busy to answer.
+timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
+timed_out({beamdiag_loader, {target_facts, _, {error, {erpc, timeout}}}}) -> true;
+timed_out({beamdiag_collect, {agent_start, _, {error, {erpc, timeout}}}}) -> true;
+timed_out(_) -> false.
+
+error_text({M, R}) -> M:format_error(R).
 
 flush_answers(Tag) ->
     receive
@@ -349,8 +398,8 @@ answer_ms(auto, D) -> min(round(D * 1000), max(2000, min(5000, round(D * 500))))
 answer_ms(S, _D) -> max(100, round(S * 1000)).
 
 %% What the distribution layer saw of a node that did not answer, in words.
-distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
-    S = Ms / 1000,
+distribution_seen(#{stage := Stage, t0 := T0, located := Located}) ->
+    S = (erlang:monotonic_time(millisecond) - T0) / 1000,
     iolist_to_binary(
         case Stage of
             connecting ->
@@ -368,8 +417,7 @@ distribution_seen(W = #{stage := Stage, answer_ms := Ms, located := Located}) ->
                 end;
             connected ->
                 io_lib:format("the handshake finished, but the node did not answer the "
-                              "release read and the agent's load by the end of the window "
-                              "(~.1f s)", [max(S, maps:get(window_ms, W) / 1000)])
+                              "release read and the agent's load in ~.1f s", [S])
         end).
 
 %% A node on another host that does not answer: say so, and where beamdiag

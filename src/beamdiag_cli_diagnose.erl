@@ -66,8 +66,9 @@ spec() ->
               help => "the node's OS pid on this host (implies --host-only)"},
             #{key => answer_timeout, long => "--answer-timeout", type => {float, 0.1, 3600.0},
               metavar => "SECONDS",
-              help => "a node on this host that does not finish the handshake within SECONDS "
-                      "is diagnosed from the host alone (default: half the window, 2 to 5 s)"}
+              help => "a node on this host that has not let the agent load within SECONDS "
+                      "is sampled with perf from the host, and diagnosed from the host alone "
+                      "if it has not by the window's end (default: half the window, 2 to 5 s)"}
         ]
     }.
 

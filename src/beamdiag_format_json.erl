@@ -6,6 +6,9 @@
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
 %%% `locks' (when counted), `processes' (the process walks: top processes
 %%% by reductions, mailboxes, heaps; see beamdiag_agent_procs), `findings' (most severe first) and `notes'.
+%%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
+%%% (true) and `host_view' (why, what distribution saw, the held threads,
+%%% perf's top native functions, memory), and no VM figures.
 %%%
 %%% ```
 %%% 1> iolist_to_binary(beamdiag_format_json:diagnosis(D)).

@@ -5,10 +5,12 @@
 %%% distribution or whose cookie the operator does not have): the host
 %%% sampler and, when perf is usable, perf on the whole OS process run
 %%% for the window; perf's samples of the threads found hot are kept.
-%%% `start/2' then `finish/2' for `beamdiag:diagnose/2': the sampler starts
-%%% with the call, while the node is being connected to; when the node does
-%%% not answer in time, `finish/2' starts perf on the hot threads for the
-%%% rest of the window and builds the diagnosis from the host view alone.
+%%% `start/2', `arm/1' then `finish/2' for `beamdiag:diagnose/2': the
+%%% sampler starts with the call, while the node is being connected to;
+%%% when the node has not answered in the answer time, `arm/1' starts perf
+%%% on the hot threads for the rest of the window; if it still has not
+%%% answered at the window's end, `finish/2' builds the diagnosis from the
+%%% host view alone.
 %%% `cancel/1' drops the view when the node answered.
 %%%
 %%% ```
@@ -18,7 +20,7 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, finish/2, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, cancel/1, format_error/1]).
 
 -export_type([handle/0]).
 
@@ -34,7 +36,7 @@
     perf := boolean(),
     proc_root := file:filename(),
     progress := fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
-    whole_perf => {pid(), reference()}
+    whole_perf => {pid(), reference(), file:filename()}
 }.
 
 -define(PERF_HZ, 199).
@@ -88,34 +90,54 @@ start(Located = #{os_pid := OsPid}, Opts) ->
         progress => maps:get(progress, Opts, undefined)
     }.
 
+%% @doc The node has not answered yet: when perf is usable, it starts
+%% sampling the scheduler threads found hot for the rest of the window, so
+%% that a host-only diagnosis at the window's end can name their native
+%% code. The node may still answer: then `cancel/1'.
+-spec arm(handle()) -> handle().
+arm(H = #{whole_perf := _}) ->
+    H;
+arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := UsePerf}) ->
+    Secs = perf_seconds(T0 + D - erlang:monotonic_time(millisecond)),
+    case UsePerf andalso Secs >= 1 of
+        true ->
+            Samples = beamdiag_host_view:snapshot(S),
+            Ledger = beamdiag_ledger:build(capture(H, Samples)),
+            case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
+                [] -> H;
+                Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
+            end;
+        false ->
+            H
+    end.
+
+%% @doc Whether perf runs (`arm/1' found held threads).
+-spec armed(handle()) -> boolean().
+armed(H) ->
+    maps:is_key(whole_perf, H).
+
 %% @doc Finishes the window from the host view alone: the node did not
 %% answer. Context: `waited_ms' (how long it was given), `distribution'
-%% (what the distribution layer saw, in words). When perf is usable, it
-%% samples the scheduler threads found hot for the rest of the window.
+%% (what the distribution layer saw, in words). perf samples the hot
+%% threads for what is left of the window, unless `arm/1' started it.
 -spec finish(handle(), map()) -> beamdiag:diagnosis().
-finish(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := UsePerf},
-       Context) ->
-    Now = erlang:monotonic_time(millisecond),
-    Secs = perf_seconds(T0 + D - Now),
-    H2 = case UsePerf andalso Secs >= 1 of
-             true ->
-                 Samples = beamdiag_host_view:snapshot(S),
-                 Ledger = beamdiag_ledger:build(capture(H, Samples)),
-                 case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
-                     [] -> H;
-                     Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
-                 end;
-             false ->
-                 H
-         end,
-    window(H2, Context#{unresponsive => true, reason => unresponsive}).
+finish(H, Context) ->
+    window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
 
-%% @doc Drops the host view (the node answered).
+%% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.
-cancel(#{sampler := S}) ->
+cancel(H = #{sampler := S}) ->
     unlink(S),
     exit(S, kill),
-    ok.
+    case maps:find(whole_perf, H) of
+        {ok, {Pid, MRef, Dir}} ->
+            exit(Pid, kill),
+            erlang:demonitor(MRef, [flush]),
+            _ = file:del_dir_r(Dir),
+            ok;
+        error ->
+            ok
+    end.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -241,8 +263,8 @@ flags(Root, OsPid) ->
 %% script's text and the threads it sampled, or an error in words.
 perf(OsPid, Tids, Secs) ->
     Self = self(),
-    spawn_monitor(fun() ->
-        Dir = temp_dir(),
+    Dir = temp_dir(),
+    {Pid, MRef} = spawn_monitor(fun() ->
         R = try
                 case beamdiag_perf:record(OsPid, #{duration => Secs, frequency => ?PERF_HZ,
                                                    call_graph => none, dir => Dir,
@@ -257,7 +279,8 @@ perf(OsPid, Tids, Secs) ->
                 _ = file:del_dir_r(Dir)
             end,
         Self ! {?MODULE, self(), R}
-    end).
+    end),
+    {Pid, MRef, Dir}.
 
 %% Whole seconds of perf in what is left of the window, less two: perf's
 %% start, and its naming of the symbols after, took 2.4 s together on a
@@ -266,7 +289,7 @@ perf(OsPid, Tids, Secs) ->
 perf_seconds(LeftMs) when LeftMs < 2500 -> 0;
 perf_seconds(LeftMs) -> max(1, (LeftMs - 2000) div 1000).
 
-perf_result({Pid, MRef}, ReadyBy) ->
+perf_result({Pid, MRef, Dir}, ReadyBy) ->
     Wait = case ReadyBy of
                infinity -> 60000;
                _ -> max(0, ReadyBy - ?REPORT_MS - erlang:monotonic_time(millisecond))
@@ -280,6 +303,7 @@ perf_result({Pid, MRef}, ReadyBy) ->
     after Wait ->
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
+        _ = file:del_dir_r(Dir),
         {error, <<"perf did not finish before the report was due">>}
     end.
 

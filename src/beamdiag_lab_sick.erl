@@ -80,9 +80,12 @@ prepare() ->
 release(#{os_pid := OsPid}) ->
     Dir = node_dir(OsPid),
     %% The node's own file system, as seen from here (the node may run in
-    %% a mount namespace of its own).
-    _ = [file:del_dir_r(filename:join(["/proc", OsPid, "root" ++ D]))
-         || D <- [Dir], filelib:is_dir(filename:join(["/proc", OsPid, "root" ++ D]))],
+    %% a mount namespace of its own); once the node is gone, this host's.
+    Seen = filename:join(["/proc", OsPid, "root" ++ Dir]),
+    _ = case filelib:is_dir(Seen) of
+            true -> file:del_dir_r(Seen);
+            false -> file:del_dir_r(Dir)
+        end,
     ok;
 release(_) ->
     ok.

@@ -72,14 +72,25 @@ perf_names_the_native_function_test() ->
                                     "beamdiag_lab_nif.so)">>) =/= nomatch end,
         maps:get(evidence, F))).
 
-%% Asked for (the node answers): perf naming a NIF's library is what makes
-%% the finding; without perf, a busy scheduler alone proves nothing.
+%% Asked for (the node answers): perf naming a NIF's library for nearly
+%% all of the thread's samples is what makes the finding; without perf, a
+%% busy scheduler alone proves nothing, and a NIF that yields goes back to
+%% the emulator between slices.
 requested_needs_perf_test() ->
     C = capture("nif_stuck_samples.term"),
     Asked = #{unresponsive => false, reason => requested},
     ?assertEqual([], ids(beamdiag_host_rules:analyse(C, Asked#{perf => none}))),
     ?assertEqual([scheduler_held_native],
-                 ids(beamdiag_host_rules:analyse(C, Asked#{perf => {ok, perf([?HELD_TID])}}))).
+                 ids(beamdiag_host_rules:analyse(C, Asked#{perf => {ok, perf([?HELD_TID])}}))),
+    Yielding = #{samples => 100,
+                 top => [#{symbol => <<"beamdiag_lab_spin_slice">>, dso => <<"/tmp/x/n.so">>,
+                           samples => 90, share => 0.9, native => true},
+                         #{symbol => <<"erts_schedule">>, dso => <<"/usr/bin/beam.smp">>,
+                           samples => 10, share => 0.1, native => false}]},
+    ?assertEqual([], ids(beamdiag_host_rules:analyse(C, Asked#{perf => {ok, Yielding}}))),
+    ?assertEqual([scheduler_held_native],
+                 ids(beamdiag_host_rules:analyse(C, (unresponsive())#{perf => {ok, Yielding}}))).
+
 
 %% perf shows the emulator's own code on the hot thread: Erlang work, not a NIF.
 emulator_code_is_not_native_test() ->
