@@ -16,7 +16,7 @@ export BEAMDIAG_STARVED_FILE="$PWD/$logs/starved.txt"
 
 # Suites that need an OTP root or a lock-counting emulator.
 late="beamdiag_locks_SUITE beamdiag_otp_SUITE beamdiag_procs_SUITE beamdiag_profile_SUITE
-      beamdiag_safety_SUITE beamdiag_elixir_SUITE"
+      beamdiag_safety_SUITE beamdiag_elixir_SUITE beamdiag_sick_SUITE beamdiag_sickagent_SUITE"
 early=()
 for f in test/*_SUITE.erl; do
     s=$(basename "$f" .erl)

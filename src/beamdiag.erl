@@ -379,8 +379,9 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
-timed_out({beamdiag_loader, {target_facts, _, {error, {erpc, timeout}}}}) -> true;
-timed_out({beamdiag_collect, {agent_start, _, {error, {erpc, timeout}}}}) -> true;
+timed_out({beamdiag_loader, {target_facts, _, {timeout, _}}}) -> true;
+timed_out({beamdiag_loader, {compile_failed, _, _, timeout}}) -> true;
+timed_out({beamdiag_collect, {agent_start, _, {timeout, _}}}) -> true;
 timed_out(_) -> false.
 
 error_text({M, R}) -> M:format_error(R).
