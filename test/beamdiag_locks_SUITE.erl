@@ -167,7 +167,7 @@ dirty_gc_alloc_mdai(_Config) ->
              || F <- Found],
             ok;
         [] ->
-            beamdiag_test_lib:starved(
+            beamdiag_test_lib:not_produced(
               "eheap_alloc never contended in 3 windows with +Mdai max (collisions, wait %: ~p; "
               "100 collisions and 1% wait needed): the host did not run the dirty GCs together",
               [get_list(quiet_windows)])

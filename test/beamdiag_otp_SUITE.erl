@@ -369,15 +369,16 @@ cli_built_on_29(Config) ->
     Lab = #{peer := Peer} = ?config(lab, Config),
     {Root, Dir} = ?config(sid_build, Config),
     Inside = string:prefix(Dir, Root),
-    Priv = ?config(priv_dir, Config),
     Diagnose = fun() ->
-        Save = filename:join(Priv, "cli29_" ++ integer_to_list(erlang:unique_integer([positive]))
-                             ++ ".capture"),
+        %% The escript runs inside the root, whose /tmp is its own: the
+        %% capture goes into the build folder, which both sides see.
+        Name = "cli29_" ++ integer_to_list(erlang:unique_integer([positive])) ++ ".capture",
+        Save = filename:join(Dir, Name),
         {Code, Out, Err} = beamdiag_test_lib:run_exe(
                                beamdiag_test_lib:script("otp-run.sh"),
                                ["sid", Inside ++ "/_build/default/bin/beamdiag", "diagnose",
                                 atom_to_list(beamdiag_lab:node(Lab)), "--json", "--duration",
-                                ?WINDOW, "--save", Save],
+                                ?WINDOW, "--save", Inside ++ "/" ++ Name],
                                [{"BEAMDIAG_COOKIE", atom_to_list(beamdiag_lab:cookie(Lab))}]),
         ct:pal("exit ~b, stderr ~ts", [Code, Err]),
         ?assertEqual(0, Code),

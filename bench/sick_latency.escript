@@ -1,0 +1,107 @@
+#!/usr/bin/env escript
+%% -*- erlang -*-
+%%%
+%%% How long `beamdiag diagnose' takes on a node in trouble, against the
+%%% target: the window plus 2 s.
+%%%
+%%% For each lab scenario (a plain NIF that never yields, the same NIF
+%%% 100 ms at a time, a flooded mailbox, a CPU-bound node under a 0.2-CPU
+%%% quota, a saturated lock-counting node with one hot ETS table) a lab
+%%% node is started on this host and left to settle for 2 s, then the built
+%%% escript runs `beamdiag diagnose NODE --json --duration W' as a separate
+%%% OS process, as a user would, BENCH_SICK_TRIES times. Printed per try:
+%%% the command's wall time from its start to its exit, the same less the
+%%% escript's own start-up (measured once, as `beamdiag --help'), the
+%%% target, the exit code, whether the report was host-only or partial,
+%%% and the findings at warning or above. A scenario the host cannot run
+%%% (no lock-counting emulator, no cgroup to write) is skipped with the
+%%% lab's reason.
+%%%
+%%% Every lab node is stopped after its scenario (the lab kills the stuck
+%%% ones with SIGKILL); the nodes are this VM's peers and die with it.
+%%%
+%%% Run from the repository root after `rebar3 escriptize':
+%%%   bench/sick_latency.escript
+%%% Environment: BENCH_SICK_WINDOW (6, seconds), BENCH_SICK_TRIES (3),
+%%% BENCH_SICK_SCENARIOS ("nif_stuck nif_long mailbox_flood cpu_throttling
+%%% ets_hot").
+-mode(compile).
+
+main(_) ->
+    Window = list_to_integer(env("BENCH_SICK_WINDOW", "6")),
+    Tries = list_to_integer(env("BENCH_SICK_TRIES", "3")),
+    Scenarios = string:lexemes(env("BENCH_SICK_SCENARIOS",
+                                   "nif_stuck nif_long mailbox_flood cpu_throttling ets_hot"), " ,"),
+    Exe = filename:absname("_build/default/bin/beamdiag"),
+    filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
+    true = code:add_patha(filename:absname("_build/default/lib/beamdiag/ebin")),
+    {ok, _} = net_kernel:start(list_to_atom("bds_bench_" ++ os:getpid()), #{name_domain => shortnames}),
+    {BootMs, _} = run(Exe ++ " --help"),
+    io:format("beamdiag sick-node latency: window ~b s, target ~b s from the call; escript "
+              "start-up ~b ms; host ~b CPUs, load ~s~n",
+              [Window, Window + 2, BootMs, erlang:system_info(logical_processors), load()]),
+    io:format("~-15s ~4s ~8s ~10s ~7s ~5s ~10s  ~s~n",
+              ["scenario", "try", "wall s", "-start-up", "target", "exit", "report", "findings"]),
+    [scenario(list_to_atom(S), Window, Tries, Exe, BootMs) || S <- Scenarios],
+    ok.
+
+scenario(Name, Window, Tries, Exe, BootMs) ->
+    case beamdiag_lab:start(Name, #{duration => 600}) of
+        {ok, Lab} ->
+            try
+                timer:sleep(2000),
+                Node = atom_to_list(beamdiag_lab:node(Lab)),
+                Cookie = atom_to_list(beamdiag_lab:cookie(Lab)),
+                [one(Name, K, Window, Exe, BootMs, Node, Cookie) || K <- lists:seq(1, Tries)]
+            after
+                beamdiag_lab:stop(Lab)
+            end;
+        {error, {M, Why}} ->
+            io:format("~-15s skipped: ~ts~n", [Name, M:format_error(Why)])
+    end.
+
+one(Name, K, Window, Exe, BootMs, Node, Cookie) ->
+    Cmd = lists:flatten(io_lib:format("BEAMDIAG_COOKIE=~s ~s diagnose ~s --json --duration ~b "
+                                      "2>/dev/null; echo \"exit=$?\"",
+                                      [Cookie, Exe, Node, Window])),
+    {Ms, Out} = run(Cmd),
+    [Json | _] = string:split(Out, "exit=", trailing),
+    Code = lists:last(string:lexemes(Out, "=\n")),
+    Kind = case {string:find(Json, "\"host_only\":true"), string:find(Json, "\"complete\":false")} of
+               {nomatch, nomatch} -> "complete";
+               {nomatch, _} -> "partial";
+               _ -> "host-only"
+           end,
+    io:format("~-15s ~4b ~8.2f ~10.2f ~7b ~5s ~10s  ~ts~n",
+              [Name, K, Ms / 1000, (Ms - BootMs) / 1000, Window + 2, Code, Kind,
+               lists:join(",", serious(Json))]).
+
+%% The ids of the findings at warning or critical, read from the JSON text.
+serious(Json) ->
+    case re:run(Json, "\"id\":\"([a-z_]+)\"[^{}]*?\"severity\":\"(critical|warning)\"",
+                [global, {capture, [1], list}]) of
+        {match, Ids} -> lists:usort([Id || [Id] <- Ids]);
+        nomatch -> ["none"]
+    end.
+
+run(Cmd) ->
+    T0 = erlang:monotonic_time(millisecond),
+    Out = os:cmd(Cmd),
+    {erlang:monotonic_time(millisecond) - T0, Out}.
+
+load() ->
+    case file:read_file("/proc/loadavg") of
+        {ok, B} -> hd(string:lexemes(binary_to_list(B), " "));
+        _ -> "?"
+    end.
+
+env(Name, Default) ->
+    case os:getenv(Name) of
+        false -> Default;
+        "" -> Default;
+        V -> V
+    end.
+
+halt_with(Text) ->
+    io:format(standard_error, "~s~n", [Text]),
+    halt(2).
