@@ -78,7 +78,8 @@ one(Name, K, Window, Exe, BootMs, Node, Cookie) ->
 
 %% The ids of the findings at warning or critical, read from the JSON text.
 serious(Json) ->
-    case re:run(Json, "\"id\":\"([a-z_]+)\"[^{}]*?\"severity\":\"(critical|warning)\"",
+    case re:run(Json, "\"id\":\"([a-z_]+)\"(?:,\"metrics\":\\{[^{}]*\\})?,"
+                      "\"severity\":\"(critical|warning)\"",
                 [global, {capture, [1], list}]) of
         {match, Ids} -> lists:usort([Id || [Id] <- Ids]);
         nomatch -> ["none"]

@@ -34,7 +34,8 @@ findings(#{state := watching, processes := Ps} = R, Ledger) ->
      || P = #{native := N, count := C, total_ms := Tot} <- Ps,
         C >= map_get(count_min, T),
         (N =:= nif orelse N =:= bif orelse
-         (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)))];
+         (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)
+          andalso runq_share(Ledger) < map_get(runq_max, T)))];
 findings(_, _) ->
     [].
 
@@ -58,6 +59,11 @@ thresholds() ->
         %% or throttled node) spreads short long schedules over many
         %% processes instead.
         erlang_share_min => 0.25,
+        %% ...and only while the scheduler threads got their CPU: when they
+        %% waited this share of the window runnable (a CPU quota, a starved
+        %% host), the OS stretched every slice, and a long schedule in and
+        %% out of an Erlang function says nothing of native code.
+        runq_max => 0.25,
         %% Share of the window one scheduler was held: critical from here.
         held_share_crit => 0.5
     }.
@@ -127,6 +133,12 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
         total_ms => Tot,
         held_share => round(Share * 10000) / 10000
     }).
+
+%% The scheduler threads' share of the window spent runnable without a CPU.
+runq_share(#{by_type := #{scheduler := #{runq := Runq, wall := Wall}}}) when Wall > 0 ->
+    Runq / Wall;
+runq_share(_) ->
+    0.0.
 
 %% The schedulers' spread of busy time, which the held scheduler explains.
 imbalance(#{threads := Rows}, Online) when is_integer(Online) ->
