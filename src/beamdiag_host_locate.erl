@@ -23,7 +23,7 @@
 -module(beamdiag_host_locate).
 
 -export([locate/2, target/1, is_local_host/1, epmd_names/2, format_error/1]).
--export([parse_net_tcp/1, parse_cmdline/1]).
+-export([parse_net_tcp/1, parse_cmdline/1, read/1]).
 
 -export_type([located/0, options/0]).
 
@@ -307,6 +307,9 @@ is_ip(Host) ->
         {error, _} -> false
     end.
 
+%% @doc A /proc or cgroup file, at most 4 MiB of it, opened and closed
+%% here (the host view reads the same way).
+-spec read(file:filename()) -> {ok, binary()} | {error, term()}.
 read(Path) ->
     case file:open(Path, [read, raw, binary]) of
         {ok, Fd} ->

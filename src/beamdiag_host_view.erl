@@ -208,15 +208,4 @@ kb(Key, V, Acc) ->
     end.
 
 read(Path) ->
-    case file:open(Path, [read, raw, binary]) of
-        {ok, Fd} ->
-            try file:read(Fd, 1 bsl 20) of
-                {ok, B} -> {ok, B};
-                eof -> {ok, <<>>};
-                {error, _} = E -> E
-            after
-                ok = file:close(Fd)
-            end;
-        {error, _} = E ->
-            E
-    end.
+    beamdiag_host_locate:read(Path).
