@@ -39,42 +39,15 @@ cluster(C) ->
 -spec document(beamdiag:diagnosis()) -> map().
 document(D = #{host_only := true, capture := C, ledger := L, findings := F}) ->
     %% Seen from the host alone (beamdiag_host): no VM figures.
-    #{
-        schema => ?SCHEMA,
+    (common(C, L, F))#{
         host_only => true,
-        host_view => beamdiag_format_host:summary(D),
-        node => maps:get(node, C),
-        window_s => maps:get(window_s, L),
-        samples => length(maps:get(samples, C)),
-        complete => maps:get(complete, C, true),
-        settings => maps:get(settings, C),
-        threads => [thread(T) || T <- maps:get(threads, L)],
-        by_type => maps:get(by_type, L),
-        totals => maps:get(totals, L),
-        host => maps:get(host, L),
-        cgroup => maps:get(cgroup, L),
-        findings => [finding(X) || X <- F],
-        notes => maps:get(notes, L)
+        host_view => beamdiag_format_host:summary(D)
     };
 document(#{capture := C, ledger := L, findings := F}) ->
-    Settings = maps:get(settings, C),
-    Doc = #{
-        schema => ?SCHEMA,
-        node => maps:get(node, C),
-        otp_release => maps:get(otp_release, Settings),
-        window_s => maps:get(window_s, L),
-        samples => length(maps:get(samples, C)),
-        complete => maps:get(complete, C, true),
-        settings => Settings,
-        threads => [thread(T) || T <- maps:get(threads, L)],
-        by_type => maps:get(by_type, L),
-        totals => maps:get(totals, L),
-        host => maps:get(host, L),
-        cgroup => maps:get(cgroup, L),
+    Doc = (common(C, L, F))#{
+        otp_release => maps:get(otp_release, maps:get(settings, C)),
         vm => maps:get(vm, L),
-        msacc => maps:get(msacc, L),
-        findings => [finding(X) || X <- F],
-        notes => maps:get(notes, L)
+        msacc => maps:get(msacc, L)
     },
     Extras = maps:get(extras, C, #{}),
     Doc0 = case Extras of
@@ -96,6 +69,24 @@ document(#{capture := C, ledger := L, findings := F}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% The fields every diagnosis has, seen from the node or from the host.
+common(C, L, F) ->
+    #{
+        schema => ?SCHEMA,
+        node => maps:get(node, C),
+        window_s => maps:get(window_s, L),
+        samples => length(maps:get(samples, C)),
+        complete => maps:get(complete, C, true),
+        settings => maps:get(settings, C),
+        threads => [thread(T) || T <- maps:get(threads, L)],
+        by_type => maps:get(by_type, L),
+        totals => maps:get(totals, L),
+        host => maps:get(host, L),
+        cgroup => maps:get(cgroup, L),
+        findings => [finding(X) || X <- F],
+        notes => maps:get(notes, L)
+    }.
 
 thread(T) ->
     maps:with([tid, name, type, index, scheduler_id, wall, busy, on_cpu, user, sys, runq,
