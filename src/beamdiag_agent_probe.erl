@@ -29,7 +29,7 @@
 %%% '''
 -module(beamdiag_agent_probe).
 
--export([start/1, call/3, cast/2, on_exit/2, stop/1, pid/1]).
+-export([start/1, call/3, cast/2, on_exit/2, stop/1, pid/1, reply/3]).
 
 %% Internal: the helper's entry point.
 -export([init/2]).
@@ -64,17 +64,24 @@ call({probe, Pid, Busy}, Fun, TimeoutMs) ->
             %% waiting is dropped by the runtime, not left in its mailbox.
             Alias = alias([reply]),
             Pid ! {run, Alias, Fun},
-            receive
-                {Alias, Reply} -> Reply
-            after TimeoutMs ->
-                _ = unalias(Alias),
-                receive
-                    {Alias, Reply} -> Reply
-                after 0 -> timeout
-                end
-            end;
+            reply(Alias, TimeoutMs, timeout);
         _ ->
             busy
+    end.
+
+%% @doc The answer to a request sent with a reply alias (`alias([reply])'),
+%% or Default when none came within TimeoutMs. An answer that comes later
+%% is dropped by the runtime, not left in the caller's mailbox.
+-spec reply(reference(), non_neg_integer(), Default) -> term() | Default.
+reply(Alias, TimeoutMs, Default) ->
+    receive
+        {Alias, Reply} -> Reply
+    after TimeoutMs ->
+        _ = unalias(Alias),
+        receive
+            {Alias, Reply} -> Reply
+        after 0 -> Default
+        end
     end.
 
 %% @doc Runs Fun in the helper without waiting (after any work queued).

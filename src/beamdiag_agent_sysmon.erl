@@ -71,15 +71,7 @@ start(Owner, Opts) ->
 report(Pid, TimeoutMs) ->
     Alias = alias([reply]),
     Pid ! {report, Alias},
-    receive
-        {Alias, R} -> R
-    after TimeoutMs ->
-        _ = unalias(Alias),
-        receive
-            {Alias, R} -> R
-        after 0 -> undefined
-        end
-    end.
+    beamdiag_agent_probe:reply(Alias, TimeoutMs, undefined).
 
 %% @doc Frees the system monitor (when it is this watcher's) and ends.
 -spec stop(pid()) -> ok.
