@@ -706,7 +706,8 @@ cgroup(#{cgroup_location := L}, H) ->
     {R, H2} = beamdiag_agent_cgroup:read(L, H),
     {ok_or_error(R), H2}.
 
-location_info({error, {M, R}}) -> #{error => iolist_to_binary(M:format_error(R))};
+location_info({error, {beamdiag_agent_cgroup, R}}) ->
+    #{error => iolist_to_binary(beamdiag_agent_cgroup:format_error(R))};
 location_info(#{version := V, dir := D}) -> #{version => V, dir => iolist_to_binary(D)}.
 
 ok_or_error({ok, V}) -> V;
