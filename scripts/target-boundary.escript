@@ -12,11 +12,11 @@
 %% else may.
 %% Usage: scripts/target-boundary.escript [EBIN_DIR]
 -define(ALLOWED, [
-    {{beamdiag_agent_driver, unit, 2},
+    {{beamdiag_agent_workload, unit, 2},
      "the experiment's driver calls the workload module it was given"},
-    {{beamdiag_agent_driver, unit_context, 1},
+    {{beamdiag_agent_workload, unit_context, 1},
      "the experiment's driver calls the workload module it was given"},
-    {{beamdiag_agent_procs, dynamic, 3},
+    {{beamdiag_agent_processes, dynamic, 3},
      "calls a BIF only after erlang:function_exported/3 found it on the node's release"}
 ]).
 

@@ -195,7 +195,7 @@ format_error({elsewhere, Host, Why}) ->
     [beamdiag_remote:format_error(Why),
      io_lib:format(". The node runs on ~ts: beamdiag run there diagnoses it from the host "
                    "side even when it does not answer (beamdiag diagnose NODE --host-only, "
-                   "or its OS pid)", [beamdiag_text:safe(Host, 100)])].
+                   "or its OS pid)", [beamdiag_safe_text:safe(Host, 100)])].
 
 %%%===================================================================
 %%% Internal

@@ -93,13 +93,13 @@ budget_from_limits_test() ->
 proc_threads_held_test() ->
     Pid = os:getpid(),
     H0 = beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")),
-    {{ok, T1}, H1} = beamdiag_agent_proc:threads("/proc", Pid, #{status => false}, H0),
+    {{ok, T1}, H1} = beamdiag_agent_procfs:threads("/proc", Pid, #{status => false}, H0),
     ?assertEqual(2 * map_size(T1), beamdiag_agent_file:held(H1)),
-    {{ok, T2}, H2} = beamdiag_agent_proc:threads("/proc", Pid, #{status => true}, H1),
-    {ok, T3} = beamdiag_agent_proc:threads("/proc", Pid, #{status => true}),
+    {{ok, T2}, H2} = beamdiag_agent_procfs:threads("/proc", Pid, #{status => true}, H1),
+    {ok, T3} = beamdiag_agent_procfs:threads("/proc", Pid, #{status => true}),
     ?assertEqual(lists:sort(maps:keys(T3)), lists:sort(maps:keys(T2))),
     [?assertEqual(maps:keys(maps:get(Tid, T3)), maps:keys(maps:get(Tid, T2))) || Tid <- maps:keys(T2)],
-    {{ok, _}, H3} = beamdiag_agent_proc:host("/proc", H2),
+    {{ok, _}, H3} = beamdiag_agent_procfs:host("/proc", H2),
     ?assertEqual(2 * map_size(T1) + 2, beamdiag_agent_file:held(H3)),
     ok = beamdiag_agent_file:close(H3).
 

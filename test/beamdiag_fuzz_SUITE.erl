@@ -234,16 +234,16 @@ safe_word() ->
 %%% /proc and cgroup
 %%%===================================================================
 
-%% beamdiag_agent_proc's parsers on junk: `{ok, _}' or `{error, {beamdiag_agent_proc, _}}'.
+%% beamdiag_agent_procfs's parsers on junk: `{ok, _}' or `{error, {beamdiag_agent_procfs, _}}'.
 -spec proc_parsers(list()) -> term().
 proc_parsers(Config) ->
     Seeds = proc_seeds(Config),
     Parsers = [
-        {parse_stat, fun beamdiag_agent_proc:parse_stat/1},
-        {parse_schedstat, fun beamdiag_agent_proc:parse_schedstat/1},
-        {parse_status, fun beamdiag_agent_proc:parse_status/1},
-        {parse_host_stat, fun beamdiag_agent_proc:parse_host_stat/1},
-        {parse_loadavg, fun beamdiag_agent_proc:parse_loadavg/1}
+        {parse_stat, fun beamdiag_agent_procfs:parse_stat/1},
+        {parse_schedstat, fun beamdiag_agent_procfs:parse_schedstat/1},
+        {parse_status, fun beamdiag_agent_procfs:parse_status/1},
+        {parse_host_stat, fun beamdiag_agent_procfs:parse_host_stat/1},
+        {parse_loadavg, fun beamdiag_agent_procfs:parse_loadavg/1}
     ],
     Stats = loop(?SECONDS, fun() ->
         Input = input(Seeds),
@@ -251,9 +251,9 @@ proc_parsers(Config) ->
             fun({Name, P}) ->
                 case catch_call(P, [Input]) of
                     {ok, {ok, V}} when is_map(V); is_tuple(V) -> ok;
-                    {ok, {error, {beamdiag_agent_proc, R}}} ->
+                    {ok, {error, {beamdiag_agent_procfs, R}}} ->
                         %% The reason must turn into a sentence.
-                        _ = iolist_to_binary(beamdiag_agent_proc:format_error(R)),
+                        _ = iolist_to_binary(beamdiag_agent_procfs:format_error(R)),
                         ok;
                     Other -> ct:fail({Name, Input, Other})
                 end

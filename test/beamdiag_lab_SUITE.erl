@@ -83,7 +83,7 @@ cpu_starvation(Config) ->
     {Ticks0, T0} = {cpu_ticks(Pid), erlang:monotonic_time(millisecond)},
     {L, F, Raw} = diagnose_complete(Config),
     %% The competitor's own CPU over the same time, from /proc.
-    CompCpus = (cpu_ticks(Pid) - Ticks0) / beamdiag_agent_proc:clock_ticks() /
+    CompCpus = (cpu_ticks(Pid) - Ticks0) / beamdiag_agent_procfs:clock_ticks() /
         ((erlang:monotonic_time(millisecond) - T0) / 1000),
     ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
     ?assert(raw(runq, Raw) > 0.30),

@@ -485,7 +485,7 @@ cpu_ms(OsPid) ->
     [_, After] = string:split(Bin, ")", trailing),
     Fields = string:lexemes(After, " "),
     Ticks = binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)),
-    Ticks * 1000 div beamdiag_agent_proc:clock_ticks().
+    Ticks * 1000 div beamdiag_agent_procfs:clock_ticks().
 
 %% The NIF, built here with this machine's erl_nif.h (NIF 2.x loads on
 %% later releases), placed where the node's root sees it; the path

@@ -124,12 +124,12 @@ text_section_test() ->
     Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
     Q = entry(<<"<0.95.0>">>, <<"consumer", 27, "[2J">>, 20000, [100, 50100], [1000, 4100000], 0),
     P = procs([Server], [Q], [Q, Server], 100000000),
-    Text = beamdiag_text:terminal(beamdiag_format_procs:text(P)),
+    Text = beamdiag_safe_text:terminal(beamdiag_format_procs:text(P)),
     ?assertMatch({_, _}, binary:match(Text, <<"TOP PROCESSES">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"60.0%  my_server <0.90.0>">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"100 -> 50.1k">>)),
     ?assertEqual(nomatch, binary:match(Text, <<27>>)),
-    ?assertMatch({_, _}, binary:match(beamdiag_text:terminal(
+    ?assertMatch({_, _}, binary:match(beamdiag_safe_text:terminal(
         beamdiag_format_procs:text(#{error => <<"error:badarg">>})), <<"not collected">>)).
 
 %% Compare: which process changed between two windows.

@@ -235,9 +235,9 @@ is_dirty_cpu(Name) ->
 %% only registered processes are read; below it, every process.
 -spec walk_bounds(list()) -> term().
 walk_bounds(_Config) ->
-    All = beamdiag_agent_procs:finish(beamdiag_agent_procs:start(#{})),
+    All = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{})),
     ?assertEqual(all, maps:get(mode, All)),
-    Small = beamdiag_agent_procs:finish(beamdiag_agent_procs:start(#{walk_max => 10})),
+    Small = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{walk_max => 10})),
     Expected = case erlang:function_exported(erlang, processes_iterator, 0) of
                    true -> sampled;
                    false -> registered
@@ -287,7 +287,7 @@ otp27_label(_Config) ->
 -spec otp29_iterator(list()) -> term().
 otp29_iterator(_Config) ->
     beamdiag_test_lib:with_node(29, #{args => ["-hidden"]}, fun(Peer, _Node) ->
-        Mod = beamdiag_agent_procs,
+        Mod = beamdiag_agent_processes,
         {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
             beam_lib:chunks(code:which(Mod), [abstract_code]),
         {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),

@@ -103,7 +103,7 @@ huge_node_no_table_walks(_Config) ->
         ?assertEqual(0, proplists:get_value({erlang, processes, 0}, Counts)),
         ?assertEqual(0, proplists:get_value({ets, all, 0}, Counts)),
         ?assertEqual(0, proplists:get_value({erlang, ports, 0}, Counts)),
-        %% The process walks (beamdiag_agent_procs) do not list the table
+        %% The process walks (beamdiag_agent_processes) do not list the table
         %% above their limit: before OTP 28 they read the registered
         %% processes only, at both ends, and `memory' and the identity of a
         %% few dozen candidates; process_info is called for those and a few

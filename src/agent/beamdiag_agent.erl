@@ -80,8 +80,8 @@
 -type sample() :: #{
     t := integer(),
     vm := beamdiag_agent_vm:counters(),
-    threads := #{integer() => beamdiag_agent_proc:thread()} | {error, term()},
-    host := beamdiag_agent_proc:host() | {error, term()},
+    threads := #{integer() => beamdiag_agent_procfs:thread()} | {error, term()},
+    host := beamdiag_agent_procfs:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
     tick_cost_us := non_neg_integer()
 }.
@@ -133,8 +133,8 @@ stop(Pid) ->
 %% @doc The modules the agent needs on the target.
 -spec modules() -> [module()].
 modules() ->
-    [?MODULE, beamdiag_agent_file, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_procs, beamdiag_agent_probe,
+    [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
+     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_probe,
      beamdiag_agent_sysmon].
 
 %% @doc One sample, as the agent takes it each tick. `status => false' in
@@ -165,13 +165,13 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     T = erlang:monotonic_time(nanosecond),
     Vm = vm(State, Msacc),
     case in_time(Deadline) andalso
-             beamdiag_agent_proc:threads(Root, OsPid, #{status => Status, deadline => Deadline}, H0) of
+             beamdiag_agent_procfs:threads(Root, OsPid, #{status => Status, deadline => Deadline}, H0) of
         false ->
             late;
-        {{error, {beamdiag_agent_proc, deadline}}, _} ->
+        {{error, {beamdiag_agent_procfs, deadline}}, _} ->
             late;
         {Threads, H1} ->
-            case in_time(Deadline) andalso beamdiag_agent_proc:host(Root, H1) of
+            case in_time(Deadline) andalso beamdiag_agent_procfs:host(Root, H1) of
                 false ->
                     late;
                 {Host, H2} ->
@@ -478,7 +478,7 @@ unload_plan(Mods, Extras) ->
         false -> {Mods, Extras}
     end.
 
-%% The process walk at the window's start (see beamdiag_agent_procs),
+%% The process walk at the window's start (see beamdiag_agent_processes),
 %% unless turned off: in a process of its own, so that a process that
 %% answers slowly (one held in a NIF) stalls the walk, not the ticks; the
 %% walker sends the walk's state and a report of it alone, which goes to
@@ -492,8 +492,8 @@ start_procs(Opts, Helpers) ->
             %% crowd the run queue a normal walker would wait behind them.
             Walker = spawn_opt(fun() ->
                 Result = try
-                             S = beamdiag_agent_procs:start(#{skip => Skip}),
-                             {ok, S, beamdiag_agent_procs:snapshot(S)}
+                             S = beamdiag_agent_processes:start(#{skip => Skip}),
+                             {ok, S, beamdiag_agent_processes:snapshot(S)}
                          catch Class:Reason -> {error, error_text(Class, Reason)}
                          end,
                 Self ! {beamdiag_walk, self(), Result}
@@ -508,7 +508,7 @@ walked(State = #{procs := {walking, Walker}, caller := Caller, ref := Ref}, Walk
     case Result of
         {ok, S, Snapshot} ->
             Caller ! {beamdiag, Ref, {procs_start, Snapshot}},
-            State#{procs := S, watch => beamdiag_agent_procs:watch(S)};
+            State#{procs := S, watch => beamdiag_agent_processes:watch(S)};
         {error, Text} ->
             State#{procs := {error, Text}}
     end;
@@ -516,10 +516,10 @@ walked(State, _Walker, _Result) ->
     State.
 
 %% With `procs_every' (watch), every that many ticks: the process report
-%% since the last one (one walk; see beamdiag_agent_procs:next/1).
+%% since the last one (one walk; see beamdiag_agent_processes:next/1).
 procs_tick(State = #{procs := P = #{}, opts := #{procs_every := N}, caller := Caller, ref := Ref},
            K) when K rem N =:= 0 ->
-    try beamdiag_agent_procs:next(P) of
+    try beamdiag_agent_processes:next(P) of
         {Report, P2} ->
             Caller ! {beamdiag, Ref, {procs, Report}},
             State#{procs := P2}
@@ -540,7 +540,7 @@ end_walk(#{procs := P = #{}}, done) ->
     Self = self(),
     Ref = make_ref(),
     {Walker, MRef} = spawn_opt(fun() ->
-        Self ! {Ref, try {ok, beamdiag_agent_procs:finish(P)}
+        Self ! {Ref, try {ok, beamdiag_agent_processes:finish(P)}
                      catch Class:Reason -> {error, error_text(Class, Reason)}
                      end}
     end, [monitor, {priority, high}]),

@@ -130,7 +130,7 @@ parse_mountinfo(Bin) ->
 %% `{QuotaCpus | unlimited, PeriodUs}'.
 -spec parse_cpu_max(binary()) -> {float() | unlimited, pos_integer()}.
 parse_cpu_max(Bin) ->
-    case binary:split(beamdiag_agent_proc:trim(Bin), <<" ">>, [global, trim_all]) of
+    case binary:split(beamdiag_agent_procfs:trim(Bin), <<" ">>, [global, trim_all]) of
         [<<"max">>, P] -> {unlimited, period(to_int(P, 100000))};
         [Q, P] ->
             case {to_int(Q, 0), to_int(P, 0)} of
@@ -315,7 +315,7 @@ read_file(File, H) ->
 read_int(File, H0) ->
     case read_file(File, H0) of
         {{ok, Bin}, H} ->
-            case to_int(beamdiag_agent_proc:trim(Bin), undefined) of
+            case to_int(beamdiag_agent_procfs:trim(Bin), undefined) of
                 undefined -> {{error, bad}, H};
                 I -> {{ok, I}, H}
             end;
@@ -324,7 +324,7 @@ read_int(File, H0) ->
     end.
 
 to_int(B, Default) ->
-    try binary_to_integer(beamdiag_agent_proc:trim(B)) of
+    try binary_to_integer(beamdiag_agent_procfs:trim(B)) of
         I -> I
     catch
         error:badarg -> Default

@@ -150,7 +150,7 @@ whole(Path, Max) ->
 fd_size(Status) ->
     case [L || <<"FDSize:", L/binary>> <- binary:split(Status, <<"\n">>, [global])] of
         [V | _] ->
-            try {ok, binary_to_integer(beamdiag_agent_proc:trim(V))}
+            try {ok, binary_to_integer(beamdiag_agent_procfs:trim(V))}
             catch error:badarg -> error
             end;
         [] ->

@@ -262,5 +262,5 @@ human(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 human(V) -> io_lib:format("~.1f", [float(V)]).
 
 safe(null) -> "?";
-safe(T) -> beamdiag_text:safe(T, 80).
+safe(T) -> beamdiag_safe_text:safe(T, 80).
 

@@ -177,7 +177,7 @@ index_of(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
 thread_row(Tid, A, B, {Type, Index}, Wall, Busy, Settings) ->
     Name = maps:get(name, B),
     SchedId = beamdiag_threads:scheduler_id({Type, Index}, Settings),
-    Hz = beamdiag_agent_proc:clock_ticks(),
+    Hz = beamdiag_agent_procfs:clock_ticks(),
     DU = delta(utime, A, B) / Hz,
     DS = delta(stime, A, B) / Hz,
     OnCpu =
@@ -315,7 +315,7 @@ top_others(#{host_scan := #{first := A, last := B} = Scan}, Ncpu) when is_map(A)
 top_others(_, _) ->
     {[], false}.
 
-clock_hz() -> beamdiag_agent_proc:clock_ticks().
+clock_hz() -> beamdiag_agent_procfs:clock_ticks().
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
     D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,

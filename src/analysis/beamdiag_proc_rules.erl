@@ -1,5 +1,5 @@
 %%% @doc Findings from process attribution (pure): the process data
-%%% `beamdiag_agent_procs:finish/1' returns, set beside the ledger.
+%%% `beamdiag_agent_processes:finish/1' returns, set beside the ledger.
 %%%
 %%% `single_process_bottleneck': one process took at least
 %%% `reds_share_min' of the node's reductions over the window, and that

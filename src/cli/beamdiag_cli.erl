@@ -109,11 +109,11 @@ run(["--version" | _], #{out := Out}) ->
 run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
     %% Messages may quote file names, node names and other input: nothing
     %% but newlines and carriage returns goes to the terminal raw.
-    Err = fun(D) -> Err0(beamdiag_text:terminal(D)) end,
+    Err = fun(D) -> Err0(beamdiag_safe_text:terminal(D)) end,
     IO = IO0#{err => Err},
     case lists:keyfind(Cmd, 1, commands() ++ aliases()) of
         false ->
-            Err(["beamdiag: unknown command '", beamdiag_text:safe(Cmd, 200), "'\n\n", top_usage()]),
+            Err(["beamdiag: unknown command '", beamdiag_safe_text:safe(Cmd, 200), "'\n\n", top_usage()]),
             ?EXIT_USAGE;
         {Cmd, Mod, _} ->
             Spec = Mod:spec(),
@@ -291,11 +291,11 @@ html(_Render, _Opts, _IO) ->
 %% @doc Turns a parse error (or a file the command line named that cannot
 %% be written) into a sentence.
 -spec format_error(term()) -> unicode:chardata().
-format_error({unknown_option, O}) -> ["unknown option ", beamdiag_text:safe(O, 200)];
+format_error({unknown_option, O}) -> ["unknown option ", beamdiag_safe_text:safe(O, 200)];
 format_error({missing_value, O}) -> ["option ", O, " needs a value"];
-format_error({bad_value, O, V, Why}) -> ["bad value '", beamdiag_text:safe(V, 200), "' for ", O, ": ", Why];
+format_error({bad_value, O, V, Why}) -> ["bad value '", beamdiag_safe_text:safe(V, 200), "' for ", O, ": ", Why];
 format_error({missing_argument, M}) -> ["missing argument ", M];
-format_error({extra_argument, A}) -> ["unexpected argument '", beamdiag_text:safe(A, 200), "'"];
+format_error({extra_argument, A}) -> ["unexpected argument '", beamdiag_safe_text:safe(A, 200), "'"];
 format_error({write, File, Why}) -> ["cannot write ", File, ": ", file:format_error(Why)].
 
 %%%===================================================================
@@ -311,7 +311,7 @@ exit_meaning(?EXIT_FAILED) -> "the run failed".
 %% Error sentences on one line: line breaks (and the indentation after
 %% them, as ~p writes long terms) become one space.
 one_line(Text) ->
-    string:trim(re:replace(beamdiag_text:chars(Text), "\\s*\\n\\s*", " ",
+    string:trim(re:replace(beamdiag_safe_text:chars(Text), "\\s*\\n\\s*", " ",
                            [global, unicode, {return, list}]), trailing).
 
 command_modules() ->

@@ -102,7 +102,7 @@ run(Opts = #{action := "build"}, IO = #{out := Out, err := Err}) ->
             beamdiag_cli:fail(Error, IO)
     end;
 run(#{action := Other}, IO) ->
-    beamdiag_cli:usage_error(["emu-type: unknown action '", beamdiag_text:safe(Other, 40),
+    beamdiag_cli:usage_error(["emu-type: unknown action '", beamdiag_safe_text:safe(Other, 40),
                               "' (build or status)"], IO).
 
 %%%===================================================================

@@ -83,7 +83,7 @@ svg(Stacks, Opts) when is_map(Stacks) ->
 %% does not allow become `?'.
 -spec escape(iodata()) -> binary().
 escape(Text) ->
-    Chars = beamdiag_text:chars(iolist_to_binary(Text)),
+    Chars = beamdiag_safe_text:chars(iolist_to_binary(Text)),
     unicode:characters_to_binary([esc(C) || C <- Chars]).
 
 %%%===================================================================

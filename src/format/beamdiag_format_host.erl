@@ -31,7 +31,7 @@ header(#{capture := C, ledger := L, host_view := V}) ->
     Cg = maps:get(cgroup, L, #{}),
     [
         io_lib:format("beamdiag: ~ts (OS pid ~b, ~ts)~n",
-                      [beamdiag_text:safe(maps:get(node, V, <<"?">>), 68), maps:get(os_pid, V),
+                      [beamdiag_safe_text:safe(maps:get(node, V, <<"?">>), 68), maps:get(os_pid, V),
                        located(maps:get(located, V, given))]),
         reason(V),
         io_lib:format("host view: ~.1f s window, ~b samples of /proc; schedulers ~b, dirty cpu ~b, "
@@ -62,7 +62,7 @@ threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
         io_lib:format("  ~-16s ~8s ~10s ~7s ~6s ~6s ~6s ~9s~n",
                       ["thread", "tid", "type", "wanted", "on-cpu", "user", "runq", "vol. cs"]),
         [io_lib:format("  ~-16ts ~8b ~10s ~7s ~6s ~6s ~6s ~9b~n",
-                       [beamdiag_text:safe(Name, 16), Tid, Type, pct(min(1.0, wanted(R) / W)),
+                       [beamdiag_safe_text:safe(Name, 16), Tid, Type, pct(min(1.0, wanted(R) / W)),
                         pct(min(1.0, On / W)), pct(min(1.0, U / W)), pct(min(1.0, Q / W)), Vol])
          || R = #{name := Name, tid := Tid, type := Type, on_cpu := On, user := U, runq := Q,
                   nvcsw := Vol} <- lists:sublist(Sorted, ?TOP_THREADS)],
@@ -146,14 +146,14 @@ perf({ok, #{samples := N, top := Top}}) ->
     ["perf: ", integer_to_list(N), " samples of the held threads",
      case Top of
          [] -> "";
-         _ -> [": ", lists:join(", ", [[beamdiag_text:safe(S, 60), " (",
-                                        beamdiag_text:safe(filename:basename(D), 60), ") ",
+         _ -> [": ", lists:join(", ", [[beamdiag_safe_text:safe(S, 60), " (",
+                                        beamdiag_safe_text:safe(filename:basename(D), 60), ") ",
                                         pct(Sh)]
                                        || #{symbol := S, dso := D, share := Sh} <-
                                               lists:sublist(Top, 3)])]
      end, "\n"];
 perf({error, Why}) ->
-    ["perf: not used: ", beamdiag_text:safe(Why, 200), "\n"];
+    ["perf: not used: ", beamdiag_safe_text:safe(Why, 200), "\n"];
 perf(none) ->
     "perf: not run (no thread held, or too little of the window left)\n".
 

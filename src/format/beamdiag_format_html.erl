@@ -383,7 +383,7 @@ msacc_table(ByType) ->
 
 procs_section(#{procs := P}) when is_map(P) ->
     [{"processes", "Top processes",
-      ["<pre>", esc(beamdiag_text:terminal(beamdiag_format_procs:text(P))), "</pre>\n",
+      ["<pre>", esc(beamdiag_safe_text:terminal(beamdiag_format_procs:text(P))), "</pre>\n",
        value(maps:with([top_reductions, queues, heaps, heap_growth], P), 0)]}];
 procs_section(_) ->
     [].
@@ -784,7 +784,7 @@ esc_char(C) when C >= 16#D800, C =< 16#DFFF -> <<"\xef\xbf\xbd">>;
 esc_char(C) -> <<C/utf8>>.
 
 %% Characters from binaries (UTF-8, invalid bytes replaced), lists, atoms.
-to_chars(B) when is_binary(B) -> beamdiag_text:chars(B, 16#FFFD);
+to_chars(B) when is_binary(B) -> beamdiag_safe_text:chars(B, 16#FFFD);
 to_chars(A) when is_atom(A) -> atom_to_list(A);
 to_chars(N) when is_number(N) -> esc(N);
 to_chars(L) when is_list(L) ->

@@ -5,7 +5,7 @@
 %%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
 %%% `locks' (when counted), `processes' (the process walks: top processes
-%%% by reductions, mailboxes, heaps; see beamdiag_agent_procs), `findings' (most severe first) and `notes'.
+%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first) and `notes'.
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
 %%% (true) and `host_view' (why, what distribution saw, the held threads,
 %%% perf's top native functions, memory), and no VM figures.

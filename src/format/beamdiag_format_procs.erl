@@ -1,5 +1,5 @@
 %%% @doc The TOP PROCESSES section of the text report, from the process
-%%% data `beamdiag_agent_procs:finish/1' returns: the processes with the
+%%% data `beamdiag_agent_processes:finish/1' returns: the processes with the
 %%% largest share of the node's reductions, the mailboxes, the largest
 %%% heaps. Returns iodata; the caller makes the report safe for a terminal
 %%% (names and labels come from the target).
@@ -31,7 +31,7 @@ text(P) ->
 text(P = #{top_reductions := [Top | _]}, ByProcess) when ByProcess =/= [] ->
     [text(P, []), hot_stacks(Top, ByProcess)];
 text(#{error := E}, _) ->
-    ["TOP PROCESSES\n  not collected: ", beamdiag_text:safe(E, 200), "\n"];
+    ["TOP PROCESSES\n  not collected: ", beamdiag_safe_text:safe(E, 200), "\n"];
 text(P = #{top_reductions := Top}, _) ->
     Total = maps:get(reductions, P, 0),
     [
@@ -88,7 +88,7 @@ compare_text([]) ->
 compare_text(Rows) ->
     ["\nPROCESSES (A -> B): share of reductions, queue and memory at the end\n",
      [io_lib:format("  ~-28ts ~6ts -> ~-6ts q ~ts -> ~ts  mem ~ts -> ~ts~n",
-                    [beamdiag_text:safe(K, 28), opt_pct(SA), opt_pct(SB), opt(QA), opt(QB),
+                    [beamdiag_safe_text:safe(K, 28), opt_pct(SA), opt_pct(SB), opt(QA), opt(QB),
                      opt_bytes(MA), opt_bytes(MB)])
       || #{process := K, share := [SA, SB], queue := [QA, QB], memory := [MA, MB]} <- Rows]].
 
@@ -101,7 +101,7 @@ scope(P = #{mode := Mode, scanned := [S0, S1], process_count := [C0, C1]}) ->
                sampled -> io_lib:format("a sample of ~b of ~b processes", [S0, C0]);
                registered -> io_lib:format("only the ~b registered of ~b processes", [S0, C1]);
                %% A capture read back where the mode's atom is unknown.
-               Other -> io_lib:format("~ts: ~b of ~b processes", [beamdiag_text:safe(Other, 20), S0, C1])
+               Other -> io_lib:format("~ts: ~b of ~b processes", [beamdiag_safe_text:safe(Other, 20), S0, C1])
            end,
     Trunc = case maps:get(truncated, P, false) of
                 true -> ", a walk cut short by its time limit";
@@ -169,7 +169,7 @@ hot_stacks(Top = #{pid := Pid}, ByProcess) ->
         [#{samples := N, stacks := Stacks}] ->
             [io_lib:format("  hot stacks of ~ts (Erlang sampler, ~b samples of it running)~n",
                            [who_short(Top), N]),
-             [io_lib:format("  ~5.1f%  ~ts~n", [100 * C / N, beamdiag_text:safe(leaf(S), 66)])
+             [io_lib:format("  ~5.1f%  ~ts~n", [100 * C / N, beamdiag_safe_text:safe(leaf(S), 66)])
               || #{stack := S, count := C} <- lists:sublist(Stacks, 3)]];
         [] ->
             io_lib:format("  the Erlang sampler never found ~ts running~n", [who(Top, 40)])
@@ -239,21 +239,21 @@ like(_) -> "".
 
 %% Where it was at the end, under the process's line.
 where(#{current := C, monitored_by := M}) when M > 0 ->
-    io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_text:safe(C, 40), M]);
+    io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_safe_text:safe(C, 40), M]);
 where(#{current := C}) ->
-    io_lib:format("~24sin ~ts~n", ["", beamdiag_text:safe(C, 50)]);
+    io_lib:format("~24sin ~ts~n", ["", beamdiag_safe_text:safe(C, 50)]);
 where(_) ->
     "".
 
 who_short(E = #{pid := Pid}) ->
     case {maps:get(name, E, null), maps:get(label, E, null)} of
-        {N, _} when is_binary(N) -> beamdiag_text:safe(N, 24);
-        {null, L} when is_binary(L) -> beamdiag_text:safe(L, 24);
-        _ -> [beamdiag_text:safe(Pid, 16), " ", beamdiag_text:safe(maps:get(initial_call, E, <<>>), 24)]
+        {N, _} when is_binary(N) -> beamdiag_safe_text:safe(N, 24);
+        {null, L} when is_binary(L) -> beamdiag_safe_text:safe(L, 24);
+        _ -> [beamdiag_safe_text:safe(Pid, 16), " ", beamdiag_safe_text:safe(maps:get(initial_call, E, <<>>), 24)]
     end.
 
 who(E, Max) ->
-    beamdiag_text:safe(beamdiag_proc_rules:who(E), Max).
+    beamdiag_safe_text:safe(beamdiag_proc_rules:who(E), Max).
 
 qstart(null) -> "new";
 qstart(N) -> count(N).

@@ -54,7 +54,7 @@ diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
 %% Strings from the target or a capture file may hold anything: the
 %% report is made safe for a terminal as a whole, then coloured.
 finish(Plain, Opts) ->
-    Clean = beamdiag_text:report(Plain),
+    Clean = beamdiag_safe_text:report(Plain),
     case maps:get(colour, Opts, false) of
         true -> colourise(Clean);
         false -> Clean
@@ -92,7 +92,7 @@ pct(X) -> io_lib:format("~.1f%", [100 * X]).
 %% @doc Wraps text to the width, every line after the first indented.
 -spec wrap(iodata(), non_neg_integer(), pos_integer()) -> iolist().
 wrap(Text, Indent, Width) ->
-    Words = string:lexemes(beamdiag_text:chars(Text), " \n"),
+    Words = string:lexemes(beamdiag_safe_text:chars(Text), " \n"),
     Pad = lists:duplicate(Indent, $\s),
     {Lines, Last} = lists:foldl(
         fun(W, {Acc, Cur}) ->
@@ -120,7 +120,7 @@ header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     T = maps:get(totals, L, #{}),
     Cg = maps:get(cgroup, L, #{}),
     [
-        io_lib:format("beamdiag: ~ts~n", [beamdiag_text:safe(Node, 68)]),
+        io_lib:format("beamdiag: ~ts~n", [beamdiag_safe_text:safe(Node, 68)]),
         io_lib:format("OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
                       [maps:get(otp_release, S), maps:get(emu_flavor, S),
                        case maps:get(lock_counting, S, false) of true -> ", lcnt"; _ -> "" end,
@@ -255,7 +255,7 @@ quota(unlimited) -> "none";
 quota(Q) when is_number(Q) -> io_lib:format("~.2f CPUs", [float(Q)]).
 
 %% Strings from the target: printable, one line, bounded.
-safe(Text) -> beamdiag_text:safe(Text, 120).
+safe(Text) -> beamdiag_safe_text:safe(Text, 120).
 
 %%%===================================================================
 %%% Cluster
@@ -297,7 +297,7 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
             false -> ""
         end
     ]),
-    beamdiag_text:report(Plain).
+    beamdiag_safe_text:report(Plain).
 
 source(#{source := seed, seed := Seed}) -> ["(", safe(Seed), " and the nodes it is connected to)"];
 source(#{source := list}) -> "(from the node list)".
@@ -405,7 +405,7 @@ block(Text, Indent) ->
 
 %% Text cut to at most N characters, "..." marking the cut.
 cut(Text, N) ->
-    Chars = beamdiag_text:chars(Text),
+    Chars = beamdiag_safe_text:chars(Text),
     case string:length(Chars) > N of
         true -> [string:slice(Chars, 0, max(0, N - 3)), "..."];
         false -> Chars

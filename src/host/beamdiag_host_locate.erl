@@ -144,18 +144,18 @@ format_error({no_such_pid, Pid}) ->
     io_lib:format("there is no OS process ~b on this host", [Pid]);
 format_error({not_beam, Pid, Comm}) ->
     io_lib:format("OS process ~b is ~ts, not an Erlang VM (beam)",
-                  [Pid, beamdiag_text:safe(Comm, 40)]);
+                  [Pid, beamdiag_safe_text:safe(Comm, 40)]);
 format_error({unreadable, Path, Why}) ->
     io_lib:format("cannot read ~ts: ~ts (beamdiag needs to read the node's /proc entries: "
                   "run it as the node's user or as root)", [Path, file:format_error(Why)]);
 format_error({other_host, Host}) ->
     io_lib:format("the node runs on host ~ts, not this one: its OS process can only be "
-                  "read there", [beamdiag_text:safe(Host, 100)]);
+                  "read there", [beamdiag_safe_text:safe(Host, 100)]);
 format_error({not_found, Name}) ->
     io_lib:format("no Erlang VM on this host is registered as ~ts (neither in epmd nor on a "
-                  "command line)", [beamdiag_text:safe(Name, 100)]);
+                  "command line)", [beamdiag_safe_text:safe(Name, 100)]);
 format_error({bad_node, S}) ->
-    ["'", beamdiag_text:safe(S, 100), "' is neither an OS pid nor a node name (name@host)"].
+    ["'", beamdiag_safe_text:safe(S, 100), "' is neither an OS pid nor a node name (name@host)"].
 
 %%%===================================================================
 %%% Internal
@@ -294,7 +294,7 @@ check_pid(Root, Pid, How) ->
 
 comm(Root, Pid) ->
     case read(filename:join([Root, integer_to_list(Pid), "comm"])) of
-        {ok, B} -> {ok, beamdiag_agent_proc:trim(B)};
+        {ok, B} -> {ok, beamdiag_agent_procfs:trim(B)};
         {error, _} = E -> E
     end.
 

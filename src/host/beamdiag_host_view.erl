@@ -4,7 +4,7 @@
 %%%
 %%% `start/2' starts a sampler linked to the caller that reads, each tick,
 %%% every thread's CPU counters (/proc/PID/task, through
-%%% `beamdiag_agent_proc'), the host's CPU times, MemAvailable, the node's
+%%% `beamdiag_agent_procfs'), the host's CPU times, MemAvailable, the node's
 %%% resident memory, and the cgroup's CPU quota, throttling counters and
 %%% memory limit and use (`beamdiag_agent_cgroup'). The samples have the
 %%% shape of the agent's, without the VM's own figures, so
@@ -25,8 +25,8 @@
 
 -type sample() :: #{
     t := integer(),
-    threads := #{integer() => beamdiag_agent_proc:thread()} | {error, term()},
-    host := beamdiag_agent_proc:host() | {error, term()},
+    threads := #{integer() => beamdiag_agent_procfs:thread()} | {error, term()},
+    host := beamdiag_agent_procfs:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
     memory := #{atom() => non_neg_integer() | max},
     vm := beamdiag_agent_vm:counters(),
@@ -76,8 +76,8 @@ stop(Pid) ->
 -spec sample(file:filename(), pos_integer(), beamdiag_agent_cgroup:location() | {error, term()}) ->
     sample().
 sample(Root, OsPid, Cg) ->
-    Threads = beamdiag_agent_proc:threads(Root, OsPid, #{status => true}),
-    Host = beamdiag_agent_proc:host(Root),
+    Threads = beamdiag_agent_procfs:threads(Root, OsPid, #{status => true}),
+    Host = beamdiag_agent_procfs:host(Root),
     CgStat = case Cg of
                  #{dir := _} -> beamdiag_agent_cgroup:read(Cg);
                  {error, _} = E -> E
@@ -193,7 +193,7 @@ memory(Root, OsPid, Cg) ->
 cg_int(File) ->
     case read(File) of
         {ok, B} ->
-            case beamdiag_agent_proc:trim(B) of
+            case beamdiag_agent_procfs:trim(B) of
                 <<"max">> -> {ok, max};
                 T -> try {ok, binary_to_integer(T)} catch error:badarg -> error end
             end;

@@ -157,7 +157,7 @@ cookie(#{cookie := C}) -> C.
 -spec format_error(term()) -> iolist().
 format_error({unknown_scenario, N, Known}) ->
     io_lib:format("no lab scenario '~ts'; known: ~ts",
-                  [beamdiag_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
+                  [beamdiag_safe_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
 format_error({peer_start, Name, Reason}) ->
     io_lib:format("cannot start the ~s lab node: ~p~ts", [Name, Reason, lcnt_hint(Reason)]);
 format_error({load, Why}) ->

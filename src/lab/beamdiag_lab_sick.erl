@@ -101,7 +101,7 @@ format_error(no_source) ->
     "cannot build the lab's NIF: its source " ?SRC " is missing from beamdiag's priv folder";
 format_error({gcc, Out}) ->
     io_lib:format("cannot build the lab's NIF: gcc said: ~ts",
-                  [beamdiag_text:safe(Out, 2000)]);
+                  [beamdiag_safe_text:safe(Out, 2000)]);
 format_error({tmp, Why}) ->
     io_lib:format("cannot build the lab's NIF: no temporary folder (~ts)",
                   [file:format_error(Why)]).

@@ -279,7 +279,7 @@ format_top(Title, Rows) ->
     [
         Title, "\n",
         io_lib:format("  ~7s ~7s  ~s~n", ["self", "total", "function"]),
-        [io_lib:format("  ~6.2f% ~6.2f%  ~ts~n", [100 * S, 100 * T, beamdiag_text:safe(Name)])
+        [io_lib:format("  ~6.2f% ~6.2f%  ~ts~n", [100 * S, 100 * T, beamdiag_safe_text:safe(Name)])
          || #{self_share := S, total_share := T, name := Name} <- Rows]
     ].
 

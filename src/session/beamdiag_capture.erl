@@ -146,7 +146,7 @@ format_error({not_a_capture, File}) ->
     io_lib:format("~ts is not a beamdiag capture (no 'beamdiag-capture' header)", [File]);
 format_error({unsupported_version, File, V}) ->
     io_lib:format("~ts is a beamdiag capture of format version ~ts; this beamdiag reads "
-                  "version ~b", [File, beamdiag_text:safe(V, 40), ?VERSION]);
+                  "version ~b", [File, beamdiag_safe_text:safe(V, 40), ?VERSION]);
 format_error({truncated, File, Want, Got}) ->
     io_lib:format("~ts is truncated: its body should be ~b bytes, the file holds ~b",
                   [File, Want, Got]);
@@ -263,9 +263,12 @@ with_file(File, {corrupt, Why}) -> {corrupt, File, Why}.
 %% types, ledger fields, finding ids): make sure they exist before decoding.
 known_atoms() ->
     _ = application:load(beamdiag),
-    Own = [beamdiag_agent, beamdiag_agent_vm, beamdiag_agent_proc, beamdiag_agent_cgroup, beamdiag_ledger,
+    Own = [beamdiag_agent, beamdiag_agent_vm, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_ledger,
            beamdiag_rules, beamdiag_catalogue, beamdiag_threads, beamdiag_agent_lcnt,
-           beamdiag_experiment, beamdiag_compare, beamdiag_cluster],
+           beamdiag_experiment, beamdiag_compare, beamdiag_cluster,
+           %% Former names, which captures written before they were
+           %% renamed may hold.
+           beamdiag_agent_proc, beamdiag_agent_procs, beamdiag_agent_driver],
     Mods = case application:get_key(beamdiag, modules) of
                {ok, Ms} -> lists:usort(Ms ++ Own);
                undefined -> Own

@@ -647,4 +647,4 @@ top_process(_) ->
 proc_key(#{name := N}) when is_binary(N) -> N;
 proc_key(#{pid := P}) -> P.
 
-safe(B) -> beamdiag_text:safe(B, 120).
+safe(B) -> beamdiag_safe_text:safe(B, 120).

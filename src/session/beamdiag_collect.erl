@@ -304,7 +304,7 @@ forward(Snapshot, Samples) ->
     case [S || S = #{queues := _} <- Samples] of
         [#{queues := Qs, t := T} | _] ->
             #{t := T0} = lists:last(Samples),
-            beamdiag_agent_procs:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
+            beamdiag_agent_processes:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
         [] ->
             Snapshot
     end.

@@ -4,7 +4,7 @@
 %%%
 %%% An arm is a workload and a variant (a string of emulator flags,
 %%% `"default"' for none). Each run starts a fresh lab node with the arm's
-%%% flags, starts the closed-loop driver on it (`beamdiag_agent_driver': C
+%%% flags, starts the closed-loop driver on it (`beamdiag_agent_workload': C
 %%% workers each calling the unit of work again and again), lets it warm
 %%% up, then measures for the window while diagnosing the node for the
 %%% ledger. The statistics come from `beamdiag_stats', the text and JSON
@@ -157,7 +157,7 @@ workload_name({mfa, M, F}) -> iolist_to_binary([atom_to_list(M), ":", atom_to_li
 %% of the scenario's load, `Module:unit(Name, Context)' of its lab module),
 %% the default concurrency and the scenario's emulator flags (its
 %% lock-counting emulator is not used).
--spec lab_units() -> #{atom() => #{unit := beamdiag_agent_driver:unit(),
+-spec lab_units() -> #{atom() => #{unit := beamdiag_agent_workload:unit(),
                                    concurrency := pos_integer(), summary := binary(),
                                    emu_args := [string()]}}.
 lab_units() ->
@@ -199,16 +199,16 @@ summarise(#{arms := Arms, runs := Runs} = R) ->
 -spec format_error(term()) -> iolist().
 format_error({unknown_lab, Name}) ->
     io_lib:format("no lab workload '~ts' with a unit of work; known: ~ts",
-                  [beamdiag_text:safe(Name, 80),
+                  [beamdiag_safe_text:safe(Name, 80),
                    lists:join(", ", [atom_to_list(K) || K <- lists:sort(maps:keys(lab_units()))])]);
 format_error({bad_workload, S}) ->
-    io_lib:format("'~ts' is not a workload: give lab:NAME or Module:Function", [beamdiag_text:safe(S, 80)]);
+    io_lib:format("'~ts' is not a workload: give lab:NAME or Module:Function", [beamdiag_safe_text:safe(S, 80)]);
 format_error({no_module, M}) ->
-    io_lib:format("no module ~ts on the code path (add its directory with --pa)", [beamdiag_text:safe(M, 80)]);
+    io_lib:format("no module ~ts on the code path (add its directory with --pa)", [beamdiag_safe_text:safe(M, 80)]);
 format_error({no_function, M, F}) ->
-    io_lib:format("~ts does not export ~ts/0", [beamdiag_text:safe(M, 80), beamdiag_text:safe(F, 80)]);
+    io_lib:format("~ts does not export ~ts/0", [beamdiag_safe_text:safe(M, 80), beamdiag_safe_text:safe(F, 80)]);
 format_error({bad_variant, V}) ->
-    io_lib:format("variant '~ts' is not a list of emulator flags", [beamdiag_text:safe(V, 80)]);
+    io_lib:format("variant '~ts' is not a list of emulator flags", [beamdiag_safe_text:safe(V, 80)]);
 format_error({run_failed, Run, Arm, {M, R}}) when is_atom(M) ->
     io_lib:format("run ~b of arm ~b failed: ~ts", [Run, Arm, M:format_error(R)]);
 format_error({run_failed, Run, Arm, R}) ->
@@ -328,7 +328,7 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
                    reservoir => Res},
     %% The lab ships the driver, the lab workload's module or the user's.
     Scenario = #{name => experiment, summary => <<"experiment run">>, emu_args => Args,
-                 load => {beamdiag_agent_driver, start, [DriverOpts]},
+                 load => {beamdiag_agent_workload, start, [DriverOpts]},
                  modules => [M || {lab, M, _} <- [Unit]] ++ Code,
                  warmup_ms => round(Wu * 1000)},
     case beamdiag_lab:start(Scenario, #{duration => BoundS}) of
@@ -347,10 +347,10 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
 
 measure(Lab = #{peer := Peer}, D) ->
     Node = beamdiag_lab:node(Lab),
-    ok = peer:call(Peer, beamdiag_agent_driver, measure, [start], 20000),
+    ok = peer:call(Peer, beamdiag_agent_workload, measure, [start], 20000),
     Diag = beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => D,
                                      msacc => false, locks => false}),
-    M = peer:call(Peer, beamdiag_agent_driver, measure, [stop], ?STOP_TIMEOUT + 10000),
+    M = peer:call(Peer, beamdiag_agent_workload, measure, [stop], ?STOP_TIMEOUT + 10000),
     case Diag of
         {ok, Diagnosis} -> {ok, figures(M, Diagnosis)};
         {error, E} -> {error, E}

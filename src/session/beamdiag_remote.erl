@@ -94,7 +94,7 @@ parse_node(Str) when is_list(Str) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({bad_node, S}) ->
-    ["'", beamdiag_text:safe(S, 100), "' is not a node name: expected name@host"];
+    ["'", beamdiag_safe_text:safe(S, 100), "' is not a node name: expected name@host"];
 format_error({no_distribution, Reason}) ->
     io_lib:format("cannot start distribution on this machine: ~0P", [Reason, 8]);
 format_error({cookie_file, F, Reason}) ->
@@ -274,6 +274,6 @@ diagnose_unreachable(Node, Registered) ->
 names(Names) ->
     case Names of
         [] -> "none";
-        _ -> lists:join(", ", [beamdiag_text:safe(N, 100) || N <- lists:sublist(Names, 10)])
+        _ -> lists:join(", ", [beamdiag_safe_text:safe(N, 100) || N <- lists:sublist(Names, 10)])
     end.
 

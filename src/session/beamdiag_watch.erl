@@ -237,15 +237,15 @@ flush(Ref) ->
 
 header(C, L, Opts) ->
     S = maps:get(settings, C, #{}),
-    Left = io_lib:format("beamdiag watch ~ts", [beamdiag_text:safe(maps:get(node, C, <<"?">>), 40)]),
+    Left = io_lib:format("beamdiag watch ~ts", [beamdiag_safe_text:safe(maps:get(node, C, <<"?">>), 40)]),
     Right = io_lib:format("~ts tick ~b, ~.1f s", [maps:get(clock, Opts, ""), maps:get(tick, Opts, 0),
                                                  float(maps:get(window_s, L, 0.0))]),
     [pad(Left, ?WIDTH - 1 - string:length(Right)), " ", Right, "\n",
      io_lib:format("OTP ~ts, ~b schedulers, ~b dirty cpu, +sbwt ~ts; q or Ctrl-C quits~n",
-                   [beamdiag_text:safe(maps:get(otp_release, S, <<"?">>), 4),
+                   [beamdiag_safe_text:safe(maps:get(otp_release, S, <<"?">>), 4),
                     maps:get(schedulers_online, S, 0),
                     maps:get(dirty_cpu_schedulers_online, S, 0),
-                    beamdiag_text:safe(maps:get(sbwt, S, <<"?">>), 10)])].
+                    beamdiag_safe_text:safe(maps:get(sbwt, S, <<"?">>), 10)])].
 
 cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
     Host = case H of
@@ -291,7 +291,7 @@ outliers(Threads, Colour) ->
     case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
         [] -> "";
         Top -> ["outliers:\n",
-                [row(beamdiag_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
+                [row(beamdiag_safe_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
                  || T = #{name := Name} <- Top]]
     end.
 
@@ -350,7 +350,7 @@ pad(Text, Width) ->
     end.
 
 cut(Text, Width) ->
-    S = beamdiag_text:safe(Text),
+    S = beamdiag_safe_text:safe(Text),
     case string:length(S) > Width of
         true -> [string:slice(S, 0, Width - 3), "..."];
         false -> S

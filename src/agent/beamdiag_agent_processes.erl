@@ -40,12 +40,12 @@
 %%% process's initial call, which costs more than the other items).
 %%%
 %%% ```
-%%% 1> S = beamdiag_agent_procs:start(#{}).
-%%% 2> R = beamdiag_agent_procs:finish(S).
+%%% 1> S = beamdiag_agent_processes:start(#{}).
+%%% 2> R = beamdiag_agent_processes:finish(S).
 %%% 3> [maps:get(name, E) || E <- maps:get(top_reductions, R)].
 %%% [<<"code_server">>, null, ...]
 %%% '''
--module(beamdiag_agent_procs).
+-module(beamdiag_agent_processes).
 
 -export([start/1, finish/1, next/1, snapshot/1, watch/1, advance/3, limits/0]).
 

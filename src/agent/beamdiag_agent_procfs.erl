@@ -2,17 +2,17 @@
 %%%
 %%% Readers take the /proc root as an argument (so tests can point them at
 %%% recorded fixtures) and return plain terms; the parsers are pure and
-%%% reject malformed text with `{error, {beamdiag_agent_proc, Reason}}'. This module
+%%% reject malformed text with `{error, {beamdiag_agent_procfs, Reason}}'. This module
 %%% runs on the target node: it uses `prim_file' directly, never the file
 %%% server, and reads each file once per tick. The `/4' and `/2' forms with
 %%% a `beamdiag_agent_file:held()' keep the files open between ticks, which costs
 %%% a fraction of reading them whole each time.
 %%%
 %%% ```
-%%% 1> beamdiag_agent_proc:threads("/proc", os:getpid()).
+%%% 1> beamdiag_agent_procfs:threads("/proc", os:getpid()).
 %%% {ok, #{12345 => #{name => <<"1_scheduler">>, utime => 42, ...}, ...}}
 %%% '''
--module(beamdiag_agent_proc).
+-module(beamdiag_agent_procfs).
 
 -export([threads/2, threads/3, threads/4, host/1, host/2, clock_ticks/0]).
 -export([parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1, parse_loadavg/1]).
@@ -51,26 +51,26 @@
 
 %% @doc All threads of an OS process (bounded at 4096), with their counters.
 -spec threads(file:filename(), string() | integer()) ->
-    {ok, #{integer() => thread()}} | {error, {beamdiag_agent_proc, term()}}.
+    {ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}.
 threads(Root, Pid) ->
     threads(Root, Pid, #{status => true}).
 
 %% @doc As threads/2; `#{status => false}' skips the per-thread status file
 %% (context switches), one read per thread fewer.
 -spec threads(file:filename(), string() | integer(), #{status => boolean()}) ->
-    {ok, #{integer() => thread()}} | {error, {beamdiag_agent_proc, term()}}.
+    {ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}.
 threads(Root, Pid, Opts) ->
     element(1, threads(Root, Pid, Opts, beamdiag_agent_file:none())).
 
 %% @doc As threads/3, reading through (and updating) held descriptors; the
 %% descriptors of threads that have gone are closed. With `deadline' (a
 %% monotonic time in milliseconds) in the options, gives
-%% `{error, {beamdiag_agent_proc, deadline}}' when it passes between two
+%% `{error, {beamdiag_agent_procfs, deadline}}' when it passes between two
 %% threads' reads.
 -spec threads(file:filename(), string() | integer(),
               #{status => boolean(), deadline => integer() | infinity},
               beamdiag_agent_file:held()) ->
-    {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_proc, term()}}, beamdiag_agent_file:held()}.
+    {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
     case prim_file:list_dir(TaskDir) of
@@ -94,20 +94,20 @@ threads(Root, Pid, Opts, Held) ->
                 {Threads, Paths, Held2} ->
                     {{ok, maps:from_list(Threads)}, beamdiag_agent_file:keep(TaskDir, Paths, Held2)}
             catch
-                throw:{deadline, H} -> {{error, {beamdiag_agent_proc, deadline}}, H}
+                throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
             end;
         {error, Reason} ->
-            {{error, {beamdiag_agent_proc, {list_dir, TaskDir, Reason}}}, Held}
+            {{error, {beamdiag_agent_procfs, {list_dir, TaskDir, Reason}}}, Held}
     end.
 
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
--spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_proc, term()}}.
+-spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.
 host(Root) ->
     element(1, host(Root, beamdiag_agent_file:none())).
 
 %% @doc As host/1, reading through (and updating) held descriptors.
 -spec host(file:filename(), beamdiag_agent_file:held()) ->
-    {{ok, host()} | {error, {beamdiag_agent_proc, term()}}, beamdiag_agent_file:held()}.
+    {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 host(Root, Held) ->
     [StatPath, LoadPath] = host_paths(Root),
     case read(StatPath, ?MAX_FILE, Held) of
@@ -139,7 +139,7 @@ clock_ticks() ->
 %% @doc Parses /proc/PID/task/TID/stat. The thread name sits in parentheses
 %% and may itself hold spaces and parentheses, so the fields are counted from
 %% the last closing parenthesis.
--spec parse_stat(binary()) -> {ok, thread()} | {error, {beamdiag_agent_proc, term()}}.
+-spec parse_stat(binary()) -> {ok, thread()} | {error, {beamdiag_agent_procfs, term()}}.
 parse_stat(Bin) when is_binary(Bin) ->
     case {binary:match(Bin, <<"(">>), last_paren(Bin)} of
         {{Open, 1}, Close} when is_integer(Close), Close > Open ->
@@ -154,29 +154,29 @@ parse_stat(Bin) when is_binary(Bin) ->
                             {ok, #{name => sanitize_name(Name), utime => U, stime => S,
                                    minflt => Mi, majflt => Ma}};
                         error ->
-                            {error, {beamdiag_agent_proc, {bad_stat, non_numeric}}}
+                            {error, {beamdiag_agent_procfs, {bad_stat, non_numeric}}}
                     end;
                 _ ->
-                    {error, {beamdiag_agent_proc, {bad_stat, too_few_fields}}}
+                    {error, {beamdiag_agent_procfs, {bad_stat, too_few_fields}}}
             end;
         _ ->
-            {error, {beamdiag_agent_proc, {bad_stat, no_name}}}
+            {error, {beamdiag_agent_procfs, {bad_stat, no_name}}}
     end.
 
 %% @doc Parses /proc/PID/task/TID/schedstat: nanoseconds on CPU, nanoseconds
 %% runnable waiting for a CPU, number of time slices.
 -spec parse_schedstat(binary()) ->
     {ok, #{run_ns := non_neg_integer(), wait_ns := non_neg_integer()}}
-    | {error, {beamdiag_agent_proc, term()}}.
+    | {error, {beamdiag_agent_procfs, term()}}.
 parse_schedstat(Bin) when is_binary(Bin) ->
     case binary:split(Bin, [<<" ">>, <<"\n">>], [global, trim_all]) of
         [Run, Wait | _] ->
             case ints([Run, Wait]) of
                 {ok, [R, W]} -> {ok, #{run_ns => R, wait_ns => W}};
-                error -> {error, {beamdiag_agent_proc, {bad_schedstat, non_numeric}}}
+                error -> {error, {beamdiag_agent_procfs, {bad_schedstat, non_numeric}}}
             end;
         _ ->
-            {error, {beamdiag_agent_proc, {bad_schedstat, too_few_fields}}}
+            {error, {beamdiag_agent_procfs, {bad_schedstat, too_few_fields}}}
     end.
 
 %% @doc Parses the context switch counts out of /proc/PID/task/TID/status.
@@ -188,7 +188,7 @@ parse_status(Bin) when is_binary(Bin) ->
 
 %% @doc Parses /proc/stat: the aggregate `cpu' line and the number of `cpuN'
 %% lines.
--spec parse_host_stat(binary()) -> {ok, host()} | {error, {beamdiag_agent_proc, term()}}.
+-spec parse_host_stat(binary()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.
 parse_host_stat(Bin) when is_binary(Bin) ->
     Lines = binary:split(Bin, <<"\n">>, [global]),
     NCpu = length([L || <<"cpu", D, _/binary>> = L <- Lines, D >= $0, D =< $9]),
@@ -201,24 +201,24 @@ parse_host_stat(Bin) when is_binary(Bin) ->
                     Cpu = maps:from_list(lists:zip(lists:sublist(Keys, length(Ints)), Ints)),
                     {ok, #{cpu => Cpu, ncpu => NCpu}};
                 _ ->
-                    {error, {beamdiag_agent_proc, {bad_host_stat, non_numeric}}}
+                    {error, {beamdiag_agent_procfs, {bad_host_stat, non_numeric}}}
             end;
         _ ->
-            {error, {beamdiag_agent_proc, {bad_host_stat, no_cpu_line}}}
+            {error, {beamdiag_agent_procfs, {bad_host_stat, no_cpu_line}}}
     end.
 
 %% @doc Parses /proc/loadavg.
--spec parse_loadavg(binary()) -> {ok, {float(), float(), float()}} | {error, {beamdiag_agent_proc, term()}}.
+-spec parse_loadavg(binary()) -> {ok, {float(), float(), float()}} | {error, {beamdiag_agent_procfs, term()}}.
 parse_loadavg(Bin) when is_binary(Bin) ->
     case binary:split(Bin, [<<" ">>, <<"\n">>], [global, trim_all]) of
         [A, B, C | _] ->
             try
                 {ok, {binary_to_float(A), binary_to_float(B), binary_to_float(C)}}
             catch
-                error:badarg -> {error, {beamdiag_agent_proc, bad_loadavg}}
+                error:badarg -> {error, {beamdiag_agent_procfs, bad_loadavg}}
             end;
         _ ->
-            {error, {beamdiag_agent_proc, bad_loadavg}}
+            {error, {beamdiag_agent_procfs, bad_loadavg}}
     end.
 
 %% @doc Turns an error reason of this module into a sentence.
@@ -282,8 +282,8 @@ merge_optional(T, File, Max, Parse, H) ->
 read(File, Max, H) ->
     case beamdiag_agent_file:read(File, Max, H) of
         {{ok, _}, _} = Ok -> Ok;
-        {{error, too_large}, H2} -> {{error, {beamdiag_agent_proc, {too_large, File}}}, H2};
-        {{error, Reason}, H2} -> {{error, {beamdiag_agent_proc, {read, File, Reason}}}, H2}
+        {{error, too_large}, H2} -> {{error, {beamdiag_agent_procfs, {too_large, File}}}, H2};
+        {{error, Reason}, H2} -> {{error, {beamdiag_agent_procfs, {read, File, Reason}}}, H2}
     end.
 
 host_paths(Root) ->

@@ -17,12 +17,12 @@
 %%% terminal and do not call this module.
 %%%
 %%% ```
-%%% 1> beamdiag_text:safe(<<"a", 255, 27, "[2Jb">>).
+%%% 1> beamdiag_safe_text:safe(<<"a", 255, 27, "[2Jb">>).
 %%% "a??[2Jb"
-%%% 2> beamdiag_text:safe(<<"node@host">>, 4).
+%%% 2> beamdiag_safe_text:safe(<<"node@host">>, 4).
 %%% "node"
 %%% '''
--module(beamdiag_text).
+-module(beamdiag_safe_text).
 
 -export([chars/1, chars/2, safe/1, safe/2, report/1, terminal/1]).
 

@@ -15,14 +15,14 @@
 %%% a function of arity 0.
 %%%
 %%% ```
-%%% 1> beamdiag_agent_driver:start(#{unit => {lab, beamdiag_lab_ledger, wakeup},
+%%% 1> beamdiag_agent_workload:start(#{unit => {lab, beamdiag_lab_ledger, wakeup},
 %%%        concurrency => 40, bound_ms => 60000, reservoir => 20000}).
 %%% ok
-%%% 2> beamdiag_agent_driver:measure(start), timer:sleep(5000),
-%%%    beamdiag_agent_driver:measure(stop).
+%%% 2> beamdiag_agent_workload:measure(start), timer:sleep(5000),
+%%%    beamdiag_agent_workload:measure(stop).
 %%% #{units => 151234, elapsed_s => 5.0, latency_us => #{p50 => 1093.0, ...}}
 %%% '''
--module(beamdiag_agent_driver).
+-module(beamdiag_agent_workload).
 
 -export([start/1, measure/1]).
 
