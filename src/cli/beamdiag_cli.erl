@@ -5,6 +5,9 @@
 %%% spec can move to OTP 26's argparse later) and `run/2' does the work
 %%% through the library and returns what to print. `main/1' only calls
 %%% `run/1' and halts with its exit code, so tests call `run/1'.
+%%% The options several commands take (cookie, window, output) are
+%%% defined once, in `beamdiag_cli_options'; a former option name kept for
+%%% one release parses as the new one and prints a note on standard error.
 %%%
 %%% ```
 %%% 1> beamdiag_cli:run(["diagnose", "--help"]).
