@@ -8,12 +8,42 @@ parse_test() ->
     {ok, O} = beamdiag_cli:parse(Spec, ["app@host", "--duration", "5", "--erlang",
                                         "--cookie-file", "/c", "--call-graph", "fp"]),
     ?assertMatch(#{node := "app@host", duration := 5, frequency := 97, erlang := true,
-                   cookie_file := "/c", call_graph := fp, out := "beamdiag-flame"}, O),
+                   cookie_file := "/c", call_graph := fp, output_dir := "beamdiag-flame"}, O),
     ?assertMatch({error, {bad_value, "--duration", "0", _}},
                  beamdiag_cli:parse(Spec, ["a@h", "--duration", "0"])),
     ?assertMatch({error, {missing_argument, _}}, beamdiag_cli:parse(Spec, [])),
     Usage = iolist_to_binary(beamdiag_cli:usage(Spec)),
-    ?assertMatch({_, _}, binary:match(Usage, <<"--frequency HZ">>)).
+    ?assertMatch({_, _}, binary:match(Usage, <<"--frequency HZ">>)),
+    ?assertMatch({_, _}, binary:match(Usage, <<"--output-dir DIR">>)),
+    ?assertMatch({_, _}, binary:match(Usage, <<"--perf-binary PATH">>)),
+    %% The former names are not offered.
+    ?assertEqual(nomatch, binary:match(Usage, <<"--out ">>)),
+    ?assertEqual(nomatch, binary:match(Usage, <<"--perf ">>)).
+
+%% --out DIR and --perf PATH, the former names, still work for one release,
+%% under the new names' keys, with a note on standard error.
+former_names_test() ->
+    Spec = beamdiag_cli_flame:spec(),
+    {ok, O} = beamdiag_cli:parse(Spec, ["a@h", "--out", "/d", "--perf=/usr/bin/perf"]),
+    ?assertMatch(#{output_dir := "/d", perf_binary := "/usr/bin/perf"}, O),
+    ?assertEqual(false, is_map_key(out, O)),
+    ?assertEqual(false, is_map_key(perf, O)),
+    {ok, New} = beamdiag_cli:parse(Spec, ["a@h", "--output-dir", "/d",
+                                          "--perf-binary", "/usr/bin/perf"]),
+    ?assertEqual(New, O),
+    %% The note, once per former name, before the command runs (here it
+    %% stops at the bad node name).
+    {2, _, Err} = beamdiag_cli_tests:run(["flame", "no-at-sign", "--out", "/d", "--perf", "p",
+                                          "--cookie-file", "/dev/null"]),
+    ?assertMatch({_, _}, binary:match(Err, <<"beamdiag flame: --out is deprecated and goes in the "
+                                             "next release; use --output-dir DIR instead\n">>)),
+    ?assertMatch({_, _}, binary:match(Err, <<"beamdiag flame: --perf is deprecated and goes in the "
+                                             "next release; use --perf-binary PATH instead\n">>)),
+    ?assertMatch({_, _}, binary:match(Err, <<"not a node name">>)),
+    %% The new names give no note.
+    {2, _, Err2} = beamdiag_cli_tests:run(["flame", "no-at-sign", "--output-dir", "/d",
+                                           "--cookie-file", "/dev/null"]),
+    ?assertEqual(nomatch, binary:match(Err2, <<"deprecated">>)).
 
 report_test() ->
     {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("dwarf_atom_decode.txt"), #{}),

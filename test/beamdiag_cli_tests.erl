@@ -117,3 +117,38 @@ emu_type_alias_test() ->
     ?assertMatch(<<"usage: beamdiag emu-type ", _/binary>>, New),
     {0, Top, _} = run(["--help"]),
     ?assertNotEqual(nomatch, binary:match(Top, <<"flavor       the same as emu-type">>)).
+
+%% The options several commands take are defined once: every command's
+%% --cookie, --cookie-file, --json, --out, --html, --save and --fail-on is
+%% the shared definition, or the shared one with its help (or range) made
+%% for that command.
+shared_options_test() ->
+    Shared = [cookie, cookie_file, duration, interval, slack, json, out, html, save, fail_on,
+              erlang],
+    Uses = [{Cmd, O} || {Cmd, Mod, _} <- beamdiag_cli:commands(),
+                        O = #{key := K} <- maps:get(options, Mod:spec()),
+                        lists:member(K, Shared), not is_map_key(replaced_by, O)],
+    ?assert(length(Uses) >= 40),
+    [?assertEqual({Cmd, maps:with([key, long], beamdiag_cli_options:option(K))},
+                  {Cmd, maps:with([key, long], O)}) || {Cmd, O = #{key := K}} <- Uses],
+    %% Node-reaching commands take the cookie options word for word.
+    [?assertEqual({Cmd, beamdiag_cli_options:option(K)}, {Cmd, O})
+     || {Cmd, O = #{key := K}} <- Uses, K =:= cookie orelse K =:= cookie_file],
+    ?assertEqual([], [Cmd || {Cmd, Mod, _} <- beamdiag_cli:commands(),
+                             lists:member(cookie, [K || #{key := K} <- maps:get(options, Mod:spec())])
+                             =/= lists:member(cookie_file,
+                                              [K || #{key := K} <- maps:get(options, Mod:spec())])]).
+
+%% An entry adjusts the shared definition for one command; a map is taken
+%% as it is.
+pick_test() ->
+    Own = #{key => x, long => "--x", type => boolean, help => "x"},
+    [Cookie, Out, Dur, Own] = beamdiag_cli_options:pick(
+                                 [cookie, {out, "write the results to FILE"},
+                                  {duration, #{default => 5.0}}, Own]),
+    ?assertEqual(beamdiag_cli_options:option(cookie), Cookie),
+    ?assertEqual("write the results to FILE", maps:get(help, Out)),
+    ?assertEqual("--out", maps:get(long, Out)),
+    ?assertEqual(5.0, maps:get(default, Dur)),
+    Old = beamdiag_cli_options:deprecated("--old-x", Own),
+    ?assertMatch(#{key := x, long := "--old-x", replaced_by := "--x"}, Old).

@@ -178,7 +178,7 @@ cpu_saturated(Config) ->
     Lab = ?config(lab, Config),
     Flame = filename:join(?config(priv_dir, Config), "flame"),
     {FCode, FOut, FErr} = cli(Config, ["flame", atom_to_list(beamdiag_lab:node(Lab)), "--erlang",
-                                       "--duration", "2", "--out", Flame],
+                                       "--duration", "2", "--output-dir", Flame],
                               beamdiag_lab:cookie(Lab)),
     ct:pal("flame --erlang exit ~b:~n~ts~ts", [FCode, FOut, FErr]),
     ?assertEqual(0, FCode),

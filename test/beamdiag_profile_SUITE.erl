@@ -152,7 +152,7 @@ flame_cli(Config) ->
     Out = filename:join(?config(priv_dir, Config), "flame_cli"),
     IO = beamdiag_test_lib:capture_io(),
     {ok, Opts} = beamdiag_cli:parse(beamdiag_cli_flame:spec(),
-                                    [atom_to_list(Node), "--duration", "4", "--out", Out,
+                                    [atom_to_list(Node), "--duration", "4", "--output-dir", Out,
                                      "--cookie", atom_to_list(erlang:get_cookie())]),
     Code = beamdiag_cli_flame:run(Opts, IO),
     {Printed, PrintedErr} = beamdiag_test_lib:collect_io(),
@@ -170,7 +170,7 @@ flame_cli(Config) ->
     %% The Erlang-level sampler over distribution, from the same command.
     OutErl = filename:join(?config(priv_dir, Config), "flame_cli_erlang"),
     {ok, OptsErl} = beamdiag_cli:parse(beamdiag_cli_flame:spec(),
-                                       [atom_to_list(Node), "--duration", "3", "--out", OutErl,
+                                       [atom_to_list(Node), "--duration", "3", "--output-dir", OutErl,
                                         "--erlang"]),
     0 = beamdiag_cli_flame:run(OptsErl, IO),
     {PrintedErl, _} = beamdiag_test_lib:collect_io(),

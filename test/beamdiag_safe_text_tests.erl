@@ -51,3 +51,33 @@ random_bytes_test() ->
             S2
         end, S0, lists:seq(1, 500)),
     ok.
+
+cut_test() ->
+    ?assertEqual("node@host", lists:flatten(beamdiag_safe_text:cut(<<"node@host">>, 9))),
+    ?assertEqual("node@...", lists:flatten(beamdiag_safe_text:cut(<<"node@host!">>, 8))),
+    ?assertEqual("node@ho~", lists:flatten(beamdiag_safe_text:cut(<<"node@host!">>, 8, "~"))),
+    %% One line, control characters and invalid UTF-8 as '?', before the cut.
+    ?assertEqual("?[2J?b...", lists:flatten(beamdiag_safe_text:cut(<<27, "[2J", 255, "bcdefgh">>, 9))),
+    ?assertEqual("a?b", lists:flatten(beamdiag_safe_text:cut("a\nb", 10))),
+    ?assertEqual("...", lists:flatten(beamdiag_safe_text:cut("abcdef", 2))),
+    %% Width counts what a terminal shows: an accent on its letter is one.
+    ?assertEqual([$e, 16#301, $x], lists:flatten(beamdiag_safe_text:cut([$e, 16#301, $x], 2, ""))).
+
+xml_test() ->
+    ?assertEqual(<<"&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;">>,
+                 beamdiag_safe_text:xml(<<"<a href=\"x\">&'</a>">>)),
+    ?assertEqual(<<"]]&gt;">>, beamdiag_safe_text:xml("]]>")),
+    %% Invalid UTF-8, controls (but tab and newline), DEL, C1 and the
+    %% characters XML forbids as U+FFFD.
+    ?assertEqual(<<"a\xef\xbf\xbdb\xef\xbf\xbd\t\n\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdc">>,
+                 beamdiag_safe_text:xml([<<"a", 255, "b", 27, "\t\n\r">>, 127, 16#9b, 16#FFFE, $c])),
+    ?assertEqual(<<"caf\xc3\xa9 \xe2\x82\xac">>, beamdiag_safe_text:xml([$c, $a, $f, $é, $\s, 8364])).
+
+report_colour_test() ->
+    ?assertEqual(<<"\e[1;31mX\e[0m ?[2J ?]0;t? ?[">>,
+                 beamdiag_safe_text:report(<<"\e[1;31mX\e[0m \e[2J \e]0;t\^G \e[">>, colour)),
+    ?assertEqual(<<"?[1;31mX?[0m">>, beamdiag_safe_text:report(<<"\e[1;31mX\e[0m">>, plain)),
+    %% Already clean text is returned as it is.
+    Clean = <<"ok\ncaf\xc3\xa9\n">>,
+    ?assertEqual(Clean, beamdiag_safe_text:report(Clean)),
+    ?assertEqual(Clean, beamdiag_safe_text:report([<<"ok\n">>, [$c, $a, $f, $é], "\n"], colour)).

@@ -5,6 +5,9 @@
 %%% spec can move to OTP 26's argparse later) and `run/2' does the work
 %%% through the library and returns what to print. `main/1' only calls
 %%% `run/1' and halts with its exit code, so tests call `run/1'.
+%%% The options several commands take (cookie, window, output) are
+%%% defined once, in `beamdiag_cli_options'; a former option name kept for
+%%% one release parses as the new one and prints a note on standard error.
 %%%
 %%% ```
 %%% 1> beamdiag_cli:run(["diagnose", "--help"]).
@@ -48,7 +51,10 @@
     help := string(),
     default => term(),
     short => char(),
-    metavar => string()
+    metavar => string(),
+    %% A former name kept for one release: the option to use instead
+    %% (see beamdiag_cli_options:deprecated/2).
+    replaced_by => string()
 }.
 -type positional() :: #{key := atom(), help := string(), required := boolean(), metavar => string(),
                         repeat => boolean()}.
@@ -124,6 +130,9 @@ run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
                 false ->
                     case parse(Spec, Rest) of
                         {ok, Opts} ->
+                            _ = [Err(["beamdiag ", Cmd, ": ", Old, " is deprecated and goes in the "
+                                      "next release; use ", New, " instead\n"])
+                                 || {Old, New} <- deprecated(Spec, Rest)],
                             Mod:run(Opts, IO);
                         {error, Reason} ->
                             Err([
@@ -184,7 +193,8 @@ usage(Spec = #{name := Name, summary := Summary, example := Example, positional 
         end,
         case Opts of
             [] -> "";
-            _ -> ["\noptions:\n", [option_line(option_usage(O), option_help(O)) || O <- Opts]]
+            _ -> ["\noptions:\n", [option_line(option_usage(O), option_help(O))
+                                    || O <- Opts, not is_map_key(replaced_by, O)]]
         end,
         "\nexample:\n  ", Example, "\n",
         "\nexit codes:\n",
@@ -256,20 +266,20 @@ findings_code(Findings, Opts) ->
 
 %% @doc Prints a report on standard output, or writes it to the `out' file
 %% of the options and says so on standard error. Returns 0, or 4 when the
-%% file cannot be written.
--spec emit(iodata(), map(), io()) -> result().
-emit(Text, Opts, IO = #{out := Out, err := Err}) ->
+%% file cannot be written. The report is made terminal-safe either way
+%% (`beamdiag_safe_text:report/2'): control characters and bytes that are
+%% not UTF-8 become `?', newlines stay, and on a terminal that wants colour
+%% so do the formatter's colour codes.
+-spec emit(unicode:chardata() | iodata(), map(), io()) -> result().
+emit(Text, Opts, IO = #{out := Out}) ->
     case maps:find(out, Opts) of
         {ok, File} ->
-            case file:write_file(File, Text) of
-                ok ->
-                    Err(["beamdiag: written to ", File, "\n"]),
-                    ?EXIT_OK;
-                {error, R} ->
-                    fail({?MODULE, {write, File, R}}, IO)
-            end;
+            write(File, beamdiag_safe_text:report(Text), "", IO);
         error ->
-            Out(Text),
+            Out(beamdiag_safe_text:report(Text, case IO of
+                                                    #{colour := true} -> colour;
+                                                    _ -> plain
+                                                end)),
             ?EXIT_OK
     end.
 
@@ -277,14 +287,8 @@ emit(Text, Opts, IO = #{out := Out, err := Err}) ->
 %% one (the fun renders it) and says so on standard error; returns 0, or 4
 %% when the file cannot be written.
 -spec html(fun(() -> iodata()), map(), io()) -> exit_code().
-html(Render, #{html := File}, IO = #{err := Err}) ->
-    case file:write_file(File, Render()) of
-        ok ->
-            Err(["beamdiag: HTML report written to ", File, "\n"]),
-            ?EXIT_OK;
-        {error, R} ->
-            fail({?MODULE, {write, File, R}}, IO)
-    end;
+html(Render, #{html := File}, IO) ->
+    write(File, Render(), "HTML report ", IO);
 html(_Render, _Opts, _IO) ->
     ?EXIT_OK.
 
@@ -301,6 +305,26 @@ format_error({write, File, Why}) -> ["cannot write ", File, ": ", file:format_er
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Writes a file the command line named and says so on standard error;
+%% 0, or 4 when it cannot be written.
+write(File, Data, What, IO = #{err := Err}) ->
+    case file:write_file(File, Data) of
+        ok ->
+            Err(["beamdiag: ", What, "written to ", File, "\n"]),
+            ?EXIT_OK;
+        {error, R} ->
+            fail({?MODULE, {write, File, R}}, IO)
+    end.
+
+%% The former option names given on a command line, each with the usage
+%% of the option that replaces it.
+deprecated(#{options := Options}, Args) ->
+    Given = [hd(string:split(A, "="))
+             || A <- lists:takewhile(fun(A) -> A =/= "--" end, Args), lists:prefix("--", A)],
+    lists:usort([{Old, option_usage(O)}
+                 || #{long := Old, replaced_by := NewLong} <- Options, lists:member(Old, Given),
+                    O = #{long := L} <- Options, L =:= NewLong]).
 
 exit_meaning(?EXIT_OK) -> "done, whatever was found";
 exit_meaning(?EXIT_FINDINGS) -> "a finding at or above --fail-on";

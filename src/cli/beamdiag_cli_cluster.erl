@@ -22,7 +22,8 @@ spec() ->
         positional => [#{key => node, metavar => "NODE", required => false,
                          help => "any node of the cluster, name@host: it and the nodes it is "
                                  "connected to are the members (optional with --nodes)"}],
-        options => beamdiag_cli_diagnose:node_options() ++ [
+        options => beamdiag_cli_options:pick([
+            cookie, cookie_file,
             #{key => nodes, long => "--nodes", type => string, metavar => "FILE",
               help => "the members, one node name a line (blank lines and # comments "
                       "skipped), for clusters that are not fully meshed"},
@@ -31,26 +32,17 @@ spec() ->
             #{key => concurrency, long => "--concurrency", type => {integer, 1, 1000},
               default => 32, metavar => "K",
               help => "members connected and loaded at once before the window"},
-            #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
-              metavar => "SECONDS", help => "length of the window"},
-            #{key => interval, long => "--interval", type => {integer, 10, 60000},
-              default => 1000, metavar => "MS", help => "time between samples"},
-            #{key => slack, long => "--slack", type => {float, 0.0, 3600.0}, default => 1.5,
-              metavar => "SECONDS",
-              help => "the report is due SECONDS after the window, counted from the agents' "
-                      "start; members later than that are listed as not diagnosed"},
+            duration, interval,
+            {slack, "the report is due SECONDS after the window, counted from the agents' "
+                    "start; members later than that are listed as not diagnosed"},
             #{key => all, long => "--all", type => boolean, default => false,
               help => "also print a row per node"},
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "print one JSON document (schema beamdiag.cluster/2)"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write a self-contained HTML report to FILE (a chart per figure "
-                      "across the nodes, outliers marked)"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "write the report to FILE instead of standard output"},
-            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
-              help => "exit 1 when a finding on any node is at least this severe"}
-        ]
+            {json, "print one JSON document (schema beamdiag.cluster/2)"},
+            {html, "also write a self-contained HTML report to FILE (a chart per figure "
+                   "across the nodes, outliers marked)"},
+            out,
+            {fail_on, "exit 1 when a finding on any node is at least this severe"}
+        ])
     }.
 
 %% @doc Runs the command. Also takes the options of `diagnose' (those it

@@ -22,16 +22,13 @@ spec() ->
                          help => "the baseline capture (diagnose --save)"},
                        #{key => b, metavar => "B", required => true,
                          help => "the capture to compare with it"}],
-        options => [
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "print one JSON document (schema beamdiag.compare/1)"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "write the comparison to FILE instead of standard output"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write the comparison as a self-contained HTML report to FILE"},
+        options => beamdiag_cli_options:pick([
+            {json, "print one JSON document (schema beamdiag.compare/1)"},
+            {out, "write the comparison to FILE instead of standard output"},
+            {html, "also write the comparison as a self-contained HTML report to FILE"},
             #{key => alpha, long => "--alpha", type => {float, 1.0e-6, 0.2}, default => 0.01,
               metavar => "P", help => "significance level of each test"}
-        ]
+        ])
     }.
 
 %% @doc Runs the command. Exit code 0 whatever the deltas.

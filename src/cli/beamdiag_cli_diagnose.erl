@@ -4,7 +4,7 @@
 
 -behaviour(beamdiag_cli).
 
--export([spec/0, run/2, node_options/0, output/3, progress/1, end_progress/1]).
+-export([spec/0, run/2, output/3, progress/1, end_progress/1]).
 
 %%%===================================================================
 %%% API
@@ -21,44 +21,27 @@ spec() ->
         positional => [#{key => node, metavar => "NODE", required => false,
                          help => "the node, name@host (short or long names inferred), or the "
                                  "OS pid of a node on this host (host-side only)"}],
-        options => node_options() ++ [
-            #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
-              metavar => "SECONDS", help => "length of the window"},
-            #{key => interval, long => "--interval", type => {integer, 10, 60000},
-              default => 1000, metavar => "MS", help => "time between samples"},
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "print one JSON document (schema beamdiag.diagnosis/1)"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "write the report to FILE instead of standard output"},
-            #{key => save, long => "--save", type => string, metavar => "FILE",
-              help => "also save the whole capture to FILE (beamdiag report FILE re-renders it)"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write a self-contained HTML report to FILE"},
+        options => beamdiag_cli_options:pick([
+            cookie, cookie_file, duration, interval,
+            {json, "print one JSON document (schema beamdiag.diagnosis/1)"}, out, save, html,
             #{key => perf, long => "--perf", type => boolean, default => false,
               help => "also record a perf profile over the window (run on the node's host; "
                       "see beamdiag flame)"},
-            #{key => erlang, long => "--erlang", type => boolean, default => false,
-              help => "also sample Erlang stacks over the window (no perf needed); the top "
-                      "process's hot stacks join TOP PROCESSES"},
+            erlang,
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
             #{key => msacc_span, long => "--msacc-span", type => {float, 0.1, 3600.0},
               default => 2.0, metavar => "SECONDS",
               help => "keep microstate accounting on for the last SECONDS of the window only "
                       "(it slows every thread while on)"},
-            #{key => slack, long => "--slack", type => {float, 0.0, 3600.0}, default => 1.5,
-              metavar => "SECONDS",
-              help => "the report is due SECONDS after the window, counted from the start; "
-                      "a node whose ticks come later (throttled, overloaded) is reported on "
-                      "from the ticks that came, marked partial"},
+            slack,
             #{key => no_procs, long => "--no-procs", type => boolean, default => false,
               help => "do not walk the process table (no TOP PROCESSES, no process findings)"},
             #{key => no_locks, long => "--no-locks", type => boolean, default => false,
               help => "do not count locks even on the lock-counting emulator"},
             #{key => cluster, long => "--cluster", type => boolean, default => false,
               help => "diagnose NODE and every node connected to it at once (as beamdiag cluster)"},
-            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
-              help => "exit 1 when a finding is at least this severe"},
+            fail_on,
             #{key => host_only, long => "--host-only", type => boolean,
               help => "diagnose from this host alone (/proc, cgroups, perf), without asking "
                       "the node: a node without distribution, or whose cookie you lack"},
@@ -69,19 +52,8 @@ spec() ->
               help => "a node on this host that has not let the agent load within SECONDS "
                       "is sampled with perf from the host, and diagnosed from the host alone "
                       "if it has not by the window's end (default: half the window, 2 to 5 s)"}
-        ]
+        ])
     }.
-
-%% @doc Options shared by every command that reaches a node.
--spec node_options() -> [beamdiag_cli:option()].
-node_options() ->
-    [
-        #{key => cookie, long => "--cookie", type => string, metavar => "COOKIE",
-          help => "the cookie (visible in the process list: prefer --cookie-file or "
-                  "BEAMDIAG_COOKIE)"},
-        #{key => cookie_file, long => "--cookie-file", type => string, metavar => "FILE",
-          help => "file holding the cookie (default ~/.erlang.cookie)"}
-    ].
 
 %% @doc Runs the command.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().

@@ -21,7 +21,7 @@ spec() ->
         example => "beamdiag experiment --workload lab:busy_wait --variants default "
                    "\"+sbwt none +sbwtdcpu none +sbwtdio none\" --runs 5 --duration 5",
         positional => [],
-        options => [
+        options => beamdiag_cli_options:pick([
             #{key => workload, long => "--workload", type => {list, string}, default => [],
               metavar => "W", help => "lab:NAME or Module:Function (arity 0, one unit of "
                                       "work); several make several arms"},
@@ -31,24 +31,20 @@ spec() ->
                       "default) adds none"},
             #{key => runs, long => "--runs", type => {integer, 1, 100}, default => 3,
               help => "runs per arm"},
-            #{key => duration, long => "--duration", type => {float, 1.0, 3600.0}, default => 5.0,
-              metavar => "SECONDS", help => "measured window per run"},
+            {duration, #{type => {float, 1.0, 3600.0}, default => 5.0,
+                         help => "measured window per run"}},
             #{key => warmup, long => "--warmup", type => {float, 0.0, 600.0}, default => 2.0,
               metavar => "SECONDS", help => "load before the window opens"},
             #{key => concurrency, long => "--concurrency", type => {integer, 1, 100000},
               metavar => "C", help => "workers calling the unit (default: the workload's)"},
             #{key => pa, long => "--pa", type => {list, string}, default => [], metavar => "DIR",
               help => "add DIR to the code path (for Module:Function workloads)"},
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "print one JSON document (schema beamdiag.experiment/1)"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "write the results to FILE instead of standard output"},
-            #{key => save, long => "--save", type => string, metavar => "FILE",
-              help => "also save the results with every run's capture "
-                      "(beamdiag report FILE re-renders them)"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write the results as a self-contained HTML report to FILE"}
-        ]
+            {json, "print one JSON document (schema beamdiag.experiment/1)"},
+            {out, "write the results to FILE instead of standard output"},
+            {save, "also save the results with every run's capture "
+                   "(beamdiag report FILE re-renders them)"},
+            {html, "also write the results as a self-contained HTML report to FILE"}
+        ])
     }.
 
 %% @doc Runs the command.

@@ -5,11 +5,13 @@
 %%% process id), folded per thread type. With `--erlang' the Erlang-level
 %%% sampler runs on the node instead (over distribution; works from any
 %%% host, needs no perf). Writes `profile.folded', `flame.svg' and
-%%% `top.txt' into `--out' and prints the top tables, the `[unknown]' frame
-%%% share and the findings.
+%%% `top.txt' into `--output-dir' and prints the top tables, the `[unknown]'
+%%% frame share and the findings; everything it prints or writes as text
+%%% goes through `beamdiag_safe_text' (function and process names come from
+%%% the target and from perf).
 %%%
 %%% ```
-%%% $ beamdiag flame app@host --duration 10 --out /tmp/flame
+%%% $ beamdiag flame app@host --duration 10 --output-dir /tmp/flame
 %%% '''
 -module(beamdiag_cli_flame).
 
@@ -24,34 +26,36 @@
 %% @doc The command's arguments.
 -spec spec() -> beamdiag_cli:spec().
 spec() ->
+    OutputDir = #{key => output_dir, long => "--output-dir", type => string,
+                  default => "beamdiag-flame", metavar => "DIR",
+                  help => "directory for profile.folded, flame.svg, top.txt"},
+    PerfBinary = #{key => perf_binary, long => "--perf-binary", type => string, metavar => "PATH",
+                   help => "the perf executable (default: perf on the PATH)"},
     #{
         name => "flame",
         summary => "Profile a node's CPU (perf, or the Erlang-level sampler) into a flame graph.",
         exit_codes => [0, 1, 2, 3, 4],
-        example => "beamdiag flame app@host --duration 10 --out /tmp/flame",
+        example => "beamdiag flame app@host --duration 10 --output-dir /tmp/flame",
         positional => [#{key => node, help => "the node (name@host)", required => true,
                          metavar => "NODE"}],
-        options => [
-            #{key => duration, long => "--duration", type => {integer, 1, 300}, default => 10,
-              metavar => "S", help => "seconds to sample"},
+        options => beamdiag_cli_options:pick([
+            {duration, #{type => {integer, 1, 300}, default => 10, help => "seconds to sample"}},
             #{key => frequency, long => "--frequency", type => {integer, 1, 999}, default => 97,
               metavar => "HZ", help => "samples per second per thread"},
-            #{key => out, long => "--out", type => string, default => "beamdiag-flame",
-              metavar => "DIR", help => "directory for profile.folded, flame.svg, top.txt"},
-            #{key => erlang, long => "--erlang", type => boolean, default => false,
-              help => "Erlang-level sampler on the node instead of perf (any host)"},
+            OutputDir,
+            {erlang, "Erlang-level sampler on the node instead of perf (any host)"},
             #{key => call_graph, long => "--call-graph", type => {enum, [auto, dwarf, fp, none]},
               default => auto, help => "perf call-chain method (auto: fp when the node's JIT "
                                        "keeps frame pointers and has a perf map, else dwarf)"},
-            #{key => perf, long => "--perf", type => string, metavar => "PATH",
-              help => "the perf executable (default: perf on the PATH)"},
-            #{key => cookie, long => "--cookie", type => string, metavar => "C",
-              help => "the node's cookie"},
-            #{key => cookie_file, long => "--cookie-file", type => string, metavar => "F",
-              help => "file holding the node's cookie"},
-            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info, none]},
-              default => none, help => "exit 1 when a finding is at least this severe"}
-        ]
+            PerfBinary,
+            cookie, cookie_file,
+            {fail_on, #{type => {enum, [critical, warning, info, none]}, default => none}},
+            %% Former names, kept for one release: --out took a directory
+            %% (perf's -o is a file), --perf a path (diagnose --perf is a
+            %% switch).
+            beamdiag_cli_options:deprecated("--out", OutputDir),
+            beamdiag_cli_options:deprecated("--perf", PerfBinary)
+        ])
     }.
 
 %% @doc Connects, profiles, writes the files, prints the summary.
@@ -61,7 +65,7 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
     case beamdiag_remote:connect(NodeStr, RemoteOpts) of
         {ok, Node} ->
             try
-                case beamdiag_profile:profile(Node, Opts, Err) of
+                case beamdiag_profile:profile(Node, profile_opts(Opts), Err) of
                     {ok, Result} ->
                         write_and_print(Result, Opts, IO);
                     {error, Error} ->
@@ -74,10 +78,11 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
             beamdiag_cli:fail(Error, IO)
     end.
 
-%% @doc The printed summary of a profile result.
--spec report(map(), map()) -> iolist().
+%% @doc The printed summary of a profile result, as terminal-safe UTF-8
+%% (control characters and invalid UTF-8 from names as `?').
+-spec report(map(), map()) -> binary().
 report(Result = #{profile := P, findings := Findings}, _Opts) ->
-    [
+    beamdiag_safe_text:report([
         beamdiag_profile:header(Result),
         "\n",
         beamdiag_fold:format_top("Erlang functions", beamdiag_fold:top(P, #{kind => erlang, limit => 15})),
@@ -88,14 +93,23 @@ report(Result = #{profile := P, findings := Findings}, _Opts) ->
             [] -> "No findings.\n";
             _ -> ["Findings:\n", [finding_text(F) || F <- Findings]]
         end
-    ].
+    ]).
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
+%% The profiler's options: the output directory and the perf executable
+%% under the names beamdiag_profile reads.
+profile_opts(Opts) ->
+    Rest = maps:without([output_dir, perf_binary], Opts),
+    Rest#{out => output_dir(Opts), perf => maps:get(perf_binary, Opts, undefined)}.
+
+output_dir(Opts) ->
+    maps:get(output_dir, Opts, "beamdiag-flame").
+
 write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Opts, IO = #{out := Print}) ->
-    Dir = maps:get(out, Opts, "beamdiag-flame"),
+    Dir = output_dir(Opts),
     Text = report(Result, Opts),
     Files = [
         {"profile.folded", beamdiag_fold:to_iolist(P)},
@@ -106,7 +120,8 @@ write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Op
     case write_all(Dir, Files) of
         ok ->
             Print(Text),
-            Print(["\nwrote ", filename:join(Dir, "flame.svg"), ", profile.folded, top.txt\n"]),
+            Print(["\nwrote ", beamdiag_safe_text:safe(filename:join(Dir, "flame.svg")),
+                   ", profile.folded, top.txt\n"]),
             beamdiag_cli:findings_code(Findings, Opts);
         {error, Path, Why} ->
             beamdiag_cli:fail({beamdiag_cli, {write, Path, Why}}, IO)
@@ -136,10 +151,11 @@ subtitle(#{profile := P, method := Method}) ->
                    100 * maps:get(unnamed_jit_share, S), 100 * maps:get(unnamed_native_share, S),
                    100 * maps:get(cut_short_share, S)]).
 
+%% Titles and evidence one line each; the fix may span lines.
 finding_text(#{severity := Sev, title := T, evidence := Ev, fix := Fix}) ->
     [
-        io_lib:format("  [~s] ~ts~n", [Sev, T]),
-        [["    - ", E, "\n"] || E <- Ev],
-        ["    fix: ", Fix, "\n"]
+        io_lib:format("  [~s] ~ts~n", [Sev, beamdiag_safe_text:safe(T)]),
+        [["    - ", beamdiag_safe_text:safe(E), "\n"] || E <- Ev],
+        ["    fix: ", beamdiag_safe_text:chars(Fix), "\n"]
     ].
 

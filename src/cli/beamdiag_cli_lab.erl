@@ -20,22 +20,18 @@ spec() ->
         example => "beamdiag lab busy_wait --diagnose --window 5",
         positional => [#{key => scenario, metavar => "SCENARIO", required => true,
                          help => "a scenario name, or 'list'"}],
-        options => [
-            #{key => duration, long => "--duration", type => {integer, 1, 3600}, default => 60,
-              metavar => "SECONDS", help => "how long the node and its load run"},
+        options => beamdiag_cli_options:pick([
+            {duration, #{type => {integer, 1, 3600}, default => 60,
+                         help => "how long the node and its load run"}},
             #{key => diagnose, long => "--diagnose", type => boolean, default => false,
               help => "diagnose the node once it runs, then stop it"},
             #{key => window, long => "--window", type => {float, 0.5, 600.0}, default => 5.0,
               metavar => "SECONDS", help => "the diagnosis window with --diagnose"},
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "with --diagnose, print JSON"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "with --diagnose, write the report to FILE"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "with --diagnose, also write an HTML report to FILE"},
-            #{key => save, long => "--save", type => string, metavar => "FILE",
-              help => "with --diagnose, also save the capture to FILE"}
-        ]
+            {json, "with --diagnose, print JSON"},
+            {out, "with --diagnose, write the report to FILE"},
+            {html, "with --diagnose, also write an HTML report to FILE"},
+            {save, "with --diagnose, also save the capture to FILE"}
+        ])
     }.
 
 %% @doc Runs the command.

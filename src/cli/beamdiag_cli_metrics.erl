@@ -21,17 +21,16 @@ spec() ->
         example => "beamdiag metrics app@db1 --cookie-file /etc/app/cookie --port 9568 --duration 600",
         positional => [#{key => node, metavar => "NODE", required => true,
                          help => "the node, name@host"}],
-        options => beamdiag_cli_diagnose:node_options() ++ [
+        options => beamdiag_cli_options:pick([
+            cookie, cookie_file,
             #{key => port, long => "--port", type => {integer, 0, 65535}, default => 9568,
               metavar => "PORT", help => "TCP port on the node's host (0: any free port)"},
             #{key => any, long => "--any", type => boolean, default => false,
               help => "listen on every interface of the node's host, not only loopback"},
-            #{key => interval, long => "--interval", type => {integer, 100, 60000},
-              default => 1000, metavar => "MS", help => "time between samples"},
-            #{key => duration, long => "--duration", type => {float, 1.0, 86400.0},
-              default => 3600.0, metavar => "SECONDS",
-              help => "serve for this long, then remove everything (Ctrl-C also does)"}
-        ]
+            {interval, #{type => {integer, 100, 60000}}},
+            {duration, #{type => {float, 1.0, 86400.0}, default => 3600.0,
+                         help => "serve for this long, then remove everything (Ctrl-C also does)"}}
+        ])
     }.
 
 %% @doc Runs the command: serves until the duration ends.

@@ -20,16 +20,7 @@ spec() ->
         example => "beamdiag report node.capture --html node.html",
         positional => [#{key => file, metavar => "FILE", required => true,
                          help => "a file written by --save"}],
-        options => [
-            #{key => json, long => "--json", type => boolean, default => false,
-              help => "print JSON instead of text"},
-            #{key => out, long => "--out", type => string, metavar => "FILE",
-              help => "write the report to FILE instead of standard output"},
-            #{key => html, long => "--html", type => string, metavar => "FILE",
-              help => "also write a self-contained HTML report to FILE"},
-            #{key => fail_on, long => "--fail-on", type => {enum, [critical, warning, info]},
-              help => "exit 1 when a finding is at least this severe"}
-        ]
+        options => beamdiag_cli_options:pick([json, out, html, fail_on])
     }.
 
 %% @doc Runs the command.

@@ -27,16 +27,16 @@ spec() ->
         example => "beamdiag watch app@db1 --cookie-file /etc/app/cookie --interval 1000",
         positional => [#{key => node, metavar => "NODE", required => true,
                          help => "the node, name@host"}],
-        options => beamdiag_cli_diagnose:node_options() ++ [
-            #{key => interval, long => "--interval", type => {integer, 100, 60000},
-              default => 1000, metavar => "MS", help => "time between refreshes"},
+        options => beamdiag_cli_options:pick([
+            cookie, cookie_file,
+            {interval, #{type => {integer, 100, 60000}, help => "time between refreshes"}},
             #{key => duration, long => "--duration", type => {float, 0.5, 86400.0},
               metavar => "SECONDS", help => "stop after this long (default: until q or Ctrl-C)"},
             #{key => window, long => "--window", type => {integer, 2, 600}, default => 2,
               metavar => "SAMPLES", help => "samples per ledger (2: the last interval)"},
             #{key => msacc, long => "--msacc", type => boolean, default => false,
               help => "turn on microstate accounting while watching (costs a little)"}
-        ]
+        ])
     }.
 
 %% @doc Runs the command.

@@ -1,6 +1,9 @@
 %%% @doc Experiment results as text and as the map their JSON (and HTML)
 %%% encodes: the arms, every run's figures, each arm's means and each arm
-%%% against the first with its bootstrap interval and verdict. Pure.
+%%% against the first with its bootstrap interval and verdict. Pure. The
+%%% workloads and flags come from the command line or a saved file (which
+%%% `beamdiag report' reads): the text prints them through
+%%% `beamdiag_safe_text', one line each.
 %%%
 %%% ```
 %%% 1> {ok, R} = beamdiag_experiment:run(#{workloads => [{lab, busy_wait}], runs => 3}).
@@ -26,7 +29,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
                       [length(Arms), maps:get(runs, S), num(maps:get(duration, S)),
                        num(maps:get(warmup, S))]),
         [io_lib:format("  ~s  ~ts, flags: ~ts, concurrency ~b~n",
-                       [Letter(I), W, V, C])
+                       [Letter(I), beamdiag_safe_text:safe(W), beamdiag_safe_text:safe(V), C])
          || #{index := I, workload := W, variant := V, concurrency := C} <- Arms],
         "\nRUNS (in the order they ran)\n",
         io_lib:format("  ~-4s ~3s ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",

@@ -3,8 +3,9 @@
 %%% The SVG carries its own script and style and loads nothing: click a
 %%% frame to zoom to it, click the bottom frame or "Reset zoom" to go back,
 %%% "Search" (or Ctrl-F) highlights the frames whose name matches and shows
-%%% their share. Every name from the profile is XML-escaped; bytes that are
-%%% not valid UTF-8 or not allowed in XML become `?'. Frames narrower than
+%%% their share. Every name from the profile is XML-escaped by
+%%% `beamdiag_safe_text:xml/1'; bytes that are not valid UTF-8 and characters
+%%% not allowed in XML become U+FFFD. Frames narrower than
 %%% `min_width' pixels are left out (their time stays in the parent), so the
 %%% size is bounded whatever the profile.
 %%%
@@ -14,7 +15,7 @@
 %%% '''
 -module(beamdiag_format_flamegraph).
 
--export([svg/2, escape/1]).
+-export([svg/2]).
 
 -export_type([options/0]).
 
@@ -63,9 +64,9 @@ svg(Stacks, Opts) when is_map(Stacks) ->
         fmt("<rect x=\"0\" y=\"0\" width=\"~b\" height=\"~b\" fill=\"#f8f8f8\"/>\n",
                       [Width, Height]),
         fmt("<text class=\"title\" x=\"~b\" y=\"20\">~ts</text>\n",
-                      [Width div 2, escape(Title)]),
+                      [Width div 2, beamdiag_safe_text:xml(Title)]),
         fmt("<text class=\"sub\" x=\"~b\" y=\"36\">~ts</text>\n",
-                      [Width div 2, escape(Sub)]),
+                      [Width div 2, beamdiag_safe_text:xml(Sub)]),
         fmt("<text id=\"reset\" class=\"btn\" x=\"~b\" y=\"20\">Reset zoom</text>\n",
                       [?PAD_SIDE]),
         fmt("<text id=\"search\" class=\"btn\" x=\"~b\" y=\"20\">Search</text>\n",
@@ -79,13 +80,6 @@ svg(Stacks, Opts) when is_map(Stacks) ->
         "</g>\n</svg>\n"
     ].
 
-%% @doc XML-escapes text from a profile; invalid UTF-8 and characters XML
-%% does not allow become `?'.
--spec escape(iodata()) -> binary().
-escape(Text) ->
-    Chars = beamdiag_safe_text:chars(iolist_to_binary(Text)),
-    unicode:characters_to_binary([esc(C) || C <- Chars]).
-
 %%%===================================================================
 %%% Internal
 %%%===================================================================
@@ -93,16 +87,6 @@ escape(Text) ->
 fmt(Format, Args) ->
     unicode:characters_to_binary(io_lib:format(Format, Args)).
 
-esc($&) -> "&amp;";
-esc($<) -> "&lt;";
-esc($>) -> "&gt;";
-esc($") -> "&quot;";
-esc($') -> "&apos;";
-esc(C) when C =:= $\t; C =:= $\n; C =:= $\r -> C;
-esc(C) when C < 32 -> $?;
-esc(C) when C >= 16#D800, C =< 16#DFFF -> $?;
-esc(C) when C =:= 16#FFFE; C =:= 16#FFFF -> $?;
-esc(C) -> C.
 
 %% Tree: {Count, #{Name => Tree}}.
 build(Pairs, MaxDepth) ->
@@ -139,7 +123,7 @@ layout({Count, Kids}, Name, X, Depth, Scale, MinW, Total, Acc, MaxD) ->
 
 rect(Name, Count, X0, W, Depth, Total, Height) ->
     Pct = case Total of 0 -> 0.0; _ -> 100 * Count / Total end,
-    E = escape(Name),
+    E = beamdiag_safe_text:xml(Name),
     X = float(X0 + ?PAD_SIDE),
     Y = Height - ?PAD_BOTTOM - (Depth + 1) * ?FRAME_H,
     fmt(

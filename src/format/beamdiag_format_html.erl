@@ -771,17 +771,7 @@ float_text(F) -> float_to_list(F, [{decimals, 4}, compact]).
 esc(X) when is_atom(X) -> esc(atom_to_binary(X));
 esc(X) when is_integer(X) -> integer_to_list(X);
 esc(X) when is_float(X) -> float_text(X);
-esc(X) -> [esc_char(C) || C <- to_chars(X)].
-
-esc_char($&) -> "&amp;";
-esc_char($<) -> "&lt;";
-esc_char($>) -> "&gt;";
-esc_char($") -> "&quot;";
-esc_char($') -> "&#39;";
-esc_char(C) when C =:= $\n; C =:= $\t -> C;
-esc_char(C) when C < 32; C =:= 127 -> <<"\xef\xbf\xbd">>;
-esc_char(C) when C >= 16#D800, C =< 16#DFFF -> <<"\xef\xbf\xbd">>;
-esc_char(C) -> <<C/utf8>>.
+esc(X) -> beamdiag_safe_text:xml(to_chars(X)).
 
 %% Characters from binaries (UTF-8, invalid bytes replaced), lists, atoms.
 to_chars(B) when is_binary(B) -> beamdiag_safe_text:chars(B, 16#FFFD);

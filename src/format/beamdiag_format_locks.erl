@@ -140,8 +140,4 @@ ns(N) -> [integer_to_list(N div 1000000000), "s"].
 %% printable line (invalid UTF-8 and control characters as '?'), cut.
 -spec cut(term(), pos_integer()) -> unicode:chardata().
 cut(T, Max) ->
-    S = beamdiag_safe_text:safe(T),
-    case string:length(S) > Max of
-        true -> [string:slice(S, 0, Max - 1), "~"];
-        false -> S
-    end.
+    beamdiag_safe_text:cut(T, Max, "~").

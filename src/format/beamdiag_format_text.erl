@@ -405,8 +405,4 @@ block(Text, Indent) ->
 
 %% Text cut to at most N characters, "..." marking the cut.
 cut(Text, N) ->
-    Chars = beamdiag_safe_text:chars(Text),
-    case string:length(Chars) > N of
-        true -> [string:slice(Chars, 0, max(0, N - 3)), "..."];
-        false -> Chars
-    end.
+    beamdiag_safe_text:cut(Text, N).

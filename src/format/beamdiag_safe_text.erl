@@ -10,8 +10,15 @@
 %%% - `safe/1,2': one line, every control character (C0, DEL, C1) as `?',
 %%%   optionally cut to a number of characters;
 %%% - `report/1': a whole multi-line report, newlines kept;
+%%% - `report/2': the same, keeping the colour codes (SGR sequences,
+%%%   `ESC [ ... m') a formatter put in, every other escape neutralised;
 %%% - `terminal/1': the same for standard error, where carriage returns
-%%%   (progress lines) are kept too.
+%%%   (progress lines) are kept too;
+%%% - `cut/2,3': one line cut to a width, a marker showing the cut (the one
+%%%   cut-to-width of the text formats);
+%%% - `xml/1': text escaped for XML and HTML element content and quoted
+%%%   attributes (the one escaper of the SVG flame graph and the HTML
+%%%   report).
 %%%
 %%% Target-side modules (`beamdiag_agent*') do not format text for a
 %%% terminal and do not call this module.
@@ -21,10 +28,14 @@
 %%% "a??[2Jb"
 %%% 2> beamdiag_safe_text:safe(<<"node@host">>, 4).
 %%% "node"
+%%% 3> beamdiag_safe_text:cut(<<"a_long_process_name">>, 10).
+%%% ["a_long_","..."]
+%%% 4> beamdiag_safe_text:xml(<<"<script>">>).
+%%% <<"&lt;script&gt;">>
 %%% '''
 -module(beamdiag_safe_text).
 
--export([chars/1, chars/2, safe/1, safe/2, report/1, terminal/1]).
+-export([chars/1, chars/2, safe/1, safe/2, report/1, report/2, terminal/1, cut/2, cut/3, xml/1]).
 
 %%%===================================================================
 %%% API
@@ -62,7 +73,23 @@ safe(Text, Max) ->
 %% `?'.
 -spec report(unicode:chardata() | iodata()) -> binary().
 report(Text) ->
-    unicode:characters_to_binary([multi_line(C) || C <- chars(Text)]).
+    case clean(Text) of
+        {ok, B} -> B;
+        dirty -> unicode:characters_to_binary([multi_line(C) || C <- chars(Text)])
+    end.
+
+%% @doc A report for a terminal: `plain' as `report/1'; `colour' keeps the
+%% colour codes (`ESC [', digits and semicolons, `m') and turns every
+%% other escape, and every other control character but the newline, into
+%% `?'.
+-spec report(unicode:chardata() | iodata(), plain | colour) -> binary().
+report(Text, plain) ->
+    report(Text);
+report(Text, colour) ->
+    case clean(Text) of
+        {ok, B} -> B;
+        dirty -> unicode:characters_to_binary(sgr(chars(Text)))
+    end.
 
 %% @doc Messages for standard error, as UTF-8: as `report/1', and carriage
 %% returns (which redraw a progress line) stay too.
@@ -70,9 +97,70 @@ report(Text) ->
 terminal(Text) ->
     unicode:characters_to_binary([progress(C) || C <- chars(Text)]).
 
+%% @doc `Text' as one printable line of at most `Width' characters, `...'
+%% ending a line that was cut.
+-spec cut(term(), non_neg_integer()) -> unicode:chardata().
+cut(Text, Width) ->
+    cut(Text, Width, "...").
+
+%% @doc `Text' as one printable line of at most `Width' characters
+%% (grapheme clusters), `Marker' ending a line that was cut.
+-spec cut(term(), non_neg_integer(), string()) -> unicode:chardata().
+cut(Text, Width, Marker) ->
+    S = safe(Text),
+    case string:length(S) > Width of
+        true -> [string:slice(S, 0, max(0, Width - length(Marker))), Marker];
+        false -> S
+    end.
+
+%% @doc `Text' escaped for XML and HTML (element content and quoted
+%% attributes), as UTF-8: `&', `<', `>', `"' and `'' as references; each
+%% byte that is not UTF-8, each control character but tab and newline,
+%% and each character XML does not allow as U+FFFD.
+-spec xml(term()) -> binary().
+xml(Text) ->
+    unicode:characters_to_binary([xml_char(C) || C <- chars(Text, 16#FFFD)]).
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Text that is already valid UTF-8 with no control byte but the newline
+%% (the common case: a JSON document, a clean report) as it is.
+clean(Text) ->
+    try unicode:characters_to_binary(Text) of
+        B when is_binary(B) ->
+            case re:run(B, <<"[\\x00-\\x09\\x0b-\\x1f\\x7f]|\\xc2[\\x80-\\x9f]">>,
+                        [{capture, none}]) of
+                nomatch -> {ok, B};
+                match -> dirty
+            end;
+        _ ->
+            dirty
+    catch
+        error:_ -> dirty
+    end.
+
+%% Colour codes stay; any other escape is cut at its ESC.
+sgr([27, $[ | T]) ->
+    case lists:splitwith(fun(C) -> (C >= $0 andalso C =< $9) orelse C =:= $; end, T) of
+        {Params, [$m | Rest]} -> [27, $[, Params, $m | sgr(Rest)];
+        _ -> [$? | sgr([$[ | T])]
+    end;
+sgr([C | T]) ->
+    [multi_line(C) | sgr(T)];
+sgr([]) ->
+    [].
+
+xml_char($&) -> "&amp;";
+xml_char($<) -> "&lt;";
+xml_char($>) -> "&gt;";
+xml_char($") -> "&quot;";
+xml_char($') -> "&#39;";
+xml_char(C) when C =:= $\n; C =:= $\t -> C;
+xml_char(C) when C < 32; C >= 127, C =< 159 -> 16#FFFD;
+xml_char(C) when C =:= 16#FFFE; C =:= 16#FFFF -> 16#FFFD;
+xml_char(C) -> C.
 
 one_line(C) when C < 32; C >= 127, C =< 159 -> $?;
 one_line(C) -> C.

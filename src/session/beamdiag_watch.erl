@@ -350,9 +350,5 @@ pad(Text, Width) ->
     end.
 
 cut(Text, Width) ->
-    S = beamdiag_safe_text:safe(Text),
-    case string:length(S) > Width of
-        true -> [string:slice(S, 0, Width - 3), "..."];
-        false -> S
-    end.
+    beamdiag_safe_text:cut(Text, Width).
 
