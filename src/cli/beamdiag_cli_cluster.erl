@@ -29,7 +29,7 @@ spec() ->
             #{key => max_nodes, long => "--max-nodes", type => {integer, 1, 100000},
               default => 500, metavar => "N", help => "refuse clusters of more members"},
             #{key => concurrency, long => "--concurrency", type => {integer, 1, 1000},
-              default => 32, metavar => "K",
+              default => 64, metavar => "K",
               help => "members connected and loaded at once before the window"},
             #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
               metavar => "SECONDS", help => "length of the window"},
