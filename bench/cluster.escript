@@ -18,6 +18,16 @@
 %%% lines (target: one screen, <= 50), and how long all windows overlapped
 %%% (with how far apart they started).
 %%%
+%%% A member of a real cluster has had distribution connections before
+%%% (that is what makes it a member), so the code of its distribution is
+%%% loaded; a node the bench starts has had none, and its first connection
+%%% costs it 30 to 40 ms of CPU to load that code (measured on one idle
+%%% node here; 0 ms for a second connection), 201 nodes 6 to 8 s of CPU on
+%%% two cores. So each node is connected to once (hidden) and let go
+%%% before the rounds, as a cluster member would have been; set
+%%% BENCH_CLUSTER_COLD to leave them as started (each round then pays for
+%%% the first connections too).
+%%%
 %%% Every node is started with OTP's `peer' over standard I/O: it halts
 %%% when this VM goes away, however that happens (interrupted included),
 %%% and each is also stopped, then killed with kill -9, at the end of its
@@ -76,6 +86,10 @@ round(N, Window, _K, Exes) ->
             try
                 StartS = (erlang:monotonic_time(millisecond) - T0) / 1000,
                 {BusyPeer, Busy} = lists:last(Peers),
+                case os:getenv("BENCH_CLUSTER_COLD") of
+                    C when C =:= false; C =:= "" -> warm([Nd || {_, Nd} <- Peers]);
+                    _ -> ok
+                end,
                 spin(BusyPeer),
                 timer:sleep(1500),
                 File = "/tmp/bdc_bench_nodes_" ++ os:getpid(),
@@ -124,6 +138,20 @@ per_member(Lines) ->
                  end
          end,
     Of(<<"  per member, median (max): ">>) ++ "; " ++ Of(<<"  from the agents' start: ">>).
+
+%% Each node connected to once (hidden) and let go, a batch at a time.
+warm(Nodes) ->
+    lists:foreach(
+        fun(Batch) ->
+            Self = self(),
+            Pids = [spawn_link(fun() ->
+                                   true = net_kernel:hidden_connect_node(N),
+                                   true = erlang:disconnect_node(N),
+                                   Self ! {self(), ok}
+                               end) || N <- Batch],
+            [receive {P, ok} -> ok end || P <- Pids]
+        end, chunks(Nodes, ?START_BATCH)),
+    timer:sleep(500).
 
 %% The idle nodes and, last, the busy one, started a batch at a time.
 start_peers(N) ->

@@ -348,14 +348,14 @@ prepare(Members, Remote, K, Code) ->
                 {Pid, MRef} = spawn_monitor(fun() -> late_or_send(Self, Tag, Work(M)) end),
                 {Pid, {M, MRef, erlang:monotonic_time(millisecond) + ?PREPARE_MS}}
             end,
-    %% This node starts its distribution with the first connection: that
-    %% one alone, the rest side by side.
-    {Done0, Rest} = case {node(), Members} of
-                        {nonode@nohost, [M1 | Ms]} -> {#{M1 => Work(M1)}, Ms};
-                        _ -> {#{}, Members}
-                    end,
+    %% This node's distribution is started first, then every member is
+    %% connected side by side (each under its own bound).
+    _ = case Members of
+            [M1 | _] -> beamdiag_remote:distribute(atom_to_list(M1));
+            [] -> ok
+        end,
     P = #{tag => Tag, start => Start, k => K},
-    {Done, Late} = next(P, #{}, Rest, Done0, []),
+    {Done, Late} = next(P, #{}, Members, #{}, []),
     Result = [{M, element(1, maps:get(M, Done))} || M <- Members],
     Times = maps:from_list([{M, T} || {M, {{ok, _}, T, _}} <- maps:to_list(Done)]),
     {Result, Late, Times}.
