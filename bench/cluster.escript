@@ -71,7 +71,7 @@ main(_) ->
     io:format("~6s ~6s ~8s ~6s ~8s ~8s ~11s ~7s ~8s ~9s ~9s ~6s ~12s  ~s~n",
               ["build", "nodes", "start s", "vm s", "wall s", "load s", "window+ s", "target",
                "peak MB", "answered", "odd first", "lines", "overlap s",
-               "per member, median (max); from the agents' start"]),
+               "per member, median (max); captured, analysed"]),
     [round(N, Window, K, Exes) || N <- Ns],
     ok.
 
@@ -137,7 +137,7 @@ per_member(Lines) ->
                      [] -> "-"
                  end
          end,
-    Of(<<"  per member, median (max): ">>) ++ "; " ++ Of(<<"  from the agents' start: ">>).
+    Of(<<"  per member, median (max): ">>) ++ "; " ++ Of(<<"  captured ">>).
 
 %% Each node connected to once (hidden) and let go, a batch at a time.
 warm(Nodes) ->

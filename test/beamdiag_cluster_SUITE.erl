@@ -161,7 +161,7 @@ stalled_member(_Config) ->
         [#{node := N, message := M, host := View}] = maps:get(errors, C),
         ?assertEqual(atom_to_binary(Stalled), N),
         %% Words, not a term: the reason, then what this host shows.
-        ?assertMatch({match, _}, re:run(M, "^did not answer in [0-9.]+ s while it was connected")),
+        ?assertMatch({match, _}, re:run(M, "^did not answer within [0-9.]+ s while being connected")),
         ?assertMatch({match, _}, re:run(M, "; on this host: pid " ++ OsPid ++
                                             ", stopped by a signal \\(state T")),
         ?assertMatch(#{state := <<"T">>, threads := []}, View),

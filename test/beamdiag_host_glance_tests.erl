@@ -17,8 +17,8 @@ words_test_() ->
              threads => [#{name => <<"1_scheduler">>, user => 0.98, sys => 0.02},
                          #{name => <<"aux">>, user => 0.05, sys => 0.0}],
              rss => 3 * 1024 * 1024 * 1024 div 2},
-    [?_assertEqual(<<"on this host: pid 4242, stopped by a signal (state T: SIGSTOP or a "
-                     "job-control stop); no thread used 1% of a CPU over 2.0 s; 45 MB resident">>,
+    [?_assertEqual(<<"on this host: pid 4242, stopped by a signal (state T: SIGSTOP, or job "
+                     "control); no thread above 1% of a CPU in 2.0 s; 45 MB resident">>,
                    iolist_to_binary(beamdiag_host_glance:words(Stopped))),
      ?_assertEqual(<<"on this host: pid 7, running (state R); 1_scheduler 98% user + 2% kernel, "
                      "aux 5% user over 3.0 s; 1.5 GB resident">>,

@@ -18,7 +18,7 @@
 -define(CLUSTER_FULL, 3).
 -define(CLUSTER_NAMED, 5).
 -define(CLUSTER_SHARED, 8).
--define(CLUSTER_ERRORS, 5).
+-define(CLUSTER_ERRORS, 4).
 
 %%%===================================================================
 %%% API
@@ -381,16 +381,12 @@ rate(V) -> integer_to_list(round(V)).
 %% captures came and were analysed, from the agents' start.
 cluster_timing(#{connect_ms := #{median := CM, max := CX}, load_ms := #{median := LM, max := LX},
                  captured_ms := #{median := CapM, max := CapX},
-                 analysed_ms := #{median := AM, max := AX}} = T)
+                 analysed_ms := #{median := AM, max := AX}})
   when is_integer(CM), is_integer(LM), is_integer(CapM), is_integer(AM) ->
     [io_lib:format("  per member, median (max): connect ~b ms (~b), load ~b ms (~b)~n",
                    [CM, CX, LM, LX]),
-     io_lib:format("  from the agents' start: captures in ~.1f s (~.1f), analysed ~.1f s (~.1f)~ts~n",
-                   [CapM / 1000, CapX / 1000, AM / 1000, AX / 1000,
-                    case T of
-                        #{cpu_ms := Cpu} -> io_lib:format("; CPU here ~.1f s", [Cpu / 1000]);
-                        _ -> ""
-                    end])];
+     io_lib:format("  captured ~.1f s (~.1f), analysed ~.1f s (~.1f) after the agents' start~n",
+                   [CapM / 1000, CapX / 1000, AM / 1000, AX / 1000])];
 cluster_timing(_) ->
     "".
 

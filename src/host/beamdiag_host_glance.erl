@@ -100,7 +100,7 @@ words(V = #{os_pid := P, state := State, threads := Threads, span_s := Span}) ->
             || #{name := Name, user := U, sys := S} <- Threads],
     CpuText = case {Busy, Span > 0} of
                   {_, false} -> [];
-                  {[], true} -> [io_lib:format("no thread used 1% of a CPU over ~.1f s", [Span])];
+                  {[], true} -> [io_lib:format("no thread above 1% of a CPU in ~.1f s", [Span])];
                   {_, true} -> [lists:join(", ", Busy), io_lib:format(" over ~.1f s", [Span])]
               end,
     Mem = case V of
@@ -153,7 +153,7 @@ spread(#{t := T0, threads := A}, #{t := T1, threads := B}, Base) ->
 share(_Ticks, _Hz, Wall) when Wall =< 0 -> 0.0;
 share(Ticks, Hz, Wall) -> min(1.0, max(0.0, Ticks / Hz / Wall)).
 
-state_words(<<"T">>) -> "stopped by a signal (state T: SIGSTOP or a job-control stop)";
+state_words(<<"T">>) -> "stopped by a signal (state T: SIGSTOP, or job control)";
 state_words(<<"t">>) -> "stopped by a debugger (state t)";
 state_words(<<"D">>) -> "waiting on I/O it cannot be interrupted from (state D)";
 state_words(<<"Z">>) -> "exited, not yet reaped (state Z)";

@@ -233,8 +233,8 @@ format_error({no_nodes, File}) ->
 format_error({nodes_file, File, Why}) ->
     io_lib:format("cannot read the node list ~ts: ~ts", [safe(File), file:format_error(Why)]);
 format_error({prepare_timeout, Ms}) ->
-    io_lib:format("did not answer in ~.1f s while it was connected and given the agent "
-                  "(overloaded, stalled, or a scheduler is held)", [Ms / 1000]);
+    io_lib:format("did not answer within ~.1f s while being connected and given the agent",
+                  [Ms / 1000]);
 format_error({no_answer, Ms}) ->
     io_lib:format("its agent sent nothing usable within ~.1f s of the window's end; "
                   "it was told to stop", [Ms / 1000]);
