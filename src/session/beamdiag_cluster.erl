@@ -361,26 +361,25 @@ prepare(Members, Remote, K, Code) ->
     {Result, Late, Times}.
 
 %% A worker given up on (told `late') removes what it loaded, then ends;
-%% else it sends its result.
+%% else it sends its result and waits for the pool to take it (`ack'):
+%% the word `late' may cross the result, and then, as when the pool is
+%% gone, what was loaded is removed here.
 late_or_send(Pool, Tag, Result) ->
+    Drop = fun() ->
+                   case Result of
+                       {{ok, Loaded}, _, Node} -> beamdiag_loader:unload(Node, Loaded);
+                       _ -> ok
+                   end
+           end,
     receive
-        {Tag, late} ->
-            case Result of
-                {{ok, Loaded}, _, Node} -> beamdiag_loader:unload(Node, Loaded);
-                _ -> ok
-            end
+        {Tag, late} -> Drop()
     after 0 ->
+        MRef = erlang:monitor(process, Pool),
         Pool ! {Tag, self(), Result},
-        %% The word `late' may have crossed the result: then the pool has
-        %% dropped it, and what was loaded is removed here.
         receive
-            {Tag, late} ->
-                case Result of
-                    {{ok, Loaded}, _, Node} -> beamdiag_loader:unload(Node, Loaded);
-                    _ -> ok
-                end
-        after 0 ->
-            ok
+            {Tag, ack} -> ok;
+            {Tag, late} -> Drop();
+            {'DOWN', MRef, process, Pool, _} -> Drop()
         end
     end.
 
@@ -398,6 +397,7 @@ pool(P = #{tag := Tag}, Running, Queue, Done, Late) ->
         {Tag, Pid, Result} when is_map_key(Pid, Running) ->
             {M, MRef, _} = maps:get(Pid, Running),
             erlang:demonitor(MRef, [flush]),
+            Pid ! {Tag, ack},
             next(P, maps:remove(Pid, Running), Queue, Done#{M => Result}, Late);
         {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
             {M, MRef, _} = maps:get(Pid, Running),
@@ -405,8 +405,8 @@ pool(P = #{tag := Tag}, Running, Queue, Done, Late) ->
                  Done#{M => {{error, {?MODULE, {crashed, Why}}}, #{}, M}}, Late)
     after max(0, Next - erlang:monotonic_time(millisecond)) ->
         %% Given up: told so, and kept (monitored) for settle/1. A result
-        %% that crossed the word is dropped: the worker removes what it
-        %% loaded.
+        %% that crossed the word is never acknowledged: the worker removes
+        %% what it loaded.
         Over = [{Pid, M, MRef} || {Pid, {M, MRef, D}} <- maps:to_list(Running), D =< Next],
         _ = [Pid ! {Tag, late} || {Pid, _, _} <- Over],
         Done2 = lists:foldl(fun({_, M, _}, Acc) ->
@@ -426,6 +426,8 @@ settle(Late) ->
              exit(Pid, kill),
              erlang:demonitor(MRef, [flush])
          end || {Pid, MRef} <- Late],
+    %% A result that crossed the word `late' is not left in the mailbox.
+    _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _} <- Late],
     ok.
 
 %% Phase two: one collector per prepared member, all told to start at
