@@ -137,7 +137,7 @@ per_member(Lines) ->
                      [] -> "-"
                  end
          end,
-    Of(<<"  per member, median (max): ">>) ++ "; " ++ Of(<<"  captured ">>).
+    Of(<<"  per member, median (max): ">>) ++ "; captured " ++ Of(<<"  captured ">>).
 
 %% Each node connected to once (hidden) and let go, a batch at a time.
 warm(Nodes) ->

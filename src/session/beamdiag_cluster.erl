@@ -10,7 +10,10 @@
 %%%
 %%% Two phases keep hundreds of members cheap and comparable. First, at
 %%% most `concurrency' members at a time are connected and given the
-%%% agent's modules. Then every prepared member's agent is started at once,
+%%% agent's modules (read once for all of them); a member not ready within
+%%% 5 s of its own start is given up, and when it runs on this host, what
+%%% this host's /proc shows of it over the window goes with its reason
+%%% (`beamdiag_host_glance'). Then every prepared member's agent is started at once,
 %%% so that all windows cover the same seconds; each member's window start
 %%% (its wall clock) is kept, and the report says how far apart the starts
 %%% were and how long all windows overlap. The report is due at the window
