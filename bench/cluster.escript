@@ -11,11 +11,22 @@
 %%% time to start the nodes; the command's wall time from its start to its
 %%% report; of that, the time it took to connect to every member and load
 %%% the agent (load s), and the time from the agents' start to the report
-%%% (window+ s) against the target (window + 5 s); the command's peak
+%%% (window+ s); the target (window + 5 s) is met when the command's wall
+%%% time less the VM's own start (vm s) is within it; the command's peak
 %%% memory (maximum resident set), the share of members that answered,
 %%% whether the busy node is the first outlier, the report's length in
 %%% lines (target: one screen, <= 50), and how long all windows overlapped
 %%% (with how far apart they started).
+%%%
+%%% A member of a real cluster has had distribution connections before
+%%% (that is what makes it a member), so the code of its distribution is
+%%% loaded; a node the bench starts has had none, and its first connection
+%%% costs it 30 to 40 ms of CPU to load that code (measured on one idle
+%%% node here; 0 ms for a second connection), 201 nodes 6 to 8 s of CPU on
+%%% two cores. So each node is connected to once (hidden) and let go
+%%% before the rounds, as a cluster member would have been; set
+%%% BENCH_CLUSTER_COLD to leave them as started (each round then pays for
+%%% the first connections too).
 %%%
 %%% Every node is started with OTP's `peer' over standard I/O: it halts
 %%% when this VM goes away, however that happens (interrupted included),
@@ -27,8 +38,14 @@
 %%% Run from the repository root after `rebar3 escriptize':
 %%%   bench/cluster.escript
 %%% Environment: BENCH_CLUSTER_NS ("50 100 200"), BENCH_CLUSTER_WINDOW (10,
-%%% seconds), BENCH_CLUSTER_CONCURRENCY (32, the command's --concurrency),
-%%% BENCH_CLUSTER_SHOW (set: print each report).
+%%% seconds), BENCH_CLUSTER_CONCURRENCY (64, the command's --concurrency),
+%%% BENCH_CLUSTER_SHOW (set: print each report), BENCH_CLUSTER_BEFORE (the path
+%%% of another build of the escript: each round runs it first, then this
+%%% one, on the same nodes, one line each, for a side-by-side comparison;
+%%% BENCH_CLUSTER_BEFORE_CONCURRENCY, 32, its --concurrency).
+%%% Each line also gives the CLI VM's own start (`beamdiag help', timed
+%%% just before) and, from the report, where the time went per member
+%%% (connect, load, analysis: median and max, ms).
 -mode(compile).
 
 -define(COOKIE, "beamdiag_cluster_bench").
@@ -38,21 +55,27 @@
 main(_) ->
     Ns = [list_to_integer(S) || S <- string:lexemes(env("BENCH_CLUSTER_NS", "50 100 200"), " ,")],
     Window = list_to_integer(env("BENCH_CLUSTER_WINDOW", "10")),
-    K = list_to_integer(env("BENCH_CLUSTER_CONCURRENCY", "32")),
+    K = list_to_integer(env("BENCH_CLUSTER_CONCURRENCY", "64")),
     Exe = filename:absname("_build/default/bin/beamdiag"),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
+    Exes = case os:getenv("BENCH_CLUSTER_BEFORE") of
+               B when B =:= false; B =:= "" -> [{"this", Exe, K}];
+               B -> [{"before", B, list_to_integer(env("BENCH_CLUSTER_BEFORE_CONCURRENCY", "32"))},
+                     {"this", Exe, K}]
+           end,
     {ok, _} = net_kernel:start(list_to_atom("bdc_bench_" ++ os:getpid()), #{name_domain => shortnames}),
     erlang:set_cookie(list_to_atom(?COOKIE)),
     io:format("beamdiag cluster bench: window ~b s, target report within ~b s; --concurrency ~b; "
               "host ~b CPUs, ~b MB available~n",
               [Window, Window + 5, K, erlang:system_info(logical_processors), available_mb()]),
-    io:format("~6s ~8s ~8s ~8s ~11s ~7s ~8s ~9s ~9s ~6s ~12s~n",
-              ["nodes", "start s", "wall s", "load s", "window+ s", "target", "peak MB",
-               "answered", "odd first", "lines", "overlap s"]),
-    [round(N, Window, K, Exe) || N <- Ns],
+    io:format("~6s ~6s ~8s ~6s ~8s ~8s ~11s ~7s ~8s ~9s ~9s ~6s ~12s  ~s~n",
+              ["build", "nodes", "start s", "vm s", "wall s", "load s", "window+ s", "target",
+               "peak MB", "answered", "odd first", "lines", "overlap s",
+               "per member, median (max); captured, analysed"]),
+    [round(N, Window, K, Exes) || N <- Ns],
     ok.
 
-round(N, Window, K, Exe) ->
+round(N, Window, _K, Exes) ->
     Need = (N + 1) * ?MB_PER_NODE + 2048,
     case available_mb() of
         Avail when Avail < Need ->
@@ -63,38 +86,72 @@ round(N, Window, K, Exe) ->
             try
                 StartS = (erlang:monotonic_time(millisecond) - T0) / 1000,
                 {BusyPeer, Busy} = lists:last(Peers),
+                case os:getenv("BENCH_CLUSTER_COLD") of
+                    C when C =:= false; C =:= "" -> warm([Nd || {_, Nd} <- Peers]);
+                    _ -> ok
+                end,
                 spin(BusyPeer),
                 timer:sleep(1500),
                 File = "/tmp/bdc_bench_nodes_" ++ os:getpid(),
                 ok = file:write_file(File, [[atom_to_list(Node), "\n"] || {_, Node} <- Peers]),
-                Out = "/tmp/bdc_bench_report_" ++ os:getpid(),
-                Json = Out ++ ".json",
-                W0 = erlang:monotonic_time(millisecond),
-                Cmd = io_lib:format("/usr/bin/time -f '%M' ~s cluster --nodes ~s --cookie ~s "
-                                    "--duration ~b --concurrency ~b --out ~s 2>&1 | tail -1",
-                                    [Exe, File, ?COOKIE, Window, K, Out]),
-                PeakKb = list_to_integer(string:trim(os:cmd(lists:flatten(Cmd)))),
-                WallS = (erlang:monotonic_time(millisecond) - W0) / 1000,
-                {ok, Text} = file:read_file(Out),
-                Lines = binary:split(Text, <<"\n">>, [global, trim]),
-                {Answered, Members} = answered(hd(Lines)),
-                OddFirst = odd_first(Lines, atom_to_binary(Busy)),
-                Overlap = overlap(Lines),
-                {LoadS, ReadyS} = phases(Lines),
-                io:format("~6b ~8.1f ~8.1f ~8.1f ~11.1f ~7s ~8.1f ~8.1f% ~9s ~6b ~12s~n",
-                          [N + 1, StartS, WallS, LoadS, ReadyS,
-                           case ReadyS =< Window + 5 of true -> "met"; false -> "missed" end,
-                           PeakKb / 1024, 100 * Answered / max(1, Members),
-                           atom_to_list(OddFirst), length(Lines), Overlap]),
-                [file:delete(F) || F <- [File, Out, Json]],
-                case os:getenv("BENCH_CLUSTER_SHOW") of
-                    false -> ok;
-                    _ -> io:format("~ts~n", [Text])
-                end
+                [run(Build, Exe, N, Window, KB, File, StartS, Busy) || {Build, Exe, KB} <- Exes],
+                file:delete(File)
             after
                 stop_peers(Peers)
             end
     end.
+
+run(Build, Exe, N, Window, K, File, StartS, Busy) ->
+    V0 = erlang:monotonic_time(millisecond),
+    _ = os:cmd(Exe ++ " help"),
+    VmS = (erlang:monotonic_time(millisecond) - V0) / 1000,
+    Out = "/tmp/bdc_bench_report_" ++ os:getpid(),
+    W0 = erlang:monotonic_time(millisecond),
+    Cmd = io_lib:format("/usr/bin/time -f '%M' ~s cluster --nodes ~s --cookie ~s "
+                        "--duration ~b --concurrency ~b --out ~s 2>&1 | tail -1",
+                        [Exe, File, ?COOKIE, Window, K, Out]),
+    PeakKb = list_to_integer(string:trim(os:cmd(lists:flatten(Cmd)))),
+    WallS = (erlang:monotonic_time(millisecond) - W0) / 1000,
+    {ok, Text} = file:read_file(Out),
+    Lines = binary:split(Text, <<"\n">>, [global, trim]),
+    {Answered, Members} = answered(hd(Lines)),
+    OddFirst = odd_first(Lines, atom_to_binary(Busy)),
+    Overlap = overlap(Lines),
+    {LoadS, ReadyS} = phases(Lines),
+    io:format("~6s ~6b ~8.1f ~6.1f ~8.1f ~8.1f ~11.1f ~7s ~8.1f ~8.1f% ~9s ~6b ~12s  ~s~n",
+              [Build, N + 1, StartS, VmS, WallS, LoadS, ReadyS,
+               case WallS - VmS =< Window + 5 of true -> "met"; false -> "missed" end,
+               PeakKb / 1024, 100 * Answered / max(1, Members),
+               atom_to_list(OddFirst), length(Lines), Overlap, per_member(Lines)]),
+    file:delete(Out),
+    case os:getenv("BENCH_CLUSTER_SHOW") of
+        false -> ok;
+        _ -> io:format("~ts~n", [Text])
+    end.
+
+%% The report's line on where the time went per member, if it has one.
+per_member(Lines) ->
+    Of = fun(Prefix) ->
+                 case [L || L <- Lines, binary:match(L, Prefix) =/= nomatch] of
+                     [L | _] -> string:trim(lists:nthtail(byte_size(Prefix), binary_to_list(L)));
+                     [] -> "-"
+                 end
+         end,
+    Of(<<"  per member, median (max): ">>) ++ "; captured " ++ Of(<<"  captured ">>).
+
+%% Each node connected to once (hidden) and let go, a batch at a time.
+warm(Nodes) ->
+    lists:foreach(
+        fun(Batch) ->
+            Self = self(),
+            Pids = [spawn_link(fun() ->
+                                   true = net_kernel:hidden_connect_node(N),
+                                   true = erlang:disconnect_node(N),
+                                   Self ! {self(), ok}
+                               end) || N <- Batch],
+            [receive {P, ok} -> ok end || P <- Pids]
+        end, chunks(Nodes, ?START_BATCH)),
+    timer:sleep(500).
 
 %% The idle nodes and, last, the busy one, started a batch at a time.
 start_peers(N) ->

@@ -119,15 +119,36 @@ node_list(Config) ->
         beamdiag_test_lib:stop_peers(Peers)
     end.
 
-%% A member stopped with SIGSTOP (a node that does not answer at all): it
-%% is listed with the reason in words, the others are diagnosed, and once
-%% it runs again nothing of beamdiag is on it or on the others.
+%% A member stopped with SIGSTOP (a node that does not answer at all)
+%% among four: the raw signal first (it does not answer a ping within
+%% 3 s; a running member does), then the report: the others are
+%% diagnosed, it is listed with the reason in words and what this host
+%% shows of it (its OS pid, stopped by a signal), and the wait for it is
+%% bounded per member. Once it runs again nothing of beamdiag is on any
+%% member; every node is killed with kill -9 at the end.
 stalled_member(_Config) ->
     Peers = beamdiag_test_lib:start_peers([name(I) || I <- lists:seq(201, 204)], ?SMALL, 4),
-    [{_, Stalled} | _] = Peers,
+    [{_, Stalled}, {_, Running} | _] = Peers,
     OsPid = peer:call(element(1, hd(Peers)), os, getpid, []),
+    OsPids = [peer:call(P, os, getpid, []) || {P, _} <- Peers],
     try
         "" = os:cmd("kill -STOP " ++ OsPid),
+        %% The raw signal: the stopped member does not answer a ping within
+        %% 3 s; a running one does (then this node lets it go again). The
+        %% ping needs this node distributed: started here when it is not,
+        %% and stopped at the end.
+        Started = case node() of
+                      nonode@nohost ->
+                          {ok, _} = net_kernel:start(list_to_atom("beamdiag_cluster_ct_" ++ os:getpid()),
+                                                     #{name_domain => shortnames}),
+                          true;
+                      _ -> false
+                  end,
+        put(started_distribution, Started),
+        [erlang:set_cookie(N, list_to_atom(?COOKIE)) || {_, N} <- Peers],
+        ?assertEqual(pong, net_adm:ping(Running)),
+        true = erlang:disconnect_node(Running),
+        ?assertEqual(no_answer, ping_within(Stalled, 3000)),
         T0 = erlang:monotonic_time(millisecond),
         {ok, C} = beamdiag_cluster:diagnose(undefined, #{nodes => [N || {_, N} <- Peers],
                                                          cookie => list_to_atom(?COOKIE),
@@ -137,15 +158,42 @@ stalled_member(_Config) ->
         Text = beamdiag_format_text:cluster(C, #{}),
         ct:pal("~b ms~n~ts", [Took, Text]),
         ?assertEqual(3, length(maps:get(nodes, C))),
-        [#{node := N, message := M}] = maps:get(errors, C),
+        [#{node := N, message := M, host := View}] = maps:get(errors, C),
         ?assertEqual(atom_to_binary(Stalled), N),
-        %% Words, not a term.
-        ?assertMatch({match, _}, re:run(M, "^cannot reach it: .* did not finish the connection")),
+        %% Words, not a term: the reason, then what this host shows.
+        ?assertMatch({match, _}, re:run(M, "^did not answer within [0-9.]+ s while being connected")),
+        ?assertMatch({match, _}, re:run(M, "; on this host: pid " ++ OsPid ++
+                                            ", stopped by a signal \\(state T")),
+        ?assertMatch(#{state := <<"T">>, threads := []}, View),
+        ?assertEqual(list_to_integer(OsPid), maps:get(os_pid, View)),
         ?assertEqual(nomatch, re:run(M, "[{}]")),
+        Flat = re:replace(Text, "\\s+", " ", [global, {return, binary}]),
+        ?assertMatch({match, _}, re:run(Flat, "on this host: pid " ++ OsPid ++ ", stopped")),
+        %% The others did not wait for it past the per-member bound (5 s)
+        %% and the window (2 s), plus the time to prepare and collect.
+        #{prepare_ms := PrepareMs} = maps:get(timing, C),
+        ?assert(PrepareMs < 6500),
         ok = nothing_left(Peers, 100)
     after
         os:cmd("kill -CONT " ++ OsPid),
-        beamdiag_test_lib:stop_peers(Peers)
+        beamdiag_test_lib:stop_peers(Peers),
+        [os:cmd("kill -9 " ++ P ++ " 2>/dev/null") || P <- OsPids],
+        case erase(started_distribution) of
+            true -> net_kernel:stop();
+            _ -> ok
+        end
+    end.
+
+%% pong or pang within Ms milliseconds, or `no_answer' (the ping goes on
+%% in its own process and ends with the kernel's connection setup time).
+ping_within(Node, Ms) ->
+    Self = self(),
+    Ref = make_ref(),
+    spawn(fun() -> Self ! {Ref, net_adm:ping(Node)} end),
+    receive
+        {Ref, Answer} -> Answer
+    after Ms ->
+        no_answer
     end.
 
 %%%===================================================================

@@ -23,8 +23,23 @@ cluster(Results) ->
        members => [N || #{node := N} <- maps:get(nodes, A)],
        window_s => 10.0,
        windows => #{first_start_ms => 0, start_spread_s => 0.2, overlap_s => 9.8},
-       prepare_s => 12.3, total_s => 26.6,
+       prepare_s => 2.8, total_s => 16.5,
+       timing => #{prepare_ms => 2800, run_ms => 13400, cluster_analysis_ms => 300, cpu_ms => 1000,
+                   connect_ms => #{median => 386, max => 853, sum => 77000},
+                   load_ms => #{median => 302, max => 641, sum => 60000},
+                   analyse_ms => #{median => 900, max => 1500, sum => 180000},
+                   captured_ms => #{median => 12400, max => 13400, sum => 2480000},
+                   analysed_ms => #{median => 13400, max => 13700, sum => 2680000}},
        errors => []}.
+
+%% A member that could not be reached, with what this host showed of it.
+stalled_error() ->
+    View = #{os_pid => 4242, state => <<"T">>, span_s => 10.0, threads => [],
+             rss => 31 * 1024 * 1024},
+    #{node => <<"stopped@h">>, host => View,
+      message => iolist_to_binary(["did not answer within 5.0 s while being connected and given "
+                                   "the agent; ",
+                                   beamdiag_host_glance:words(View)])}.
 
 homogeneous_cluster_has_no_outlier_test() ->
     rand:seed(exsss, {1, 2, 3}),
@@ -57,10 +72,15 @@ text_fits_one_screen_test() ->
            || I <- lists:seq(1, 4)],
     Results = [result(I, #{}, [{busy_wait, warning} || I rem 2 =:= 0]) || I <- lists:seq(1, 300)]
         ++ Odd,
-    C = (cluster(Results))#{errors => [#{node => iolist_to_binary(["gone", integer_to_list(I), "@h"]),
+    C = (cluster(Results))#{errors => [stalled_error() |
+                                       [#{node => iolist_to_binary(["gone", integer_to_list(I), "@h"]),
                                           message => <<"cannot reach it">>}
-                                        || I <- lists:seq(1, 12)]},
+                                        || I <- lists:seq(1, 12)]]},
     Text = beamdiag_format_text:cluster(C, #{}),
+    %% Where the time went, and what the host showed of the stopped member.
+    ?assertMatch({match, _}, re:run(Text, "per member, median \\(max\\): connect 386 ms \\(853\\)")),
+    ?assertMatch({match, _}, re:run(re:replace(Text, "\\s+", " ", [global]),
+                                    "stopped@h: did not answer .* on this host: pid 4242, stopped")),
     Lines = binary:split(Text, <<"\n">>, [global, trim]),
     ?assert(length(Lines) =< 50),
     ?assertEqual([], [L || L <- Lines, string:length(L) > 80]),
@@ -74,9 +94,12 @@ text_fits_one_screen_test() ->
 json_and_html_test() ->
     rand:seed(exsss, {1, 1, 1}),
     Results = [result(I, #{}, []) || I <- lists:seq(1, 20)] ++ [result(99, #{busy => 0.9}, [])],
-    C = cluster(Results),
+    C = (cluster(Results))#{errors => [stalled_error()]},
     Json = iolist_to_binary(beamdiag_format_json:cluster(C)),
     ?assertMatch({match, _}, re:run(Json, "\"cluster_outlier\"")),
+    #{<<"timing">> := #{<<"connect_ms">> := #{<<"median">> := 386}},
+      <<"errors">> := [#{<<"host">> := #{<<"os_pid">> := 4242, <<"state">> := <<"T">>}}]} =
+        beamdiag_test_json:decode(Json),
     Html = iolist_to_binary(beamdiag_format_html:cluster(C)),
     ?assertMatch({match, _}, re:run(Html, "id=\"cluster-charts\"")),
     ?assertMatch({match, _}, re:run(Html, "\"kind\":\"cluster\"")).

@@ -30,7 +30,7 @@ spec() ->
             #{key => max_nodes, long => "--max-nodes", type => {integer, 1, 100000},
               default => 500, metavar => "N", help => "refuse clusters of more members"},
             #{key => concurrency, long => "--concurrency", type => {integer, 1, 1000},
-              default => 32, metavar => "K",
+              default => 64, metavar => "K",
               help => "members connected and loaded at once before the window"},
             duration, interval,
             {slack, "the report is due SECONDS after the window, counted from the agents' "

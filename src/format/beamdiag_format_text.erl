@@ -18,7 +18,7 @@
 -define(CLUSTER_FULL, 3).
 -define(CLUSTER_NAMED, 5).
 -define(CLUSTER_SHARED, 8).
--define(CLUSTER_ERRORS, 5).
+-define(CLUSTER_ERRORS, 4).
 
 %%%===================================================================
 %%% API
@@ -280,9 +280,10 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
                                 [float(W), float(Spread), float(Overlap)]),
                   case C of
                       #{prepare_s := P, total_s := T} ->
-                          io_lib:format("  connect and load: ~.1f s; report ready ~.1f s after the "
-                                        "agents started~n",
-                                        [float(P), float(T - P)]);
+                          [io_lib:format("  connect and load: ~.1f s; report ready ~.1f s after the "
+                                         "agents started~n",
+                                         [float(P), float(T - P)]),
+                           cluster_timing(maps:get(timing, C, #{}))];
                       _ -> ""
                   end]
         end,
@@ -375,6 +376,19 @@ figure_value(_, V) -> pct(V).
 rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
 rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 rate(V) -> integer_to_list(round(V)).
+
+%% Where the time went: a member's median and the slowest, then when the
+%% captures came and were analysed, from the agents' start.
+cluster_timing(#{connect_ms := #{median := CM, max := CX}, load_ms := #{median := LM, max := LX},
+                 captured_ms := #{median := CapM, max := CapX},
+                 analysed_ms := #{median := AM, max := AX}})
+  when is_integer(CM), is_integer(LM), is_integer(CapM), is_integer(AM) ->
+    [io_lib:format("  per member, median (max): connect ~b ms (~b), load ~b ms (~b)~n",
+                   [CM, CX, LM, LX]),
+     io_lib:format("  captured ~.1f s (~.1f), analysed ~.1f s (~.1f) after the agents' start~n",
+                   [CapM / 1000, CapX / 1000, AM / 1000, AX / 1000])];
+cluster_timing(_) ->
+    "".
 
 cluster_errors([]) ->
     "";

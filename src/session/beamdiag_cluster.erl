@@ -10,7 +10,10 @@
 %%%
 %%% Two phases keep hundreds of members cheap and comparable. First, at
 %%% most `concurrency' members at a time are connected and given the
-%%% agent's modules. Then every prepared member's agent is started at once,
+%%% agent's modules (read once for all of them); a member not ready within
+%%% 5 s of its own start is given up, and when it runs on this host, what
+%%% this host's /proc shows of it over the window goes with its reason
+%%% (`beamdiag_host_glance'). Then every prepared member's agent is started at once,
 %%% so that all windows cover the same seconds; each member's window start
 %%% (its wall clock) is kept, and the report says how far apart the starts
 %%% were and how long all windows overlap. The report is due at the window
@@ -47,6 +50,7 @@
     windows := map(),
     prepare_s => float(),
     total_s => float(),
+    timing => map(),
     nodes := [map()],
     spread := #{atom() => beamdiag_outliers:spread()},
     outliers := [map()],
@@ -56,7 +60,7 @@
 }.
 
 -define(SCHEMA, <<"beamdiag.cluster/2">>).
--define(DEFAULTS, #{max_nodes => 500, concurrency => 32, nodes => undefined}).
+-define(DEFAULTS, #{max_nodes => 500, concurrency => 64, nodes => undefined}).
 -define(OWN_KEYS, [max_nodes, concurrency, nodes]).
 -define(CALL_TIMEOUT, 5000).
 %% How long past the report's due time a member's agent may still take to
@@ -69,6 +73,12 @@
 %% Members on one host past which their agents do not scan the host's
 %% processes (see crowded/1).
 -define(CROWDED, 16).
+%% A member not connected and loaded within this long of its own start
+%% is given up (listed with the reason); the others do not wait for it.
+-define(PREPARE_MS, 5000).
+%% How long the session's end waits for the members given up on to remove
+%% what they loaded (their loader calls are bounded, each 10 s at most).
+-define(SETTLE_MS, 10000).
 
 %%%===================================================================
 %%% API
@@ -78,7 +88,7 @@
 %% it), or, with `nodes', the nodes listed there (and NODE, unless it is
 %% `undefined'). Options: those of `beamdiag:diagnose/2' except `progress',
 %% `perf' and `erlang'; `max_nodes' (500: more members is an error, not a
-%% storm of connections), `concurrency' (32: members connected and loaded
+%% storm of connections), `concurrency' (64: members connected and loaded
 %% at once), `nodes' (a list of node names).
 -spec diagnose(node() | string() | binary() | undefined, map()) ->
     {ok, cluster()} | {error, {module(), term()}}.
@@ -101,15 +111,25 @@ diagnose(Seed, Opts) when is_map(Opts) ->
         {ok, SeedNode, Source, Members} ->
             try
                 T0 = erlang:monotonic_time(millisecond),
-                Prepared = prepare(Members, Remote, K),
-                PrepareS = (erlang:monotonic_time(millisecond) - T0) / 1000,
+                {Cpu0, _} = erlang:statistics(runtime),
+                {Prepared, Late, Times} = prepare(Members, Remote, K),
+                T1 = erlang:monotonic_time(millisecond),
+                Glances = glances([M || {M, {error, _}} <- Prepared]),
                 Run = run_all([{M, L} || {M, {ok, L}} <- Prepared], DiagOpts),
+                Seen = maps:from_list([{M, beamdiag_host_glance:finish(G)} || {M, G} <- Glances]),
+                T2 = erlang:monotonic_time(millisecond),
                 Errors = [{M, E} || {M, {error, E}} <- Prepared] ++
                     [{M, E} || {M, {error, E}} <- Run],
                 Results = [{M, R} || {M, {ok, R}} <- Run],
-                C = build(SeedNode, Source, Members, Results, Errors, maps:get(duration, DiagOpts)),
-                {ok, C#{prepare_s => PrepareS,
-                        total_s => (erlang:monotonic_time(millisecond) - T0) / 1000}}
+                C = build(SeedNode, Source, Members, Results, Errors, Seen,
+                          maps:get(duration, DiagOpts)),
+                T3 = erlang:monotonic_time(millisecond),
+                {Cpu3, _} = erlang:statistics(runtime),
+                settle(Late),
+                {ok, C#{prepare_s => (T1 - T0) / 1000,
+                        total_s => (T3 - T0) / 1000,
+                        timing => (timing(Times, Run, T1, T1 - T0, T2 - T1, T3 - T2))#{
+                                      cpu_ms => Cpu3 - Cpu0}}}
             after
                 disconnect_new(Members, Before)
             end;
@@ -215,6 +235,9 @@ format_error({no_nodes, File}) ->
     io_lib:format("~ts lists no node names", [safe(File)]);
 format_error({nodes_file, File, Why}) ->
     io_lib:format("cannot read the node list ~ts: ~ts", [safe(File), file:format_error(Why)]);
+format_error({prepare_timeout, Ms}) ->
+    io_lib:format("did not answer within ~.1f s while being connected and given the agent",
+                  [Ms / 1000]);
 format_error({no_answer, Ms}) ->
     io_lib:format("its agent sent nothing usable within ~.1f s of the window's end; "
                   "it was told to stop", [Ms / 1000]);
@@ -296,51 +319,119 @@ disconnect_new(Nodes, Before) ->
 %%%===================================================================
 
 %% Phase one: connect to each member and load the agent's modules, at most
-%% K members at a time. [{Member, {ok, Loaded} | {error, Reason}}], in
-%% member order.
+%% K members at a time; the code is read once, for every member. A member
+%% not prepared within ?PREPARE_MS of its own start is given up: the rest
+%% do not wait for it. Its worker goes on (a connection or a load cannot
+%% be cut halfway without leaving something behind) and removes whatever
+%% it loaded when it ends; settle/1 waits for those at the session's end.
+%% Returns {[{Member, {ok, Loaded} | {error, Reason}}] in member order,
+%% the late workers, and each prepared member's connect and load times}.
 prepare(Members, Remote, K) ->
+    case beamdiag_loader:objects(beamdiag_agent:modules()) of
+        {ok, Code} -> prepare(Members, Remote, K, Code);
+        {error, _} = E -> {[{M, E} || M <- Members], [], #{}}
+    end.
+
+prepare(Members, Remote, K, Code) ->
     Self = self(),
     Tag = make_ref(),
     Work = fun(M) ->
+               T0 = erlang:monotonic_time(millisecond),
                case beamdiag_remote:connect(atom_to_list(M), Remote) of
-                   {ok, Node} -> beamdiag_loader:load(Node, beamdiag_agent:modules());
-                   {error, _} = E -> E
+                   {ok, Node} ->
+                       T1 = erlang:monotonic_time(millisecond),
+                       R = beamdiag_loader:load_objects(Node, Code),
+                       {R, #{connect_ms => T1 - T0,
+                             load_ms => erlang:monotonic_time(millisecond) - T1}, Node};
+                   {error, _} = E ->
+                       {E, #{}, M}
                end
            end,
     Start = fun(M) ->
-                {Pid, MRef} = spawn_monitor(fun() -> Self ! {Tag, self(), Work(M)} end),
-                {Pid, {M, MRef}}
+                {Pid, MRef} = spawn_monitor(fun() -> late_or_send(Self, Tag, Work(M)) end),
+                {Pid, {M, MRef, erlang:monotonic_time(millisecond) + ?PREPARE_MS}}
             end,
-    %% This node starts its distribution with the first connection: that
-    %% one alone, the rest side by side.
-    {Done0, Rest} = case {node(), Members} of
-                        {nonode@nohost, [M1 | Ms]} -> {#{M1 => Work(M1)}, Ms};
-                        _ -> {#{}, Members}
-                    end,
-    {First, Queue} = lists:split(min(K, length(Rest)), Rest),
-    Running = maps:from_list([Start(M) || M <- First]),
-    Done = pool(Tag, Start, Running, Queue, Done0),
-    [{M, maps:get(M, Done)} || M <- Members].
+    %% This node's distribution is started first, then every member is
+    %% connected side by side (each under its own bound).
+    _ = case Members of
+            [M1 | _] -> beamdiag_remote:distribute(atom_to_list(M1));
+            [] -> ok
+        end,
+    P = #{tag => Tag, start => Start, k => K},
+    {Done, Late} = next(P, #{}, Members, #{}, []),
+    Result = [{M, element(1, maps:get(M, Done))} || M <- Members],
+    Times = maps:from_list([{M, T} || {M, {{ok, _}, T, _}} <- maps:to_list(Done)]),
+    {Result, Late, Times}.
 
-pool(_Tag, _Start, Running, [], Done) when map_size(Running) =:= 0 ->
-    Done;
-pool(Tag, Start, Running, Queue, Done) ->
+%% A worker given up on (told `late') removes what it loaded, then ends;
+%% else it sends its result and waits for the pool to take it (`ack'):
+%% the word `late' may cross the result, and then, as when the pool is
+%% gone, what was loaded is removed here.
+late_or_send(Pool, Tag, Result) ->
+    Drop = fun() ->
+                   case Result of
+                       {{ok, Loaded}, _, Node} -> beamdiag_loader:unload(Node, Loaded);
+                       _ -> ok
+                   end
+           end,
     receive
-        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
-            {M, MRef} = maps:get(Pid, Running),
-            erlang:demonitor(MRef, [flush]),
-            next(Tag, Start, maps:remove(Pid, Running), Queue, Done#{M => Result});
-        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
-            {M, MRef} = maps:get(Pid, Running),
-            next(Tag, Start, maps:remove(Pid, Running), Queue,
-                 Done#{M => {error, {?MODULE, {crashed, Why}}}})
+        {Tag, late} -> Drop()
+    after 0 ->
+        MRef = erlang:monitor(process, Pool),
+        Pool ! {Tag, self(), Result},
+        receive
+            {Tag, ack} -> ok;
+            {Tag, late} -> Drop();
+            {'DOWN', MRef, process, Pool, _} -> Drop()
+        end
     end.
 
-next(Tag, Start, Running, [M | Queue], Done) ->
+next(P = #{start := Start, k := K}, Running, [M | Queue], Done, Late) when map_size(Running) < K ->
     {Pid, V} = Start(M),
-    pool(Tag, Start, Running#{Pid => V}, Queue, Done);
-next(Tag, Start, Running, [], Done) ->
-    pool(Tag, Start, Running, [], Done).
+    next(P, Running#{Pid => V}, Queue, Done, Late);
+next(_P, Running, [], Done, Late) when map_size(Running) =:= 0 ->
+    {Done, Late};
+next(P, Running, Queue, Done, Late) ->
+    pool(P, Running, Queue, Done, Late).
+
+pool(P = #{tag := Tag}, Running, Queue, Done, Late) ->
+    Next = lists:min([D || {_, _, D} <- maps:values(Running)]),
+    receive
+        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
+            {M, MRef, _} = maps:get(Pid, Running),
+            erlang:demonitor(MRef, [flush]),
+            Pid ! {Tag, ack},
+            next(P, maps:remove(Pid, Running), Queue, Done#{M => Result}, Late);
+        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
+            {M, MRef, _} = maps:get(Pid, Running),
+            next(P, maps:remove(Pid, Running), Queue,
+                 Done#{M => {{error, {?MODULE, {crashed, Why}}}, #{}, M}}, Late)
+    after max(0, Next - erlang:monotonic_time(millisecond)) ->
+        %% Given up: told so, and kept (monitored) for settle/1. A result
+        %% that crossed the word is never acknowledged: the worker removes
+        %% what it loaded.
+        Over = [{Pid, M, MRef} || {Pid, {M, MRef, D}} <- maps:to_list(Running), D =< Next],
+        _ = [Pid ! {Tag, late} || {Pid, _, _} <- Over],
+        Done2 = lists:foldl(fun({_, M, _}, Acc) ->
+                                Acc#{M => {{error, {?MODULE, {prepare_timeout, ?PREPARE_MS}}}, #{}, M}}
+                            end, Done, Over),
+        next(P, maps:without([Pid || {Pid, _, _} <- Over], Running), Queue, Done2,
+             [{Pid, MRef} || {Pid, _, MRef} <- Over] ++ Late)
+    end.
+
+%% Waits (at most ?SETTLE_MS in all) for the workers given up on to end,
+%% so that what they loaded is gone before the connections close.
+settle(Late) ->
+    Until = erlang:monotonic_time(millisecond) + ?SETTLE_MS,
+    _ = [receive
+             {'DOWN', MRef, process, Pid, _} -> ok
+         after max(0, Until - erlang:monotonic_time(millisecond)) ->
+             exit(Pid, kill),
+             erlang:demonitor(MRef, [flush])
+         end || {Pid, MRef} <- Late],
+    %% A result that crossed the word `late' is not left in the mailbox.
+    _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _} <- Late],
+    ok.
 
 %% Phase two: one collector per prepared member, all told to start at
 %% once, so that every window covers the same seconds. Each collector
@@ -363,12 +454,22 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
     Crowded = crowded([M || {M, _} <- Prepared]),
     _ = [Pid ! {Tag, go, Collect#{host_scan => not lists:member(host(M), Crowded)}}
          || {{Pid, _}, M} <- Procs],
+    _ = spawn(fun warm/0),
     %% The collectors' own deadlines end them; this one is the backstop.
     GiveUp = Now + round(D * 1000) + case Slack of
                                          infinity -> 30000;
                                          _ -> round(Slack * 1000)
                                      end + ?GRACE_MS,
     [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
+
+%% beamdiag's own modules loaded while the windows run: in the escript
+%% they load on first use, and otherwise the first analyses, all at the
+%% windows' end, would queue at the code server for them (measured: 0.5 s
+%% for the 77 modules on a busy 2-core host, all at the window's end).
+warm() ->
+    Mods = [list_to_atom(N) || {N, _, false} <- code:all_available(), lists:prefix("beamdiag", N)],
+    _ = code:ensure_modules_loaded(Mods),
+    ok.
 
 %% The hosts with more than ?CROWDED members. Each agent reads every
 %% process of its host at the window's start and end (to name what
@@ -394,8 +495,10 @@ collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks 
 member(Node, Collect) ->
     case beamdiag_collect:run(Node, Collect) of
         {ok, Capture} ->
+            T0 = erlang:monotonic_time(millisecond),
             D = #{findings := F} = beamdiag:analyse(Capture),
-            {ok, #{row => summary_row(D), findings => F}};
+            {ok, #{row => summary_row(D), findings => F, captured_at => T0,
+                   analysed_at => erlang:monotonic_time(millisecond)}};
         {error, {beamdiag_collect, {target_down, Why, Partial}}} ->
             N = case Partial of
                     #{samples := S} -> length(S);
@@ -437,7 +540,7 @@ wait(Tag, Pid, MRef, M, GiveUp, WindowEnd) ->
 %%% Internal: the report
 %%%===================================================================
 
-build(Seed, Source, Members, Results, Errors, Duration) ->
+build(Seed, Source, Members, Results, Errors, Seen, Duration) ->
     A = analyse([R || {_, R} <- Results]),
     #{
         schema => ?SCHEMA,
@@ -451,9 +554,50 @@ build(Seed, Source, Members, Results, Errors, Duration) ->
         outliers => maps:get(outliers, A),
         rest => maps:get(rest, A),
         findings => maps:get(findings, A),
-        errors => [#{node => atom_to_binary(M), message => iolist_to_binary(words(E))}
-                   || {M, E} <- lists:keysort(1, Errors)]
+        errors => [error_entry(M, E, maps:find(M, Seen)) || {M, E} <- lists:keysort(1, Errors)]
     }.
+
+%% A member not diagnosed: the reason in words and, when it runs on this
+%% host and its process was found, what this host showed of it over the
+%% window (`host').
+error_entry(M, E, error) ->
+    #{node => atom_to_binary(M), message => iolist_to_binary(words(E))};
+error_entry(M, E, {ok, View}) ->
+    #{node => atom_to_binary(M), host => View,
+      message => iolist_to_binary([words(E), "; ", beamdiag_host_glance:words(View)])}.
+
+%% The members that could not be prepared and run on this host: their OS
+%% processes, found from their names, are watched over the window from
+%% this host's /proc (nothing is asked of them).
+glances(Failed) ->
+    lists:append([case beamdiag_host_glance:start(M, #{}) of
+                      {ok, G} -> [{M, G}];
+                      {error, _} -> []
+                  end || M <- Failed]).
+
+%% Where the session's time went, in milliseconds: the prepare phase
+%% (with each member's connect and load: median, max), from the agents'
+%% start to the last member's result (the collectors analyse each capture
+%% as it comes: each analysis's median and max, and their sum, CPU of this
+%% node), the cluster's analysis, and this node's CPU time over the
+%% session (`cpu_ms', all its schedulers).
+timing(Times, Run, RunStart, PrepareMs, RunMs, BuildMs) ->
+    Dist = fun(L) ->
+                   S = lists:sort(L),
+                   case S of
+                       [] -> #{median => null, max => null, sum => 0};
+                       _ -> #{median => lists:nth((length(S) + 1) div 2, S), max => lists:last(S),
+                              sum => lists:sum(S)}
+                   end
+           end,
+    #{prepare_ms => PrepareMs,
+      connect_ms => Dist([C || #{connect_ms := C} <- maps:values(Times)]),
+      load_ms => Dist([L || #{load_ms := L} <- maps:values(Times)]),
+      run_ms => RunMs,
+      analyse_ms => Dist([B - A || {_, {ok, #{captured_at := A, analysed_at := B}}} <- Run]),
+      captured_ms => Dist([A - RunStart || {_, {ok, #{captured_at := A}}} <- Run]),
+      analysed_ms => Dist([B - RunStart || {_, {ok, #{analysed_at := B}}} <- Run]),
+      cluster_analysis_ms => BuildMs}.
 
 %% How far apart the members' windows started (their wall clocks) and how
 %% long all of them overlapped.

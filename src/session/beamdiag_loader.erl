@@ -34,8 +34,9 @@
 -module(beamdiag_loader).
 
 -export([load/2, unload/2, plan/1, built_on/1, format_error/1]).
+-export([objects/1, load_objects/2]).
 
--export_type([target/0, plan/0]).
+-export_type([target/0, plan/0, objects/0]).
 
 -ifdef(TEST).
 -export([release_of_compiler/1]).
@@ -43,6 +44,10 @@
 
 -type target() :: node() | {peer, pid()}.
 -type plan() :: beams | compile | {refuse, no_compiler | unknown_build}.
+%% The code of a set of modules, read once (objects/1) for many targets.
+-opaque objects() :: #{built_on := pos_integer() | unknown,
+                       objects := [{module(), binary(), file:filename()}],
+                       stripped := [{module(), binary(), file:filename(), binary()}]}.
 
 %% Each remote call the loader makes. On a node whose schedulers are all
 %% busy, on a host that is itself overloaded, the call's process waits for
@@ -87,6 +92,46 @@ load(Target, Mods) ->
                     end;
                 {error, _} = E ->
                     E
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc The modules' code, read once for `load_objects/2' on many targets:
+%% the beams as built (for a target that compiles them), and the same
+%% beams stripped of everything but what loading needs (a quarter of the
+%% bytes; the same md5) with their md5, for the targets that load them as
+%% they are.
+-spec objects([module()]) -> {ok, objects()} | {error, {beamdiag_loader, term()}}.
+objects(Mods) ->
+    case object_code(Mods, []) of
+        {ok, Objects} ->
+            Stripped = [begin
+                            {ok, {M, S}} = beam_lib:strip(Bin),
+                            {M, S, File, local_md5(M, Bin)}
+                        end || {M, Bin, File} <- Objects],
+            {ok, #{built_on => built_on(element(2, hd(Objects))), objects => Objects,
+                   stripped => Stripped}};
+        {error, _} = E ->
+            E
+    end.
+
+%% @doc As `load/2', with the code read once by `objects/1'.
+-spec load_objects(target(), objects()) -> {ok, [module()]} | {error, {beamdiag_loader, term()}}.
+load_objects(Node, #{objects := Objects}) when Node =:= node() ->
+    _ = [code:ensure_loaded(M) || {M, _, _} <- Objects],
+    {ok, []};
+load_objects(Target, #{built_on := Built, objects := Objects, stripped := Stripped}) ->
+    case target_facts(Target, Built) of
+        {ok, Release, Compiler} ->
+            Facts = #{built_on => Built, target => Release, compiler => Compiler},
+            case plan(Facts) of
+                {refuse, Why} ->
+                    {error, {?MODULE, {refuse, Why, name(Target), Facts#{runs_on => release()}}}};
+                beams ->
+                    load_each(Target, Stripped, []);
+                compile ->
+                    ship(compile, Target, Objects)
             end;
         {error, _} = E ->
             E

@@ -13,6 +13,7 @@
 -module(beamdiag_remote).
 
 -export([connect/2, load/2, unload/2, disconnect/1, parse_node/1, format_error/1]).
+-export([distribute/1]).
 
 %% How long the connection may take. A node whose schedulers are all busy,
 %% on a host that is itself overloaded, can take seconds to answer the
@@ -120,6 +121,17 @@ format_error({unreachable, Node, {no_answer, Ms}}) ->
     io_lib:format("cannot reach ~s: the node is registered but did not finish the connection "
                   "within ~b s (overloaded, or its distribution port filtered?)",
                   [Node, Ms div 1000]).
+
+%% @doc Starts this node's distribution (hidden, not listening), as
+%% `connect/2' does before its first connection, in the name domain
+%% NodeStr's name needs; connects to nothing. For callers that then
+%% connect to many nodes side by side.
+-spec distribute(string()) -> ok | {error, {beamdiag_remote, term()}}.
+distribute(NodeStr) ->
+    case parse_node(NodeStr) of
+        {ok, _Node, Domain} -> ensure_distributed(Domain);
+        {error, _} = E -> E
+    end.
 
 %%%===================================================================
 %%% Internal
