@@ -187,7 +187,13 @@ cli_json(Config) ->
 cli_unreachable(_Config) ->
     {Code, _} = escript(["diagnose", "nobody_here@localhost", "--duration", "1"],
                         [{"BEAMDIAG_COOKIE", "whatever"}]),
-    ?assertEqual(3, Code).
+    ?assertEqual(3, Code),
+    %% The escript itself (not run/1 in a VM that loaded the application)
+    %% knows its version.
+    _ = application:load(beamdiag),
+    {ok, Vsn} = application:get_key(beamdiag, vsn),
+    {0, Version} = escript(["--version"], []),
+    ?assertEqual(iolist_to_binary(["beamdiag ", Vsn, "\n"]), Version).
 
 %% A lab node started by the escript lives through a refused connection:
 %% its report of the refusal reaches the lab command's output, which once

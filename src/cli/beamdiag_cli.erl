@@ -109,7 +109,12 @@ run([H | _], #{out := Out}) when H =:= "--help"; H =:= "-h"; H =:= "help" ->
     Out(top_usage()),
     ?EXIT_OK;
 run(["--version" | _], #{out := Out}) ->
-    {ok, Vsn} = application:get_key(beamdiag, vsn),
+    %% In the escript nothing has loaded the application's resource file yet.
+    _ = application:load(beamdiag),
+    Vsn = case application:get_key(beamdiag, vsn) of
+              {ok, V} -> V;
+              undefined -> "(version unknown)"
+          end,
     Out(["beamdiag ", Vsn, "\n"]),
     ?EXIT_OK;
 run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
