@@ -255,7 +255,7 @@ content(File, #{format := ?VERSION, kind := diagnosis, body := #{capture := C}})
 ->
     case valid_capture(C) of
         true ->
-            try beamdiag:analyse(C) of
+            try beamdiag:analyse(upgrade(C)) of
                 D -> {ok, {diagnosis, D}}
             catch
                 Class:Reason ->
@@ -281,9 +281,17 @@ content(File, _) ->
 
 reanalyse(Run = #{diagnosis := #{capture := C}}) when is_map(C) ->
     true = valid_capture(C),
-    Run#{diagnosis => beamdiag:analyse(C)};
+    Run#{diagnosis => beamdiag:analyse(upgrade(C))};
 reanalyse(Run) ->
     Run.
+
+%% A capture saved before the formats drew the flamegraph when they print
+%% holds the drawing (and the profile's summary) beside the folded stacks:
+%% both are drawn again from those.
+upgrade(C = #{extras := E = #{profile := P = #{profile := _}}}) ->
+    C#{extras := E#{profile := maps:without([svg, summary], P)}};
+upgrade(C) ->
+    C.
 
 valid_capture(#{samples := S, settings := Set}) when is_list(S), is_map(Set) -> true;
 valid_capture(_) -> false.
