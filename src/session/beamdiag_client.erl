@@ -29,7 +29,7 @@
 %%% '''
 -module(beamdiag_client).
 
--export([start/2, start/3, next/2, await/3, abort/1, stop/2, close/1, format_error/1]).
+-export([start/2, start/3, next/2, await/3, abort/1, stop/2, close/1, ended/1, format_error/1]).
 
 -export_type([client/0, event/0]).
 
@@ -110,8 +110,7 @@ close(#{ref := Ref, mref := MRef}) ->
     erlang:demonitor(MRef, [flush]),
     flush(Ref).
 
-%% @doc Turns an error reason of this module, or the agent's end as `next/2'
-%% gives it (`{down, Reason}', `{aborted, Why}'), into a sentence.
+%% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({agent_start, Node, {timeout, Waits}}) ->
     io_lib:format("~s did not start the agent within ~ts (tried ~b times): it is overloaded or "
@@ -124,15 +123,19 @@ format_error({agent_start, Node, {error, {erpc, noconnection}}}) ->
 format_error({agent_start, Node, {error, {exception, undef, _}}}) ->
     io_lib:format("the agent's code is not loaded on ~s", [Node]);
 format_error({agent_start, Node, Reason}) ->
-    io_lib:format("cannot start the agent on ~s: ~0tP", [Node, Reason, 8]);
-format_error({down, noconnection}) -> "the connection dropped";
-format_error({down, noproc}) -> "the agent was gone before it could be watched";
-format_error({down, killed}) -> "the agent was killed";
-format_error({down, R}) -> io_lib:format("~0tP", [R, 6]);
-format_error({aborted, deadline}) -> "it reached its deadline before its last tick";
-format_error({aborted, {caller_down, _}}) -> "its caller went away";
-format_error({aborted, shutdown}) -> "the node is shutting down";
-format_error({aborted, W}) -> io_lib:format("~0tP", [W, 6]).
+    io_lib:format("cannot start the agent on ~s: ~0tP", [Node, Reason, 8]).
+
+%% @doc The agent's end, as `next/2' (`{down, Reason}') or its last word
+%% (`{aborted, Why}') tells it, in words.
+-spec ended({down, term()} | {aborted, term()}) -> iolist().
+ended({down, noconnection}) -> "the connection dropped";
+ended({down, noproc}) -> "the agent was gone before it could be watched";
+ended({down, killed}) -> "the agent was killed";
+ended({down, R}) -> io_lib:format("~0tP", [R, 6]);
+ended({aborted, deadline}) -> "it reached its deadline before its last tick";
+ended({aborted, {caller_down, _}}) -> "its caller went away";
+ended({aborted, shutdown}) -> "the node is shutting down";
+ended({aborted, W}) -> io_lib:format("~0tP", [W, 6]).
 
 %%%===================================================================
 %%% Internal

@@ -94,7 +94,7 @@ format_error({target_down, Reason, #{samples := S}}) ->
 format_error({target_down, Reason, undefined}) ->
     io_lib:format("the target went away before the first sample (~ts)", [down_text(Reason)]);
 format_error({agent_aborted, Why}) ->
-    io_lib:format("the agent stopped early (~ts)", [beamdiag_client:format_error({aborted, Why})]);
+    io_lib:format("the agent stopped early (~ts)", [beamdiag_client:ended({aborted, Why})]);
 format_error(due) ->
     "the node's first samples did not come before the report was due: it is overloaded or a "
     "scheduler is held";
@@ -105,7 +105,7 @@ format_error(timeout) ->
 %%% Internal
 %%%===================================================================
 
-down_text(R) -> beamdiag_client:format_error({down, R}).
+down_text(R) -> beamdiag_client:ended({down, R}).
 
 %% The deadline follows the agent's own: its start and each move of its
 %% hard deadline (ticks that cost seconds push it out) say how long it may

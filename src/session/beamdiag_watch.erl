@@ -127,9 +127,9 @@ frame(#{capture := C, ledger := L, findings := F}, Opts) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({target_down, Why}) ->
-    io_lib:format("the target went away (~ts)", [beamdiag_client:format_error({down, Why})]);
+    io_lib:format("the target went away (~ts)", [beamdiag_client:ended({down, Why})]);
 format_error({aborted, Why}) ->
-    io_lib:format("the agent stopped (~ts)", [beamdiag_client:format_error({aborted, Why})]);
+    io_lib:format("the agent stopped (~ts)", [beamdiag_client:ended({aborted, Why})]);
 format_error({agent_start, _, _} = Why) ->
     beamdiag_client:format_error(Why).
 
