@@ -11,6 +11,8 @@
 %%% report is due then, and the agent is told to end. An agent that has
 %%% sent its last tick is waited for while it gathers its extras, and a
 %%% lock-counting session waits for its lock data, which comes last.
+%%% It talks to the agent through `beamdiag_client', as the live view does,
+%%% and builds the capture with `beamdiag_capture:new/3'.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).

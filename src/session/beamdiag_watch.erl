@@ -11,7 +11,8 @@
 %%% mailbox since the last walk (`procs => false' turns it off).
 %%% `frame/2' renders a diagnosis as one screen that fits 80 columns
 %%% whatever the number of schedulers (aggregated by thread type, plus the
-%%% outliers). Printing is the CLI's job (`beamdiag_cli_watch').
+%%% outliers). Printing is the CLI's job (`beamdiag_cli_watch'). The agent
+%%% is spoken to through `beamdiag_client', as a collection window does.
 %%%
 %%% ```
 %%% 1> {ok, S0} = beamdiag_watch:start("app@host", #{interval => 1000}).
