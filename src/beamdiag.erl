@@ -441,8 +441,10 @@ with_profile(Node, #{duration := D, perf := Perf, erlang := Erlang}, Collect) ->
         {ok, Given} -> {Given, false};
         error -> {temp_dir(), true}
     end,
+    %% The profile rules run with the diagnosis's other rules (analyse/1).
     ProfOpts = maps:merge(maps:with([call_graph, frequency, perf], PerfOpts),
-                          #{duration => max(1, round(D)), out => Dir, erlang => Erlang}),
+                          #{duration => max(1, round(D)), out => Dir, erlang => Erlang,
+                            rules => false}),
     Self = self(),
     Ref = make_ref(),
     {Pid, MRef} = spawn_monitor(fun() ->
@@ -470,14 +472,14 @@ analysed({error, _} = E, _Node, _Profile) ->
 
 with_extras(Capture, none) ->
     Capture;
-with_extras(Capture, {ok, #{profile := P, method := M, node := N} = R}) ->
+with_extras(Capture, {ok, #{profile := P, method := M} = R}) ->
     Extras = maps:get(extras, Capture, #{}),
-    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(P, #{title => atom_to_list(N)})),
+    %% The folded stacks only: the formats draw the flamegraph when they
+    %% print (beamdiag_format_html).
     %% The Erlang sampler's stacks per process, for the top processes.
     ByProcess = maps:get(processes, maps:get(sampler, R, #{}), []),
     Profile = maps:merge(maps:with([perf, callers], R),
-                         #{profile => P, method => M, svg => Svg,
-                           summary => beamdiag_fold:summary(P), by_process => ByProcess}),
+                         #{profile => P, method => M, by_process => ByProcess}),
     Capture#{extras => Extras#{profile => Profile}};
 with_extras(Capture, {error, {M, R}}) ->
     Extras = maps:get(extras, Capture, #{}),

@@ -18,7 +18,9 @@ capture_test_() ->
              {"oversized", fun() -> oversized(Ctx) end},
              {"unknown atoms are not created", fun() -> unknown_atom(Ctx) end},
              {"missing file", fun() -> missing(Ctx) end},
-             {"experiment is not a diagnosis", fun() -> wrong_kind(Ctx) end}
+             {"experiment is not a diagnosis", fun() -> wrong_kind(Ctx) end},
+             {"a profile saved with its drawing is drawn again",
+              fun() -> profile_drawn_again(Ctx) end}
          ]
      end}.
 
@@ -111,6 +113,28 @@ wrong_kind(#{dir := Dir, diagnosis := D}) ->
     ?assertMatch({wrong_kind, _, experiment}, R),
     {ok, {experiment, E2}} = beamdiag_capture:read(File),
     ?assertEqual(maps:get(capture, D), maps:get(capture, maps:get(diagnosis, hd(maps:get(runs, E2))))).
+
+%% A capture saved when the flamegraph was drawn at collection time holds
+%% the drawing and the profile's summary beside the folded stacks: it loads,
+%% keeps only the stacks, and the formats draw and count from those.
+profile_drawn_again(#{dir := Dir, diagnosis := D = #{capture := C}}) ->
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("dwarf_atom_decode.txt"), #{}),
+    Old = #{profile => P, method => perf, by_process => [],
+            svg => <<"<svg>drawn when saved</svg>">>, summary => beamdiag_fold:summary(P)},
+    File = filename:join(Dir, "old_profile.capture"),
+    ok = beamdiag_capture:save(File, D#{capture => C#{extras => #{profile => Old}}}),
+    {ok, D2 = #{capture := #{extras := #{profile := New}}, findings := F}} =
+        beamdiag_capture:load(File),
+    ?assertEqual(maps:without([svg, summary], Old), New),
+    %% The one analysis read the profile.
+    ?assertMatch([_ | _], [X || X = #{id := hot_function} <- F]),
+    Html = iolist_to_binary(beamdiag_format_html:diagnosis(D2)),
+    ?assertEqual(nomatch, binary:match(Html, <<"drawn when saved">>)),
+    ?assertMatch({_, _}, binary:match(Html, <<"&lt;svg version=">>)),
+    ?assertMatch({_, _}, binary:match(Html, <<"sandbox=\"allow-scripts\"">>)),
+    %% The JSON's profile summary is counted from the stacks, as it was saved.
+    #{profile := #{summary := S}} = beamdiag_format_json:document(D2),
+    ?assertEqual(maps:get(summary, Old), S).
 
 %% Writes Bin, loads it, and checks the error's tag and sentence.
 expect_error(#{dir := Dir}, Name, Bin, Tag) ->

@@ -261,10 +261,9 @@ hostile(#{capture := C0}) ->
                           locations => [#{location => Img, tries => 3}]},
                         #{class => Img, id => Long, wait_pct => 1.5}],
               tables => [#{name => Script, owner => Img}]},
-    %% The flamegraph as its producer makes it, from hostile frame names.
-    Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(#{[Script, Img, Long] => 10,
-                                                     [<<"main">>, Script] => 5},
-                                                   #{title => Img})),
+    %% The folded stacks the flamegraph is drawn from, with hostile frame
+    %% names (the page draws it under the node's hostile name).
+    Folded = #{[Script, Img, Long] => 10, [<<"main">>, Script] => 5},
     C = C0#{node => <<Script/binary, "@", Img/binary>>,
             samples => Samples,
             settings => (maps:get(settings, C0))#{sbwt => Img, os => Script, Long => Script},
@@ -272,7 +271,7 @@ hostile(#{capture := C0}) ->
     %% The extras go in after the analysis: they are here for the page, not
     %% for the lock and profile rules.
     D0 = beamdiag:analyse(C),
-    D = D0#{capture => C#{extras => #{locks => Locks, profile => #{svg => Svg, Script => Img}}}},
+    D = D0#{capture => C#{extras => #{locks => Locks, profile => #{profile => Folded, Script => Img}}}},
     #{ledger := L, findings := F} = D,
     Threads = [T#{name => lists:nth(1 + I rem length(Names), Names)}
                || {I, T} <- lists:enumerate(maps:get(threads, L))],

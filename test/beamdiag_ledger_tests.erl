@@ -143,3 +143,25 @@ lock_counting_note_test() ->
               lock_counting => false},
     ?assertMatch([_, <<"locks not counted", _/binary>>], Notes(Stock)),
     ?assertMatch([_], Notes(Stock#{lock_counting => true})).
+
+%% The per-tick rows of a few threads are those of a ledger built over
+%% each interval alone, in one pass; the host's figures too.
+ticks_are_the_intervals_ledgers_test() ->
+    [begin
+         C = #{samples := Samples} = capture(Name),
+         #{threads := All} = beamdiag_ledger:build(C),
+         Tids = [Tid || #{tid := Tid} <- lists:sublist(All, 3)],
+         Ticks = beamdiag_ledger:ticks(C, Tids),
+         Pairs = lists:zip(lists:droplast(Samples), tl(Samples)),
+         ?assertEqual(length(Pairs), length(Ticks)),
+         ?assert(length(Ticks) >= 2),
+         [begin
+              L = beamdiag_ledger:build(C#{samples => [A, B], notes => []}),
+              ?assertEqual(maps:get(window_s, L), T),
+              ?assertEqual([R || R = #{tid := Tid} <- maps:get(threads, L),
+                                 lists:member(Tid, Tids)], Rows),
+              ?assertEqual(length(Tids), length(Rows)),
+              ?assertEqual(maps:with([busy, ncpu], maps:get(host, L)), maps:with([busy, ncpu], H))
+          end || {{A, B}, #{t := T, threads := Rows, host := H}} <- lists:zip(Pairs, Ticks)]
+     end || Name <- ["busy_wait", "cpu_throttling", "dirty_cpu_gc"]],
+    ?assertEqual([], beamdiag_ledger:ticks(#{samples => [], settings => #{}}, [1])).

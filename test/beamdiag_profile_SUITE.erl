@@ -188,18 +188,30 @@ flame_cli(Config) ->
 %% profile, one analysis whose findings include the profile's.
 diagnose_perf(Config) ->
     Node = ?config(node, Config),
+    %% Every run of the profile rules is counted (a run with the Erlang
+    %% sampler's callers beside perf calls them twice more, for each).
+    Rules = {beamdiag_profile_rules, findings, 2},
+    {module, _} = code:ensure_loaded(beamdiag_profile_rules),
+    1 = erlang:trace_pattern(Rules, true, [call_count]),
     T0 = erlang:monotonic_time(millisecond),
     {ok, D} = beamdiag:diagnose(Node, #{duration => 4, perf => true, msacc_span => 1}),
     Elapsed = erlang:monotonic_time(millisecond) - T0,
+    {call_count, Calls} = erlang:trace_info(Rules, call_count),
+    _ = erlang:trace_pattern(Rules, false, [call_count]),
     #{capture := #{extras := #{profile := Prof}}, findings := Findings} = D,
-    #{profile := P, perf := Perf, svg := Svg} = Prof,
+    %% The profile rules ran once, in the one analysis.
+    ?assertEqual(case maps:is_key(callers, Prof) of true -> 3; false -> 1 end, Calls),
+    #{profile := P, perf := Perf} = Prof,
+    %% The capture keeps the folded stacks; the flamegraph is drawn on output.
+    ?assertNot(maps:is_key(svg, Prof)),
+    Html = iolist_to_binary(beamdiag_format_html:diagnosis(D)),
     S = beamdiag_fold:summary(P),
     ct:pal("diagnose --perf: ~b ms for a 4 s window; ~p~n~p", [Elapsed, S, Perf]),
     %% Raw signal: the profile has samples, most in the atom decoding.
     ?assert(maps:get(samples, S) >= 50),
     ?assert(share_with(P, [<<"binary_to_term_1">>, <<"erts_atom_put">>, <<"erts_atom_put_index">>,
                            <<"erl_zlib_inflate_chunk">>]) > 0.3),
-    ?assertMatch({_, _}, binary:match(Svg, <<"<svg">>)),
+    ?assertMatch({_, _}, binary:match(Html, <<"&lt;svg">>)),
     %% The one analysis saw the profile: its finding is in the diagnosis.
     ?assertMatch([_ | _], [F || F = #{id := hot_function, metrics := #{family := <<"atom_decode">>}}
                                 <- Findings]),

@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_ledger).
 
--export([build/1, share/3, fields/0, states/0, state_name/1, state_shares/1]).
+-export([build/1, ticks/2, share/3, fields/0, states/0, state_name/1, state_shares/1]).
 
 -export_type([ledger/0, row/0, state/0]).
 
@@ -87,6 +87,19 @@ build(Capture) ->
         cgroup => #{}, vm => #{}, msacc => #{}, series => [],
         notes => [<<"fewer than two samples: no ledger">> | notes(Capture, #{})]
     }.
+
+%% @doc Tick by tick, for the threads Tids: the interval's length in
+%% seconds (`t'), the host's CPU figures (`host') and those threads' rows
+%% (`threads'), each as `build/1' gives it over that one interval. One pass
+%% over the samples, for the views that chart threads over time.
+-spec ticks(beamdiag_collect:capture(), [term()]) ->
+    [#{t := float(), host := map(), threads := [row()]}].
+ticks(#{samples := Samples = [_, _ | _], settings := Settings}, Tids) ->
+    [#{t => seconds(A, B), host => host(A, B),
+       threads => thread_rows(only(Tids, A), B, Settings)}
+     || {A, B} <- lists:zip(lists:droplast(Samples), tl(Samples))];
+ticks(_Capture, _Tids) ->
+    [].
 
 %% @doc A field of a row as a share of the row's wall time (0.0 when the
 %% row has none).
@@ -155,6 +168,11 @@ swt_ends(Samples) ->
 
 with_swt(S = #{vm := Vm}, Swt) ->
     S#{vm := Vm#{swt => Swt}}.
+
+only(Tids, S = #{threads := Th}) when is_map(Th) ->
+    S#{threads := maps:with(Tids, Th)};
+only(_Tids, S) ->
+    S.
 
 thread_rows(#{threads := TA, vm := VA} = A, #{threads := TB, vm := VB} = B, Settings)
   when is_map(TA), is_map(TB) ->

@@ -8,9 +8,10 @@
 %%% Every string that came from the target (node, thread, process, table and
 %%% lock names, evidence, flag values) is HTML-escaped here, and the charts
 %%% set text with `textContent' only. The embedded JSON escapes `<', `>' and
-%%% `&', so no string can close the script element. A flamegraph SVG found in
-%%% the capture (`extras.profile.svg') is shown in a sandboxed frame, where
-%%% its own script can run but cannot reach the report.
+%%% `&', so no string can close the script element. The flamegraph, drawn
+%%% here from the folded stacks in the capture (`extras.profile.profile'), is
+%%% shown in a sandboxed frame, where its own script can run but cannot
+%%% reach the report.
 %%%
 %%% The script writes `data-rendered="N"' on the body when it has drawn N
 %%% charts, and `data-errors' when a chart failed; tests read them back.
@@ -53,7 +54,7 @@ diagnosis(D = #{capture := C, ledger := L, findings := F}) ->
         {"schedulers", "Schedulers", scheduler_section(L, Data)},
         {"cpu", "OS CPU and scheduler utilisation", cpu_section(L)},
         {"msacc", "Microstates", msacc_section(L)}
-    ] ++ procs_section(Extras) ++ locks_section(Extras) ++ profile_section(Extras) ++ [
+    ] ++ procs_section(Extras) ++ locks_section(Extras) ++ profile_section(Node, Extras) ++ [
         {"settings", "VM and host", settings_section(C, L)},
         {"notes", "Notes", notes_section(L, C)}
     ],
@@ -394,8 +395,9 @@ locks_section(#{locks := Locks}) ->
 locks_section(_) ->
     [].
 
-profile_section(#{profile := #{svg := Svg}}) when is_binary(Svg); is_list(Svg) ->
-    Bin = iolist_to_binary(Svg),
+%% The flamegraph is drawn here, from the folded stacks the capture keeps.
+profile_section(Node, #{profile := #{profile := Folded}}) when is_map(Folded) ->
+    Bin = iolist_to_binary(beamdiag_format_flamegraph:svg(Folded, #{title => Node})),
     Height = case re:run(Bin, "<svg[^>]*\\sheight=\"([0-9]+)", [{capture, all_but_first, list}]) of
                  {match, [H]} -> min(4000, list_to_integer(H) + 20);
                  _ -> 600
@@ -408,9 +410,9 @@ profile_section(#{profile := #{svg := Svg}}) when is_binary(Svg); is_list(Svg) -
        esc(["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>body{margin:0}"
             "svg{max-width:100%;height:auto}</style></head><body>", Bin, "</body></html>"]),
        "\"></iframe>\n"]}];
-profile_section(#{profile := P}) ->
+profile_section(_Node, #{profile := P}) ->
     [{"profile", "Profile", value(maps:without([svg], P), 0)}];
-profile_section(_) ->
+profile_section(_Node, _) ->
     [].
 
 settings_section(C, L) ->
@@ -502,10 +504,10 @@ cluster_unit(_) -> <<"share of scheduler wall time">>.
 %% outlier schedulers tick by tick, CPU per tick and msacc shares.
 chart_data(C, L) ->
     Series = maps:get(series, L, []),
-    Ticks = ticks(C),
     Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
     Ends = ends(Series),
     Outliers = beamdiag_outliers:threads(maps:get(threads, L, []), ?OUTLIERS),
+    Ticks = beamdiag_ledger:ticks(C, [Tid || #{tid := Tid} <- Outliers]),
     #{
         kind => diagnosis,
         states => [[S, beamdiag_ledger:state_name(S)] || S <- beamdiag_ledger:states()],
@@ -516,17 +518,10 @@ chart_data(C, L) ->
         outliers => [#{name => Name, type => Ty,
                        points => [point(thread_in(Tid, Tick)) || Tick <- Ticks]}
                      || #{tid := Tid, name := Name, type := Ty} <- Outliers],
-        outlier_t => ends([#{t => W} || #{window_s := W} <- Ticks]),
+        outlier_t => ends(Ticks),
         cpu => cpu_data(Series, Ticks, L),
         msacc => msacc_data(maps:get(msacc, L, #{}))
     }.
-
-%% One ledger per tick, for per-thread and host figures tick by tick.
-ticks(#{samples := Samples} = C) when length(Samples) >= 2 ->
-    Pairs = lists:zip(lists:droplast(Samples), tl(Samples)),
-    [beamdiag_ledger:build(C#{samples => [A, B], notes => []}) || {A, B} <- Pairs];
-ticks(_) ->
-    [].
 
 ends(Series) ->
     {_, Rev} = lists:foldl(fun(#{t := T}, {Acc, R}) -> {Acc + T, [Acc + T | R]} end, {0.0, []},

@@ -59,8 +59,8 @@ document(#{capture := C, ledger := L, findings := F}) ->
                _ -> Doc0
            end,
     case Extras of
-        #{profile := #{summary := S, method := M, profile := P}} ->
-            Doc1#{profile => #{method => M, summary => S,
+        #{profile := #{method := M, profile := P}} ->
+            Doc1#{profile => #{method => M, summary => beamdiag_fold:summary(P),
                                top => beamdiag_fold:top(P, #{kind => all, limit => 20})}};
         _ ->
             Doc1

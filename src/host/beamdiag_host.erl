@@ -209,19 +209,13 @@ capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
                  [_ | _] -> maps:get(memory, lists:last(Samples), #{});
                  [] -> #{}
              end,
-    #{
-        schema => <<"beamdiag.capture/1">>,
-        node => maps:get(node, H),
-        samples => [maps:remove(memory, S) || S <- Samples],
-        settings => Settings,
-        interval_ms => maps:get(interval_ms, H),
-        duration_ms => maps:get(duration_ms, H),
-        wall_start_ms => erlang:system_time(millisecond) -
-            (erlang:monotonic_time(millisecond) - maps:get(t0, H)),
-        complete => true,
-        notes => [],
-        extras => #{host_only => true, os_pid => OsPid, memory => Memory}
-    }.
+    Info = #{node => maps:get(node, H), settings => Settings,
+             wall_start_ms => erlang:system_time(millisecond) -
+                 (erlang:monotonic_time(millisecond) - maps:get(t0, H))},
+    beamdiag_capture:new(Info, [maps:remove(memory, S) || S <- Samples],
+                         #{interval_ms => maps:get(interval_ms, H),
+                           duration_ms => maps:get(duration_ms, H),
+                           extras => #{host_only => true, os_pid => OsPid, memory => Memory}}).
 
 %% The state of the node's OS process at the end of the window (proc(5)):
 %% running, sleeping, stopped (SIGSTOP, or held by a debugger), zombie or

@@ -14,8 +14,10 @@
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
 %% Erlang sampler instead of perf), `call_graph' (dwarf | fp | none),
-%% `out' (perf's working directory), `perf' (the perf executable). Progress
-%% and warnings go to `Log'.
+%% `out' (perf's working directory), `perf' (the perf executable), `rules'
+%% (true: the profile rules read the profile, once, and their findings
+%% come with it; false when a diagnosis runs them with its other rules).
+%% Progress and warnings go to `Log'.
 -spec profile(node(), map(), fun((iodata()) -> term())) ->
     {ok, map()} | {error, {module(), term()}}.
 profile(Node, Opts = #{erlang := true}, Err) ->
@@ -25,8 +27,8 @@ profile(Node, Opts = #{erlang := true}, Err) ->
     case sample(Node, #{duration => D, frequency => Hz}) of
         {ok, R = #{stacks := Stacks}} ->
             P = beamdiag_fold:from_counts(Stacks),
-            {ok, #{profile => P, method => erlang, node => Node, sampler => maps:remove(stacks, R),
-                   findings => beamdiag_profile_rules:findings(P, #{})}};
+            {ok, with_findings(#{profile => P, method => erlang, node => Node,
+                                 sampler => maps:remove(stacks, R)}, Opts)};
         {error, _} = E ->
             E
     end;
@@ -78,10 +80,10 @@ profile(Node, Opts, Err) ->
                             Perf = (maps:with([call_graph, call_graph_reason, perf_map, duration,
                                                frequency, script_bytes, script_truncated, target],
                                               Rec))#{wall_ms => Wall},
-                            Findings = beamdiag_profile_rules:findings(P, #{}),
-                            {ok, with_callers(wait_callers(Callers),
-                                              #{profile => P, method => perf, node => Node,
-                                                perf => Perf, findings => Findings})};
+                            {ok, with_findings(
+                                   with_callers(wait_callers(Callers),
+                                                #{profile => P, method => perf, node => Node,
+                                                  perf => Perf}), Opts)};
                         {error, _} = E ->
                             E
                     end;
@@ -119,11 +121,17 @@ wait_callers({Ref, D}) ->
 
 %% The sampler's stacks stay beside the perf profile (`callers'); the
 %% knowledge base reads both.
-with_callers({ok, #{stacks := Stacks}}, R = #{profile := P}) ->
-    C = beamdiag_fold:from_counts(Stacks),
-    R#{callers => C, findings => beamdiag_profile_rules:findings(P, #{callers => C})};
+with_callers({ok, #{stacks := Stacks}}, R) ->
+    R#{callers => beamdiag_fold:from_counts(Stacks)};
 with_callers(_, R) ->
     R.
+
+%% The profile rules' one run, over the profile and the callers beside it.
+with_findings(R = #{profile := P}, Opts) ->
+    case maps:get(rules, Opts, true) of
+        true -> R#{findings => beamdiag_profile_rules:findings(P, maps:with([callers], R))};
+        false -> R
+    end.
 
 %% @doc The profile's header: its figures, counted from the folded stacks
 %% it writes (`beamdiag_fold:summary/1'), then what the call-graph mode

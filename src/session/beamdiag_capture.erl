@@ -27,12 +27,13 @@
 
 -include_lib("kernel/include/file.hrl").
 
--export([save/2, load/1, read/1, encode/1, decode/1, format_error/1]).
+-export([new/3, save/2, load/1, read/1, encode/1, decode/1, format_error/1]).
 
 -export_type([content/0]).
 
 -type content() :: {diagnosis, beamdiag:diagnosis()} | {experiment, map()}.
 
+-define(SCHEMA, <<"beamdiag.capture/1">>).
 -define(MAGIC, "beamdiag-capture ").
 -define(VERSION, 1).
 -define(MAX_FILE, (256 * 1024 * 1024)).
@@ -43,6 +44,31 @@
 %%%===================================================================
 %%% API
 %%%===================================================================
+
+%% @doc Builds a capture, the map the ledger and the rules read, from what
+%% the agent said at its start (`node', `settings', `wall_start_ms', and
+%% `cgroup_location' and `msacc_was_on' when it said them), the samples,
+%% oldest first, and the fields that describe the run: `interval_ms'
+%% (default: the time between the first two samples, 1000 with fewer),
+%% `duration_ms' (default: the samples' span), `extras' (none), `complete'
+%% (true) and `notes' (none). Every session that makes a capture makes it
+%% here.
+-spec new(map(), [beamdiag_agent:sample()], map()) -> beamdiag_collect:capture().
+new(Info = #{settings := Settings}, Samples, Fields) ->
+    Base = #{
+        schema => ?SCHEMA,
+        node => maps:get(node, Info, <<>>),
+        settings => Settings,
+        interval_ms => interval(Samples),
+        duration_ms => span(Samples),
+        wall_start_ms => maps:get(wall_start_ms, Info, 0),
+        samples => Samples,
+        extras => #{},
+        complete => true,
+        notes => []
+    },
+    maps:merge(maps:merge(Base, maps:with([cgroup_location, msacc_was_on], Info)),
+               maps:with([interval_ms, duration_ms, extras, complete, notes], Fields)).
 
 %% @doc Writes a diagnosis, or an experiment's results (a map with
 %% `kind => experiment'), to File. The file is written whole to a temporary
@@ -163,6 +189,15 @@ format_error({wrong_kind, File, Kind}) ->
 %%% Internal
 %%%===================================================================
 
+interval([#{t := A}, #{t := B} | _]) -> max(1, (B - A) div 1000000);
+interval(_) -> 1000.
+
+span([#{t := T0} | _] = Samples) ->
+    #{t := T1} = lists:last(Samples),
+    max(1, (T1 - T0) div 1000000);
+span([]) ->
+    0.
+
 kind(#{kind := experiment}) -> experiment;
 kind(#{capture := _, ledger := _, findings := _}) -> diagnosis;
 kind(Other) -> erlang:error({badarg, {not_a_diagnosis, maps:keys(Other)}}).
@@ -220,7 +255,7 @@ content(File, #{format := ?VERSION, kind := diagnosis, body := #{capture := C}})
 ->
     case valid_capture(C) of
         true ->
-            try beamdiag:analyse(C) of
+            try beamdiag:analyse(upgrade(C)) of
                 D -> {ok, {diagnosis, D}}
             catch
                 Class:Reason ->
@@ -246,9 +281,17 @@ content(File, _) ->
 
 reanalyse(Run = #{diagnosis := #{capture := C}}) when is_map(C) ->
     true = valid_capture(C),
-    Run#{diagnosis => beamdiag:analyse(C)};
+    Run#{diagnosis => beamdiag:analyse(upgrade(C))};
 reanalyse(Run) ->
     Run.
+
+%% A capture saved before the formats drew the flamegraph when they print
+%% holds the drawing (and the profile's summary) beside the folded stacks:
+%% both are drawn again from those.
+upgrade(C = #{extras := E = #{profile := P = #{profile := _}}}) ->
+    C#{extras := E#{profile := maps:without([svg, summary], P)}};
+upgrade(C) ->
+    C.
 
 valid_capture(#{samples := S, settings := Set}) when is_list(S), is_map(Set) -> true;
 valid_capture(_) -> false.

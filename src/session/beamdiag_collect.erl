@@ -11,6 +11,8 @@
 %%% report is due then, and the agent is told to end. An agent that has
 %%% sent its last tick is waited for while it gathers its extras, and a
 %%% lock-counting session waits for its lock data, which comes last.
+%%% It talks to the agent through `beamdiag_client', as the live view does,
+%%% and builds the capture with `beamdiag_capture:new/3'.
 %%%
 %%% ```
 %%% 1> {ok, Capture} = beamdiag_collect:run(node(), #{duration_ms => 3000, interval_ms => 1000}).
@@ -39,13 +41,10 @@
     msacc_was_on => boolean()
 }.
 
--define(SCHEMA, <<"beamdiag.capture/1">>).
 %% How long past the agent's own deadline we wait for its last word.
 -define(LATE_MS, 2000).
 %% The agent's least grace time past the window (beamdiag_agent).
 -define(GRACE_MS, 5000).
-%% The agent's start: its wait, and the retry's.
--define(START_WAITS, [2500, 2500]).
 %% How long a collector that stopped waiting gives the agent for its
 %% last word's quick extras.
 -define(QUICK_MS, 300).
@@ -70,46 +69,34 @@ run(Node, Opts) ->
                                       unload, proc_root], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     OnSample = maps:get(on_sample, Opts, undefined),
-    case start_agent(Node, AgentOpts) of
-        {ok, Agent, Ref} ->
-            MRef = erlang:monitor(process, Agent),
+    case beamdiag_client:start(Node, AgentOpts) of
+        {ok, Client} ->
             #{duration_ms := D} = AgentOpts,
             %% Until the agent says when its own deadline is: the window and
             %% the agent's least grace time, from now.
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
-            Result = gather(#{ref => Ref, mref => MRef, deadline => Deadline,
-                              ready_by => maps:get(ready_by, Opts, infinity), agent => Agent,
+            Result = gather(#{client => Client, deadline => Deadline,
+                              ready_by => maps:get(ready_by, Opts, infinity),
                               finishing => false,
                               progress => Progress, duration => D, info => undefined,
                               samples => [], on_sample => OnSample}),
-            erlang:demonitor(MRef, [flush]),
-            flush(Ref),
+            beamdiag_client:close(Client),
             Result;
-        {error, _} = E ->
-            E
+        {error, {beamdiag_client, Why}} ->
+            {error, {?MODULE, Why}}
     end.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({agent_start, Node, {timeout, Waits}}) ->
-    io_lib:format("~s did not start the agent within ~ts (tried ~b times): it is overloaded or "
-                  "a scheduler is held (a NIF that does not yield); run beamdiag on its host for "
-                  "a host-side view",
-                  [Node, lists:join(" and ", [io_lib:format("~.1f s", [W / 1000]) || W <- Waits]),
-                   length(Waits)]);
-format_error({agent_start, Node, {error, {erpc, noconnection}}}) ->
-    io_lib:format("~s went away while the agent was starting (the connection dropped)", [Node]);
-format_error({agent_start, Node, {error, {exception, undef, _}}}) ->
-    io_lib:format("the agent's code is not loaded on ~s", [Node]);
-format_error({agent_start, Node, Reason}) ->
-    io_lib:format("cannot start the agent on ~s: ~0tP", [Node, Reason, 8]);
+format_error({agent_start, _, _} = Why) ->
+    beamdiag_client:format_error(Why);
 format_error({target_down, Reason, #{samples := S}}) ->
     io_lib:format("the target went away mid-window (~ts) after ~b samples; "
                   "the partial capture is kept", [down_text(Reason), length(S)]);
 format_error({target_down, Reason, undefined}) ->
     io_lib:format("the target went away before the first sample (~ts)", [down_text(Reason)]);
 format_error({agent_aborted, Why}) ->
-    io_lib:format("the agent stopped early (~ts)", [aborted_text(Why)]);
+    io_lib:format("the agent stopped early (~ts)", [beamdiag_client:ended({aborted, Why})]);
 format_error(due) ->
     "the node's first samples did not come before the report was due: it is overloaded or a "
     "scheduler is held";
@@ -120,35 +107,7 @@ format_error(timeout) ->
 %%% Internal
 %%%===================================================================
 
-down_text(noconnection) -> "the connection dropped";
-down_text(noproc) -> "the agent was gone before it could be watched";
-down_text(killed) -> "the agent was killed";
-down_text(R) -> io_lib:format("~0tP", [R, 6]).
-
-aborted_text(deadline) -> "it reached its deadline before its last tick";
-aborted_text({caller_down, _}) -> "its caller went away";
-aborted_text(shutdown) -> "the node is shutting down";
-aborted_text(W) -> io_lib:format("~0tP", [W, 6]).
-
-start_agent(Node, Opts) when Node =:= node() ->
-    beamdiag_agent:start(self(), Opts);
-start_agent(Node, Opts) ->
-    start_agent(Node, Opts, ?START_WAITS, []).
-
-%% With a timeout and one retry: a start that answers too late may still
-%% start an agent, whose first word then names it and is told to end
-%% (gather/2, flush/1).
-start_agent(Node, Opts, [Wait | More], Tried) ->
-    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], Wait) of
-        {ok, _, _} = Ok -> Ok
-    catch
-        error:{erpc, timeout} when More =/= [] ->
-            start_agent(Node, Opts, More, [Wait | Tried]);
-        error:{erpc, timeout} ->
-            {error, {beamdiag_collect, {agent_start, Node, {timeout, lists:reverse([Wait | Tried])}}}};
-        Class:Reason ->
-            {error, {beamdiag_collect, {agent_start, Node, {Class, Reason}}}}
-    end.
+down_text(R) -> beamdiag_client:ended({down, R}).
 
 %% The deadline follows the agent's own: its start and each move of its
 %% hard deadline (ticks that cost seconds push it out) say how long it may
@@ -161,13 +120,13 @@ gather(G = #{ready_by := ReadyBy, finishing := Finishing, duration := D, info :=
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
-            maps:get(agent, G) ! {beamdiag_abort, self()},
+            beamdiag_client:abort(maps:get(client, G)),
             late(quick_extras(G), Info, Samples, D, due);
         false ->
             gather(G, Now)
     end.
 
-gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy,
+gather(G = #{client := Client, deadline := Deadline, ready_by := ReadyBy,
              progress := Progress, duration := D, info := Info, samples := Samples}, Now) ->
     Until = case ReadyBy of
         infinity -> Deadline;
@@ -175,36 +134,35 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
         _ -> Deadline
     end,
     Wait = max(0, Until - Now),
-    receive
-        {beamdiag, Ref, {start, I}} ->
+    case beamdiag_client:next(Client, Wait) of
+        {event, {start, I}} ->
             gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
-        {beamdiag, Other, {start, #{agent := Stray}}} when Other =/= Ref ->
-            %% An agent whose start answered after the retry: it ends now.
-            Stray ! {beamdiag_abort, self()},
-            gather(G);
-        {beamdiag, Ref, {deadline, InMs}} ->
+        {event, {deadline, InMs}} ->
             gather(moved(G, InMs));
-        {beamdiag, Ref, {tick, S}} ->
+        {event, {tick, S}} ->
             Samples2 = keep(S, Samples, maps:get(on_sample, G)),
             report_progress(Progress, Samples2, D),
             gather(G#{samples := Samples2});
-        {beamdiag, Ref, {procs_start, Snapshot}} ->
+        {event, {procs_start, Snapshot}} ->
             %% The start walk's report: kept for a capture cut short.
             gather(G#{procs_start => Snapshot});
-        {beamdiag, Ref, {partial_extras, Quick}} ->
+        {event, {partial_extras, Quick}} ->
             gather(G#{quick => Quick});
-        {beamdiag, Ref, {long_schedules, LS}} ->
+        {event, {long_schedules, LS}} ->
             %% The long schedules so far (sent while events come).
             gather(G#{long_schedules => LS});
-        {beamdiag, Ref, finishing} ->
+        {event, finishing} ->
             %% Every tick came: a late report now is the extras' cost, not
             %% a node too slow to answer; wait for them.
             gather(G#{finishing := true});
-        {beamdiag, Ref, {done, Extras}} ->
+        {event, {done, Extras}} ->
             {ok, capture(Info, Samples, end_walk(Extras, G), true, D)};
-        {beamdiag, Ref, {aborted, Why}} ->
+        {event, {aborted, Why}} ->
             late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
-        {'DOWN', MRef, process, _, Reason} ->
+        {event, _} ->
+            %% A word a window does not ask for (the live view's walks).
+            gather(G);
+        {down, Reason} ->
             Partial = case Info of
                           undefined ->
                               undefined;
@@ -215,12 +173,12 @@ gather(G = #{ref := Ref, mref := MRef, deadline := Deadline, ready_by := ReadyBy
                                                 "(~0P) after ~b samples", [Reason, 6, length(Samples)]))
                                            | maps:get(notes, C)]}
                       end,
-            {error, {beamdiag_collect, {target_down, Reason, Partial}}}
-    after Wait ->
-        case erlang:monotonic_time(millisecond) >= Deadline of
-            true -> late(partial_extras(G), Info, Samples, D, timeout);
-            false -> gather(G)
-        end
+            {error, {beamdiag_collect, {target_down, Reason, Partial}}};
+        timeout ->
+            case erlang:monotonic_time(millisecond) >= Deadline of
+                true -> late(partial_extras(G), Info, Samples, D, timeout);
+                false -> gather(G)
+            end
     end.
 
 %% Two samples make a window. A lock-counting session is the exception: its
@@ -276,11 +234,10 @@ partial_extras(G) ->
 
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
-quick_extras(G = #{ref := Ref}) ->
-    receive
-        {beamdiag, Ref, {partial_extras, Quick}} -> partial_extras(G#{quick => Quick})
-    after ?QUICK_MS ->
-        partial_extras(G)
+quick_extras(G = #{client := Client}) ->
+    case beamdiag_client:await(Client, partial_extras, ?QUICK_MS) of
+        {ok, Quick} -> partial_extras(G#{quick => Quick});
+        timeout -> partial_extras(G)
     end.
 
 %% A finished capture whose end walk did not finish in time keeps the start
@@ -335,21 +292,9 @@ report_progress(Progress, [#{t := T} | _] = Samples, D) ->
     Progress((T - T0) div 1000000, D).
 
 capture(Info, RevSamples, Extras, Complete, D) ->
-    Base = #{
-        schema => ?SCHEMA,
-        node => maps:get(node, Info),
-        settings => maps:get(settings, Info),
-        interval_ms => 0,
-        duration_ms => D,
-        wall_start_ms => maps:get(wall_start_ms, Info),
-        samples => lists:reverse(RevSamples),
-        extras => Extras,
-        complete => Complete,
-        notes => extras_notes(Extras),
-        cgroup_location => maps:get(cgroup_location, Info),
-        msacc_was_on => maps:get(msacc_was_on, Info)
-    },
-    Base#{interval_ms => interval(Base)}.
+    beamdiag_capture:new(Info, lists:reverse(RevSamples),
+                         #{duration_ms => D, extras => Extras, complete => Complete,
+                           notes => extras_notes(Extras)}).
 
 %% What the extras say is missing: the long schedules when the node's
 %% system monitor was taken, the end walk when it did not finish in time.
@@ -369,15 +314,3 @@ extras_notes(Extras) ->
                _ -> []
            end,
     Sched ++ Walk.
-
-interval(#{samples := [#{t := A}, #{t := B} | _]}) -> max(1, (B - A) div 1000000);
-interval(_) -> 1000.
-
-flush(Ref) ->
-    receive
-        {beamdiag, Ref, _} -> flush(Ref);
-        {beamdiag, _, {start, #{agent := Stray}}} ->
-            Stray ! {beamdiag_abort, self()},
-            flush(Ref)
-    after 0 -> ok
-    end.

@@ -170,12 +170,8 @@ warming_up() ->
 %% @doc The exposition text between two samples of a node, with the cost
 %% of the later one (pure but for reading the build's settings map).
 -spec exposition(beamdiag_agent:sample(), beamdiag_agent:sample(), map()) -> iolist().
-exposition(Last = #{t := T0}, Sample = #{t := T1}, Settings) ->
-    Capture = #{schema => <<"beamdiag.capture/1">>, node => <<>>, settings => Settings,
-                interval_ms => max(1, (T1 - T0) div 1000000),
-                duration_ms => max(1, (T1 - T0) div 1000000),
-                wall_start_ms => 0, samples => [Last, Sample], extras => #{}, complete => true,
-                notes => []},
+exposition(Last, Sample, Settings) ->
+    Capture = beamdiag_capture:new(#{settings => Settings}, [Last, Sample], #{}),
     [text(beamdiag_ledger:build(Capture)),
      metric(beamdiag_sample_cost_seconds, "Time the last sample took.",
             [{[], maps:get(tick_cost_us, Sample, 0) / 1.0e6}])].

@@ -11,7 +11,8 @@
 %%% mailbox since the last walk (`procs => false' turns it off).
 %%% `frame/2' renders a diagnosis as one screen that fits 80 columns
 %%% whatever the number of schedulers (aggregated by thread type, plus the
-%%% outliers). Printing is the CLI's job (`beamdiag_cli_watch').
+%%% outliers). Printing is the CLI's job (`beamdiag_cli_watch'). The agent
+%%% is spoken to through `beamdiag_client', as a collection window does.
 %%%
 %%% ```
 %%% 1> {ok, S0} = beamdiag_watch:start("app@host", #{interval => 1000}).
@@ -27,9 +28,7 @@
 
 -opaque session() :: #{
     node := node(),
-    agent := pid(),
-    ref := reference(),
-    mref := reference(),
+    client := beamdiag_client:client(),
     loaded := [module()],
     info := map() | undefined,
     samples := [beamdiag_agent:sample()],
@@ -97,46 +96,17 @@ start(NodeStr, Opts) ->
 -spec next(session(), timeout()) ->
     {ok, session(), beamdiag:diagnosis()} | {wait, session()} | {done, session()}
     | {error, {beamdiag_watch, term()}}.
-next(S = #{ref := Ref, mref := MRef}, Timeout) ->
-    receive
-        {beamdiag, Ref, {start, Info}} ->
-            next(S#{info => Info}, Timeout);
-        {beamdiag, Ref, {procs, Report}} ->
-            next(S#{procs => Report}, Timeout);
-        {beamdiag, Ref, finishing} ->
-            next(S, Timeout);
-        {beamdiag, Ref, {tick, Sample}} ->
-            S2 = push(Sample, S),
-            case diagnosis(S2) of
-                undefined -> {wait, S2};
-                D -> {ok, S2, D}
-            end;
-        {beamdiag, Ref, {done, _}} ->
-            erlang:demonitor(MRef, [flush]),
-            {done, S};
-        {beamdiag, Ref, {aborted, Why}} ->
-            erlang:demonitor(MRef, [flush]),
-            {error, {beamdiag_watch, {aborted, Why}}};
-        {'DOWN', MRef, process, _, Why} ->
-            {error, {beamdiag_watch, {target_down, Why}}}
-    after Timeout ->
-        {wait, S}
-    end.
+next(S, Timeout) ->
+    next(S, Timeout, case Timeout of
+                         infinity -> infinity;
+                         _ -> erlang:monotonic_time(millisecond) + Timeout
+                     end).
 
 %% @doc Ends the agent; it restores the flags it changed and unloads its
 %% modules from the target.
 -spec stop(session()) -> ok.
-stop(#{agent := Agent, ref := Ref, mref := MRef}) ->
-    beamdiag_agent:stop(Agent),
-    receive
-        {beamdiag, Ref, {done, _}} -> ok;
-        {beamdiag, Ref, {aborted, _}} -> ok;
-        {'DOWN', MRef, process, _, _} -> ok
-    after ?CALL_TIMEOUT ->
-        ok
-    end,
-    erlang:demonitor(MRef, [flush]),
-    flush(Ref).
+stop(#{client := Client}) ->
+    beamdiag_client:stop(Client, ?CALL_TIMEOUT).
 
 %% @doc One screen for a diagnosis, at most 80 columns wide. Options:
 %% `colour' (false), `tick' (a counter shown in the header), `interval'
@@ -158,15 +128,45 @@ frame(#{capture := C, ledger := L, findings := F}, Opts) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({target_down, Why}) ->
-    io_lib:format("the target went away (~0p)", [Why]);
+    io_lib:format("the target went away (~ts)", [beamdiag_client:ended({down, Why})]);
 format_error({aborted, Why}) ->
-    io_lib:format("the agent stopped (~0p)", [Why]);
-format_error({agent_start, Node, Why}) ->
-    io_lib:format("cannot start the agent on ~s: ~0p", [Node, Why]).
+    io_lib:format("the agent stopped (~ts)", [beamdiag_client:ended({aborted, Why})]);
+format_error({agent_start, _, _} = Why) ->
+    beamdiag_client:format_error(Why).
 
 %%%===================================================================
 %%% Internal: session
 %%%===================================================================
+
+next(S = #{client := Client}, Timeout, Until) ->
+    case beamdiag_client:next(Client, Timeout) of
+        {event, {start, Info}} ->
+            next(S#{info => Info}, left(Until), Until);
+        {event, {procs, Report}} ->
+            next(S#{procs => Report}, left(Until), Until);
+        {event, {tick, Sample}} ->
+            S2 = push(Sample, S),
+            case diagnosis(S2) of
+                undefined -> {wait, S2};
+                D -> {ok, S2, D}
+            end;
+        {event, {done, _}} ->
+            beamdiag_client:close(Client),
+            {done, S};
+        {event, {aborted, Why}} ->
+            beamdiag_client:close(Client),
+            {error, {beamdiag_watch, {aborted, Why}}};
+        {event, _} ->
+            %% Words a view does not show (finishing, the deadline's moves).
+            next(S, left(Until), Until);
+        {down, Why} ->
+            {error, {beamdiag_watch, {target_down, Why}}};
+        timeout ->
+            {wait, S}
+    end.
+
+left(infinity) -> infinity;
+left(Until) -> max(0, Until - erlang:monotonic_time(millisecond)).
 
 start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, msacc := M}) ->
     Duration = case D of
@@ -179,22 +179,14 @@ start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, ms
     AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M, locks => false,
                   procs => maps:get(procs, Opts), procs_every => max(1, ?PROCS_EVERY_MS div I),
                   unload => Loaded},
-    Started = case Node =:= node() of
-                  true -> beamdiag_agent:start(self(), AgentOpts);
-                  false ->
-                      try erpc:call(Node, beamdiag_agent, start, [self(), AgentOpts], ?CALL_TIMEOUT)
-                      catch Class:Reason -> {error, {Class, Reason}}
-                      end
-              end,
-    case Started of
-        {ok, Agent, Ref} ->
-            {ok, #{node => Node, agent => Agent, ref => Ref,
-                   mref => erlang:monitor(process, Agent), loaded => Loaded,
+    case beamdiag_client:start(Node, AgentOpts) of
+        {ok, Client} ->
+            {ok, #{node => Node, client => Client, loaded => Loaded,
                    info => undefined, samples => [], window => W, ticks => 0,
                    interval => I}};
-        {error, Why} ->
+        {error, {beamdiag_client, Why}} ->
             beamdiag_loader:unload(Node, Loaded),
-            {error, {beamdiag_watch, {agent_start, Node, Why}}}
+            {error, {beamdiag_watch, Why}}
     end.
 
 %% The newest sample first, at most Window kept.
@@ -203,33 +195,14 @@ push(Sample, S = #{samples := Samples, window := W, ticks := T}) ->
 
 diagnosis(S = #{info := Info, samples := Samples, interval := I}) when is_map(Info),
                                                                       length(Samples) >= 2 ->
-    Ordered = lists:reverse(Samples),
-    #{t := T0} = hd(Ordered),
-    #{t := T1} = lists:last(Ordered),
-    Capture = #{
-        schema => <<"beamdiag.capture/1">>,
-        node => maps:get(node, Info),
-        settings => maps:get(settings, Info),
-        interval_ms => I,
-        duration_ms => max(1, (T1 - T0) div 1000000),
-        wall_start_ms => maps:get(wall_start_ms, Info),
-        samples => Ordered,
-        extras => case S of
-                      #{procs := P} -> #{procs => P};
-                      _ -> #{}
-                  end,
-        complete => true,
-        notes => []
-    },
-    beamdiag:analyse(Capture);
+    Extras = case S of
+                 #{procs := P} -> #{procs => P};
+                 _ -> #{}
+             end,
+    beamdiag:analyse(beamdiag_capture:new(Info, lists:reverse(Samples),
+                                          #{interval_ms => I, extras => Extras}));
 diagnosis(_) ->
     undefined.
-
-flush(Ref) ->
-    receive
-        {beamdiag, Ref, _} -> flush(Ref)
-    after 0 -> ok
-    end.
 
 %%%===================================================================
 %%% Internal: the screen
