@@ -26,52 +26,24 @@
 %%%===================================================================
 
 %% @doc Every emulator flag a fix may advise, with the values it may
-%% advise, the first OTP release that has it and its manual page.
+%% advise, the first OTP release that has it and its manual page: the
+%% rows of the flag table (`beamdiag_flags') that list values to advise.
 -spec advised_flags() -> [flag()].
 advised_flags() ->
-    [
-        #{flag => <<"sbwt">>, values => [<<"none">>, <<"very_short">>], since => 17, doc => erl,
-          meaning => <<"scheduler busy-wait threshold">>},
-        #{flag => <<"sbwtdcpu">>, values => [<<"none">>], since => 21, doc => erl,
-          meaning => <<"dirty CPU scheduler busy-wait threshold">>},
-        #{flag => <<"sbwtdio">>, values => [<<"none">>], since => 21, doc => erl,
-          meaning => <<"dirty IO scheduler busy-wait threshold">>},
-        #{flag => <<"swt">>, values => [<<"high">>], since => 17, doc => erl,
-          meaning => <<"wake-up threshold: high wakes sleeping schedulers later">>},
-        #{flag => <<"scl">>, values => [<<"false">>], since => 17, doc => erl,
-          meaning => <<"scheduler load compaction">>},
-        #{flag => <<"sub">>, values => [<<"true">>], since => 17, doc => erl,
-          meaning => <<"scheduler utilization balancing">>},
-        #{flag => <<"sbt">>, values => [<<"u">>, <<"db">>], since => 17, doc => erl,
-          meaning => <<"scheduler bind type: u is unbound, db the default binding">>},
-        #{flag => <<"S">>, values => [<<"N:N">>], since => 17, doc => erl,
-          meaning => <<"schedulers and schedulers online">>},
-        #{flag => <<"Mdai">>, values => [<<"max">>], since => 24, doc => erts_alloc,
-          meaning => <<"allocator instances for dirty schedulers">>},
-        #{flag => <<"MMscs">>, values => [<<"size in MB">>], since => 17, doc => erts_alloc,
-          meaning => <<"pre-reserved super carrier">>},
-        #{flag => <<"MMmcs">>, values => [<<"count">>], since => 17, doc => erts_alloc,
-          meaning => <<"carriers kept in the segment cache">>},
-        #{flag => <<"MBlmbcs">>, values => [<<"size in KB">>], since => 17, doc => erts_alloc,
-          meaning => <<"largest multiblock carrier of the binary allocator">>}
-    ].
+    [#{flag => O, values => Vs, since => Since, doc => Doc, meaning => M}
+     || #{option := O, advise := Vs = [_ | _], since := Since, doc := Doc, meaning := M}
+            <- beamdiag_flags:table()].
 
 %% @doc True when the node's OTP release documents the flag (the table's
 %% `since'); a node whose release is unknown is taken to have it.
 -spec documented(binary(), map()) -> boolean().
 documented(Flag, S) ->
-    Release = try binary_to_integer(setting(otp_release, S, <<"0">>))
-              catch error:badarg -> 0
-              end,
-    case [Since || #{flag := F, since := Since} <- advised_flags(), F =:= Flag] of
-        [Since] -> Release =:= 0 orelse Release >= Since;
-        [] -> false
-    end.
+    beamdiag_flags:documented(Flag, S).
 
 %% @doc True when every busy-wait flag of the node is `none'.
 -spec busy_wait_off(map()) -> boolean().
 busy_wait_off(Settings) ->
-    lists:all(fun(F) -> F =:= <<"none">> end, busy_wait_flags(Settings)).
+    beamdiag_flags:busy_wait_off(Settings).
 
 %% @doc The fix for a finding on a node with these settings: the
 %% catalogue's text, fitted to the flags the node has.
@@ -100,8 +72,8 @@ fix(cpu_throttling, S) ->
         "."
     ]);
 fix(high_system_cpu, S) ->
-    Mmscs = setting(mmscs, S, <<"0">>),
-    Swt = setting(swt, S, <<"medium">>),
+    Mmscs = setting(mmscs, S),
+    Swt = setting(swt, S),
     iolist_to_binary([
         "Profile the kernel side with `beamdiag flame` (perf shows the system calls). Usual "
         "causes: many small file or socket writes (batch them); auditd or other syscall "
@@ -128,7 +100,7 @@ fix(high_system_cpu, S) ->
     ]);
 fix(dirty_cpu_gc, S) ->
     iolist_to_binary([
-        case setting(mdai, S, <<"0">>) of
+        case setting(mdai, S) of
             <<"0">> ->
                 case documented(<<"Mdai">>, S) of
                     true -> "Give dirty schedulers their own allocator instances with +Mdai max "
@@ -155,7 +127,10 @@ fix(scheduler_imbalance, S) ->
         end
     ]);
 fix(cpu_starvation, S) ->
-    Bound = setting(bind_type, S, <<"unbound">>),
+    Bound = case maps:get(bind_type, S, <<"unbound">>) of
+                B when is_binary(B) -> B;
+                _ -> <<"unbound">>
+            end,
     iolist_to_binary([
         "Find the competitor (the processes named in the evidence, top -H, the host's steal "
         "time) and move it away, or give the BEAM cores of its own (cpuset, taskset).",
@@ -202,16 +177,10 @@ lock_class(_Class, _Settings, Fix) ->
 %%% Internal
 %%%===================================================================
 
-busy_wait_flags(S) ->
-    [setting(sbwt, S, <<"medium">>), setting(sbwtdcpu, S, <<"short">>),
-     setting(sbwtdio, S, <<"short">>)].
-
-%% A flag's value as the agent reports it (a binary), or its default.
-setting(K, S, Default) ->
-    case maps:get(K, S, Default) of
-        V when is_binary(V) -> V;
-        _ -> Default
-    end.
+%% A flag's value as the agent reports it (a binary), or its documented
+%% default.
+setting(K, S) ->
+    beamdiag_flags:value(K, S).
 
 %% A setting that came from the target, for advice that quotes it: a short
 %% printable binary, or `undefined'.
@@ -229,7 +198,7 @@ safe_setting(Key, Settings) ->
 %% The wanted flags its release documents, split into those to set and
 %% those the node has.
 wanted(S, Wanted) ->
-    lists:partition(fun({K, V}) -> maps:get(K, S, undefined) =/= V end,
+    lists:partition(fun({K, V}) -> setting(K, S) =/= V end,
                     [W || W = {K, _} <- Wanted, documented(atom_to_binary(K), S)]).
 
 flags(Fs) ->
