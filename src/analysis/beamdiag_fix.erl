@@ -2,8 +2,8 @@
 %%% rewritten so that it never advises an emulator flag the node already
 %%% has, says so when the usual fix is already in place, and advises only
 %%% flags (and values) that the erl documentation of the node's OTP release
-%%% lists. The lock knowledge base's advice per lock class is fitted here
-%%% too (`lock_class/3'). The flags beamdiag may advise, with the release that brought
+%%% lists (the lock knowledge base's advice is fitted in
+%%% `beamdiag_lock_advice'). The flags beamdiag may advise, with the release that brought
 %%% them and the manual page that documents them, are data
 %%% (`advised_flags/0'); a test checks them against erl(1) of every OTP
 %%% release it can find.
@@ -15,7 +15,7 @@
 %%% '''
 -module(beamdiag_fix).
 
--export([fix/2, lock_class/3, advised_flags/0, busy_wait_off/1, documented/2]).
+-export([fix/2, advised_flags/0, busy_wait_off/1, documented/2]).
 
 -type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
                   doc := erl | erts_alloc, meaning := binary()}.
@@ -146,33 +146,6 @@ fix(cpu_starvation, S) ->
 fix(Id, _S) ->
     maps:get(fix, beamdiag_catalogue:entry(Id)).
 
-%% @doc The advice for a contended lock class (the lock knowledge base's,
-%% `beamdiag_lock_rules'), fitted to the allocator flags the node already
-%% has: a super carrier (+MMscs) or dirty allocator instances (+Mdai).
--spec lock_class(binary(), map(), binary()) -> binary().
-lock_class(Class, Settings, Fix) when Class =:= <<"erts_mmap">>; Class =:= <<"mseg">> ->
-    case safe_setting(mmscs, Settings) of
-        Scs when Scs =:= undefined; Scs =:= <<"0">> ->
-            Fix;
-        Scs ->
-            iolist_to_binary(
-              ["a super carrier is already reserved (+MMscs ", Scs, " MB): if the node's "
-               "memory outgrows it, carriers come from the OS again, so raise it to what the "
-               "node holds at peak; and let carriers be cached longer (+MMmcs)"])
-    end;
-lock_class(<<"alcu_allocator">>, Settings, Fix) ->
-    case safe_setting(mdai, Settings) of
-        Dai when Dai =:= undefined; Dai =:= <<"0">> ->
-            Fix;
-        Dai ->
-            iolist_to_binary(
-              ["dirty schedulers already have their own allocator instances (+Mdai ", Dai,
-               "): the contention is between threads freeing memory another allocated; look "
-               "for large messages and binaries crossing processes"])
-    end;
-lock_class(_Class, _Settings, Fix) ->
-    Fix.
-
 %%%===================================================================
 %%% Internal
 %%%===================================================================
@@ -181,19 +154,6 @@ lock_class(_Class, _Settings, Fix) ->
 %% default.
 setting(K, S) ->
     beamdiag_flags:value(K, S).
-
-%% A setting that came from the target, for advice that quotes it: a short
-%% printable binary, or `undefined'.
-safe_setting(Key, Settings) ->
-    case maps:get(Key, Settings, undefined) of
-        V when is_binary(V), byte_size(V) =< 32 ->
-            case re:run(V, "^[A-Za-z0-9_.]+$", [{capture, none}]) of
-                match -> V;
-                nomatch -> undefined
-            end;
-        _ ->
-            undefined
-    end.
 
 %% The wanted flags its release documents, split into those to set and
 %% those the node has.

@@ -430,8 +430,7 @@ contended(L, T) ->
 lock_hint(L) ->
     case maps:get(msacc, L) of
         #{extra := true} -> "see the lock table and msacc states below";
-        _ -> "run the lock session for the lock names: the notes say which lock-counting "
-             "emulator to build for this node (beamdiag emu-type build) and how to start it"
+        _ -> beamdiag_lock_advice:session()
     end.
 
 emit(_Id, none, _Evidence, _Metrics, _Figures, _Settings) -> [];
