@@ -46,109 +46,83 @@ busy_wait_off(Settings) ->
     beamdiag_flags:busy_wait_off(Settings).
 
 %% @doc The fix for a finding on a node with these settings: the
-%% catalogue's text, fitted to the flags the node has.
+%% catalogue's text, with the parts it marks fitted to the node (flags the
+%% node already has left out, and said to be set).
 -spec fix(beamdiag_catalogue:id(), map()) -> binary().
-fix(busy_wait, S) ->
-    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
-    iolist_to_binary([
-        case Set of
-            [] -> "Busy waiting is already off on every scheduler type";
-            _ -> ["Start the node with ", flags(Set), " (in vm.args, or ERL_FLAGS)"]
-        end,
-        already(Have),
-        ". Prove it with `beamdiag experiment` under your own load: OS CPU per unit of work "
-        "should drop while throughput and latency stay within noise."
-    ]);
-fix(cpu_throttling, S) ->
-    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
-    iolist_to_binary([
-        "Raise the CPU limit, or match the schedulers to the quota: +S Q:Q with Q the quota "
-        "in whole CPUs (recent OTP releases do this by default unless +S is set)",
-        case Set of
-            [] -> "; busy waiting is already off, so spinning does not eat the quota";
-            _ -> [", and turn busy waiting off (", flags(Set), ") so spinning does not eat "
-                  "the quota", already(Have)]
-        end,
-        "."
-    ]);
-fix(high_system_cpu, S) ->
-    Mmscs = setting(mmscs, S),
-    Swt = setting(swt, S),
-    iolist_to_binary([
-        "Profile the kernel side with `beamdiag flame` (perf shows the system calls). Usual "
-        "causes: many small file or socket writes (batch them); auditd or other syscall "
-        "auditing (exclude the node); page faults from memory churn (",
-        case Mmscs of
-            <<"0">> -> "+MMscs to pre-reserve a super carrier";
-            _ -> ["a super carrier is already reserved (+MMscs ", Mmscs, ")"]
-        end,
-        "); futex wake-ups of schedulers that sleep and wake often",
-        case {busy_wait_off(S), lists:member(Swt, [<<"high">>, <<"very_high">>])} of
-            {true, true} ->
-                [" (busy waiting is off and +swt is already ", Swt, "; a short busy wait, "
-                 "+sbwt very_short, keeps a scheduler from sleeping between bursts)"];
-            {true, false} ->
-                [" (busy waiting is already off, +sbwt none, so an idle scheduler sleeps at "
-                 "once: a short busy wait, +sbwt very_short, or a later wake-up, +swt high, "
-                 "means fewer sleeps and wake-ups)"];
-            {false, true} ->
-                [" (+swt is already ", Swt, ")"];
-            {false, false} ->
-                [" (+swt high wakes sleeping schedulers later, so fewer of them)"]
-        end,
-        ". Prove a flag with `beamdiag experiment` before keeping it."
-    ]);
-fix(dirty_cpu_gc, S) ->
-    iolist_to_binary([
-        case setting(mdai, S) of
-            <<"0">> ->
-                case documented(<<"Mdai">>, S) of
-                    true -> "Give dirty schedulers their own allocator instances with +Mdai max "
-                            "(OTP 24.2 and later).";
-                    false -> "This release has no allocator instances for dirty schedulers "
-                             "(+Mdai came in OTP 24.2)."
-                end;
-            M ->
-                ["Dirty schedulers already have allocator instances of their own (+Mdai ", M,
-                 ")."]
-        end,
-        " Keep big data out of process heaps: store it in ETS or binaries, or split the "
-        "process; for a message queue that backs up, consume it or bound it."
-    ]);
-fix(scheduler_imbalance, S) ->
-    {Set, Have} = wanted(S, [{scl, <<"false">>}, {sub, <<"true">>}]),
-    iolist_to_binary([
-        "Look for a single busy process (`beamdiag flame`, recon:proc_window/3).",
-        case Set of
-            [] -> [" Load compaction is already off and utilization balancing on", already(Have),
-                   "."];
-            _ -> [" If the load is many processes, try ", flags(Set), already(Have),
-                  " and prove it with `beamdiag experiment`."]
-        end
-    ]);
-fix(cpu_starvation, S) ->
-    Bound = case maps:get(bind_type, S, <<"unbound">>) of
-                B when is_binary(B) -> B;
-                _ -> <<"unbound">>
-            end,
-    iolist_to_binary([
-        "Find the competitor (the processes named in the evidence, top -H, the host's steal "
-        "time) and move it away, or give the BEAM cores of its own (cpuset, taskset).",
-        case Bound of
-            <<"unbound">> -> "";
-            _ -> [" The schedulers are bound to cores (bind type ", Bound, "): a bound "
-                  "scheduler cannot move off a core that a competitor holds; on a shared host "
-                  "start the node with +sbt u (unbound) or give it cores of its own."]
-        end,
-        " If the host is simply oversubscribed, lower the node's schedulers to the CPUs it "
-        "really gets (+S N:N) so that its threads do not queue behind each other."
-    ]);
-fix(Id, _S) ->
-    maps:get(fix, beamdiag_catalogue:entry(Id)).
+fix(Id, S) ->
+    case beamdiag_catalogue:entry(Id) of
+        #{fitted := Parts} -> iolist_to_binary(fit(Parts, S, <<>>));
+        #{fix := Fix} -> Fix
+    end.
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+fit(Parts, S, Value) ->
+    [fit_part(P, S, Value) || P <- Parts].
+
+fit_part(B, _S, _Value) when is_binary(B) ->
+    B;
+fit_part(value, _S, Value) ->
+    Value;
+fit_part(P, _S, _Value) when P =:= flags; P =:= already ->
+    <<>>;
+fit_part({flags, Wanted, Todo, Done}, S, _Value) ->
+    {Set, Have} = wanted(S, Wanted),
+    Fill = fun(flags) -> flags(Set);
+              (already) -> already(Have);
+              (P) -> fit_part(P, S, <<>>)
+           end,
+    case Set of
+        [] -> [Fill(P) || P <- Done];
+        _ -> [Fill(P) || P <- Todo]
+    end;
+fit_part({has, Test, Then, Else}, S, _Value) ->
+    case test(Test, S) of
+        {true, V} -> fit(Then, S, V);
+        false -> fit(Else, S, <<>>)
+    end;
+fit_part({documented, Flag, Then, Else}, S, Value) ->
+    case documented(Flag, S) of
+        true -> fit(Then, S, Value);
+        false -> fit(Else, S, Value)
+    end.
+
+%% Whether the node's settings pass a catalogue test, with the value the
+%% text may quote (printable, or `?').
+test({in, Keys = [First | _], Values}, S) ->
+    case lists:all(fun(K) -> lists:member(value(K, S, undefined), Values) end, Keys) of
+        true -> {true, printable(value(First, S, undefined))};
+        false -> false
+    end;
+test({changed, Key}, S) ->
+    test({not_in, Key, [beamdiag_flags:default(Key)]}, S);
+test({not_in, Key, Values = [Default | _]}, S) ->
+    V = value(Key, S, Default),
+    case lists:member(V, Values) of
+        true -> false;
+        false -> {true, printable(V)}
+    end.
+
+%% A setting: a flag's value or its documented default; another key's
+%% value, or `Default'.
+value(Key, S, Default) ->
+    case [K || #{key := K} <- beamdiag_flags:table(), K =:= Key] of
+        [_] -> setting(Key, S);
+        [] -> case maps:get(Key, S, Default) of
+                  V when is_binary(V) -> V;
+                  _ -> Default
+              end
+    end.
+
+printable(V) when is_binary(V), byte_size(V) =< 32 ->
+    case re:run(V, "^[A-Za-z0-9_.:]+$", [{capture, none}]) of
+        match -> V;
+        nomatch -> <<"?">>
+    end;
+printable(_) ->
+    <<"?">>.
 
 %% A flag's value as the agent reports it (a binary), or its documented
 %% default.
