@@ -35,7 +35,8 @@ fix_is_the_catalogue_text_test() ->
     Fitted = [Id || Id <- beamdiag_catalogue:ids(),
                     maps:is_key(fitted, beamdiag_catalogue:entry(Id))],
     ?assertEqual(lists:sort([busy_wait, cpu_starvation, cpu_throttling, high_system_cpu,
-                             dirty_cpu_gc, scheduler_imbalance]), lists:sort(Fitted)).
+                             dirty_cpu_gc, scheduler_imbalance, allocator_contention]),
+                 lists:sort(Fitted)).
 
 %% A fitted fix keeps the catalogue's words around the parts it fits.
 fitted_fix_keeps_the_catalogue_words_test() ->
@@ -46,4 +47,4 @@ fitted_fix_keeps_the_catalogue_words_test() ->
          Fix = beamdiag_fix:fix(Id, Rabbit),
          [?assertMatch({Id, {_, _}}, {Id, binary:match(Fix, B)}) || B <- Parts, is_binary(B)]
      end || Id <- [busy_wait, cpu_starvation, cpu_throttling, high_system_cpu, dirty_cpu_gc,
-                   scheduler_imbalance]].
+                   scheduler_imbalance, allocator_contention]].

@@ -345,8 +345,16 @@ written() ->
                 <<"Threads wait on an allocator instance lock (alcu_allocator), typically "
                   "eheap_alloc shared by the dirty schedulers during large-heap GC.">>,
             fix =>
-                <<"+Mdai max gives each dirty scheduler its own allocator instance "
-                  "(OTP 24.2 and later).">>,
+                [{has, {changed, mdai},
+                  [<<"Dirty schedulers already have their own allocator instances (+Mdai ">>,
+                   value, <<"): the contention is between threads freeing memory another "
+                            "allocated; look for large messages and binaries crossing "
+                            "processes.">>],
+                  [{documented, <<"Mdai">>,
+                    [<<"+Mdai max gives each dirty scheduler its own allocator instance "
+                       "(OTP 24.2 and later).">>],
+                    [<<"This release has no allocator instances for dirty schedulers (+Mdai "
+                       "came in OTP 24.2).">>]}]}],
             when_not => <<"+Mdai max costs some memory per dirty scheduler.">>
         },
         #{

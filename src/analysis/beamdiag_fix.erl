@@ -1,17 +1,17 @@
-%%% @doc Fixes fitted to the node: the catalogue's fix for a finding,
-%%% rewritten so that it never advises an emulator flag the node already
-%%% has, says so when the usual fix is already in place, and advises only
-%%% flags (and values) that the erl documentation of the node's OTP release
-%%% lists (the lock knowledge base's advice is fitted in
-%%% `beamdiag_lock_advice'). The flags beamdiag may advise, with the release that brought
-%%% them and the manual page that documents them, are data
-%%% (`advised_flags/0'); a test checks them against erl(1) of every OTP
-%%% release it can find.
+%%% @doc Fixes fitted to the node. The catalogue writes a fix that depends
+%%% on the node as parts (`beamdiag_catalogue:part()'); this module fills
+%%% them in from the node's settings: flags the node already has are left
+%%% out and named as set, flags its OTP release does not document are never
+%%% advised, and the text around them is the catalogue's, word for word.
+%%% The flags a fix may advise, with the release that brought them and the
+%%% manual page that documents them, are the flag table's
+%%% (`beamdiag_flags', `advised_flags/0'); a test checks them against
+%%% erl(1) of every OTP release it can find.
 %%%
 %%% ```
-%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, sbwtdcpu => <<"short">>,
-%%%                                  sbwtdio => <<"short">>, otp_release => <<"25">>}).
-%%% <<"Start the node with +sbwtdcpu none +sbwtdio none (+sbwt none is already set) ...">>
+%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, otp_release => <<"25">>}).
+%%% <<"Start the node with +sbwtdcpu none +sbwtdio none (in vm.args, or ERL_FLAGS) "
+%%%   "(+sbwt none is already set). Prove it with ...">>
 %%% '''
 -module(beamdiag_fix).
 

@@ -165,8 +165,8 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                     [];
                 Sev ->
                     #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
-                    Advice = beamdiag_lock_advice:allocator(
-                                 maps:get(dirty_alloc_instances, Data, unknown), Settings),
+                    Dirty = maps:get(dirty_alloc_instances, Data, unknown),
+                    Advice = beamdiag_lock_advice:allocator(Dirty, Settings),
                     Evidence = [
                         io_lib:format(
                             "allocator ~ts: threads waited ~s of the window on its instance "
@@ -174,12 +174,13 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                             [Id, pct_text(W), pct_text(CP), count_text(T)]
                         )
                     ] ++ location_lines([L]) ++ [Advice],
-                    %% The fix is the advice fitted above, not the catalogue's
-                    %% +Mdai max, which the node may already have.
+                    %% The catalogue's fix fitted to the node: never +Mdai max
+                    %% where the dirty schedulers have instances of their own.
                     [beamdiag_finding:new(
                         allocator_contention, Sev, Evidence,
                         (metrics(Sum))#{allocator => Id},
-                        #{fix => capitalise(Advice)}
+                        #{fix => beamdiag_fix:fix(allocator_contention,
+                                                  with_instances(Dirty, Settings))}
                     )]
             end
         end,
@@ -298,8 +299,17 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
             [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
     end.
 
-capitalise(<<C, Rest/binary>>) when C >= $a, C =< $z -> <<(C - 32), Rest/binary>>;
-capitalise(B) -> B.
+%% The node's +Mdai as the lock data counts it: the dirty allocator
+%% instances it found, when the settings do not say more.
+with_instances(0, Settings) ->
+    Settings#{mdai => <<"0">>};
+with_instances(N, Settings) when is_integer(N) ->
+    case beamdiag_flags:value(mdai, Settings) =:= beamdiag_flags:default(mdai) of
+        true -> Settings#{mdai => integer_to_binary(N)};
+        false -> Settings
+    end;
+with_instances(_, Settings) ->
+    Settings.
 
 %% The node's OTP major release from the lock data, when it says.
 -spec release(map()) -> non_neg_integer() | unknown.
