@@ -21,3 +21,30 @@ docs_in_step_test() ->
 
 unknown_id_crashes_test() ->
     ?assertError({unknown_finding, nope}, beamdiag_catalogue:entry(nope)).
+
+%% The catalogue shows what users get: on a node at the documented
+%% defaults, every fix is the catalogue's text, word for word; the fitted
+%% ones are the catalogue's parts (never replaced wholesale).
+fix_is_the_catalogue_text_test() ->
+    Defaults = maps:from_list([{K, D} || #{key := K, default := D, read := true}
+                                             <- beamdiag_flags:table()]),
+    Node = Defaults#{otp_release => <<"27">>, bind_type => <<"unbound">>},
+    [?assertEqual({Id, maps:get(fix, beamdiag_catalogue:entry(Id))},
+                  {Id, beamdiag_fix:fix(Id, Node)})
+     || Id <- beamdiag_catalogue:ids()],
+    Fitted = [Id || Id <- beamdiag_catalogue:ids(),
+                    maps:is_key(fitted, beamdiag_catalogue:entry(Id))],
+    ?assertEqual(lists:sort([busy_wait, cpu_starvation, cpu_throttling, high_system_cpu,
+                             dirty_cpu_gc, scheduler_imbalance, allocator_contention]),
+                 lists:sort(Fitted)).
+
+%% A fitted fix keeps the catalogue's words around the parts it fits.
+fitted_fix_keeps_the_catalogue_words_test() ->
+    Rabbit = #{otp_release => <<"25">>, sbwt => <<"none">>, sbwtdcpu => <<"none">>,
+               sbwtdio => <<"none">>, bind_type => <<"thread_no_node_processor_spread">>},
+    [begin
+         #{fitted := Parts} = beamdiag_catalogue:entry(Id),
+         Fix = beamdiag_fix:fix(Id, Rabbit),
+         [?assertMatch({Id, {_, _}}, {Id, binary:match(Fix, B)}) || B <- Parts, is_binary(B)]
+     end || Id <- [busy_wait, cpu_starvation, cpu_throttling, high_system_cpu, dirty_cpu_gc,
+                   scheduler_imbalance, allocator_contention]].

@@ -13,11 +13,15 @@
 %%% '''
 -module(beamdiag_agent_vm).
 
--export([settings/0, counters/1, all_schedulers/1, msacc/0, parse_flags/1, msacc_extra/1]).
+-export([settings/0, counters/1, all_schedulers/1, msacc/0, parse_flags/1, msacc_extra/1,
+         flags/0]).
 
--export_type([settings/0, counters/0]).
+-export_type([settings/0, counters/0, flag/0]).
 
 -type settings() :: #{atom() => term()}.
+-type flag() :: #{key := atom(), option := binary(), default := binary() | undefined,
+                  meaning := binary(), since := pos_integer(), doc := erl | erts_alloc,
+                  read := boolean(), advise := [binary()], note => binary()}.
 -type counters() :: #{
     swt := [{pos_integer(), non_neg_integer(), non_neg_integer()}] | undefined,
     run_queues := [non_neg_integer()],
@@ -29,23 +33,8 @@
     msacc => [map()]
 }.
 
-%% The flags read from the argument vector, with the emulator's documented
-%% defaults; the longest names come first so that -sbwtdcpu is not read as
-%% -sbwt.
--define(FLAGS, [
-    {<<"sbwtdcpu">>, sbwtdcpu, <<"short">>},
-    {<<"sbwtdio">>, sbwtdio, <<"short">>},
-    {<<"sbwt">>, sbwt, <<"medium">>},
-    {<<"swtdcpu">>, swtdcpu, <<"medium">>},
-    {<<"swtdio">>, swtdio, <<"medium">>},
-    {<<"swt">>, swt, <<"medium">>},
-    {<<"scl">>, scl, <<"true">>},
-    {<<"sub">>, sub, <<"false">>},
-    {<<"sfwi">>, sfwi, <<"0">>},
-    {<<"Mdai">>, mdai, <<"0">>},
-    {<<"MMscs">>, mmscs, <<"0">>},
-    {<<"JPperf">>, jpperf, <<"false">>}
-]).
+%% Only the flags in the table marked `read' are taken from the argument
+%% vector (the longest names first, so that -sbwtdcpu is not read as -sbwt).
 
 %%%===================================================================
 %%% API
@@ -150,34 +139,112 @@ msacc_extra(_) -> false.
 -spec parse_flags([string() | binary()]) -> #{atom() => binary()}.
 parse_flags(Args) ->
     Bins = [iolist_to_binary(A) || A <- Args],
-    Defaults = maps:from_list([{K, D} || {_, K, D} <- ?FLAGS]),
-    maps:merge(Defaults, scan(Bins, #{})).
+    Read = read_flags(),
+    Defaults = maps:from_list([{K, D} || {_, K, D} <- Read]),
+    maps:merge(Defaults, scan(Bins, Read, #{})).
+
+%% @doc Every emulator flag beamdiag reads or advises, with the emulator's
+%% documented default: the one table that the agent (`parse_flags/1'), the
+%% rules, the fixes and the reports read (on the host through
+%% `beamdiag_flags'). It lives here because the agent, which runs on the
+%% target, may call nothing outside the agent's modules.
+%%
+%% `option' is the flag as written after `+'; `default' the value erl(1)
+%% (or erts_alloc(3)) documents, `undefined' where it depends on the
+%% machine or the flag is not read; `since' the first OTP release that
+%% has it; `read' whether the agent reads it from the argument vector
+%% (the others come from `system_info' or are only advised); `advise' the
+%% values a fix may advise. The defaults were checked against erl(1) of
+%% OTP 25, 27 and 29: they are the same in the three (and so in 26 and
+%% 28); `note' says where a release differs.
+-spec flags() -> [flag()].
+flags() ->
+    [
+        #{key => sbwt, option => <<"sbwt">>, default => <<"medium">>, since => 17, doc => erl,
+          read => true, advise => [<<"none">>, <<"very_short">>],
+          meaning => <<"scheduler busy-wait threshold">>},
+        #{key => sbwtdcpu, option => <<"sbwtdcpu">>, default => <<"short">>, since => 21,
+          doc => erl, read => true, advise => [<<"none">>],
+          meaning => <<"dirty CPU scheduler busy-wait threshold">>},
+        #{key => sbwtdio, option => <<"sbwtdio">>, default => <<"short">>, since => 21,
+          doc => erl, read => true, advise => [<<"none">>],
+          meaning => <<"dirty IO scheduler busy-wait threshold">>},
+        #{key => swt, option => <<"swt">>, default => <<"medium">>, since => 17, doc => erl,
+          read => true, advise => [<<"high">>],
+          meaning => <<"wake-up threshold: high wakes sleeping schedulers later">>},
+        #{key => swtdcpu, option => <<"swtdcpu">>, default => <<"medium">>, since => 21,
+          doc => erl, read => true, advise => [],
+          meaning => <<"dirty CPU scheduler wake-up threshold">>},
+        #{key => swtdio, option => <<"swtdio">>, default => <<"medium">>, since => 21,
+          doc => erl, read => true, advise => [],
+          meaning => <<"dirty IO scheduler wake-up threshold">>},
+        #{key => scl, option => <<"scl">>, default => <<"true">>, since => 17, doc => erl,
+          read => true, advise => [<<"false">>],
+          meaning => <<"scheduler load compaction">>},
+        #{key => sub, option => <<"sub">>, default => <<"false">>, since => 17, doc => erl,
+          read => true, advise => [<<"true">>],
+          meaning => <<"scheduler utilization balancing">>},
+        #{key => sfwi, option => <<"sfwi">>, default => <<"0">>, since => 17, doc => erl,
+          read => true, advise => [],
+          meaning => <<"scheduler forced wake-up interval in ms (0: off)">>},
+        #{key => sbt, option => <<"sbt">>, default => <<"u">>, since => 17, doc => erl,
+          read => false, advise => [<<"u">>, <<"db">>],
+          meaning => <<"scheduler bind type: u is unbound, db the default binding">>,
+          note => <<"read from system_info(scheduler_bind_type) as bind_type">>},
+        #{key => 'S', option => <<"S">>, default => undefined, since => 17, doc => erl,
+          read => false, advise => [<<"N:N">>],
+          meaning => <<"schedulers and schedulers online">>,
+          note => <<"default: the logical processors configured and available, limited by "
+                    "a CPU quota; read from system_info">>},
+        #{key => jpperf, option => <<"JPperf">>, default => <<"false">>, since => 24, doc => erl,
+          read => true, advise => [],
+          meaning => <<"perf support of the JIT">>,
+          note => <<"OTP 25 takes true|false; OTP 27 and 29 also dump|map|fp|no_fp">>},
+        #{key => mdai, option => <<"Mdai">>, default => <<"0">>, since => 24,
+          doc => erts_alloc, read => true, advise => [<<"max">>],
+          meaning => <<"allocator instances for dirty schedulers">>,
+          note => <<"came in OTP 24.2">>},
+        #{key => mmscs, option => <<"MMscs">>, default => <<"0">>, since => 17,
+          doc => erts_alloc, read => true, advise => [<<"size in MB">>],
+          meaning => <<"pre-reserved super carrier">>},
+        #{key => mmmcs, option => <<"MMmcs">>, default => undefined, since => 17,
+          doc => erts_alloc, read => false, advise => [<<"count">>],
+          meaning => <<"carriers kept in the segment cache">>},
+        #{key => mblmbcs, option => <<"MBlmbcs">>, default => undefined, since => 17,
+          doc => erts_alloc, read => false, advise => [<<"size in KB">>],
+          meaning => <<"largest multiblock carrier of the binary allocator">>}
+    ].
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
-scan([], Acc) ->
+%% The flags read from the argument vector, longest name first.
+read_flags() ->
+    Read = [{O, K, D} || #{option := O, key := K, default := D, read := true} <- flags()],
+    lists:sort(fun({A, _, _}, {B, _, _}) -> byte_size(A) >= byte_size(B) end, Read).
+
+scan([], _Flags, Acc) ->
     Acc;
 %% Emulator flags come first; erlexec then writes "-- -root DIR" and the
 %% init and user arguments, which may look like flags (-scl, -sub) and may
 %% hold anything.
-scan([<<"--">>, <<"-root">> | _], Acc) ->
+scan([<<"--">>, <<"-root">> | _], _Flags, Acc) ->
     Acc;
-scan([<<$-, Rest/binary>> | Tail], Acc) ->
-    case match_flag(Rest, ?FLAGS) of
+scan([<<$-, Rest/binary>> | Tail], Flags, Acc) ->
+    case match_flag(Rest, Flags) of
         {Key, <<>>} ->
             case Tail of
-                [V | Tail2] when V =/= <<>> -> scan(Tail2, Acc#{Key => clean(V)});
-                _ -> scan(Tail, Acc)
+                [V | Tail2] when V =/= <<>> -> scan(Tail2, Flags, Acc#{Key => clean(V)});
+                _ -> scan(Tail, Flags, Acc)
             end;
         {Key, Inline} ->
-            scan(Tail, Acc#{Key => clean(Inline)});
+            scan(Tail, Flags, Acc#{Key => clean(Inline)});
         nomatch ->
-            scan(Tail, Acc)
+            scan(Tail, Flags, Acc)
     end;
-scan([_ | Tail], Acc) ->
-    scan(Tail, Acc).
+scan([_ | Tail], Flags, Acc) ->
+    scan(Tail, Flags, Acc).
 
 match_flag(_, []) ->
     nomatch;

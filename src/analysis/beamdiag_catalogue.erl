@@ -12,9 +12,9 @@
 %%% '''
 -module(beamdiag_catalogue).
 
--export([entries/0, entry/1, ids/0, markdown/0]).
+-export([entries/0, entry/1, ids/0, markdown/0, general/1]).
 
--export_type([entry/0, id/0]).
+-export_type([entry/0, id/0, part/0, test/0]).
 
 -type id() :: atom().
 -type entry() :: #{
@@ -23,16 +23,55 @@
     title := binary(),
     meaning := binary(),
     fix := binary(),
+    fitted => [part()],
     when_not := binary()
 }.
+
+%% A fix that depends on the node is written as parts: text, and the
+%% places `beamdiag_fix' fits to the node's settings.
+%% <ul>
+%% <li>`{flags, Wanted, Todo, Done}': flags to advise. When the node lacks
+%%   some (of those its release documents), `Todo', where `flags' stands for
+%%   the flags it lacks and `already' for a note naming those it has;
+%%   otherwise `Done'.</li>
+%% <li>`{has, Test, Then, Else}': `Then' when the node's settings pass the
+%%   test, where `value' stands for the node's value; otherwise `Else'.
+%%   Tests: `{in, Keys, Values}' (every key's value is one of them),
+%%   `{changed, Key}' (not the documented default), `{not_in, Key, Values}'
+%%   (a missing key counts as the first value).</li>
+%% <li>`{documented, Flag, Then, Else}': `Then' when the node's release
+%%   documents the flag.</li>
+%% </ul>
+%% The catalogue shows the general form (every flag advised, the node
+%% lacking every setting) and says how it is fitted.
+-type part() :: binary() | flags | already | value
+              | {flags, [{atom(), binary()}], [part()], [part()]}
+              | {has, test(), [part()], [part()]}
+              | {documented, binary(), [part()], [part()]}.
+-type test() :: {in, [atom()], [binary()]} | {changed, atom()} | {not_in, atom(), [binary()]}.
 
 %%%===================================================================
 %%% API
 %%%===================================================================
 
-%% @doc All catalogue entries, in the order the docs list them.
+%% @doc All catalogue entries, in the order the docs list them. A fix
+%% written as parts (`part()') is in `fitted', and `fix' holds its general
+%% form.
 -spec entries() -> [entry()].
 entries() ->
+    [case E of
+         #{fix := Parts} when is_list(Parts) -> E#{fix => general(Parts), fitted => Parts};
+         _ -> E
+     end || E <- written()].
+
+%% @doc The general form of a fix written as parts: every flag advised,
+%% the node lacking every setting the parts test.
+-spec general([part()]) -> binary().
+general(Parts) ->
+    iolist_to_binary(general(Parts, <<>>)).
+
+%% The entries as written: a fix that depends on the node as parts.
+written() ->
     [
         #{
             id => busy_wait,
@@ -44,10 +83,11 @@ entries() ->
                   "that spinning shows as CPU use in top, in container metrics and on the "
                   "bill, but does no work.">>,
             fix =>
-                <<"Start the node with +sbwt none +sbwtdcpu none +sbwtdio none "
-                  "(in vm.args, or ERL_FLAGS). Prove it with `beamdiag experiment` under "
-                  "your own load: OS CPU per unit of work should drop while throughput "
-                  "and latency stay within noise.">>,
+                [{flags, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}],
+                  [<<"Start the node with ">>, flags, <<" (in vm.args, or ERL_FLAGS)">>, already],
+                  [<<"Busy waiting is already off on every scheduler type">>, already]},
+                 <<". Prove it with `beamdiag experiment` under your own load: OS CPU per unit "
+                   "of work should drop while throughput and latency stay within noise.">>],
             when_not =>
                 <<"On a dedicated host where nothing else needs the CPU and wake-up "
                   "latency matters more than the CPU bill, the spinning is cheap and buys "
@@ -63,10 +103,18 @@ entries() ->
                   "see steal) takes the cores the BEAM needs. The BEAM counts this time as "
                   "busy, so scheduler utilization looks high while little work is done.">>,
             fix =>
-                <<"Find the competitor (top -H, the host's steal time) and move it away or "
-                  "give the BEAM dedicated cores (cpuset, taskset). If the host is simply "
-                  "oversubscribed, lower the node's schedulers to the CPUs it really gets "
-                  "(+S N:N) so that its threads do not queue behind each other.">>,
+                [<<"Find the competitor (the processes named in the evidence, top -H, the "
+                   "host's steal time) and move it away, or give the BEAM cores of its own "
+                   "(cpuset, taskset).">>,
+                 {has, {not_in, bind_type, [<<"unbound">>]},
+                  [<<" The schedulers are bound to cores (bind type ">>, value, <<"): a bound "
+                     "scheduler cannot move off a core that a competitor holds; on a shared "
+                     "host start the node with +sbt u (unbound) or give it cores of its "
+                     "own.">>],
+                  []},
+                 <<" If the host is simply oversubscribed, lower the node's schedulers to the "
+                   "CPUs it really gets (+S N:N) so that its threads do not queue behind each "
+                   "other.">>],
             when_not =>
                 <<"Short bursts during deploys or batch jobs are expected; act when it "
                   "persists under normal load.">>
@@ -81,11 +129,14 @@ entries() ->
                   "threads sit idle-but-busy, latency jumps by up to a period (100 ms by "
                   "default).">>,
             fix =>
-                <<"Raise the CPU limit, or match the schedulers to the quota: "
-                  "+S Q:Q with Q the quota in whole CPUs (recent OTP releases do this by "
-                  "default unless +S is set), and turn busy waiting off "
-                  "(+sbwt none +sbwtdcpu none +sbwtdio none) so spinning does not eat the "
-                  "quota.">>,
+                [<<"Raise the CPU limit, or match the schedulers to the quota: +S Q:Q with Q "
+                   "the quota in whole CPUs (recent OTP releases do this by default unless +S "
+                   "is set)">>,
+                 {flags, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}],
+                  [<<", and turn busy waiting off (">>, flags, <<") so spinning does not eat "
+                     "the quota">>, already],
+                  [<<"; busy waiting is already off, so spinning does not eat the quota">>]},
+                 <<".">>],
             when_not =>
                 <<"A burst quota that is meant to cap a batch job; then the throttling is "
                   "the intended behaviour.">>
@@ -161,13 +212,26 @@ entries() ->
                   "futex wake-ups, or kernel work triggered by the node (auditd rules, "
                   "file I/O, socket work).">>,
             fix =>
-                <<"Profile the kernel side with `beamdiag flame` (perf shows the system "
-                  "calls). Usual causes: many small file or socket writes (batch them), "
-                  "auditd or other syscall auditing (exclude the node), page faults from "
-                  "memory churn (+MMscs to pre-reserve a super carrier), futex wake-ups "
-                  "of schedulers that sleep and wake often (a later wake-up, +swt high, or "
-                  "a short busy wait). The fix printed with a finding is fitted to the "
-                  "node's own flags.">>,
+                [<<"Profile the kernel side with `beamdiag flame` (perf shows the system "
+                   "calls). Usual causes: many small file or socket writes (batch them); "
+                   "auditd or other syscall auditing (exclude the node); page faults from "
+                   "memory churn (">>,
+                 {has, {changed, mmscs},
+                  [<<"a super carrier is already reserved (+MMscs ">>, value, <<")">>],
+                  [<<"+MMscs to pre-reserve a super carrier">>]},
+                 <<"); futex wake-ups of schedulers that sleep and wake often">>,
+                 {has, {in, [sbwt, sbwtdcpu, sbwtdio], [<<"none">>]},
+                  [{has, {in, [swt], [<<"high">>, <<"very_high">>]},
+                    [<<" (busy waiting is off and +swt is already ">>, value, <<"; a short busy "
+                       "wait, +sbwt very_short, keeps a scheduler from sleeping between "
+                       "bursts)">>],
+                    [<<" (busy waiting is already off, +sbwt none, so an idle scheduler sleeps "
+                       "at once: a short busy wait, +sbwt very_short, or a later wake-up, +swt "
+                       "high, means fewer sleeps and wake-ups)">>]}],
+                  [{has, {in, [swt], [<<"high">>, <<"very_high">>]},
+                    [<<" (+swt is already ">>, value, <<")">>],
+                    [<<" (+swt high wakes sleeping schedulers later, so fewer of them)">>]}]},
+                 <<". Prove a flag with `beamdiag experiment` before keeping it.">>],
             when_not =>
                 <<"An I/O-heavy node (proxies, file servers) legitimately spends time in "
                   "the kernel; compare against a healthy baseline with `beamdiag compare`.">>
@@ -182,12 +246,19 @@ entries() ->
                   "they share one, and large-heap GC contends on it (the eheap_alloc "
                   "lock).">>,
             fix =>
-                <<"Look at the heaps in the evidence first: a process that holds hundreds "
-                  "of megabytes (a backed-up queue, a cache or a big state in a process) is "
-                  "the cause; shrink it (backpressure on its queue, data in ETS or "
-                  "binaries, split the process). When the heaps are as intended and "
-                  "dirty schedulers contend on the allocator, give them their own "
-                  "instances with +Mdai max (OTP 24.2 and later).">>,
+                [<<"Look at the heaps in the evidence first: a process that holds hundreds "
+                   "of megabytes (a backed-up queue, a cache or a big state in a process) is "
+                   "the cause; shrink it (backpressure on its queue, data in ETS or "
+                   "binaries, split the process). When the heaps are as intended and "
+                   "dirty schedulers contend on the allocator: ">>,
+                 {has, {changed, mdai},
+                  [<<"dirty schedulers already have allocator instances of their own (+Mdai ">>,
+                   value, <<").">>],
+                  [{documented, <<"Mdai">>,
+                    [<<"give dirty schedulers their own allocator instances with +Mdai max "
+                       "(OTP 24.2 and later).">>],
+                    [<<"this release has no allocator instances for dirty schedulers (+Mdai "
+                       "came in OTP 24.2).">>]}]}],
             when_not =>
                 <<"+Mdai max costs memory per dirty scheduler; on a memory-tight node with "
                   "little dirty GC leave it.">>
@@ -201,10 +272,13 @@ entries() ->
                   "saturated: one hot process, or scheduler compaction parks work on a few "
                   "schedulers.">>,
             fix =>
-                <<"Look for a single busy process (`beamdiag flame`, recon:proc_window/3). "
-                  "If the load is many processes, try +scl false (no load compaction) and "
-                  "+sub true (balance on utilization) and prove it with "
-                  "`beamdiag experiment`.">>,
+                [<<"Look for a single busy process (`beamdiag flame`, recon:proc_window/3).">>,
+                 {flags, [{scl, <<"false">>}, {sub, <<"true">>}],
+                  [<<" If the load is many processes, try ">>, flags, already,
+                   <<" (no load compaction, balance on utilization) and prove it with "
+                     "`beamdiag experiment`.">>],
+                  [<<" Load compaction is already off and utilization balancing on">>, already,
+                   <<".">>]}],
             when_not =>
                 <<"At low load compaction is deliberate: it lets idle schedulers sleep.">>
         },
@@ -271,8 +345,16 @@ entries() ->
                 <<"Threads wait on an allocator instance lock (alcu_allocator), typically "
                   "eheap_alloc shared by the dirty schedulers during large-heap GC.">>,
             fix =>
-                <<"+Mdai max gives each dirty scheduler its own allocator instance "
-                  "(OTP 24.2 and later).">>,
+                [{has, {changed, mdai},
+                  [<<"Dirty schedulers already have their own allocator instances (+Mdai ">>,
+                   value, <<"): the contention is between threads freeing memory another "
+                            "allocated; look for large messages and binaries crossing "
+                            "processes.">>],
+                  [{documented, <<"Mdai">>,
+                    [<<"+Mdai max gives each dirty scheduler its own allocator instance "
+                       "(OTP 24.2 and later).">>],
+                    [<<"This release has no allocator instances for dirty schedulers (+Mdai "
+                       "came in OTP 24.2).">>]}]}],
             when_not => <<"+Mdai max costs some memory per dirty scheduler.">>
         },
         #{
@@ -450,10 +532,84 @@ markdown() ->
 %%% Internal
 %%%===================================================================
 
-entry_markdown(#{id := Id, title := T, meaning := M, fix := F, when_not := W}) ->
+entry_markdown(E = #{id := Id, title := T, meaning := M, fix := F, when_not := W}) ->
     [
         "\n## `", atom_to_list(Id), "`: ", T, "\n\n",
         M, "\n\n",
         "**Fix.** ", F, "\n\n",
+        case maps:get(fitted, E, []) of
+            [] -> "";
+            Parts -> ["**Fitted to the node.** ", fitting(Parts), "\n\n"]
+        end,
         "**When not.** ", W, "\n"
     ].
+
+general(Parts, Value) ->
+    [general_part(P, Value) || P <- Parts].
+
+general_part(B, _) when is_binary(B) -> B;
+general_part(flags, _) -> <<>>;
+general_part(already, _) -> <<>>;
+general_part(value, Value) -> Value;
+general_part({flags, Wanted, Todo, _Done}, _) ->
+    [case P of flags -> flag_text(Wanted); _ -> general_part(P, <<>>) end || P <- Todo];
+general_part({has, Test, _Then, Else}, _) -> general(Else, example(Test));
+general_part({documented, _Flag, Then, _Else}, V) -> general(Then, V).
+
+%% How the general form changes on a node, one sentence per place.
+fitting(Parts) ->
+    lists:join(" ", lists:append([fitting_part(P, {[], true}) || P <- Parts])).
+
+%% `Ctx': the conditions that lead here, and whether the text here is the
+%% general form's.
+fitting_part({flags, _Wanted, _Todo, Done}, _Ctx) ->
+    [["Flags the node already has are left out of the advice and named as already set; "
+      "flags its OTP release does not document are never advised. When it has them all: ",
+      quoted(general(Done, <<>>))]];
+fitting_part({has, Test, Then, Else}, {Ctx, General}) ->
+    Cond = Ctx ++ [test_text(Test)],
+    Not = Ctx ++ [test_text({'not', Test})],
+    Note = fun(C, Parts, V) ->
+                   case Parts of
+                       [{has, _, _, _} | _] -> [];
+                       _ -> [["When ", lists:join(" and ", C), ": ", quoted(general(Parts, V))]]
+                   end
+           end,
+    Note(Cond, Then, example(Test))
+        ++ case General of
+               true -> [];
+               false -> Note(Not, Else, <<>>)
+           end
+        ++ lists:append([fitting_part(P, {Cond, false}) || P <- Then, is_tuple(P)])
+        ++ lists:append([fitting_part(P, {Not, General}) || P <- Else, is_tuple(P)]);
+fitting_part({documented, Flag, _Then, Else}, _Ctx) ->
+    [["On a release without +", Flag, ": ", quoted(general(Else, <<>>))]];
+fitting_part(_, _Ctx) ->
+    [].
+
+quoted(Text) ->
+    T = string:trim(iolist_to_binary(Text)),
+    ["\"", T, "\"", case binary:last(T) of $. -> ""; _ -> "." end].
+
+test_text({'not', {in, Keys, [V | _]}}) ->
+    ["the node does not have ", lists:join(" ", [["+", option(K), " ", V] || K <- Keys])];
+test_text({'not', {changed, Key}}) ->
+    ["the node does not have +", option(Key), " set"];
+test_text({'not', {not_in, Key, [V | _]}}) ->
+    ["the node's ", atom_to_list(Key), " is ", V];
+test_text({in, Keys, [V | _]}) ->
+    ["the node has ", lists:join(" ", [["+", option(K), " ", V] || K <- Keys])];
+test_text({changed, Key}) ->
+    ["the node has +", option(Key), " set (X)"];
+test_text({not_in, Key, [V | _]}) ->
+    ["the node's ", atom_to_list(Key), " is X, not ", V].
+
+%% The value the docs show for `value'.
+example({in, _Keys, [V | _]}) -> V;
+example(_) -> <<"X">>.
+
+flag_text(Wanted) ->
+    lists:join(" ", [["+", option(K), " ", V] || {K, V} <- Wanted]).
+
+option(Key) ->
+    maps:get(option, beamdiag_flags:flag(Key)).

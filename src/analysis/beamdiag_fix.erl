@@ -1,21 +1,21 @@
-%%% @doc Fixes fitted to the node: the catalogue's fix for a finding,
-%%% rewritten so that it never advises an emulator flag the node already
-%%% has, says so when the usual fix is already in place, and advises only
-%%% flags (and values) that the erl documentation of the node's OTP release
-%%% lists. The lock knowledge base's advice per lock class is fitted here
-%%% too (`lock_class/3'). The flags beamdiag may advise, with the release that brought
-%%% them and the manual page that documents them, are data
-%%% (`advised_flags/0'); a test checks them against erl(1) of every OTP
-%%% release it can find.
+%%% @doc Fixes fitted to the node. The catalogue writes a fix that depends
+%%% on the node as parts (`beamdiag_catalogue:part()'); this module fills
+%%% them in from the node's settings: flags the node already has are left
+%%% out and named as set, flags its OTP release does not document are never
+%%% advised, and the text around them is the catalogue's, word for word.
+%%% The flags a fix may advise, with the release that brought them and the
+%%% manual page that documents them, are the flag table's
+%%% (`beamdiag_flags', `advised_flags/0'); a test checks them against
+%%% erl(1) of every OTP release it can find.
 %%%
 %%% ```
-%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, sbwtdcpu => <<"short">>,
-%%%                                  sbwtdio => <<"short">>, otp_release => <<"25">>}).
-%%% <<"Start the node with +sbwtdcpu none +sbwtdio none (+sbwt none is already set) ...">>
+%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, otp_release => <<"25">>}).
+%%% <<"Start the node with +sbwtdcpu none +sbwtdio none (in vm.args, or ERL_FLAGS) "
+%%%   "(+sbwt none is already set). Prove it with ...">>
 %%% '''
 -module(beamdiag_fix).
 
--export([fix/2, lock_class/3, advised_flags/0, busy_wait_off/1, documented/2]).
+-export([fix/2, advised_flags/0, busy_wait_off/1, documented/2]).
 
 -type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
                   doc := erl | erts_alloc, meaning := binary()}.
@@ -26,210 +26,113 @@
 %%%===================================================================
 
 %% @doc Every emulator flag a fix may advise, with the values it may
-%% advise, the first OTP release that has it and its manual page.
+%% advise, the first OTP release that has it and its manual page: the
+%% rows of the flag table (`beamdiag_flags') that list values to advise.
 -spec advised_flags() -> [flag()].
 advised_flags() ->
-    [
-        #{flag => <<"sbwt">>, values => [<<"none">>, <<"very_short">>], since => 17, doc => erl,
-          meaning => <<"scheduler busy-wait threshold">>},
-        #{flag => <<"sbwtdcpu">>, values => [<<"none">>], since => 21, doc => erl,
-          meaning => <<"dirty CPU scheduler busy-wait threshold">>},
-        #{flag => <<"sbwtdio">>, values => [<<"none">>], since => 21, doc => erl,
-          meaning => <<"dirty IO scheduler busy-wait threshold">>},
-        #{flag => <<"swt">>, values => [<<"high">>], since => 17, doc => erl,
-          meaning => <<"wake-up threshold: high wakes sleeping schedulers later">>},
-        #{flag => <<"scl">>, values => [<<"false">>], since => 17, doc => erl,
-          meaning => <<"scheduler load compaction">>},
-        #{flag => <<"sub">>, values => [<<"true">>], since => 17, doc => erl,
-          meaning => <<"scheduler utilization balancing">>},
-        #{flag => <<"sbt">>, values => [<<"u">>, <<"db">>], since => 17, doc => erl,
-          meaning => <<"scheduler bind type: u is unbound, db the default binding">>},
-        #{flag => <<"S">>, values => [<<"N:N">>], since => 17, doc => erl,
-          meaning => <<"schedulers and schedulers online">>},
-        #{flag => <<"Mdai">>, values => [<<"max">>], since => 24, doc => erts_alloc,
-          meaning => <<"allocator instances for dirty schedulers">>},
-        #{flag => <<"MMscs">>, values => [<<"size in MB">>], since => 17, doc => erts_alloc,
-          meaning => <<"pre-reserved super carrier">>},
-        #{flag => <<"MMmcs">>, values => [<<"count">>], since => 17, doc => erts_alloc,
-          meaning => <<"carriers kept in the segment cache">>},
-        #{flag => <<"MBlmbcs">>, values => [<<"size in KB">>], since => 17, doc => erts_alloc,
-          meaning => <<"largest multiblock carrier of the binary allocator">>}
-    ].
+    [#{flag => O, values => Vs, since => Since, doc => Doc, meaning => M}
+     || #{option := O, advise := Vs = [_ | _], since := Since, doc := Doc, meaning := M}
+            <- beamdiag_flags:table()].
 
 %% @doc True when the node's OTP release documents the flag (the table's
 %% `since'); a node whose release is unknown is taken to have it.
 -spec documented(binary(), map()) -> boolean().
 documented(Flag, S) ->
-    Release = try binary_to_integer(setting(otp_release, S, <<"0">>))
-              catch error:badarg -> 0
-              end,
-    case [Since || #{flag := F, since := Since} <- advised_flags(), F =:= Flag] of
-        [Since] -> Release =:= 0 orelse Release >= Since;
-        [] -> false
-    end.
+    beamdiag_flags:documented(Flag, S).
 
 %% @doc True when every busy-wait flag of the node is `none'.
 -spec busy_wait_off(map()) -> boolean().
 busy_wait_off(Settings) ->
-    lists:all(fun(F) -> F =:= <<"none">> end, busy_wait_flags(Settings)).
+    beamdiag_flags:busy_wait_off(Settings).
 
 %% @doc The fix for a finding on a node with these settings: the
-%% catalogue's text, fitted to the flags the node has.
+%% catalogue's text, with the parts it marks fitted to the node (flags the
+%% node already has left out, and said to be set).
 -spec fix(beamdiag_catalogue:id(), map()) -> binary().
-fix(busy_wait, S) ->
-    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
-    iolist_to_binary([
-        case Set of
-            [] -> "Busy waiting is already off on every scheduler type";
-            _ -> ["Start the node with ", flags(Set), " (in vm.args, or ERL_FLAGS)"]
-        end,
-        already(Have),
-        ". Prove it with `beamdiag experiment` under your own load: OS CPU per unit of work "
-        "should drop while throughput and latency stay within noise."
-    ]);
-fix(cpu_throttling, S) ->
-    {Set, Have} = wanted(S, [{sbwt, <<"none">>}, {sbwtdcpu, <<"none">>}, {sbwtdio, <<"none">>}]),
-    iolist_to_binary([
-        "Raise the CPU limit, or match the schedulers to the quota: +S Q:Q with Q the quota "
-        "in whole CPUs (recent OTP releases do this by default unless +S is set)",
-        case Set of
-            [] -> "; busy waiting is already off, so spinning does not eat the quota";
-            _ -> [", and turn busy waiting off (", flags(Set), ") so spinning does not eat "
-                  "the quota", already(Have)]
-        end,
-        "."
-    ]);
-fix(high_system_cpu, S) ->
-    Mmscs = setting(mmscs, S, <<"0">>),
-    Swt = setting(swt, S, <<"medium">>),
-    iolist_to_binary([
-        "Profile the kernel side with `beamdiag flame` (perf shows the system calls). Usual "
-        "causes: many small file or socket writes (batch them); auditd or other syscall "
-        "auditing (exclude the node); page faults from memory churn (",
-        case Mmscs of
-            <<"0">> -> "+MMscs to pre-reserve a super carrier";
-            _ -> ["a super carrier is already reserved (+MMscs ", Mmscs, ")"]
-        end,
-        "); futex wake-ups of schedulers that sleep and wake often",
-        case {busy_wait_off(S), lists:member(Swt, [<<"high">>, <<"very_high">>])} of
-            {true, true} ->
-                [" (busy waiting is off and +swt is already ", Swt, "; a short busy wait, "
-                 "+sbwt very_short, keeps a scheduler from sleeping between bursts)"];
-            {true, false} ->
-                [" (busy waiting is already off, +sbwt none, so an idle scheduler sleeps at "
-                 "once: a short busy wait, +sbwt very_short, or a later wake-up, +swt high, "
-                 "means fewer sleeps and wake-ups)"];
-            {false, true} ->
-                [" (+swt is already ", Swt, ")"];
-            {false, false} ->
-                [" (+swt high wakes sleeping schedulers later, so fewer of them)"]
-        end,
-        ". Prove a flag with `beamdiag experiment` before keeping it."
-    ]);
-fix(dirty_cpu_gc, S) ->
-    iolist_to_binary([
-        case setting(mdai, S, <<"0">>) of
-            <<"0">> ->
-                case documented(<<"Mdai">>, S) of
-                    true -> "Give dirty schedulers their own allocator instances with +Mdai max "
-                            "(OTP 24.2 and later).";
-                    false -> "This release has no allocator instances for dirty schedulers "
-                             "(+Mdai came in OTP 24.2)."
-                end;
-            M ->
-                ["Dirty schedulers already have allocator instances of their own (+Mdai ", M,
-                 ")."]
-        end,
-        " Keep big data out of process heaps: store it in ETS or binaries, or split the "
-        "process; for a message queue that backs up, consume it or bound it."
-    ]);
-fix(scheduler_imbalance, S) ->
-    {Set, Have} = wanted(S, [{scl, <<"false">>}, {sub, <<"true">>}]),
-    iolist_to_binary([
-        "Look for a single busy process (`beamdiag flame`, recon:proc_window/3).",
-        case Set of
-            [] -> [" Load compaction is already off and utilization balancing on", already(Have),
-                   "."];
-            _ -> [" If the load is many processes, try ", flags(Set), already(Have),
-                  " and prove it with `beamdiag experiment`."]
-        end
-    ]);
-fix(cpu_starvation, S) ->
-    Bound = setting(bind_type, S, <<"unbound">>),
-    iolist_to_binary([
-        "Find the competitor (the processes named in the evidence, top -H, the host's steal "
-        "time) and move it away, or give the BEAM cores of its own (cpuset, taskset).",
-        case Bound of
-            <<"unbound">> -> "";
-            _ -> [" The schedulers are bound to cores (bind type ", Bound, "): a bound "
-                  "scheduler cannot move off a core that a competitor holds; on a shared host "
-                  "start the node with +sbt u (unbound) or give it cores of its own."]
-        end,
-        " If the host is simply oversubscribed, lower the node's schedulers to the CPUs it "
-        "really gets (+S N:N) so that its threads do not queue behind each other."
-    ]);
-fix(Id, _S) ->
-    maps:get(fix, beamdiag_catalogue:entry(Id)).
-
-%% @doc The advice for a contended lock class (the lock knowledge base's,
-%% `beamdiag_lock_rules'), fitted to the allocator flags the node already
-%% has: a super carrier (+MMscs) or dirty allocator instances (+Mdai).
--spec lock_class(binary(), map(), binary()) -> binary().
-lock_class(Class, Settings, Fix) when Class =:= <<"erts_mmap">>; Class =:= <<"mseg">> ->
-    case safe_setting(mmscs, Settings) of
-        Scs when Scs =:= undefined; Scs =:= <<"0">> ->
-            Fix;
-        Scs ->
-            iolist_to_binary(
-              ["a super carrier is already reserved (+MMscs ", Scs, " MB): if the node's "
-               "memory outgrows it, carriers come from the OS again, so raise it to what the "
-               "node holds at peak; and let carriers be cached longer (+MMmcs)"])
-    end;
-lock_class(<<"alcu_allocator">>, Settings, Fix) ->
-    case safe_setting(mdai, Settings) of
-        Dai when Dai =:= undefined; Dai =:= <<"0">> ->
-            Fix;
-        Dai ->
-            iolist_to_binary(
-              ["dirty schedulers already have their own allocator instances (+Mdai ", Dai,
-               "): the contention is between threads freeing memory another allocated; look "
-               "for large messages and binaries crossing processes"])
-    end;
-lock_class(_Class, _Settings, Fix) ->
-    Fix.
+fix(Id, S) ->
+    case beamdiag_catalogue:entry(Id) of
+        #{fitted := Parts} -> iolist_to_binary(fit(Parts, S, <<>>));
+        #{fix := Fix} -> Fix
+    end.
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
-busy_wait_flags(S) ->
-    [setting(sbwt, S, <<"medium">>), setting(sbwtdcpu, S, <<"short">>),
-     setting(sbwtdio, S, <<"short">>)].
+fit(Parts, S, Value) ->
+    [fit_part(P, S, Value) || P <- Parts].
 
-%% A flag's value as the agent reports it (a binary), or its default.
-setting(K, S, Default) ->
-    case maps:get(K, S, Default) of
-        V when is_binary(V) -> V;
-        _ -> Default
+fit_part(B, _S, _Value) when is_binary(B) ->
+    B;
+fit_part(value, _S, Value) ->
+    Value;
+fit_part(P, _S, _Value) when P =:= flags; P =:= already ->
+    <<>>;
+fit_part({flags, Wanted, Todo, Done}, S, _Value) ->
+    {Set, Have} = wanted(S, Wanted),
+    Fill = fun(flags) -> flags(Set);
+              (already) -> already(Have);
+              (P) -> fit_part(P, S, <<>>)
+           end,
+    case Set of
+        [] -> [Fill(P) || P <- Done];
+        _ -> [Fill(P) || P <- Todo]
+    end;
+fit_part({has, Test, Then, Else}, S, _Value) ->
+    case test(Test, S) of
+        {true, V} -> fit(Then, S, V);
+        false -> fit(Else, S, <<>>)
+    end;
+fit_part({documented, Flag, Then, Else}, S, Value) ->
+    case documented(Flag, S) of
+        true -> fit(Then, S, Value);
+        false -> fit(Else, S, Value)
     end.
 
-%% A setting that came from the target, for advice that quotes it: a short
-%% printable binary, or `undefined'.
-safe_setting(Key, Settings) ->
-    case maps:get(Key, Settings, undefined) of
-        V when is_binary(V), byte_size(V) =< 32 ->
-            case re:run(V, "^[A-Za-z0-9_.]+$", [{capture, none}]) of
-                match -> V;
-                nomatch -> undefined
-            end;
-        _ ->
-            undefined
+%% Whether the node's settings pass a catalogue test, with the value the
+%% text may quote (printable, or `?').
+test({in, Keys = [First | _], Values}, S) ->
+    case lists:all(fun(K) -> lists:member(value(K, S, undefined), Values) end, Keys) of
+        true -> {true, printable(value(First, S, undefined))};
+        false -> false
+    end;
+test({changed, Key}, S) ->
+    test({not_in, Key, [beamdiag_flags:default(Key)]}, S);
+test({not_in, Key, Values = [Default | _]}, S) ->
+    V = value(Key, S, Default),
+    case lists:member(V, Values) of
+        true -> false;
+        false -> {true, printable(V)}
     end.
+
+%% A setting: a flag's value or its documented default; another key's
+%% value, or `Default'.
+value(Key, S, Default) ->
+    case [K || #{key := K} <- beamdiag_flags:table(), K =:= Key] of
+        [_] -> setting(Key, S);
+        [] -> case maps:get(Key, S, Default) of
+                  V when is_binary(V) -> V;
+                  _ -> Default
+              end
+    end.
+
+printable(V) when is_binary(V), byte_size(V) =< 32 ->
+    case re:run(V, "^[A-Za-z0-9_.:]+$", [{capture, none}]) of
+        match -> V;
+        nomatch -> <<"?">>
+    end;
+printable(_) ->
+    <<"?">>.
+
+%% A flag's value as the agent reports it (a binary), or its documented
+%% default.
+setting(K, S) ->
+    beamdiag_flags:value(K, S).
 
 %% The wanted flags its release documents, split into those to set and
 %% those the node has.
 wanted(S, Wanted) ->
-    lists:partition(fun({K, V}) -> maps:get(K, S, undefined) =/= V end,
+    lists:partition(fun({K, V}) -> setting(K, S) =/= V end,
                     [W || W = {K, _} <- Wanted, documented(atom_to_binary(K), S)]).
 
 flags(Fs) ->

@@ -470,7 +470,7 @@ notes(Capture, First) ->
            end,
     %% A node on the stock emulator: what to build to count its locks.
     Locks = case maps:get(settings, Capture, #{}) of
-                #{lock_counting := false} = S -> [beamdiag_emu_type:advice(S)];
+                #{lock_counting := false} = S -> [beamdiag_lock_advice:emulator(S)];
                 _ -> []
             end,
     maps:get(notes, Capture, []) ++ SourceNotes ++ Swt ++ Left ++ Locks.

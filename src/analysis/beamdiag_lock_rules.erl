@@ -4,7 +4,7 @@
 %%% contended lock classes into catalogued findings, with the lock class,
 %%% the object (ETS table, allocator, process) and the numbers as evidence.
 %%% The knowledge base: which class protects what, and what relieves it,
-%%% is in `class_text/1' and in docs/LOCKS.md.
+%%% is in `beamdiag_lock_advice' and in docs/LOCKS.md.
 %%%
 %%% Severity comes from the wait time summed over all threads as a share of
 %%% the window (lcnt's "duration %"; 100% is one thread blocked the whole
@@ -18,7 +18,7 @@
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/2, findings/3, class_text/1, thresholds/0]).
+-export([findings/2, findings/3, thresholds/0]).
 
 -define(INFO_PCT, 1.0).
 -define(WARNING_PCT, 5.0).
@@ -69,75 +69,6 @@ findings(Data, WindowS, Settings) ->
             process_findings(Locks, Classes, Ctx) ++
             class_findings(Classes, Ctx),
     beamdiag_finding:sort(Findings).
-
-%% @doc What a lock class protects and what relieves contention on it, or
-%% `undefined' for a class the knowledge base does not know.
--spec class_text(binary()) -> {binary(), binary()} | undefined.
-class_text(<<"db_hash_slot">>) ->
-    {<<"a group of hash buckets of one ETS table with write_concurrency">>,
-     <<"spread the writes over more keys or shard the table per scheduler">>};
-class_text(<<"erl_db_catree_base_node">>) ->
-    {<<"a subtree of an ordered_set ETS table with write_concurrency">>,
-     <<"spread the writes over more keys or shard the table per scheduler">>};
-class_text(<<"erl_db_catree_route_node">>) ->
-    {<<"a routing node of an ordered_set ETS table with write_concurrency">>,
-     <<"spread the writes over more keys or shard the table per scheduler">>};
-class_text(<<"db_tab">>) ->
-    {<<"a whole ETS table (the table lock; every write without write_concurrency)">>,
-     <<"create the table with {write_concurrency, true} or shard it">>};
-class_text(<<"alcu_allocator">>) ->
-    {<<"one instance of a memory allocator">>,
-     <<"give dirty schedulers their own instances with +Mdai max">>};
-class_text(<<"run_queue">>) ->
-    {<<"a scheduler's run queue (enqueue, dequeue, work stealing)">>,
-     <<"fewer, longer-running processes; no more schedulers (+S) than cores; OTP 28 "
-       "or later, whose work stealing does not wait on busy run queues">>};
-class_text(<<"process_table">>) ->
-    {<<"the process table (spawn, exit, erlang:processes/0)">>,
-     <<"stop listing all processes on a timer">>};
-class_text(<<"erts_mmap">>) ->
-    {<<"the VM's memory map (carrier creation and release)">>,
-     <<"preallocate a super carrier (+MMscs N, in MB) so carriers come from it, "
-       "and let carriers be cached longer (+MMmcs)">>};
-class_text(<<"mseg">>) ->
-    {<<"the segment cache of memory carriers">>,
-     <<"a super carrier (+MMscs N) and larger multiblock carriers (+MBlmbcs)">>};
-class_text(<<"port_lock">>) ->
-    {<<"one port (socket, file, driver instance)">>,
-     <<"spread the traffic over more ports (connection pools) or let one process "
-       "own each port">>};
-class_text(<<"port_sched_lock">>) ->
-    {<<"the task queue of one port">>,
-     <<"fewer processes sending to the same port; batch writes">>};
-class_text(<<"drv_ev_state">>) ->
-    {<<"the poll-set state of file descriptors (I/O event registration)">>,
-     <<"fewer sockets switching between active and passive; {active, N} instead of once">>};
-class_text(<<"pix_lock">>) ->
-    {<<"a slot of the process index (process lookup by pid, exit, link)">>,
-     <<"less pid lookup traffic: fewer monitors, links and is_process_alive calls">>};
-class_text(<<"atom_tab">>) ->
-    {<<"the atom table (creating atoms, binary_to_atom, list_to_atom)">>,
-     <<"stop creating atoms at run time; use binary_to_existing_atom">>};
-class_text(<<"proc_main">>) ->
-    {<<"the main lock of one process (its state, heap, scheduling)">>,
-     <<"shard the process or stop others from inspecting it">>};
-class_text(<<"proc_status">>) ->
-    {<<"the scheduling state of one process">>,
-     <<"fewer processes signalling the same process; less dirty work per process">>};
-class_text(<<"proc_btm">>) ->
-    {<<"the timer of one process (receive ... after)">>,
-     <<"fewer timeouts set and cancelled on the same process">>};
-class_text(<<"proc_link">>) ->
-    {<<"the links and monitors of one process">>,
-     <<"fewer monitors on the same process">>};
-class_text(<<"proc_msgq">>) ->
-    {<<"the message queue of one process">>,
-     <<"shard the receiver or use {message_queue_data, off_heap}">>};
-class_text(<<"dist_entry">>) ->
-    {<<"the connection to one other node">>,
-     <<"spread traffic over more connections or send less over distribution">>};
-class_text(_) ->
-    undefined.
 
 %% @doc The severity thresholds: wait share of the window in percent, and
 %% the least number of collisions.
@@ -199,7 +130,7 @@ ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, 
             [] ->
                 {<<"owner and options unknown (table not found on the node)">>, #{}, #{}}
         end,
-    Advice = ets_advice(Opts),
+    Advice = beamdiag_lock_advice:ets(Opts),
     Evidence = [
         io_lib:format(
             "ETS table ~ts: threads waited ~s of the window on its locks (~ts, ~b lock~s); "
@@ -222,20 +153,6 @@ table_options(I) ->
         {ok, V} <- [maps:find(K, I)]
     ]).
 
-%% The fix that fits the table's options.
--spec ets_advice(map()) -> binary().
-ets_advice(#{write_concurrency := <<"false">>}) ->
-    <<"fix: create the table with {write_concurrency, true} (or auto) and "
-      "{decentralized_counters, true}; if it stays hot, use one table per scheduler">>;
-ets_advice(#{write_concurrency := _}) ->
-    <<"fix: the table already has write_concurrency, so the writers hit the same keys "
-      "(the same hash-slot locks): spread hot keys (a key per scheduler, "
-      "{Key, erlang:system_info(scheduler_id)}, summed when read) or use one table per "
-      "scheduler; decentralized_counters only helps inserts and deletes">>;
-ets_advice(_) ->
-    <<"fix: {write_concurrency, true} and {decentralized_counters, true}, or one table "
-      "per scheduler">>.
-
 %% One finding per contended allocator (alcu_allocator ids are allocator names).
 -spec allocator_findings([map()], map()) -> [beamdiag_finding:finding()].
 allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
@@ -249,22 +166,7 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                 Sev ->
                     #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
                     Dirty = maps:get(dirty_alloc_instances, Data, unknown),
-                    Advice =
-                        case Dirty of
-                            0 ->
-                                <<"the dirty schedulers share one instance (+Mdai 0): "
-                                  "start the node with +Mdai max">>;
-                            N when is_integer(N) ->
-                                iolist_to_binary(io_lib:format(
-                                    "dirty schedulers already have their own instances "
-                                    "(~b); the contention is between normal schedulers "
-                                    "freeing memory another allocated: look for large "
-                                    "messages and binaries crossing processes", [N]));
-                            _ ->
-                                beamdiag_fix:lock_class(<<"alcu_allocator">>, Settings,
-                                           <<"if the dirty schedulers share one instance, "
-                                             "start the node with +Mdai max">>)
-                        end,
+                    Advice = beamdiag_lock_advice:allocator(Dirty, Settings),
                     Evidence = [
                         io_lib:format(
                             "allocator ~ts: threads waited ~s of the window on its instance "
@@ -272,12 +174,13 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                             [Id, pct_text(W), pct_text(CP), count_text(T)]
                         )
                     ] ++ location_lines([L]) ++ [Advice],
-                    %% The fix is the advice fitted above, not the catalogue's
-                    %% +Mdai max, which the node may already have.
+                    %% The catalogue's fix fitted to the node: never +Mdai max
+                    %% where the dirty schedulers have instances of their own.
                     [beamdiag_finding:new(
                         allocator_contention, Sev, Evidence,
                         (metrics(Sum))#{allocator => Id},
-                        #{fix => capitalise(Advice)}
+                        #{fix => beamdiag_fix:fix(allocator_contention,
+                                                  with_instances(Dirty, Settings))}
                     )]
             end
         end,
@@ -367,14 +270,14 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
                     _ -> lock_contention
                 end,
             {What, Fix0} =
-                case class_text(Class) of
+                case beamdiag_lock_advice:class(Class) of
                     undefined ->
                         {<<"a VM-internal lock">>,
                          <<"see docs/LOCKS.md and the lock's source location">>};
                     Known ->
                         Known
                 end,
-            Fix = beamdiag_fix:lock_class(Class, Settings, release_fix(Class, release(Data), Fix0)),
+            Fix = beamdiag_lock_advice:class(Class, release(Data), Settings, Fix0),
             Ids = maps:get(ids, C, 1),
             Evidence = [
                 io_lib:format(
@@ -396,28 +299,17 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
             [beamdiag_finding:new(Id, Sev1, Evidence, (metrics(Sum))#{class => Class})]
     end.
 
-capitalise(<<C, Rest/binary>>) when C >= $a, C =< $z -> <<(C - 32), Rest/binary>>;
-capitalise(B) -> B.
-
-%% Run-queue advice depends on the node's release: OTP 28 reworked work
-%% stealing (OTP pull request 9594: the victim's run-queue lock is only
-%% tried, busy victims are skipped and revisited last, up to half of a
-%% victim's queue is stolen at once and a stolen process runs directly).
--spec release_fix(binary(), non_neg_integer() | unknown, binary()) -> binary().
-release_fix(<<"run_queue">>, Rel, _Fix) when is_integer(Rel), Rel < 28 ->
-    <<"upgrade to OTP 28 or later, whose work stealing only tries a victim's run-queue "
-      "lock and moves on when it is taken, and steals up to half a queue at once (about "
-      "ten times less run_queue lock wait on a reported workload); until then, fewer, "
-      "longer-running processes (batch short jobs), and no more schedulers (+S) than "
-      "the node has cores">>;
-release_fix(<<"run_queue">>, Rel, _Fix) when is_integer(Rel) ->
-    <<"this release already steals work without waiting on busy run queues (a failed "
-      "steal counts as a collision, not as wait), so the wait left comes from processes "
-      "being woken into other schedulers' queues and from long steals: fewer wake-ups "
-      "across schedulers (batch messages to the same process, fewer, longer-running "
-      "processes) and no more schedulers (+S) than the node has cores">>;
-release_fix(_Class, _Rel, Fix) ->
-    Fix.
+%% The node's +Mdai as the lock data counts it: the dirty allocator
+%% instances it found, when the settings do not say more.
+with_instances(0, Settings) ->
+    Settings#{mdai => <<"0">>};
+with_instances(N, Settings) when is_integer(N) ->
+    case beamdiag_flags:value(mdai, Settings) =:= beamdiag_flags:default(mdai) of
+        true -> Settings#{mdai => integer_to_binary(N)};
+        false -> Settings
+    end;
+with_instances(_, Settings) ->
+    Settings.
 
 %% The node's OTP major release from the lock data, when it says.
 -spec release(map()) -> non_neg_integer() | unknown.

@@ -92,8 +92,8 @@ busy_wait(L, Settings, T) ->
     W = window(L),
     SpinCpus = Spin / W,
     Share = ratio(Spin, OnCpu),
-    Flags = [maps:get(K, Settings, <<"medium">>) || K <- [sbwt, sbwtdcpu, sbwtdio]],
-    AllOff = lists:all(fun(F) -> F =:= <<"none">> end, Flags),
+    Flags = [beamdiag_flags:value(K, Settings) || K <- beamdiag_flags:busy_wait_keys()],
+    AllOff = beamdiag_flags:busy_wait_off(Settings),
     Severity =
         if
             AllOff -> none;
@@ -247,10 +247,11 @@ dirty_cpu_gc(L, Settings, T) ->
             %% The node's CPUs over the same span: the window's average
             %% would put a burst at the window's end above the node.
             SpanCpus = span_on_cpu(L, all, Span) / max(Span, 1.0e-9),
-            Mdai = maps:get(mdai, Settings, <<"0">>),
+            Mdai = beamdiag_flags:value(mdai, Settings),
+            SharedInstance = Mdai =:= beamdiag_flags:default(mdai),
             Severity =
                 case Cpus >= map_get(dirty_gc_cpus_warn, T) of
-                    true when Mdai =:= <<"0">> -> warning;
+                    true when SharedInstance -> warning;
                     true -> info;
                     false -> none
                 end,
@@ -300,7 +301,7 @@ scheduler_imbalance(L, Settings, T) ->
                     [pct(lists:min(Shares)), pct(lists:max(Shares)), pct(Mean), Online]),
                 fmt("run queue ~.1f on average, +scl ~s, +sub ~s",
                     [maps:get(run_queue_avg, maps:get(vm, L), 0.0),
-                     maps:get(scl, Settings, <<"true">>), maps:get(sub, Settings, <<"false">>)])
+                     beamdiag_flags:value(scl, Settings), beamdiag_flags:value(sub, Settings)])
             ], #{busy_min => lists:min(Shares), busy_max => lists:max(Shares), busy_mean => Mean},
               [fig(busy_min, lists:min(Shares), share), fig(busy_max, lists:max(Shares), share),
                fig(busy_mean, Mean, share)], Settings);
@@ -429,8 +430,7 @@ contended(L, T) ->
 lock_hint(L) ->
     case maps:get(msacc, L) of
         #{extra := true} -> "see the lock table and msacc states below";
-        _ -> "run the lock session for the lock names: the notes say which lock-counting "
-             "emulator to build for this node (beamdiag emu-type build) and how to start it"
+        _ -> beamdiag_lock_advice:session()
     end.
 
 emit(_Id, none, _Evidence, _Metrics, _Figures, _Settings) -> [];
@@ -464,7 +464,7 @@ span_on_cpu([#{t := Dt, by_type := ByType} | Rest], Type, Span, T, Acc) ->
 
 %% The busy-wait flags, when they bear on system time.
 busy_wait_state(Settings) ->
-    case beamdiag_fix:busy_wait_off(Settings) of
+    case beamdiag_flags:busy_wait_off(Settings) of
         true -> [<<"busy waiting is off on every scheduler type (+sbwt none +sbwtdcpu none "
                    "+sbwtdio none): idle schedulers sleep at once and are woken by futex calls">>];
         false -> []

@@ -126,46 +126,11 @@ missing_packages(Source) ->
             end,
     [Pkg || {Pkg, Check} <- Checks, not Check()].
 
-%% @doc What to give `emu-type build' for a node that does not count locks,
-%% from the node's settings (`beamdiag_agent_vm:settings/0'): the exact OTP
-%% source it needs, the command, and the restart. The build must run where
-%% the node's Erlang is installed, by a beamdiag that this OTP can run.
+%% @doc What to give `emu-type build' for a node that does not count locks
+%% (`beamdiag_lock_advice:emulator/1').
 -spec advice(map()) -> binary().
-advice(Settings = #{lcnt_emulator_installed := true}) ->
-    Otp = version(maps:get(otp_version, Settings, undefined), <<"?">>),
-    iolist_to_binary([
-        "locks not counted: the node runs OTP ", Otp, " on the stock emulator, and the "
-        "lock-counting emulator is installed beside it: restart the node with -emu_type lcnt "
-        "(for a release: add it to vm.args, or ERL_FLAGS=\"-emu_type lcnt\") and diagnose "
-        "again"
-    ]);
 advice(Settings) ->
-    Rel = version(maps:get(otp_release, Settings, undefined), <<"?">>),
-    Otp = version(maps:get(otp_version, Settings, undefined), Rel),
-    Erts = version(maps:get(erts_version, Settings, undefined), <<"?">>),
-    Tarball = ["otp_src_", Otp, ".tar.gz"],
-    iolist_to_binary([
-        "locks not counted: the node runs OTP ", Otp, " (ERTS ", Erts, ") on the stock emulator. "
-        "To name contended locks, build the lock-counting emulator for exactly that "
-        "release where the node's Erlang is installed (its machine or container, as root, "
-        "with a beamdiag escript that OTP ", Rel, " loads: build it there with rebar3 if "
-        "in doubt): beamdiag emu-type build --install "
-        "--otp-src ", Tarball, ", the source from "
-        "https://github.com/erlang/otp/releases/download/OTP-", Otp, "/", Tarball,
-        " (for Debian's erlang packages --add-deb-src fetches it instead); then restart "
-        "the node with -emu_type lcnt"
-    ]).
-
-%% A version number from a node's settings (which come from the target:
-%% anything else becomes the default).
--spec version(term(), binary()) -> binary().
-version(V, Default) when is_binary(V), byte_size(V) =< 32 ->
-    case re:run(V, "^[0-9]+(\\.[0-9]+)*$", [{capture, none}]) of
-        match -> V;
-        nomatch -> Default
-    end;
-version(_, Default) ->
-    Default.
+    beamdiag_lock_advice:emulator(Settings).
 
 %% @doc Turns an error reason from this module into a sentence.
 -spec format_error(term()) -> iolist().

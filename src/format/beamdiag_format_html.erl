@@ -421,18 +421,20 @@ settings_section(C, L) ->
         {"Schedulers", [schedulers, schedulers_online, dirty_cpu_schedulers,
                         dirty_cpu_schedulers_online, dirty_io_schedulers, bind_type,
                         thread_pool_size]},
-        {"Busy wait and wake-up", [sbwt, sbwtdcpu, sbwtdio, swt, swtdcpu, swtdio, scl, sub, sfwi]},
-        {"Memory", [mdai, mmscs, eheap_alloc_instances]},
-        {"Emulator", [otp_release, erts_version, emu_flavor, build_type, lock_counting, jpperf,
-                      os, os_pid, logical_processors, logical_processors_available,
+        %% The emulator flags and their groups come from the flag table.
+        {"Busy wait and wake-up", beamdiag_flags:group(scheduling)},
+        {"Memory", beamdiag_flags:group(memory) ++ [eheap_alloc_instances]},
+        {"Emulator", [otp_release, erts_version, emu_flavor, build_type, lock_counting] ++
+                     beamdiag_flags:group(emulator) ++
+                     [os, os_pid, logical_processors, logical_processors_available,
                       logical_processors_online, process_limit, atom_count, atom_limit]}
     ],
     Known = lists:append([Ks || {_, Ks} <- Groups]),
     Other = lists:sort(maps:keys(S) -- Known),
     [
         "<div class=\"grid\">",
-        [["<div><h3>", Name, "</h3>", kv_table([{K, maps:get(K, S)} || K <- Keys,
-                                                                      maps:is_key(K, S)]),
+        [["<div><h3>", Name, "</h3>", kv_table([{K, flag_value(K, maps:get(K, S))}
+                                               || K <- Keys, maps:is_key(K, S)]),
           "</div>"] || {Name, Keys} <- Groups],
         case Other of
             [] -> "";
@@ -443,6 +445,17 @@ settings_section(C, L) ->
             V <- [maps:get(K, L, #{})], is_map(V), map_size(V) > 0],
         "</div>\n"
     ].
+
+%% An emulator flag's value, and the documented default when the node's
+%% differs from it.
+flag_value(K, V) when is_binary(V) ->
+    case [D || #{key := Key, default := D, read := true} <- beamdiag_flags:table(), Key =:= K,
+               is_binary(D)] of
+        [D] when D =/= V -> <<V/binary, " (default ", D/binary, ")">>;
+        _ -> V
+    end;
+flag_value(_K, V) ->
+    V.
 
 notes_section(L, C) ->
     case maps:get(notes, L, []) ++ maps:get(notes, C, []) -- maps:get(notes, L, []) of

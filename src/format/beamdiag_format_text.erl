@@ -201,12 +201,7 @@ msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
             false ->
                 ["\n  default states only: busy_wait and timers are inside 'other'; bif, ets, nif\n"
                  "  and send inside 'emulator'; gc_full inside 'gc'. For the split, ",
-                 case maps:get(lcnt_emulator_installed, Settings, false) of
-                     true -> "restart the\n  node with -emu_type lcnt (installed beside this "
-                             "emulator, extra states)\n";
-                     _ -> "build the\n  lock-counting emulator with extra states: beamdiag "
-                              "emu-type build --install\n"
-                 end]
+                 beamdiag_lock_advice:msacc_split(Settings)]
         end,
         "  wall time, not CPU: a thread that waits for a CPU stays in its state\n",
         [msacc_line(T, maps:get(T, ByType)) || T <- Types]
