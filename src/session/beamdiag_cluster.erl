@@ -14,7 +14,8 @@
 %%% 5 s of its own start is given up, and when it runs on this host, what
 %%% this host's /proc shows of it over the window goes with its reason
 %%% (`beamdiag_host_glance'). Then every prepared member's agent is started at once,
-%%% so that all windows cover the same seconds; each member's window start
+%%% and every window ends at the same moment (a late start samples the
+%%% rest of the window), so that all windows cover the same seconds; each member's window start
 %%% (its wall clock) is kept, and the report says how far apart the starts
 %%% were and how long all windows overlap. The report is due at the window
 %%% plus `slack' from the agents' start: a member whose agent has not
@@ -441,11 +442,13 @@ run_all([], _Opts) ->
 run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
     Self = self(),
     Tag = make_ref(),
+    Now = erlang:monotonic_time(millisecond),
+    EndAt = Now + round(D * 1000),
     Procs = [{spawn_monitor(fun() -> receive {Tag, go, Collect} -> ok end,
-                                    Self ! {Tag, self(), member(M, Collect#{unload => L})}
+                                    Aligned = ends_at(Collect#{unload => L}, EndAt),
+                                    Self ! {Tag, self(), member(M, Aligned)}
                             end), M}
              || {M, L} <- Prepared],
-    Now = erlang:monotonic_time(millisecond),
     Due = case Slack of
               infinity -> infinity;
               _ -> Now + round((D + Slack) * 1000)
@@ -461,6 +464,15 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
                                          _ -> round(Slack * 1000)
                                      end + ?GRACE_MS,
     [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
+
+%% Every window ends at the same moment: a collector that starts late
+%% (hundreds of agents starting on a few busy cores spread their starts
+%% over seconds) samples the rest of the common window, at least two
+%% intervals, instead of ending as late as it started. The report gives
+%% the starts' spread and how long all windows overlapped.
+ends_at(Collect = #{interval_ms := I}, EndAt) ->
+    Left = EndAt - erlang:monotonic_time(millisecond),
+    Collect#{duration_ms := max(2 * I, Left)}.
 
 %% beamdiag's own modules loaded while the windows run: in the escript
 %% they load on first use, and otherwise the first analyses, all at the
