@@ -19,7 +19,7 @@
 %%% is read with pread from the end of the last chunk handed out, so the
 %%% text after a chunk's last sample is read again rather than copied in
 %%% front of the next read. On 24 MB of real perf text this took the page
-%%% faults of a fold from about 23,000 to about 5,000.
+%%% faults of a fold from about 23,000 to about 4,000 (docs/PERFORMANCE.md).
 %%%
 %%% ```
 %%% 1> beamdiag_fold:fold_file("perf.txt", #{workers => 2}).
