@@ -57,7 +57,8 @@ ensure_deb_src(#{add_deb_src := Add, progress := P}) ->
 -spec apt_update(fun((iodata()) -> ok)) -> ok.
 apt_update(P) ->
     P("running apt-get update\n"),
-    ok = beamdiag_emu_os:run(beamdiag_emu_os:exe("apt-get"), ["update", "-q"], "/", [{"DEBIAN_FRONTEND", "noninteractive"}], P).
+    ok = beamdiag_emu_os:run(beamdiag_emu_os:exe("apt-get"), ["update", "-q"], "/",
+                             [{"DEBIAN_FRONTEND", "noninteractive"}], P).
 
 %% True when some apt source (one-line or deb822 format) has deb-src.
 -spec has_deb_src() -> boolean().

@@ -41,13 +41,15 @@ build_in(Tmp, Source, Opts = #{progress := P, jobs := Jobs}, Vsn) ->
     ok = beamdiag_emu_os:run(filename:join(Src, "configure"), ?CONFIGURE_ARGS, Src, Env, P),
     J = "-j" ++ integer_to_list(Jobs),
     P("building the lock-counting emulator (several minutes)\n"),
-    ok = beamdiag_emu_os:run(beamdiag_emu_os:exe("make"), ["-C", "erts/lib_src", "lcnt", J], Src, Env, P),
-    ok = beamdiag_emu_os:run(beamdiag_emu_os:exe("make"), ["-C", "erts/emulator", "lcnt", J], Src, Env, P),
+    Make = beamdiag_emu_os:exe("make"),
+    ok = beamdiag_emu_os:run(Make, ["-C", "erts/lib_src", "lcnt", J], Src, Env, P),
+    ok = beamdiag_emu_os:run(Make, ["-C", "erts/emulator", "lcnt", J], Src, Env, P),
     Built = filelib:wildcard(filename:join([Src, "bin", "*", hd(beamdiag_emu_install:files())])),
     case Built of
         [Beam | _] ->
             Dir = filename:dirname(Beam),
-            case [F || F <- beamdiag_emu_install:files(), not filelib:is_regular(filename:join(Dir, F))] of
+            case [F || F <- beamdiag_emu_install:files(),
+                       not filelib:is_regular(filename:join(Dir, F))] of
                 [] -> {Dir, Note};
                 Missing -> throw({beamdiag_emu_type, {not_built, Missing}})
             end;

@@ -30,7 +30,8 @@ cache_ok(Dir, Vsn) ->
 -spec store_cache(string(), string(), string(), string(), fun((iodata()) -> ok)) -> string().
 store_cache(From, CacheDir, Vsn, Desc, P) ->
     ok = beamdiag_emu_os:mkdir_p(CacheDir),
-    _ = [ok = beamdiag_emu_os:copy_exec(filename:join(From, F), filename:join(CacheDir, F)) || F <- beamdiag_emu_install:files()],
+    _ = [ok = beamdiag_emu_os:copy_exec(filename:join(From, F), filename:join(CacheDir, F))
+         || F <- beamdiag_emu_install:files()],
     Info = [
         "erts_version ", Vsn, "\n",
         "otp_version ", beamdiag_emu_install:otp_version(), "\n",

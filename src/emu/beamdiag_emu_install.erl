@@ -37,7 +37,8 @@ present(Dir) ->
 -spec install(string(), string(), fun((iodata()) -> ok)) -> ok.
 install(From, Vsn, P) ->
     BinDir = bin_dir(),
-    _ = [ok = beamdiag_emu_os:copy_exec(filename:join(From, F), filename:join(BinDir, F)) || F <- ?FILES],
+    _ = [ok = beamdiag_emu_os:copy_exec(filename:join(From, F), filename:join(BinDir, F))
+         || F <- ?FILES],
     P(["installed ", lists:join(" and ", ?FILES), " in ", BinDir, "\n"]),
     case verify_installed(Vsn) of
         ok ->
@@ -62,7 +63,8 @@ verify_installed(Vsn) ->
         "erlang:system_info(lock_counting), "
         "lists:all(fun(#{counters := C}) -> maps:is_key(alloc, C) end, "
         "erlang:statistics(microstate_accounting))]), erlang:halt().",
-    case beamdiag_emu_os:run_output(Erl, ["-emu_type", "lcnt", "-noshell", "-noinput", "-eval", Expr]) of
+    Args = ["-emu_type", "lcnt", "-noshell", "-noinput", "-eval", Expr],
+    case beamdiag_emu_os:run_output(Erl, Args) of
         {0, Out} ->
             case string:lexemes(Out, " \n") of
                 [Vsn, "true", "true"] -> ok;

@@ -44,7 +44,8 @@ fetch_source(Tmp, {tarball, File}, #{progress := P}) ->
     {otp_root(Tmp), ""};
 fetch_source(Tmp, debian, Opts = #{progress := P}) ->
     Version =
-        case beamdiag_emu_os:run_output(beamdiag_emu_os:exe("dpkg-query"), ["-W", "-f=${Version}", "erlang-base"]) of
+        case beamdiag_emu_os:run_output(beamdiag_emu_os:exe("dpkg-query"),
+                                        ["-W", "-f=${Version}", "erlang-base"]) of
             {0, V} when V =/= "" -> V;
             _ -> throw({beamdiag_emu_type, no_debian_erlang})
         end,
@@ -52,13 +53,14 @@ fetch_source(Tmp, debian, Opts = #{progress := P}) ->
     Spec = "erlang=" ++ Version,
     P(["fetching the source of ", Spec, " with apt-get source\n"]),
     AptEnv = [{"DEBIAN_FRONTEND", "noninteractive"}],
-    case beamdiag_emu_os:run(beamdiag_emu_os:exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
+    AptGet = beamdiag_emu_os:exe("apt-get"),
+    case beamdiag_emu_os:run(AptGet, ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
         ok ->
             {otp_root(Tmp), ""};
         {error, _} ->
             P("apt-get source failed; updating the package lists and retrying\n"),
             ok = beamdiag_emu_apt:apt_update(P),
-            case beamdiag_emu_os:run(beamdiag_emu_os:exe("apt-get"), ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
+            case beamdiag_emu_os:run(AptGet, ["source", "-q", Spec], Tmp, AptEnv, P, nothrow) of
                 ok -> {otp_root(Tmp), ""};
                 {error, Reason} -> upstream_tarball(Tmp, Reason, P)
             end
@@ -75,7 +77,8 @@ upstream_tarball(Tmp, Reason, P) ->
         [Tarball | _] ->
             P(["apt-get source fetched only the upstream tarball ", filename:basename(Tarball),
                "; building from it without Debian's patches\n"]),
-            ok = beamdiag_emu_os:run(beamdiag_emu_os:exe("tar"), ["-xf", Tarball, "-C", Tmp], Tmp, [], P),
+            Tar = beamdiag_emu_os:exe("tar"),
+            ok = beamdiag_emu_os:run(Tar, ["-xf", Tarball, "-C", Tmp], Tmp, [], P),
             ok = beamdiag_emu_os:file_op("delete", Tarball, file:delete(Tarball)),
             {otp_root(Tmp), ": only its upstream tarball " ++ filename:basename(Tarball) ++
                  " (the Debian parts could not be fetched), without Debian's patches"};

@@ -131,8 +131,11 @@ run(Read, Opts = #{workers := W, chunk_size := CS}) ->
                 [Why | _] ->
                     {error, {beamdiag_fold, {worker, Why}}};
                 [] ->
-                    Merged = lists:foldl(fun beamdiag_fold_profile:merge/2, beamdiag_fold_profile:empty(), [P || {ok, P} <- Profiles]),
-                    P2 = Merged#{bytes := Bytes, huge_lines := maps:get(huge_lines, Merged) + Huge0},
+                    Merged = lists:foldl(fun beamdiag_fold_profile:merge/2,
+                                         beamdiag_fold_profile:empty(),
+                                         [P || {ok, P} <- Profiles]),
+                    P2 = Merged#{bytes := Bytes,
+                                 huge_lines := maps:get(huge_lines, Merged) + Huge0},
                     case P2 of
                         #{samples := 0} when Bytes > 0 -> {error, {beamdiag_fold, not_perf_output}};
                         _ -> {ok, P2}

@@ -143,7 +143,8 @@ split_dso(Rest) ->
                 Pos when is_integer(Pos), Pos >= 1 ->
                     case binary:at(Rest, Pos - 1) of
                         $\s ->
-                            {binary:part(Rest, 0, Pos - 1), binary:part(Rest, Pos + 1, N - Pos - 2)};
+                            {binary:part(Rest, 0, Pos - 1),
+                             binary:part(Rest, Pos + 1, N - Pos - 2)};
                         _ ->
                             {Rest, <<>>}
                     end;

@@ -59,8 +59,8 @@ map_line(Line) ->
     case binary:split(Line, <<" ">>, [global]) of
         [A, S | NameParts] when NameParts =/= [] ->
             try
-                {true, {hex(A), hex(S),
-                        beamdiag_fold_frame:sanitize(iolist_to_binary(lists:join(<<" ">>, NameParts)))}}
+                Name = iolist_to_binary(lists:join(<<" ">>, NameParts)),
+                {true, {hex(A), hex(S), beamdiag_fold_frame:sanitize(Name)}}
             catch
                 error:badarg -> false
             end;

@@ -81,7 +81,8 @@ to_iolist(#{stacks := Stacks}) ->
 %% last two kinds together), and samples whose stack the unwinder cut short:
 %% no Erlang function on it and its root-most frame not a thread's entry.
 %% `[other stacks]' (the stack bound) counts in none of them.
--spec frame_stats(beamdiag_fold:profile() | #{stacks := #{beamdiag_fold:stack() => pos_integer()}}) ->
+-spec frame_stats(beamdiag_fold:profile() |
+                  #{stacks := #{beamdiag_fold:stack() => pos_integer()}}) ->
     #{samples | erlang | unnamed_jit | unnamed_native | unplaced | unknown | cut_short =>
           non_neg_integer()}.
 frame_stats(#{stacks := Stacks}) ->
