@@ -13,12 +13,17 @@
 
 -export([source/1, fetch_source/3, check_version/2]).
 
+-export_type([source/0]).
+
+%% Where the OTP source comes from.
+-type source() :: {dir, string()} | {tarball, string()} | debian.
+
 %%%===================================================================
 %%% API
 %%%===================================================================
 
 %% @doc The source the build options name, and how to describe it.
--spec source(map()) -> {beamdiag_emu_type:source(), string()}.
+-spec source(map()) -> {source(), string()}.
 source(#{otp_src := undefined}) ->
     {debian, "Debian source package"};
 source(#{otp_src := Path}) ->
@@ -30,7 +35,7 @@ source(#{otp_src := Path}) ->
 
 %% @doc Gets the source into Tmp: the directory of its OTP tree and what to
 %% add to the source's description.
--spec fetch_source(string(), beamdiag_emu_type:source(), map()) -> {string(), string()}.
+-spec fetch_source(string(), source(), map()) -> {string(), string()}.
 fetch_source(Tmp, {dir, Dir}, #{progress := P}) ->
     %% Configure and make write into the tree: build in a copy.
     Root = otp_root(Dir),

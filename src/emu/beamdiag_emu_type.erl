@@ -33,7 +33,7 @@
 
 -export([build/1, status/0, missing_packages/1, advice/1, format_error/1]).
 
--export_type([options/0, report/0, source/0]).
+-export_type([options/0, report/0]).
 
 -type options() :: #{
     otp_src => string() | undefined,
@@ -52,7 +52,7 @@
     seconds => non_neg_integer(),
     source => binary()
 }.
--type source() :: {dir, string()} | {tarball, string()} | debian.
+-type source() :: beamdiag_emu_source:source().
 
 %%%===================================================================
 %%% API
