@@ -18,23 +18,23 @@
 >>).
 
 deb822_stanzas_test() ->
-    [A, B] = beamdiag_emu_type:deb822(?DEBIAN_SOURCES),
+    [A, B] = beamdiag_emu_apt:deb822(?DEBIAN_SOURCES),
     ?assertEqual("deb", maps:get("Types", A)),
     ?assertEqual("bookworm bookworm-updates", maps:get("Suites", A)),
     ?assertEqual("http://mirror.example/debian-security", maps:get("URIs", B)).
 
 deb822_continuation_test() ->
-    [S] = beamdiag_emu_type:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
+    [S] = beamdiag_emu_apt:deb822(<<"Types: deb deb-src\nSuites: a\n b\nURIs: x\n">>),
     ?assertEqual("a b", maps:get("Suites", S)).
 
 has_deb_src_test_() ->
     [
-        ?_assertNot(beamdiag_emu_type:has_deb_src(".sources", ?DEBIAN_SOURCES)),
-        ?_assert(beamdiag_emu_type:has_deb_src(".sources", <<"Types: deb deb-src\nURIs: x\n">>)),
-        ?_assertNot(beamdiag_emu_type:has_deb_src(
+        ?_assertNot(beamdiag_emu_apt:has_deb_src(".sources", ?DEBIAN_SOURCES)),
+        ?_assert(beamdiag_emu_apt:has_deb_src(".sources", <<"Types: deb deb-src\nURIs: x\n">>)),
+        ?_assertNot(beamdiag_emu_apt:has_deb_src(
             ".sources", <<"Types: deb-src\nURIs: x\nEnabled: no\n">>)),
-        ?_assert(beamdiag_emu_type:has_deb_src(".list", <<"deb http://x y main\ndeb-src http://x y main\n">>)),
-        ?_assertNot(beamdiag_emu_type:has_deb_src(".list", <<"# deb-src http://x y main\n">>))
+        ?_assert(beamdiag_emu_apt:has_deb_src(".list", <<"deb http://x y main\ndeb-src http://x y main\n">>)),
+        ?_assertNot(beamdiag_emu_apt:has_deb_src(".list", <<"# deb-src http://x y main\n">>))
     ].
 
 unknown_option_test() ->
@@ -83,7 +83,7 @@ one_line_debs_test() ->
           {"Components", "main contrib"}],
          [{"URIs", "http://mirror.example/sec"}, {"Suites", "trixie-security"},
           {"Components", "main"}]],
-        beamdiag_emu_type:one_line_debs(<<
+        beamdiag_emu_apt:one_line_debs(<<
             "deb http://mirror.example/debian trixie main contrib\n"
             "# deb http://old.example/debian bookworm main\n"
             "deb-src http://mirror.example/debian trixie main\n"

@@ -79,6 +79,42 @@ chunking_does_not_change_result_test() ->
     {ok, D} = beamdiag_fold:fold_binary(Leaf, #{chunk_size => 333, workers => 2}),
     ?assertEqual(maps:get(stacks, C), maps:get(stacks, D)).
 
+%% The three readers give the same chunks: a regular file (read with
+%% pread, each chunk's tail read again), a pipe (read in order, the tail
+%% kept) and text in memory, with chunks far smaller than the text.
+readers_agree_test() ->
+    File = fixture("dwarf_atom_decode.txt"),
+    {ok, Bin} = file:read_file(File),
+    Opts = #{chunk_size => 997, workers => 3},
+    {ok, Mem} = beamdiag_fold:fold_binary(Bin, Opts),
+    {ok, Reg} = beamdiag_fold:fold_file(File, Opts),
+    ?assertEqual(150, maps:get(samples, Mem)),
+    ?assertEqual(Mem, Reg),
+    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
+                        "beamdiag_fold_fifo_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = file:make_dir(Dir),
+    Fifo = filename:join(Dir, "perf.txt"),
+    try
+        Mkfifo = os:find_executable("mkfifo"),
+        ?assert(is_list(Mkfifo)),
+        {0, _, _} = beamdiag_test_lib:run_exe(Mkfifo, [Fifo], []),
+        ?assertNot(filelib:is_regular(Fifo)),
+        %% Raw: a pipe opened through the file server would block it
+        %% until a reader comes, and the folder asks it about the path.
+        Writer = spawn_link(fun() ->
+                                {ok, W} = file:open(Fifo, [write, raw, binary]),
+                                ok = file:write(W, Bin),
+                                ok = file:close(W)
+                            end),
+        {ok, Piped} = beamdiag_fold:fold_file(Fifo, Opts),
+        unlink(Writer),
+        ?assertEqual(maps:get(stacks, Mem), maps:get(stacks, Piped)),
+        ?assertEqual(maps:get(samples, Mem), maps:get(samples, Piped)),
+        ?assertEqual(maps:get(bytes, Mem), maps:get(bytes, Piped))
+    after
+        _ = file:del_dir_r(Dir)
+    end.
+
 %% The sample path (blocks between blank lines, cached whole) and the line
 %% path (text without blank lines: a header line ends the previous sample)
 %% are two readers of one format: on real text they must agree, and extra

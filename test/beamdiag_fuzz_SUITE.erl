@@ -325,6 +325,13 @@ vm_flags(_Config) ->
 
 -spec perf_script(list()) -> term().
 perf_script(Config) ->
+    %% The folder is several modules (beamdiag_fold_*, and the top table's
+    %% beamdiag_safe_text), loaded before the atoms are counted: loading
+    %% one is no atom made from the input.
+    {ok, Mods} = application:get_key(beamdiag, modules),
+    _ = [code:ensure_loaded(M) || M <- [beamdiag_safe_text | Mods],
+                                  lists:prefix("beamdiag_fold_", atom_to_list(M)) orelse
+                                      M =:= beamdiag_safe_text],
     case code:ensure_loaded(beamdiag_fold) of
         {module, _} ->
             Seeds = perf_seeds(Config),

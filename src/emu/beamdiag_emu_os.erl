@@ -1,0 +1,127 @@
+%%% @doc Programs and files for building the lock-counting emulator:
+%%% finding and running programs with explicit arguments (never through a
+%%% shell, their output streamed to the `progress' fun), and the file
+%%% operations of a build. Failures are thrown as `{beamdiag_emu_type,
+%%% Reason}', which `beamdiag_emu_type:build/1' returns as its error.
+%%%
+%%% ```
+%%% 1> beamdiag_emu_os:run_output("/bin/echo", ["hi"]).
+%%% {0, "hi\n"}
+%%% '''
+-module(beamdiag_emu_os).
+
+-export([exe/1, run/5, run/6, run_output/2]).
+-export([copy_exec/2, mkdir_p/1, write_file/2, file_op/3, make_temp_dir/0]).
+
+%%%===================================================================
+%%% Running programs
+%%%===================================================================
+
+%% @doc The path of a program, thrown `not_found' when there is none.
+-spec exe(string()) -> string().
+exe(Name) ->
+    case os:find_executable(Name) of
+        false -> throw({beamdiag_emu_type, {not_found, Name}});
+        Path -> Path
+    end.
+
+%% @doc Runs a program (`run/6'), thrown `command_failed' when it fails.
+-spec run(string(), [string()], string(), [{string(), string() | false}], fun((iodata()) -> ok)) ->
+    ok.
+run(Exe, Args, Dir, Env, P) ->
+    case run(Exe, Args, Dir, Env, P, nothrow) of
+        ok -> ok;
+        {error, Reason} -> throw({beamdiag_emu_type, Reason})
+    end.
+
+%% @doc Runs a program with explicit arguments, streaming its output lines to
+%% the progress fun and keeping the last 20 for an error report.
+-spec run(string(), [string()], string(), [{string(), string() | false}], fun((iodata()) -> ok),
+          nothrow) -> ok | {error, term()}.
+run(Exe, Args, Dir, Env, P, nothrow) ->
+    Port = open_port(
+        {spawn_executable, Exe},
+        [{args, Args}, {cd, Dir}, {env, Env}, {line, 4096}, binary, exit_status,
+         stderr_to_stdout, use_stdio, hide]
+    ),
+    case collect_lines(Port, P, []) of
+        {0, _} ->
+            ok;
+        {Status, Tail} ->
+            Cmd = lists:join(" ", [filename:basename(Exe) | Args]),
+            {error, {command_failed, Cmd, Status, lists:join("\n", lists:reverse(Tail))}}
+    end.
+
+-spec collect_lines(port(), fun((iodata()) -> ok), [binary()]) -> {integer(), [binary()]}.
+collect_lines(Port, P, Tail) ->
+    receive
+        {Port, {data, {Flag, Line}}} ->
+            P(["  ", Line, case Flag of eol -> "\n"; noeol -> "" end]),
+            collect_lines(Port, P, lists:sublist([Line | Tail], 20));
+        {Port, {exit_status, Status}} ->
+            {Status, Tail}
+    end.
+
+%% @doc Runs a program and returns its exit status and output.
+-spec run_output(string(), [string()]) -> {integer(), string()}.
+run_output(Exe, Args) ->
+    Port = open_port(
+        {spawn_executable, Exe},
+        [{args, Args}, binary, exit_status, stderr_to_stdout, use_stdio, hide]
+    ),
+    run_output_loop(Port, []).
+
+-spec run_output_loop(port(), [binary()]) -> {integer(), string()}.
+run_output_loop(Port, Acc) ->
+    receive
+        {Port, {data, D}} -> run_output_loop(Port, [D | Acc]);
+        {Port, {exit_status, S}} -> {S, unicode:characters_to_list(lists:reverse(Acc))}
+    end.
+
+%%%===================================================================
+%%% Files
+%%%===================================================================
+
+%% @doc Makes a directory and its parents.
+-spec mkdir_p(string()) -> ok.
+mkdir_p(Dir) ->
+    file_op("create", Dir, filelib:ensure_dir(filename:join(Dir, "x"))).
+
+%% @doc Writes a file.
+-spec write_file(string(), iodata()) -> ok.
+write_file(Path, Data) ->
+    file_op("write", Path, file:write_file(Path, Data)).
+
+%% @doc A file operation's result: `ok', or its error thrown.
+-spec file_op(string(), string(), ok | {error, term()}) -> ok.
+file_op(_Op, _Path, ok) -> ok;
+file_op(Op, Path, {error, Why}) -> throw({beamdiag_emu_type, {file, Op, Path, Why}}).
+
+%% @doc Makes a new directory under TMPDIR (or /tmp).
+-spec make_temp_dir() -> string().
+make_temp_dir() ->
+    Base =
+        case os:getenv("TMPDIR") of
+            false -> "/tmp";
+            "" -> "/tmp";
+            T -> T
+        end,
+    Dir = filename:join(
+        Base,
+        "beamdiag-emu-type-" ++ os:getpid() ++ "-" ++
+            integer_to_list(erlang:unique_integer([positive]))
+    ),
+    ok = file_op("create", Dir, file:make_dir(Dir)),
+    Dir.
+
+%% @doc Copies an executable into place: to a temporary name, made
+%% executable, then renamed.
+-spec copy_exec(string(), string()) -> ok.
+copy_exec(From, To) ->
+    Tmp = To ++ ".beamdiag-tmp",
+    case file:copy(From, Tmp) of
+        {ok, _} -> ok;
+        {error, Why} -> throw({beamdiag_emu_type, {file, "copy to", Tmp, Why}})
+    end,
+    ok = file_op("chmod", Tmp, file:change_mode(Tmp, 8#755)),
+    ok = file_op("rename to", To, file:rename(Tmp, To)).

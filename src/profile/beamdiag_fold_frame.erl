@@ -1,0 +1,224 @@
+%%% @doc Frame names: a `perf script' call-chain line to the name the
+%%% folded stack shows, and what kind of frame a name is.
+%%%
+%%% The name is the symbol without its `+0x..' offset; a symbol perf could
+%%% not name but whose object it knows becomes `[object]' (for example
+%%% `[beam.smp]' for a static function of a stripped emulator); JIT code
+%%% perf could not name is `[unknown] (object)', unless a JIT perf map
+%%% (`beamdiag_fold_perf_map') names its address; only an address perf
+%%% could place nowhere is `[unknown]'. The end-of-unwind marker that DWARF
+%%% unwinding leaves (address `ffffffffffffffff' or `0') is `drop'; a line
+%%% that is no frame is `junk'. Names never hold `;' or line ends.
+%%%
+%%% ```
+%%% 1> beamdiag_fold_frame:parse(<<"\t 7f01 lists:foldl/3+0x1c (/tmp/perf-1.map)">>, undefined).
+%%% <<"lists:foldl/3">>
+%%% 2> beamdiag_fold_frame:kind(<<"lists:foldl/3">>).
+%%% erlang
+%%% '''
+-module(beamdiag_fold_frame).
+
+-export([parse/2, unknown/2, kind/1, sanitize/1, is_digits/1]).
+
+-export_type([name/0]).
+
+-type name() :: binary() | drop | junk.
+
+-define(UNKNOWN, <<"[unknown]">>).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc "\t    7f96... sym+0x1f (dso)" -> frame name | drop | junk.
+-spec parse(binary(), beamdiag_fold_perf_map:entries() | undefined) -> name().
+parse(Line0, Map) ->
+    Line = skip_ws(Line0),
+    case binary:match(Line, <<" ">>) of
+        nomatch ->
+            junk;
+        {Sp, 1} ->
+            <<Addr:Sp/binary, " ", Rest/binary>> = Line,
+            case is_hex(Addr) of
+                false -> junk;
+                true -> name(Addr, Rest, Map)
+            end
+    end.
+
+%% @doc A line ending in `[unknown] ([unknown])': an address perf could
+%% place nowhere, named by the perf map if there is one.
+-spec unknown(binary(), beamdiag_fold_perf_map:entries() | undefined) -> name().
+unknown(Line, Map) ->
+    unknown_frame(skip_ws(Line), Map).
+
+%% @doc What a frame name is: an Erlang function (`$lists:foldl/3' or
+%% `lists:foldl/3'), a kernel or native function, JIT code perf could not
+%% name (`[unknown] (/memfd:vmem (deleted))'), a native function of a known
+%% object without a name (`[beam.smp]'), or an address perf could place
+%% nowhere (`[unknown]').
+-spec kind(binary()) -> beamdiag_fold:frame_kind().
+kind(?UNKNOWN) -> unknown;
+kind(<<"[unknown] (", _/binary>>) -> unnamed_jit;
+kind(<<"[no stack]">>) -> unknown;
+kind(<<"[other stacks]">>) -> unknown;
+kind(<<"[", _/binary>>) -> unnamed_native;
+kind(F) when byte_size(F) > 4, binary_part(F, byte_size(F), -4) =:= <<"_[k]">> -> kernel;
+kind(<<"$global::", _/binary>>) -> native;
+kind(<<"$", Rest/binary>>) -> erlang_or_native(Rest);
+kind(F) -> erlang_or_native(F).
+
+%% @doc Frame names go into ';'-separated folded lines: no ';' or line ends.
+-spec sanitize(binary()) -> binary().
+sanitize(B) ->
+    case binary:match(B, [<<";">>, <<"\r">>, <<"\n">>]) of
+        nomatch -> B;
+        _ -> binary:replace(B, [<<";">>, <<"\r">>, <<"\n">>], <<"_">>, [global])
+    end.
+
+%% @doc Whether a binary is one or more decimal digits.
+-spec is_digits(binary()) -> boolean().
+is_digits(<<>>) -> false;
+is_digits(B) -> is_digits1(B).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+unknown_frame(<<"ffffffffffffffff ", _/binary>>, _Map) ->
+    drop;
+unknown_frame(<<"0 ", _/binary>>, _Map) ->
+    drop;
+unknown_frame(_Line, undefined) ->
+    ?UNKNOWN;
+unknown_frame(Line, Map) ->
+    parse(Line, Map).
+
+name(Addr, Rest, Map) ->
+    {Sym0, Dso} = split_dso(Rest),
+    Sym = strip_offset(Sym0),
+    case Sym of
+        ?UNKNOWN when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
+            case Addr of
+                <<"ffffffffffffffff">> -> drop;
+                <<"0">> -> drop;
+                _ -> resolve(Addr, Map)
+            end;
+        ?UNKNOWN ->
+            case jit_object(Dso) of
+                true ->
+                    %% JIT code perf could not name: the perf map perf
+                    %% could not read (a container's /tmp), or no map.
+                    case resolve(Addr, Map) of
+                        ?UNKNOWN -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
+                        Name -> Name
+                    end;
+                false ->
+                    <<"[", (basename(Dso))/binary, "]">>
+            end;
+        <<>> ->
+            junk;
+        _ when Dso =:= <<"[kernel.kallsyms]">> ->
+            <<(sanitize(Sym))/binary, "_[k]">>;
+        _ ->
+            sanitize(Sym)
+    end.
+
+resolve(_Addr, undefined) ->
+    ?UNKNOWN;
+resolve(Addr, Map) ->
+    case beamdiag_fold_perf_map:lookup(Map, binary_to_integer(Addr, 16)) of
+        none -> ?UNKNOWN;
+        Name -> Name
+    end.
+
+%% "sym+0x1f (dso)" -> {"sym+0x1f", "dso"}. The object is the last
+%% parenthesised group, read from the end with the parentheses balanced:
+%% "[unknown] (/memfd:vmem (deleted))" is {"[unknown]", "/memfd:vmem (deleted)"}.
+split_dso(Rest) ->
+    N = byte_size(Rest),
+    case N > 0 andalso binary:last(Rest) =:= $) of
+        false -> {Rest, <<>>};
+        true ->
+            case open_paren(Rest, N - 2, 0) of
+                Pos when is_integer(Pos), Pos >= 1 ->
+                    case binary:at(Rest, Pos - 1) of
+                        $\s ->
+                            {binary:part(Rest, 0, Pos - 1),
+                             binary:part(Rest, Pos + 1, N - Pos - 2)};
+                        _ ->
+                            {Rest, <<>>}
+                    end;
+                _ ->
+                    {Rest, <<>>}
+            end
+    end.
+
+open_paren(_Bin, I, _Depth) when I < 0 -> none;
+open_paren(Bin, I, Depth) ->
+    case binary:at(Bin, I) of
+        $) -> open_paren(Bin, I - 1, Depth + 1);
+        $( when Depth =:= 0 -> I;
+        $( -> open_paren(Bin, I - 1, Depth - 1);
+        _ -> open_paren(Bin, I - 1, Depth)
+    end.
+
+%% Objects that hold JIT code: the JIT's memfd mapping (OTP 26+ with
+%% +JMsingle), anonymous executable memory, a perf map perf named but could
+%% not read, a perf inject --jit object.
+jit_object(<<"/memfd:", _/binary>>) -> true;
+jit_object(<<"//anon", _/binary>>) -> true;
+jit_object(<<"[anon", _/binary>>) -> true;
+jit_object(Dso) ->
+    Base = basename(Dso),
+    (binary:longest_common_prefix([Base, <<"perf-">>]) =:= 5 andalso
+         binary:longest_common_suffix([Base, <<".map">>]) =:= 4)
+        orelse binary:longest_common_prefix([Base, <<"jitted-">>]) =:= 7.
+
+strip_offset(Sym) ->
+    case binary:matches(Sym, <<"+0x">>) of
+        [] ->
+            Sym;
+        Ms ->
+            {P, _} = lists:last(Ms),
+            binary:part(Sym, 0, P)
+    end.
+
+basename(Path) ->
+    case binary:matches(Path, <<"/">>) of
+        [] -> sanitize(Path);
+        Ms ->
+            {P, _} = lists:last(Ms),
+            sanitize(binary:part(Path, P + 1, byte_size(Path) - P - 1))
+    end.
+
+skip_ws(<<C, R/binary>>) when C =:= $\s; C =:= $\t -> skip_ws(R);
+skip_ws(B) -> B.
+
+is_hex(<<>>) -> false;
+is_hex(B) -> is_hex1(B).
+
+is_hex1(<<>>) -> true;
+is_hex1(<<C, R/binary>>) when C >= $0, C =< $9; C >= $a, C =< $f; C >= $A, C =< $F -> is_hex1(R);
+is_hex1(_) -> false.
+
+is_digits1(<<>>) -> true;
+is_digits1(<<C, R/binary>>) when C >= $0, C =< $9 -> is_digits1(R);
+is_digits1(_) -> false.
+
+%% `mod:fun/arity': a ':' and, after the last '/', digits only.
+erlang_or_native(F) ->
+    case binary:match(F, <<":">>) of
+        nomatch ->
+            native;
+        {P, 1} ->
+            case binary:matches(F, <<"/">>, [{scope, {P, byte_size(F) - P}}]) of
+                [] ->
+                    native;
+                Ms ->
+                    {S, 1} = lists:last(Ms),
+                    case is_digits(binary:part(F, S + 1, byte_size(F) - S - 1)) of
+                        true -> erlang;
+                        false -> native
+                    end
+            end
+    end.
