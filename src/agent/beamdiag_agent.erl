@@ -243,6 +243,11 @@ init(Caller, Ref, Opts, _Starter) ->
     end,
     process_flag(trap_exit, true),
     process_flag(priority, high),
+    %% The name says a session runs here until its modules are deleted
+    %% (the agent ends after the delete): a session starting meanwhile
+    %% waits before it trusts modules it finds loaded (beamdiag_loader).
+    %% Best effort: a second session on the same node runs without it.
+    _ = catch register(?MODULE, self()),
     MRef = erlang:monitor(process, Caller),
     Root = maps:get(proc_root, Opts, "/proc"),
     OsPid = os:getpid(),
