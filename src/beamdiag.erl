@@ -256,27 +256,33 @@ remote(NodeStr, O, Notify) ->
 early_locks(_Node, #{locks := false}) ->
     none;
 early_locks(Node, _O) ->
+    Self = self(),
+    Ref = make_ref(),
     {Pid, MRef} = spawn_monitor(fun() ->
         Cleared = try erpc:call(Node, erlang, system_info, [lock_counting], ?EARLY_LOCKS_MS) of
                       true -> erpc:call(Node, erts_debug, lcnt_clear, [], ?EARLY_LOCKS_MS) =:= ok;
                       _ -> false
                   catch _:_ -> false
                   end,
-        exit({cleared, Cleared})
+        Self ! {Ref, Cleared}
     end),
-    {Pid, MRef}.
+    {Pid, MRef, Ref}.
 
 early_locks_done(none) ->
     false;
-early_locks_done({Pid, MRef}) ->
+early_locks_done({Pid, MRef, Ref}) ->
     receive
-        {'DOWN', MRef, process, Pid, {cleared, Cleared}} -> Cleared;
-        {'DOWN', MRef, process, Pid, _} -> false
+        {Ref, Cleared} ->
+            erlang:demonitor(MRef, [flush]),
+            Cleared;
+        {'DOWN', MRef, process, Pid, _} ->
+            false
     after ?EARLY_LOCKS_MS ->
         %% Too late: the agent clears them itself. A clear still on its way
         %% only restarts the counters.
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
+        receive {Ref, _} -> ok after 0 -> ok end,
         false
     end.
 
