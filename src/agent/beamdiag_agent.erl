@@ -460,7 +460,7 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
     %% The lock data is read now unless its reader has read it already,
     %% and the end walk starts: each in a process of its own, side by side
     %% (on a lock-counting node each takes a second or more).
-    read_locks_now(State),
+    read_locks_now(State, How),
     Walk = end_walk(State, How),
     %% What the collector can keep even when it stopped waiting: the long
     %% schedules and the start walk's figures.
@@ -469,7 +469,7 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
             {aborted, _} -> Caller ! {beamdiag, Ref, {partial_extras, Quick}};
             done -> ok
         end,
-    Locks = collect_extras(State),
+    Locks = collect_extras(State, How),
     Extras = with_room(maps:merge(maps:merge(maps:merge(Locks, procs_extras(Walk)),
                                              host_extras(State, How)), Quick)),
     restore(Restore, State),
@@ -618,17 +618,22 @@ sysmon_extras(_) ->
 error_text(Class, Reason) ->
     iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 
-%% The lock data, from the reader (waited for at most ?LOCKS_MS).
-collect_extras(#{lock_reader := Reader}) when is_pid(Reader) ->
+%% The lock data, from the reader (waited for at most ?LOCKS_MS; not at
+%% all when the caller has stopped listening).
+collect_extras(#{lock_reader := Reader}, How) when is_pid(Reader) ->
+    Wait = case How of
+               {aborted, caller_gave_up} -> 0;
+               _ -> ?LOCKS_MS
+           end,
     receive
         {beamdiag_locks, Reader, Data} -> #{locks => Data}
-    after ?LOCKS_MS ->
+    after Wait ->
         unlink(Reader),
         exit(Reader, kill),
         #{locks => #{error => iolist_to_binary(
                          io_lib:format("the lock data was not read within ~b ms", [?LOCKS_MS]))}}
     end;
-collect_extras(_State) ->
+collect_extras(_State, _How) ->
     #{}.
 
 %% The lock counters are read by a process of their own, at `locks_at'
@@ -652,10 +657,12 @@ lock_reader(LockState, Opts, Caller, Ref) ->
         Agent ! {beamdiag_locks, self(), Data}
     end, [link, {priority, high}]).
 
-read_locks_now(#{lock_reader := Reader}) when is_pid(Reader) ->
+read_locks_now(_State, {aborted, caller_gave_up}) ->
+    ok;
+read_locks_now(#{lock_reader := Reader}, _How) when is_pid(Reader) ->
     Reader ! beamdiag_read_locks,
     ok;
-read_locks_now(_State) ->
+read_locks_now(_State, _How) ->
     ok.
 
 start_locks(Opts, Restore) ->
