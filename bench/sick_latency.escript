@@ -52,14 +52,9 @@ scenario(Name, Window, Tries, Exe, BootMs) ->
                 timer:sleep(2000),
                 Node = atom_to_list(beamdiag_lab:node(Lab)),
                 Cookie = atom_to_list(beamdiag_lab:cookie(Lab)),
-                %% 3 s between tries: a session cut short on a throttled node
-                %% unloads its agent after the report, and a second session
-                %% started before that finishes can lose its modules (a known
-                %% race, see docs/SICK-NODES.md).
-                [begin
-                     K > 1 andalso timer:sleep(3000),
-                     one(Name, K, Window, Exe, BootMs, Node, Cookie)
-                 end || K <- lists:seq(1, Tries)]
+                %% Back to back, as a user would retry: a session waits for
+                %% the previous one's agent to remove its modules.
+                [one(Name, K, Window, Exe, BootMs, Node, Cookie) || K <- lists:seq(1, Tries)]
             after
                 beamdiag_lab:stop(Lab)
             end;

@@ -78,6 +78,8 @@
 %% The least of the window perf needs (beamdiag_host: its start, one
 %% second, its symbols).
 -define(PERF_LEAST_MS, 3500).
+%% Each call of the lock counters' early clear.
+-define(EARLY_LOCKS_MS, 1000).
 
 %%%===================================================================
 %%% API
@@ -210,11 +212,14 @@ remote(NodeStr, O, Notify) ->
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
             _ = Notify(connected),
+            Early = early_locks(Node, O),
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
                     _ = Notify(loaded),
+                    Cleared = early_locks_done(Early),
                     Result = with_profile(Node, O, fun() ->
-                                 beamdiag_collect:run(Node, collect_opts(O, Loaded))
+                                 beamdiag_collect:run(Node, (collect_opts(O, Loaded))#{
+                                                                locks_cleared => Cleared})
                              end),
                     case Result of
                         {ok, Diagnosis} ->
@@ -241,6 +246,44 @@ remote(NodeStr, O, Notify) ->
             end;
         {error, _} = E ->
             E
+    end.
+
+%% A lock-counting node's counters are cleared as soon as the session has
+%% connected, beside the agent's load, so that the lock data covers the
+%% window from the call (the agent's start on a saturated node comes
+%% seconds later). Two calls of BIFs, no code of ours; a clear changes no
+%% setting, so there is nothing to put back.
+early_locks(_Node, #{locks := false}) ->
+    none;
+early_locks(Node, _O) ->
+    Self = self(),
+    Ref = make_ref(),
+    {Pid, MRef} = spawn_monitor(fun() ->
+        Cleared = try erpc:call(Node, erlang, system_info, [lock_counting], ?EARLY_LOCKS_MS) of
+                      true -> erpc:call(Node, erts_debug, lcnt_clear, [], ?EARLY_LOCKS_MS) =:= ok;
+                      _ -> false
+                  catch _:_ -> false
+                  end,
+        Self ! {Ref, Cleared}
+    end),
+    {Pid, MRef, Ref}.
+
+early_locks_done(none) ->
+    false;
+early_locks_done({Pid, MRef, Ref}) ->
+    receive
+        {Ref, Cleared} ->
+            erlang:demonitor(MRef, [flush]),
+            Cleared;
+        {'DOWN', MRef, process, Pid, _} ->
+            false
+    after ?EARLY_LOCKS_MS ->
+        %% Too late: the agent clears them itself. A clear still on its way
+        %% only restarts the counters.
+        exit(Pid, kill),
+        erlang:demonitor(MRef, [flush]),
+        receive {Ref, _} -> ok after 0 -> ok end,
+        false
     end.
 
 %% An OS pid in place of the node, `os_pid' or `host_only': the host-only

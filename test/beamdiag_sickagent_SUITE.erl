@@ -12,7 +12,7 @@
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
          end_per_testcase/2]).
 -export([nif_long/1, mailbox_flood/1, sysmon_taken/1, sysmon_back_when_killed/1, healthy/1,
-         first_calls_in_words/1]).
+         first_calls_in_words/1, back_to_back/1]).
 
 -define(WINDOW, 5).
 
@@ -26,7 +26,7 @@ all() ->
 -spec groups() -> [term()].
 groups() ->
     [{otp25, [], [nif_long, mailbox_flood, sysmon_taken, sysmon_back_when_killed, healthy,
-                  first_calls_in_words]},
+                  first_calls_in_words, back_to_back]},
      {otp29, [], [nif_long, mailbox_flood]}].
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
@@ -50,6 +50,7 @@ init_per_testcase(Case, Config) ->
                    sysmon_taken -> idle;
                    sysmon_back_when_killed -> idle;
                    healthy -> idle;
+                   back_to_back -> idle;
                    _ -> Case
                end,
     {ok, Lab} = beamdiag_lab:start(Scenario, ?config(lab_opts, Config)),
@@ -235,7 +236,75 @@ first_calls_in_words(_Config) ->
     ct:pal("~ts", [Text]),
     ?assertEqual(nomatch, binary:match(Text, <<"{">>)).
 
+%% Two sessions back to back, the first one's agent slow to remove its
+%% modules (held, as a throttled node holds it, between its last tick and
+%% its delete): the second session does not reuse the modules the first
+%% is about to delete; it waits for them to go, loads its own, and
+%% finishes its window with every sample (the report is not cut at the
+%% window's end plus the slack here: the window must run whole).
+-spec back_to_back(list()) -> term().
+back_to_back(Config) ->
+    Lab = ?config(lab, Config),
+    Node = beamdiag_lab:node(Lab),
+    Cookie = beamdiag_lab:cookie(Lab),
+    {ok, Node} = beamdiag_remote:connect(atom_to_list(Node), #{cookie => Cookie}),
+    %% The first session reports to a relay on the node, which suspends
+    %% its agent as soon as it has sent its last tick, before its last
+    %% word and its delete, and lets it go on when told.
+    {ok, Loaded} = beamdiag_loader:load(Node, beamdiag_agent:modules()),
+    ?assertEqual(lists:sort(beamdiag_agent:modules()), lists:sort(Loaded)),
+    {ok, Tokens, _} = erl_scan:string(
+        "spawn_opt(fun() ->"
+        "    Loop = fun L(Agent) ->"
+        "               receive"
+        "                   {beamdiag, _, {start, #{agent := A}}} = M -> Test ! M, L(A);"
+        "                   {beamdiag, _, finishing} = M ->"
+        "                       erlang:suspend_process(Agent), Test ! M, L(Agent);"
+        "                   resume -> erlang:resume_process(Agent), L(Agent);"
+        "                   stop -> ok;"
+        "                   M -> Test ! M, L(Agent)"
+        "               end"
+        "           end,"
+        "    Loop(undefined)"
+        "end, [{priority, high}])."),
+    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+    {value, Relay, _} = erpc:call(Node, erl_eval, exprs, [Exprs, [{'Test', self()}]]),
+    {ok, Agent1, Ref} = erpc:call(Node, beamdiag_agent, start,
+                                  [Relay, #{duration_ms => 2000, interval_ms => 500,
+                                            unload => Loaded}]),
+    receive {beamdiag, Ref, finishing} -> ok after 20000 -> ct:fail(no_last_tick) end,
+    ?assert(is_process_alive_on(Node, Agent1)),
+    %% The second session, while the first agent still holds its modules.
+    Self = self(),
+    T0 = erlang:monotonic_time(millisecond),
+    Second = spawn(fun() ->
+        Self ! {second, catch beamdiag:diagnose(Node, #{cookie => Cookie, duration => 3,
+                                                          slack => infinity})}
+    end),
+    timer:sleep(1500),
+    %% The first agent goes on: its last word, then its delete and purge.
+    Relay ! resume,
+    receive {beamdiag, Ref, {done, _}} -> ok after 20000 -> ct:fail(first_not_done) end,
+    Relay ! stop,
+    R = receive {second, X} -> X after 30000 -> exit(Second, kill), ct:fail(second_hung) end,
+    Took = erlang:monotonic_time(millisecond) - T0,
+    ct:pal("second session: ~ts in ~b ms",
+           [case R of
+                {ok, #{capture := C0}} -> io_lib:format("complete ~p, ~b samples, notes ~p",
+                                                        [maps:get(complete, C0),
+                                                         length(maps:get(samples, C0)),
+                                                         maps:get(notes, C0)]);
+                _ -> io_lib:format("~0p", [R])
+            end, Took]),
+    ?assertMatch({ok, #{capture := #{complete := true}}}, R),
+    {ok, #{capture := C}} = R,
+    ?assert(length(maps:get(samples, C)) >= 4),
+    beamdiag_test_lib:agent_gone(Lab).
+
 %%% Helpers
+
+is_process_alive_on(Node, Pid) ->
+    erpc:call(Node, erlang, is_process_alive, [Pid]).
 
 timed_diagnose(Lab) ->
     T0 = erlang:monotonic_time(millisecond),

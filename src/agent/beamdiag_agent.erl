@@ -69,6 +69,8 @@
     msacc => boolean(),
     msacc_ms => pos_integer(),
     locks => boolean(),
+    locks_cleared => boolean(),
+    locks_in_ms => non_neg_integer(),
     sampler => boolean(),
     procs => boolean(),
     procs_every => pos_integer(),
@@ -104,6 +106,10 @@
 %% table (the walk stops itself at 500 ms) and for the long-schedule report.
 -define(END_WALK_MS, 1500).
 -define(SYSMON_MS, 300).
+%% The longest the end of a session waits for its modules' deletes.
+-define(DELETE_MS, 10000).
+%% The longest the end of a session waits for the lock data.
+-define(LOCKS_MS, 3000).
 %% The longest the end of a session waits for its helpers to put their
 %% flags back.
 -define(HELPERS_MS, 500).
@@ -119,9 +125,15 @@ start(Caller, Opts = #{duration_ms := D, interval_ms := I}) when
     is_pid(Caller), is_integer(D), D > 0, is_integer(I), I > 0
 ->
     Ref = make_ref(),
+    %% When the lock data is read at the latest, on this node's clock.
+    Opts1 = case Opts of
+                #{locks_in_ms := In} when is_integer(In) ->
+                    Opts#{locks_at => erlang:monotonic_time(millisecond) + In};
+                _ -> Opts
+            end,
     %% High priority from the first reduction: on an overloaded node a
     %% normal process waits behind every busy one.
-    Pid = proc_lib:spawn_opt(?MODULE, init, [Caller, Ref, Opts, self()], [{priority, high}]),
+    Pid = proc_lib:spawn_opt(?MODULE, init, [Caller, Ref, Opts1, self()], [{priority, high}]),
     {ok, Pid, Ref}.
 
 %% @doc Ends the window early; the agent sends `{done, Extras}' and cleans up.
@@ -243,6 +255,11 @@ init(Caller, Ref, Opts, _Starter) ->
     end,
     process_flag(trap_exit, true),
     process_flag(priority, high),
+    %% The name says a session runs here until its modules are deleted
+    %% (the agent ends after the delete): a session starting meanwhile
+    %% waits before it trusts modules it finds loaded (beamdiag_loader).
+    %% Best effort: a second session on the same node runs without it.
+    _ = catch register(?MODULE, self()),
     MRef = erlang:monitor(process, Caller),
     Root = maps:get(proc_root, Opts, "/proc"),
     OsPid = os:getpid(),
@@ -288,16 +305,19 @@ init(Caller, Ref, Opts, _Starter) ->
     }}},
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
               costs => []},
+    Reader = lock_reader(Locks, Opts, Caller, Ref),
     %% The start walk runs beside the first tick (which reads every
     %% thread's files and on a starved host takes a second or more).
-    Helpers = [beamdiag_agent_probe:pid(Probe) | [Sysmon || is_pid(Sysmon)]],
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, Reader], is_pid(P)]],
     Procs = start_procs(Opts, Helpers),
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
+            ticked(State1#{procs => Procs, host_scan => HostScan, lock_reader => Reader}, First,
+                   1, Clock);
         late ->
-            finish(State#{procs => Procs, host_scan => HostScan}, {aborted, deadline})
+            finish(State#{procs => Procs, host_scan => HostScan, lock_reader => Reader},
+                   {aborted, deadline})
     end.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
@@ -437,6 +457,11 @@ last_tick(Start, Interval, End) ->
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
+    %% The lock data is read now unless its reader has read it already,
+    %% and the end walk starts: each in a process of its own, side by side
+    %% (on a lock-counting node each takes a second or more).
+    read_locks_now(State, How),
+    Walk = end_walk(State, How),
     %% What the collector can keep even when it stopped waiting: the long
     %% schedules and the start walk's figures.
     Quick = maps:merge(sysmon_extras(State), memory_extras(State)),
@@ -444,10 +469,7 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
             {aborted, _} -> Caller ! {beamdiag, Ref, {partial_extras, Quick}};
             done -> ok
         end,
-    %% The end walk runs in its own process while the lock data is read
-    %% here: on a lock-counting node each takes a second or more.
-    Walk = end_walk(State, How),
-    Locks = collect_extras(State),
+    Locks = collect_extras(State, How),
     Extras = with_room(maps:merge(maps:merge(maps:merge(Locks, procs_extras(Walk)),
                                              host_extras(State, How)), Quick)),
     restore(Restore, State),
@@ -596,22 +618,63 @@ sysmon_extras(_) ->
 error_text(Class, Reason) ->
     iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 
-collect_extras(#{locks := undefined}) ->
-    #{};
-collect_extras(#{locks := LockState}) ->
-    try
-        #{locks => beamdiag_agent_lcnt:collect(LockState)}
-    catch
-        Class:Reason ->
-            #{locks => #{error => iolist_to_binary(io_lib:format("~p:~p", [Class, Reason]))}}
-    end.
+%% The lock data, from the reader (waited for at most ?LOCKS_MS; not at
+%% all when the caller has stopped listening).
+collect_extras(#{lock_reader := Reader}, How) when is_pid(Reader) ->
+    Wait = case How of
+               {aborted, caller_gave_up} -> 0;
+               _ -> ?LOCKS_MS
+           end,
+    receive
+        {beamdiag_locks, Reader, Data} -> #{locks => Data}
+    after Wait ->
+        unlink(Reader),
+        exit(Reader, kill),
+        #{locks => #{error => iolist_to_binary(
+                         io_lib:format("the lock data was not read within ~b ms", [?LOCKS_MS]))}}
+    end;
+collect_extras(_State, _How) ->
+    #{}.
+
+%% The lock counters are read by a process of their own, at `locks_at'
+%% (the session's clock: the lock data is due before the report is, even
+%% when the agent started late) or at the window's end, whichever comes
+%% first; it sends them to the caller at once, and to the agent.
+lock_reader(undefined, _Opts, _Caller, _Ref) ->
+    undefined;
+lock_reader(LockState, Opts, Caller, Ref) ->
+    Agent = self(),
+    InMs = case Opts of
+               #{locks_at := At} -> max(0, At - erlang:monotonic_time(millisecond));
+               _ -> infinity
+           end,
+    spawn_opt(fun() ->
+        receive beamdiag_read_locks -> ok after InMs -> ok end,
+        Data = try beamdiag_agent_lcnt:collect(LockState)
+               catch Class:Reason -> #{error => error_text(Class, Reason)}
+               end,
+        Caller ! {beamdiag, Ref, {locks, Data}},
+        Agent ! {beamdiag_locks, self(), Data}
+    end, [link, {priority, high}]).
+
+read_locks_now(_State, {aborted, caller_gave_up}) ->
+    ok;
+read_locks_now(#{lock_reader := Reader}, _How) when is_pid(Reader) ->
+    Reader ! beamdiag_read_locks,
+    ok;
+read_locks_now(_State, _How) ->
+    ok.
 
 start_locks(Opts, Restore) ->
     case maps:get(locks, Opts, true) andalso lcnt_available() of
         true ->
             %% The lock session keeps a guard of its own that puts the mask back
             %% should the agent be killed outright.
-            case beamdiag_agent_lcnt:start(#{owner => self()}) of
+            %% Counters the session cleared as soon as it had connected are
+            %% not cleared again: the lock data then covers the window
+            %% from the session's start.
+            Clear = not maps:get(locks_cleared, Opts, false),
+            case beamdiag_agent_lcnt:start(#{owner => self(), clear => Clear}) of
                 {ok, LS} -> {LS, Restore#{locks => LS}};
                 {error, _} -> {undefined, Restore}
             end;
@@ -665,14 +728,21 @@ wait_down([MRef | More], Deadline) ->
         wait_down(More, Deadline)
     end.
 
-%% Removes modules loaded for this session. The agent runs the old code of
-%% its own module after the delete; the purge runs in a process of its own,
-%% from an external fun, and may end the agent, which has nothing left to do.
+%% Removes modules loaded for this session. Each delete, then each purge,
+%% is a call to the code server, which on a saturated node waits for a
+%% scheduler between requests: they are asked side by side (a process each,
+%% no code of ours), so the code server answers them in a row (one after
+%% the other, ten modules took 3 s to delete and more to purge on a
+%% saturated lock-counting node). The agent keeps its registered name until
+%% the deletes are done (bounded), so that a session starting meanwhile
+%% does not reuse the modules; it then runs the old code of its own module,
+%% and the purges may end it, which has nothing left to do.
 unload([]) ->
     ok;
 unload(Mods) ->
-    _ = [code:delete(M) || M <- Mods],
-    _ = spawn(lists, foreach, [fun code:purge/1, Mods]),
+    Deletes = [spawn_monitor(code, delete, [M]) || M <- Mods],
+    wait_down([MRef || {_, MRef} <- Deletes], erlang:monotonic_time(millisecond) + ?DELETE_MS),
+    _ = [spawn(code, purge, [M]) || M <- Mods],
     ok.
 
 %% The scans of the host's other processes, beside the ticks (see

@@ -45,7 +45,8 @@
     categories => [atom()],
     top => pos_integer(),
     owner => pid(),
-    max_s => pos_integer()
+    max_s => pos_integer(),
+    clear => boolean()
 }.
 -opaque state() :: #{
     saved_mask := [atom()],
@@ -78,12 +79,13 @@ available() ->
 %%
 %% Options: `categories' (lock categories to count), `top' (how many locks
 %% `collect/1' returns, default 50), `owner' (a pid, possibly on another
-%% node: when it goes down the settings are put back) and `max_s' (put the
+%% node: when it goes down the settings are put back), `max_s' (put the
 %% settings back after this many seconds even if nobody calls `stop/1',
-%% default 3600).
+%% default 3600) and `clear' (default true; false keeps counters the
+%% caller has just cleared, unless the mask gains a category).
 -spec start(options()) -> {ok, state()} | {error, {beamdiag_agent_lcnt, term()}}.
 start(Opts) when is_map(Opts) ->
-    Known = [categories, top, owner, max_s],
+    Known = [categories, top, owner, max_s, clear],
     case maps:keys(maps:without(Known, Opts)) of
         [] -> start_checked(Opts);
         Unknown -> {error, {?MODULE, {unknown_options, Unknown}}}
@@ -167,7 +169,15 @@ start_checked(Opts) ->
             %% The mask cannot change while deleted locks are being saved.
             ok = erts_debug:lcnt_control(copy_save, false),
             ok = erts_debug:lcnt_control(mask, Cats),
-            ok = erts_debug:lcnt_clear(),
+            %% Counters already cleared for this session (`clear => false')
+            %% are kept, unless a category was added: its locks would count
+            %% from now only, so all restart here (the stock mask of the
+            %% lock-counting emulator has every category; dropping `debug'
+            %% only stops its locks counting).
+            _ = case maps:get(clear, Opts, true) orelse Cats -- Mask =/= [] of
+                    true -> ok = erts_debug:lcnt_clear();
+                    false -> ok
+                end,
             Guard =
                 case Opts of
                     #{owner := Owner} ->

@@ -55,6 +55,11 @@
 -define(CALL_TIMEOUT, 10000).
 %% The release read: its wait, and the retry's.
 -define(FACTS_WAITS, [2000, 3000]).
+%% How long a session waits for the agent of a previous one to delete and
+%% purge its modules (a throttled node takes seconds), and how often it
+%% looks.
+-define(SETTLE_MS, 5000).
+-define(SETTLE_POLL_MS, 200).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
 %% Compiler application versions (major, minor) seen in each release, for
@@ -210,6 +215,12 @@ format_error({compile_failed, Node, Mod, Why}) ->
 format_error({version_conflict, Node, Mod}) ->
     io_lib:format("~s already runs a different version of ~s; refusing to replace it",
                   [Node, Mod]);
+format_error({busy, Node, Ms, true}) ->
+    io_lib:format("another beamdiag session is running on ~s: its agent was still there after "
+                  "~.1f s; run one session at a time", [Node, Ms / 1000]);
+format_error({busy, Node, Ms, false}) ->
+    io_lib:format("the modules of a previous beamdiag session on ~s were still being removed "
+                  "after ~.1f s; try again in a few seconds", [Node, Ms / 1000]);
 format_error({load_failed, Node, Mod, Why}) ->
     io_lib:format("cannot load ~s onto ~s: ~P", [Mod, Node, Why, 20]).
 
@@ -372,14 +383,15 @@ stop_jobs(Jobs) ->
 
 %% Which modules are there already, in one call; the others loaded in one
 %% more (code:atomic_load/1): two round trips instead of two or three a
-%% module, each a wait for a scheduler on a busy node. The check asks the
-%% code server, so it comes after the deletes of a session that just
-%% ended there (its agent deletes its modules after its last word).
+%% module, each a wait for a scheduler on a busy node. The check asks BIFs
+%% only, not the code server (a call to a code server that waits behind
+%% busy processes for each module cost 2.2 s for ten modules on a
+%% saturated lock-counting node). Modules a running agent may still
+%% delete are not trusted: see settled/3.
 load_each(Target, Items, []) ->
     Mods = [M || {M, _, _, _} <- Items],
-    case catch call(Target, lists, map, [fun code:is_loaded/1, Mods], ?CALL_TIMEOUT) of
-        Flags0 when is_list(Flags0), length(Flags0) =:= length(Mods) ->
-            Flags = [F =/= false || F <- Flags0],
+    case settled(Target, Mods, erlang:monotonic_time(millisecond) + ?SETTLE_MS) of
+        {ok, Flags} ->
             Present = [I || {I, true} <- lists:zip(Items, Flags)],
             Missing = [I || {I, false} <- lists:zip(Items, Flags)],
             case [M || {M, _, _, Md5} <- Present, remote_md5(Target, M) =/= {ok, Md5}] of
@@ -388,8 +400,46 @@ load_each(Target, Items, []) ->
                 [] ->
                     atomic_load(Target, Missing)
             end;
-        _ ->
+        {error, _} = E ->
+            E;
+        unknown ->
             load_one_by_one(Target, Items, [])
+    end.
+
+%% Whether each module is loaded, once no agent is left that may still
+%% delete it. An agent registers itself (beamdiag_agent:init/4) until it
+%% has deleted the modules it loaded, and its purge leaves old code until
+%% it is done; a session that reused modules found loaded while an agent
+%% was ending would lose them mid-window (undef, or its agent killed by
+%% the purge). So while an agent runs and some of the modules are loaded,
+%% or old code of one is left, this waits (polling, bounded): the modules
+%% are then either gone and loaded afresh, or left loaded on purpose (an
+%% agent on a very large node leaves them, see beamdiag_agent) and reused.
+settled(Target, Mods, Deadline) ->
+    N = length(Mods),
+    Args = [[M] || M <- Mods],
+    Calls = [{erlang, F, A} || {F, A} <- [{module_loaded, A} || A <- Args] ++
+                                         [{check_old_code, A} || A <- Args] ++
+                                         [{whereis, [beamdiag_agent]}]],
+    {Ms, Fs, As} = lists:unzip3(Calls),
+    case catch call(Target, lists, zipwith3, [fun erlang:apply/3, Ms, Fs, As], ?CALL_TIMEOUT) of
+        R when is_list(R), length(R) =:= 2 * N + 1 ->
+            {Loaded, Rest} = lists:split(N, R),
+            {Old, [Agent]} = lists:split(N, Rest),
+            Busy = lists:member(true, Old) orelse
+                (is_pid(Agent) andalso lists:member(true, Loaded)),
+            Now = erlang:monotonic_time(millisecond),
+            case Busy of
+                false ->
+                    {ok, Loaded};
+                true when Now < Deadline ->
+                    timer:sleep(min(?SETTLE_POLL_MS, Deadline - Now)),
+                    settled(Target, Mods, Deadline);
+                true ->
+                    {error, {?MODULE, {busy, name(Target), ?SETTLE_MS, is_pid(Agent)}}}
+            end;
+        _ ->
+            unknown
     end.
 
 atomic_load(_Target, []) ->
