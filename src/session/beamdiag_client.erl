@@ -36,7 +36,8 @@
 -opaque client() :: #{node := node(), agent := pid(), ref := reference(), mref := reference()}.
 -type event() :: {start, map()} | {tick, beamdiag_agent:sample()} | {deadline, integer()}
                | {procs, map()} | {procs_start, map()} | {partial_extras, map()}
-               | {long_schedules, map()} | finishing | {done, map()} | {aborted, term()}.
+               | {long_schedules, map()} | {locks, term()} | finishing | {done, map()}
+               | {aborted, term()}.
 
 %% The agent's start over distribution: its wait, and the retry's.
 -define(START_WAITS, [2500, 2500]).
