@@ -15,7 +15,11 @@
 %%% '''
 -module(beamdiag_fix).
 
--export([fix/2, lock_class/3, advised_flags/0, busy_wait_off/1, documented/2]).
+-export([fix/2, lock_class/3, busy_wait_off/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([advised_flags/0, documented/2]).
+-endif.
 
 -type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
                   doc := erl | erts_alloc, meaning := binary()}.

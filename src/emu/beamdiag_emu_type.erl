@@ -24,12 +24,14 @@
 %%% '''
 -module(beamdiag_emu_type).
 
--export([build/1, status/0, missing_packages/1, advice/1, format_error/1]).
+-export([build/1, status/0, advice/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([options/0, report/0]).
 
 -ifdef(TEST).
--export([deb822/1, has_deb_src/2, one_line_debs/1]).
+-export([deb822/1, has_deb_src/2, one_line_debs/1, missing_packages/1]).
 -endif.
 
 -define(LCNT_BEAM, "beam.lcnt.smp").

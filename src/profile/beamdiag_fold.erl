@@ -39,13 +39,18 @@
     summary/1,
     top/2,
     format_top/2,
-    thread_type/1,
     frame_kind/1,
     frame_stats/1,
     merge/2,
     from_counts/1,
     format_error/1
 ]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([thread_type/1]).
+-endif.
 
 -export_type([profile/0, stack/0, options/0, top_row/0, frame_kind/0]).
 
