@@ -52,10 +52,12 @@
 %%% '''
 -module(beamdiag_agent).
 
--export([start/2, stop/1, modules/0, sample/1, take/1]).
+-export([start/2, stop/1, modules/0, take/1]).
 
 %% Internal: the agent process entry point.
 -export([init/4]).
+%% Spawned by start/2 through proc_lib:spawn_opt/4 (and bench/overhead_load.erl).
+-ignore_xref([{init, 4}]).
 
 -ifdef(TEST).
 -export([next_tick/5, hard_deadline/2, msacc_tick/3]).
@@ -148,12 +150,6 @@ modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
      beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_probe,
      beamdiag_agent_sysmon].
-
-%% @doc One sample, as the agent takes it each tick. `status => false' in
-%% the state skips the per-thread context-switch counts.
--spec sample(map()) -> sample().
-sample(State) ->
-    element(1, take(State)).
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open

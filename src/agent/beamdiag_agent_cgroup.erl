@@ -12,9 +12,12 @@
 %%% '''
 -module(beamdiag_agent_cgroup).
 
--export([locate/2, locate/3, read/1, read/2, memory_room/2, parse_meminfo/1]).
--export([parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
+-export([locate/2, read/1, read/2, memory_room/2]).
 -export([format_error/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([locate/3, parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
+-endif.
 
 -export_type([location/0, stat/0]).
 

@@ -11,16 +11,19 @@
 %%% from the process's open-file limit so that a node short of descriptors
 %%% loses none to beamdiag; beyond the budget, or when a held read fails,
 %%% the file is read whole as before. Descriptors belong to the process
-%%% that opened them and close when it exits; `close/1' closes them sooner.
+%%% that opened them and close when it exits.
 %%%
 %%% ```
 %%% 1> H0 = beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")).
 %%% 2> {{ok, Bin}, H1} = beamdiag_agent_file:read("/proc/stat", 65536, H0).
-%%% 3> ok = beamdiag_agent_file:close(H1).
 %%% '''
 -module(beamdiag_agent_file).
 
--export([new/1, none/0, budget/1, read/3, keep/3, close/1, held/1]).
+-export([new/1, none/0, budget/1, read/3, keep/3]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([close/1, held/1]).
+-endif.
 
 -export_type([held/0]).
 
@@ -109,16 +112,20 @@ keep(Dir, Paths, H = #{fds := Fds}) ->
     _ = [prim_file:close(Fd) || {_, Fd} <- Gone],
     H#{fds := maps:without([P || {P, _} <- Gone], Fds)}.
 
+-ifdef(TEST).
 %% @doc Closes every held descriptor.
 -spec close(held()) -> ok.
 close(#{fds := Fds}) ->
     _ = [prim_file:close(Fd) || Fd <- maps:values(Fds)],
     ok.
+-endif.
 
+-ifdef(TEST).
 %% @doc How many descriptors are held.
 -spec held(held()) -> non_neg_integer().
 held(#{fds := Fds}) ->
     map_size(Fds).
+-endif.
 
 %%%===================================================================
 %%% Internal

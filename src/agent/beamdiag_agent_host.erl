@@ -21,7 +21,11 @@
 %%% '''
 -module(beamdiag_agent_host).
 
--export([start/3, result/2, cpu_by_process/3, placement/1]).
+-export([start/3, result/2, placement/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([cpu_by_process/3]).
+-endif.
 
 -export_type([scan/0, readings/0]).
 

@@ -22,6 +22,10 @@
 
 %% Internal: the responder's entry point.
 -export([init/3]).
+%% Spawned by start_link/1 through proc_lib:spawn_opt/4.
+-ignore_xref([{init, 3}]).
+%% Called on the target through erpc:call/5 by beamdiag_metrics_remote.
+-ignore_xref([{start, 1}, {port, 1}]).
 
 -export_type([opts/0]).
 

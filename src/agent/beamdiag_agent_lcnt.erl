@@ -28,7 +28,13 @@
 %%% options of the ETS tables whose locks rank highest).
 -module(beamdiag_agent_lcnt).
 
--export([available/0, start/1, collect/1, stop/1, summarise/2, format_error/1]).
+-export([available/0, start/1, collect/1, stop/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([summarise/2]).
+-endif.
 
 -export_type([state/0, lock_data/0, options/0]).
 

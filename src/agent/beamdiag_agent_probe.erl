@@ -16,9 +16,10 @@
 %%% a call costs a message each way). The helper owns the session's
 %%% `scheduler_wall_time' reference (the flag is counted per process and
 %%% dropped when its process exits) and runs the session's clean-up funs
-%%% (`on_exit/2') when it is stopped or when its owner dies, after any work
-%%% still queued: a flag whose restore waits for a held scheduler is put back
-%%% when that scheduler answers, whatever happened to the agent.
+%%% (each an `{on_exit, Fun}' message to itself) when it is stopped or when
+%%% its owner dies, after any work still queued: a flag whose restore waits
+%%% for a held scheduler is put back when that scheduler answers, whatever
+%%% happened to the agent.
 %%%
 %%% ```
 %%% 1> P = beamdiag_agent_probe:start(self()).
@@ -29,10 +30,12 @@
 %%% '''
 -module(beamdiag_agent_probe).
 
--export([start/1, call/3, cast/2, on_exit/2, stop/1, pid/1, reply/3]).
+-export([start/1, call/3, cast/2, stop/1, pid/1, reply/3]).
 
 %% Internal: the helper's entry point.
 -export([init/2]).
+%% Spawned by start/1 through proc_lib:spawn_opt/4.
+-ignore_xref([{init, 2}]).
 
 -export_type([probe/0]).
 
@@ -88,13 +91,6 @@ reply(Alias, TimeoutMs, Default) ->
 -spec cast(probe(), fun(() -> term())) -> ok.
 cast({probe, Pid, _}, Fun) ->
     Pid ! {run, none, Fun},
-    ok.
-
-%% @doc Registers a clean-up fun, run when the helper stops or its owner
-%% dies (last registered, first run).
--spec on_exit(probe(), fun(() -> term())) -> ok.
-on_exit({probe, Pid, _}, Fun) ->
-    Pid ! {on_exit, Fun},
     ok.
 
 %% @doc Stops the helper once its queued work is done; it runs its clean-up

@@ -47,7 +47,7 @@
 %%% '''
 -module(beamdiag_agent_processes).
 
--export([start/1, finish/1, next/1, snapshot/1, watch/1, advance/3, limits/0]).
+-export([start/1, finish/1, next/1, snapshot/1, watch/1, advance/3]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -261,12 +261,6 @@ forward_memory(E = #{memory_estimated := true, memory := [M0, _]}, Dq) when is_i
     E#{memory := [M0, max(0, M0 + Dq * ?MSG_BYTES)]};
 forward_memory(E, _) ->
     E.
-
-%% @doc The documented bounds: table size above which the table is not
-%% listed, a walk's time limit, entries per list.
--spec limits() -> #{walk_max := pos_integer(), walk_ms := pos_integer(), top := pos_integer()}.
-limits() ->
-    #{walk_max => ?WALK_MAX, walk_ms => ?WALK_MS, top => ?TOP}.
 
 %%%===================================================================
 %%% Internal

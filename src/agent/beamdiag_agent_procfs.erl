@@ -9,14 +9,20 @@
 %%% a fraction of reading them whole each time.
 %%%
 %%% ```
-%%% 1> beamdiag_agent_procfs:threads("/proc", os:getpid()).
+%%% 1> beamdiag_agent_procfs:threads("/proc", os:getpid(), #{status => true}).
 %%% {ok, #{12345 => #{name => <<"1_scheduler">>, utime => 42, ...}, ...}}
 %%% '''
 -module(beamdiag_agent_procfs).
 
--export([threads/2, threads/3, threads/4, host/1, host/2, clock_ticks/0]).
--export([parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1, parse_loadavg/1]).
+-export([threads/3, threads/4, host/1, host/2, clock_ticks/0]).
 -export([trim/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([threads/2, parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1,
+         parse_loadavg/1]).
+-endif.
 
 -export_type([thread/0, host/0]).
 
@@ -49,11 +55,13 @@
 %%% API
 %%%===================================================================
 
+-ifdef(TEST).
 %% @doc All threads of an OS process (bounded at 4096), with their counters.
 -spec threads(file:filename(), string() | integer()) ->
     {ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}.
 threads(Root, Pid) ->
     threads(Root, Pid, #{status => true}).
+-endif.
 
 %% @doc As threads/2; `#{status => false}' skips the per-thread status file
 %% (context switches), one read per thread fewer.

@@ -32,6 +32,9 @@
 -module(beamdiag_agent_sampler).
 
 -export([run/1, defaults/0]).
+%% Called on the target through erpc:call/5 by beamdiag_profile
+%% (and bench/sampler_overhead.escript).
+-ignore_xref([{run, 1}]).
 
 -export_type([options/0, result/0]).
 

@@ -37,10 +37,12 @@
 %%% '''
 -module(beamdiag_agent_sysmon).
 
--export([start/2, report/2, stop/1, threshold_ms/0]).
+-export([start/2, report/2, stop/1]).
 
 %% Internal: the watcher's entry point.
 -export([init/2]).
+%% Spawned by start/2 through proc_lib:spawn_opt/4.
+-ignore_xref([{init, 2}]).
 
 -export_type([report/0]).
 
@@ -78,11 +80,6 @@ report(Pid, TimeoutMs) ->
 stop(Pid) ->
     Pid ! stop,
     ok.
-
-%% @doc The long-schedule threshold, in ms.
--spec threshold_ms() -> pos_integer().
-threshold_ms() ->
-    ?LONG_MS.
 
 %%%===================================================================
 %%% Internal

@@ -13,7 +13,7 @@
 %%% '''
 -module(beamdiag_agent_vm).
 
--export([settings/0, counters/1, all_schedulers/1, msacc/0, parse_flags/1, msacc_extra/1,
+-export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1,
          flags/0]).
 
 -export_type([settings/0, counters/0, flag/0]).

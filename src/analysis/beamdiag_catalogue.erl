@@ -12,7 +12,11 @@
 %%% '''
 -module(beamdiag_catalogue).
 
--export([entries/0, entry/1, ids/0, markdown/0, general/1]).
+-export([entry/1, markdown/0]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([entries/0, ids/0]).
+-endif.
 
 -export_type([entry/0, id/0, part/0, test/0]).
 
@@ -511,10 +515,12 @@ entry(Id) ->
         [] -> error({unknown_finding, Id})
     end.
 
+-ifdef(TEST).
 %% @doc Every catalogued id.
 -spec ids() -> [id()].
 ids() ->
     [Id || #{id := Id} <- entries()].
+-endif.
 
 %% @doc The catalogue as a Markdown document (docs/FINDINGS.md).
 -spec markdown() -> iolist().

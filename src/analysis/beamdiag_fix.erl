@@ -15,7 +15,11 @@
 %%% '''
 -module(beamdiag_fix).
 
--export([fix/2, advised_flags/0, busy_wait_off/1, documented/2]).
+-export([fix/2]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([advised_flags/0, documented/2]).
+-endif.
 
 -type flag() :: #{flag := binary(), values := [binary()], since := pos_integer(),
                   doc := erl | erts_alloc, meaning := binary()}.
@@ -25,6 +29,7 @@
 %%% API
 %%%===================================================================
 
+-ifdef(TEST).
 %% @doc Every emulator flag a fix may advise, with the values it may
 %% advise, the first OTP release that has it and its manual page: the
 %% rows of the flag table (`beamdiag_flags') that list values to advise.
@@ -33,17 +38,13 @@ advised_flags() ->
     [#{flag => O, values => Vs, since => Since, doc => Doc, meaning => M}
      || #{option := O, advise := Vs = [_ | _], since := Since, doc := Doc, meaning := M}
             <- beamdiag_flags:table()].
+-endif.
 
 %% @doc True when the node's OTP release documents the flag (the table's
 %% `since'); a node whose release is unknown is taken to have it.
 -spec documented(binary(), map()) -> boolean().
 documented(Flag, S) ->
     beamdiag_flags:documented(Flag, S).
-
-%% @doc True when every busy-wait flag of the node is `none'.
--spec busy_wait_off(map()) -> boolean().
-busy_wait_off(Settings) ->
-    beamdiag_flags:busy_wait_off(Settings).
 
 %% @doc The fix for a finding on a node with these settings: the
 %% catalogue's text, with the parts it marks fitted to the node (flags the

@@ -24,7 +24,7 @@
 %%% '''
 -module(beamdiag_host_rules).
 
--export([analyse/2, hot_threads/1, perf_top/2, thresholds/0]).
+-export([analyse/2, hot_threads/1, perf_top/2]).
 
 -export_type([perf_top/0]).
 

@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_ledger).
 
--export([build/1, ticks/2, share/3, fields/0, states/0, state_name/1, state_shares/1]).
+-export([build/1, ticks/2, share/3, states/0, state_name/1, state_shares/1]).
 
 -export_type([ledger/0, row/0, state/0]).
 
@@ -109,11 +109,6 @@ share(Field, Row, Wall) ->
         {V, W} when is_number(V), W > 0 -> V / W;
         _ -> 0.0
     end.
-
-%% @doc The seconds fields of a row, in table order.
--spec fields() -> [atom()].
-fields() ->
-    ?FIELDS.
 
 %% @doc The states a row's wall time splits into, in chart order.
 -spec states() -> [state()].

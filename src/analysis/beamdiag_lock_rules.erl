@@ -13,12 +13,16 @@
 %%%
 %%% ```
 %%% 1> Data = beamdiag_agent_lcnt:collect(State).
-%%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, 10)].
+%%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, 10, #{})].
 %%% [ets_contention]
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/2, findings/3, thresholds/0]).
+-export([findings/3]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([findings/2]).
+-endif.
 
 -define(INFO_PCT, 1.0).
 -define(WARNING_PCT, 5.0).
@@ -44,12 +48,14 @@
 %%% API
 %%%===================================================================
 
+-ifdef(TEST).
 %% @doc The findings for a window of lock data, most severe first.
 %% `WindowS' is the window's length in seconds (the lock data's own
 %% `window_ns' is used when `WindowS' is not positive).
 -spec findings(beamdiag_agent_lcnt:lock_data(), number()) -> [beamdiag_finding:finding()].
 findings(Data, WindowS) ->
     findings(Data, WindowS, #{}).
+-endif.
 
 %% @doc As `findings/2', with the node's settings (`beamdiag_agent_vm:settings/0'):
 %% a fix never advises an allocator flag the node already has.
@@ -69,18 +75,6 @@ findings(Data, WindowS, Settings) ->
             process_findings(Locks, Classes, Ctx) ++
             class_findings(Classes, Ctx),
     beamdiag_finding:sort(Findings).
-
-%% @doc The severity thresholds: wait share of the window in percent, and
-%% the least number of collisions.
--spec thresholds() -> #{atom() => number()}.
-thresholds() ->
-    #{
-        info_pct => ?INFO_PCT,
-        warning_pct => ?WARNING_PCT,
-        critical_pct => ?CRITICAL_PCT,
-        min_collisions => ?MIN_COLLISIONS,
-        info_collision_pct => ?INFO_COLLISION_PCT
-    }.
 
 %%%===================================================================
 %%% Internal

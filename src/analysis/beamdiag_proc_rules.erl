@@ -23,7 +23,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, annotate/3, thresholds/0, who/1, bytes/1]).
+-export([findings/3, annotate/3, who/1, bytes/1]).
 
 %%%===================================================================
 %%% API

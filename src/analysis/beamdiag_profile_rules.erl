@@ -17,7 +17,7 @@
 %%% '''
 -module(beamdiag_profile_rules).
 
--export([findings/2, families/0, family_shares/1]).
+-export([findings/2]).
 
 -export_type([family/0]).
 

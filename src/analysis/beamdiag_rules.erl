@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_rules).
 
--export([findings/2, thresholds/0]).
+-export([findings/2]).
 
 %%%===================================================================
 %%% API

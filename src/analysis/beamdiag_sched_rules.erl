@@ -2,7 +2,7 @@
 %%% report `beamdiag_agent_sysmon' returns, set beside the ledger.
 %%%
 %%% `long_schedule': a process held its scheduler in the same NIF or BIF
-%%% at least `count_min' times at `beamdiag_agent_sysmon:threshold_ms/0' or
+%%% at least `count_min' times at the watcher's `threshold_ms' (50 ms) or
 %%% more. Long schedules in Erlang code are left out: Erlang code yields
 %%% every few thousand reductions, so a long one means the OS took the
 %%% scheduler's thread away (cpu_starvation and cpu_throttling say so).
@@ -16,7 +16,11 @@
 %%% '''
 -module(beamdiag_sched_rules).
 
--export([findings/2, suppress/1, thresholds/0, note/1]).
+-export([findings/2, suppress/1, note/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([thresholds/0]).
+-endif.
 
 %%%===================================================================
 %%% API

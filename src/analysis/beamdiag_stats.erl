@@ -12,7 +12,11 @@
 %%% '''
 -module(beamdiag_stats).
 
--export([welch/2, mean/1, variance/1, percentile/2, bootstrap_ratio/3, t_quantile/2]).
+-export([welch/2, mean/1, variance/1, percentile/2, bootstrap_ratio/3]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([t_quantile/2]).
+-endif.
 
 -export_type([test/0]).
 

@@ -22,7 +22,11 @@
 %%% '''
 -module(beamdiag_threads).
 
--export([classify/1, classify_all/2, scheduler_id/2, types/0, is_scheduler/1]).
+-export([classify_all/2, scheduler_id/2, types/0, is_scheduler/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([classify/1]).
+-endif.
 
 -export_type([type/0]).
 

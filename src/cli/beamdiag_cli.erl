@@ -23,10 +23,18 @@
 %%% spec (`exit_codes'), which `--help' prints.
 -module(beamdiag_cli).
 
--export([main/1, run/1, run/2, parse/2, usage/1, commands/0, aliases/0, emit/3, format_error/1]).
--export([exit_code/1, fail/2, usage_error/2, findings_code/2, html/3]).
+-export([main/1, run/1, run/2, emit/3, format_error/1]).
+-export([fail/2, usage_error/2, findings_code/2, html/3]).
 %% A logger filter (see main/1).
 -export([local_only/2]).
+%% main/1: the escript's entry point (escript_emu_args in rebar.config).
+-ignore_xref([{main, 1}]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([parse/2, usage/1, commands/0, exit_code/1]).
+-endif.
 
 -export_type([spec/0, option/0, io/0, result/0, exit_code/0]).
 

@@ -17,7 +17,11 @@
 
 -behaviour(beamdiag_cli).
 
--export([spec/0, run/2, report/2]).
+-export([spec/0, run/2]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([report/2]).
+-endif.
 
 %%%===================================================================
 %%% API

@@ -15,7 +15,11 @@
 %%% one, leaves it out of `--help' and prints a note on standard error.
 -module(beamdiag_cli_options).
 
--export([pick/1, option/1, deprecated/2]).
+-export([pick/1, deprecated/2]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([option/1]).
+-endif.
 
 -export_type([entry/0, name/0]).
 

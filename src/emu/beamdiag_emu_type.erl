@@ -31,7 +31,13 @@
 %%% '''
 -module(beamdiag_emu_type).
 
--export([build/1, status/0, missing_packages/1, advice/1, format_error/1]).
+-export([build/1, status/0, format_error/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([advice/1, missing_packages/1]).
+-endif.
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([options/0, report/0]).
 
@@ -115,11 +121,13 @@ missing_packages(Source) ->
             end,
     [Pkg || {Pkg, Check} <- Checks, not Check()].
 
+-ifdef(TEST).
 %% @doc What to give `emu-type build' for a node that does not count locks
 %% (`beamdiag_lock_advice:emulator/1').
 -spec advice(map()) -> binary().
 advice(Settings) ->
     beamdiag_lock_advice:emulator(Settings).
+-endif.
 
 %% @doc Turns an error reason from this module into a sentence.
 -spec format_error(term()) -> iolist().

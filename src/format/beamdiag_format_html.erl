@@ -27,7 +27,11 @@
 %%% '''
 -module(beamdiag_format_html).
 
--export([diagnosis/1, compare/1, experiment/1, cluster/1, generic/2, escape/1]).
+-export([diagnosis/1, compare/1, experiment/1, cluster/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([generic/2, escape/1]).
+-endif.
 
 %% Layers of the ledger charts, bottom to top.
 -define(OUTLIERS, 4).
@@ -132,19 +136,23 @@ compare(Result) ->
 experiment(Result) ->
     result_page(<<"beamdiag experiment">>, Result).
 
+-ifdef(TEST).
 %% @doc Any JSON-able term (maps, lists, numbers, binaries, atoms) as HTML
 %% tables, nested up to a depth; other terms are printed bounded. Option:
 %% `depth' (0).
 -spec generic(term(), map()) -> iodata().
 generic(Term, Opts) ->
     value(Term, maps:get(depth, Opts, 0)).
+-endif.
 
+-ifdef(TEST).
 %% @doc HTML-escapes text (for element content and quoted attributes).
 %% Invalid UTF-8 becomes U+FFFD; control characters other than newline and
 %% tab become U+FFFD as well.
 -spec escape(iodata() | atom() | number()) -> binary().
 escape(X) ->
     iolist_to_binary(esc(X)).
+-endif.
 
 %%%===================================================================
 %%% Internal: page

@@ -16,7 +16,11 @@
 %%% '''
 -module(beamdiag_format_json).
 
--export([diagnosis/1, document/1, cluster/1]).
+-export([diagnosis/1, cluster/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([document/1]).
+-endif.
 
 -define(SCHEMA, <<"beamdiag.diagnosis/1">>).
 

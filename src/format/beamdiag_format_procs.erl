@@ -11,7 +11,7 @@
 %%% '''
 -module(beamdiag_format_procs).
 
--export([text/1, text/2, line/1, scope/1, compare/2, compare_text/1]).
+-export([text/1, text/2, line/1, compare/2, compare_text/1]).
 
 -define(ROWS, 5).
 

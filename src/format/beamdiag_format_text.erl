@@ -9,7 +9,9 @@
 %%% '''
 -module(beamdiag_format_text).
 
--export([diagnosis/2, ledger_table/2, findings/2, pct/1, wrap/3, cluster/2]).
+-export([diagnosis/2, pct/1, cluster/2]).
+%% Called by scripts/ledger-table.escript.
+-ignore_xref([{pct, 1}]).
 
 -define(WIDTH, 80).
 -define(OUTLIERS, 3).

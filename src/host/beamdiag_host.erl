@@ -21,6 +21,8 @@
 -module(beamdiag_host).
 
 -export([diagnose/2, start/2, arm/1, armed/1, finish/2, cancel/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([handle/0]).
 

@@ -16,7 +16,13 @@
 %%% '''
 -module(beamdiag_host_glance).
 
--export([start/2, finish/1, words/1, parse_state/1, format_error/1]).
+-export([start/2, finish/1, words/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([parse_state/1]).
+-endif.
 
 -export_type([glance/0, view/0]).
 

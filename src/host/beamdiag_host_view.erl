@@ -19,7 +19,7 @@
 %%% '''
 -module(beamdiag_host_view).
 
--export([start/2, snapshot/1, stop/1, sample/3, settings/1, parse_meminfo/1]).
+-export([start/2, snapshot/1, stop/1, settings/1]).
 
 -export_type([sample/0]).
 

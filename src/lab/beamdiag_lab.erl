@@ -15,7 +15,13 @@
 %%% '''
 -module(beamdiag_lab).
 
--export([scenarios/0, scenario/1, start/2, stop/1, node/1, cookie/1, format_error/1]).
+-export([scenarios/0, start/2, stop/1, node/1, cookie/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([scenario/1]).
+-endif.
 
 -export_type([scenario/0, lab/0]).
 

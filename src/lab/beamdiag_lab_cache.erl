@@ -39,6 +39,13 @@
     stop_redis/1,
     format_error/1
 ]).
+%% start/2, stop/1: the scenarios' load and stop MFAs on the lab node; ops/1,
+%% redis_os_pid/1: peer:call by beamdiag_profile_SUITE and bench/sampler_overhead.escript.
+-ignore_xref([{start, 2}, {stop, 1}, {ops, 1}, {redis_os_pid, 1}]).
+%% Called by bench/cache_tier.escript.
+-ignore_xref([{atom_term, 1}, {start_redis, 1}, {stop_redis, 1}]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([scenario/0, redis/0]).
 

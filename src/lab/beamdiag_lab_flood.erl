@@ -21,7 +21,9 @@
 
 -export([scenarios/0]).
 %% Workloads, called on the lab node.
--export([flood/3, queue_len/0]).
+-export([flood/3]).
+%% Lab workloads: run on the lab node from the scenario's `load' MFA.
+-ignore_xref([{flood, 3}]).
 
 -define(CONSUMER, beamdiag_lab_flooded).
 %% The queue's bound, in messages; producers pause above it.
@@ -57,13 +59,6 @@ flood(Ms, N, Cap) ->
         true = register(?CONSUMER, C),
         [C | [spawn_link(fun() -> producer(C, Counts, Cap) end) || _ <- lists:seq(1, N)]]
     end).
-
-%% @doc The consumer's queue length by the workload's own count (sent
-%% minus taken), read without asking the process.
--spec queue_len() -> non_neg_integer().
-queue_len() ->
-    Counts = persistent_term:get({?MODULE, counts}),
-    max(0, atomics:get(Counts, 1) - atomics:get(Counts, 2)).
 
 %%%===================================================================
 %%% Internal

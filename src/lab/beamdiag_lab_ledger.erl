@@ -19,6 +19,12 @@
 -export([idle/1, wakeups/2, burn/2, burn_all/1, dev_zero/2, big_heap_gc/3, blocking/3]).
 %% The workload owner, shared with the other lab modules' workloads.
 -export([owner/2]).
+%% Called on the lab node by beamdiag_agent_workload as Module:unit_context/1 and Module:unit/2.
+-ignore_xref([{unit_context, 1}, {unit, 2}]).
+%% Lab workloads: run on the lab node from the scenario's `load' MFA;
+%% burn/2 also through peer:call/5 by beamdiag_lab.
+-ignore_xref([{idle, 1}, {wakeups, 2}, {burn, 2}, {burn_all, 1}, {dev_zero, 2},
+              {big_heap_gc, 3}, {blocking, 3}]).
 
 -define(NO_SPIN, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"]).
 

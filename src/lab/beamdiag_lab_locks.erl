@@ -15,8 +15,8 @@
 %%% 1> [S | _] = beamdiag_lab_locks:scenarios(), maps:get(name, S).
 %%% ets_hot
 %%% 2> {ok, Pid} = beamdiag_lab_locks:run(ets_hot, #{duration_s => 30}).
-%%% 3> beamdiag_lab_locks:stop(Pid).
-%%% ok
+%%% 3> exit(Pid, shutdown).
+%%% true
 %%% '''
 %%%
 %%% The workloads:
@@ -36,9 +36,13 @@
 %%% </ul>
 -module(beamdiag_lab_locks).
 
--export([scenarios/0, run/2, stop/1]).
+-export([scenarios/0, run/2]).
 %% Units of work, called by the experiment's driver on its node.
 -export([unit_context/1, unit/2]).
+%% Lab workloads: run on the lab node from the scenario's `load' MFA.
+-ignore_xref([{run, 2}]).
+%% Called on the lab node by beamdiag_agent_workload as Module:unit_context/1 and Module:unit/2.
+-ignore_xref([{unit_context, 1}, {unit, 2}]).
 
 -export_type([scenario/0]).
 
@@ -147,18 +151,6 @@ run(Load, Opts) when
     after 10000 ->
         exit(Pid, kill),
         error({workload_start_timeout, Load})
-    end.
-
-%% @doc Stops a workload started by `run/2'.
--spec stop(pid()) -> ok.
-stop(Pid) ->
-    MRef = erlang:monitor(process, Pid),
-    exit(Pid, shutdown),
-    receive
-        {'DOWN', MRef, process, _, _} -> ok
-    after 5000 ->
-        exit(Pid, kill),
-        ok
     end.
 
 %% @doc The tables a unit of work writes to, made as the lab's load makes

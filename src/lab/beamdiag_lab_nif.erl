@@ -11,6 +11,8 @@
 -module(beamdiag_lab_nif).
 
 -export([load/1, spin/1, spin_yield/1]).
+%% NIFs, called as beamdiag_lab_nif:Fun/1 by beamdiag_lab_sick:nif_loop/5.
+-ignore_xref([{spin, 1}, {spin_yield, 1}]).
 
 %% @doc Loads the library (its path without the extension).
 -spec load(file:filename()) -> ok | {error, {atom(), string()}}.

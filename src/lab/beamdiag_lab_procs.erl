@@ -19,6 +19,8 @@
 -export([single_server/2, mailbox_growth/2, equal_workers/2]).
 %% gen_server callbacks.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+%% Lab workloads: run on the lab node from the scenario's `load' MFA.
+-ignore_xref([{single_server, 2}, {mailbox_growth, 2}, {equal_workers, 2}]).
 
 -define(SERVER, beamdiag_lab_server).
 -define(CONSUMER, beamdiag_lab_consumer).

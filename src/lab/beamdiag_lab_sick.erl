@@ -28,6 +28,10 @@
 -export([scenarios/0, prepare/0, release/1, format_error/1]).
 %% Workloads, called on the lab node.
 -export([nif_loop/5]).
+%% Called on the lab node from the scenarios' prepare, release and load MFAs.
+-ignore_xref([{prepare, 0}, {release, 1}, {nif_loop, 5}]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -define(WAKERS, 200).
 -define(SRC, "beamdiag_lab_nif.c").

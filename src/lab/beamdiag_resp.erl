@@ -15,7 +15,11 @@
 %%% '''
 -module(beamdiag_resp).
 
--export([connect/2, command/2, command/3, close/1, encode/1, decode/1, format_error/1]).
+-export([connect/2, command/2, command/3, close/1, format_error/1]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([encode/1, decode/1]).
+-endif.
 
 -export_type([conn/0, reply/0]).
 

@@ -38,13 +38,18 @@
     summary/1,
     top/2,
     format_top/2,
-    thread_type/1,
     frame_kind/1,
     frame_stats/1,
     merge/2,
     from_counts/1,
     format_error/1
 ]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([thread_type/1]).
+-endif.
 
 -export_type([profile/0, stack/0, options/0, top_row/0, frame_kind/0]).
 
@@ -149,11 +154,13 @@ top(P, Opts) ->
 format_top(Title, Rows) ->
     beamdiag_fold_profile:format_top(Title, Rows).
 
+-ifdef(TEST).
 %% @doc The thread type of a perf `comm' (thread name), numbers removed:
 %% `1_scheduler' and `erts_sched_1' are both `<<"scheduler">>'.
 -spec thread_type(binary()) -> binary().
 thread_type(Comm) ->
     beamdiag_fold_header:thread_type(Comm).
+-endif.
 
 %% @doc What a frame name is (`beamdiag_fold_frame:kind/1').
 -spec frame_kind(binary()) -> frame_kind().

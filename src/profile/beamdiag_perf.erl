@@ -24,8 +24,13 @@
 %%% '''
 -module(beamdiag_perf).
 
--export([record/2, script_args/1, record_args/3, find_perf/1, format_error/1, defaults/0, target/1,
-         choose_call_graph/1]).
+-export([record/2, format_error/1, target/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([record_args/3, choose_call_graph/1]).
+-endif.
 
 -export_type([options/0, result/0, target/0]).
 

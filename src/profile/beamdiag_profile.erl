@@ -10,6 +10,8 @@
 -module(beamdiag_profile).
 
 -export([profile/3, header/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the

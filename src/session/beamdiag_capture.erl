@@ -27,7 +27,13 @@
 
 -include_lib("kernel/include/file.hrl").
 
--export([new/3, save/2, load/1, read/1, encode/1, decode/1, format_error/1]).
+-export([new/3, save/2, load/1, read/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([encode/1, decode/1]).
+-endif.
 
 -export_type([content/0]).
 

@@ -29,7 +29,7 @@
 %%% '''
 -module(beamdiag_client).
 
--export([start/2, start/3, next/2, await/3, abort/1, stop/2, close/1, ended/1, format_error/1]).
+-export([start/2, next/2, await/3, abort/1, stop/2, close/1, ended/1, format_error/1]).
 
 -export_type([client/0, event/0]).
 

@@ -35,8 +35,14 @@
 %%% '''
 -module(beamdiag_cluster).
 
--export([diagnose/2, analyse/1, summary_row/1, parse_nodes/1, read_nodes/1, document/1,
+-export([diagnose/2, read_nodes/1, document/1,
          format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([analyse/1, parse_nodes/1]).
+-endif.
 
 -export_type([cluster/0, member_result/0]).
 

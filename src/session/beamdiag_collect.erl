@@ -22,6 +22,8 @@
 -module(beamdiag_collect).
 
 -export([run/2, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([capture/0]).
 

@@ -34,8 +34,10 @@
 %%% '''
 -module(beamdiag_experiment).
 
--export([run/1, options/1, workload/1, workload_name/1, lab_units/0, summarise/1,
+-export([run/1, workload/1, summarise/1,
          metrics/0, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([workload/0, result/0]).
 

@@ -33,13 +33,13 @@
 %%% '''
 -module(beamdiag_loader).
 
--export([load/2, unload/2, plan/1, built_on/1, format_error/1]).
+-export([load/2, unload/2, format_error/1]).
 -export([objects/1, load_objects/2]).
 
 -export_type([target/0, plan/0, objects/0]).
 
 -ifdef(TEST).
--export([release_of_compiler/1]).
+-export([release_of_compiler/1, plan/1, built_on/1]).
 -endif.
 
 -type target() :: node() | {peer, pid()}.

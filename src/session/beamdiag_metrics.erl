@@ -5,7 +5,7 @@
 %%% `beamdiag_cli_metrics').
 %%%
 %%% A sampler process takes one sample of this node each interval (the
-%%% agent's `beamdiag_agent:sample/1': /proc per thread, scheduler wall
+%%% agent's `beamdiag_agent:take/1': /proc per thread, scheduler wall
 %%% time, cgroup counters), keeps the last two, builds the ledger between
 %%% them and renders the exposition text, which the responder serves as
 %%% it is. Scrapes cost nothing but a copy of the text.
@@ -29,10 +29,16 @@
 
 -behaviour(gen_server).
 
--export([start/1, start_link/1, stop/1, child_spec/1, options/1, text/1, exposition/3,
+-export([start/1, start_link/1, stop/1, child_spec/1, exposition/3,
          warming_up/0, scrape/1, format_error/1]).
 %% gen_server callbacks.
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([text/1]).
+-endif.
 
 -define(DEFAULTS, #{port => 9568, interval => 1000, ip => loopback, path => "/metrics",
                     msacc => false}).

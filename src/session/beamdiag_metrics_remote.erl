@@ -17,7 +17,9 @@
 %%% '''
 -module(beamdiag_metrics_remote).
 
--export([run/2, options/1, format_error/1]).
+-export([run/2, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -define(DEFAULTS, #{port => 9568, ip => loopback, path => "/metrics", interval => 1000,
                     duration => 3600, started => undefined}).

@@ -12,8 +12,14 @@
 %%% '''
 -module(beamdiag_remote).
 
--export([connect/2, load/2, unload/2, disconnect/1, parse_node/1, format_error/1]).
+-export([connect/2, load/2, disconnect/1, parse_node/1, format_error/1]).
 -export([distribute/1]).
+%% Called by bench/overhead.escript.
+-ignore_xref([{load, 2}]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([unload/2]).
+-endif.
 
 %% How long the connection may take. A node whose schedulers are all busy,
 %% on a host that is itself overloaded, can take seconds to answer the
@@ -53,10 +59,12 @@ connect(NodeStr, Opts) ->
 load(Node, Mods) ->
     beamdiag_loader:load(Node, Mods).
 
+-ifdef(TEST).
 %% @doc Removes modules this session loaded onto the node.
 -spec unload(node(), [module()]) -> ok.
 unload(Node, Mods) ->
     beamdiag_loader:unload(Node, Mods).
+-endif.
 
 %% @doc Drops the connection to the node.
 -spec disconnect(node()) -> ok.

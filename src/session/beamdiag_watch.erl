@@ -22,7 +22,9 @@
 %%% '''
 -module(beamdiag_watch).
 
--export([start/2, next/2, stop/1, frame/2, options/1, format_error/1]).
+-export([start/2, next/2, stop/1, frame/2, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 -export_type([session/0]).
 
