@@ -79,7 +79,8 @@
     unload => [module()],
     proc_root => file:filename(),
     exclude_pids => [integer()],
-    host_scan => boolean()
+    host_scan => boolean(),
+    end_wall_ms => integer()
 }.
 -type sample() :: #{
     t := integer(),
@@ -226,6 +227,15 @@ missing_why(timeout) -> timeout;
 missing_why(busy) -> busy;
 missing_why({error, _}) -> error.
 
+%% With `end_wall_ms' (a system time in ms) the window ends then: a
+%% cluster's agents, started over a few seconds, all end together. It
+%% keeps at least two intervals and is never longer than `duration_ms'.
+ends_at(Opts = #{end_wall_ms := EndWall, duration_ms := D, interval_ms := I}) ->
+    Left = EndWall - erlang:system_time(millisecond),
+    Opts#{duration_ms := max(min(2 * I, D), min(D, Left))};
+ends_at(Opts) ->
+    Opts.
+
 %% The queue lengths of the processes with the longest queues at the
 %% window's start (at most ten, one constant-time read each), so that a
 %% capture cut short still has their growth.
@@ -241,7 +251,8 @@ in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
 
 %% @private
 -spec init(pid(), reference(), opts(), pid()) -> no_return().
-init(Caller, Ref, Opts, _Starter) ->
+init(Caller, Ref, Opts0, _Starter) ->
+    Opts = ends_at(Opts0),
     %% Started over erpc, the agent inherits the caller's group leader, and
     %% whatever it or its helpers print or log would reach the caller's
     %% terminal: it takes the target's own, that of init, before anything.
@@ -297,6 +308,8 @@ init(Caller, Ref, Opts, _Starter) ->
                                 #{}),
         locks => Locks =/= undefined,
         wall_start_ms => erlang:system_time(millisecond),
+        %% The window asked for, or what was left of it (`end_wall_ms').
+        duration_ms => Duration,
         deadline_in_ms => Hard - Start
     }}},
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,

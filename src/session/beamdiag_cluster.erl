@@ -471,14 +471,15 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
                                      end + ?GRACE_MS,
     [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
 
-%% Every window ends at the same moment: a collector that starts late
+%% Every window ends at the same moment: an agent that starts late
 %% (hundreds of agents starting on a few busy cores spread their starts
 %% over seconds) samples the rest of the common window, at least two
-%% intervals, instead of ending as late as it started. The report gives
+%% intervals, instead of ending as late as it started. The end is a wall
+%% clock time the agent itself holds to (`end_wall_ms'). The report gives
 %% the starts' spread and how long all windows overlapped.
-ends_at(Collect = #{interval_ms := I}, EndAt) ->
-    Left = EndAt - erlang:monotonic_time(millisecond),
-    Collect#{duration_ms := max(2 * I, Left)}.
+ends_at(Collect, EndAt) ->
+    Wall = erlang:system_time(millisecond) + EndAt - erlang:monotonic_time(millisecond),
+    Collect#{end_wall_ms => Wall}.
 
 %% beamdiag's own modules loaded while the windows run: in the escript
 %% they load on first use, and otherwise the first analyses, all at the

@@ -73,7 +73,7 @@ run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
                            maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs, host_scan,
-                                      unload, proc_root, locks_cleared], Opts)),
+                                      unload, proc_root, locks_cleared, end_wall_ms], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     OnSample = maps:get(on_sample, Opts, undefined),
     case beamdiag_client:start(Node, lock_time(AgentOpts, maps:get(ready_by, Opts, infinity))) of
@@ -331,8 +331,13 @@ report_progress(Progress, [#{t := T} | _] = Samples, D) ->
 
 capture(Info, RevSamples, Extras, Complete, D) ->
     beamdiag_capture:new(Info, lists:reverse(RevSamples),
-                         #{duration_ms => D, extras => Extras, complete => Complete,
+                         #{duration_ms => asked(Info, D), extras => Extras, complete => Complete,
                            notes => extras_notes(Extras)}).
+
+%% The window the agent ran: the one asked for, or what was left of a
+%% common window (`end_wall_ms') when it started.
+asked(#{duration_ms := Ms}, _) -> Ms;
+asked(_, D) -> D.
 
 %% What the extras say is missing: the long schedules when the node's
 %% system monitor was taken, the end walk when it did not finish in time.
