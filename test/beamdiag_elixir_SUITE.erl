@@ -153,8 +153,9 @@ mix_exs(Dep) ->
      "end\n"].
 
 copy_project(Root, Dest) ->
-    Files = ["rebar.config" | [filename:join("src", F) || F <- list(filename:join(Root, "src"))]] ++
-            [filename:join("include", F) || F <- list(filename:join(Root, "include"))],
+    %% src/ has a folder per role: the whole tree.
+    Files = ["rebar.config" | [F || F <- filelib:wildcard("{src,include}/**/*", Root),
+                                    not filelib:is_dir(filename:join(Root, F))]],
     lists:foreach(
         fun(F) ->
             To = filename:join(Dest, F),
@@ -162,12 +163,6 @@ copy_project(Root, Dest) ->
             {ok, _} = file:copy(filename:join(Root, F), To)
         end,
         Files).
-
-list(Dir) ->
-    case file:list_dir(Dir) of
-        {ok, Fs} -> [F || F <- Fs, not filelib:is_dir(filename:join(Dir, F))];
-        {error, _} -> []
-    end.
 
 run(Exe, Args, Dir, Env) ->
     Port = open_port({spawn_executable, Exe},
