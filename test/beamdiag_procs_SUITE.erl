@@ -8,7 +8,8 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([single_server/1, mailbox_growth/1, equal_workers/1, dirty_cpu_gc_heaps/1,
-         walk_bounds/1, otp27_label/1, otp29_iterator/1, hot_stacks/1, single_server_lcnt/1]).
+         walk_bounds/1, walk_flooded_queue/1, otp27_label/1, otp29_iterator/1, hot_stacks/1,
+         single_server_lcnt/1]).
 
 -define(WINDOW, 4).
 %% Seconds a lab load may run at most: the timetrap's bound; each case's
@@ -20,11 +21,12 @@ suite() -> [{timetrap, {minutes, 3}}].
 
 -spec all() -> [atom()].
 all() ->
-    [single_server, hot_stacks, single_server_lcnt, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds, otp27_label,
-     otp29_iterator].
+    [single_server, hot_stacks, single_server_lcnt, mailbox_growth, equal_workers, dirty_cpu_gc_heaps, walk_bounds,
+     walk_flooded_queue, otp27_label, otp29_iterator].
 
 -spec init_per_testcase(atom(), list()) -> list().
-init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= otp27_label;
+init_per_testcase(Case, Config) when Case =:= walk_bounds; Case =:= walk_flooded_queue;
+                                     Case =:= otp27_label;
                                      Case =:= otp29_iterator ->
     Config;
 init_per_testcase(single_server_lcnt, Config) ->
@@ -247,6 +249,39 @@ walk_bounds(_Config) ->
     ?assert(S0 =< length(erlang:registered()) + 10),
     [?assert(length(maps:get(K, R)) =< 10) || R <- [All, Small],
                                               K <- [top_reductions, queues, heaps, heap_growth]].
+
+%% A mailbox of 3 million messages costs the walks nothing more: they read
+%% no item that walks a queue (`total_heap_size' and `memory' do: about
+%% 20 ms for this queue on OTP 25), and the flooded process's memory is
+%% estimated from its queue. The walks' own clock, the fastest of five
+%% start and end walks with the flood against five without, side by side.
+-spec walk_flooded_queue(list()) -> term().
+walk_flooded_queue(_Config) ->
+    Walks = fun() ->
+                lists:min([lists:sum(maps:get(walk_us, beamdiag_agent_processes:finish(
+                                                             beamdiag_agent_processes:start(#{}))))
+                           || _ <- lists:seq(1, 5)])
+            end,
+    Quiet = Walks(),
+    P = spawn(fun() -> receive stop -> ok end end),
+    try
+        [P ! {item, N, self()} || N <- lists:seq(1, 3000000)],
+        {T, {memory, _}} = timer:tc(erlang, process_info, [P, memory]),
+        Flooded = Walks(),
+        R = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{})),
+        [E] = [E || E = #{queue := [_, Q]} <- maps:get(queues, R), Q >= 3000000],
+        ct:pal("walks (start and end, fastest of 5): ~b us quiet, ~b us with a queue of 3M "
+               "(one process_info(P, memory) of it: ~b us); its memory ~p bytes, estimated ~p",
+               [Quiet, Flooded, T, maps:get(memory, E), maps:get(memory_estimated, E)]),
+        %% The raw signal first: the queue is one that costs a queue walk.
+        ?assert(T > 2000),
+        ?assert(Flooded < 3 * Quiet + 1000),
+        ?assertEqual(true, maps:get(memory_estimated, E)),
+        [_, M1] = maps:get(memory, E),
+        ?assert(M1 >= 3000000 * 100)
+    after
+        exit(P, kill)
+    end.
 
 %% On OTP 27 a process is named by its label (proc_lib:set_label/1) when it
 %% has no registered name: four producers fill an unregistered, labelled
