@@ -309,10 +309,12 @@ local_host(NodeStr) ->
         _ -> false
     end.
 
-%% The node's host is this one: the host view starts with the call, while
+%% The node's host is this one: the host view starts with the call, then
 %% a worker connects and runs the window as on any node. The worker says
 %% each step it got through. Once the agent is loaded (or has ticked), the
-%% node has answered and the host view is dropped. Past the answer time,
+%% node has answered; the host view goes on until the report, and makes it
+%% when the agent's first two samples have not come by the time the report
+%% is due (a throttled node's own reads wait for its quota). Past the answer time,
 %% perf starts on the threads the host view finds held; a node that has
 %% still not let the agent load by the window's end has not answered: the
 %% worker is stopped and the window finished from the host view alone.
@@ -323,22 +325,25 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
                    Self ! {Tag, answered},
                    case P of undefined -> ok; _ -> P(E, T) end
                end,
+    T0 = erlang:monotonic_time(millisecond),
+    AnswerMs = answer_ms(maps:get(answer_timeout, O), D),
+    %% Milliseconds on this host (epmd's names, /proc): the worker starts
+    %% once the view does, so that it knows whether it has one to fall
+    %% back on.
+    Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
+    View = case Located of
+               {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
+               {error, _} -> none
+           end,
     {Worker, MRef} = spawn_monitor(fun() ->
         R = try
-                {result, remote(NodeStr, O#{progress := Progress},
+                {result, remote(NodeStr, O#{progress := Progress, fallback => View =/= none},
                                 fun(Stage) -> Self ! {Tag, stage, Stage} end)}
             catch
                 C:Why:St -> {raise, C, Why, St}
             end,
         Self ! {Tag, R}
     end),
-    T0 = erlang:monotonic_time(millisecond),
-    AnswerMs = answer_ms(maps:get(answer_timeout, O), D),
-    Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
-    View = case Located of
-               {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
-               {error, _} -> none
-           end,
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
             node => NodeStr}).
@@ -361,14 +366,20 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                _ -> infinity
            end,
     receive
-        {Tag, answered} when is_tuple(View) ->
-            ok = beamdiag_host:cancel(element(2, View)),
-            await(W#{view := answered});
         {Tag, answered} ->
-            await(W);
+            %% The host view goes on: a node that answers too slowly for
+            %% the report to be on time is reported on from it.
+            await(W#{view := answered(View)});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
-        {Tag, {result, {error, Why}}} when is_tuple(View) ->
+        {Tag, {result, {error, {beamdiag_collect, due}}}} when element(1, View) =:= answered ->
+            %% The node answered, but its agent's first two samples had not
+            %% come when the report was due: the host view makes it.
+            erlang:demonitor(MRef, [flush]),
+            flush_answers(Tag),
+            {ok, beamdiag_host:late(element(2, View), #{
+                waited_ms => erlang:monotonic_time(millisecond) - T0})};
+        {Tag, {result, {error, Why}}} when element(1, View) =:= watching ->
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),
             case timed_out(Why) of
@@ -385,8 +396,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
             _ = case View of
-                    {watching, H} -> beamdiag_host:cancel(H);
-                    _ -> ok
+                    {_, H} -> beamdiag_host:cancel(H);
+                    none -> ok
                 end,
             flush_answers(Tag),
             case Result of
@@ -419,6 +430,10 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     distribution => distribution_seen(W)})}
         end
     end.
+
+%% The host view of a node that has answered: still running, never armed.
+answered({_, H}) -> {answered, H};
+answered(none) -> none.
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
@@ -533,10 +548,11 @@ temp_dir() ->
                   "beamdiag-perf-" ++ os:getpid() ++ "-" ++
                       integer_to_list(erlang:unique_integer([positive]))).
 
-collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
-               procs := Procs, progress := P, ready_by := ReadyBy}, Unload) ->
+collect_opts(O = #{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
+                   procs := Procs, progress := P, ready_by := ReadyBy}, Unload) ->
     Base = #{
         ready_by => ReadyBy,
+        fallback => maps:get(fallback, O, false),
         duration_ms => max(1, round(D * 1000)),
         interval_ms => I,
         msacc => M,

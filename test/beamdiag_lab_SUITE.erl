@@ -120,28 +120,39 @@ cpu_ticks(OsPid) ->
     binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
 
 %% Also the deadline: the report is due at the window plus 1.5 s from the
-%% call (connecting and loading included); a node too throttled to answer
-%% two ticks by then is reported on as soon as its second tick comes, from
-%% those, marked partial, instead of waiting for the rest of its window.
+%% call (connecting and loading included). A node too throttled to answer
+%% two ticks by then (its own reads wait for its quota) is reported on from
+%% the host's view of it, which needs nothing of the node; one that has
+%% answered two is reported on from those, marked partial.
 cpu_throttling(Config) ->
     Lab = ?config(lab, Config),
     Self = self(),
     Progress = fun(_, _) -> Self ! {tick_at, erlang:monotonic_time(millisecond)}, ok end,
     T0 = erlang:monotonic_time(millisecond),
-    {ok, #{ledger := L, findings := F, capture := C}} =
+    {ok, D = #{ledger := L, findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW, progress => Progress}),
     T1 = erlang:monotonic_time(millisecond),
     Ticks = [T - T0 || T <- ticks_at()],
     beamdiag_test_lib:agent_gone(Lab),
     Due = ?WINDOW * 1000 + 1500,
-    ct:pal("report after ~b ms for a ~b s window (due at ~b ms); ticks at ~p ms; complete ~p~n"
-           "notes ~p", [T1 - T0, ?WINDOW, Due, Ticks, maps:get(complete, C), maps:get(notes, L)]),
+    HostOnly = maps:get(host_only, D, false),
+    ct:pal("report after ~b ms for a ~b s window (due at ~b ms); ticks at ~p ms; complete ~p; "
+           "host-only ~p~nnotes ~p", [T1 - T0, ?WINDOW, Due, Ticks, maps:get(complete, C), HostOnly,
+                                      maps:get(notes, L, [])]),
     %% Raw signal of the deadline: the report came by the due time plus the
-    %% analysis, or right after the tick that made two.
-    [_, Second | _] = Ticks,
-    ?assert(T1 - T0 =< max(Due, Second) + 500),
-    ?assert(length(maps:get(samples, C)) >= 2),    Cg = maps:get(cgroup, L),
+    %% analysis, whether the node's ticks came or not.
+    ?assert(T1 - T0 =< Due + 700),
+    ?assert(length(maps:get(samples, C)) >= 2),
+    case HostOnly of
+        true ->
+            %% Fewer than two ticks by the due time: said so at the top.
+            ?assert(length(Ticks) < 2),
+            #{extras := #{host_view := #{reason := slow}}} = C;
+        false ->
+            ?assert(length(Ticks) >= 2)
+    end,
+    Cg = maps:get(cgroup, L),
     ct:pal("cgroup ~p", [Cg]),
     ?assert(maps:get(throttled_ratio, Cg) > 0.3),
     ?assert(lists:member(cpu_throttling, serious(F))),

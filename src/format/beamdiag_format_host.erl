@@ -106,6 +106,9 @@ reason(V) ->
 
 reason_line(#{reason := unresponsive, waited_ms := Ms}) ->
     io_lib:format("the node did not answer in ~.1f s; host-side only", [Ms / 1000]);
+reason_line(#{reason := slow, waited_ms := Ms}) ->
+    io_lib:format("the node answered, but its first two samples had not come when the report "
+                  "was due, ~.1f s after the call; host-side only", [Ms / 1000]);
 reason_line(_) ->
     "host-side only, as asked: the node was not asked anything".
 

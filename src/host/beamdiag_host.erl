@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -125,6 +125,14 @@ armed(H) ->
 -spec finish(handle(), map()) -> beamdiag:diagnosis().
 finish(H, Context) ->
     window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
+
+%% @doc Finishes the window from the host view alone: the node answered,
+%% but too slowly for the agent's samples to make the report on time.
+%% Context: `waited_ms' (from the call to the report's due time). perf
+%% runs only if `arm/1' started it.
+-spec late(handle(), map()) -> beamdiag:diagnosis().
+late(H, Context) ->
+    window(H, Context#{reason => slow}).
 
 %% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.

@@ -65,6 +65,10 @@
 %% whole window), `locks', `unload' (modules the agent removes when done),
 %% `ready_by' (monotonic ms, default `infinity': when the capture is due;
 %% past it, two samples or more end the session as a partial capture),
+%% `fallback' (false; true when the caller has a view of the node of its
+%% own to fall back on, the host's: then, when the report is due and fewer
+%% than two samples have come, the agent is stopped and the session ends
+%% with `{error, {beamdiag_collect, due}}' instead of waiting for them),
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
@@ -84,6 +88,7 @@ run(Node, Opts) ->
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
             Result = gather(#{client => Client, deadline => Deadline,
                               ready_by => maps:get(ready_by, Opts, infinity),
+                              fallback => maps:get(fallback, Opts, false),
                               finishing => false,
                               progress => Progress, duration => D, info => undefined,
                               samples => [], on_sample => OnSample}),
@@ -123,10 +128,12 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
     Now = erlang:monotonic_time(millisecond),
     ReadyBy = ready_by(G),
     case ReadyBy =/= infinity andalso Now >= ReadyBy andalso not Finishing
-             andalso due(Info, Samples) of
+             andalso (due(Info, Samples) orelse maps:get(fallback, G)) of
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
+            %% Fewer with a view to fall back on: the caller reports from
+            %% that view.
             beamdiag_client:abort(maps:get(client, G)),
             late(quick_extras(G), Info, Samples, D, due);
         false ->
