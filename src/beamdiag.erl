@@ -370,6 +370,9 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             %% The host view goes on: a node that answers too slowly for
             %% the report to be on time is reported on from it.
             await(W#{view := answered(View)});
+        {Tag, stage, loaded} ->
+            %% The agent is loaded: the node answers.
+            await(W#{stage := loaded, view := answered(View)});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
         {Tag, {result, {error, {beamdiag_collect, due}}}} when element(1, View) =:= answered ->
@@ -431,9 +434,13 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
         end
     end.
 
-%% The host view of a node that has answered: still running, never armed.
-answered({_, H}) -> {answered, H};
-answered(none) -> none.
+%% The host view of a node that has answered: kept in reserve (no samples
+%% until the report), never armed.
+answered({watching, H}) ->
+    ok = beamdiag_host:reserve(H),
+    {answered, H};
+answered(View) ->
+    View.
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;

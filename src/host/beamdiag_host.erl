@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, reserve/1, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -133,6 +133,13 @@ finish(H, Context) ->
 -spec late(handle(), map()) -> beamdiag:diagnosis().
 late(H, Context) ->
     window(H, Context#{reason => slow}).
+
+%% @doc The node answered: the view is kept in reserve for `late/2',
+%% without samples in between (its first and the one `late/2' takes make
+%% its window); perf, if armed, goes on.
+-spec reserve(handle()) -> ok.
+reserve(#{sampler := S}) ->
+    beamdiag_host_view:pause(S).
 
 %% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.

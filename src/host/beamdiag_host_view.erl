@@ -19,7 +19,7 @@
 %%% '''
 -module(beamdiag_host_view).
 
--export([start/2, snapshot/1, stop/1, settings/1]).
+-export([start/2, snapshot/1, pause/1, stop/1, settings/1]).
 
 -export_type([sample/0]).
 
@@ -63,6 +63,13 @@ start(OsPid, Opts) ->
 -spec snapshot(pid()) -> [sample()].
 snapshot(Pid) ->
     call(Pid, snapshot).
+
+%% @doc No more samples each interval (a view kept in reserve costs
+%% nothing); `snapshot/1' and `stop/1' still take one.
+-spec pause(pid()) -> ok.
+pause(Pid) ->
+    Pid ! pause,
+    ok.
 
 %% @doc A last sample now, then the sampler ends: every sample, oldest first.
 -spec stop(pid()) -> [sample()].
@@ -137,7 +144,9 @@ loop(S = #{root := Root, os_pid := OsPid, cgroup := Cg, interval := Interval}, A
             From ! {Ref, lists:reverse(Acc2)},
             loop(S, Acc2);
         {From, Ref, stop} ->
-            From ! {Ref, lists:reverse(keep([sample(Root, OsPid, Cg) | Acc]))}
+            From ! {Ref, lists:reverse(keep([sample(Root, OsPid, Cg) | Acc]))};
+        pause ->
+            loop(S#{interval := infinity}, Acc)
     after Interval ->
         loop(S, keep([sample(Root, OsPid, Cg) | Acc]))
     end.
