@@ -259,9 +259,10 @@ early_locks(Node, _O) ->
     Self = self(),
     Ref = make_ref(),
     {Pid, MRef} = spawn_monitor(fun() ->
-        Cleared = try erpc:call(Node, erlang, system_info, [lock_counting], ?EARLY_LOCKS_MS) of
-                      true -> erpc:call(Node, erts_debug, lcnt_clear, [], ?EARLY_LOCKS_MS) =:= ok;
-                      _ -> false
+        %% Both calls inside the try: a timeout of the second is no crash.
+        Cleared = try
+                      erpc:call(Node, erlang, system_info, [lock_counting], ?EARLY_LOCKS_MS)
+                          andalso erpc:call(Node, erts_debug, lcnt_clear, [], ?EARLY_LOCKS_MS) =:= ok
                   catch _:_ -> false
                   end,
         Self ! {Ref, Cleared}
