@@ -376,13 +376,14 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             await(W#{stage := loaded, view := answered(View)});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
-        {Tag, {result, {error, {beamdiag_collect, due}}}} when element(1, View) =:= answered ->
+        {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
             %% The node answered, but its agent's first two samples had not
-            %% come when the report was due: the host view makes it.
+            %% come when the report was due: the host view makes it, with
+            %% what the agent sent.
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),
             {ok, beamdiag_host:late(element(2, View), #{
-                waited_ms => erlang:monotonic_time(millisecond) - T0})};
+                waited_ms => erlang:monotonic_time(millisecond) - T0, agent => Agent})};
         {Tag, {result, {error, Why}}} when element(1, View) =:= watching ->
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),

@@ -76,8 +76,12 @@ analyse(Capture, Context) ->
     Ledger = beamdiag_ledger:build(Capture),
     Settings = maps:get(settings, Capture),
     T = thresholds(),
+    %% The ledger's rules that hold without the VM's figures, and those of
+    %% whatever an agent sent before the report fell back on the host
+    %% (lock data, process walk, long schedules: rules without threads).
     Kept = [F || F = #{id := Id} <- beamdiag_rules:findings(Capture, Ledger),
-                 lists:member(Id, ?HOST_RULES)],
+                 lists:member(Id, ?HOST_RULES)] ++
+        beamdiag_rules:findings(Capture, Ledger#{threads := []}),
     Findings = held(Ledger, Context, T) ++ memory(Capture, T) ++ Kept,
     #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)},
       findings => beamdiag_finding:sort(Findings), host_only => true,

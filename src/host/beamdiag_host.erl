@@ -104,7 +104,7 @@ arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := Use
     case UsePerf andalso Secs >= 1 of
         true ->
             Samples = beamdiag_host_view:snapshot(S),
-            Ledger = beamdiag_ledger:build(capture(H, Samples)),
+            Ledger = beamdiag_ledger:build(capture(H, Samples, none)),
             case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
                 [] -> H;
                 Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
@@ -128,8 +128,9 @@ finish(H, Context) ->
 
 %% @doc Finishes the window from the host view alone: the node answered,
 %% but too slowly for the agent's samples to make the report on time.
-%% Context: `waited_ms' (from the call to the report's due time). perf
-%% runs only if `arm/1' started it.
+%% Context: `waited_ms' (from the call to the report's due time), `agent'
+%% (what the agent sent: `#{info, extras}'). perf runs only if `arm/1'
+%% started it.
 -spec late(handle(), map()) -> beamdiag:diagnosis().
 late(H, Context) ->
     window(H, Context#{reason => slow}).
@@ -178,7 +179,7 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                           {ok, Script0, Ts} -> {{script, Script0}, Ts};
                           Other -> {Other, []}
                       end,
-    Capture = capture(H, Samples),
+    Capture = capture(H, Samples, maps:get(agent, Context, none)),
     Ledger = beamdiag_ledger:build(Capture),
     HotTids = [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)],
     PerfTop = case PerfCtx of
@@ -193,7 +194,7 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                   _ ->
                       PerfCtx
               end,
-    Ctx = Context#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
+    Ctx = (maps:remove(agent, Context))#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
                    window_s => D / 1000, perf => PerfTop,
                    process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},
@@ -220,7 +221,15 @@ progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
 
 %% The samples as the agent's (the ledger reads them), the host's and
 %% cgroup's memory at the end of the window in the extras.
-capture(H = #{os_pid := OsPid, proc_root := Root}, Samples) ->
+%% With what an agent sent before the report fell back on the host view
+%% (`late/2'): its settings fill in what the host cannot see, and its lock
+%% data, start walk and long schedules join the extras.
+capture(H, Samples, #{info := Info, extras := AgentExtras}) when is_map(Info) ->
+    C = #{settings := Settings, extras := Extras} = capture(H, Samples, none),
+    Kept = maps:with([locks, locks_missing, procs, long_schedules], AgentExtras),
+    C#{settings := maps:merge(maps:get(settings, Info, #{}), Settings),
+       extras := maps:merge(Kept, Extras)};
+capture(H = #{os_pid := OsPid, proc_root := Root}, Samples, _) ->
     Settings = maps:merge(beamdiag_host_view:settings(Samples), flags(Root, OsPid)),
     Memory = case Samples of
                  [_ | _] -> maps:get(memory, lists:last(Samples), #{});

@@ -52,8 +52,9 @@
 -define(QUICK_MS, 300).
 %% How long before the report is due the lock counters are read at the
 %% latest (measured: 0.35 to 0.9 s for the read on a saturated
-%% lock-counting node, under a host load of 14 to 18 on 2 cores).
--define(LOCK_READ_MS, 1000).
+%% lock-counting node, under a host load of 14 to 18 on 2 cores; with 1 s,
+%% the lock data of that node missed the report in 1 of 3 tries).
+-define(LOCK_READ_MS, 2000).
 -define(LOCK_GRACE_MS, 500).
 
 %%%===================================================================
@@ -68,7 +69,8 @@
 %% `fallback' (false; true when the caller has a view of the node of its
 %% own to fall back on, the host's: then, when the report is due and fewer
 %% than two samples have come, the agent is stopped and the session ends
-%% with `{error, {beamdiag_collect, due}}' instead of waiting for them),
+%% with `{error, {beamdiag_collect, {due, #{info, extras}}}}', what the
+%% agent sent, instead of waiting for them),
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
@@ -109,7 +111,7 @@ format_error({target_down, Reason, undefined}) ->
     io_lib:format("the target went away before the first sample (~ts)", [down_text(Reason)]);
 format_error({agent_aborted, Why}) ->
     io_lib:format("the agent stopped early (~ts)", [beamdiag_client:ended({aborted, Why})]);
-format_error(due) ->
+format_error({due, _}) ->
     "the node's first samples did not come before the report was due: it is overloaded or a "
     "scheduler is held";
 format_error(timeout) ->
@@ -127,15 +129,19 @@ down_text(R) -> beamdiag_client:ended({down, R}).
 gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Samples}) ->
     Now = erlang:monotonic_time(millisecond),
     ReadyBy = ready_by(G),
-    case ReadyBy =/= infinity andalso Now >= ReadyBy andalso not Finishing
-             andalso (due(Info, Samples) orelse maps:get(fallback, G)) of
+    Due = ReadyBy =/= infinity andalso Now >= ReadyBy andalso not Finishing,
+    case Due andalso due(Info, Samples) of
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
-            %% Fewer with a view to fall back on: the caller reports from
-            %% that view.
             beamdiag_client:abort(maps:get(client, G)),
             late(quick_extras(G), Info, Samples, D, due);
+        false when Due, map_get(fallback, G) ->
+            %% Fewer, with a view to fall back on: the caller reports from
+            %% that view, with what the agent sent (its settings, the lock
+            %% data, the start walk, the long schedules), not waited for.
+            beamdiag_client:abort(maps:get(client, G)),
+            {error, {beamdiag_collect, {due, #{info => Info, extras => partial_extras(G)}}}};
         false ->
             gather(G, Now)
     end.
