@@ -382,19 +382,30 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             %% what the agent sent.
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),
+            Ms = erlang:monotonic_time(millisecond) - T0,
             {ok, beamdiag_host:late(element(2, View), #{
-                waited_ms => erlang:monotonic_time(millisecond) - T0, agent => Agent})};
+                waited_ms => Ms, agent => Agent,
+                why => iolist_to_binary(io_lib:format(
+                         "the node answered, but its first two samples had not come when the "
+                         "report was due, ~.1f s after the call", [Ms / 1000]))})};
         {Tag, {result, {error, Why}}} when element(1, View) =:= watching ->
             erlang:demonitor(MRef, [flush]),
             flush_answers(Tag),
-            case timed_out(Why) of
-                true ->
+            case {timed_out(Why), Why} of
+                {true, _} ->
                     %% The handshake gave up, or the release read or the
                     %% agent's start timed out: what the host saw is all.
                     {ok, beamdiag_host:finish(element(2, View), #{
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
                         distribution => iolist_to_binary(error_text(Why))})};
-                false ->
+                {false, {beamdiag_loader, {busy, _, _, _}}} ->
+                    %% A previous session's agent is still leaving (on a
+                    %% saturated node it may take seconds): the host view
+                    %% makes the report, saying why.
+                    {ok, beamdiag_host:late(element(2, View), #{
+                        waited_ms => erlang:monotonic_time(millisecond) - T0,
+                        why => iolist_to_binary(error_text(Why))})};
+                {false, _} ->
                     ok = beamdiag_host:cancel(element(2, View)),
                     {error, Why}
             end;

@@ -125,19 +125,36 @@ ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, 
                 {<<"owner and options unknown (table not found on the node)">>, #{}, #{}}
         end,
     Advice = beamdiag_lock_advice:ets(Opts),
+    %% With the table's options known, the fix is the advice fitted to them
+    %% (never write_concurrency to a table that has it); without, the
+    %% advice stays in the evidence beside the catalogue's fix.
+    {AdviceLines, Fitted} = case Opts of
+                                #{write_concurrency := _} ->
+                                    {[], #{fix => fix_text(Advice)}};
+                                _ ->
+                                    {[Advice], #{}}
+                            end,
     Evidence = [
         io_lib:format(
-            "ETS table ~ts: threads waited ~s of the window on its locks (~ts, ~b lock~s); "
+            "ETS table ~ts: threads waited ~s on its locks (~ts, ~b lock~s); "
             "~s of ~s lock attempts collided",
-            [Name, pct_text(W), lists:join(", ", ClassList), Instances, plural(Instances),
+            [Name, wait_text(W), lists:join(", ", ClassList), Instances, plural(Instances),
              pct_text(CP), count_text(T)]
         ),
         OwnerLine
-    ] ++ location_lines(Ls) ++ [Advice],
+    ] ++ location_lines(Ls) ++ AdviceLines,
     beamdiag_finding:new(
         ets_contention, Sev, Evidence,
-        maps:merge(Metrics0, (metrics(Sum))#{table => Name})
+        maps:merge(Metrics0, (metrics(Sum))#{table => Name}), Fitted
     ).
+
+%% An advice line as a finding's fix: without its "fix: " lead, capitalised.
+fix_text(<<"fix: ", C, Rest/binary>>) when C >= $a, C =< $z ->
+    <<(C - 32), Rest/binary>>;
+fix_text(<<"fix: ", Rest/binary>>) ->
+    Rest;
+fix_text(Advice) ->
+    Advice.
 
 -spec table_options(map()) -> iolist().
 table_options(I) ->
@@ -163,9 +180,9 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                     Advice = beamdiag_lock_advice:allocator(Dirty, Settings),
                     Evidence = [
                         io_lib:format(
-                            "allocator ~ts: threads waited ~s of the window on its instance "
+                            "allocator ~ts: threads waited ~s on its instance "
                             "locks; ~s of ~s lock attempts collided",
-                            [Id, pct_text(W), pct_text(CP), count_text(T)]
+                            [Id, wait_text(W), pct_text(CP), count_text(T)]
                         )
                     ] ++ location_lines([L]) ++ [Advice],
                     %% The catalogue's fix fitted to the node: never +Mdai max
@@ -209,9 +226,9 @@ process_findings(Locks, Classes, Ctx) ->
                     ClassList = lists:usort([C || #{class := C} <- Ls]),
                     Evidence = [
                         io_lib:format(
-                            "process ~ts: threads waited ~s of the window on its locks "
+                            "process ~ts: threads waited ~s on its locks "
                             "(~ts), ~s of all process-lock wait; ~s of ~s attempts collided",
-                            [Id, pct_text(W), lists:join(", ", ClassList),
+                            [Id, wait_text(W), lists:join(", ", ClassList),
                              pct_text(100 * Wait / TotalWait), pct_text(CP), count_text(T)]
                         )
                     ] ++ location_lines(Ls),
@@ -275,9 +292,9 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
             Ids = maps:get(ids, C, 1),
             Evidence = [
                 io_lib:format(
-                    "lock class ~ts (~ts): threads waited ~s of the window on ~b lock~s; "
+                    "lock class ~ts (~ts): threads waited ~s on ~b lock~s; "
                     "~s of ~s attempts collided",
-                    [Class, What, pct_text(W), Ids, plural(Ids), pct_text(CP), count_text(T)]
+                    [Class, What, wait_text(W), Ids, plural(Ids), pct_text(CP), count_text(T)]
                 )
             ] ++
                 top_ids(Class, Data) ++
@@ -396,6 +413,12 @@ location_lines(Ls) ->
     end.
 
 -spec pct_text(number()) -> string().
+%% The threads' waits, summed over the threads, against the window: a
+%% share of it, or a multiple when many threads waited at once.
+wait_text(P) when P >= 100 -> io_lib:format("~.1f times the window (summed over the threads)",
+                                            [P / 100]);
+wait_text(P) -> [pct_text(P), " of the window (summed over the threads)"].
+
 pct_text(P) when P >= 10 -> [integer_to_list(round(P)), "%"];
 pct_text(P) -> io_lib:format("~.1f%", [float(P)]).
 

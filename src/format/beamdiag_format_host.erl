@@ -74,7 +74,7 @@ threads(_) ->
 %% @doc What the JSON report carries about the host-only view.
 -spec summary(beamdiag:diagnosis()) -> map().
 summary(#{capture := C, host_view := V}) ->
-    Base = maps:with([reason, waited_ms, distribution, os_pid, node, located, window_s,
+    Base = maps:with([reason, why, waited_ms, distribution, os_pid, node, located, window_s,
                       process_state], V),
     Perf = case maps:get(perf, V, none) of
                {ok, P} -> P;
@@ -106,9 +106,8 @@ reason(V) ->
 
 reason_line(#{reason := unresponsive, waited_ms := Ms}) ->
     io_lib:format("the node did not answer in ~.1f s; host-side only", [Ms / 1000]);
-reason_line(#{reason := slow, waited_ms := Ms}) ->
-    io_lib:format("the node answered, but its first two samples had not come when the report "
-                  "was due, ~.1f s after the call; host-side only", [Ms / 1000]);
+reason_line(#{reason := slow, why := Why}) ->
+    [Why, "; host-side only"];
 reason_line(_) ->
     "host-side only, as asked: the node was not asked anything".
 

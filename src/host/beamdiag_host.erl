@@ -127,10 +127,11 @@ finish(H, Context) ->
     window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
 
 %% @doc Finishes the window from the host view alone: the node answered,
-%% but too slowly for the agent's samples to make the report on time.
-%% Context: `waited_ms' (from the call to the report's due time), `agent'
-%% (what the agent sent: `#{info, extras}'). perf runs only if `arm/1'
-%% started it.
+%% but its agent could not make the report on time (its samples came too
+%% slowly, or a previous session's agent was still leaving). Context:
+%% `why' (that, in words, for the report's top line), `waited_ms', `agent'
+%% (what the agent sent, if anything: `#{info, extras}'). perf runs only if
+%% `arm/1' started it.
 -spec late(handle(), map()) -> beamdiag:diagnosis().
 late(H, Context) ->
     window(H, Context#{reason => slow}).
