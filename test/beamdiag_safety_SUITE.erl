@@ -17,7 +17,7 @@
 -export([
     huge_node_no_table_walks/1,
     target_dies_mid_window/1,
-    stalled_target_gives_partial/1,
+    stalled_target_gives_partial/1, stalled_after_one_tick_from_host/1,
     output_survives_target_errors/1, silent_node_not_wrong_cookie/1,
     cli_sigkill_restores_target/1,
     connection_drop_restores_target/1,
@@ -45,7 +45,7 @@ all() ->
     [
         huge_node_no_table_walks,
         target_dies_mid_window,
-        stalled_target_gives_partial,
+        stalled_target_gives_partial, stalled_after_one_tick_from_host,
         output_survives_target_errors,
         silent_node_not_wrong_cookie,
         cli_sigkill_restores_target,
@@ -188,6 +188,52 @@ stalled_target_gives_partial(_Config) ->
         os:cmd("kill -CONT " ++ os_pid(T)),
         stop_target(T)
     end.
+
+%% The same stall after one tick: fewer than the two samples a window
+%% needs when the report is due, so the report is made from the host's
+%% view of the node (which needs nothing of it), on time, saying why at its
+%% top, with the agent's settings; the agent ends on its own once the
+%% target runs again.
+-spec stalled_after_one_tick_from_host(list()) -> term().
+stalled_after_one_tick_from_host(_Config) ->
+    T = start_target([], []),
+    try
+        Self = self(),
+        Progress = fun(_, _) -> Self ! tick, ok end,
+        Runner = spawn_link(fun() ->
+            Self ! {result, timed(fun() ->
+                beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3,
+                                                interval => 1000, progress => Progress})
+            end)}
+        end),
+        receive tick -> ok after 30000 -> error(no_tick) end,
+        "" = os:cmd("kill -STOP " ++ os_pid(T)),
+        {Ms, Result} = receive {result, R} -> R after 60000 -> error(collector_hung) end,
+        "" = os:cmd("kill -CONT " ++ os_pid(T)),
+        unlink(Runner),
+        {ok, D = #{capture := C}} = Result,
+        Ticks = 1 + flush_ticks(0),
+        ct:log("stalled after ~b tick(s): diagnosis after ~b ms, host-only ~p, view ~p",
+               [Ticks, Ms, maps:get(host_only, D, false),
+                maps:get(host_view, maps:get(extras, C), none)]),
+        %% The raw signal: one tick came, not two.
+        ?assertEqual(1, Ticks),
+        ?assertEqual(true, maps:get(host_only, D)),
+        #{reason := slow, why := Why} = maps:get(host_view, maps:get(extras, C)),
+        ?assertNotEqual(nomatch, binary:match(Why, <<"first two samples">>)),
+        ?assert(length(maps:get(samples, C)) >= 2),
+        %% The agent's settings came with its start: the release is known.
+        ?assert(is_map_key(otp_release, maps:get(settings, C))),
+        %% Due at the window plus 1.5 s from the call; analysis after.
+        ?assert(Ms =< 3000 + 2000),
+        ok = beamdiag_test_lib:wait_until(fun() -> beamdiag_modules(T) =:= [] andalso not swt_on(T) end, 15000)
+    after
+        os:cmd("kill -CONT " ++ os_pid(T)),
+        stop_target(T)
+    end.
+
+flush_ticks(N) ->
+    receive tick -> flush_ticks(N + 1) after 0 -> N end.
 
 %% Nothing the target prints reaches beamdiag's standard output, and
 %% standard error gets no progress when it is not a terminal. Run as a user
