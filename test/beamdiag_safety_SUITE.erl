@@ -160,19 +160,7 @@ huge_node_no_table_walks(_Config) ->
 stalled_target_gives_partial(_Config) ->
     T = start_target([], []),
     try
-        Self = self(),
-        Progress = fun(_, _) -> Self ! tick, ok end,
-        Runner = spawn_link(fun() ->
-            Self ! {result, timed(fun() ->
-                beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3,
-                                                interval => 500, progress => Progress})
-            end)}
-        end),
-        [receive tick -> ok after 30000 -> error(no_tick) end || _ <- [1, 2]],
-        "" = os:cmd("kill -STOP " ++ os_pid(T)),
-        {Ms, Result} = receive {result, R} -> R after 60000 -> error(collector_hung) end,
-        "" = os:cmd("kill -CONT " ++ os_pid(T)),
-        unlink(Runner),
+        {Ms, Result} = stalled_after(T, 2, 500),
         {ok, #{capture := C, ledger := L}} = Result,
         Samples = maps:get(samples, C),
         ct:log("stalled after 2 ticks: partial diagnosis after ~b ms with ~b samples; notes ~p",
@@ -198,19 +186,7 @@ stalled_target_gives_partial(_Config) ->
 stalled_after_one_tick_from_host(_Config) ->
     T = start_target([], []),
     try
-        Self = self(),
-        Progress = fun(_, _) -> Self ! tick, ok end,
-        Runner = spawn_link(fun() ->
-            Self ! {result, timed(fun() ->
-                beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3,
-                                                interval => 1000, progress => Progress})
-            end)}
-        end),
-        receive tick -> ok after 30000 -> error(no_tick) end,
-        "" = os:cmd("kill -STOP " ++ os_pid(T)),
-        {Ms, Result} = receive {result, R} -> R after 60000 -> error(collector_hung) end,
-        "" = os:cmd("kill -CONT " ++ os_pid(T)),
-        unlink(Runner),
+        {Ms, Result} = stalled_after(T, 1, 1000),
         {ok, D = #{capture := C}} = Result,
         Ticks = 1 + flush_ticks(0),
         ct:log("stalled after ~b tick(s): diagnosis after ~b ms, host-only ~p, view ~p",
@@ -231,6 +207,25 @@ stalled_after_one_tick_from_host(_Config) ->
         os:cmd("kill -CONT " ++ os_pid(T)),
         stop_target(T)
     end.
+
+%% A 3 s diagnosis of target T at IntervalMs ticks, the target stopped
+%% (SIGSTOP) after its first N ticks and let go once the diagnosis is
+%% back: its wall time (ms) and result.
+stalled_after(T, N, IntervalMs) ->
+    Self = self(),
+    Progress = fun(_, _) -> Self ! tick, ok end,
+    Runner = spawn_link(fun() ->
+        Self ! {result, timed(fun() ->
+            beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3,
+                                            interval => IntervalMs, progress => Progress})
+        end)}
+    end),
+    [receive tick -> ok after 30000 -> error(no_tick) end || _ <- lists:seq(1, N)],
+    "" = os:cmd("kill -STOP " ++ os_pid(T)),
+    Timed = receive {result, R} -> R after 60000 -> error(collector_hung) end,
+    "" = os:cmd("kill -CONT " ++ os_pid(T)),
+    unlink(Runner),
+    Timed.
 
 flush_ticks(N) ->
     receive tick -> flush_ticks(N + 1) after 0 -> N end.
