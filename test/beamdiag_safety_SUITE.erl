@@ -125,20 +125,22 @@ huge_node_no_table_walks(_Config) ->
         ?assert(maps:get(process_count, maps:get(vm, maps:get(ledger, D))) >= 1000000),
         Left = maps:get(left_loaded, maps:get(extras, maps:get(capture, D))),
         ?assertEqual(lists:sort(Left), beamdiag_modules(Huge)),
-        %% Removing them by hand purges them: OTP's code purger checks every
-        %% process once or twice per module. Measured and logged.
+        %% Removing one by hand purges it: OTP's code purger checks every
+        %% process once or twice per module (about 6 s a module here; the
+        %% node is stopped with the others loaded). Measured and logged.
         _ = [peer_call(Huge, erlang, trace_pattern, [MFA, restart, [call_count]]) || MFA <- Watched],
-        {UnloadUs, ok} = timer:tc(fun() -> beamdiag_remote:unload(node_of(Huge), Left) end),
+        [One | _] = lists:sort(Left),
+        {UnloadUs, ok} = timer:tc(fun() -> beamdiag_remote:unload(node_of(Huge), [One]) end),
         PurgerCalls = call_count(Huge, {erlang, processes, 0}),
-        ct:log("unloading ~b agent modules from the huge node: ~.2f s, erlang:processes/0 "
-               "called ~b times (by OTP's code purger)",
-               [length(Left), UnloadUs / 1.0e6, PurgerCalls]),
+        ct:log("unloading one agent module (~s) from the huge node: ~.2f s, erlang:processes/0 "
+               "called ~b times (by OTP's code purger)", [One, UnloadUs / 1.0e6, PurgerCalls]),
         %% The positive control: the same call counting sees OTP's purger
         %% list the processes, so the zeros above are real.
         ?assert(PurgerCalls > 0),
-        %% The purges that outlived beamdiag_remote:unload/2's call timeout
-        %% still hold the code server (one module takes seconds here).
-        ?assertEqual([], beamdiag_modules(Huge, 150000))
+        %% A purge that outlived beamdiag_remote:unload/2's call timeout
+        %% still holds the code server.
+        ok = beamdiag_test_lib:wait_until(
+               fun() -> not lists:member(One, beamdiag_modules(Huge)) end, 60000)
     after
         stop_target(Huge),
         stop_target(Ref)
