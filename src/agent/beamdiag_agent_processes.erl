@@ -314,8 +314,11 @@ walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
             Acc2 = case lists:member(P, Skip) of
                        true -> Acc;
                        false ->
+                           %% Matched, not converted: this runs once a
+                           %% process, twice a window.
                            case erlang:process_info(P, Items) of
-                               L when is_list(L) -> [{P, list_to_tuple([V || {_, V} <- L])} | Acc];
+                               [{_, A}, {_, B}, {_, C}] -> [{P, {A, B, C}} | Acc];
+                               [{_, A}, {_, B}, {_, C}, {_, D}] -> [{P, {A, B, C, D}} | Acc];
                                _ -> Acc
                            end
                    end,
@@ -363,7 +366,21 @@ insert(KR, L) -> [KR | L].
 %% The pids with the largest young heaps, from a walk's tuples (the third
 %% item is heap_size).
 top_heaps(Walked, N) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, Walked, N)].
+    top_pids(3, Walked, N).
+
+%% The pids whose walk tuple has the N largest positive values at Pos,
+%% largest first: top/3 without a fun call a process.
+top_pids(Pos, Walked, N) ->
+    Best = top_pids(Pos, Walked, N, {0, []}),
+    [P || {_, {P, _}} <- lists:reverse(element(2, Best))].
+
+top_pids(Pos, [{_, T} = W | Rest], N, Acc) ->
+    case element(Pos, T) of
+        K when K > 0 -> top_pids(Pos, Rest, N, keep({K, W}, Acc, N));
+        _ -> top_pids(Pos, Rest, N, Acc)
+    end;
+top_pids(_Pos, [], _N, Acc) ->
+    Acc.
 
 %% The memory of each process, read, or estimated when its queue (from
 %% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
@@ -386,7 +403,7 @@ memories(Pids, Walked) ->
 
 %% The pids with the longest queues, from a walk's tuples.
 top_queues(Walked, N) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, N)].
+    top_pids(2, Walked, N).
 
 %% Memory at the start: measured for the start's largest heaps, otherwise
 %% the young heap then (a small process's heap is mostly young).
