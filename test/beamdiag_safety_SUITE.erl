@@ -18,6 +18,7 @@
     huge_node_no_table_walks/1,
     target_dies_mid_window/1,
     stalled_target_gives_partial/1, stalled_after_one_tick_from_host/1,
+    agent_still_there_from_host/1,
     output_survives_target_errors/1, silent_node_not_wrong_cookie/1,
     cli_sigkill_restores_target/1,
     connection_drop_restores_target/1,
@@ -46,6 +47,7 @@ all() ->
         huge_node_no_table_walks,
         target_dies_mid_window,
         stalled_target_gives_partial, stalled_after_one_tick_from_host,
+        agent_still_there_from_host,
         output_survives_target_errors,
         silent_node_not_wrong_cookie,
         cli_sigkill_restores_target,
@@ -228,6 +230,36 @@ stalled_after(T, N, IntervalMs) ->
     "" = os:cmd("kill -CONT " ++ os_pid(T)),
     unlink(Runner),
     Timed.
+
+%% A previous session's agent still on the node (a process registered as
+%% beamdiag_agent, one agent module loaded) past the loader's 5 s wait: the
+%% report is made from the host view, its top line in the loader's words,
+%% instead of an error.
+-spec agent_still_there_from_host(list()) -> term().
+agent_still_there_from_host(_Config) ->
+    T = start_target([], []),
+    try
+        ok = load_module_on(T, beamdiag_agent_file),
+        ok = beamdiag_test_lib:eval(maps:get(peer, T),
+                 "P = spawn(fun() -> receive stop -> ok end end), "
+                 "true = register(beamdiag_agent, P), ok."),
+        {Ms, Result} = timed(fun() ->
+                           beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => 3})
+                       end),
+        {ok, D = #{capture := C}} = Result,
+        View = maps:get(host_view, maps:get(extras, C)),
+        ct:log("agent still there: report after ~b ms; ~p", [Ms, maps:without([hot], View)]),
+        ?assertEqual(true, maps:get(host_only, D)),
+        #{reason := slow, why := Why} = View,
+        ?assertNotEqual(nomatch, binary:match(Why, <<"another beamdiag session">>)),
+        ?assert(length(maps:get(samples, C)) >= 2),
+        %% The loader's bounded wait (5 s), then the report.
+        ?assert(Ms =< 5000 + 2000),
+        %% Nothing of the dummy was touched.
+        ?assert(is_pid(peer_call(T, erlang, whereis, [beamdiag_agent])))
+    after
+        stop_target(T)
+    end.
 
 flush_ticks(N) ->
     receive tick -> flush_ticks(N + 1) after 0 -> N end.
