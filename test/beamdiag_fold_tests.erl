@@ -398,3 +398,71 @@ jit_frames_kept_whole_test() ->
                     <<"[unknown] (/memfd:vmem (deleted))">>, <<"erts_atom_put">>] => 1},
                  maps:get(stacks, Named)),
     ?assertMatch(#{erlang_share := 1.0, cut_short_share := 0.0}, beamdiag_fold:summary(Named)).
+
+%% The folded output of every fixture, under several option sets, is the
+%% one recorded in test/fixtures/perf/golden (by make_golden.escript there,
+%% from the folder before its rewrite for speed): a change of the output
+%% fails here. Lines are compared sorted: the order of equal counts is the
+%% order of a map.
+golden_output_test_() ->
+    Dir = filename:dirname(fixture("golden/counts.eterm")),
+    {ok, Cases} = file:consult(filename:join(Dir, "counts.eterm")),
+    [{Fixture ++ " " ++ atom_to_list(Tag),
+      fun() ->
+          {ok, P} = beamdiag_fold:fold_file(fixture(Fixture), golden_options(Tag)),
+          ?assertEqual(Counts, maps:without([stacks], P)),
+          {ok, Want} = file:read_file(filename:join(Dir, filename:rootname(Fixture) ++ "." ++
+                                                        atom_to_list(Tag) ++ ".folded")),
+          Got = lists:sort(binary:split(iolist_to_binary(beamdiag_fold:to_iolist(P)), <<"\n">>,
+                                        [global, trim_all])),
+          ?assertEqual(binary:split(Want, <<"\n">>, [global, trim_all]), Got)
+      end} || {Fixture, Tag, Counts} <- Cases].
+
+golden_options(default) -> #{};
+golden_options(cut) -> #{unknown => cut};
+golden_options(small_chunks) -> #{chunk_size => 997, workers => 3, max_stacks => 8};
+golden_options(perf_map) -> #{perf_map => fixture("fp_otp27_jpperf.map")};
+golden_options(schedulers) -> #{thread_types => [<<"scheduler">>]}.
+
+%% The fast paths (headers cached by their text before the time, callers
+%% cached whole, names cached by the text after the address) agree with
+%% folding line by line, on the fixtures with their leaf and unplaced
+%% addresses moved at random so that the caches both hit and miss.
+fast_paths_agree_with_line_by_line_test_() ->
+    Opts = #{max_line => 16384, perf_map => undefined, thread_types => all,
+             max_stacks => 200000, unknown => keep},
+    [{F, fun() ->
+             {ok, Bin} = file:read_file(fixture(F)),
+             rand:seed(exsss, {1, 2, 3}),
+             Text = iolist_to_binary([move_addresses(S) || S <- binary:split(Bin, <<"\n\n">>, [global])]),
+             {ok, Fast} = beamdiag_fold:fold_binary(Text, #{workers => 1, chunk_size => 1 bsl 30}),
+             Slow = beamdiag_fold_worker:fold_line_by_line(Text, Opts),
+             ?assertEqual(Slow#{bytes := byte_size(Text)}, Fast),
+             {ok, Cut} = beamdiag_fold:fold_binary(Text, #{workers => 1, unknown => cut,
+                                                             max_stacks => 30}),
+             SlowCut = beamdiag_fold_worker:fold_line_by_line(Text, Opts#{unknown := cut,
+                                                                          max_stacks := 30}),
+             ?assertEqual(SlowCut#{bytes := byte_size(Text)}, Cut)
+         end}
+     || F <- ["dwarf_atom_decode.txt", "dwarf_redis_cache.txt", "fp_atom_decode.txt",
+              "fp_memfd_nomap.txt", "fp_mixed.txt", "fp_otp27_jpperf.txt"]].
+
+move_addresses(<<>>) ->
+    [];
+move_addresses(Sample) ->
+    [Header | Frames] = binary:split(Sample, <<"\n">>, [global]),
+    Moved = [case {I, rand:uniform(2), F} of
+                 {_, _, <<"\t", _:16/binary, " [unknown] ([unknown])">>} -> move(F);
+                 {1, 1, <<"\t", _:16/binary, " ", _/binary>>} -> move(F);
+                 _ -> F
+             end || {I, F} <- lists:enumerate(Frames)],
+    [lists:join($\n, [Header | Moved]), "\n\n"].
+
+move(<<"\t", Field:16/binary, Rest/binary>> = F) ->
+    case string:trim(Field) of
+        <<"0">> -> F;
+        <<"ffffffffffffffff">> -> F;
+        Hex ->
+            A = binary_to_integer(Hex, 16) + rand:uniform(4096),
+            iolist_to_binary(io_lib:format("\t~16.16.\sb~s", [A, Rest]))
+    end.

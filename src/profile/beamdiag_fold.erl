@@ -14,6 +14,8 @@
 %%% <li>`beamdiag_fold_worker': one worker, folding and counting samples;</li>
 %%% <li>`beamdiag_fold_header': a sample's header line and its thread type;</li>
 %%% <li>`beamdiag_fold_frame': frame names and kinds;</li>
+%%% <li>`beamdiag_fold_stacks': numbering distinct stacks and counting
+%%%   samples, within a worker;</li>
 %%% <li>`beamdiag_fold_perf_map': naming `[unknown]' JIT addresses from a
 %%%   JIT perf map (`perf_map' option);</li>
 %%% <li>`beamdiag_fold_profile': the profile, its folded text, its summary

@@ -21,6 +21,10 @@
 %%% front of the next read. On 24 MB of real perf text this took the page
 %%% faults of a fold from about 23,000 to about 4,000 (docs/PERFORMANCE.md).
 %%%
+%%% A chunk ends at the last blank line in its last 256 KiB, looked for
+%%% in its last 16 KiB first: the search for a two-byte pattern runs at a
+%%% few hundred MB/s, and the reader shares the cores with the workers.
+%%%
 %%% ```
 %%% 1> beamdiag_fold:fold_file("perf.txt", #{workers => 2}).
 %%% {ok, #{samples => 8113, ...}}
@@ -32,6 +36,7 @@
 %% Words: 4 MiB on a 64-bit emulator, per worker (at most 8 by default).
 -define(WORKER_HEAP, 512 * 1024).
 -define(TAIL, 262144).
+-define(NEAR_END, 16384).
 
 %%%===================================================================
 %%% API
@@ -220,28 +225,50 @@ collect(Pid, Mon) ->
     end.
 
 %% The size of a buffer's head up to its last sample boundary (a blank
-%% line) near its end, or up to its last line end when the text has no
-%% blank lines (perf script without call chains); `none' without a line end.
+%% line) in its last ?TAIL bytes, or anywhere when there is none there,
+%% or up to its last line end when the text has no blank lines (perf
+%% script without call chains); `none' without a line end.
 cut(Buf) ->
     Size = byte_size(Buf),
     Tail = min(Size, ?TAIL),
-    Scope = {Size - Tail, Tail},
-    case binary:matches(Buf, <<"\n\n">>, [{scope, Scope}]) of
-        [_ | _] = Ms ->
-            {Pos, _} = lists:last(Ms),
-            Pos + 2;
+    case last_blank(Buf, Size, min(Tail, ?NEAR_END)) of
+        none ->
+            case last_match(Buf, <<"\n\n">>, {Size - Tail, Tail}) of
+                none ->
+                    case last_match(Buf, <<"\n\n">>, {0, Size}) of
+                        none ->
+                            case last_match(Buf, <<"\n">>, {Size - Tail, Tail}) of
+                                none -> none;
+                                Pos -> Pos + 1
+                            end;
+                        Pos ->
+                            Pos + 2
+                    end;
+                Pos ->
+                    Pos + 2
+            end;
+        Pos ->
+            Pos + 2
+    end.
+
+%% The last blank line in the last Near bytes, found as a search of the
+%% last ?TAIL bytes would find it (the search for a two-byte pattern runs
+%% at a few hundred MB/s: a sample is a few KiB, so the blank line is
+%% nearly always near the end). A run of line ends across the start of
+%% the nearer scope could be paired differently: then `none', and the
+%% caller searches the whole tail.
+last_blank(Buf, Size, Near) ->
+    Start = Size - Near,
+    case Start > 0 andalso binary:at(Buf, Start) =:= $\n of
+        true -> none;
+        false -> last_match(Buf, <<"\n\n">>, {Start, Near})
+    end.
+
+last_match(Buf, Pattern, Scope) ->
+    case binary:matches(Buf, Pattern, [{scope, Scope}]) of
         [] ->
-            case binary:matches(Buf, <<"\n\n">>) of
-                [_ | _] = Ms ->
-                    {Pos, _} = lists:last(Ms),
-                    Pos + 2;
-                [] ->
-                    case binary:matches(Buf, <<"\n">>, [{scope, Scope}]) of
-                        [_ | _] = Ms ->
-                            {Pos, _} = lists:last(Ms),
-                            Pos + 1;
-                        [] ->
-                            none
-                    end
-            end
+            none;
+        Ms ->
+            {Pos, _} = lists:last(Ms),
+            Pos
     end.

@@ -10,6 +10,12 @@
 %%% unwinding leaves (address `ffffffffffffffff' or `0') is `drop'; a line
 %%% that is no frame is `junk'. Names never hold `;' or line ends.
 %%%
+%%% The name depends on the address only when perf could not name the
+%%% symbol: `symbol/2' names a line from its text after the address
+%%% alone, or says that the address is needed, so that the folder can
+%%% cache names by that text (`is_address/1' checks the address field of
+%%% the usual layout).
+%%%
 %%% ```
 %%% 1> beamdiag_fold_frame:parse(<<"\t 7f01 lists:foldl/3+0x1c (/tmp/perf-1.map)">>, undefined).
 %%% <<"lists:foldl/3">>
@@ -18,13 +24,15 @@
 %%% '''
 -module(beamdiag_fold_frame).
 
--export([parse/2, unknown/2, kind/1, sanitize/1, is_digits/1]).
+-export([parse/2, unknown/2, is_address/1, symbol/2, kind/1, sanitize/1, is_digits/1]).
 
 -export_type([name/0]).
 
 -type name() :: binary() | drop | junk.
 
 -define(UNKNOWN, <<"[unknown]">>).
+-define(IS_HEX(C), ((C >= $0 andalso C =< $9) orelse (C >= $a andalso C =< $f) orelse
+                    (C >= $A andalso C =< $F))).
 
 %%%===================================================================
 %%% API
@@ -43,6 +51,42 @@ parse(Line0, Map) ->
                 false -> junk;
                 true -> name(Addr, Rest, Map)
             end
+    end.
+
+%% @doc Whether a frame line's address field (the sixteen bytes after its
+%% tab) is an address: spaces, then hex digits to its end. For a line
+%% `<<$\t, Field:16/binary, $\s, Rest/binary>>' with such a field,
+%% `parse/2' gives what `symbol/2' gives for `Rest', unless that is
+%% `address'.
+-spec is_address(binary()) -> boolean().
+is_address(Field) ->
+    is_hex(skip_spaces(Field)).
+
+%% @doc The name that a frame line's text after its address
+%% (`sym+0x1f (dso)') gives, whatever the address; `address' when the
+%% name depends on the address (a symbol perf could not name: the perf
+%% map names it, or it is the end-of-unwind marker). Frame lines repeat
+%% their text after the address far more than their addresses, so the
+%% folder caches names by it (`is_address/1').
+-spec symbol(binary(), beamdiag_fold_perf_map:entries() | undefined) -> name() | address.
+symbol(Rest, Map) ->
+    {Sym0, Dso} = split_dso(Rest),
+    Sym = strip_offset(Sym0),
+    case Sym of
+        ?UNKNOWN when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
+            address;
+        ?UNKNOWN ->
+            case jit_object(Dso) of
+                true when Map =:= undefined -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
+                true -> address;
+                false -> <<"[", (basename(Dso))/binary, "]">>
+            end;
+        <<>> ->
+            junk;
+        _ when Dso =:= <<"[kernel.kallsyms]">> ->
+            <<(sanitize(Sym))/binary, "_[k]">>;
+        _ ->
+            sanitize(Sym)
     end.
 
 %% @doc A line ending in `[unknown] ([unknown])': an address perf could
@@ -94,33 +138,27 @@ unknown_frame(Line, Map) ->
     parse(Line, Map).
 
 name(Addr, Rest, Map) ->
-    {Sym0, Dso} = split_dso(Rest),
-    Sym = strip_offset(Sym0),
-    case Sym of
-        ?UNKNOWN when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
+    case symbol(Rest, Map) of
+        address -> by_address(Addr, Rest, Map);
+        Name -> Name
+    end.
+
+%% A symbol perf could not name (`symbol/2' gave `address').
+by_address(Addr, Rest, Map) ->
+    case split_dso(Rest) of
+        {_, Dso} when Dso =:= ?UNKNOWN; Dso =:= <<>> ->
             case Addr of
                 <<"ffffffffffffffff">> -> drop;
                 <<"0">> -> drop;
                 _ -> resolve(Addr, Map)
             end;
-        ?UNKNOWN ->
-            case jit_object(Dso) of
-                true ->
-                    %% JIT code perf could not name: the perf map perf
-                    %% could not read (a container's /tmp), or no map.
-                    case resolve(Addr, Map) of
-                        ?UNKNOWN -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
-                        Name -> Name
-                    end;
-                false ->
-                    <<"[", (basename(Dso))/binary, "]">>
-            end;
-        <<>> ->
-            junk;
-        _ when Dso =:= <<"[kernel.kallsyms]">> ->
-            <<(sanitize(Sym))/binary, "_[k]">>;
-        _ ->
-            sanitize(Sym)
+        {_, Dso} ->
+            %% JIT code perf could not name: the perf map perf could not
+            %% read (a container's /tmp), or no map.
+            case resolve(Addr, Map) of
+                ?UNKNOWN -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
+                Name -> Name
+            end
     end.
 
 resolve(_Addr, undefined) ->
@@ -191,12 +229,22 @@ basename(Path) ->
             sanitize(binary:part(Path, P + 1, byte_size(Path) - P - 1))
     end.
 
+%% Eight spaces at a time: a frame line's address is right-aligned in a
+%% field of sixteen.
+skip_ws(<<"        ", R/binary>>) -> skip_ws(R);
 skip_ws(<<C, R/binary>>) when C =:= $\s; C =:= $\t -> skip_ws(R);
 skip_ws(B) -> B.
 
 is_hex(<<>>) -> false;
 is_hex(B) -> is_hex1(B).
 
+skip_spaces(<<"        ", R/binary>>) -> skip_spaces(R);
+skip_spaces(<<"    ", R/binary>>) -> skip_spaces(R);
+skip_spaces(<<$\s, R/binary>>) -> skip_spaces(R);
+skip_spaces(B) -> B.
+
+%% Four digits at a time: addresses are twelve or sixteen digits long.
+is_hex1(<<A, B, C, D, R/binary>>) when ?IS_HEX(A), ?IS_HEX(B), ?IS_HEX(C), ?IS_HEX(D) -> is_hex1(R);
 is_hex1(<<>>) -> true;
 is_hex1(<<C, R/binary>>) when C >= $0, C =< $9; C >= $a, C =< $f; C >= $A, C =< $F -> is_hex1(R);
 is_hex1(_) -> false.

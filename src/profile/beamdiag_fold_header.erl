@@ -6,6 +6,13 @@
 %%% removed (`scheduler', `dirty_cpu', `dirty_io', `aux', `poll', ...), so
 %%% all schedulers add up in one tower of the flamegraph.
 %%%
+%%% `parse/1' reads any line. The folder's fast path uses `split/2' instead:
+%%% it cuts a header of the usual shape at its time token, so the text
+%%% before the time (comm, tid, cpu: the same for every sample of a
+%%% thread) can be looked up in a cache and `comm/1' runs once per thread,
+%%% while `inline/1' reads what follows the time. For any line `split/2'
+%%% accepts, `comm/1' and `inline/1' give what `parse/1' gives.
+%%%
 %%% ```
 %%% 1> beamdiag_fold_header:parse(<<"1_scheduler 4712 [001] 12.5: 1001 cpu-clock:">>).
 %%% {ok, <<"1_scheduler">>, <<>>}
@@ -14,7 +21,7 @@
 %%% '''
 -module(beamdiag_fold_header).
 
--export([parse/1, thread_type/1]).
+-export([parse/1, split/2, colon/0, comm/1, inline/1, thread_type/1]).
 
 %%%===================================================================
 %%% API
@@ -26,6 +33,50 @@
 parse(Line) ->
     Tokens = binary:split(Line, <<" ">>, [global, trim_all]),
     header(Tokens, []).
+
+%% @doc A header of the usual shape cut at its time token: `{Prefix,
+%% After}', the text before the time token and the text after its `:'.
+%% The first `:' of the line must end the time token, which must follow a
+%% space and some text and be followed by a space or the line's end; any
+%% other line is `slow' (read it with `parse/1'). `ColonPattern' is `colon/0',
+%% compiled once: a pattern compiled at each call costs more than the
+%% rest of the split.
+-spec split(binary(), binary:cp()) -> {Prefix :: binary(), After :: binary()} | slow.
+split(Line, ColonPattern) ->
+    case binary:match(Line, ColonPattern) of
+        {Colon, 1} when Colon > 2 ->
+            case after_colon(Line, Colon) of
+                true -> time_start(Line, Colon, Colon - 1, false);
+                false -> slow
+            end;
+        _ ->
+            slow
+    end.
+
+%% @doc The pattern `split/2' looks for.
+-spec colon() -> binary:cp().
+colon() ->
+    binary:compile_pattern(<<":">>).
+
+%% @doc The comm named by the text before a header's time token
+%% (`split/2'), or `error' when that text names none.
+-spec comm(binary()) -> {ok, binary()} | error.
+comm(Prefix) ->
+    case binary:split(Prefix, <<" ">>, [global, trim_all]) of
+        [] ->
+            error;
+        Tokens ->
+            case header_after([], lists:reverse(Tokens)) of
+                {ok, Comm, _} -> {ok, Comm};
+                error -> error
+            end
+    end.
+
+%% @doc The inline frame held by the text after a header's time token
+%% (`split/2'): `<<>>' when perf recorded a call chain.
+-spec inline(binary()) -> binary().
+inline(After) ->
+    inline_tokens(binary:split(After, <<" ">>, [global, trim_all])).
 
 %% @doc The thread type of a perf `comm' (thread name), numbers removed:
 %% `1_scheduler' and `erts_sched_1' are both `<<"scheduler">>'.
@@ -75,24 +126,53 @@ header_after(Rest, Before) ->
             error;
         _ ->
             Comm = iolist_to_binary(lists:join(<<" ">>, lists:reverse(CommTokens))),
-            {ok, Comm, inline(Rest)}
+            {ok, Comm, inline_tokens(Rest)}
     end.
 
 %% After the time: optional period, the event name ending in ':', then an
 %% inline frame when perf recorded no call chain.
-inline([]) -> <<>>;
-inline([P, E | Frame]) ->
+inline_tokens([]) -> <<>>;
+inline_tokens([P, E | Frame]) ->
     case beamdiag_fold_frame:is_digits(P) of
         true -> inline_event([E | Frame]);
         false -> inline_event([P, E | Frame])
     end;
-inline(Other) -> inline_event(Other).
+inline_tokens(Other) -> inline_event(Other).
 
 inline_event([E | Frame]) ->
     case binary:last(E) of
         $: when Frame =/= [] -> iolist_to_binary(lists:join(<<" ">>, Frame));
         _ -> <<>>
     end.
+
+%% The time token's `:' ends the line or is followed by a space.
+after_colon(Line, Colon) when byte_size(Line) =:= Colon + 1 -> true;
+after_colon(Line, Colon) -> binary:at(Line, Colon + 1) =:= $\s.
+
+%% Walks back from the `:' over the time's digits and its one dot; the
+%% token must start after a space, with something other than spaces
+%% before it. No token before it ends in `:', so none is a time token, as
+%% `parse/1' would find.
+time_start(_Line, _Colon, -1, _Dot) ->
+    slow;
+time_start(Line, Colon, I, Dot) ->
+    case Line of
+        <<_:I/binary, C, _/binary>> when C >= $0, C =< $9 ->
+            time_start(Line, Colon, I - 1, Dot);
+        <<_:I/binary, $., _/binary>> when not Dot ->
+            time_start(Line, Colon, I - 1, true);
+        <<_:I/binary, $\s, _/binary>> when Dot, I =< Colon - 3 ->
+            Prefix = binary:part(Line, 0, I),
+            case has_text(Prefix) of
+                true -> {Prefix, binary:part(Line, Colon + 1, byte_size(Line) - Colon - 1)};
+                false -> slow
+            end;
+        _ ->
+            slow
+    end.
+
+has_text(<<C, _/binary>>) when C =/= $\s -> true;
+has_text(Prefix) -> binary:split(Prefix, <<" ">>, [global, trim_all]) =/= [].
 
 is_time(Tok) ->
     byte_size(Tok) > 2 andalso binary:last(Tok) =:= $: andalso

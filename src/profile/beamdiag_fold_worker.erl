@@ -2,13 +2,34 @@
 %%% into counted stacks, and answers with its profile at the end.
 %%%
 %%% Samples of perf script with call chains are a header line and a block
-%%% of frame lines, ended by a blank line. The same block recurs often, so
-%%% blocks are cached whole and only new blocks are named line by line
-%%% (frame names are cached too); a sample is counted by a stack number,
-%%% not by hashing its frame list. Text without blank lines (no call
-%%% chains, or not perf output) goes line by line. The number of distinct
-%%% stacks is bounded (`[other stacks]' past it), lines that are not perf
-%%% output are skipped and counted, over-long lines are skipped and counted.
+%%% of frame lines, leaf first, ended by a blank line. What costs is the
+%%% work per line, so the worker does as little of it as it can:
+%%% <ul>
+%%% <li>the chunk's line ends are found in one pass in C
+%%%   (`binary:matches/2'), and a blank line is two in a row;</li>
+%%% <li>the header's thread type is cached by the text before its time
+%%%   (`beamdiag_fold_header:split/2');</li>
+%%% <li>a block's callers (all its lines but the leaf) recur even when the
+%%%   leaf's address does not: they are cached whole, found by their size
+%%%   and first line and compared whole, and only new ones are read line
+%%%   by line;</li>
+%%% <li>a frame line's name is cached by its text after the address
+%%%   (`beamdiag_fold_frame:symbol/2'), which repeats far more than the
+%%%   line; a line equal to the one before (recursion) takes its name;
+%%%   addresses perf could place nowhere (long runs of them where
+%%%   frame-pointer chains go through heap data) are named by a glance at
+%%%   the address field;</li>
+%%% <li>stacks are numbered and counted by `beamdiag_fold_stacks', by a
+%%%   hash built frame by frame rather than by hashing the frame list.</li>
+%%% </ul>
+%%% On OTP 25, matching a binary byte by byte in Erlang costs about 10 ns a
+%%% byte, and a search pattern compiled at each call costs more than the
+%%% search: the scans are BIFs with patterns compiled once per worker.
+%%%
+%%% Text without blank lines (no call chains), samples whose header is not
+%%% of the usual shape, and text that is not perf output go line by line.
+%%% Lines that are not perf output are skipped and counted, over-long
+%%% lines are skipped and counted.
 %%%
 %%% The protocol (`beamdiag_fold_chunks' drives it): the worker gets
 %%% `{chunk, Binary}' and answers `{ack, self()}' once folded, then
@@ -21,35 +42,46 @@
 -module(beamdiag_fold_worker).
 
 -export([start/3]).
+%% Called by the tests only: the reference the fast paths are checked
+%% against.
+-ifdef(TEST).
+-export([fold_line_by_line/2]).
+-endif.
 
 -define(CACHE_MAX, 100000).
 -define(BLOCKS_MAX, 20000).
+-define(HEADS_MAX, 10000).
 -define(UNKNOWN, <<"[unknown]">>).
 
 -record(ctx, {
-    max_stacks :: pos_integer(),
     max_line :: pos_integer(),
-    cut_unknown :: boolean(),
     perf_map :: tuple() | undefined,
     types :: all | [binary()],
-    nl :: binary:cp()
+    nl :: binary:cp(),
+    colon :: binary:cp(),
+    unknown_code :: non_neg_integer()
 }).
 
 -record(st, {
-    %% {Type, StackId} => samples; StackId numbers a distinct frame list
-    %% (`ids'), so that counting a sample hashes two small terms, not the
-    %% whole stack.
-    stacks = #{} :: map(),
-    ids = #{} :: map(),
+    stacks :: beamdiag_fold_stacks:table(),
+    %% Frame line => {Name, Code} | drop | junk (Code: the name's
+    %% `beamdiag_fold_stacks:code/1').
     cache = #{} :: map(),
+    %% A frame line's text after its address => {Name, Code} | junk |
+    %% address (the name depends on the address: see `cache').
+    syms = #{} :: map(),
+    %% {Size, Head} => [{Callers, Frames, Hash, Truncated, Junk}]: the
+    %% callers' lines of a block (`callers/3').
     blocks = #{} :: map(),
+    %% Comm => thread type.
     comms = #{} :: map(),
-    samples = 0 :: non_neg_integer(),
-    unknown = 0 :: non_neg_integer(),
-    truncated = 0 :: non_neg_integer(),
+    %% The text before a header's time token => thread type.
+    heads = #{} :: map(),
+    %% The text after a header's time token => whether it holds no inline
+    %% frame.
+    tails = #{} :: map(),
     skipped = 0 :: non_neg_integer(),
-    huge = 0 :: non_neg_integer(),
-    overflow = 0 :: non_neg_integer()
+    huge = 0 :: non_neg_integer()
 }).
 
 %%%===================================================================
@@ -61,20 +93,32 @@
 -spec start(pid(), map(), [erlang:spawn_opt_option()]) -> {pid(), reference()}.
 start(Parent, Opts, SpawnOpts) ->
     Ctx = ctx(Opts),
-    spawn_opt(fun() -> worker_loop(Parent, Ctx, #st{}) end, [monitor | SpawnOpts]).
+    St = #st{stacks = beamdiag_fold_stacks:new(Opts)},
+    spawn_opt(fun() -> worker_loop(Parent, Ctx, St) end, [monitor | SpawnOpts]).
+
+-ifdef(TEST).
+%% @doc Folds text line by line, in this process, without the caches of
+%% samples' headers and callers: what the fast paths must agree with on
+%% perf script text.
+-spec fold_line_by_line(binary(), map()) -> beamdiag_fold:profile().
+fold_line_by_line(Text, Opts) ->
+    Ctx = #ctx{nl = NL} = ctx(Opts),
+    St = #st{stacks = beamdiag_fold_stacks:new(Opts)},
+    to_profile(lines(binary:split(Text, NL, [global]), Ctx, St, none, [], false, false)).
+-endif.
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
-ctx(#{max_stacks := MS, max_line := ML, unknown := U, perf_map := PM, thread_types := TT}) ->
+ctx(#{max_line := ML, perf_map := PM, thread_types := TT}) ->
     #ctx{
-        max_stacks = MS,
         max_line = ML,
-        cut_unknown = U =:= cut,
         perf_map = PM,
         types = TT,
-        nl = binary:compile_pattern(<<"\n">>)
+        nl = binary:compile_pattern(<<"\n">>),
+        colon = beamdiag_fold_header:colon(),
+        unknown_code = beamdiag_fold_stacks:code(?UNKNOWN)
     }.
 
 worker_loop(Parent, Ctx, St) ->
@@ -87,28 +131,15 @@ worker_loop(Parent, Ctx, St) ->
             From ! {profile, self(), to_profile(St)}
     end.
 
-to_profile(#st{stacks = S0, ids = Ids, samples = N, unknown = U, truncated = T, skipped = Sk,
-               huge = H, overflow = O}) ->
-    Frames = maps:from_list([{Id, F} || {F, Id} <- maps:to_list(Ids)]),
-    S = maps:fold(fun({Type, Id}, C, Acc) -> Acc#{[Type | maps:get(Id, Frames)] => C} end,
-                  #{}, S0),
-    (beamdiag_fold_profile:empty())#{
-        stacks := S,
-        samples := N,
-        unknown_samples := U,
-        truncated_samples := T,
-        skipped_lines := Sk,
-        huge_lines := H,
-        overflow_samples := O
-    }.
+to_profile(#st{stacks = Tab, skipped = Sk, huge = H}) ->
+    maps:merge(beamdiag_fold_profile:empty(),
+               (beamdiag_fold_stacks:counts(Tab))#{skipped_lines => Sk, huge_lines => H}).
 
-%% Samples of perf script with call chains end in a blank line. Each
-%% sample is a header line and a block of frame lines; the same block
-%% (same addresses) recurs often, so blocks are cached whole and only new
-%% blocks are parsed line by line. The chunk's line ends are found in one
-%% pass (a blank line is two in a row), which is cheaper than searching
-%% for the two-byte separator. Text without blank lines (no call chains,
-%% or not perf output) goes line by line.
+%% Samples of perf script with call chains end in a blank line. The
+%% chunk's line ends are found in one pass (`binary:matches/2' with a
+%% one-byte pattern, in C; a blank line is two in a row), which is about
+%% twice as fast as searching for the two-byte separator. Text without
+%% blank lines (no call chains, or not perf output) goes line by line.
 fold_chunk(Chunk, Ctx = #ctx{nl = NL}, St) ->
     samples(Chunk, 0, binary:matches(Chunk, NL), Ctx, St).
 
@@ -136,60 +167,154 @@ blank([], _) ->
 
 sample(Chunk, Start, HeaderEnd, Blank, Ctx = #ctx{max_line = Max}, St)
   when is_integer(HeaderEnd), HeaderEnd - Start =< Max ->
-    Header = binary:part(Chunk, Start, HeaderEnd - Start),
-    case Header of
-        <<C, _/binary>> when C =/= $\t ->
-            case beamdiag_fold_header:parse(Header) of
-                {ok, Comm, <<>>} ->
-                    {Type, St2} = type(Comm, Ctx, St),
-                    block(Type, binary:part(Chunk, HeaderEnd + 1, Blank - HeaderEnd - 1), Ctx, St2);
-                _ ->
-                    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St)
-            end;
+    case binary:at(Chunk, Start) of
+        $\t ->
+            sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St);
         _ ->
-            sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St)
+            case header(binary:part(Chunk, Start, HeaderEnd - Start), Ctx, St) of
+                {slow, St2} ->
+                    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St2);
+                {Type, St2} ->
+                    block(Type, binary:part(Chunk, HeaderEnd + 1, Blank - HeaderEnd - 1), Ctx, St2)
+            end
     end;
 sample(Chunk, Start, _HeaderEnd, Blank, Ctx, St) ->
     sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St).
 
+%% The thread type of a sample's header line with a call chain after it
+%% (`skip' when the type is filtered out), or `slow' for any other line
+%% (read line by line). The text before the time token (comm, tid, cpu)
+%% is the same for all samples of a thread: its type is cached.
+header(Header, Ctx, St = #st{heads = Heads, tails = Tails}) ->
+    case beamdiag_fold_header:split(Header, Ctx#ctx.colon) of
+        {Prefix, After} ->
+            %% After the time: the period and event, the same for most
+            %% samples; with an inline frame, perf recorded no call chain.
+            {NoInline, St2} = case Tails of
+                #{After := E} ->
+                    {E, St};
+                _ ->
+                    E = beamdiag_fold_header:inline(After) =:= <<>>,
+                    case map_size(Tails) < ?HEADS_MAX of
+                        true -> {E, St#st{tails = Tails#{binary:copy(After) => E}}};
+                        false -> {E, St}
+                    end
+            end,
+            case NoInline of
+                true ->
+                    case Heads of
+                        #{Prefix := Type} -> {Type, St2};
+                        _ -> new_head(Prefix, Ctx, St2)
+                    end;
+                false ->
+                    {slow, St2}
+            end;
+        slow ->
+            case beamdiag_fold_header:parse(Header) of
+                {ok, Comm, <<>>} -> type(Comm, Ctx, St);
+                _ -> {slow, St}
+            end
+    end.
+
+new_head(Prefix, Ctx, St) ->
+    {Type, St2 = #st{heads = Heads}} =
+        case beamdiag_fold_header:comm(Prefix) of
+            {ok, Comm} -> type(Comm, Ctx, St);
+            error -> {slow, St}
+        end,
+    case map_size(Heads) < ?HEADS_MAX of
+        true -> {Type, St2#st{heads = Heads#{binary:copy(Prefix) => Type}}};
+        false -> {Type, St2}
+    end.
+
 sample_lines(Sample, Ctx = #ctx{nl = NL}, St) ->
     lines(binary:split(Sample, NL, [global]) ++ [<<>>], Ctx, St, none, [], false, false).
 
+%% A sample's block of frame lines, leaf first. The leaf's address
+%% differs from sample to sample, but its callers' return addresses
+%% recur: the callers' lines are cached whole and only new ones are read
+%% line by line, then the leaf is added to them.
 block(skip, _Block, _Ctx, St) ->
     St;
-block(Type, Block, Ctx, St = #st{blocks = Blocks}) ->
-    %% The key is the block's size and first line or so (the leaf's
-    %% address); the whole block is compared only against the few cached
-    %% blocks with that key, which is cheaper than hashing it.
-    Key = {byte_size(Block), binary:part(Block, 0, min(byte_size(Block), 64))},
+block(Type, Block, Ctx = #ctx{nl = NL}, St) ->
+    {Leaf, Callers} = case binary:match(Block, NL) of
+        nomatch ->
+            {Block, <<>>};
+        {P, 1} ->
+            {binary:part(Block, 0, P), binary:part(Block, P + 1, byte_size(Block) - P - 1)}
+    end,
+    {Frames0, H0, U0, T0, Bad0, St2} = callers(Callers, Ctx, St),
+    {Frames, H, U, T, Bad, St3} = frame_lines([Leaf], Ctx, St2, Frames0, H0, U0, T0, Bad0),
+    St3#st{stacks = beamdiag_fold_stacks:add(Type, Frames, H, U, T, St3#st.stacks),
+           skipped = St3#st.skipped + Bad}.
+
+%% The frames of a block's callers (leaf first), their hash (`hash/2'),
+%% unknown and truncated flags and junk lines. The cache key is the text's
+%% size and first line or so; the whole text is compared only against the
+%% few cached ones with that key, which is cheaper than hashing it.
+callers(<<>>, _Ctx, St) ->
+    {[], 0, false, false, 0, St};
+callers(Callers, Ctx = #ctx{nl = NL}, St = #st{blocks = Blocks}) ->
+    Key = {byte_size(Callers), binary:part(Callers, 0, min(byte_size(Callers), 64))},
     Same = maps:get(Key, Blocks, []),
-    case lists:keyfind(Block, 1, Same) of
-        {_, Stack, Bad} ->
-            count(Ctx, Type, Stack, St#st{skipped = St#st.skipped + Bad});
+    case lists:keyfind(Callers, 1, Same) of
+        {_, Frames, H, T, Bad} ->
+            {Frames, H, false, T, Bad, St};
         false ->
-            {Frames, U, T, Bad, St2} = block_lines(binary:split(Block, Ctx#ctx.nl, [global]),
-                                                   Ctx, St, [], false, false, 0),
-            {Stack, St3} = intern(Ctx, St2, Frames, U, T),
-            %% Blocks with unknown frames rarely repeat: not cached.
-            Blocks2 = case map_size(Blocks) < ?BLOCKS_MAX andalso not U andalso length(Same) < 4 of
-                true -> Blocks#{Key => [{binary:copy(Block), Stack, Bad} | Same]};
-                false -> Blocks
-            end,
-            count(Ctx, Type, Stack, St3#st{blocks = Blocks2, skipped = St3#st.skipped + Bad})
+            Lines = lists:reverse(binary:split(Callers, NL, [global])),
+            {Frames, H, U, T, Bad, St2} = frame_lines(Lines, Ctx, St, [], 0, false, false, 0),
+            %% Callers with unknown frames rarely repeat (frame-pointer
+            %% chains through heap data), and over-long lines are counted
+            %% each time: neither is cached.
+            case not U andalso St2#st.huge =:= St#st.huge andalso length(Same) < 4 andalso
+                     map_size(Blocks) < ?BLOCKS_MAX of
+                true ->
+                    %% Copies: a sub-binary in the cache would keep its
+                    %% whole chunk alive.
+                    {Size, Head} = Key,
+                    Entry = {binary:copy(Callers), Frames, H, T, Bad},
+                    Blocks2 = Blocks#{{Size, binary:copy(Head)} => [Entry | Same]},
+                    {Frames, H, U, T, Bad, St2#st{blocks = Blocks2}};
+                false ->
+                    {Frames, H, U, T, Bad, St2}
+            end
     end.
 
-block_lines([], _Ctx, St, Frames, U, T, Bad) ->
-    {Frames, U, T, Bad, St};
-block_lines([Line | Rest], Ctx, St, Frames, U, T, Bad) when byte_size(Line) > Ctx#ctx.max_line ->
-    block_lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Frames, U, T, Bad);
-block_lines([Line | Rest], Ctx, St, Frames, U, T, Bad) ->
-    {Frame, St2} = frame(Line, Ctx, St),
-    case Frame of
-        drop -> block_lines(Rest, Ctx, St2, Frames, U, true, Bad);
-        junk -> block_lines(Rest, Ctx, St2, Frames, U, T, Bad + 1);
-        ?UNKNOWN when hd(Frames) =:= ?UNKNOWN -> block_lines(Rest, Ctx, St2, Frames, true, T, Bad);
-        ?UNKNOWN -> block_lines(Rest, Ctx, St2, [?UNKNOWN | Frames], true, T, Bad);
-        _ -> block_lines(Rest, Ctx, St2, [Frame | Frames], U, T, Bad)
+%% Frame lines root first (the reverse of perf's order), added to Frames
+%% (leaf first) and to their hash H (`hash/2', root first). Consecutive
+%% unknown frames count as one; end-of-unwind markers are dropped (the
+%% stack is then truncated); junk lines are counted. A line equal to the
+%% one before (non-tail recursion) is named as that one was, without a
+%% look at the caches.
+frame_lines(Lines, Ctx, St, Frames, H, U, T, Bad) ->
+    frame_lines(Lines, Ctx, St, Frames, H, U, T, Bad, none).
+
+frame_lines([], _Ctx, St, Frames, H, U, T, Bad, _Prev) ->
+    {Frames, H, U, T, Bad, St};
+frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, {Line, F}) ->
+    add_frame(F, Line, Rest, Ctx, St, Frames, H, U, T, Bad);
+frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, _Prev)
+  when byte_size(Line) > Ctx#ctx.max_line ->
+    frame_lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Frames, H, U, T, Bad, none);
+frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, _Prev) ->
+    {F, St2} = frame(Line, Ctx, St),
+    add_frame(F, Line, Rest, Ctx, St2, Frames, H, U, T, Bad).
+
+add_frame(F, Line, Rest, Ctx, St, Frames, H, U, T, Bad) ->
+    Prev = {Line, F},
+    case F of
+        drop ->
+            frame_lines(Rest, Ctx, St, Frames, H, U, true, Bad, Prev);
+        junk ->
+            frame_lines(Rest, Ctx, St, Frames, H, U, T, Bad + 1, Prev);
+        {?UNKNOWN, _} when Frames =/= [], hd(Frames) =:= ?UNKNOWN ->
+            frame_lines(Rest, Ctx, St, Frames, H, true, T, Bad, Prev);
+        {?UNKNOWN, Code} ->
+            frame_lines(Rest, Ctx, St, [?UNKNOWN | Frames], beamdiag_fold_stacks:hash(H, Code),
+                        true, T, Bad, Prev);
+        {Frame, Code} ->
+            frame_lines(Rest, Ctx, St, [Frame | Frames], beamdiag_fold_stacks:hash(H, Code),
+                        U, T, Bad, Prev)
     end.
 
 %% Sample state: Type (binary | none | skip), Frames (root-first), Unknown
@@ -221,7 +346,7 @@ frame_line(Line, Rest, Ctx, St, Type, Frames, U, T) ->
         skip ->
             lines(Rest, Ctx, St, Type, Frames, U, T);
         _ ->
-            {Frame, St2} = frame(Line, Ctx, St),
+            {Frame, St2} = frame_name(Line, Ctx, St),
             case Frame of
                 drop -> lines(Rest, Ctx, St2, Type, Frames, U, true);
                 junk -> lines(Rest, Ctx, St2#st{skipped = St2#st.skipped + 1}, Type, Frames, U, T);
@@ -242,7 +367,7 @@ header_line(Line, Rest, Ctx, St, Type, Frames, U, T) ->
         {ok, Comm, Inline} ->
             %% perf script without call chains: the leaf on the header line.
             {Ty, St2} = type(Comm, Ctx, St1),
-            {Frame, St3} = frame(Inline, Ctx, St2),
+            {Frame, St3} = frame_name(Inline, Ctx, St2),
             case Frame of
                 F when F =:= drop; F =:= junk ->
                     lines(Rest, Ctx, St3, Ty, [], false, false);
@@ -259,69 +384,10 @@ emit(_Ctx, St, none, _, _, _) ->
     St;
 emit(_Ctx, St, skip, _, _, _) ->
     St;
-emit(Ctx, St, Type, Frames, U, T) ->
-    {Stack, St2} = intern(Ctx, St, Frames, U, T),
-    count(Ctx, Type, Stack, St2).
-
-%% A sample's frames as they will be counted, numbered: `{Id, Unknown,
-%% Truncated}', Id `overflow' past the bound on distinct stacks.
-intern(#ctx{max_stacks = Max, cut_unknown = Cut}, St = #st{ids = Ids}, Frames0, U, T) ->
-    {Frames, U1, T1} =
-        case Frames0 of
-            [] -> {[<<"[no stack]">>], U, T};
-            _ when U, Cut ->
-                Kept = cut_unknown(Frames0),
-                {Kept, lists:member(?UNKNOWN, Kept), true};
-            _ -> {Frames0, U, T}
-        end,
-    case Ids of
-        #{Frames := Id} ->
-            {{Id, U1, T1}, St};
-        _ when map_size(Ids) < Max ->
-            Id = map_size(Ids),
-            {{Id, U1, T1}, St#st{ids = Ids#{Frames => Id}}};
-        _ ->
-            {{overflow, U1, T1}, St}
-    end.
-
-count(#ctx{max_stacks = Max}, Type, {Id, U, T}, St = #st{stacks = S, samples = N}) ->
-    Key = {Type, Id},
-    St2 = case S of
-        #{Key := C} ->
-            St#st{stacks = S#{Key := C + 1}};
-        _ when Id =/= overflow, map_size(S) < Max ->
-            St#st{stacks = S#{Key => 1}};
-        _ ->
-            overflow(Type, St)
-    end,
-    St3 = case U of
-        true -> St2#st{unknown = St2#st.unknown + 1};
-        false -> St2
-    end,
-    St4 = case T of
-        true -> St3#st{truncated = St3#st.truncated + 1};
-        false -> St3
-    end,
-    St4#st{samples = N + 1}.
-
-%% Past the bound on distinct stacks, samples count as `[other stacks]'.
-overflow(Type, St = #st{stacks = S, ids = Ids}) ->
-    Other = [<<"[other stacks]">>],
-    {Id, Ids2} = case Ids of
-        #{Other := I} -> {I, Ids};
-        _ -> {map_size(Ids), Ids#{Other => map_size(Ids)}}
-    end,
-    St#st{stacks = maps:update_with({Type, Id}, fun(X) -> X + 1 end, 1, S), ids = Ids2,
-          overflow = St#st.overflow + 1}.
-
-%% Keeps the frames leafwards of the last [unknown] frame (frames are
-%% root-first): with frame-pointer unwinding everything rootwards of an
-%% unknown frame is garbage.
-cut_unknown(Frames) ->
-    case lists:splitwith(fun(F) -> F =/= ?UNKNOWN end, lists:reverse(Frames)) of
-        {[], _} -> [?UNKNOWN];
-        {Leafward, _} -> lists:reverse(Leafward)
-    end.
+emit(_Ctx, St = #st{stacks = Tab}, Type, Frames, U, T) ->
+    Leafward = lists:reverse(Frames),
+    St#st{stacks = beamdiag_fold_stacks:add(Type, Leafward, beamdiag_fold_stacks:hash(Leafward),
+                                            U, T, Tab)}.
 
 type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
     case Cs of
@@ -340,20 +406,91 @@ type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
             {Ty, St#st{comms = Cs2}}
     end.
 
+%% A frame line's name and code (`hash/2'), `drop' or `junk'.
+frame(<<$\t, Field:16/binary, $\s, Rest/binary>> = Line, Ctx, St) ->
+    %% The usual layout: the address right-aligned in sixteen bytes.
+    case Rest of
+        <<"[unknown] ([unknown])">> when Ctx#ctx.perf_map =:= undefined ->
+            %% An address perf could place nowhere: the end of an unwind
+            %% (`drop': the text after the blanks starts with `0 ' or
+            %% `ffffffffffffffff '), or `[unknown]'
+            %% (`beamdiag_fold_frame:unknown/2'). Frame-pointer chains
+            %% through heap data give long runs of these.
+            case Field of
+                <<"    ", C, _/binary>> when C =/= $0, C =/= $f, C =/= $\s, C =/= $\t ->
+                    {{?UNKNOWN, Ctx#ctx.unknown_code}, St};
+                _ ->
+                    unknown_frame(Line, Ctx, St)
+            end;
+        _ when binary_part(Line, byte_size(Line), -21) =:= <<"[unknown] ([unknown])">> ->
+            unknown_frame(Line, Ctx, St);
+        _ ->
+            symbol_frame(Field, Rest, Line, Ctx, St)
+    end;
 frame(Line, Ctx, St) when byte_size(Line) > 21,
                           binary_part(Line, byte_size(Line), -21) =:= <<"[unknown] ([unknown])">> ->
-    %% Addresses perf could place nowhere rarely repeat (frame-pointer
-    %% chains through heap data): a quick look, no cache entry.
-    {beamdiag_fold_frame:unknown(Line, Ctx#ctx.perf_map), St};
-frame(Line, Ctx, St = #st{cache = Cache}) ->
+    unknown_frame(Line, Ctx, St);
+frame(Line, Ctx, St) ->
+    line_frame(Line, Ctx, St).
+
+%% The name is cached by the text after the address, which repeats far
+%% more than the line (a leaf's address differs from sample to sample).
+symbol_frame(Field, Rest, Line, Ctx, St = #st{syms = Syms}) ->
+    case beamdiag_fold_frame:is_address(Field) of
+        true ->
+            case Syms of
+                #{Rest := address} ->
+                    line_frame(Line, Ctx, St);
+                #{Rest := F} ->
+                    {F, St};
+                _ ->
+                    case beamdiag_fold_frame:symbol(Rest, Ctx#ctx.perf_map) of
+                        address ->
+                            line_frame(Line, Ctx, cache_symbol(Rest, address, St));
+                        F0 ->
+                            F = with_code(F0),
+                            {F, cache_symbol(Rest, F, St)}
+                    end
+            end;
+        false ->
+            line_frame(Line, Ctx, St)
+    end.
+
+cache_symbol(Rest, F, St = #st{syms = Syms}) ->
+    case map_size(Syms) < ?CACHE_MAX of
+        true -> St#st{syms = Syms#{binary:copy(Rest) => F}};
+        false -> St
+    end.
+
+%% Addresses perf could place nowhere rarely repeat (frame-pointer chains
+%% through heap data): a quick look, no cache entry.
+unknown_frame(Line, Ctx, St) ->
+    case beamdiag_fold_frame:unknown(Line, Ctx#ctx.perf_map) of
+        ?UNKNOWN -> {{?UNKNOWN, Ctx#ctx.unknown_code}, St};
+        F when is_binary(F) -> {{F, beamdiag_fold_stacks:code(F)}, St};
+        F -> {F, St}
+    end.
+
+%% Any other frame line: its name cached by the whole line.
+line_frame(Line, Ctx, St = #st{cache = Cache}) ->
     case Cache of
         #{Line := F} ->
             {F, St};
         _ ->
-            F = beamdiag_fold_frame:parse(Line, Ctx#ctx.perf_map),
+            F = with_code(beamdiag_fold_frame:parse(Line, Ctx#ctx.perf_map)),
             Cache2 = case map_size(Cache) < ?CACHE_MAX of
                 true -> Cache#{binary:copy(Line) => F};
                 false -> Cache
             end,
             {F, St#st{cache = Cache2}}
+    end.
+
+with_code(Name) when is_binary(Name) -> {Name, beamdiag_fold_stacks:code(Name)};
+with_code(Other) -> Other.
+
+%% A frame line's name, `drop' or `junk'.
+frame_name(Line, Ctx, St) ->
+    case frame(Line, Ctx, St) of
+        {{Name, _Code}, St2} -> {Name, St2};
+        Other -> Other
     end.
