@@ -313,9 +313,10 @@ local_host(NodeStr) ->
 %% The node's host is this one: the host view starts with the call, then
 %% a worker connects and runs the window as on any node. The worker says
 %% each step it got through. Once the agent is loaded (or has ticked), the
-%% node has answered; the host view goes on until the report, and makes it
+%% node has answered; the host view is kept until the report, and makes it
 %% when the agent's first two samples have not come by the time the report
-%% is due (a throttled node's own reads wait for its quota). Past the answer time,
+%% is due and the host view explains why (a throttled node's own reads
+%% wait for its quota). Past the answer time,
 %% perf starts on the threads the host view finds held; a node that has
 %% still not let the agent load by the window's end has not answered: the
 %% worker is stopped and the window finished from the host view alone.
@@ -338,7 +339,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
            end,
     {Worker, MRef} = spawn_monitor(fun() ->
         R = try
-                {result, remote(NodeStr, O#{progress := Progress, fallback => View =/= none},
+                {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View)},
                                 fun(Stage) -> Self ! {Tag, stage, Stage} end)}
             catch
                 C:Why:St -> {raise, C, Why, St}
@@ -446,6 +447,11 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     distribution => distribution_seen(W)})}
         end
     end.
+
+%% What the collector may fall back on when the agent's samples come too
+%% slowly: the host view, when it explains why.
+fallback({watching, H}) -> fun() -> beamdiag_host:explains(H) end;
+fallback(none) -> false.
 
 %% The host view of a node that has answered: kept in reserve (no samples
 %% until the report), never armed.

@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, reserve/1, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, explains/1, reserve/1, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -135,6 +135,22 @@ finish(H, Context) ->
 -spec late(handle(), map()) -> beamdiag:diagnosis().
 late(H, Context) ->
     window(H, Context#{reason => slow}).
+
+%% @doc Whether the host view alone explains the node's slowness, so that
+%% a report made from it now (`late/2') names the cause: its OS process is
+%% stopped or gone, or the host's rules find something at warning or
+%% above (a cgroup quota that throttles it, the kernel taking its time, a
+%% held scheduler thread). Takes one sample now (a few milliseconds).
+-spec explains(handle()) -> boolean().
+explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
+    case process_state(Root, OsPid) of
+        State when State =:= stopped; State =:= zombie; State =:= gone ->
+            true;
+        _ ->
+            Capture = capture(H, beamdiag_host_view:snapshot(S), none),
+            #{findings := F} = beamdiag_host_rules:analyse(Capture, #{perf => none}),
+            lists:any(fun(Finding) -> beamdiag_finding:at_least(Finding, warning) end, F)
+    end.
 
 %% @doc The node answered: the view is kept in reserve for `late/2',
 %% without samples in between (its first and the one `late/2' takes make

@@ -66,11 +66,13 @@
 %% whole window), `locks', `unload' (modules the agent removes when done),
 %% `ready_by' (monotonic ms, default `infinity': when the capture is due;
 %% past it, two samples or more end the session as a partial capture),
-%% `fallback' (false; true when the caller has a view of the node of its
-%% own to fall back on, the host's: then, when the report is due and fewer
-%% than two samples have come, the agent is stopped and the session ends
-%% with `{error, {beamdiag_collect, {due, #{info, extras}}}}', what the
-%% agent sent, instead of waiting for them),
+%% `fallback' (false; or, when the caller has a view of the node of its
+%% own to fall back on, the host's, a fun that says whether that view
+%% explains the node's slowness: asked once, when the report is due and
+%% fewer than two samples have come; if it does, the agent is stopped and
+%% the session ends with `{error, {beamdiag_collect, {due, #{info,
+%% extras}}}}', what the agent sent; if not, the samples are waited for,
+%% within the agent's own deadline),
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
@@ -136,12 +138,21 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
             %% ends now (flags back, modules gone) and what came is kept.
             beamdiag_client:abort(maps:get(client, G)),
             late(quick_extras(G), Info, Samples, D, due);
-        false when Due, map_get(fallback, G) ->
-            %% Fewer, with a view to fall back on: the caller reports from
-            %% that view, with what the agent sent (its settings, the lock
-            %% data, the start walk, the long schedules), not waited for.
-            beamdiag_client:abort(maps:get(client, G)),
-            {error, {beamdiag_collect, {due, #{info => Info, extras => partial_extras(G)}}}};
+        false when Due, is_function(map_get(fallback, G), 0) ->
+            %% Fewer, with a view to fall back on: when it explains the
+            %% slowness, the caller reports from it, with what the agent
+            %% sent (its settings, the lock data, the start walk, the long
+            %% schedules), not waited for; when not, the samples are worth
+            %% the wait (a blocked scheduler shows only in the VM's figures).
+            Fallback = map_get(fallback, G),
+            case Fallback() of
+                true ->
+                    beamdiag_client:abort(maps:get(client, G)),
+                    {error, {beamdiag_collect, {due, #{info => Info,
+                                                       extras => partial_extras(G)}}}};
+                false ->
+                    gather(G#{fallback := false}, Now)
+            end;
         false ->
             gather(G, Now)
     end.
