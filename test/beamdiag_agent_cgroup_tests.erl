@@ -1,7 +1,7 @@
 -module(beamdiag_agent_cgroup_tests).
 -include_lib("eunit/include/eunit.hrl").
 
-dir() -> filename:join([filename:dirname(?FILE), "fixtures", "proc"]).
+dir() -> beamdiag_test_lib:fixture_dir("proc").
 fixture(Name) ->
     {ok, B} = file:read_file(filename:join(dir(), Name)),
     B.

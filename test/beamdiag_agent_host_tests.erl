@@ -60,7 +60,14 @@ scanner_test_() ->
         try
             End = erlang:monotonic_time(millisecond) + 1500,
             S = beamdiag_agent_host:start("/proc", [], End),
-            timer:sleep(1600),
+            %% The last scan, timed to end with the window, has read every
+            %% process and waits to be asked.
+            ok = beamdiag_test_lib:await(
+                   fun() ->
+                       process_info(S, [current_function, status]) =:=
+                           [{current_function, {beamdiag_agent_host, last_scan, 5}},
+                            {status, waiting}]
+                   end, 20000),
             #{first := A, last := B} = beamdiag_agent_host:result(S, 2000),
             ?assertNot(is_process_alive(S)),
             {_, TA, MA} = maps:get(BPid, A),

@@ -76,7 +76,7 @@ summarise_empty_test() ->
     ?assertMatch(#{locks := [], classes := []}, D).
 
 recorded_raw_test() ->
-    {ok, Bin} = file:read_file(fixture_path("lcnt_ets_hot.raw.bin")),
+    {ok, Bin} = file:read_file(beamdiag_test_lib:fixture("lcnt_ets_hot.raw.bin")),
     D = beamdiag_agent_lcnt:summarise(binary_to_term(Bin), #{}),
     ?assert(plain(D)),
     ?assert(length(maps:get(locks, D)) =< 50),
@@ -115,15 +115,5 @@ fixtures() ->
     ["lcnt_ets_hot.term", "lcnt_ets_sharded.term", "lcnt_dirty_gc.term",
      "lcnt_dirty_gc_mdai.term", "lcnt_idle.term"].
 
-fixture(Name) ->
-    filename:join([filename:dirname(code:which(?MODULE)), "..", "test", "fixtures", Name]).
-
 fixture_term(Name) ->
-    {ok, [T]} = file:consult(fixture_path(Name)),
-    T.
-
-fixture_path(Name) ->
-    case filelib:is_regular(fixture(Name)) of
-        true -> fixture(Name);
-        false -> filename:join(["test", "fixtures", Name])
-    end.
+    beamdiag_test_lib:fixture_term(Name).

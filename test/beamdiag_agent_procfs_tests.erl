@@ -2,7 +2,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 fixture(Name) ->
-    {ok, B} = file:read_file(filename:join([filename:dirname(?FILE), "fixtures", "proc", Name])),
+    {ok, B} = file:read_file(beamdiag_test_lib:fixture(filename:join("proc", Name))),
     B.
 
 stat_fixture_test() ->

@@ -11,7 +11,7 @@
 %%% '''
 -module(beamdiag_amqp).
 
--export([open/1, declare/2, publish/4, paced/5, consume/2, close/1]).
+-export([open/1, declare/2, publish/4, paced/5, consume/3, close/1]).
 
 -define(FRAME_END, 16#CE).
 
@@ -59,24 +59,33 @@ publish(S, Queue, N, Size) ->
     ok = gen_tcp:send(S, lists:duplicate(Batch, One)),
     publish(S, Queue, N - Batch, Size).
 
-%% @doc Publishes Rate messages a second of Size bytes for Seconds seconds.
+%% @doc Publishes Rate messages a second of Size bytes until the calling
+%% process is sent `stop', for at most MaxSeconds seconds.
 -spec paced(gen_tcp:socket(), binary(), pos_integer(), pos_integer(), number()) -> ok.
-paced(S, Queue, Rate, Size, Seconds) ->
-    Ticks = max(1, round(Seconds * 10)),
+paced(S, Queue, Rate, Size, MaxSeconds) ->
     PerTick = max(1, Rate div 10),
-    One = message(Queue, Size),
-    lists:foreach(fun(_) ->
-                          ok = gen_tcp:send(S, lists:duplicate(PerTick, One)),
-                          timer:sleep(100)
-                  end, lists:seq(1, Ticks)).
+    Batch = lists:duplicate(PerTick, message(Queue, Size)),
+    paced_until(S, Batch, erlang:monotonic_time(millisecond) + round(MaxSeconds * 1000)).
+
+paced_until(S, Batch, Until) ->
+    ok = gen_tcp:send(S, Batch),
+    receive
+        stop -> ok
+    after 100 ->
+        case erlang:monotonic_time(millisecond) >= Until of
+            true -> ok;
+            false -> paced_until(S, Batch, Until)
+        end
+    end.
 
 %% @doc Starts consuming Queue without acknowledgements; a process linked
-%% to the caller reads and drops the deliveries until the socket closes.
--spec consume(gen_tcp:socket(), binary()) -> pid().
-consume(S, Queue) ->
+%% to the caller reads and drops the deliveries until the socket closes,
+%% adding the bytes it read to the first counter of Received.
+-spec consume(gen_tcp:socket(), binary(), counters:counters_ref()) -> pid().
+consume(S, Queue, Received) ->
     method(S, 1, 60, 20, [<<0:16>>, shortstr(Queue), shortstr(<<>>), <<2>>, <<0:32>>]),
     {ok, {60, 21}, _} = recv_method(S),
-    Pid = spawn_link(fun() -> drain(S) end),
+    Pid = spawn_link(fun() -> drain(S, Received) end),
     ok = gen_tcp:controlling_process(S, Pid),
     Pid.
 
@@ -113,8 +122,8 @@ recv_method(S) ->
         _ -> recv_method(S)
     end.
 
-drain(S) ->
+drain(S, Received) ->
     case gen_tcp:recv(S, 0) of
-        {ok, _} -> drain(S);
+        {ok, D} -> counters:add(Received, 1, byte_size(D)), drain(S, Received);
         {error, _} -> ok
     end.

@@ -118,7 +118,7 @@ wrong_kind(#{dir := Dir, diagnosis := D}) ->
 %% the drawing and the profile's summary beside the folded stacks: it loads,
 %% keeps only the stacks, and the formats draw and count from those.
 profile_drawn_again(#{dir := Dir, diagnosis := D = #{capture := C}}) ->
-    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("dwarf_atom_decode.txt"), #{}),
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/dwarf_atom_decode.txt"), #{}),
     Old = #{profile => P, method => perf, by_process => [],
             svg => <<"<svg>drawn when saved</svg>">>, summary => beamdiag_fold:summary(P)},
     File = filename:join(Dir, "old_profile.capture"),

@@ -9,7 +9,7 @@ required_ids_test() ->
     ?assertEqual(length(Ids), length(lists:usort(Ids))).
 
 docs_in_step_test() ->
-    File = filename:join([filename:dirname(?FILE), "..", "docs", "FINDINGS.md"]),
+    File = filename:join([beamdiag_test_lib:top(), "docs", "FINDINGS.md"]),
     {ok, Doc} = file:read_file(File),
     Want = binary:split(iolist_to_binary(beamdiag_catalogue:markdown()), <<"\n">>, [global]),
     Have = binary:split(Doc, <<"\n">>, [global]),

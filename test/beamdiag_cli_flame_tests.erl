@@ -33,7 +33,7 @@ former_names_test() ->
     ?assertEqual(New, O),
     %% The note, once per former name, before the command runs (here it
     %% stops at the bad node name).
-    {2, _, Err} = beamdiag_cli_tests:run(["flame", "no-at-sign", "--out", "/d", "--perf", "p",
+    {2, _, Err} = beamdiag_test_lib:cli(["flame", "no-at-sign", "--out", "/d", "--perf", "p",
                                           "--cookie-file", "/dev/null"]),
     ?assertMatch({_, _}, binary:match(Err, <<"beamdiag flame: --out is deprecated and goes in the "
                                              "next release; use --output-dir DIR instead\n">>)),
@@ -41,12 +41,12 @@ former_names_test() ->
                                              "next release; use --perf-binary PATH instead\n">>)),
     ?assertMatch({_, _}, binary:match(Err, <<"not a node name">>)),
     %% The new names give no note.
-    {2, _, Err2} = beamdiag_cli_tests:run(["flame", "no-at-sign", "--output-dir", "/d",
+    {2, _, Err2} = beamdiag_test_lib:cli(["flame", "no-at-sign", "--output-dir", "/d",
                                            "--cookie-file", "/dev/null"]),
     ?assertEqual(nomatch, binary:match(Err2, <<"deprecated">>)).
 
 report_test() ->
-    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("dwarf_atom_decode.txt"), #{}),
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/dwarf_atom_decode.txt"), #{}),
     F = beamdiag_profile_rules:findings(P, #{}),
     Text = iolist_to_binary(beamdiag_cli_flame:report(#{profile => P, findings => F, method => perf}, #{})),
     [?assertMatch({_, _}, binary:match(Text, K))

@@ -1,21 +1,8 @@
 -module(beamdiag_cli_tests).
 -include_lib("eunit/include/eunit.hrl").
 
-%% The CLI run with its output gathered, shared with beamdiag_exit_codes_tests.
--export([run/1, collect/1]).
-
 run(Args) ->
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-           colour => false},
-    Code = beamdiag_cli:run(Args, IO),
-    {Code, collect(out), collect(err)}.
-
-collect(Tag) ->
-    receive {Tag, B} -> <<B/binary, (collect(Tag))/binary>>
-    after 0 -> <<>>
-    end.
+    beamdiag_test_lib:cli(Args).
 
 no_args_is_usage_error_test() ->
     {2, <<>>, Err} = run([]),
@@ -75,23 +62,22 @@ control_characters_are_not_echoed_test() ->
 %% Progress and its padding reach standard error only when it is a
 %% terminal.
 progress_only_on_a_terminal_test() ->
-    Self = self(),
-    Err = fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-    NoTty = #{out => Err, err => Err, colour => false, tty => false},
+    _ = beamdiag_test_lib:collect_io(),
+    NoTty = beamdiag_test_lib:capture_io(),
     Tty = NoTty#{tty => true},
     P1 = beamdiag_cli_diagnose:progress(NoTty),
     ok = P1(1000, 5000),
     ok = beamdiag_cli_diagnose:end_progress(NoTty),
     ok = beamdiag_cli_diagnose:end_progress(maps:remove(tty, NoTty)),
-    receive {err, Unwanted} -> error({printed, Unwanted}) after 0 -> ok end,
+    ?assertEqual({<<>>, <<>>}, beamdiag_test_lib:collect_io()),
     P2 = beamdiag_cli_diagnose:progress(Tty),
     ok = P2(1000, 5000),
-    receive {err, <<"\rbeamdiag: sampling, 4s left ">>} -> ok after 0 -> error(no_progress) end.
+    ?assertEqual({<<>>, <<"\rbeamdiag: sampling, 4s left ">>}, beamdiag_test_lib:collect_io()).
 
 %% compare --html: the comparison as an HTML report beside the text; a file
 %% that cannot be written is a failed run (4).
 compare_html_test() ->
-    Fixture = filename:join([filename:dirname(?FILE), "fixtures", "captures", "busy_wait.capture"]),
+    Fixture = beamdiag_test_lib:fixture("captures/busy_wait.capture"),
     {ok, [C]} = file:consult(Fixture),
     Dir = filename:join(["/tmp", "beamdiag_cli_tests_" ++ os:getpid()]),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),

@@ -18,6 +18,9 @@
 -define(SMALL, ["-setcookie", ?COOKIE, "+S", "1:1", "+SDcpu", "1:1", "+SDio", "1", "+A", "1",
                 "-connect_all", "false", "+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
                 "+Mea", "min"]).
+%% The busy node's spinner has run this many reductions (a few tenths of a
+%% second on a CPU) before the window starts.
+-define(SPIN_REDUCTIONS, 10000000).
 
 suite() ->
     [{timetrap, {minutes, 10}}].
@@ -41,8 +44,11 @@ seventy_one_members(_Config) ->
         {BusyPeer, Busy} = lists:last(Peers),
         [true = peer:call(SeedPeer, net_kernel, connect_node, [N]) || {_, N} <- tl(Peers)],
         ?assertEqual(70, length(peer:call(SeedPeer, erlang, nodes, []))),
-        spin(BusyPeer),
-        timer:sleep(1000),
+        Spinner = spin(BusyPeer),
+        %% The window starts once the spinner has been on a CPU for a while:
+        %% its reductions, read on the node.
+        ok = beamdiag_test_lib:await(fun() -> reductions(BusyPeer, Spinner) >= ?SPIN_REDUCTIONS end,
+                                     30000),
         {ok, C} = beamdiag_cluster:diagnose(Seed, #{cookie => list_to_atom(?COOKIE),
                                                     duration => 4, msacc => false}),
         Text = beamdiag_format_text:cluster(C, #{}),
@@ -62,7 +68,7 @@ seventy_one_members(_Config) ->
             true ->
                 %% The idle nodes wait for a CPU so long that the BEAM counts
                 %% them busy too: this host cannot show the difference now.
-                ok = nothing_left(Peers, 50),
+                ok = nothing_left(Peers, 5000),
                 {skip, io_lib:format("host too loaded: idle nodes' median busy ~.2f, busy node ~.2f",
                                      [Median, maps:get(busy, Row)])};
             false ->
@@ -83,7 +89,7 @@ seventy_one_members(_Config) ->
                 Doc = beamdiag_test_json:decode(iolist_to_binary(beamdiag_format_json:cluster(C))),
                 #{<<"outliers">> := [#{<<"node">> := BusyB} | _], <<"nodes">> := JRows} = Doc,
                 ?assertEqual(71, length(JRows)),
-                ok = nothing_left(Peers, 50)
+                ok = nothing_left(Peers, 5000)
         end
     after
         beamdiag_test_lib:stop_peers(Peers)
@@ -108,7 +114,7 @@ node_list(Config) ->
         ?assertMatch({match, _}, re:run(Out, Ghost ++ ": cannot reach it: no node of that name")),
         ?assertMatch(nomatch, re:run(Out, "cluster_outlier")),
         ?assertMatch({match, _}, re:run(Out, "OUTLIERS none")),
-        ok = nothing_left(Peers, 50),
+        ok = nothing_left(Peers, 5000),
         Before = nodes([visible, hidden]),
         Bad = filename:join(Dir, "bad.txt"),
         ok = file:write_file(Bad, [atom_to_list(element(2, hd(Peers))), "\nnot a node\n"]),
@@ -173,7 +179,7 @@ stalled_member(_Config) ->
         %% and the window (2 s), plus the time to prepare and collect.
         #{prepare_ms := PrepareMs} = maps:get(timing, C),
         ?assert(PrepareMs < 6500),
-        ok = nothing_left(Peers, 100)
+        ok = nothing_left(Peers, 10000)
     after
         os:cmd("kill -CONT " ++ OsPid),
         beamdiag_test_lib:stop_peers(Peers),
@@ -204,41 +210,26 @@ name(I) ->
     list_to_atom(lists:concat(["beamdiag_cluster_", I, "_", os:getpid()])).
 
 %% A process on the node that keeps its one scheduler busy until the node
-%% stops.
+%% stops: its pid.
 spin(Peer) ->
     beamdiag_test_lib:eval(Peer, "spawn(fun() -> F = fun F(X) -> F(erlang:phash2({X, X})) end, "
-                                 "F(1) end)."),
-    ok.
+                                 "F(1) end).").
 
-%% No member keeps a connection to this node or a beamdiag module (the
-%% agents remove theirs as they end: waited for, 100 ms at a time).
-nothing_left(Peers, 0) ->
-    Left = [{N, leftovers(P)} || {P, N} <- Peers, leftovers(P) =/= {[], []}],
-    ct:fail({left_behind, Left});
-nothing_left(Peers, Tries) ->
-    case lists:all(fun({P, _}) -> leftovers(P) =:= {[], []} end, Peers) of
-        true -> ok;
-        false -> timer:sleep(100), nothing_left(Peers, Tries - 1)
-    end.
+reductions(Peer, Pid) ->
+    {reductions, N} = peer:call(Peer, erlang, process_info, [Pid, reductions]),
+    N.
 
-leftovers(P) ->
+%% No member keeps a connection to this node, and nothing of beamdiag is
+%% left on any (beamdiag_test_lib:agent_gone/2: the agents remove theirs
+%% as they end), each waited for up to Ms milliseconds.
+nothing_left(Peers, Ms) ->
     Me = node(),
-    Conns = [N || N <- peer:call(P, erlang, nodes, [[visible, hidden]]), N =:= Me],
-    Mods = [M || {M, _} <- peer:call(P, code, all_loaded, []),
-                 lists:prefix("beamdiag", atom_to_list(M))],
-    {Conns, Mods}.
+    Connected = fun() -> [N || {P, N} <- Peers,
+                               lists:member(Me, peer:call(P, erlang, nodes, [[visible, hidden]]))]
+                end,
+    _ = beamdiag_test_lib:wait_until(fun() -> Connected() =:= [] end, Ms),
+    ?assertEqual([], Connected()),
+    lists:foreach(fun({P, _}) -> beamdiag_test_lib:agent_gone(P, Ms) end, Peers).
 
 cli(Args) ->
-    Self = self(),
-    Ref = make_ref(),
-    IO = #{out => fun(D) -> Self ! {Ref, out, D}, ok end,
-           err => fun(D) -> Self ! {Ref, err, D}, ok end,
-           colour => false},
-    Code = beamdiag_cli:run(Args, IO),
-    {Code, drain(Ref, out), drain(Ref, err)}.
-
-drain(Ref, Tag) ->
-    receive
-        {Ref, Tag, D} -> lists:flatten(io_lib:format("~ts", [D])) ++ drain(Ref, Tag)
-    after 0 -> ""
-    end.
+    beamdiag_test_lib:cli(Args).

@@ -27,7 +27,7 @@ groups() ->
     [{otp27, [], [elixir_pa_otp27, mix_path_dependency_otp27]}].
 
 init_per_suite(Config) ->
-    Root = filename:dirname(filename:dirname(proplists:get_value(source, ?MODULE:module_info(compile)))),
+    Root = beamdiag_test_lib:top(),
     case [os:find_executable(E) || E <- ["elixir", "mix", "rebar3"]] of
         [Elixir, Mix, Rebar3] when is_list(Elixir), is_list(Mix), is_list(Rebar3) ->
             [{root, Root}, {elixir, Elixir}, {mix, Mix}, {rebar3, Rebar3} | Config];
@@ -168,13 +168,4 @@ run(Exe, Args, Dir, Env) ->
     Port = open_port({spawn_executable, Exe},
                      [{args, Args}, {cd, Dir}, {env, Env}, exit_status, binary,
                       stderr_to_stdout, hide]),
-    collect(Port, <<>>, erlang:monotonic_time(millisecond) + 240000).
-
-collect(Port, Acc, Deadline) ->
-    receive
-        {Port, {data, D}} -> collect(Port, <<Acc/binary, D/binary>>, Deadline);
-        {Port, {exit_status, S}} -> {S, Acc}
-    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
-        catch port_close(Port),
-        ct:fail({timeout, Acc})
-    end.
+    beamdiag_test_lib:read_port(Port, 240000).

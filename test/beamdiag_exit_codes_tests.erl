@@ -135,17 +135,13 @@ commands_use_the_mapping_test_() ->
 %%% Helpers
 
 run(Args) ->
-    beamdiag_cli_tests:run(Args).
+    beamdiag_test_lib:cli(Args).
 
 fail(Reason) ->
-    Self = self(),
-    Code = beamdiag_cli:fail(Reason, #{out => fun(_) -> ok end,
-                                       err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-                                       colour => false}),
-    {Code, collect(err)}.
-
-collect(Tag) ->
-    beamdiag_cli_tests:collect(Tag).
+    _ = beamdiag_test_lib:collect_io(),
+    Code = beamdiag_cli:fail(Reason, beamdiag_test_lib:capture_io()),
+    {_Out, Err} = beamdiag_test_lib:collect_io(),
+    {Code, Err}.
 
 all_reasons() ->
     ok = case application:load(beamdiag) of

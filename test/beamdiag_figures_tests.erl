@@ -9,7 +9,7 @@
 -define(STRETCHES, 6).
 
 captures() ->
-    Dir = filename:join([filename:dirname(?FILE), "fixtures", "captures"]),
+    Dir = beamdiag_test_lib:fixture_dir("captures"),
     Files = filelib:wildcard(filename:join(Dir, "*.capture")),
     [{filename:basename(F, ".capture"), C} || F <- Files, {ok, [C]} <- [file:consult(F)]].
 

@@ -111,6 +111,4 @@ defaults_in(Page) ->
     ?assertEqual(<<"false">>, beamdiag_flags:default(sub)).
 
 capture(Name) ->
-    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
-    {ok, [C]} = file:consult(File),
-    C.
+    beamdiag_test_lib:fixture_capture(Name).

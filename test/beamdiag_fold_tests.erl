@@ -4,18 +4,10 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--export([fixture/1, recount/1]).
+-export([recount/1]).
 
 fixture(Name) ->
-    Candidates = [
-        filename:join(["test", "fixtures", "perf", Name]),
-        filename:join([code:lib_dir(beamdiag), "test", "fixtures", "perf", Name]),
-        filename:join([filename:dirname(code:which(?MODULE)), "fixtures", "perf", Name])
-    ],
-    case [F || F <- Candidates, filelib:is_regular(F)] of
-        [F | _] -> F;
-        [] -> error({no_fixture, Name})
-    end.
+    beamdiag_test_lib:fixture(filename:join("perf", Name)).
 
 fold(Name) ->
     fold(Name, #{}).

@@ -11,7 +11,7 @@ parse(Svg) ->
     Doc.
 
 fixture_svg_test() ->
-    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture("fp_mixed.txt"), #{}),
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/fp_mixed.txt"), #{}),
     Svg = iolist_to_binary(beamdiag_format_flamegraph:svg(P, #{title => <<"node@host">>})),
     Doc = parse(Svg),
     ?assertEqual(svg, Doc#xmlElement.name),

@@ -58,5 +58,4 @@ lines(D) ->
     string:split(unicode:characters_to_list(beamdiag_format_locks:text(D)), "\n", all).
 
 fixture(Name) ->
-    {ok, [T]} = file:consult(filename:join(["test", "fixtures", Name])),
-    T.
+    beamdiag_test_lib:fixture_term(Name).

@@ -2,9 +2,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 capture(Name) ->
-    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
-    {ok, [C]} = file:consult(File),
-    C.
+    beamdiag_test_lib:fixture_capture(Name).
 
 %% The busy_wait capture widened to 128 schedulers: each recorded scheduler
 %% thread is cloned under new ids and names, with its wall-time counters.

@@ -557,11 +557,8 @@ capture_seeds(Config) ->
 %% The recorded fixtures under test/fixtures/Dir (recursively), at most 64
 %% files of at most 2 MB each.
 fixture_files(_Config, Dir) ->
-    Source = proplists:get_value(source, ?MODULE:module_info(compile), "."),
-    Bases = lists:usort([filename:join([filename:dirname(code:which(?MODULE)), "fixtures", Dir]),
-                         filename:join([filename:dirname(Source), "fixtures", Dir])]),
-    Files = lists:sublist(lists:usort(lists:append([filelib:wildcard(filename:join(B, "**/*"))
-                                                    || B <- Bases])), 64),
+    Base = beamdiag_test_lib:fixture_dir(Dir),
+    Files = lists:sublist(lists:sort(filelib:wildcard(filename:join(Base, "**/*"))), 64),
     [B || F <- Files, filelib:is_regular(F), {ok, B} <- [file:read_file(F)],
           byte_size(B) =< 2000000].
 

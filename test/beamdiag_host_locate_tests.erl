@@ -6,7 +6,7 @@
 -module(beamdiag_host_locate_tests).
 -include_lib("eunit/include/eunit.hrl").
 
-root() -> filename:join([filename:dirname(?FILE), "fixtures", "host", "proc"]).
+root() -> beamdiag_test_lib:fixture_dir("host/proc").
 
 locate(Target, Names) ->
     beamdiag_host_locate:locate(Target, #{proc_root => root(), names => Names}).

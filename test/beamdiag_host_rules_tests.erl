@@ -8,10 +8,10 @@
 
 -define(HELD_TID, 4918).
 
-fixture(Name) -> filename:join([filename:dirname(?FILE), "fixtures", "host", Name]).
+fixture(Name) -> beamdiag_test_lib:fixture(filename:join("host", Name)).
 
 capture(Name) ->
-    {ok, [Samples]} = file:consult(fixture(Name)),
+    Samples = beamdiag_test_lib:fixture_term(filename:join("host", Name)),
     #{samples => Samples, settings => beamdiag_host_view:settings(Samples), node => <<"n@h">>}.
 
 perf(Tids) ->

@@ -108,12 +108,10 @@ html_escape_test() ->
 %%%===================================================================
 
 emit(Text, Opts, Colour) ->
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-           colour => Colour},
-    Code = beamdiag_cli:emit(Text, Opts, IO),
-    {Code, beamdiag_cli_tests:collect(out), beamdiag_cli_tests:collect(err)}.
+    _ = beamdiag_test_lib:collect_io(),
+    Code = beamdiag_cli:emit(Text, Opts, (beamdiag_test_lib:capture_io())#{colour => Colour}),
+    {Out, Err} = beamdiag_test_lib:collect_io(),
+    {Code, Out, Err}.
 
 %% Valid UTF-8 without a control character but the newline.
 terminal_safe(Bin) ->

@@ -198,10 +198,10 @@ browse(Name, Html, Config) ->
     Profile = filename:join(Dir, "chromium-profile"),
     Common = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
               "--user-data-dir=" ++ Profile, "--enable-logging=stderr", "--v=0"],
-    {_, ShotErr} = chromium(Chromium, Dir, Common ++ ["--window-size=1280,2400",
+    {_, ShotErr} = chromium(Chromium, Common ++ ["--window-size=1280,2400",
                                                  "--screenshot=" ++ unicode:characters_to_list(Png),
                                                  Url]),
-    {Dom, DomErr} = chromium(Chromium, Dir, Common ++ ["--dump-dom", Url]),
+    {Dom, DomErr} = chromium(Chromium, Common ++ ["--dump-dom", Url]),
     Console = [L || L <- string:split(<<ShotErr/binary, DomErr/binary>>, <<"\n">>, all),
                    binary:match(L, <<":CONSOLE">>) =/= nomatch],
     ct:log("<a href=\"~ts\">~ts.html</a> <a href=\"~ts\">~ts.png</a>",
@@ -218,25 +218,12 @@ browse(Name, Html, Config) ->
     #{dom => Dom, rendered => Rendered, errors => Errors,
       charts => count(Dom, <<"<div class=\"chart\"><h4>">>)}.
 
-chromium(Exe, Dir, Args) ->
-    Err = filename:join(Dir, "chromium-" ++ integer_to_list(erlang:unique_integer([positive])) ++
-                        ".log"),
-    Port = open_port({spawn_executable, "/bin/sh"},
-                     [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_ERR\"" | [Exe | Args]]},
-                      {env, [{"BEAMDIAG_ERR", Err}]},
-                      exit_status, binary, use_stdio, hide]),
-    Out = collect(Port, [], erlang:monotonic_time(millisecond) + 90000),
-    {ok, ErrText} = file:read_file(Err),
-    {Out, ErrText}.
-
-collect(Port, Acc, Deadline) ->
-    receive
-        {Port, {data, D}} -> collect(Port, [D | Acc], Deadline);
-        {Port, {exit_status, 0}} -> iolist_to_binary(lists:reverse(Acc));
-        {Port, {exit_status, S}} -> ct:fail({chromium_exit, S, iolist_to_binary(lists:reverse(Acc))})
-    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
-        catch port_close(Port),
-        ct:fail(chromium_timeout)
+%% Chromium's standard output, and its standard error (its log) as a
+%% binary; a failed run fails the case.
+chromium(Exe, Args) ->
+    case beamdiag_test_lib:run_exe(Exe, Args, []) of
+        {0, Out, Err} -> {Out, unicode:characters_to_binary(Err)};
+        {S, Out, Err} -> ct:fail({chromium_exit, S, Out, Err})
     end.
 
 attr(Dom, Name) ->

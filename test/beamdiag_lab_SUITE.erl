@@ -207,16 +207,23 @@ cli_unreachable(_Config) ->
     ?assertEqual(iolist_to_binary(["beamdiag ", Vsn, "\n"]), Version).
 
 %% A lab node started by the escript lives through a refused connection:
-%% its report of the refusal reaches the lab command's output, which once
-%% answered it with an error and so killed the node.
+%% its report of the refusal reaches the lab command (which drops it: it
+%% never shows on the command's output), and once answered it with an
+%% error and so killed the node.
 cli_lab_survives_wrong_cookie(_Config) ->
     {ok, Bin} = beamdiag_test_lib:escript(),
     Lab = open_port({spawn_executable, Bin}, [{args, ["lab", "idle", "--duration", "40"]},
                                               exit_status, binary, hide, stderr_to_stdout]),
     try
-        {Node, Cookie} = lab_announced(Lab, <<>>),
+        {Node, Cookie} = lab_announced(Lab),
         {3, _} = escript(["diagnose", Node, "--duration", "1"], [{"BEAMDIAG_COOKIE", "wrong"}]),
-        timer:sleep(2000),
+        %% The node logged the refusals before it closed the connections;
+        %% its log handler answers a file sync only once it has written
+        %% everything before it, that is once the lab command has answered
+        %% the report.
+        {ok, N} = beamdiag_remote:connect(Node, #{cookie => Cookie}),
+        ok = erpc:call(N, logger_std_h, filesync, [default], 10000),
+        ok = beamdiag_remote:disconnect(N),
         {Code, Out} = escript(["diagnose", Node, "--json", "--duration", "1"],
                               [{"BEAMDIAG_COOKIE", Cookie}]),
         ct:log("after a refused connection: exit ~b~n~ts", [Code, Out]),
@@ -226,18 +233,10 @@ cli_lab_survives_wrong_cookie(_Config) ->
     end.
 
 %% The node name and cookie the lab command prints once its node runs.
-lab_announced(Port, Acc) ->
-    case re:run(Acc, "BEAMDIAG_COOKIE=(\\S+) beamdiag diagnose (\\S+)",
-                [{capture, all_but_first, list}]) of
-        {match, [Cookie, Node]} ->
-            {Node, Cookie};
-        nomatch ->
-            receive
-                {Port, {data, D}} -> lab_announced(Port, <<Acc/binary, D/binary>>);
-                {Port, {exit_status, S}} -> error({lab_exited, S, Acc})
-            after 60000 -> error({lab_silent, Acc})
-            end
-    end.
+lab_announced(Port) ->
+    {[Cookie, Node], _} = beamdiag_test_lib:await_output(
+                            Port, "BEAMDIAG_COOKIE=(\\S+) beamdiag diagnose (\\S+)", 60000),
+    {Node, Cookie}.
 
 %% Flags that were on before the run are still on after it.
 flags_left_on_stay_on(Config) ->

@@ -2,9 +2,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 capture(Name) ->
-    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
-    {ok, [C]} = file:consult(File),
-    C.
+    beamdiag_test_lib:fixture_capture(Name).
 
 by_type(Name, Type) ->
     L = beamdiag_ledger:build(capture(Name)),

@@ -223,5 +223,4 @@ fixtures() ->
      "lcnt_dirty_gc_mdai.term", "lcnt_idle.term"].
 
 fixture(Name) ->
-    {ok, [T]} = file:consult(filename:join(["test", "fixtures", Name])),
-    T.
+    beamdiag_test_lib:fixture_term(Name).

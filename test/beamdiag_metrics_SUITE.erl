@@ -24,8 +24,7 @@ all() ->
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(inets),
-    Root = filename:dirname(filename:dirname(proplists:get_value(source, ?MODULE:module_info(compile)))),
-    [{docs, filename:join([Root, "docs", "METRICS.md"])} | Config].
+    [{docs, filename:join([beamdiag_test_lib:top(), "docs", "METRICS.md"])} | Config].
 
 end_per_suite(_Config) ->
     ok.
@@ -78,7 +77,7 @@ documented_metrics_under_load(Config) ->
         ok = beamdiag_metrics:stop(Pid)
     end,
     ?assertEqual(Swt0, erlang:statistics(scheduler_wall_time)),
-    closed(Port, 20).
+    closed(Port, 2000).
 
 msacc_metrics_and_restore(_Config) ->
     Was = msacc_on(),
@@ -133,7 +132,7 @@ supervised(_Config) ->
     ?assertEqual(1.0, value(scrape(Port), <<"beamdiag_up">>, [])),
     exit(Sup, shutdown),
     receive {'EXIT', Sup, shutdown} -> ok after 5000 -> ct:fail(no_shutdown) end,
-    closed(Port, 20).
+    closed(Port, 2000).
 
 %% `beamdiag metrics NODE' on a peer node (OTP 25, +sbwt none, idle) that
 %% has nothing of beamdiag and no inets loaded: the endpoint answers from
@@ -150,7 +149,7 @@ remote_endpoint(_Config) ->
                                     args => ["-setcookie", Cookie, "-hidden", "+sbwt", "none",
                                              "+sbwtdcpu", "none", "+sbwtdio", "none"]}),
     try
-        ?assertEqual([], beamdiag_on(Peer)),
+        ?assertEqual([], beamdiag_test_lib:beamdiag_modules(Peer)),
         ?assertEqual(false, peer:call(Peer, code, is_loaded, [httpd])),
         Sched = peer:call(Peer, erlang, system_info, [schedulers]),
         %% Runs to its end.
@@ -158,7 +157,7 @@ remote_endpoint(_Config) ->
         {Runner, MRef} = run_metrics(Node, Cookie, Port, "6"),
         ok = new_texts(Port, 2),
         M = scrape(Port),
-        ?assertEqual([beamdiag_agent_http], [A || A <- beamdiag_on(Peer), A =:= beamdiag_agent_http]),
+        ?assertEqual([beamdiag_agent_http], [A || A <- beamdiag_test_lib:beamdiag_modules(Peer), A =:= beamdiag_agent_http]),
         ?assertEqual(false, peer:call(Peer, code, is_loaded, [httpd])),
         ?assertEqual(float(Sched), value(M, <<"beamdiag_threads">>, [{<<"type">>, <<"scheduler">>}])),
         W = value(M, <<"beamdiag_window_seconds">>, []),
@@ -177,16 +176,16 @@ remote_endpoint(_Config) ->
         ?assert(OnCpus < 0.02),
         ?assertNot(HasShare),
         ?assertEqual({ok, 0}, wait_down(MRef, Runner, 30000)),
-        closed(Port, 20),
-        ok = gone(Peer, 100),
+        closed(Port, 2000),
+        ok = beamdiag_test_lib:agent_gone(Peer, 10000),
         %% Killed mid-way: the target cleans up on its own.
         Port2 = free_port(),
         {Runner2, MRef2} = run_metrics(Node, Cookie, Port2, "60"),
         ok = new_texts(Port2, 1),
         exit(Runner2, kill),
         {error, killed} = wait_down(MRef2, Runner2, 5000),
-        closed(Port2, 50),
-        ok = gone(Peer, 100)
+        closed(Port2, 5000),
+        ok = beamdiag_test_lib:agent_gone(Peer, 10000)
     after
         beamdiag_test_lib:stop_node(Peer)
     end.
@@ -231,8 +230,8 @@ recv_all(S, Acc) ->
     end.
 
 run_metrics(Node, Cookie, Port, Duration) ->
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {out, D}, ok end, err => fun(_) -> ok end, colour => false},
+    %% What it prints comes to this process.
+    IO = beamdiag_test_lib:capture_io(),
     spawn_monitor(fun() ->
         exit({ok, beamdiag_cli:run(["metrics", atom_to_list(Node), "--cookie", Cookie,
                                     "--port", integer_to_list(Port), "--interval", "500",
@@ -246,46 +245,26 @@ wait_down(MRef, Pid, Ms) ->
     after Ms -> ct:fail(metrics_command_hung)
     end.
 
-beamdiag_on(Peer) ->
-    lists:usort([M || {M, _} <- peer:call(Peer, code, all_loaded, []),
-                      lists:prefix("beamdiag", atom_to_list(M))] ++
-                [M || M <- peer:call(Peer, erlang, loaded, []),
-                      lists:prefix("beamdiag", atom_to_list(M))]).
-
-%% Nothing of beamdiag on the peer, scheduler_wall_time off: waited for.
-gone(Peer, Tries) ->
-    Gone = fun() ->
-        beamdiag_on(Peer) =:= [] andalso
-            peer:call(Peer, erlang, statistics, [scheduler_wall_time]) =:= undefined
-    end,
-    case beamdiag_test_lib:wait_until(Gone, Tries * 100) of
-        ok -> ok;
-        timeout -> ct:fail({left_on_target, beamdiag_on(Peer)})
-    end.
-
 %% Waits until the endpoint has served N texts over an interval that it had
 %% not served before (each is one more interval), scraping every 50 ms, for
 %% at most 60 s (a loaded machine takes tens of seconds).
 new_texts(Port, N) ->
-    new_texts(Port, N, body(Port), erlang:monotonic_time(millisecond) + 60000).
+    Deadline = erlang:monotonic_time(millisecond) + 60000,
+    _ = lists:foldl(fun(_, Last) -> new_text(Port, Last, Deadline) end, body(Port),
+                    lists:seq(1, N)),
+    ok.
 
-new_texts(_Port, 0, _Last, _Until) ->
-    ok;
-new_texts(Port, N, Last, Until) ->
-    case erlang:monotonic_time(millisecond) > Until of
-        true -> ct:fail({no_new_text, Port, N});
-        false -> ok
+%% The first text over an interval (not the warming-up one) that differs
+%% from Last, waited for until Deadline: that text.
+new_text(Port, Last, Deadline) ->
+    New = fun() ->
+        B = body(Port),
+        {B =/= Last andalso is_binary(B) andalso
+             binary:match(B, <<"\nbeamdiag_up 1\n">>) =/= nomatch, B}
     end,
-    timer:sleep(50),
-    case body(Port) of
-        Last ->
-            new_texts(Port, N, Last, Until);
-        New ->
-            %% Only texts over an interval count, not the warming-up one.
-            case binary:match(New, <<"\nbeamdiag_up 1\n">>) of
-                nomatch -> new_texts(Port, N, New, Until);
-                _ -> new_texts(Port, N - 1, New, Until)
-            end
+    case beamdiag_test_lib:poll(New, max(0, Deadline - erlang:monotonic_time(millisecond))) of
+        {ok, Text} -> Text;
+        {timeout, _} -> ct:fail({no_new_text, Port})
     end.
 
 body(Port) ->
@@ -302,8 +281,8 @@ body(Port) ->
             none
     end.
 
-%% The listener goes away shortly after the stop returns.
-closed(Port, Tries) ->
+%% The listener goes away within Ms milliseconds of the stop.
+closed(Port, Ms) ->
     Closed = fun() ->
         case gen_tcp:connect({127, 0, 0, 1}, Port, [], 1000) of
             {error, econnrefused} -> true;
@@ -311,7 +290,7 @@ closed(Port, Tries) ->
             {ok, S} -> gen_tcp:close(S), false
         end
     end,
-    case beamdiag_test_lib:wait_until(Closed, Tries * 100) of
+    case beamdiag_test_lib:wait_until(Closed, Ms) of
         ok -> ok;
         timeout -> ct:fail({still_listening, Port})
     end.

@@ -5,9 +5,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 ledger(Name) ->
-    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
-    {ok, [C]} = file:consult(File),
-    beamdiag_ledger:build(C).
+    beamdiag_ledger:build(beamdiag_test_lib:fixture_capture(Name)).
 
 text(L) ->
     iolist_to_binary(beamdiag_metrics:text(L)).

@@ -5,7 +5,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 fold(Name) ->
-    {ok, P} = beamdiag_fold:fold_file(beamdiag_fold_tests:fixture(Name), #{}),
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture(filename:join("perf", Name)), #{}),
     P.
 
 family(#{metrics := #{family := F}}) -> F;

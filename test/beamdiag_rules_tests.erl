@@ -2,9 +2,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 capture(Name) ->
-    File = filename:join([filename:dirname(?FILE), "fixtures", "captures", Name ++ ".capture"]),
-    {ok, [C]} = file:consult(File),
-    C.
+    beamdiag_test_lib:fixture_capture(Name).
 
 findings(Name) ->
     #{findings := F} = beamdiag:analyse(capture(Name)),
@@ -117,7 +115,7 @@ starvation_names_binding_and_cpuset_test() ->
 %% "The node uses all the CPU it has" only when the OS says it used 90% of
 %% its CPUs; on every capture.
 saturation_headline_fits_its_figures_test() ->
-    Dir = filename:join([filename:dirname(?FILE), "fixtures", "captures"]),
+    Dir = beamdiag_test_lib:fixture_dir("captures"),
     Title = maps:get(title, beamdiag_catalogue:entry(cpu_saturated)),
     [begin
          {ok, [C]} = file:consult(F),

@@ -206,7 +206,7 @@ stalled(N, IntervalMs, Check) ->
         {Ms, Result} = stalled_after(T, N, IntervalMs),
         Check(Ms, Result),
         ?assert(Ms =< 3000 + 2000),
-        ok = beamdiag_test_lib:wait_until(fun() -> beamdiag_modules(T) =:= [] andalso not swt_on(T) end, 15000)
+        beamdiag_test_lib:agent_gone(T, 15000)
     after
         os:cmd("kill -CONT " ++ os_pid(T)),
         stop_target(T)
@@ -351,13 +351,25 @@ target_dies_mid_window(Config) ->
     T = start_target([], []),
     CookieFile = cookie_file(Config, T),
     Self = self(),
-    IO = beamdiag_test_lib:capture_io(),
+    %% Standard error as a terminal's: the progress it draws after each
+    %% tick is counted.
+    IO0 = #{err := Err0} = beamdiag_test_lib:capture_io(),
+    Ticks = counters:new(1, []),
+    IO = IO0#{tty => true,
+              err => fun(D) ->
+                         _ = case string:find(D, "sampling") of
+                                 nomatch -> ok;
+                                 _ -> counters:add(Ticks, 1, 1)
+                             end,
+                         Err0(D)
+                     end},
     Runner = spawn_link(fun() ->
         Self ! {code, beamdiag_cli:run(["diagnose", atom_to_list(node_of(T)), "--cookie-file",
                                         CookieFile, "--duration", "5", "--interval", "250"], IO)}
     end),
     ok = beamdiag_test_lib:wait_until(fun() -> swt_on(T) end, 10000),
-    timer:sleep(1000),
+    %% Killed mid-window: after four ticks (a second of samples).
+    ok = beamdiag_test_lib:await(fun() -> counters:get(Ticks, 1) >= 4 end, 10000),
     os:cmd("kill -9 " ++ os_pid(T)),
     Code = receive {code, C} -> C after 30000 -> error(cli_hung) end,
     unlink(Runner),
@@ -387,7 +399,11 @@ cli_sigkill_restores_target(Config) ->
         {os_pid, CliPid} = erlang:port_info(Port, os_pid),
         ok = beamdiag_test_lib:wait_until(fun() -> swt_on(T) andalso msacc_on(T) end, 20000),
         ?assertNotEqual(Before, beamdiag_modules(T)),
-        timer:sleep(500),
+        %% Killed mid-window: once the agent has taken a sample (counted
+        %% on the target; the count goes with the agent's code).
+        Ticked = {beamdiag_agent, ticked, 4},
+        1 = peer_call(T, erlang, trace_pattern, [Ticked, true, [call_count]]),
+        ok = beamdiag_test_lib:await(fun() -> call_count(T, Ticked) >= 1 end, 20000),
         os:cmd("kill -9 " ++ integer_to_list(CliPid)),
         T0 = erlang:monotonic_time(millisecond),
         ok = beamdiag_test_lib:wait_until(fun() -> restored(T, Before) end, 10000),
@@ -407,9 +423,11 @@ connection_drop_restores_target(_Config) ->
     try
         Before = beamdiag_modules(T),
         Self = self(),
-        Runner = spawn(fun() -> Self ! {result, diagnose(T, 10000)} end),
+        Tick = fun(_, _) -> Self ! tick end,
+        Runner = spawn(fun() -> Self ! {result, diagnose(T, 10000, #{progress => Tick})} end),
         ok = beamdiag_test_lib:wait_until(fun() -> swt_on(T) andalso msacc_on(T) end, 20000),
-        timer:sleep(500),
+        %% Dropped mid-window: once a sample has come.
+        receive tick -> ok after 20000 -> ct:fail(no_tick) end,
         true = peer_call(T, erlang, disconnect_node, [node()]),
         T0 = erlang:monotonic_time(millisecond),
         ok = beamdiag_test_lib:wait_until(fun() -> restored(T, Before) end, 10000),
@@ -797,8 +815,11 @@ cookie_file(Config, T) ->
 %% msacc over the whole window, so that the fault tests see it on from the
 %% start.
 diagnose(T, Ms) ->
-    beamdiag:diagnose(node_of(T), #{cookie => cookie_of(T), duration => Ms / 1000,
-                                    interval => 500, msacc_span => Ms / 1000}).
+    diagnose(T, Ms, #{}).
+
+diagnose(T, Ms, Opts) ->
+    beamdiag:diagnose(node_of(T), Opts#{cookie => cookie_of(T), duration => Ms / 1000,
+                                        interval => 500, msacc_span => Ms / 1000}).
 
 timed(F) ->
     T0 = erlang:monotonic_time(millisecond),
@@ -848,17 +869,8 @@ is_beamdiag(M) ->
 swt_on(T) ->
     peer_call(T, erlang, statistics, [scheduler_wall_time]) =/= undefined.
 
-%% msacc is on when its counters move.
 msacc_on(T) ->
-    A = msacc_sum(T),
-    timer:sleep(30),
-    msacc_sum(T) =/= A.
-
-msacc_sum(T) ->
-    case peer_call(T, erlang, statistics, [microstate_accounting]) of
-        L when is_list(L) -> lists:sum([lists:sum(maps:values(C)) || #{counters := C} <- L]);
-        _ -> 0
-    end.
+    beamdiag_test_lib:msacc_on(T).
 
 %% Restoration is event driven: it takes 2 s at most on a quiet machine,
 %% plus ten of the checks that watch it on a loaded one (each check is a

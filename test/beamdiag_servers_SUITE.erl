@@ -129,16 +129,21 @@ rabbitmq_paced(Config) ->
     {ok, C} = beamdiag_amqp:open(?PORT),
     ok = beamdiag_amqp:declare(C, Q),
     {ok, P} = beamdiag_amqp:open(?PORT),
-    _ = beamdiag_amqp:consume(C, Q),
+    Received = counters:new(1, []),
+    _ = beamdiag_amqp:consume(C, Q, Received),
     Self = self(),
+    %% Publishes until stopped below (at most 300 s).
     Pub = spawn_link(fun() ->
-                             beamdiag_amqp:paced(P, Q, 3000, ?MSG_SIZE, ?WINDOW + 3),
+                             beamdiag_amqp:paced(P, Q, 3000, ?MSG_SIZE, 300),
                              Self ! {paced, done}
                      end),
-    timer:sleep(1000),
+    %% The raw signal before the window: the consumer is receiving the
+    %% messages (a second's worth).
+    ok = beamdiag_test_lib:await(fun() -> counters:get(Received, 1) >= 3000 * ?MSG_SIZE end,
+                                 30000),
     {L, F, S} = diagnose3(Config, rabbitmq_paced),
+    Pub ! stop,
     receive {paced, done} -> ok after 30000 -> ct:fail(publisher_stuck) end,
-    _ = Pub,
     %% Raw signal: the consumer kept up (the queue did not back up) and the
     %% node worked more than when idle.
     Depth = proplists:get_value(Q, depths(Config)),
@@ -163,16 +168,20 @@ rabbitmq_backlog(Config) ->
     %% window's end on a quiet host): each queue process collects its large
     %% heap as it grows.
     Self = self(),
+    %% Each publisher runs until stopped below (at most 300 s).
     Pubs = [spawn_link(fun() ->
                                {ok, P} = beamdiag_amqp:open(?PORT),
-                               ok = publish_for(P, Q, (?WINDOW + 1) * 1000, 150000),
+                               ok = publish_until_stopped(P, Q, 300000, 150000),
                                beamdiag_amqp:close(P),
                                Self ! {published, Q}
                        end) || Q <- ?BACKLOG_QUEUES],
+    %% The raw signal before the window: the queues take more than their
+    %% backlog.
+    wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS + 1, 60000),
     {L, F, #{settings := S}} = diagnose3(Config, rabbitmq_backlog),
+    [Pub ! stop || Pub <- Pubs],
     [receive {published, Q} -> ok after 60000 -> ct:fail(publisher_stuck) end
      || Q <- ?BACKLOG_QUEUES],
-    _ = Pubs,
     %% Raw signal: the queues hold their backlog, and the dirty CPU
     %% schedulers collected garbage (msacc) while the node took page faults.
     Depths = depths(Config),
@@ -316,13 +325,14 @@ http_done({Pids, _Served}) ->
                         end
                 end, {0, 0}, Pids).
 
-%% Publishes to Q in batches until Ms milliseconds have passed, at most
-%% Max messages.
-publish_for(P, Q, Ms, Max) ->
+%% Publishes to Q in batches until the process is sent `stop', at most Max
+%% messages and for at most Ms milliseconds.
+publish_until_stopped(P, Q, Ms, Max) ->
     publish_until(P, Q, erlang:monotonic_time(millisecond) + Ms, Max).
 
 publish_until(P, Q, Deadline, Left) ->
-    case Left > 0 andalso erlang:monotonic_time(millisecond) < Deadline of
+    Stop = receive stop -> true after 0 -> false end,
+    case not Stop andalso Left > 0 andalso erlang:monotonic_time(millisecond) < Deadline of
         true ->
             ok = beamdiag_amqp:publish(P, Q, min(2000, Left), ?MSG_SIZE),
             publish_until(P, Q, Deadline, Left - 2000);

@@ -210,21 +210,11 @@ cli(Args, Cookie) ->
         undefined -> os:unsetenv("BEAMDIAG_COOKIE");
         _ -> os:putenv("BEAMDIAG_COOKIE", atom_to_list(Cookie))
     end,
-    Self = self(),
-    IO = #{out => fun(D) -> Self ! {out, iolist_to_binary(D)}, ok end,
-           err => fun(D) -> Self ! {err, iolist_to_binary(D)}, ok end,
-           colour => false, tty => false},
     T0 = erlang:monotonic_time(millisecond),
-    Code = beamdiag_cli:run(Args, IO),
+    {Code, Out, Err} = beamdiag_test_lib:cli(Args),
     Ms = erlang:monotonic_time(millisecond) - T0,
     os:unsetenv("BEAMDIAG_COOKIE"),
-    {Code, collect(out, <<>>), collect(err, <<>>), Ms}.
-
-collect(Tag, Acc) ->
-    receive
-        {Tag, D} -> collect(Tag, <<Acc/binary, D/binary>>)
-    after 0 -> Acc
-    end.
+    {Code, Out, Err, Ms}.
 
 ids(J) ->
     [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)].

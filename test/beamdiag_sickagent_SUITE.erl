@@ -221,7 +221,14 @@ sysmon_back_when_killed(Config) ->
     ct:pal("during the session: ~p", [Taken]),
     ?assertMatch({_, [_ | _]}, Taken),
     exit(Agent, kill),
-    timer:sleep(500),
+    %% Both are put back within 500 ms: the system monitor free and the
+    %% msacc counters still (read without touching the flag), then the
+    %% flag itself.
+    _ = beamdiag_test_lib:wait_until(
+          fun() ->
+              erpc:call(Node, erlang, system_monitor, []) =:= undefined andalso
+                  not beamdiag_test_lib:msacc_on(Node)
+          end, 500),
     ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])),
     ?assertNot(erpc:call(Node, erlang, system_flag, [microstate_accounting, false])),
     beamdiag_loader:unload(Node, Loaded).
@@ -293,16 +300,20 @@ back_to_back(Config) ->
     %% The second session, while the first agent still holds its modules.
     Self = self(),
     T0 = erlang:monotonic_time(millisecond),
+    1 = erlang:trace_pattern({beamdiag_loader, settled, 3}, true, [call_count]),
     Second = spawn(fun() ->
         Self ! {second, catch beamdiag:diagnose(Node, #{cookie => Cookie, duration => 3,
                                                           slack => infinity})}
     end),
-    timer:sleep(1500),
+    %% The second session waits for the first agent's modules to go: its
+    %% loader has looked more than once.
+    ok = beamdiag_test_lib:await(fun() -> settle_looks() >= 2 end, 10000),
     %% The first agent goes on: its last word, then its delete and purge.
     Relay ! resume,
     receive {beamdiag, Ref, {done, _}} -> ok after 20000 -> ct:fail(first_not_done) end,
     Relay ! stop,
     R = receive {second, X} -> X after 30000 -> exit(Second, kill), ct:fail(second_hung) end,
+    _ = erlang:trace_pattern({beamdiag_loader, settled, 3}, false, [call_count]),
     Took = erlang:monotonic_time(millisecond) - T0,
     ct:pal("second session: ~ts in ~b ms",
            [case R of
@@ -318,6 +329,14 @@ back_to_back(Config) ->
     beamdiag_test_lib:agent_gone(Lab).
 
 %%% Helpers
+
+%% How many times a session's loader has looked whether an ending agent's
+%% modules are gone (beamdiag_loader:settled/3, counted on this node).
+settle_looks() ->
+    case erlang:trace_info({beamdiag_loader, settled, 3}, call_count) of
+        {call_count, N} when is_integer(N) -> N;
+        {call_count, false} -> 0
+    end.
 
 is_process_alive_on(Node, Pid) ->
     erpc:call(Node, erlang, is_process_alive, [Pid]).

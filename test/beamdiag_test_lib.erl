@@ -1,22 +1,26 @@
-%%% @doc Helpers shared by the Common Test suites and the EUnit tests: the
-%%% project's folders and fixtures, the built escript, nodes of any OTP
-%%% release (started, and killed with SIGKILL when they do not stop), lab
-%%% nodes, programs run through ports, the CLI's output captured in
-%%% process, waiting on a condition (in milliseconds), the check that
-%%% nothing of beamdiag stays on a target, figures read straight from a
-%%% capture's raw counters, and the skip a starved host gets.
+%%% @doc Helpers shared by the Common Test suites and the EUnit tests, each
+%%% kind in one place: the project's folders and fixtures (files, folders,
+%%% terms, recorded captures), the built escript, nodes of any OTP release
+%%% (started, and killed with SIGKILL when they do not stop), lab nodes,
+%%% programs run through ports (their whole output, or until a line
+%%% shows), the CLI run in process with its output captured, waiting on a
+%%% condition (in milliseconds, with or without a value), the check that
+%%% nothing of beamdiag stays on a target and whether msacc is on there,
+%%% figures read straight from a capture's raw counters, and the skip a
+%%% starved host gets.
 -module(beamdiag_test_lib).
 
 -include_lib("stdlib/include/assert.hrl").
 
--export([missing/1, fixture/1, top/0, script/1, escript/0, otp_exec/1, otp_root/1]).
+-export([missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
+         script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
--export([run_exe/3, read_port/2, sh/1, sh/2]).
--export([capture_io/0, collect_io/0]).
--export([wait_until/2, await/2]).
--export([agent_gone/1, agent_gone/2, beamdiag_modules/1]).
+-export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
+-export([capture_io/0, collect_io/0, cli/1]).
+-export([wait_until/2, await/2, poll/2]).
+-export([agent_gone/1, agent_gone/2, beamdiag_modules/1, msacc_on/1]).
 -export([read_capture/1, raw_shares/1, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %%%===================================================================
@@ -36,11 +40,30 @@ missing(Why) ->
 %% were loaded, whatever directory the suite runs in.
 -spec fixture(file:filename()) -> file:filename().
 fixture(Rel) ->
+    fixture(Rel, fun filelib:is_regular/1).
+
+%% @doc A folder under test/fixtures, found as `fixture/1' finds a file.
+-spec fixture_dir(file:filename()) -> file:filename().
+fixture_dir(Rel) ->
+    fixture(Rel, fun filelib:is_dir/1).
+
+fixture(Rel, Is) ->
     F = filename:join([top(), "test", "fixtures", Rel]),
-    case filelib:is_regular(F) of
+    case Is(F) of
         true -> F;
         false -> error({no_fixture, Rel})
     end.
+
+%% @doc The one term a fixture file holds (file:consult/1).
+-spec fixture_term(file:filename()) -> term().
+fixture_term(Rel) ->
+    {ok, [T]} = file:consult(fixture(Rel)),
+    T.
+
+%% @doc A capture recorded from a real node, test/fixtures/captures/NAME.capture.
+-spec fixture_capture(string()) -> map().
+fixture_capture(Name) ->
+    fixture_term(filename:join("captures", Name ++ ".capture")).
 
 %% @doc The project's top folder: the first one above the loaded beamdiag
 %% modules that holds scripts/otp-run.sh (rebar3 copies or links the
@@ -291,6 +314,29 @@ read_port(Port, Acc, Deadline) ->
         error({port_timeout, Acc})
     end.
 
+%% @doc Reads a port's output until it matches the regular expression Re,
+%% for at most Ms milliseconds: the expression's captured groups (strings)
+%% and all the output read so far. The port is left open; its exit, or
+%% the deadline, fails the call with the output read.
+-spec await_output(port(), iodata(), non_neg_integer()) -> {[string()], binary()}.
+await_output(Port, Re, Ms) ->
+    await_output(Port, Re, <<>>, erlang:monotonic_time(millisecond) + Ms).
+
+await_output(Port, Re, Acc, Deadline) ->
+    case re:run(Acc, Re, [{capture, all_but_first, list}]) of
+        {match, Groups} ->
+            {Groups, Acc};
+        nomatch ->
+            receive
+                {Port, {data, D}} ->
+                    await_output(Port, Re, <<Acc/binary, (iolist_to_binary(D))/binary>>, Deadline);
+                {Port, {exit_status, S}} ->
+                    error({port_exited, S, Acc})
+            after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+                error({port_silent, Re, Acc})
+            end
+    end.
+
 %% @doc A shell command (iodata), its standard error with its output, for
 %% at most three minutes: `{ExitCode, Output}'.
 -spec sh(iodata()) -> {integer(), binary()}.
@@ -314,9 +360,17 @@ sh(Cmd, Ms) ->
 -spec capture_io() -> map().
 capture_io() ->
     Self = self(),
-    #{out => fun(D) -> Self ! {?MODULE, out, unicode:characters_to_binary(D)}, ok end,
-      err => fun(D) -> Self ! {?MODULE, err, unicode:characters_to_binary(D)}, ok end,
-      colour => false}.
+    #{out => fun(D) -> Self ! {?MODULE, out, text(D)}, ok end,
+      err => fun(D) -> Self ! {?MODULE, err, text(D)}, ok end,
+      colour => false, tty => false}.
+
+%% What the CLI writes must be text: anything else fails the write, in
+%% the writer (as `io:put_chars/2' would).
+text(D) ->
+    case unicode:characters_to_binary(D) of
+        B when is_binary(B) -> B;
+        Bad -> error({not_text, Bad, D})
+    end.
 
 %% @doc What the IO of `capture_io/0' printed so far: `{Stdout, Stderr}'.
 -spec collect_io() -> {binary(), binary()}.
@@ -330,6 +384,15 @@ collect_io(Out, Err) ->
     after 0 -> {Out, Err}
     end.
 
+%% @doc `beamdiag_cli:run/2' in this VM with `capture_io/0': `{ExitCode,
+%% Stdout, Stderr}'.
+-spec cli([string()]) -> {integer(), binary(), binary()}.
+cli(Args) ->
+    _ = collect_io(),
+    Code = beamdiag_cli:run(Args, capture_io()),
+    {Out, Err} = collect_io(),
+    {Code, Out, Err}.
+
 %%%===================================================================
 %%% Waiting
 %%%===================================================================
@@ -339,16 +402,33 @@ collect_io(Out, Err) ->
 %% deadline).
 -spec wait_until(fun(() -> boolean()), non_neg_integer()) -> ok | timeout.
 wait_until(F, Ms) ->
-    wait_loop(F, erlang:monotonic_time(millisecond) + Ms).
+    Poll = fun() ->
+        case F() of
+            true -> {true, ok};
+            false -> {false, false}
+        end
+    end,
+    case poll(Poll, Ms) of
+        {ok, ok} -> ok;
+        {timeout, false} -> timeout
+    end.
 
-wait_loop(F, Deadline) ->
+%% @doc `wait_until/2' for a condition that has a value: F returns `{true,
+%% Value}' when it holds and `{false, Seen}' when not. `{ok, Value}', or
+%% `{timeout, Seen}' with what F saw last (at the deadline), for the
+%% caller's failure to show.
+-spec poll(fun(() -> {true, T} | {false, S}), non_neg_integer()) -> {ok, T} | {timeout, S}.
+poll(F, Ms) ->
+    poll_loop(F, erlang:monotonic_time(millisecond) + Ms).
+
+poll_loop(F, Deadline) ->
     case F() of
-        true ->
-            ok;
-        false ->
+        {true, Value} ->
+            {ok, Value};
+        {false, Seen} ->
             case erlang:monotonic_time(millisecond) >= Deadline of
-                true -> timeout;
-                false -> timer:sleep(50), wait_loop(F, Deadline)
+                true -> {timeout, Seen};
+                false -> timer:sleep(50), poll_loop(F, Deadline)
             end
     end.
 
@@ -390,19 +470,39 @@ agent_gone(Target, Ms) ->
     ?assertNot(call(Target, erlang, system_flag, [microstate_accounting, false])),
     ok.
 
-%% @doc The modules of beamdiag loaded on the node, but for the lab's own
+%% @doc The modules of beamdiag loaded on the node, current or old code
+%% (a module deleted but not purged is still there), but for the lab's own
 %% workloads and the test fixtures shipped there on purpose.
--spec beamdiag_modules(pid() | node()) -> [module()].
+-spec beamdiag_modules(pid() | map() | node()) -> [module()].
 beamdiag_modules(Target) ->
-    lists:sort([M || {M, _} <- call(Target, code, all_loaded, []),
-                     is_beamdiag(atom_to_list(M))]).
+    lists:usort([M || M <- [M || {M, _} <- call(Target, code, all_loaded, [])] ++
+                           call(Target, erlang, loaded, []),
+                      is_beamdiag(atom_to_list(M))]).
 
+is_beamdiag("beamdiag") -> true;
 is_beamdiag("beamdiag_lab" ++ _) -> false;
 is_beamdiag("beamdiag_nif_thread") -> false;
 is_beamdiag("beamdiag_profile_work") -> false;
 is_beamdiag("beamdiag_" ++ _) -> true;
 is_beamdiag(_) -> false.
 
+%% @doc Whether microstate accounting is on on the node (a peer, a lab, or a
+%% node name): its counters move over 30 ms. The flag is not touched
+%% (erlang:statistics/1 returns counters whether it is on or off).
+-spec msacc_on(pid() | map() | node()) -> boolean().
+msacc_on(Target) ->
+    A = msacc_sum(Target),
+    timer:sleep(30),
+    msacc_sum(Target) =/= A.
+
+msacc_sum(Target) ->
+    case call(Target, erlang, statistics, [microstate_accounting]) of
+        L when is_list(L) -> lists:sum([lists:sum(maps:values(C)) || #{counters := C} <- L]);
+        _ -> 0
+    end.
+
+call(#{peer := Peer}, M, F, A) ->
+    call(Peer, M, F, A);
 call(Peer, M, F, A) when is_pid(Peer) -> peer:call(Peer, M, F, A, 15000);
 call(Node, M, F, A) when is_atom(Node) -> erpc:call(Node, M, F, A, 15000).
 

@@ -151,11 +151,13 @@ wait_for(S, Config, Text, Ms) ->
     wait_until(S, Config, fun(Sc) -> binary:match(Sc, Text) =/= nomatch end, Ms).
 
 wait_until(S, Config, Pred, Ms) ->
-    Screen = capture(S, Config, []),
-    case Pred(Screen) of
-        true -> Screen;
-        false when Ms =< 0 -> ct:fail({screen, S, Screen});
-        false -> timer:sleep(250), wait_until(S, Config, Pred, Ms - 250)
+    Shows = fun() ->
+        Screen = capture(S, Config, []),
+        {Pred(Screen), Screen}
+    end,
+    case beamdiag_test_lib:poll(Shows, Ms) of
+        {ok, Screen} -> Screen;
+        {timeout, Screen} -> ct:fail({screen, S, Screen})
     end.
 
 capture(S, Config, Extra) ->
@@ -166,13 +168,4 @@ tmux(Config, Args) ->
     Port = open_port({spawn_executable, ?config(tmux, Config)},
                      [{args, ["-L", ?config(socket, Config) | Args]}, exit_status, binary,
                       stderr_to_stdout, hide]),
-    collect(Port, <<>>).
-
-collect(Port, Acc) ->
-    receive
-        {Port, {data, D}} -> collect(Port, <<Acc/binary, D/binary>>);
-        {Port, {exit_status, St}} -> {St, Acc}
-    after 10000 ->
-        catch port_close(Port),
-        {timeout, Acc}
-    end.
+    beamdiag_test_lib:read_port(Port, 10000).
