@@ -73,6 +73,6 @@ local_host_test_() ->
     [?_assertNot(beamdiag_host_locate:is_local_host(H)) || H <- ["db1.example.org", "10.9.8.7"]].
 
 format_error_test_() ->
-    [?_assert(is_list(lists:flatten(io_lib:format("~ts", [beamdiag_host_locate:format_error(R)]))))
+    [?_test(beamdiag_test_lib:sentence(beamdiag_host_locate:format_error(R)))
      || R <- [{no_such_pid, 1}, {not_beam, 1, <<"bash">>}, {unreadable, "/proc/1/comm", eacces},
               {other_host, "h"}, {not_found, "a@b"}, {bad_node, "x"}]].
