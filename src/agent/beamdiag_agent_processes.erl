@@ -7,9 +7,10 @@
 %%% `message_queue_len', `heap_size': constant time, about 0.5 us each;
 %%% not `total_heap_size', which counts the message fragments in the queue
 %%% and so walks it: measured on OTP 25, 4 times the walk's cost at 10,000
-%%% idle processes and 20 ms for one queue of 3 million). `memory' is read only for the candidates: the 32 largest heaps
-%%% at each end, the longest queues, and the processes reported. Never a
-%%% message's contents: only the queue's length.
+%%% idle processes and 20 ms for one queue of 3 million). `memory' is read
+%%% only for the candidates: the 32 largest heaps at each end, the longest
+%%% queues, and the processes reported. Never a message's contents: only
+%%% the queue's length.
 %%%
 %%% A flooded mailbox. `process_info(P, memory)' walks P's whole message
 %%% queue (measured on OTP 25: 90 to 250 ms for 8 million queued messages,
@@ -314,11 +315,8 @@ walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
             Acc2 = case lists:member(P, Skip) of
                        true -> Acc;
                        false ->
-                           %% Matched, not converted: this runs once a
-                           %% process, twice a window.
                            case erlang:process_info(P, Items) of
-                               [{_, A}, {_, B}, {_, C}] -> [{P, {A, B, C}} | Acc];
-                               [{_, A}, {_, B}, {_, C}, {_, D}] -> [{P, {A, B, C, D}} | Acc];
+                               L when is_list(L) -> [{P, list_to_tuple([V || {_, V} <- L])} | Acc];
                                _ -> Acc
                            end
                    end,
@@ -366,21 +364,7 @@ insert(KR, L) -> [KR | L].
 %% The pids with the largest young heaps, from a walk's tuples (the third
 %% item is heap_size).
 top_heaps(Walked, N) ->
-    top_pids(3, Walked, N).
-
-%% The pids whose walk tuple has the N largest positive values at Pos,
-%% largest first: top/3 without a fun call a process.
-top_pids(Pos, Walked, N) ->
-    Best = top_pids(Pos, Walked, N, {0, []}),
-    [P || {_, {P, _}} <- lists:reverse(element(2, Best))].
-
-top_pids(Pos, [{_, T} = W | Rest], N, Acc) ->
-    case element(Pos, T) of
-        K when K > 0 -> top_pids(Pos, Rest, N, keep({K, W}, Acc, N));
-        _ -> top_pids(Pos, Rest, N, Acc)
-    end;
-top_pids(_Pos, [], _N, Acc) ->
-    Acc.
+    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, Walked, N)].
 
 %% The memory of each process, read, or estimated when its queue (from
 %% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
@@ -403,7 +387,7 @@ memories(Pids, Walked) ->
 
 %% The pids with the longest queues, from a walk's tuples.
 top_queues(Walked, N) ->
-    top_pids(2, Walked, N).
+    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, N)].
 
 %% Memory at the start: measured for the start's largest heaps, otherwise
 %% the young heap then (a small process's heap is mostly young).

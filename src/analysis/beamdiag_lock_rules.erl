@@ -412,13 +412,14 @@ location_lines(Ls) ->
                                 || {Loc, W} <- lists:sublist(Sorted, 3), W > 0])]]
     end.
 
--spec pct_text(number()) -> string().
 %% The threads' waits, summed over the threads, against the window: a
 %% share of it, or a multiple when many threads waited at once.
+-spec wait_text(number()) -> iolist().
 wait_text(P) when P >= 100 -> io_lib:format("~.1f times the window (summed over the threads)",
                                             [P / 100]);
 wait_text(P) -> [pct_text(P), " of the window (summed over the threads)"].
 
+-spec pct_text(number()) -> string().
 pct_text(P) when P >= 10 -> [integer_to_list(round(P)), "%"];
 pct_text(P) -> io_lib:format("~.1f%", [float(P)]).
 
