@@ -343,10 +343,18 @@ publish_until(P, Q, Deadline, Left) ->
 diagnose3(Config, Case) ->
     diagnose3(Config, Case, rabbit_node, rabbit_cookie).
 
+%% With 5 s of slack rather than the default 1.5: these cases judge the
+%% diagnosis of a real server, not its latency (the sick-node suites and
+%% bench/sick_latency do). A server and its load generators fill a 2-core
+%% host, and on a host busy besides (a first run builds emulators beside
+%% the suites) connecting and loading took long enough that a 4 s window's
+%% report was due before its last ticks: a partial capture, on time, with
+%% no msacc slice, which is right for a user but not what the case judges.
 diagnose3(Config, Case, NodeKey, CookieKey) ->
     {ok, #{capture := Cap, ledger := L, findings := F}} =
         beamdiag:diagnose(?config(NodeKey, Config),
-                          #{cookie => ?config(CookieKey, Config), duration => ?WINDOW}),
+                          #{cookie => ?config(CookieKey, Config), duration => ?WINDOW,
+                            slack => 5}),
     [ct:pal("~s ~s: ~s~n~s  fix: ~s", [Id, S, T, [["  - ", E, "\n"] || E <- Ev], Fix])
      || #{id := Id, severity := S, title := T, evidence := Ev, fix := Fix} <- F],
     record(Case, Cap),

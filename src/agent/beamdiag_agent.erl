@@ -52,7 +52,7 @@
 %%% '''
 -module(beamdiag_agent).
 
--export([start/2, stop/1, modules/0, take/1]).
+-export([start/2, stop/1, modules/0, take/1, error_text/2]).
 
 %% Internal: the agent process entry point.
 -export([init/4]).
@@ -149,8 +149,8 @@ stop(Pid) ->
 -spec modules() -> [module()].
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_probe,
-     beamdiag_agent_sysmon].
+     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
+     beamdiag_agent_probe, beamdiag_agent_sysmon].
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
@@ -283,7 +283,8 @@ init(Caller, Ref, Opts0, _Starter) ->
                  false -> undefined
              end,
     {Locks, Restore} = start_locks(Opts, Restore1),
-    Cg = case beamdiag_agent_cgroup:locate(Root, OsPid) of
+    {Located, MemLoc} = beamdiag_agent_cgroup:locate_both(Root, OsPid),
+    Cg = case Located of
              {ok, L} -> L;
              {error, _} = E -> E
          end,
@@ -291,7 +292,7 @@ init(Caller, Ref, Opts0, _Starter) ->
         caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
         probe => Probe, interval_ms => Interval, sysmon => Sysmon,
-        cgroup_location => Cg, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
+        cgroup_location => Cg, memory_location => MemLoc, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
     End = Start + Duration,
@@ -304,8 +305,7 @@ init(Caller, Ref, Opts0, _Starter) ->
         cgroup_location => location_info(Cg),
         msacc_was_on => maps:get(msacc, Restore, false),
         %% Read once now too: a capture cut short still has it.
-        memory_room => maps:get(memory_room, memory_extras(#{proc_root => Root, pid => OsPid}),
-                                #{}),
+        memory_room => maps:get(memory_room, memory_extras(State), #{}),
         locks => Locks =/= undefined,
         wall_start_ms => erlang:system_time(millisecond),
         %% The window asked for, or what was left of it (`end_wall_ms').
@@ -509,74 +509,57 @@ unload_plan(Mods, Extras) ->
         false -> {Mods, Extras}
     end.
 
-%% The process walk at the window's start (see beamdiag_agent_processes),
-%% unless turned off: in a process of its own, so that a process that
-%% answers slowly (one held in a NIF) stalls the walk, not the ticks; the
-%% walker sends the walk's state and a report of it alone, which goes to
-%% the caller at once (a capture cut short keeps it).
+%% The process walks (see beamdiag_agent_processes), unless turned off:
+%% in a process of their own that keeps the walk's state
+%% (beamdiag_agent_walker); the start walk's report alone goes to the
+%% caller at once (a capture cut short keeps it).
 start_procs(Opts, Helpers) ->
     case maps:get(procs, Opts, true) of
-        true ->
-            Self = self(),
-            Skip = [Self | Helpers],
-            %% High priority, like the agent: on a node whose processes
-            %% crowd the run queue a normal walker would wait behind them.
-            Walker = spawn_opt(fun() ->
-                Result = try
-                             S = beamdiag_agent_processes:start(#{skip => Skip}),
-                             {ok, S, beamdiag_agent_processes:snapshot(S)}
-                         catch Class:Reason -> {error, error_text(Class, Reason)}
-                         end,
-                Self ! {beamdiag_walk, self(), Result}
-            end, [{priority, high}]),
-            {walking, Walker};
-        false ->
-            undefined
+        true -> {walking, beamdiag_agent_walker:start(self(), Helpers)};
+        false -> undefined
     end.
 
-%% The start walk's result.
-walked(State = #{procs := {walking, Walker}, caller := Caller, ref := Ref}, Walker, Result) ->
+%% What the walker sent: the start walk's report, or a middle one (watch).
+walked(State = #{procs := {_, Walker}, caller := Caller, ref := Ref}, Walker, Result) ->
     case Result of
-        {ok, S, Snapshot} ->
+        {started, Snapshot, Watch} ->
             Caller ! {beamdiag, Ref, {procs_start, Snapshot}},
-            State#{procs := S, watch => beamdiag_agent_processes:watch(S)};
+            State#{procs := {ready, Walker}, watch => Watch};
+        {next, Report} ->
+            Caller ! {beamdiag, Ref, {procs, Report}},
+            State#{procs := {ready, Walker}};
         {error, Text} ->
+            _ = case State of
+                    #{procs := {busy, _}} -> Caller ! {beamdiag, Ref, {procs, #{error => Text}}};
+                    _ -> ok
+                end,
             State#{procs := {error, Text}}
     end;
 walked(State, _Walker, _Result) ->
     State.
 
-%% With `procs_every' (watch), every that many ticks: the process report
-%% since the last one (one walk; see beamdiag_agent_processes:next/1).
-procs_tick(State = #{procs := P = #{}, opts := #{procs_every := N}, caller := Caller, ref := Ref},
-           K) when K rem N =:= 0 ->
-    try beamdiag_agent_processes:next(P) of
-        {Report, P2} ->
-            Caller ! {beamdiag, Ref, {procs, Report}},
-            State#{procs := P2}
-    catch
-        Class:Reason ->
-            Caller ! {beamdiag, Ref, {procs, #{error => error_text(Class, Reason)}}},
-            State#{procs := undefined}
-    end;
+%% With `procs_every' (watch), every that many ticks: the walker is asked
+%% for the process report since the last one (one walk; see
+%% beamdiag_agent_processes:next/1), which comes back as a message; none
+%% is asked while the last is still being taken.
+procs_tick(State = #{procs := {ready, Walker}, opts := #{procs_every := N}}, K)
+  when K rem N =:= 0 ->
+    beamdiag_agent_walker:next(Walker),
+    State#{procs := {busy, Walker}};
 procs_tick(State, _K) ->
     State.
 
-%% The walk at the end, when the window ended as planned: in a process of
-%% its own, waited for at most ?END_WALK_MS (the collector has the start
-%% walk's report either way).
+%% The walk at the window's end, when the window ended as planned: asked
+%% of the walker, waited for at most ?END_WALK_MS (the collector has the
+%% start walk's report either way).
 end_walk(#{procs := {error, Text}}, done) ->
     {extras, #{procs => #{error => Text}}};
-end_walk(#{procs := P = #{}}, done) ->
-    Self = self(),
+end_walk(#{procs := {Ready, Walker}}, done) when Ready =:= ready; Ready =:= busy ->
     Ref = make_ref(),
-    {Walker, MRef} = spawn_opt(fun() ->
-        Self ! {Ref, try {ok, beamdiag_agent_processes:finish(P)}
-                     catch Class:Reason -> {error, error_text(Class, Reason)}
-                     end}
-    end, [monitor, {priority, high}]),
+    MRef = erlang:monitor(process, Walker),
+    beamdiag_agent_walker:finish(Walker, Ref),
     {walking, Walker, MRef, Ref, erlang:monotonic_time(millisecond) + ?END_WALK_MS};
-end_walk(#{procs := {walking, Walker}}, _) ->
+end_walk(#{procs := {_, Walker}}, _) ->
     exit(Walker, kill),
     {extras, #{}};
 end_walk(_, _) ->
@@ -603,8 +586,8 @@ procs_extras({walking, Walker, MRef, Ref, Deadline}) ->
     end.
 
 %% The memory the node can still take (host or cgroup), read once.
-memory_extras(#{proc_root := Root, pid := OsPid}) ->
-    try #{memory_room => beamdiag_agent_cgroup:memory_room(Root, OsPid)}
+memory_extras(#{proc_root := Root, memory_location := MemLoc}) ->
+    try #{memory_room => beamdiag_agent_cgroup:memory_room(Root, MemLoc)}
     catch _:_ -> #{}
     end.
 
@@ -624,6 +607,8 @@ sysmon_extras(#{sysmon := Pid}) when is_pid(Pid) ->
 sysmon_extras(_) ->
     #{}.
 
+%% @doc A term caught on the target, as bounded text.
+-spec error_text(atom(), term()) -> binary().
 error_text(Class, Reason) ->
     iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 

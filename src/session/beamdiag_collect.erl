@@ -48,14 +48,19 @@
 %% The agent's least grace time past the window (beamdiag_agent).
 -define(GRACE_MS, 5000).
 %% How long a collector that stopped waiting gives the agent for its
-%% last word's quick extras.
+%% last word's quick extras, at most.
 -define(QUICK_MS, 300).
+%% Past the time the report is due, the collector waits at most this long
+%% for anything (the lock data, the quick extras, the extras of an agent
+%% that answered the whole window): the report is printed by the window
+%% plus 2 s with the default slack (1.5 s), analysis included.
+-define(CEILING_MS, 400).
 %% How long before the report is due the lock counters are read at the
 %% latest (measured: 0.35 to 0.9 s for the read on a saturated
 %% lock-counting node, under a host load of 14 to 18 on 2 cores; with 1 s,
 %% the lock data of that node missed the report in 1 of 3 tries).
 -define(LOCK_READ_MS, 2000).
--define(LOCK_GRACE_MS, 500).
+-define(LOCK_GRACE_MS, 250).
 
 %%%===================================================================
 %%% API
@@ -131,8 +136,15 @@ down_text(R) -> beamdiag_client:ended({down, R}).
 gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Samples}) ->
     Now = erlang:monotonic_time(millisecond),
     ReadyBy = ready_by(G),
-    Due = ReadyBy =/= infinity andalso Now >= ReadyBy andalso not Finishing,
+    Due = ReadyBy =/= infinity andalso Now >= ReadyBy,
     case Due andalso due(Info, Samples) of
+        true when Finishing ->
+            %% Every tick came and the extras did not, by the ceiling: what
+            %% came is kept (the start walk brought forward, the lock data
+            %% read before, the long schedules), and the capture says the
+            %% rest is missing.
+            beamdiag_client:abort(maps:get(client, G)),
+            late(partial_extras(G), Info, Samples, D, extras_due);
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
@@ -240,6 +252,10 @@ keep(S, Samples, OnSample) ->
 %% what it is for.
 ready_by(#{ready_by := infinity}) ->
     infinity;
+ready_by(#{ready_by := ReadyBy, finishing := true}) ->
+    %% The extras of a window answered whole are worth the wait, up to the
+    %% ceiling.
+    ReadyBy + ?CEILING_MS;
 ready_by(G = #{ready_by := ReadyBy, info := #{locks := true}}) ->
     case maps:is_key(locks, G) of
         true -> ReadyBy;
@@ -296,8 +312,9 @@ partial_extras(G) ->
 
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
-quick_extras(G = #{client := Client}) ->
-    case beamdiag_client:await(Client, partial_extras, ?QUICK_MS) of
+quick_extras(G = #{client := Client, ready_by := ReadyBy}) ->
+    Wait = min(?QUICK_MS, max(0, ReadyBy + ?CEILING_MS - erlang:monotonic_time(millisecond))),
+    case beamdiag_client:await(Client, partial_extras, Wait) of
         {ok, Quick} -> partial_extras(G#{quick => Quick});
         timeout -> partial_extras(G)
     end.
@@ -344,6 +361,8 @@ late(_Extras, _Info, _Samples, _D, Why) ->
     {error, {beamdiag_collect, Why}}.
 
 late_text(timeout) -> "the agent's last word did not come in time";
+late_text(extras_due) -> "every tick came, but the agent's end-of-window extras (the end walk, "
+                         "the host scan, the lock data) did not come by the report's due time";
 late_text(due) -> "the node's ticks came too slowly for the report to be ready at the window's "
                   "end plus its slack, so the agent was stopped";
 late_text({agent_aborted, deadline}) -> "the agent reached its deadline before its last tick";
