@@ -16,8 +16,12 @@
 %%%     of times what one tick a second does; divided by the ticks per
 %%%     second, it gives the cost of 1 s ticks.
 %%% 1b. One session's fixed cost, amplified the same way: the shortest
-%%%     sessions back to back (start, first and last ticks, end); a default
-%%%     session pays it once per 10 s window.
+%%%     sessions back to back (start, three ticks 1 ms apart with msacc
+%%%     turned on at the last, as a default session turns it on for its
+%%%     last slice, end); a default session pays it once per 10 s window.
+%%%     (Until 2026-11-26 these sessions had msacc on from their start,
+%%%     through the start walk and the set-up, which a default session does
+%%%     not: that counted msacc's cost while on twice, here and in 1c.)
 %%% 1c. Microstate accounting on against off in 2 s slices: its cost while
 %%%     on, of which a default session pays a fifth (msacc covers the last
 %%%     2 s of a 10 s window).

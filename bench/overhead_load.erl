@@ -151,9 +151,14 @@ session_pairs(Pairs, Ms) ->
 -spec session_pairs(pos_integer(), pos_integer(), map()) -> [{float(), float()}].
 session_pairs(Pairs, Ms, Extra) ->
     Session = fun(none) ->
+                  %% Three ticks 1 ms apart, microstate accounting
+                  %% turned on at the last one and read there, on until the
+                  %% session ends: as a default session turns it on for the
+                  %% last slice of its window (its cost while on over that
+                  %% slice is the budget's msacc part).
                   {ok, _, Ref} = beamdiag_agent:start(self(), maps:merge(
-                                     #{duration_ms => 1, interval_ms => 1, msacc => true,
-                                       locks => false, unload => []}, Extra)),
+                                     #{duration_ms => 2, interval_ms => 1, msacc => true,
+                                       msacc_ms => 1, locks => false, unload => []}, Extra)),
                   receive {beamdiag, Ref, {done, _}} -> ok end,
                   flush(Ref),
                   none

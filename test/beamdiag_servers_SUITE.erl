@@ -256,6 +256,16 @@ yaws_flat_out(Config) ->
          <<"The node uses all the CPU it has">> -> ?assert(used_share(Figs) >= 0.9);
          _ -> ?assert(used_share(Figs) < 0.9)
      end || #{id := cpu_saturated, title := Title, figures := Figs} <- F],
+    %% A starvation finding stands on its run-queue wait: some, within the
+    %% schedulers' wall time, and the node within the host's CPUs.
+    [begin
+         ByName = maps:from_list([{K, V} || #{name := K, value := V} <- Figs]),
+         ct:pal("cpu_starvation figures ~p", [ByName]),
+         ?assert(maps:get(runq_s, ByName) > 0),
+         ?assert(maps:get(runq_s, ByName) =< maps:get(sched_wall_s, ByName) + 1.0e-6),
+         ?assert(maps:get(runq_share, ByName) > 0 andalso maps:get(runq_share, ByName) =< 1),
+         ?assert(maps:get(cpus_used, ByName) =< erlang:system_info(logical_processors) + 0.05)
+     end || X = #{id := cpu_starvation, figures := Figs} <- F, beamdiag_finding:at_least(X, warning)],
     nothing_the_node_has(F, S),
     within_bounds(L, F).
 

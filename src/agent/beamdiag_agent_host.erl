@@ -21,7 +21,7 @@
 %%% '''
 -module(beamdiag_agent_host).
 
--export([start/3, result/2, placement/1]).
+-export([start/3, result/2, placement/1, usage/1, rest_cpus/2]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([cpu_by_process/3]).
@@ -85,6 +85,26 @@ cpu_by_process(Root, Exclude, Deadline) ->
            end,
     {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
+
+%% @doc From an agent's sample: when it was taken, the host's busy CPU
+%% time (user, nice, system, irq and softirq, summed over CPUs) and the
+%% node's own (its threads' utime and stime), in clock ticks; `undefined'
+%% when the sample lacks either.
+-spec usage(map()) -> {integer(), non_neg_integer(), non_neg_integer()} | undefined.
+usage(#{t := T, host := #{cpu := Cpu}, threads := Threads}) when is_map(Threads) ->
+    Busy = lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]),
+    Node = lists:sum([U + S || #{utime := U, stime := S} <- maps:values(Threads)]),
+    {T, Busy, Node};
+usage(_) ->
+    undefined.
+
+%% @doc The CPUs the rest of the host used between two usages (sample
+%% times in nanoseconds), or `undefined'.
+-spec rest_cpus(tuple() | undefined, tuple() | undefined) -> float() | undefined.
+rest_cpus({T0, B0, N0}, {T1, B1, N1}) when T1 > T0 ->
+    max(0, (B1 - B0) - (N1 - N0)) / beamdiag_agent_procfs:clock_ticks() / ((T1 - T0) / 1.0e9);
+rest_cpus(_, _) ->
+    undefined.
 
 %% @doc The CPUs this node may run on (its affinity, set by a cpuset or
 %% taskset), from /proc/self/status.
