@@ -54,13 +54,13 @@
 %% for anything (the lock data, the quick extras, the extras of an agent
 %% that answered the whole window): the report is printed by the window
 %% plus 2 s with the default slack (1.5 s), analysis included.
--define(CEILING_MS, 400).
+-define(CEILING_MS, 250).
 %% How long before the report is due the lock counters are read at the
 %% latest (measured: 0.35 to 0.9 s for the read on a saturated
 %% lock-counting node, under a host load of 14 to 18 on 2 cores; with 1 s,
 %% the lock data of that node missed the report in 1 of 3 tries).
 -define(LOCK_READ_MS, 2000).
--define(LOCK_GRACE_MS, 250).
+-define(LOCK_GRACE_MS, 150).
 
 %%%===================================================================
 %%% API
