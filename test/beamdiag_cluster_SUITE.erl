@@ -69,8 +69,9 @@ seventy_one_members(_Config) ->
                 %% The idle nodes wait for a CPU so long that the BEAM counts
                 %% them busy too: this host cannot show the difference now.
                 ok = nothing_left(Peers, 5000),
-                {skip, io_lib:format("host too loaded: idle nodes' median busy ~.2f, busy node ~.2f",
-                                     [Median, maps:get(busy, Row)])};
+                %% A starved skip, which the CI hook counts.
+                beamdiag_test_lib:starved("idle nodes' median busy ~.2f, busy node ~.2f",
+                                          [Median, maps:get(busy, Row)]);
             false ->
                 ?assert(maps:get(busy, Row) > Median + 0.25),
                 %% Then the diagnosis: it is the first outlier, and its

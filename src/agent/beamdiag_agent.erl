@@ -97,10 +97,6 @@
 -define(MAX_GRACE_MS, 30000).
 %% How long the end of a session waits for the host scan's last readings.
 -define(HOST_SCAN_WAIT_MS, 300).
-%% The host's other processes are scanned once the rest of the host uses
-%% this many CPUs between two ticks, with this much of the window left.
--define(SCAN_BUSY_CPUS, 0.1).
--define(SCAN_MIN_MS, 1000).
 %% Above this many processes the agent does not purge its modules.
 -define(PURGE_MAX_PROCESSES, 100000).
 %% The longest a tick waits for the counters every scheduler must answer
@@ -336,10 +332,9 @@ init(Caller, Ref, Opts0, _Starter) ->
 %% After tick K-1's sample: counts its cost (every tick, the first and the
 %% last included), moves the hard deadline when ticks have grown costly and
 %% tells the caller, then waits for the next tick.
-ticked(State0 = #{caller := Caller, ref := Ref}, Sample = #{tick_cost_us := CostUs}, K,
+ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
        Clock = #{start := Start, interval := Interval, 'end' := End, hard := Hard0,
                  worst := Worst0, costs := Costs0}) ->
-    State = host_scan_tick(State0, Sample, End),
     Costs = lists:sublist([CostUs | Costs0], 3),
     Worst = max(Worst0, CostUs div 1000),
     Hard = max(Hard0, hard_deadline(End, Worst)),
@@ -745,34 +740,15 @@ unload(Mods) ->
     ok.
 
 %% The scans of the host's other processes, beside the ticks (see
-%% beamdiag_agent_host), unless turned off: started only once a tick shows
-%% the rest of the host using ?SCAN_BUSY_CPUS or more (each scan reads a
-%% file per process on the host, two hundred dirty-IO jobs on a small
-%% host, the most costly part of a session when nothing else runs there,
-%% and then there is nothing to name), and while the window has time for
-%% two scans half a second apart at least.
+%% beamdiag_agent_host), unless turned off.
 start_host_scan(Opts, Root, OsPid, End) ->
     case maps:get(host_scan, Opts, true) of
         true ->
             Exclude = [list_to_integer(OsPid) | maps:get(exclude_pids, Opts, [])],
-            {waiting, Root, Exclude, End, undefined};
+            beamdiag_agent_host:start(Root, Exclude, End);
         false ->
             undefined
     end.
-
-host_scan_tick(State = #{host_scan := {waiting, Root, Exclude, End, Prev}}, Sample, End) ->
-    Now = beamdiag_agent_host:usage(Sample),
-    case beamdiag_agent_host:rest_cpus(Prev, Now) of
-        Rest when is_float(Rest), Rest >= ?SCAN_BUSY_CPUS ->
-            case End - erlang:monotonic_time(millisecond) >= ?SCAN_MIN_MS of
-                true -> State#{host_scan := beamdiag_agent_host:start(Root, Exclude, End)};
-                false -> State#{host_scan := undefined}
-            end;
-        _ ->
-            State#{host_scan := {waiting, Root, Exclude, End, Now}}
-    end;
-host_scan_tick(State, _Sample, _End) ->
-    State.
 
 %% What the scans read, when the window ended as planned; the scanner is
 %% ended either way.

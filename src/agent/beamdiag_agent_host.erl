@@ -7,8 +7,9 @@
 %%% that waits behind every busy process of an overloaded node). Each read
 %%% is a dirty IO job, and on a starved node every one waits for a CPU: a
 %%% scan of 150 processes took 3 s there. So the scans run in a process of
-%%% their own, beside the agent's ticks: one at the window's start, one
-%%% timed to end with the window, each process's reading stamped with its
+%%% their own, beside the agent's ticks, and only once the rest of the host
+%%% is seen using CPU (probed from /proc/stat): one then, one timed to end
+%%% with the window, each process's reading stamped with its
 %%% own time, so that its CPU share is taken over its own interval
 %%% whatever the scans took.
 %%%
@@ -21,7 +22,7 @@
 %%% '''
 -module(beamdiag_agent_host).
 
--export([start/3, result/2, placement/1, usage/1, rest_cpus/2]).
+-export([start/3, result/2, placement/1]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([cpu_by_process/3]).
@@ -32,6 +33,13 @@
 %% Processes read per scan; a host with more is read in part (the first
 %% ones /proc lists) and says so.
 -define(MAX_PROCS, 1000).
+%% The scans start once the rest of the host uses this many CPUs, probed
+%% this long after the start and then this often, while this much of the
+%% window is left.
+-define(BUSY_CPUS, 0.1).
+-define(FIRST_PROBE_MS, 300).
+-define(PROBE_MS, 1000).
+-define(SCAN_MIN_MS, 1000).
 
 %% Pid => {comm, CPU time in clock ticks (utime + stime), monotonic ms}.
 -type readings() :: #{integer() => {binary(), non_neg_integer(), integer()}}.
@@ -86,26 +94,6 @@ cpu_by_process(Root, Exclude, Deadline) ->
     {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
-%% @doc From an agent's sample: when it was taken, the host's busy CPU
-%% time (user, nice, system, irq and softirq, summed over CPUs) and the
-%% node's own (its threads' utime and stime), in clock ticks; `undefined'
-%% when the sample lacks either.
--spec usage(map()) -> {integer(), non_neg_integer(), non_neg_integer()} | undefined.
-usage(#{t := T, host := #{cpu := Cpu}, threads := Threads}) when is_map(Threads) ->
-    Busy = lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]),
-    Node = lists:sum([U + S || #{utime := U, stime := S} <- maps:values(Threads)]),
-    {T, Busy, Node};
-usage(_) ->
-    undefined.
-
-%% @doc The CPUs the rest of the host used between two usages (sample
-%% times in nanoseconds), or `undefined'.
--spec rest_cpus(tuple() | undefined, tuple() | undefined) -> float() | undefined.
-rest_cpus({T0, B0, N0}, {T1, B1, N1}) when T1 > T0 ->
-    max(0, (B1 - B0) - (N1 - N0)) / beamdiag_agent_procfs:clock_ticks() / ((T1 - T0) / 1.0e9);
-rest_cpus(_, _) ->
-    undefined.
-
 %% @doc The CPUs this node may run on (its affinity, set by a cpuset or
 %% taskset), from /proc/self/status.
 -spec placement(file:filename()) -> #{cpus_allowed => binary()}.
@@ -124,7 +112,52 @@ placement(Root) ->
 %%% Internal
 %%%===================================================================
 
+%% The scans wait for the rest of the host to use ?BUSY_CPUS or more
+%% (the host's busy CPU time less the node's own, from /proc/stat and
+%% /proc/self/stat: three reads a probe, where a scan reads a file per
+%% process on the host, two hundred dirty-IO jobs on a small host and the
+%% most costly part of a session when nothing else runs there, and then
+%% there is nothing to name): probed ?FIRST_PROBE_MS after the start, then
+%% every ?PROBE_MS while the window has ?SCAN_MIN_MS left for two scans.
 scanner(Owner, Root, Exclude, End) ->
+    probe(Owner, Root, Exclude, End, usage(Root), ?FIRST_PROBE_MS).
+
+probe(Owner, Root, Exclude, End, U0, Wait) ->
+    receive
+        {result, From, Ref, _} ->
+            From ! {Ref, #{first => #{}, last => #{}, truncated => false}}
+    after Wait ->
+        U1 = usage(Root),
+        case rest_cpus(U0, U1) of
+            Rest when is_float(Rest), Rest >= ?BUSY_CPUS ->
+                scan(Owner, Root, Exclude, End);
+            _ ->
+                case End - erlang:monotonic_time(millisecond) >= ?SCAN_MIN_MS + ?PROBE_MS of
+                    true -> probe(Owner, Root, Exclude, End, U1, ?PROBE_MS);
+                    false -> probe(Owner, Root, Exclude, End, U1, infinity)
+                end
+        end
+    end.
+
+%% When, the host's busy CPU time (user, nice, system, irq and softirq,
+%% summed over CPUs) and the node's own, in clock ticks; `undefined' when
+%% either cannot be read.
+usage(Root) ->
+    case {beamdiag_agent_procfs:host(Root), read_stat(filename:join([Root, "self", "stat"]))} of
+        {{ok, #{cpu := Cpu}}, {ok, {_, Node}}} ->
+            Busy = lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]),
+            {erlang:monotonic_time(millisecond), Busy, Node};
+        _ ->
+            undefined
+    end.
+
+%% The CPUs the rest of the host used between two usages.
+rest_cpus({T0, B0, N0}, {T1, B1, N1}) when T1 > T0 ->
+    max(0, (B1 - B0) - (N1 - N0)) / beamdiag_agent_procfs:clock_ticks() / ((T1 - T0) / 1000);
+rest_cpus(_, _) ->
+    undefined.
+
+scan(Owner, Root, Exclude, End) ->
     T0 = erlang:monotonic_time(millisecond),
     #{procs := First, truncated := T1} = cpu_by_process(Root, Exclude, End),
     Took = erlang:monotonic_time(millisecond) - T0,
