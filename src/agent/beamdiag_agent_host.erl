@@ -114,7 +114,7 @@ placement(Root) ->
 
 %% The scans wait for the rest of the host to use ?BUSY_CPUS or more
 %% (the host's busy CPU time less the node's own, from /proc/stat and
-%% /proc/self/stat: three reads a probe, where a scan reads a file per
+%% /proc/self/stat: two reads a probe, where a scan reads a file per
 %% process on the host, two hundred dirty-IO jobs on a small host and the
 %% most costly part of a session when nothing else runs there, and then
 %% there is nothing to name): probed ?FIRST_PROBE_MS after the start, then
@@ -143,7 +143,7 @@ probe(Owner, Root, Exclude, End, U0, Wait) ->
 %% summed over CPUs) and the node's own, in clock ticks; `undefined' when
 %% either cannot be read.
 usage(Root) ->
-    case {beamdiag_agent_procfs:host(Root), read_stat(filename:join([Root, "self", "stat"]))} of
+    case {beamdiag_agent_procfs:cpu_times(Root), read_stat(filename:join([Root, "self", "stat"]))} of
         {{ok, #{cpu := Cpu}}, {ok, {_, Node}}} ->
             Busy = lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]),
             {erlang:monotonic_time(millisecond), Busy, Node};

@@ -92,7 +92,7 @@
 -define(LIKE_HEAP_BYTES, 1048576).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
-%% The items every walk reads, in this order: walk/10 matches them by
+%% The items every walk reads, in this order: items/2 matches them by
 %% position.
 -define(ITEMS, [reductions, message_queue_len, heap_size]).
 %% Above this many queued messages a process's memory is estimated, not read.
@@ -196,9 +196,9 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     Rows = maps:from_list(TopReds ++ Queues ++ HeapRows),
     End = maps:fold(fun(P, _, Acc) when is_map_key(P, Acc) -> Acc;
                        (P, _, Acc) ->
-                            case erlang:process_info(P, Items) of
-                                L when is_list(L) -> Acc#{P => list_to_tuple([V || {_, V} <- L])};
-                                _ -> Acc
+                            case items(P, Items) of
+                                gone -> Acc;
+                                T -> Acc#{P => T}
                             end
                     end, Rows, Mem0),
     {Mem1, Est1} = memories(maps:keys(End), End),
@@ -343,13 +343,7 @@ walk([P | Ps], Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc) ->
         true ->
             {Acc, tops(Reds, Qs, Hs, N), true};
         false ->
-            %% The match follows ?ITEMS: reductions, message_queue_len,
-            %% heap_size, then the initial call when it was asked for.
-            T = case erlang:process_info(P, Items) of
-                    [{_, R}, {_, Q}, {_, H}] -> {R, Q, H};
-                    [{_, R}, {_, Q}, {_, H}, {_, I}] -> {R, Q, H, I};
-                    _ -> gone
-                end,
+            T = items(P, Items),
             case T of
                 gone ->
                     walk(Ps, Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc);
@@ -373,6 +367,16 @@ walk([P | Ps], Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc) ->
                          consider(QKey, P, T, Qs), consider(element(3, T), P, T, Hs),
                          N + 1, kept(Keep, P, T, Acc))
             end
+    end.
+
+%% A process's items as a tuple, or `gone'. The match follows ?ITEMS:
+%% reductions, message_queue_len, heap_size, then the initial call when it
+%% was asked for.
+items(P, Items) ->
+    case erlang:process_info(P, Items) of
+        [{_, R}, {_, Q}, {_, H}] -> {R, Q, H};
+        [{_, R}, {_, Q}, {_, H}, {_, I}] -> {R, Q, H, I};
+        _ -> gone
     end.
 
 tops(none, Qs, Hs, N) -> #{queues => Qs, heaps => Hs, walked => N};

@@ -14,7 +14,7 @@
 %%% '''
 -module(beamdiag_agent_procfs).
 
--export([threads/3, threads/4, host/1, host/2, clock_ticks/0]).
+-export([threads/3, threads/4, host/1, host/2, cpu_times/1, clock_ticks/0]).
 -export([trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -117,25 +117,30 @@ host(Root) ->
 -spec host(file:filename(), beamdiag_agent_file:held()) ->
     {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 host(Root, Held) ->
-    [StatPath, LoadPath] = host_paths(Root),
-    case read(StatPath, ?MAX_FILE, Held) of
-        {{ok, Bin}, H1} ->
-            case parse_host_stat(Bin) of
-                {ok, Host} ->
-                    case read(LoadPath, ?MAX_SMALL, H1) of
-                        {{ok, L}, H2} ->
-                            case parse_loadavg(L) of
-                                {ok, Load} -> {{ok, Host#{loadavg => Load}}, H2};
-                                {error, _} -> {{ok, Host}, H2}
-                            end;
-                        {{error, _}, H2} ->
-                            {{ok, Host}, H2}
+    case cpu_times(Root, Held) of
+        {{ok, Host}, H1} ->
+            case read(filename:join(Root, "loadavg"), ?MAX_SMALL, H1) of
+                {{ok, L}, H2} ->
+                    case parse_loadavg(L) of
+                        {ok, Load} -> {{ok, Host#{loadavg => Load}}, H2};
+                        {error, _} -> {{ok, Host}, H2}
                     end;
-                Error ->
-                    {Error, H1}
+                {{error, _}, H2} ->
+                    {{ok, Host}, H2}
             end;
-        {Error, H1} ->
-            {Error, H1}
+        Error ->
+            Error
+    end.
+
+%% @doc Host CPU times from /proc/stat alone, without the load: one read.
+-spec cpu_times(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.
+cpu_times(Root) ->
+    element(1, cpu_times(Root, beamdiag_agent_file:none())).
+
+cpu_times(Root, Held) ->
+    case read(filename:join(Root, "stat"), ?MAX_FILE, Held) of
+        {{ok, Bin}, H1} -> {parse_host_stat(Bin), H1};
+        {Error, H1} -> {Error, H1}
     end.
 
 %% @doc Clock ticks per second for utime and stime: USER_HZ, 100 on every
@@ -293,9 +298,6 @@ read(File, Max, H) ->
         {{error, too_large}, H2} -> {{error, {beamdiag_agent_procfs, {too_large, File}}}, H2};
         {{error, Reason}, H2} -> {{error, {beamdiag_agent_procfs, {read, File, Reason}}}, H2}
     end.
-
-host_paths(Root) ->
-    [filename:join(Root, "stat"), filename:join(Root, "loadavg")].
 
 last_paren(Bin) ->
     case binary:matches(Bin, <<")">>) of
