@@ -153,3 +153,22 @@ partial_throttled_capture_test() ->
     Text = iolist_to_binary(beamdiag_format_text:diagnosis(D, #{colour => false})),
     ?assertNotEqual(nomatch, binary:match(Text, <<"PARTIAL">>)),
     ?assertNotEqual(nomatch, binary:match(Text, <<"last word did not come in time">>)).
+
+%% On-CPU time over msacc's span counts the tick interval that crosses the
+%% span's start for its part inside it: three 1 s intervals at 1 CPU each,
+%% over the last 1.5 s, are 1.5 CPU-seconds, not 2.
+span_on_cpu_prorates_test() ->
+    Tick = #{t => 1.0, by_type => #{dirty_cpu => #{on_cpu => 1.0}, scheduler => #{on_cpu => 0.5}}},
+    L = #{series => [Tick, Tick, Tick]},
+    ?assertEqual(1.5, beamdiag_rules:span_on_cpu(L, dirty_cpu, 1.5)),
+    ?assertEqual(2.25, beamdiag_rules:span_on_cpu(L, all, 1.5)),
+    ?assertEqual(3.0, beamdiag_rules:span_on_cpu(L, dirty_cpu, 5.0)).
+
+%% dirty_cpu_gc's CPU time stays within its physical bounds: the GC's CPU
+%% time within its wall time in msacc, and the dirty schedulers' on-CPU
+%% time within their wall time over msacc's span.
+dirty_gc_figures_within_bounds_test() ->
+    [#{figures := Figs}] = [F || F = #{id := dirty_cpu_gc} <- findings("dirty_cpu_gc")],
+    V = maps:from_list([{N, X} || #{name := N, value := X} <- Figs]),
+    ?assert(maps:get(dirty_gc_cpu_s, V) =< maps:get(dirty_gc_wall_s, V) + 1.0e-6),
+    ?assert(maps:get(dirty_on_cpu_s, V) =< maps:get(msacc_wall_s, V) + 1.0e-6).

@@ -13,6 +13,10 @@
 -module(beamdiag_rules).
 
 -export([findings/2]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([span_on_cpu/3]).
+-endif.
 
 %%%===================================================================
 %%% API
@@ -202,7 +206,7 @@ scheduler_blocking(L, Settings, T) ->
     emit(scheduler_blocking, Severity, [
         fmt("schedulers busy ~.2f s but on CPU or waiting for one only ~.2f s: ~.2f s blocked (~s of busy)",
             [Busy, Busy - Blocked, Blocked, pct(Share)]),
-        fmt("~b voluntary context switches, ~b major page faults on these threads",
+        fmt("~b voluntary context switches, ~b major page faults on these threads over the window",
             [round(Vol), round(Maj)]),
         lock_hint(L)
     ], #{blocked_s => Blocked, busy_s => Busy, blocked_share => Share, major_faults => Maj},
@@ -222,7 +226,7 @@ high_system_cpu(L, Settings, T) ->
     Faults = sum(minflt, maps:get(threads, L)) + sum(majflt, maps:get(threads, L)),
     emit(high_system_cpu, Severity, [
         fmt("system time ~.2f CPU-seconds of ~.2f on CPU (~s)", [Sys, OnCpu, pct(Share)]),
-        fmt("most in ~s (~.2f CPU-seconds); ~b page faults, ~b context switches/s on the node",
+        fmt("most in ~s (~.2f CPU-seconds); ~b page faults over the window, ~b context switches/s on the node",
             [maps:get(name, Worst), maps:get(sys, Worst), round(Faults),
              round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
     ] ++ busy_wait_state(Settings),
@@ -452,15 +456,21 @@ span_on_cpu([], _Type, _Span, _T, Acc) ->
     Acc;
 span_on_cpu(_, _Type, Span, T, Acc) when T >= Span - 1.0e-3 ->
     Acc;
-span_on_cpu([#{t := Dt, by_type := ByType} | Rest], all, Span, T, Acc) ->
-    OnCpu = lists:sum([V || #{on_cpu := V} <- maps:values(ByType), is_number(V)]),
-    span_on_cpu(Rest, all, Span, T + Dt, Acc + OnCpu);
 span_on_cpu([#{t := Dt, by_type := ByType} | Rest], Type, Span, T, Acc) ->
-    OnCpu = case maps:find(Type, ByType) of
-                {ok, #{on_cpu := V}} when is_number(V) -> V;
-                _ -> 0.0
-            end,
-    span_on_cpu(Rest, Type, Span, T + Dt, Acc + OnCpu).
+    %% The interval that crosses the span's start counts for its part
+    %% inside it: msacc's span and the ticks' need not meet to the
+    %% millisecond, and a whole extra interval would put more CPU time in
+    %% the span than its wall time.
+    Inside = min(1.0, (Span - T) / max(Dt, 1.0e-9)),
+    span_on_cpu(Rest, Type, Span, T + Dt, Acc + Inside * interval_on_cpu(Type, ByType)).
+
+interval_on_cpu(all, ByType) ->
+    lists:sum([V || #{on_cpu := V} <- maps:values(ByType), is_number(V)]);
+interval_on_cpu(Type, ByType) ->
+    case maps:find(Type, ByType) of
+        {ok, #{on_cpu := V}} when is_number(V) -> V;
+        _ -> 0.0
+    end.
 
 %% The busy-wait flags, when they bear on system time.
 busy_wait_state(Settings) ->
