@@ -246,7 +246,11 @@ dirty_cpu_gc(L, Settings, T) ->
             Awake = lists:sum(maps:values(Secs)) - maps:get(sleep, Secs, 0),
             GcShare = min(1.0, ratio(GcWall, Awake)),
             OnCpu = span_on_cpu(L, dirty_cpu, Span),
-            GcCpu = OnCpu * GcShare,
+            %% Never more CPU time than wall time in GC: msacc is read when
+            %% each thread answers (a dirty scheduler in a long collection
+            %% answers after it) and the OS counters when the tick reads
+            %% them, so the two spans can differ by a collection's length.
+            GcCpu = min(OnCpu * GcShare, GcWall),
             Cpus = GcCpu / max(Span, 1.0e-9),
             %% The node's CPUs over the same span: the window's average
             %% would put a burst at the window's end above the node.
