@@ -75,3 +75,52 @@ missing_proc_is_an_error_value_test() ->
     {error, {M, R}} = beamdiag_agent_procfs:threads("/nonexistent-proc-root", "1"),
     Text = beamdiag_test_lib:sentence(M:format_error(R)),
     ?assertNotEqual(nomatch, binary:match(Text, <<"/nonexistent-proc-root">>)).
+
+%% A middle tick (`previous' given, no status file): the previous sample's
+%% threads are read without listing the task directory; a thread whose stat
+%% shows no CPU time since keeps its previous schedstat, one whose stat moved
+%% has its schedstat read; a thread that has gone drops out, a new one waits
+%% for the next full read, which reads every schedstat again.
+middle_tick_reads_idle_threads_once_test() ->
+    Root = filename:join("/tmp", "beamdiag_procfs_" ++ os:getpid() ++ "_" ++
+                             integer_to_list(erlang:unique_integer([positive]))),
+    Task = filename:join([Root, "77", "task"]),
+    Stat = fun(Name, U, S) ->
+               io_lib:format("1 (~s) S 1 1 1 0 -1 0 7 0 3 0 ~b ~b 0 0 20 0 1 0 0 0 0\n", [Name, U, S])
+           end,
+    Put = fun(Tid, File, Text) ->
+              Dir = filename:join(Task, integer_to_list(Tid)),
+              ok = filelib:ensure_dir(filename:join(Dir, "x")),
+              ok = file:write_file(filename:join(Dir, File), Text)
+          end,
+    try
+        Put(1, "stat", Stat("1_scheduler", 100, 5)),
+        Put(1, "schedstat", "1000 10 1\n"),
+        Put(2, "stat", Stat("1_dirty_io_sch", 3, 1)),
+        Put(2, "schedstat", "2000 20 1\n"),
+        Put(3, "stat", Stat("aux", 1, 1)),
+        Put(3, "schedstat", "3000 30 1\n"),
+        {{ok, First}, H1} = beamdiag_agent_procfs:threads(Root, 77, #{status => true},
+                                                         beamdiag_agent_file:none()),
+        ?assertEqual([1, 2, 3], lists:sort(maps:keys(First))),
+        %% Thread 1 ran; 2 did not (its schedstat moved below one clock
+        %% tick); 3 has gone; 4 is new.
+        Put(1, "stat", Stat("1_scheduler", 180, 6)),
+        Put(1, "schedstat", "900001000 11 2\n"),
+        Put(2, "schedstat", "2500 20 2\n"),
+        ok = file:del_dir_r(filename:join(Task, "3")),
+        Put(4, "stat", Stat("2_dirty_io_sch", 0, 0)),
+        Put(4, "schedstat", "4000 40 1\n"),
+        {{ok, Mid}, H2} = beamdiag_agent_procfs:threads(Root, 77, #{status => false, previous => First},
+                                                       H1),
+        ?assertEqual([1, 2], lists:sort(maps:keys(Mid))),
+        ?assertEqual(900001000, maps:get(run_ns, maps:get(1, Mid))),
+        ?assertEqual({2000, 20}, {maps:get(run_ns, maps:get(2, Mid)), maps:get(wait_ns, maps:get(2, Mid))}),
+        %% The full read at the end lists the directory and reads every
+        %% schedstat: thread 2's time below a clock tick is counted there.
+        {{ok, Last}, _} = beamdiag_agent_procfs:threads(Root, 77, #{status => true, previous => Mid}, H2),
+        ?assertEqual([1, 2, 4], lists:sort(maps:keys(Last))),
+        ?assertEqual(2500, maps:get(run_ns, maps:get(2, Last)))
+    after
+        file:del_dir_r(Root)
+    end.

@@ -173,14 +173,19 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
     Vm = vm(State, Msacc),
-    case in_time(Deadline) andalso
-             beamdiag_agent_procfs:threads(Root, OsPid, #{status => Status, deadline => Deadline}, H0) of
+    %% A middle tick (no status file) reads the previous tick's threads,
+    %% and an idle thread's stat alone (see beamdiag_agent_procfs:threads/4),
+    %% and no load: the ends are read whole.
+    ThreadOpts = #{status => Status, deadline => Deadline,
+                   previous => maps:get(previous, State, #{})},
+    case in_time(Deadline) andalso beamdiag_agent_procfs:threads(Root, OsPid, ThreadOpts, H0) of
         false ->
             late;
         {{error, {beamdiag_agent_procfs, deadline}}, _} ->
             late;
         {Threads, H1} ->
-            case in_time(Deadline) andalso beamdiag_agent_procfs:host(Root, H1) of
+            case in_time(Deadline) andalso
+                     beamdiag_agent_procfs:host(Root, #{loadavg => Status}, H1) of
                 false ->
                     late;
                 {Host, H2} ->
@@ -196,10 +201,13 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                                 cgroup => Cgroup,
                                 tick_cost_us => erlang:monotonic_time(microsecond) - T0
                             }),
-                            {ok, Sample, State#{held => H3}}
+                            {ok, Sample, State#{held => H3, previous => previous(Threads)}}
                     end
             end
     end.
+
+previous({ok, Threads}) -> Threads;
+previous(_) -> #{}.
 
 %% The VM counters; those every scheduler must answer for (scheduler wall
 %% time, msacc) through the session's helper, with a deadline: a scheduler

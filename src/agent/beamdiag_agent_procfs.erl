@@ -14,7 +14,7 @@
 %%% '''
 -module(beamdiag_agent_procfs).
 
--export([threads/3, threads/4, host/1, host/2, cpu_times/1, clock_ticks/0]).
+-export([threads/3, threads/4, host/1, host/2, host/3, cpu_times/1, clock_ticks/0]).
 -export([trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -75,17 +75,31 @@ threads(Root, Pid, Opts) ->
 %% monotonic time in milliseconds) in the options, gives
 %% `{error, {beamdiag_agent_procfs, deadline}}' when it passes between two
 %% threads' reads.
+%%
+%% With `previous' (the threads of the sample before, on a tick that does
+%% not read the status file), the task directory is not listed again (the
+%% previous sample's threads are read; a thread that has gone drops out, a
+%% new one waits for the next full read), and a thread whose `stat' shows
+%% no CPU time since (the same utime and stime) keeps its previous
+%% schedstat figures rather than reading the file: idle threads (most
+%% dirty I/O schedulers, the poller, the signal dispatchers) cost one read
+%% instead of two. What such a thread did below one clock tick shows in the
+%% next full read, so sums over the window stay exact; only its split
+%% between middle ticks moves.
 -spec threads(file:filename(), string() | integer(),
-              #{status => boolean(), deadline => integer() | infinity},
+              #{status => boolean(), deadline => integer() | infinity,
+                previous => #{integer() => thread()}},
               beamdiag_agent_file:held()) ->
     {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
-    case prim_file:list_dir(TaskDir) of
-        {ok, Names} ->
-            Tids = lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
-                                 ?MAX_THREADS),
-            WantStatus = maps:get(status, Opts, true),
+    WantStatus = maps:get(status, Opts, true),
+    Previous = case maps:get(previous, Opts, #{}) of
+                   P when is_map(P), not WantStatus -> P;
+                   _ -> #{}
+               end,
+    case tids(TaskDir, Previous) of
+        {ok, Tids} ->
             Deadline = maps:get(deadline, Opts, infinity),
             try lists:foldl(
                     fun(Tid, {Acc, Ps, H}) ->
@@ -93,7 +107,8 @@ threads(Root, Pid, Opts, Held) ->
                         Dir = filename:join(TaskDir, integer_to_list(Tid)),
                         Stat = filename:join(Dir, "stat"),
                         Sched = filename:join(Dir, "schedstat"),
-                        case thread(Dir, Stat, Sched, WantStatus, H) of
+                        Before = maps:get(Tid, Previous, undefined),
+                        case thread(Dir, Stat, Sched, WantStatus, Before, H) of
                             {{ok, T}, H2} -> {[{Tid, T} | Acc], [Stat, Sched | Ps], H2};
                             {{error, _}, H2} -> {Acc, [Stat, Sched | Ps], H2}
                         end
@@ -117,6 +132,15 @@ host(Root) ->
 -spec host(file:filename(), beamdiag_agent_file:held()) ->
     {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 host(Root, Held) ->
+    host(Root, #{loadavg => true}, Held).
+
+%% @doc As host/2; `#{loadavg => false}' reads /proc/stat alone (the load
+%% is wanted at the window's ends only).
+-spec host(file:filename(), #{loadavg => boolean()}, beamdiag_agent_file:held()) ->
+    {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
+host(Root, #{loadavg := false}, Held) ->
+    cpu_times(Root, Held);
+host(Root, _Opts, Held) ->
     case cpu_times(Root, Held) of
         {{ok, Host}, H1} ->
             case read(filename:join(Root, "loadavg"), ?MAX_SMALL, H1) of
@@ -257,12 +281,28 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
-thread(Dir, Stat, Sched, WantStatus, H0) ->
+%% The thread ids to read: the task directory's, or the previous sample's.
+tids(_TaskDir, Previous) when map_size(Previous) > 0 ->
+    {ok, lists:sort(maps:keys(Previous))};
+tids(TaskDir, _) ->
+    case prim_file:list_dir(TaskDir) of
+        {ok, Names} ->
+            {ok, lists:sublist(lists:sort([T || N <- Names, {T, ""} <- [string:to_integer(N)]]),
+                               ?MAX_THREADS)};
+        {error, _} = Error ->
+            Error
+    end.
+
+thread(Dir, Stat, Sched, WantStatus, Before, H0) ->
     case read(Stat, ?MAX_SMALL, H0) of
         {{ok, StatBin}, H1} ->
             case parse_stat(StatBin) of
                 {ok, T0} ->
-                    {T1, H2} = merge_optional(T0, Sched, ?MAX_SMALL, fun parse_schedstat/1, H1),
+                    {T1, H2} = case idle_since(T0, Before) of
+                                   {true, Kept} -> {maps:merge(T0, Kept), H1};
+                                   false -> merge_optional(T0, Sched, ?MAX_SMALL,
+                                                           fun parse_schedstat/1, H1)
+                               end,
                     case WantStatus of
                         true ->
                             %% Read whole: it is wanted on the first and last
@@ -280,6 +320,13 @@ thread(Dir, Stat, Sched, WantStatus, H0) ->
             %% The thread exited between listing and reading.
             {Error, H1}
     end.
+
+%% A thread with no CPU time since the previous sample keeps that sample's
+%% schedstat figures.
+idle_since(#{utime := U, stime := S}, #{utime := U, stime := S, run_ns := R, wait_ns := W}) ->
+    {true, #{run_ns => R, wait_ns => W}};
+idle_since(_, _) ->
+    false.
 
 merge_optional(T, File, Max, Parse, H) ->
     case read(File, Max, H) of
