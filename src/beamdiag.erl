@@ -216,6 +216,8 @@ remote(NodeStr, O, Notify) ->
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
                     _ = Notify(loaded),
+                    %% The report's own modules load while the window runs.
+                    _ = spawn(fun beamdiag_loader:warm/0),
                     Cleared = early_locks_done(Early),
                     Result = with_profile(Node, O, fun() ->
                                  beamdiag_collect:run(Node, (collect_opts(O, Loaded))#{

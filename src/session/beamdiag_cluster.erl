@@ -463,7 +463,7 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
     Crowded = crowded([M || {M, _} <- Prepared]),
     _ = [Pid ! {Tag, go, Collect#{host_scan => not lists:member(host(M), Crowded)}}
          || {{Pid, _}, M} <- Procs],
-    _ = spawn(fun warm/0),
+    _ = spawn(fun beamdiag_loader:warm/0),
     %% The collectors' own deadlines end them; this one is the backstop.
     GiveUp = Now + round(D * 1000) + case Slack of
                                          infinity -> 30000;
@@ -480,15 +480,6 @@ run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
 ends_at(Collect, EndAt) ->
     Wall = erlang:system_time(millisecond) + EndAt - erlang:monotonic_time(millisecond),
     Collect#{end_wall_ms => Wall}.
-
-%% beamdiag's own modules loaded while the windows run: in the escript
-%% they load on first use, and otherwise the first analyses, all at the
-%% windows' end, would queue at the code server for them (measured: 0.5 s
-%% for the 77 modules on a busy 2-core host, all at the window's end).
-warm() ->
-    Mods = [list_to_atom(N) || {N, _, false} <- code:all_available(), lists:prefix("beamdiag", N)],
-    _ = code:ensure_modules_loaded(Mods),
-    ok.
 
 %% The hosts with more than ?CROWDED members. Each agent reads every
 %% process of its host at the window's start and end (to name what

