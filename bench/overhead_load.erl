@@ -125,18 +125,21 @@ tick_pairs(Pairs, Ms, Sink) ->
                  status => false, held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")),
                  probe => beamdiag_agent_probe:start(self()), interval_ms => 1000}
            end,
-    %% A middle tick of a 1 s session reads, besides every thread's stat,
-    %% the schedstat of the threads that ran since the tick before. Taken
-    %% back to back, ticks a millisecond apart would find nearly every
-    %% thread idle; each is set against the slice's first sample instead,
-    %% so a thread that ran at all in the slice has its schedstat read on
-    %% every later tick (more reads than 1 s ticks make, not fewer).
+    %% A middle tick of a 1 s session reads the threads that ran in the
+    %% interval before (and the others when the process's CPU time says
+    %% they ran too), an idle thread's stat alone. Taken back to back,
+    %% ticks a millisecond apart would find nearly every thread idle; each
+    %% is set against the slice's first sample instead, so a thread that
+    %% ran at all in the slice is read whole on every later tick (more
+    %% reads than 1 s ticks make, not fewer).
     Tick = fun(State) ->
                {Sample, State2} = beamdiag_agent:take(State),
                Sink ! {tick, Sample},
                case State of
-                   #{previous := First} -> State2#{previous := First};
-                   _ -> State2
+                   #{previous := First, process_cpu := FirstCpu} ->
+                       State2#{previous := First, process_cpu := FirstCpu};
+                   _ ->
+                       State2
                end
            end,
     try

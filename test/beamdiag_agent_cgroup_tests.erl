@@ -53,7 +53,15 @@ locate_and_read_v1_test() ->
         ?assertEqual(#{version => 1, dir => CgDir}, Loc),
         {ok, Stat} = beamdiag_agent_cgroup:read(Loc),
         ?assertEqual(0.2, maps:get(quota_cpus, Stat)),
-        ?assertEqual(20, maps:get(nr_throttled, Stat))
+        ?assertEqual(20, maps:get(nr_throttled, Stat)),
+        %% A middle tick keeps the quota read before and reads the counters
+        %% alone: with the quota files gone, the quota is the one before.
+        ok = file:delete(filename:join(CgDir, "cpu.cfs_quota_us")),
+        ok = file:delete(filename:join(CgDir, "cpu.cfs_period_us")),
+        {{ok, Mid}, _} = beamdiag_agent_cgroup:read(Loc, Stat, beamdiag_agent_file:none()),
+        ?assertEqual({0.2, 20}, {maps:get(quota_cpus, Mid), maps:get(nr_throttled, Mid)}),
+        {{ok, Whole}, _} = beamdiag_agent_cgroup:read(Loc, undefined, beamdiag_agent_file:none()),
+        ?assertEqual(unlimited, maps:get(quota_cpus, Whole))
     after
         os:cmd("rm -rf " ++ Root)
     end.

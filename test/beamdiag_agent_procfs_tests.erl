@@ -124,3 +124,53 @@ middle_tick_reads_idle_threads_once_test() ->
     after
         file:del_dir_r(Root)
     end.
+
+%% A middle tick with `active' and `process' (tick_threads/4): the active
+%% threads are read, then the process's own CPU time (utime plus stime of
+%% /proc/PID/stat), and an idle thread only when the process used 3 clock
+%% ticks or more beyond what the active ones did.
+middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
+    Root = filename:join("/tmp", "beamdiag_procfs_" ++ os:getpid() ++ "_" ++
+                             integer_to_list(erlang:unique_integer([positive]))),
+    Task = filename:join([Root, "78", "task"]),
+    Stat = fun(Name, U, S) ->
+               io_lib:format("1 (~s) S 1 1 1 0 -1 0 7 0 3 0 ~b ~b 0 0 20 0 1 0 0 0 0\n", [Name, U, S])
+           end,
+    Put = fun(Dir, File, Text) ->
+              ok = filelib:ensure_dir(filename:join(Dir, "x")),
+              ok = file:write_file(filename:join(Dir, File), Text)
+          end,
+    Proc = fun(U, S) -> Put(filename:join(Root, "78"), "stat", Stat("beam.smp", U, S)) end,
+    T = fun(Tid) -> filename:join(Task, integer_to_list(Tid)) end,
+    try
+        Proc(110, 10),
+        Put(T(1), "stat", Stat("1_scheduler", 100, 5)),
+        Put(T(1), "schedstat", "1000 10 1\n"),
+        Put(T(2), "stat", Stat("aux", 3, 1)),
+        Put(T(2), "schedstat", "2000 20 1\n"),
+        ?assertMatch({{ok, 120}, _},
+                     beamdiag_agent_procfs:process_cpu(Root, 78, beamdiag_agent_file:none())),
+        {{ok, First, 120}, H1} = beamdiag_agent_procfs:tick_threads(Root, 78, #{status => true},
+                                                                   beamdiag_agent_file:none()),
+        %% The scheduler ran 80 ticks, aux 1: the process's 81 are
+        %% accounted for within 3, so aux is not read.
+        Proc(190, 11),
+        Put(T(1), "stat", Stat("1_scheduler", 180, 5)),
+        Put(T(1), "schedstat", "801000 10 2\n"),
+        Put(T(2), "stat", Stat("aux", 4, 1)),
+        Put(T(2), "schedstat", "12000 20 2\n"),
+        Mid = #{status => false, previous => First, active => [1], process => 120},
+        {{ok, A, 201}, H2} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H1),
+        ?assertEqual(180, maps:get(utime, maps:get(1, A))),
+        ?assertEqual(801000, maps:get(run_ns, maps:get(1, A))),
+        ?assertEqual(maps:get(2, First), maps:get(2, A)),
+        %% Aux ran 30 ticks more: 30 of the process's are not accounted
+        %% for, and aux is read.
+        Proc(220, 11),
+        Put(T(2), "stat", Stat("aux", 34, 1)),
+        {{ok, B, 231}, _} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H2),
+        ?assertEqual(34, maps:get(utime, maps:get(2, B))),
+        ?assertEqual(12000, maps:get(run_ns, maps:get(2, B)))
+    after
+        file:del_dir_r(Root)
+    end.

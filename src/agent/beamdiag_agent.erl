@@ -173,17 +173,29 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
     Vm = vm(State, Msacc),
-    %% A middle tick (no status file) reads the previous tick's threads,
-    %% and an idle thread's stat alone (see beamdiag_agent_procfs:threads/4),
-    %% and no load: the ends are read whole.
-    ThreadOpts = #{status => Status, deadline => Deadline,
-                   previous => maps:get(previous, State, #{})},
-    case in_time(Deadline) andalso beamdiag_agent_procfs:threads(Root, OsPid, ThreadOpts, H0) of
+    %% A middle tick (no status file) reads the threads that ran in the
+    %% interval before, the others only when the process's CPU time says
+    %% they ran too, an idle thread's stat alone, the cgroup's counters
+    %% without its quota, and no load (see beamdiag_agent_procfs:tick_threads/4):
+    %% the window's ends are read whole.
+    Previous = maps:get(previous, State, #{}),
+    ThreadOpts0 = #{status => Status, deadline => Deadline, previous => Previous},
+    ThreadOpts = case {maps:get(active, State, undefined), maps:get(process_cpu, State, undefined)} of
+                     {Active, Before} when is_list(Active), is_integer(Before) ->
+                         ThreadOpts0#{active => Active, process => Before};
+                     _ ->
+                         ThreadOpts0
+                 end,
+    case in_time(Deadline) andalso beamdiag_agent_procfs:tick_threads(Root, OsPid, ThreadOpts, H0) of
         false ->
             late;
         {{error, {beamdiag_agent_procfs, deadline}}, _} ->
             late;
-        {Threads, H1} ->
+        {Read, H1} ->
+            {Threads, ProcCpu} = case Read of
+                                     {ok, Ts, C} -> {{ok, Ts}, C};
+                                     {error, _} = E -> {E, undefined}
+                                 end,
             case in_time(Deadline) andalso
                      beamdiag_agent_procfs:host(Root, #{loadavg => Status}, H1) of
                 false ->
@@ -201,13 +213,26 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                                 cgroup => Cgroup,
                                 tick_cost_us => erlang:monotonic_time(microsecond) - T0
                             }),
-                            {ok, Sample, State#{held => H3, previous => previous(Threads)}}
+                            New = previous(Threads),
+                            {ok, Sample, State#{held => H3, previous => New,
+                                                cgroup_before => Cgroup,
+                                                active => active(Previous, New),
+                                                process_cpu => ProcCpu}}
                     end
             end
     end.
 
 previous({ok, Threads}) -> Threads;
 previous(_) -> #{}.
+
+%% The threads that used CPU time between two samples (every thread, after
+%% the first).
+active(Before, Now) ->
+    [Tid || {Tid, #{utime := U, stime := S}} <- maps:to_list(Now),
+            case maps:get(Tid, Before, undefined) of
+                #{utime := U, stime := S} -> false;
+                _ -> true
+            end].
 
 %% The VM counters; those every scheduler must answer for (scheduler wall
 %% time, msacc) through the session's helper, with a deadline: a scheduler
@@ -774,8 +799,13 @@ host_extras(_, _) ->
 
 cgroup(#{cgroup_location := {error, _} = E}, H) ->
     {E, H};
-cgroup(#{cgroup_location := L}, H) ->
-    {R, H2} = beamdiag_agent_cgroup:read(L, H),
+cgroup(State = #{cgroup_location := L}, H) ->
+    %% A middle tick keeps the quota the tick before read.
+    Before = case State of
+                 #{status := false, cgroup_before := B} when is_map(B) -> B;
+                 _ -> undefined
+             end,
+    {R, H2} = beamdiag_agent_cgroup:read(L, Before, H),
     {ok_or_error(R), H2}.
 
 location_info({error, {beamdiag_agent_cgroup, R}}) ->

@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_agent_cgroup).
 
--export([locate/2, locate_both/2, read/1, read/2, memory_room/2]).
+-export([locate/2, locate_both/2, read/1, read/2, read/3, memory_room/2]).
 -export([format_error/1]).
 %% Called by the tests only.
 -ifdef(TEST).
@@ -89,14 +89,24 @@ read(L) ->
 %% @doc As read/1, reading through (and updating) held descriptors.
 -spec read(location(), beamdiag_agent_file:held()) ->
     {{ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}, beamdiag_agent_file:held()}.
-read(#{version := 2, dir := Dir}, H0) ->
+read(L, H0) ->
+    read(L, undefined, H0).
+
+%% @doc As read/2; given the quota of a sample before (its `quota_cpus' and
+%% `period_us'), reads the throttling counters alone: one file instead of
+%% two or three (the quota is read at the window's ends).
+-spec read(location(), stat() | undefined, beamdiag_agent_file:held()) ->
+    {{ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}, beamdiag_agent_file:held()}.
+read(#{version := V, dir := Dir}, #{quota_cpus := Q, period_us := P, version := V}, H0) ->
+    stat(V, Dir, {Q, P}, H0);
+read(#{version := 2, dir := Dir}, _Before, H0) ->
     {Quota, H1} =
         case read_file(filename:join(Dir, "cpu.max"), H0) of
             {{ok, Max}, H} -> {parse_cpu_max(Max), H};
             {{error, _}, H} -> {{unlimited, 100000}, H}
         end,
     stat(2, Dir, Quota, H1);
-read(#{version := 1, dir := Dir}, H0) ->
+read(#{version := 1, dir := Dir}, _Before, H0) ->
     {Q, H1} = read_int(filename:join(Dir, "cpu.cfs_quota_us"), H0),
     {P, H2} = read_int(filename:join(Dir, "cpu.cfs_period_us"), H1),
     Quota =

@@ -14,7 +14,8 @@
 %%% '''
 -module(beamdiag_agent_procfs).
 
--export([threads/3, threads/4, host/1, host/2, host/3, cpu_times/1, clock_ticks/0]).
+-export([threads/3, threads/4, tick_threads/4, process_cpu/3, host/1, host/2, host/3, cpu_times/1,
+         clock_ticks/0]).
 -export([trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -50,6 +51,12 @@
 -define(MAX_FILE, 65536).
 %% A thread's stat or schedstat, /proc/loadavg: a line.
 -define(MAX_SMALL, 4096).
+%% A middle tick reads the threads that were idle in the interval before
+%% when the process's CPU time exceeds what the active ones used by this
+%% many clock ticks (10 ms each) or more: each figure is rounded down to a
+%% clock tick, and read side by side on a saturated node they differed by
+%% 1 to 2.
+-define(UNACCOUNTED_TICKS, 3).
 
 %%%===================================================================
 %%% API
@@ -84,8 +91,8 @@ threads(Root, Pid, Opts) ->
 %% schedstat figures rather than reading the file: idle threads (most
 %% dirty I/O schedulers, the poller, the signal dispatchers) cost one read
 %% instead of two. What such a thread did below one clock tick shows in the
-%% next full read, so sums over the window stay exact; only its split
-%% between middle ticks moves.
+%% next full read (the window's last tick reads every file), so sums over
+%% the window stay exact; only its split between middle ticks moves.
 -spec threads(file:filename(), string() | integer(),
               #{status => boolean(), deadline => integer() | infinity,
                 previous => #{integer() => thread()}},
@@ -94,33 +101,90 @@ threads(Root, Pid, Opts) ->
 threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
     WantStatus = maps:get(status, Opts, true),
-    Previous = case maps:get(previous, Opts, #{}) of
-                   P when is_map(P), not WantStatus -> P;
-                   _ -> #{}
-               end,
+    Previous = previous(Opts),
     case tids(TaskDir, Previous) of
         {ok, Tids} ->
             Deadline = maps:get(deadline, Opts, infinity),
-            try lists:foldl(
-                    fun(Tid, {Acc, Ps, H}) ->
-                        in_time(Deadline) orelse throw({deadline, H}),
-                        Dir = filename:join(TaskDir, integer_to_list(Tid)),
-                        Stat = filename:join(Dir, "stat"),
-                        Sched = filename:join(Dir, "schedstat"),
-                        Before = maps:get(Tid, Previous, undefined),
-                        case thread(Dir, Stat, Sched, WantStatus, Before, H) of
-                            {{ok, T}, H2} -> {[{Tid, T} | Acc], [Stat, Sched | Ps], H2};
-                            {{error, _}, H2} -> {Acc, [Stat, Sched | Ps], H2}
-                        end
-                    end,
-                    {[], [], Held}, Tids) of
-                {Threads, Paths, Held2} ->
-                    {{ok, maps:from_list(Threads)}, beamdiag_agent_file:keep(TaskDir, Paths, Held2)}
+            try read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, {[], [], Held}) of
+                Acc -> {{ok, threads_of(Acc)}, kept(TaskDir, Acc)}
             catch
                 throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
             end;
         {error, Reason} ->
             {{error, {beamdiag_agent_procfs, {list_dir, TaskDir, Reason}}}, Held}
+    end.
+
+%% @doc A tick's threads, as threads/4, and the whole process's CPU time
+%% (utime plus stime, clock ticks: `process_cpu/3') read right after the
+%% threads that run most.
+%%
+%% On a middle tick given `active' (the threads that ran in the interval
+%% before) and `process' (the process's CPU time at the sample before),
+%% only the active threads are read, then the process's CPU time, and the
+%% other threads only when the process used ?UNACCOUNTED_TICKS clock ticks
+%% or more beyond what the active ones did: an idle thread that woke up is
+%% read on the tick it used a CPU; the others keep the previous sample's
+%% figures. The busiest threads are read last, just before the process's
+%% own figure, so that the two are read a few microseconds apart and the
+%% comparison holds on a saturated node. Sums over the window stay exact
+%% (the last tick reads every file); only the split between middle ticks
+%% moves, by less than ?UNACCOUNTED_TICKS clock ticks of CPU time a tick.
+-spec tick_threads(file:filename(), string() | integer(),
+                   #{status => boolean(), deadline => integer() | infinity,
+                     previous => #{integer() => thread()}, active => [integer()],
+                     process => non_neg_integer()},
+                   beamdiag_agent_file:held()) ->
+    {{ok, #{integer() => thread()}, non_neg_integer() | undefined}
+     | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
+tick_threads(Root, Pid, Opts, Held) ->
+    TaskDir = filename:join([Root, to_list(Pid), "task"]),
+    WantStatus = maps:get(status, Opts, true),
+    Previous = previous(Opts),
+    Deadline = maps:get(deadline, Opts, infinity),
+    case {tids(TaskDir, Previous), maps:get(active, Opts, all), maps:get(process, Opts, undefined)} of
+        {{error, Reason}, _, _} ->
+            {{error, {beamdiag_agent_procfs, {list_dir, TaskDir, Reason}}}, Held};
+        {{ok, Tids}, Active, Before} when is_list(Active), is_integer(Before), map_size(Previous) > 0 ->
+            Read = busiest_last([T || T <- Active, is_map_key(T, Previous)], Previous),
+            Rest = [T || T <- Tids, not lists:member(T, Read)],
+            try
+                A1 = read_threads(TaskDir, Read, WantStatus, Previous, Deadline, {[], [], Held}),
+                {Now, H1} = process_cpu_or_undefined(Root, Pid, element(3, A1)),
+                A2 = setelement(3, A1, H1),
+                A3 = case is_integer(Now) andalso
+                              Now - Before - ran(element(1, A2), Previous) < ?UNACCOUNTED_TICKS of
+                         true -> carry(TaskDir, Rest, Previous, A2);
+                         false -> read_threads(TaskDir, Rest, WantStatus, Previous, Deadline, A2)
+                     end,
+                {{ok, threads_of(A3), Now}, kept(TaskDir, A3)}
+            catch
+                throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
+            end;
+        {{ok, Tids}, _, _} ->
+            try read_threads(TaskDir, busiest_last(Tids, Previous), WantStatus, Previous, Deadline,
+                             {[], [], Held}) of
+                Acc ->
+                    {Now, H1} = process_cpu_or_undefined(Root, Pid, element(3, Acc)),
+                    Acc2 = setelement(3, Acc, H1),
+                    {{ok, threads_of(Acc2), Now}, kept(TaskDir, Acc2)}
+            catch
+                throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
+            end
+    end.
+
+%% @doc The whole process's CPU time (utime plus stime, clock ticks, all its
+%% threads, those gone included) from /proc/PID/stat: one read.
+-spec process_cpu(file:filename(), string() | integer(), beamdiag_agent_file:held()) ->
+    {{ok, non_neg_integer()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
+process_cpu(Root, Pid, Held) ->
+    case read(filename:join([Root, to_list(Pid), "stat"]), ?MAX_SMALL, Held) of
+        {{ok, Bin}, H1} ->
+            case parse_stat(Bin) of
+                {ok, #{utime := U, stime := S}} -> {{ok, U + S}, H1};
+                Error -> {Error, H1}
+            end;
+        {Error, H1} ->
+            {Error, H1}
     end.
 
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
@@ -280,6 +344,68 @@ format_error(Other) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Reads the threads Tids (stat, and schedstat unless idle since Previous),
+%% adding to {Threads, Paths, Held}.
+read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, Acc0) ->
+    lists:foldl(
+      fun(Tid, {Acc, Ps, H}) ->
+              in_time(Deadline) orelse throw({deadline, H}),
+              Dir = filename:join(TaskDir, integer_to_list(Tid)),
+              Stat = filename:join(Dir, "stat"),
+              Sched = filename:join(Dir, "schedstat"),
+              Before = maps:get(Tid, Previous, undefined),
+              case thread(Dir, Stat, Sched, WantStatus, Before, H) of
+                  {{ok, T}, H2} -> {[{Tid, T} | Acc], [Stat, Sched | Ps], H2};
+                  {{error, _}, H2} -> {Acc, [Stat, Sched | Ps], H2}
+              end
+      end,
+      Acc0, Tids).
+
+%% The threads not read keep their previous figures (their files stay held).
+carry(TaskDir, Tids, Previous, {Acc, Ps, H}) ->
+    lists:foldl(
+      fun(Tid, {A, P, H1}) ->
+              Dir = filename:join(TaskDir, integer_to_list(Tid)),
+              {[{Tid, maps:get(Tid, Previous)} | A],
+               [filename:join(Dir, "stat"), filename:join(Dir, "schedstat") | P], H1}
+      end,
+      {Acc, Ps, H}, Tids).
+
+previous(Opts) ->
+    case {maps:get(previous, Opts, #{}), maps:get(status, Opts, true)} of
+        {P, false} when is_map(P) -> P;
+        _ -> #{}
+    end.
+
+threads_of({Threads, _Paths, _Held}) ->
+    maps:from_list(Threads).
+
+kept(TaskDir, {_Threads, Paths, Held}) ->
+    beamdiag_agent_file:keep(TaskDir, Paths, Held).
+
+%% Tids ordered by their CPU time so far (the previous sample's), the
+%% busiest last; as they are when there is no previous sample.
+busiest_last(Tids, Previous) when map_size(Previous) =:= 0 ->
+    Tids;
+busiest_last(Tids, Previous) ->
+    Cpu = fun(T) -> case maps:get(T, Previous, #{}) of
+                        #{utime := U, stime := S} -> U + S;
+                        _ -> 0
+                    end
+          end,
+    [T || {_, T} <- lists:sort([{Cpu(T), T} || T <- Tids])].
+
+process_cpu_or_undefined(Root, Pid, H) ->
+    case process_cpu(Root, Pid, H) of
+        {{ok, C}, H1} -> {C, H1};
+        {{error, _}, H1} -> {undefined, H1}
+    end.
+
+%% The CPU time (clock ticks) the threads read used since Previous.
+ran(Read, Previous) ->
+    lists:sum([U + S - (PU + PS) || {Tid, #{utime := U, stime := S}} <- Read,
+                                    #{utime := PU, stime := PS} <- [maps:get(Tid, Previous, #{})]]).
 
 %% The thread ids to read: the task directory's, or the previous sample's.
 tids(_TaskDir, Previous) when map_size(Previous) > 0 ->
