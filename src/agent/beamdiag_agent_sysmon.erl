@@ -98,12 +98,22 @@ init(Owner, Opts) ->
                  _ = erlang:system_monitor(self(), options(Ms)),
                  case erlang:system_monitor() of
                      {Me, _} when Me =:= self() -> St0#{state => watching};
-                     Other -> St0#{state => taken, by => holder(Other)}
+                     Other -> taken(Other, Owner, Opts, St0)
                  end;
              Other ->
-                 St0#{state => taken, by => holder(Other)}
+                 taken(Other, Owner, Opts, St0)
          end,
     loop(MRef, St#{set_ms => erlang:monotonic_time(millisecond) - T0}).
+
+%% The slot is somebody else's: left alone, and the sampler stands in
+%% (beamdiag_agent_held) unless turned off.
+taken(Holder, Owner, Opts, St0) ->
+    St = St0#{state => taken, by => holder(Holder)},
+    case maps:get(sampler, Opts, true) of
+        true -> St#{samplers => beamdiag_agent_held:start(self(), [Owner]),
+                    held => beamdiag_agent_held:new()};
+        false -> St
+    end.
 
 %% long_message_queue is an option from OTP 27 (erts 15).
 options(Ms) ->
@@ -128,6 +138,8 @@ loop(MRef, St) ->
             loop(MRef, notify(long_schedule(Who, Info, St)));
         {monitor, Who, long_message_queue, Long} ->
             loop(MRef, notify(long_queue(Who, Long, St)));
+        {beamdiag_held, Msg} ->
+            loop(MRef, held(Msg, St));
         notify ->
             loop(MRef, sent(St#{timer => undefined}));
         {monitor, _, _, _} ->
@@ -140,6 +152,24 @@ loop(MRef, St) ->
         {'DOWN', MRef, process, _, _} ->
             free(St)
     end.
+
+%% A sampler's message: folded in; new candidates go to every sampler,
+%% and samples that found a process held count as new events.
+held(Msg, St = #{held := Agg, samplers := Samplers}) ->
+    Agg2 = beamdiag_agent_held:add(Msg, Agg),
+    St2 = St#{held := Agg2},
+    case Msg of
+        {walked, _, [_ | _]} ->
+            beamdiag_agent_held:share(Samplers, beamdiag_agent_held:candidates(Agg2)),
+            St2;
+        _ ->
+            case beamdiag_agent_held:found(Msg) of
+                true -> notify(St2);
+                false -> St2
+            end
+    end;
+held(_, St) ->
+    St.
 
 %% New events: the report goes out now, or when a second has passed since
 %% the last one.
@@ -262,10 +292,38 @@ summary(St = #{state := State, threshold_ms := Ms, pids := Pids, others := Other
                            _ -> nif_modules()
                        end
     },
-    case maps:find(by, St) of
-        {ok, By} -> Base#{taken_by => By};
-        error -> Base
+    Taken = case maps:find(by, St) of
+                {ok, By} -> Base#{taken_by => By};
+                error -> Base
+            end,
+    case St of
+        #{held := Agg, samplers := Samplers} -> sampled(Taken, Agg, length(Samplers));
+        _ -> Taken
     end.
+
+%% The sampler's findings in the events' shape (`source => sampler').
+sampled(R, Agg, N) ->
+    Ps = [held_entry(E) || E <- lists:sublist(beamdiag_agent_held:entries(Agg), ?TOP)],
+    R#{source => sampler,
+       sampler => (beamdiag_agent_held:info(Agg))#{samplers => N},
+       events => lists:sum([C || #{count := C} <- Ps]),
+       process_count => length(Ps),
+       processes => Ps,
+       nif_modules => case Ps of
+                          [] -> [];
+                          _ -> nif_modules()
+                      end}.
+
+held_entry(E = #{pid := Pid, name := Name, initial_call := Init, where := W}) ->
+    [{_, Fun} | _] = lists:reverse(lists:keysort(1, [{N, F} || {F, N} <- maps:to_list(W)])),
+    (maps:without([where], E))#{
+        pid := list_to_binary(pid_to_list(Pid)),
+        name := case Name of
+                    N2 when is_atom(N2), N2 =/= [] -> atom_to_binary(N2, utf8);
+                    _ -> null
+                end,
+        initial_call := mfa(Init),
+        in => mfa(Fun), out => mfa(Fun), native => native(Fun, Fun, is_nif(Fun))}.
 
 %% One process's figures and the function it was held in most often.
 entry(E = #{where := W}) ->
