@@ -23,15 +23,17 @@
 %%% that wakes `?HELD_MS' ms or more late was itself on a held scheduler:
 %%% it samples nothing that tick, and counts a sign.
 %%%
-%%% What they do. With no sign, nothing but wake up: together about
-%%% `1000 div ?TICK_MS' wake-ups a second. At a new sign, a sampler that
+%%% What they do. With nothing to sample, only look for a sign: each
+%%% every `?IDLE_MS' ms (a hold is seen when a look falls inside it). At a
+%%% new sign, a sampler that
 %%% was on time walks the process table once (`process_info(P, status)'
 %%% for every process, each answer timed), and the processes that took
 %%% `?HELD_MS' ms or more to answer become the candidates (at most
 %%% `?CANDIDATES', slowest first), shared with every sampler through the
 %%% watcher. Then each sampler asks each candidate
-%%% `[current_function, registered_name, initial_call]' every period, the
-%%% samplers together about `1000 div ?TICK_MS' times a second. Walks: at
+%%% `[current_function, registered_name, initial_call]' every `?TICK_MS'
+%%% ms (10 Hz each; a sampler on the held scheduler skips its late ticks).
+%%% Walks: at
 %%% most `?WALKS' a session, `?WALK_GAP_MS' ms apart, none above
 %%% `?WALK_MAX' processes, each cut at `?WALK_MS' ms. The samplers end
 %%% with the watcher (they monitor it).
@@ -42,6 +44,14 @@
 %%% longest answer (`longest_ms', a lower bound of the longest hold) and
 %%% the time held in all (`total_ms', estimated: each held sample stands
 %%% for the time since the one before, at most one sampler's period).
+%%%
+%%% Cost, measured on OTP 25 (2 schedulers, 10,000 idle processes, the
+%%% CPU of every thread of the VM from /proc, 10 s side by side three
+%%% times): the 2 samplers with no sign added 6 to 14 ms of CPU per 10 s
+%%% (0.06% to 0.14% of one core, mostly waking sleeping schedulers). A
+%%% walk at 10,000 processes: 3.6 to 4.8 ms of CPU, against 4.6 to 7.3 ms
+%%% for the start walk measured beside it. Not measured: a CPU-bound node,
+%%% where the schedulers do not sleep and a look costs microseconds.
 %%%
 %%% ```
 %%% 1> Samplers = beamdiag_agent_held:start(self(), []).
@@ -61,6 +71,9 @@
 %% The samplers' combined period (ms): each sampler's is this times their
 %% number, jittered by up to a fifth either way.
 -define(TICK_MS, 100).
+%% A sampler's period while there is nothing to sample (ms): it only looks
+%% for a sign then, and waking idle schedulers costs more than the look.
+-define(IDLE_MS, 500).
 -define(SAMPLERS, 4).
 -define(CANDIDATES, 8).
 -define(WALKS, 3).
@@ -192,9 +205,12 @@ tick(S = #{watcher := W, shared := Shared, sched := Sched, period := Period, due
             W ! {beamdiag_held, {late, Sched, Late}},
             S#{due := now_ms() + jitter(Period)};
         _ ->
-            S1 = maybe_walk(S, Now),
-            S2 = sample(S1),
-            S2#{due := now_ms() + jitter(Period)}
+            S2 = #{candidates := Cs} = sample(maybe_walk(S, Now)),
+            Next = case Cs of
+                       [] -> ?IDLE_MS;
+                       _ -> Period
+                   end,
+            S2#{due := now_ms() + jitter(Next)}
     end.
 
 %% A walk at a sign not seen before, when no candidate has been found held

@@ -12,7 +12,22 @@
 %%% The system monitor is one slot per node, and servers use it (RabbitMQ's
 %%% sysmon handler does): it is read first, and when it is taken it is left
 %%% alone and the report says so (`state => taken', with the monitoring
-%%% process); the diagnosis then relies on the process walk. When the slot
+%%% process). A sampler then stands in (`beamdiag_agent_held'; option
+%%% `sampler', default true): up to 4 processes bound one to a normal
+%%% scheduler look for a held scheduler twice a second (one that wakes
+%%% 10 ms late was on it); at such a sign an on-time one walks the table
+%%% once (at most 3 walks a session, 1 s apart, none above 50,000
+%%% processes) for the processes slow to answer `process_info/2' (at most
+%%% 8), and each sampler then asks those 10 times a second, timing the
+%%% answer: a process inside a plain NIF answers only when the NIF
+%%% returns. The report gets `source => sampler', the sampler's counts
+%%% (`sampler') and `processes' in the events' shape, with `count' the
+%%% held samples, `consecutive' the longest run of them in one function,
+%%% `longest_ms' the longest answer (a lower bound of the longest hold)
+%%% and `total_ms' an estimate from the samples' spacing. Cost measured
+%%% with 10,000 idle processes on 2 schedulers: 6 to 14 ms of CPU per
+%%% 10 s with no sign, a walk 3.6 to 4.8 ms. The sampler never touches
+%%% the system monitor and ends with this process. When the slot
 %%% was free, it is freed again at the end, when the agent ends or dies,
 %%% and by the runtime when this process dies; only if it still holds this
 %%% process's setting (somebody may have taken it meanwhile).
