@@ -45,3 +45,51 @@ nif_ignores_guard_test() ->
     R2 = R#{processes := [P#{native := nif, in := <<"mynif:spin/1">>}]},
     ?assertEqual([long_schedule],
                  ids(beamdiag_sched_rules:findings(R2, ledger(0.90 * 12.0)))).
+
+%% The sampler's report (the system monitor taken): the shape the watcher
+%% gives it, one process seen held in 25 of 38 samples.
+sampler_report(Count) ->
+    #{state => taken, source => sampler, span_ms => 5000,
+      taken_by => #{pid => <<"<0.298.0>">>, name => <<"rabbit_sysmon_handler">>},
+      sampler => #{samples => 38, signs => 25, candidates => 1, rate_hz => 10, held_ms => 10,
+                   walks => [#{read => 252, slow => 1}]},
+      nif_modules => [<<"mynif: spin/1">>],
+      processes => [#{pid => <<"<0.96.0>">>, name => null, initial_call => <<"erlang:apply/2">>,
+                      native => erlang, in => <<"worker:call_loop/3">>,
+                      out => <<"worker:call_loop/3">>, count => Count, consecutive => 7,
+                      samples => 38, longest_ms => 100, total_ms => 2300}]}.
+
+%% A sampled hold makes the same finding as the runtime's events, says it
+%% was sampled and estimated, and names the NIF libraries.
+sampler_finding_test() ->
+    F = beamdiag_sched_rules:findings(sampler_report(25), ledger(0.10 * 12.0)),
+    ?assertEqual([long_schedule], ids(F)),
+    [#{metrics := M, evidence := Ev}] = F,
+    ?assertEqual(<<"<0.96.0>">>, maps:get(pid, M)),
+    ?assertEqual(<<"worker:call_loop/3">>, maps:get(function, M)),
+    ?assertEqual(<<"sampler">>, maps:get(source, M)),
+    Text = iolist_to_binary(lists:join("\n", Ev)),
+    ?assertMatch({_, _}, binary:match(Text, <<"25 of 38 samples (7 in a row)">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"estimates from the samples' spacing">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"mynif: spin/1">>)),
+    %% ...and drops the imbalance it explains.
+    Imb = #{id => scheduler_imbalance},
+    ?assertEqual([long_schedule], ids(beamdiag_sched_rules:suppress([Imb | F]))).
+
+%% Fewer held samples than the rule's minimum: no finding.
+sampler_too_few_test() ->
+    ?assertEqual([], beamdiag_sched_rules:findings(sampler_report(2), ledger(0.10 * 12.0))).
+
+%% The events' evidence does not claim sampling.
+events_not_sampled_test() ->
+    [#{metrics := M, evidence := Ev}] = beamdiag_sched_rules:findings(report(), ledger(0.0)),
+    ?assertEqual(<<"system_monitor">>, maps:get(source, M)),
+    ?assertEqual(nomatch, binary:match(iolist_to_binary(Ev), <<"ample">>)).
+
+%% The note says the monitor is taken, by whom, and that it was sampled.
+sampler_note_test() ->
+    N = beamdiag_sched_rules:note(sampler_report(25)),
+    ?assertMatch({_, _}, binary:match(N, <<"system monitor is taken by rabbit_sysmon_handler "
+                                           "<0.298.0> and was left alone">>)),
+    ?assertMatch({_, _}, binary:match(N, <<"sampled instead: 38 samples">>)),
+    ?assertEqual(none, beamdiag_sched_rules:note(report())).

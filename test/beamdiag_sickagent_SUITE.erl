@@ -11,8 +11,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
          end_per_testcase/2]).
--export([nif_long/1, mailbox_flood/1, sysmon_taken/1, sysmon_back_when_killed/1, healthy/1,
-         first_calls_in_words/1, back_to_back/1]).
+-export([nif_long/1, mailbox_flood/1, sysmon_taken/1, sysmon_taken_nif/1,
+         sysmon_back_when_killed/1, healthy/1, first_calls_in_words/1, back_to_back/1]).
 
 -define(WINDOW, 5).
 
@@ -25,9 +25,9 @@ all() ->
 
 -spec groups() -> [term()].
 groups() ->
-    [{otp25, [], [nif_long, mailbox_flood, sysmon_taken, sysmon_back_when_killed, healthy,
-                  first_calls_in_words, back_to_back]},
-     {otp29, [], [nif_long, mailbox_flood]}].
+    [{otp25, [], [nif_long, mailbox_flood, sysmon_taken, sysmon_taken_nif,
+                  sysmon_back_when_killed, healthy, first_calls_in_words, back_to_back]},
+     {otp29, [], [nif_long, mailbox_flood, sysmon_taken_nif]}].
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
 init_per_group(otp25, Config) ->
@@ -51,6 +51,7 @@ init_per_testcase(Case, Config) ->
                    sysmon_back_when_killed -> idle;
                    healthy -> idle;
                    back_to_back -> idle;
+                   sysmon_taken_nif -> nif_long;
                    _ -> Case
                end,
     {ok, Lab} = beamdiag_lab:start(Scenario, ?config(lab_opts, Config)),
@@ -202,6 +203,87 @@ sysmon_taken(Config) ->
     ?assertEqual(taken, maps:get(state, LS)),
     ?assert(lists:any(fun(N) -> binary:match(N, <<"system monitor is taken">>) =/= nomatch end,
                       maps:get(notes, C))),
+    Holder ! stop.
+
+%% The NIF of nif_long on a node whose system monitor is taken: the slot
+%% is left alone and the sampler stands in. Raw signal first: the holder
+%% is the node's own process, and the NIF's caller, asked for its current
+%% function from each scheduler in turn, answers 50 ms late or more at
+%% least once (inside a plain NIF it handles no signal; its status at the
+%% answer is that of its next receive, so the wait is the signal). Then
+%% the diagnosis: a long_schedule finding from the sampler naming the
+%% process, its function and the NIF library, no balance flag advised,
+%% and the monitor the same after.
+-spec sysmon_taken_nif(list()) -> term().
+sysmon_taken_nif(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    Holder = beamdiag_test_lib:eval(Peer,
+        "P = spawn(fun() -> erlang:system_monitor(self(), [{long_gc, 500}, busy_port]),"
+        "                   receive stop -> ok end end),"
+        "timer:sleep(100), P."),
+    Before = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
+    ?assertMatch({Holder, _}, Before),
+    {Caller, Waits} = beamdiag_test_lib:eval(Peer,
+        "[Nif] = [P || P <- erlang:processes(),"
+        "              erlang:process_info(P, current_function)"
+        "                  =:= {current_function, {beamdiag_lab_sick, call_loop, 3}}],"
+        "Self = self(),"
+        "Ask = fun A(0, Acc) -> Acc;"
+        "          A(N, Acc) ->"
+        "              receive after 40 + rand:uniform(40) -> ok end,"
+        "              T0 = erlang:monotonic_time(millisecond),"
+        "              {current_function, F} = erlang:process_info(Nif, current_function),"
+        "              A(N - 1, [{erlang:monotonic_time(millisecond) - T0, F} | Acc])"
+        "      end,"
+        "Ps = [spawn_opt(fun() -> Self ! {self(), Ask(20, [])} end,"
+        "                [{scheduler, K}, {priority, high}])"
+        "      || K <- lists:seq(1, erlang:system_info(schedulers_online))],"
+        "{pid_to_list(Nif), lists:append([receive {P, W} -> W after 20000 -> [] end || P <- Ps])}."),
+    Late = [W || {W, {beamdiag_lab_sick, call_loop, 3}} <- Waits, W >= 50],
+    ct:pal("the NIF's caller ~s answered ~b of ~b asks 50 ms late or more (longest ~b ms)",
+           [Caller, length(Late), length(Waits), lists:max([0 | [W || {W, _} <- Waits]])]),
+    ?assert(length(Late) >= 1),
+    {D, Took} = timed_diagnose(Lab),
+    #{findings := F, capture := C} = D,
+    After = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
+    #{long_schedules := LS} = maps:get(extras, C),
+    ct:pal("findings ~p; took ~b ms; notes ~p~nlong schedules ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(notes, C), LS]),
+    ?assertEqual(Before, After),
+    ?assertEqual(taken, maps:get(state, LS)),
+    ?assertEqual(sampler, maps:get(source, LS)),
+    ?assert(lists:any(fun(N) -> binary:match(N, <<"system monitor is taken by">>) =/= nomatch end,
+                      maps:get(notes, C))),
+    L = case [X || X = #{id := long_schedule} <- F] of
+            [X] ->
+                X;
+            [] ->
+                %% As in nif_long: a hold in and out of Erlang is left out
+                %% while the scheduler threads waited for a CPU a quarter
+                %% of the window or more.
+                #{runq := Runq} = beamdiag_test_lib:raw_shares(C),
+                ?assert(Runq >= 0.25),
+                beamdiag_test_lib:starved("no long_schedule finding: the scheduler threads waited "
+                                          "for a CPU ~.2f of the window (0.25 or more)", [Runq])
+        end,
+    M = maps:get(metrics, L),
+    %% (The pid as the node writes it.)
+    ?assertEqual(list_to_binary(Caller), maps:get(pid, M)),
+    ?assertEqual(<<"beamdiag_lab_sick:call_loop/3">>, maps:get(function, M)),
+    ?assertEqual(<<"sampler">>, maps:get(source, M)),
+    ?assert(maps:get(count, M) >= 3),
+    ?assert(maps:get(longest_ms, M) >= 50),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"beamdiag_lab_nif: spin/1">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"estimates from the samples' spacing">>)),
+    ?assertEqual([], [X || X = #{id := scheduler_imbalance} <- F]),
+    Fixes = iolist_to_binary([maps:get(fix, X) || X <- F, maps:get(id, X) =/= long_schedule]),
+    ?assertEqual([], [Flag || Flag <- [<<"+scl">>, <<"+sub">>, <<"+sbt">>],
+                              binary:match(Fixes, Flag) =/= nomatch]),
+    %% Nothing of the session is left on the node.
+    beamdiag_test_lib:agent_gone(Lab),
+    ?assertEqual(Before, beamdiag_test_lib:eval(Peer, "erlang:system_monitor().")),
     Holder ! stop.
 
 %% The agent killed outright mid-window: its watcher frees the system

@@ -12,7 +12,22 @@
 %%% The system monitor is one slot per node, and servers use it (RabbitMQ's
 %%% sysmon handler does): it is read first, and when it is taken it is left
 %%% alone and the report says so (`state => taken', with the monitoring
-%%% process); the diagnosis then relies on the process walk. When the slot
+%%% process). A sampler then stands in (`beamdiag_agent_held'; option
+%%% `sampler', default true): up to 4 processes bound one to a normal
+%%% scheduler look for a held scheduler twice a second (one that wakes
+%%% 10 ms late was on it); at such a sign an on-time one walks the table
+%%% once (at most 3 walks a session, 1 s apart, none above 50,000
+%%% processes) for the processes slow to answer `process_info/2' (at most
+%%% 8), and each sampler then asks those 10 times a second, timing the
+%%% answer: a process inside a plain NIF answers only when the NIF
+%%% returns. The report gets `source => sampler', the sampler's counts
+%%% (`sampler') and `processes' in the events' shape, with `count' the
+%%% held samples, `consecutive' the longest run of them in one function,
+%%% `longest_ms' the longest answer (a lower bound of the longest hold)
+%%% and `total_ms' an estimate from the samples' spacing. Cost measured
+%%% with 10,000 idle processes on 2 schedulers: 6 to 14 ms of CPU per
+%%% 10 s with no sign, a walk 3.6 to 4.8 ms. The sampler never touches
+%%% the system monitor and ends with this process. When the slot
 %%% was free, it is freed again at the end, when the agent ends or dies,
 %%% and by the runtime when this process dies; only if it still holds this
 %%% process's setting (somebody may have taken it meanwhile).
@@ -98,12 +113,22 @@ init(Owner, Opts) ->
                  _ = erlang:system_monitor(self(), options(Ms)),
                  case erlang:system_monitor() of
                      {Me, _} when Me =:= self() -> St0#{state => watching};
-                     Other -> St0#{state => taken, by => holder(Other)}
+                     Other -> taken(Other, Owner, Opts, St0)
                  end;
              Other ->
-                 St0#{state => taken, by => holder(Other)}
+                 taken(Other, Owner, Opts, St0)
          end,
     loop(MRef, St#{set_ms => erlang:monotonic_time(millisecond) - T0}).
+
+%% The slot is somebody else's: left alone, and the sampler stands in
+%% (beamdiag_agent_held) unless turned off.
+taken(Holder, Owner, Opts, St0) ->
+    St = St0#{state => taken, by => holder(Holder)},
+    case maps:get(sampler, Opts, true) of
+        true -> St#{samplers => beamdiag_agent_held:start(self(), [Owner]),
+                    held => beamdiag_agent_held:new()};
+        false -> St
+    end.
 
 %% long_message_queue is an option from OTP 27 (erts 15).
 options(Ms) ->
@@ -128,6 +153,8 @@ loop(MRef, St) ->
             loop(MRef, notify(long_schedule(Who, Info, St)));
         {monitor, Who, long_message_queue, Long} ->
             loop(MRef, notify(long_queue(Who, Long, St)));
+        {beamdiag_held, Msg} ->
+            loop(MRef, held(Msg, St));
         notify ->
             loop(MRef, sent(St#{timer => undefined}));
         {monitor, _, _, _} ->
@@ -140,6 +167,24 @@ loop(MRef, St) ->
         {'DOWN', MRef, process, _, _} ->
             free(St)
     end.
+
+%% A sampler's message: folded in; new candidates go to every sampler,
+%% and samples that found a process held count as new events.
+held(Msg, St = #{held := Agg, samplers := Samplers}) ->
+    Agg2 = beamdiag_agent_held:add(Msg, Agg),
+    St2 = St#{held := Agg2},
+    case Msg of
+        {walked, _, [_ | _]} ->
+            beamdiag_agent_held:share(Samplers, beamdiag_agent_held:candidates(Agg2)),
+            St2;
+        _ ->
+            case beamdiag_agent_held:found(Msg) of
+                true -> notify(St2);
+                false -> St2
+            end
+    end;
+held(_, St) ->
+    St.
 
 %% New events: the report goes out now, or when a second has passed since
 %% the last one.
@@ -262,10 +307,38 @@ summary(St = #{state := State, threshold_ms := Ms, pids := Pids, others := Other
                            _ -> nif_modules()
                        end
     },
-    case maps:find(by, St) of
-        {ok, By} -> Base#{taken_by => By};
-        error -> Base
+    Taken = case maps:find(by, St) of
+                {ok, By} -> Base#{taken_by => By};
+                error -> Base
+            end,
+    case St of
+        #{held := Agg, samplers := Samplers} -> sampled(Taken, Agg, length(Samplers));
+        _ -> Taken
     end.
+
+%% The sampler's findings in the events' shape (`source => sampler').
+sampled(R, Agg, N) ->
+    Ps = [held_entry(E) || E <- lists:sublist(beamdiag_agent_held:entries(Agg), ?TOP)],
+    R#{source => sampler,
+       sampler => (beamdiag_agent_held:info(Agg))#{samplers => N},
+       events => lists:sum([C || #{count := C} <- Ps]),
+       process_count => length(Ps),
+       processes => Ps,
+       nif_modules => case Ps of
+                          [] -> [];
+                          _ -> nif_modules()
+                      end}.
+
+held_entry(E = #{pid := Pid, name := Name, initial_call := Init, where := W}) ->
+    [{_, Fun} | _] = lists:reverse(lists:keysort(1, [{N, F} || {F, N} <- maps:to_list(W)])),
+    (maps:without([where], E))#{
+        pid := list_to_binary(pid_to_list(Pid)),
+        name := case Name of
+                    N2 when is_atom(N2), N2 =/= [] -> atom_to_binary(N2, utf8);
+                    _ -> null
+                end,
+        initial_call := mfa(Init),
+        in => mfa(Fun), out => mfa(Fun), native => native(Fun, Fun, is_nif(Fun))}.
 
 %% One process's figures and the function it was held in most often.
 entry(E = #{where := W}) ->

@@ -29,7 +29,8 @@
 %% @doc The long-schedule findings for a window's report, set against the
 %% ledger (with the capture's `settings' added by the caller).
 -spec findings(map(), map()) -> [beamdiag_finding:finding()].
-findings(#{state := watching, processes := Ps} = R, Ledger) ->
+findings(#{state := State, processes := Ps} = R, Ledger)
+  when State =:= watching; State =:= taken ->
     T = thresholds(),
     %% The watcher's own span: a capture cut short has a shorter ledger.
     Window = max(1.0e-3, max(maps:get(window_s, Ledger, 0.0), maps:get(span_ms, R, 0) / 1000)),
@@ -75,15 +76,19 @@ thresholds() ->
 %% @doc What a report says when the system monitor could not be used, for
 %% the capture's notes; `none' otherwise.
 -spec note(map()) -> binary() | none.
-note(#{state := taken} = R) ->
-    By = maps:get(taken_by, R, #{}),
-    Who = case By of
-              #{name := N} when is_binary(N) -> [N, " ", maps:get(pid, By, <<>>)];
-              #{pid := P} when is_binary(P) -> P;
-              _ -> "another process"
-          end,
+note(#{state := taken, source := sampler} = R) ->
+    S = maps:get(sampler, R, #{}),
     iolist_to_binary(
-      ["long schedules not watched: the node's system monitor is taken by ", Who,
+      ["long schedules not watched by the runtime: the node's system monitor is taken by ",
+       taken_by(R), " and was left alone (one slot per node); sampled instead: ",
+       integer_to_list(maps:get(samples, S, 0)), " samples of ",
+       integer_to_list(maps:get(candidates, S, 0)), " candidate processes after ",
+       integer_to_list(maps:get(signs, S, 0)), " signs of a held scheduler and ",
+       integer_to_list(length(maps:get(walks, S, []))), " walks; a hold is seen only when "
+       "it lasts past a sample, and its length is estimated"]);
+note(#{state := taken} = R) ->
+    iolist_to_binary(
+      ["long schedules not watched: the node's system monitor is taken by ", taken_by(R),
        " and was left alone (one slot per node); a NIF or BIF holding a scheduler shows "
        "only as uneven scheduler busy time and in the process table's current functions"]);
 note(_) ->
@@ -92,6 +97,13 @@ note(_) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+taken_by(R) ->
+    case maps:get(taken_by, R, #{}) of
+        By = #{name := N} when is_binary(N) -> [N, " ", maps:get(pid, By, <<>>)];
+        #{pid := P} when is_binary(P) -> P;
+        _ -> "another process"
+    end.
 
 finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window, R, Ledger,
         Online, T) ->
@@ -106,11 +118,7 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
                 bif -> ["the BIF ", text(Fun)];
                 erlang -> ["native code called from ", text(Fun)]
             end,
-    Evidence = [
-        fmt("~ts held its scheduler ~b times for ~b ms or more in ~ts: longest ~b ms, "
-            "~b ms in all over ~.1f s (~s of one scheduler's wall time)",
-            [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, pct(Share)])
-    ] ++ imbalance(Ledger, Online) ++ [
+    Evidence = [seen(P, R, Where, Window, Share)] ++ imbalance(Ledger, Online) ++ [
         case N of
             nif -> fmt("the NIF is a plain one (it runs on a normal scheduler and does not "
                        "yield): ~ts", [text(Fun)]);
@@ -135,8 +143,30 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
         count => C,
         longest_ms => L,
         total_ms => Tot,
-        held_share => round(Share * 10000) / 10000
+        held_share => round(Share * 10000) / 10000,
+        source => case R of
+                      #{source := sampler} -> <<"sampler">>;
+                      _ -> <<"system_monitor">>
+                  end
     }).
+
+%% What was seen: the runtime's events, or the sampler's slow answers.
+seen(P = #{count := C, longest_ms := L, total_ms := Tot}, R = #{source := sampler}, Where,
+     Window, Share) ->
+    S = maps:get(sampler, R, #{}),
+    fmt("~ts was seen holding its scheduler in ~ts in ~b of ~b samples (~b in a row): "
+        "asked for its current function from another scheduler, it answered only after "
+        "~b ms or more each time (up to ~b ms), where a process that yields answers within "
+        "a millisecond; about ~b ms held in all over ~.1f s (~s of one scheduler's wall "
+        "time). Sampled about ~b times a second because the system monitor was taken: the "
+        "longest hold and the total are estimates from the samples' spacing, not the "
+        "runtime's measure",
+        [who(P), Where, C, maps:get(samples, P, C), maps:get(consecutive, P, C),
+         maps:get(held_ms, S, 10), L, Tot, Window, pct(Share), maps:get(rate_hz, S, 10)]);
+seen(#{count := C, longest_ms := L, total_ms := Tot} = P, R, Where, Window, Share) ->
+    fmt("~ts held its scheduler ~b times for ~b ms or more in ~ts: longest ~b ms, "
+        "~b ms in all over ~.1f s (~s of one scheduler's wall time)",
+        [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, pct(Share)]).
 
 %% The scheduler threads' share of the window spent runnable without a CPU.
 runq_share(#{by_type := #{scheduler := #{runq := Runq, wall := Wall}}}) when Wall > 0 ->
