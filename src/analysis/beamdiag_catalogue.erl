@@ -440,9 +440,13 @@ written() ->
             area => processes,
             title => <<"A process holds its scheduler in native code">>,
             meaning =>
-                <<"The runtime's system monitor saw a process stay on its scheduler for "
-                  "tens or hundreds of milliseconds at a time, in and out of the same NIF "
-                  "or BIF. While it runs no other process gets that scheduler: the "
+                <<"A process stayed on its scheduler for tens or hundreds of milliseconds "
+                  "at a time, in and out of the same NIF or BIF: the runtime's system "
+                  "monitor saw it (long_schedule events), or, when the node's system "
+                  "monitor is taken by another process and left alone, beamdiag's sampler "
+                  "found the process answering that late, again and again, in the same "
+                  "function (figures then sampled estimates). While it runs no other process "
+                  "gets that scheduler: the "
                   "schedulers look unevenly busy, timers and replies on it are late, and "
                   "calls that need every scheduler (code loading, system flags, "
                   "statistics) wait for it. A NIF should return within about a "
