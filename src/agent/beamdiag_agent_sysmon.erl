@@ -214,6 +214,11 @@ free(#{state := watching}) ->
             _ -> ok
         end,
     ok;
+free(#{samplers := Samplers}) ->
+    %% Killed, not asked: a sampler waiting for the answer of a process
+    %% held in a NIF reads no message until that NIF returns.
+    _ = [exit(P, kill) || P <- Samplers, is_pid(P)],
+    ok;
 free(_) ->
     ok.
 
