@@ -19,7 +19,12 @@
 %%%
 %%% The agent keeps its own cost bounded: the per-thread context-switch
 %%% counts (one more /proc file per thread) are read on the first and last
-%%% tick only, the only ones the ledger takes them from, and when ticks
+%%% tick only, the only ones the ledger takes them from; a middle tick
+%%% reads the threads that ran in the interval before and the process's
+%%% own CPU time, and the other threads only when that time says they ran
+%%% too (beamdiag_agent_procfs:tick_threads/4: about 11 reads a middle tick
+%%% on a saturated 20-thread node, against 45 reading everything; the
+%%% window's ends read everything, so its sums are exact); and when ticks
 %%% take more than a quarter of the interval (thousands of threads on few
 %%% cores) the agent skips ticks so that sampling stays under a quarter of
 %%% the time. A tick's cost here is wall time, the least of the last three
