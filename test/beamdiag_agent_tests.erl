@@ -8,7 +8,7 @@
 msacc_slice_test_() ->
     {timeout, 30, [
         {"msacc covers the end of the window only", fun slice/0},
-        {"msacc already on: every sample carries it, and it stays on", fun already_on/0},
+        {"msacc already on: the slice carries it, and it stays on", fun already_on/0},
         {"slice longer than the window: the whole window", fun whole/0}
     ]}.
 
@@ -42,8 +42,10 @@ already_on() ->
         {ok, D} = beamdiag:diagnose(#{duration => 0.6, interval => 200, msacc_span => 0.2,
                                       locks => false}),
         #{capture := #{samples := Samples}, ledger := #{msacc := #{span_s := Span}, window_s := W}} = D,
-        ?assert(lists:all(fun has_msacc/1, Samples)),
-        ?assert(abs(Span - W) < 1.0e-6),
+        %% Learnt when the slice starts (not by setting the flag at the
+        %% window's start): the slice's samples carry it, the last included.
+        ?assert(has_msacc(lists:last(Samples))),
+        ?assert(Span > 0.0 andalso Span < W),
         ?assert(erlang:system_flag(microstate_accounting, true))
     after
         erlang:system_flag(microstate_accounting, false)

@@ -14,8 +14,10 @@
 %%% change of every thread (measured: about 0.7% of a CPU-bound node's
 %%% throughput), so the agent keeps it on only for the last `msacc_ms' of
 %%% the window (default: the whole window); the samples of that span carry
-%%% the msacc counters and the ledger reads them over that span alone. When
-%%% msacc was already on, every sample carries them.
+%%% the msacc counters and the ledger reads them over that span alone. The
+%%% flag is set when the span starts (each change of it waits for every
+%%% thread), and the value it had is put back at the end: a node that
+%%% already runs msacc keeps it on.
 %%%
 %%% The agent keeps its own cost bounded: the per-thread context-switch
 %%% counts (one more /proc file per thread) are read on the first and last
@@ -336,12 +338,17 @@ init(Caller, Ref, Opts0, _Starter) ->
     End = Start + Duration,
     Hard = hard_deadline(End, 0),
     HostScan = start_host_scan(Opts, Root, OsPid, End),
-    Caller ! {beamdiag, Ref, {start, #{
+    %% Whether msacc was on is known when msacc covers the whole window
+    %% (learnt at its start); otherwise when its slice starts.
+    WasOn = case maps:find(msacc, Restore) of
+                {ok, V} when is_boolean(V) -> #{msacc_was_on => V};
+                _ -> #{}
+            end,
+    Caller ! {beamdiag, Ref, {start, WasOn#{
         agent => self(),
         node => atom_to_binary(node()),
         settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
         cgroup_location => location_info(Cg),
-        msacc_was_on => maps:get(msacc, Restore, false),
         %% Read once now too: a capture cut short still has it.
         memory_room => maps:get(memory_room, memory_extras(State), #{}),
         locks => Locks =/= undefined,
@@ -436,15 +443,19 @@ hard_deadline(End, WorstMs) ->
 
 %% Which tick microstate accounting starts at (0: from the start, or never
 %% when it is not wanted), and the flag to put back. msacc is turned on only
-%% when the slice starts; the value it had is learnt by setting it, so when
-%% it was off it goes straight back off until then.
+%% when the slice starts, and the value it had is learnt by setting it
+%% then (msacc_slice/2): each change of the flag waits for every thread of
+%% the node, so learning it at the start (on, then straight back off)
+%% would cost two more. A slice that is the whole window starts here.
 msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, Probe) ->
+    Span = maps:get(msacc_ms, Opts, Duration),
+    Later = max(0, (Duration - Span) div Interval),
     case maps:get(msacc, Opts, true) of
         false ->
             {Restore, never};
+        true when Later > 0 ->
+            {Restore, Later};
         true ->
-            Span = maps:get(msacc_ms, Opts, Duration),
-            Later = max(0, (Duration - Span) div Interval),
             %% In the helper, under a deadline (every thread must answer);
             %% the helper puts the flag back when the session ends, also
             %% when the answer came too late for the agent.
@@ -453,24 +464,24 @@ msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, 
                            self() ! {on_exit, fun() ->
                                                       erlang:system_flag(microstate_accounting, Was)
                                               end},
-                           _ = case Was =:= false andalso Later > 0 of
-                                   true -> erlang:system_flag(microstate_accounting, false);
-                                   false -> ok
-                               end,
                            Was
                    end,
             case beamdiag_agent_probe:call(Probe, Plan, ?FLAG_MS) of
-                {ok, true} -> {Restore#{msacc => true}, 0};
-                {ok, false} -> {Restore#{msacc => false}, Later};
+                {ok, Was} -> {Restore#{msacc => Was}, 0};
                 _ -> {Restore#{msacc_missing => true}, never}
             end
     end.
 
 %% Turns microstate accounting on when tick K reaches the slice, before the
-%% tick's sample, so that sample is the slice's baseline.
+%% tick's sample, so that sample is the slice's baseline; the helper puts
+%% back the value the flag had when the session ends.
 msacc_slice(State = #{msacc := false, msacc_from := From, probe := Probe}, K)
   when is_integer(From), K >= From ->
-    beamdiag_agent_probe:cast(Probe, fun() -> erlang:system_flag(microstate_accounting, true) end),
+    beamdiag_agent_probe:cast(
+      Probe, fun() ->
+                     Was = erlang:system_flag(microstate_accounting, true),
+                     self() ! {on_exit, fun() -> erlang:system_flag(microstate_accounting, Was) end}
+             end),
     State#{msacc := true};
 msacc_slice(State, _K) ->
     State.
