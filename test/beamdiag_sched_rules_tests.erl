@@ -80,6 +80,13 @@ sampler_finding_test() ->
 sampler_too_few_test() ->
     ?assertEqual([], beamdiag_sched_rules:findings(sampler_report(2), ledger(0.10 * 12.0))).
 
+%% Late answers on a host whose scheduler threads wait for a CPU (a
+%% quarter of their time or more) are not read as a held scheduler; the
+%% runtime's events of a NIF are.
+sampler_starved_host_test() ->
+    ?assertEqual([], beamdiag_sched_rules:findings(sampler_report(25), ledger(0.30 * 12.0))),
+    ?assertMatch([_], beamdiag_sched_rules:findings(sampler_report(25), ledger(0.20 * 12.0))).
+
 %% The events' evidence does not claim sampling.
 events_not_sampled_test() ->
     [#{metrics := M, evidence := Ev}] = beamdiag_sched_rules:findings(report(), ledger(0.0)),

@@ -35,12 +35,18 @@ findings(#{state := State, processes := Ps} = R, Ledger)
     %% The watcher's own span: a capture cut short has a shorter ledger.
     Window = max(1.0e-3, max(maps:get(window_s, Ledger, 0.0), maps:get(span_ms, R, 0) / 1000)),
     Online = maps:get(schedulers_online, maps:get(settings, Ledger, #{}), undefined),
+    %% Late answers (the sampler's evidence) also come from scheduler
+    %% threads the OS does not run: not read as held when they waited for
+    %% a CPU that long.
+    Starved = runq_share(Ledger) >= map_get(runq_max, T),
+    Sampled = maps:get(source, R, events) =:= sampler,
     [finding(P, Window, R, Ledger, Online, T)
-     || P = #{native := N, count := C, total_ms := Tot} <- Ps,
+     || not (Sampled andalso Starved),
+        P = #{native := N, count := C, total_ms := Tot} <- Ps,
         C >= map_get(count_min, T),
         (N =:= nif orelse N =:= bif orelse
          (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)
-          andalso runq_share(Ledger) < map_get(runq_max, T)))];
+          andalso not Starved))];
 findings(_, _) ->
     [].
 
