@@ -78,3 +78,43 @@ scanner_test_() ->
             os:cmd("kill " ++ integer_to_list(BPid))
         end
     end}.
+
+%% On a quiet host the scanner reads nothing more after its first probe;
+%% the agent's ticks then give it the host's and the node's CPU time, and a
+%% tick showing the rest of the host busy starts the scans.
+scanner_fed_by_ticks_test_() ->
+    {timeout, 30, fun() ->
+        Root = fake_root(),
+        try
+            {ok, Stat} = file:read_file(beamdiag_test_lib:fixture("proc/host_stat")),
+            ok = file:write_file(filename:join(Root, "stat"), Stat),
+            ok = file:write_file(filename:join([Root, "self", "stat"]),
+                                 <<"13 (self) S 1 13 13 0 -1 0 0 0 0 0 9 9 0 0 20 0 1 0 1 2 3\n">>),
+            {ok, #{cpu := Cpu}} = beamdiag_agent_procfs:cpu_times(Root),
+            Busy = beamdiag_agent_host:busy(Cpu),
+            End = erlang:monotonic_time(millisecond) + 5000,
+            S = beamdiag_agent_host:start(Root, [13], End),
+            %% The first probe found the files unchanged: the rest of the
+            %% host idle, so it waits for the ticks.
+            ok = beamdiag_test_lib:await(
+                   fun() -> process_info(S, current_function) =:=
+                                {current_function, {beamdiag_agent_host, probed, 6}} end, 5000),
+            timer:sleep(100),
+            Now = erlang:monotonic_time(millisecond),
+            %% An older tick than the probe changes nothing; a tick with the
+            %% host 50 clock ticks busier (the node's own unchanged) starts
+            %% the scans.
+            ok = beamdiag_agent_host:usage(S, {Now - 1000, Busy, 18}),
+            timer:sleep(50),
+            ?assertEqual({current_function, {beamdiag_agent_host, probed, 6}},
+                         process_info(S, current_function)),
+            ok = beamdiag_agent_host:usage(S, {Now, Busy + 50, 18}),
+            ok = beamdiag_test_lib:await(
+                   fun() -> process_info(S, current_function) =/=
+                                {current_function, {beamdiag_agent_host, probed, 6}} end, 5000),
+            #{first := First} = beamdiag_agent_host:result(S, 2000),
+            ?assert(is_map_key(10, First))
+        after
+            os:cmd("rm -rf " ++ Root)
+        end
+    end}.

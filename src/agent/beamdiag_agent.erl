@@ -377,9 +377,10 @@ init(Caller, Ref, Opts0, _Starter) ->
 %% After tick K-1's sample: counts its cost (every tick, the first and the
 %% last included), moves the hard deadline when ticks have grown costly and
 %% tells the caller, then waits for the next tick.
-ticked(State = #{caller := Caller, ref := Ref}, #{tick_cost_us := CostUs}, K,
+ticked(State = #{caller := Caller, ref := Ref}, Sample = #{tick_cost_us := CostUs}, K,
        Clock = #{start := Start, interval := Interval, 'end' := End, hard := Hard0,
                  worst := Worst0, costs := Costs0}) ->
+    usage_to_scan(State, Sample),
     Costs = lists:sublist([CostUs | Costs0], 3),
     Worst = max(Worst0, CostUs div 1000),
     Hard = max(Hard0, hard_deadline(End, Worst)),
@@ -790,6 +791,14 @@ unload(Mods) ->
 
 %% The scans of the host's other processes, beside the ticks (see
 %% beamdiag_agent_host), unless turned off.
+%% The host scan's probe takes the tick's host and node CPU figures.
+usage_to_scan(#{host_scan := Scan, process_cpu := Node}, #{t := T, host := #{cpu := Cpu}})
+  when is_pid(Scan), is_integer(Node) ->
+    beamdiag_agent_host:usage(Scan, {erlang:convert_time_unit(T, nanosecond, millisecond),
+                                      beamdiag_agent_host:busy(Cpu), Node});
+usage_to_scan(_State, _Sample) ->
+    ok.
+
 start_host_scan(Opts, Root, OsPid, End) ->
     case maps:get(host_scan, Opts, true) of
         true ->

@@ -22,7 +22,7 @@
 %%% '''
 -module(beamdiag_agent_host).
 
--export([start/3, result/2, placement/1]).
+-export([start/3, result/2, usage/2, busy/1, placement/1]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([cpu_by_process/3]).
@@ -50,6 +50,21 @@
 %%%===================================================================
 %%% API
 %%%===================================================================
+
+%% @doc Gives the scanner a tick's figures: the monotonic time in ms, the
+%% host's busy CPU time (/proc/stat) and the node's own (its stat), both
+%% in clock ticks; the scanner uses them while it waits for the rest of
+%% the host to be busy, and ignores them after.
+-spec usage(pid(), {integer(), non_neg_integer(), non_neg_integer()}) -> ok.
+usage(Scanner, U = {_, _, _}) ->
+    Scanner ! {usage, U},
+    ok.
+
+%% @doc The host's busy CPU time (user, nice, system, irq and softirq,
+%% summed over CPUs, clock ticks) of /proc/stat's figures.
+-spec busy(#{atom() => non_neg_integer()}) -> non_neg_integer().
+busy(Cpu) ->
+    lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]).
 
 %% @doc Starts the scans, linked to the caller: the first now, the last
 %% timed to end at End (monotonic milliseconds), leaving out the given
@@ -114,30 +129,42 @@ placement(Root) ->
 
 %% The scans wait for the rest of the host to use ?BUSY_CPUS or more
 %% (the host's busy CPU time less the node's own, from /proc/stat and
-%% /proc/self/stat: two reads a probe, where a scan reads a file per
-%% process on the host, two hundred dirty-IO jobs on a small host and the
-%% most costly part of a session when nothing else runs there, and then
-%% there is nothing to name): probed ?FIRST_PROBE_MS after the start, then
-%% every ?PROBE_MS while the window has ?SCAN_MIN_MS left for two scans.
+%% /proc/self/stat, where a scan reads a file per process on the host, two
+%% hundred dirty-IO jobs on a small host and the most costly part of a
+%% session when nothing else runs there, and then there is nothing to
+%% name). The first probe reads them itself, ?FIRST_PROBE_MS after the
+%% start (two reads); the later ones take the same figures from the agent's
+%% ticks (usage/2: the agent reads both every tick anyway), while the
+%% window has ?SCAN_MIN_MS left for two scans.
 scanner(Owner, Root, Exclude, End) ->
-    probe(Owner, Root, Exclude, End, usage(Root), ?FIRST_PROBE_MS).
-
-probe(Owner, Root, Exclude, End, U0, Wait) ->
+    U0 = usage(Root),
     receive
         {result, From, Ref, _} ->
             From ! {Ref, #{first => #{}, last => #{}, truncated => false}}
-    after Wait ->
-        U1 = usage(Root),
-        case rest_cpus(U0, U1) of
-            Rest when is_float(Rest), Rest >= ?BUSY_CPUS ->
-                scan(Owner, Root, Exclude, End);
-            _ ->
-                case End - erlang:monotonic_time(millisecond) >= ?SCAN_MIN_MS + ?PROBE_MS of
-                    true -> probe(Owner, Root, Exclude, End, U1, ?PROBE_MS);
-                    false -> probe(Owner, Root, Exclude, End, U1, infinity)
-                end
-        end
+    after ?FIRST_PROBE_MS ->
+        probed(Owner, Root, Exclude, End, U0, usage(Root))
     end.
+
+probed(Owner, Root, Exclude, End, U0, U1) ->
+    case rest_cpus(U0, U1) of
+        Rest when is_float(Rest), Rest >= ?BUSY_CPUS ->
+            scan(Owner, Root, Exclude, End);
+        _ ->
+            Left = End - erlang:monotonic_time(millisecond) >= ?SCAN_MIN_MS + ?PROBE_MS,
+            receive
+                {result, From, Ref, _} ->
+                    From ! {Ref, #{first => #{}, last => #{}, truncated => false}};
+                {usage, U2} when Left ->
+                    probed(Owner, Root, Exclude, End, newer(U1, U0), U2)
+            end
+    end.
+
+%% The baseline for the next probe: the later of two usages (a tick's may
+%% be older than the scanner's own first probe), or the one that could be
+%% read.
+newer({T1, _, _} = U1, {T0, _, _}) when T1 > T0 -> U1;
+newer(U1, undefined) -> U1;
+newer(_U1, U0) -> U0.
 
 %% When, the host's busy CPU time (user, nice, system, irq and softirq,
 %% summed over CPUs) and the node's own, in clock ticks; `undefined' when
@@ -145,8 +172,7 @@ probe(Owner, Root, Exclude, End, U0, Wait) ->
 usage(Root) ->
     case {beamdiag_agent_procfs:cpu_times(Root), read_stat(filename:join([Root, "self", "stat"]))} of
         {{ok, #{cpu := Cpu}}, {ok, {_, Node}}} ->
-            Busy = lists:sum([maps:get(K, Cpu, 0) || K <- [user, nice, system, irq, softirq]]),
-            {erlang:monotonic_time(millisecond), Busy, Node};
+            {erlang:monotonic_time(millisecond), busy(Cpu), Node};
         _ ->
             undefined
     end.
