@@ -87,6 +87,14 @@ sampler_starved_host_test() ->
     ?assertEqual([], beamdiag_sched_rules:findings(sampler_report(25), ledger(0.30 * 12.0))),
     ?assertMatch([_], beamdiag_sched_rules:findings(sampler_report(25), ledger(0.20 * 12.0))).
 
+%% A process sampled late in erlang:hibernate/3 was being collected, not
+%% holding its scheduler in a BIF.
+sampler_hibernate_test() ->
+    R = #{processes := [P | _]} = sampler_report(25),
+    R2 = R#{processes := [P#{in => <<"erlang:hibernate/3">>, out => <<"erlang:hibernate/3">>,
+                            native => bif}]},
+    ?assertEqual([], beamdiag_sched_rules:findings(R2, ledger(0.10 * 12.0))).
+
 %% The events' evidence does not claim sampling.
 events_not_sampled_test() ->
     [#{metrics := M, evidence := Ev}] = beamdiag_sched_rules:findings(report(), ledger(0.0)),

@@ -43,6 +43,9 @@ findings(#{state := State, processes := Ps} = R, Ledger)
     [finding(P, Window, R, Ledger, Online, T)
      || not (Sampled andalso Starved),
         P = #{native := N, count := C, total_ms := Tot} <- Ps,
+        %% A process answers late also while its heap is collected (on a
+        %% dirty scheduler when large), and hibernating is a collection.
+        not (Sampled andalso maps:get(in, P, undefined) =:= <<"erlang:hibernate/3">>),
         C >= map_get(count_min, T),
         (N =:= nif orelse N =:= bif orelse
          (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)
