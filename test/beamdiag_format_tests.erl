@@ -75,3 +75,13 @@ msacc_note_fits_the_node_test() ->
     ?assertMatch({_, _}, binary:match(With, <<"restart the\n  node with -emu_type lcnt">>)),
     ?assertEqual(nomatch, binary:match(With, <<"beamdiag emu-type build --install\n">>)),
     ?assertMatch({_, _}, binary:match(Without, <<"beamdiag emu-type build --install\n">>)).
+
+%% A saved capture read back keeps as binaries the msacc state names this VM
+%% has no atom for (the lock-counting emulator's alloc and timers): the text
+%% report prints them (it crashed on them).
+msacc_state_names_as_binaries_test() ->
+    D = #{ledger := L = #{msacc := M = #{by_type := ByType}}} = beamdiag:analyse(capture("busy_wait")),
+    ByType2 = maps:map(fun(_, R = #{shares := S}) -> R#{shares => S#{<<"alloc">> => 0.25}} end, ByType),
+    Text = iolist_to_binary(beamdiag_format_text:diagnosis(D#{ledger := L#{msacc := M#{by_type := ByType2}}},
+                                                            #{colour => false})),
+    ?assertNotEqual(nomatch, binary:match(Text, <<"alloc 25.0%">>)).

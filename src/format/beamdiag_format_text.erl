@@ -217,11 +217,14 @@ msacc_span(#{span_s := S}, #{window_s := W}) when S < W - 0.05 ->
 msacc_span(_, _) ->
     "".
 
+%% A saved capture read back keeps as binaries the state names this VM has
+%% no atom for (the lock-counting emulator's extra states: alloc, timers).
 msacc_line(Type, #{shares := Shares}) ->
     Top = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Shares))), 5),
-    io_lib:format("  ~-10s ~ts~n",
-                  [atom_to_list(Type),
-                   lists:join("  ", [[atom_to_list(S), " ", pct(V)] || {S, V} <- Top, V > 0.0005])]).
+    io_lib:format("  ~-10ts ~ts~n",
+                  [beamdiag_safe_text:safe(Type, 20),
+                   lists:join("  ", [[beamdiag_safe_text:safe(S, 20), " ", pct(V)]
+                                     || {S, V} <- Top, V > 0.0005])]).
 
 locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
     ["\n", beamdiag_format_locks:text(Locks)];
