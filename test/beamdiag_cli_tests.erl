@@ -138,3 +138,14 @@ pick_test() ->
     ?assertEqual(5.0, maps:get(default, Dur)),
     Old = beamdiag_cli_options:deprecated("--old-x", Own),
     ?assertMatch(#{key := x, long := "--old-x", replaced_by := "--x"}, Old).
+
+%% A command that crashes (a bug) says so in one line and exits with 4,
+%% "the run failed", not with the escript's stack trace and 127.
+internal_error_is_one_line_and_exit_4_test() ->
+    _ = beamdiag_test_lib:collect_io(),
+    IO = (beamdiag_test_lib:capture_io())#{out => fun(_) -> error(boom) end},
+    ?assertEqual(4, beamdiag_cli:run(["catalogue"], IO)),
+    {_, Err} = beamdiag_test_lib:collect_io(),
+    ?assertMatch({_, _}, binary:match(Err, <<"beamdiag catalogue: internal error in ">>)),
+    ?assertMatch({_, _}, binary:match(Err, <<"error:boom">>)),
+    ?assertEqual(2, length(binary:split(Err, <<"\n">>, [global, trim_all]))).

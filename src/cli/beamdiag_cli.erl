@@ -146,7 +146,7 @@ run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
                             _ = [Err(["beamdiag ", Cmd, ": ", Old, " is deprecated and goes in the "
                                       "next release; use ", New, " instead\n"])
                                  || {Old, New} <- deprecated(Spec, Rest)],
-                            Mod:run(Opts, IO);
+                            guarded(Cmd, fun() -> Mod:run(Opts, IO) end, Err);
                         {error, Reason} ->
                             Err([
                                 "beamdiag ", Cmd, ": ", format_error(Reason), "\n",
@@ -156,6 +156,28 @@ run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
                     end
             end
     end.
+
+%% A command that crashes (a bug, not an expected failure: those are
+%% values with sentences) says so in one line, with where, and exits with
+%% "the run failed" rather than the escript's stack trace and 127.
+guarded(Cmd, Run, Err) ->
+    try
+        Run()
+    catch
+        Class:Reason:Stack ->
+            Where = case Stack of
+                        [{M, F, A, _} | _] when is_atom(M), is_atom(F) ->
+                            io_lib:format(" in ~p:~p/~p", [M, F, arity(A)]);
+                        _ -> ""
+                    end,
+            Err(["beamdiag ", Cmd, ": internal error", Where, ": ",
+                 beamdiag_safe_text:safe(io_lib:format("~p:~0p", [Class, Reason]), 300),
+                 "\nthis is a bug in beamdiag\n"]),
+            ?EXIT_FAILED
+    end.
+
+arity(A) when is_list(A) -> length(A);
+arity(A) -> A.
 
 %% @doc The commands, their modules and one-line summaries.
 -spec commands() -> [{string(), module(), string()}].
