@@ -99,7 +99,7 @@ proc_threads_held_test() ->
     {ok, T3} = beamdiag_agent_procfs:threads("/proc", Pid, #{status => true}),
     ?assertEqual(lists:sort(maps:keys(T3)), lists:sort(maps:keys(T2))),
     [?assertEqual(maps:keys(maps:get(Tid, T3)), maps:keys(maps:get(Tid, T2))) || Tid <- maps:keys(T2)],
-    {{ok, _}, H3} = beamdiag_agent_procfs:host("/proc", H2),
+    {{ok, _}, H3} = beamdiag_agent_procfs:host("/proc", #{loadavg => true}, H2),
     ?assertEqual(2 * map_size(T1) + 2, beamdiag_agent_file:held(H3)),
     ok = beamdiag_agent_file:close(H3).
 

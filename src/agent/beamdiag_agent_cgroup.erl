@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_agent_cgroup).
 
--export([locate/2, locate_both/2, read/1, read/2, read/3, memory_room/2]).
+-export([locate/2, locate_both/2, read/1, read/3, memory_room/2]).
 -export([format_error/1]).
 %% Called by the tests only.
 -ifdef(TEST).
@@ -84,15 +84,10 @@ hierarchy(ProcRoot, Pid) ->
 %% @doc Reads the quota and the throttling counters.
 -spec read(location()) -> {ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}.
 read(L) ->
-    element(1, read(L, beamdiag_agent_file:none())).
+    element(1, read(L, undefined, beamdiag_agent_file:none())).
 
-%% @doc As read/1, reading through (and updating) held descriptors.
--spec read(location(), beamdiag_agent_file:held()) ->
-    {{ok, stat()} | {error, {beamdiag_agent_cgroup, term()}}, beamdiag_agent_file:held()}.
-read(L, H0) ->
-    read(L, undefined, H0).
-
-%% @doc As read/2; given the quota of a sample before (its `quota_cpus' and
+%% @doc As read/1, reading through (and updating) held descriptors; given
+%% the quota of a sample before (its `quota_cpus' and
 %% `period_us'), reads the throttling counters alone: one file instead of
 %% two or three (the quota is read at the window's ends).
 -spec read(location(), stat() | undefined, beamdiag_agent_file:held()) ->

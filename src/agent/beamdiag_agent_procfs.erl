@@ -14,14 +14,14 @@
 %%% '''
 -module(beamdiag_agent_procfs).
 
--export([threads/3, threads/4, tick_threads/4, process_cpu/3, host/1, host/2, host/3, cpu_times/1,
-         clock_ticks/0]).
+-export([threads/3, tick_threads/4, host/1, host/3, cpu_times/1, clock_ticks/0]).
 -export([trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([threads/2, parse_stat/1, parse_schedstat/1, parse_status/1, parse_host_stat/1,
+-export([threads/2, threads/4, process_cpu/3, parse_stat/1, parse_schedstat/1, parse_status/1,
+         parse_host_stat/1,
          parse_loadavg/1]).
 -endif.
 
@@ -190,15 +190,10 @@ process_cpu(Root, Pid, Held) ->
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
 -spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.
 host(Root) ->
-    element(1, host(Root, beamdiag_agent_file:none())).
+    element(1, host(Root, #{loadavg => true}, beamdiag_agent_file:none())).
 
-%% @doc As host/1, reading through (and updating) held descriptors.
--spec host(file:filename(), beamdiag_agent_file:held()) ->
-    {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
-host(Root, Held) ->
-    host(Root, #{loadavg => true}, Held).
-
-%% @doc As host/2; `#{loadavg => false}' reads /proc/stat alone (the load
+%% @doc As host/1, reading through (and updating) held descriptors;
+%% `#{loadavg => false}' reads /proc/stat alone (the load
 %% is wanted at the window's ends only).
 -spec host(file:filename(), #{loadavg => boolean()}, beamdiag_agent_file:held()) ->
     {{ok, host()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
