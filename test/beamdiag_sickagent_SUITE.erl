@@ -183,18 +183,25 @@ mailbox_flood(Config) ->
            fun() -> erpc:call(Node, erlang, system_monitor, [], 2000) =:= undefined end, 5000),
     ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])).
 
-%% A node whose system monitor is taken (by a process of its own, as
-%% RabbitMQ's sysmon handler does) keeps it, and the report says so.
--spec sysmon_taken(list()) -> term().
-sysmon_taken(Config) ->
-    Lab = ?config(lab, Config),
-    Peer = maps:get(peer, Lab),
+%% A process of the lab node's own takes its system monitor, as RabbitMQ's
+%% sysmon handler does (it ends on `stop'): the holder and the monitor's
+%% setting, checked to be the holder's.
+take_sysmon(Peer) ->
     Holder = beamdiag_test_lib:eval(Peer,
         "P = spawn(fun() -> erlang:system_monitor(self(), [{long_gc, 500}, busy_port]),"
         "                   receive stop -> ok end end),"
         "timer:sleep(100), P."),
     Before = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
     ?assertMatch({Holder, _}, Before),
+    {Holder, Before}.
+
+%% A node whose system monitor is taken (by a process of its own, as
+%% RabbitMQ's sysmon handler does) keeps it, and the report says so.
+-spec sysmon_taken(list()) -> term().
+sysmon_taken(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    {Holder, Before} = take_sysmon(Peer),
     #{capture := C} = element(1, timed_diagnose(Lab)),
     After = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
     ct:pal("before ~p after ~p; notes ~p", [Before, After, maps:get(notes, C)]),
@@ -218,12 +225,7 @@ sysmon_taken(Config) ->
 sysmon_taken_nif(Config) ->
     Lab = ?config(lab, Config),
     Peer = maps:get(peer, Lab),
-    Holder = beamdiag_test_lib:eval(Peer,
-        "P = spawn(fun() -> erlang:system_monitor(self(), [{long_gc, 500}, busy_port]),"
-        "                   receive stop -> ok end end),"
-        "timer:sleep(100), P."),
-    Before = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
-    ?assertMatch({Holder, _}, Before),
+    {Holder, Before} = take_sysmon(Peer),
     {Caller, Waits} = beamdiag_test_lib:eval(Peer,
         "[Nif] = [P || P <- erlang:processes(),"
         "              erlang:process_info(P, current_function)"
