@@ -76,23 +76,16 @@ missing_proc_is_an_error_value_test() ->
     Text = beamdiag_test_lib:sentence(M:format_error(R)),
     ?assertNotEqual(nomatch, binary:match(Text, <<"/nonexistent-proc-root">>)).
 
-%% A middle tick (`previous' given, no status file): the previous sample's
+%% A middle tick (tick_threads/4, `previous' given, no status file): the previous sample's
 %% threads are read without listing the task directory; a thread whose stat
 %% shows no CPU time since keeps its previous schedstat, one whose stat moved
 %% has its schedstat read; a thread that has gone drops out, a new one waits
 %% for the next full read, which reads every schedstat again.
 middle_tick_reads_idle_threads_once_test() ->
-    Root = filename:join("/tmp", "beamdiag_procfs_" ++ os:getpid() ++ "_" ++
-                             integer_to_list(erlang:unique_integer([positive]))),
+    Root = scratch_root(),
     Task = filename:join([Root, "77", "task"]),
-    Stat = fun(Name, U, S) ->
-               io_lib:format("1 (~s) S 1 1 1 0 -1 0 7 0 3 0 ~b ~b 0 0 20 0 1 0 0 0 0\n", [Name, U, S])
-           end,
-    Put = fun(Tid, File, Text) ->
-              Dir = filename:join(Task, integer_to_list(Tid)),
-              ok = filelib:ensure_dir(filename:join(Dir, "x")),
-              ok = file:write_file(filename:join(Dir, File), Text)
-          end,
+    Stat = fun stat_line/3,
+    Put = fun(Tid, File, Text) -> put_file(filename:join(Task, integer_to_list(Tid)), File, Text) end,
     try
         Put(1, "stat", Stat("1_scheduler", 100, 5)),
         Put(1, "schedstat", "1000 10 1\n"),
@@ -111,14 +104,15 @@ middle_tick_reads_idle_threads_once_test() ->
         ok = file:del_dir_r(filename:join(Task, "3")),
         Put(4, "stat", Stat("2_dirty_io_sch", 0, 0)),
         Put(4, "schedstat", "4000 40 1\n"),
-        {{ok, Mid}, H2} = beamdiag_agent_procfs:threads(Root, 77, #{status => false, previous => First},
-                                                       H1),
+        {{ok, Mid, _}, H2} = beamdiag_agent_procfs:tick_threads(Root, 77,
+                                                               #{status => false, previous => First}, H1),
         ?assertEqual([1, 2], lists:sort(maps:keys(Mid))),
         ?assertEqual(900001000, maps:get(run_ns, maps:get(1, Mid))),
         ?assertEqual({2000, 20}, {maps:get(run_ns, maps:get(2, Mid)), maps:get(wait_ns, maps:get(2, Mid))}),
         %% The full read at the end lists the directory and reads every
         %% schedstat: thread 2's time below a clock tick is counted there.
-        {{ok, Last}, _} = beamdiag_agent_procfs:threads(Root, 77, #{status => true, previous => Mid}, H2),
+        {{ok, Last, _}, _} = beamdiag_agent_procfs:tick_threads(Root, 77, #{status => true, previous => Mid},
+                                                                H2),
         ?assertEqual([1, 2, 4], lists:sort(maps:keys(Last))),
         ?assertEqual(2500, maps:get(run_ns, maps:get(2, Last)))
     after
@@ -130,16 +124,10 @@ middle_tick_reads_idle_threads_once_test() ->
 %% /proc/PID/stat), and an idle thread only when the process used 3 clock
 %% ticks or more beyond what the active ones did.
 middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
-    Root = filename:join("/tmp", "beamdiag_procfs_" ++ os:getpid() ++ "_" ++
-                             integer_to_list(erlang:unique_integer([positive]))),
+    Root = scratch_root(),
     Task = filename:join([Root, "78", "task"]),
-    Stat = fun(Name, U, S) ->
-               io_lib:format("1 (~s) S 1 1 1 0 -1 0 7 0 3 0 ~b ~b 0 0 20 0 1 0 0 0 0\n", [Name, U, S])
-           end,
-    Put = fun(Dir, File, Text) ->
-              ok = filelib:ensure_dir(filename:join(Dir, "x")),
-              ok = file:write_file(filename:join(Dir, File), Text)
-          end,
+    Stat = fun stat_line/3,
+    Put = fun put_file/3,
     Proc = fun(U, S) -> Put(filename:join(Root, "78"), "stat", Stat("beam.smp", U, S)) end,
     T = fun(Tid) -> filename:join(Task, integer_to_list(Tid)) end,
     try
@@ -174,3 +162,16 @@ middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
     after
         file:del_dir_r(Root)
     end.
+
+%% A fresh directory to lay out a /proc tree under.
+scratch_root() ->
+    filename:join("/tmp", "beamdiag_procfs_" ++ os:getpid() ++ "_" ++
+                      integer_to_list(erlang:unique_integer([positive]))).
+
+%% A thread's (or process's) stat line with its name, utime and stime.
+stat_line(Name, U, S) ->
+    io_lib:format("1 (~s) S 1 1 1 0 -1 0 7 0 3 0 ~b ~b 0 0 20 0 1 0 0 0 0\n", [Name, U, S]).
+
+put_file(Dir, File, Text) ->
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    ok = file:write_file(filename:join(Dir, File), Text).

@@ -81,31 +81,19 @@ threads(Root, Pid, Opts) ->
 %% descriptors of threads that have gone are closed. With `deadline' (a
 %% monotonic time in milliseconds) in the options, gives
 %% `{error, {beamdiag_agent_procfs, deadline}}' when it passes between two
-%% threads' reads.
-%%
-%% With `previous' (the threads of the sample before, on a tick that does
-%% not read the status file), the task directory is not listed again (the
-%% previous sample's threads are read; a thread that has gone drops out, a
-%% new one waits for the next full read), and a thread whose `stat' shows
-%% no CPU time since (the same utime and stime) keeps its previous
-%% schedstat figures rather than reading the file: idle threads (most
-%% dirty I/O schedulers, the poller, the signal dispatchers) cost one read
-%% instead of two. What such a thread did below one clock tick shows in the
-%% next full read (the window's last tick reads every file), so sums over
-%% the window stay exact; only its split between middle ticks moves.
+%% threads' reads. Every thread is read whole; the agent's ticks read less
+%% (tick_threads/4).
 -spec threads(file:filename(), string() | integer(),
-              #{status => boolean(), deadline => integer() | infinity,
-                previous => #{integer() => thread()}},
+              #{status => boolean(), deadline => integer() | infinity},
               beamdiag_agent_file:held()) ->
     {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
-    WantStatus = maps:get(status, Opts, true),
-    Previous = previous(Opts),
-    case tids(TaskDir, Previous) of
+    case tids(TaskDir, #{}) of
         {ok, Tids} ->
             Deadline = maps:get(deadline, Opts, infinity),
-            try read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, {[], [], Held}) of
+            try read_threads(TaskDir, Tids, maps:get(status, Opts, true), #{}, Deadline,
+                             {[], [], Held}) of
                 Acc -> {{ok, threads_of(Acc)}, kept(TaskDir, Acc)}
             catch
                 throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
@@ -117,6 +105,15 @@ threads(Root, Pid, Opts, Held) ->
 %% @doc A tick's threads, as threads/4, and the whole process's CPU time
 %% (utime plus stime, clock ticks: `process_cpu/3') read right after the
 %% threads that run most.
+%%
+%% With `previous' (the threads of the sample before, on a tick that does
+%% not read the status file), the task directory is not listed again (the
+%% previous sample's threads are read; a thread that has gone drops out, a
+%% new one waits for the next full read), and a thread whose `stat' shows
+%% no CPU time since (the same utime and stime) keeps its previous
+%% schedstat figures rather than reading the file: idle threads (most
+%% dirty I/O schedulers, the poller, the signal dispatchers) cost one read
+%% instead of two.
 %%
 %% On a middle tick given `active' (the threads that ran in the interval
 %% before) and `process' (the process's CPU time at the sample before),
