@@ -460,14 +460,7 @@ msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, 
             %% In the helper, under a deadline (every thread must answer);
             %% the helper puts the flag back when the session ends, also
             %% when the answer came too late for the agent.
-            Plan = fun() ->
-                           Was = erlang:system_flag(microstate_accounting, true),
-                           self() ! {on_exit, fun() ->
-                                                      erlang:system_flag(microstate_accounting, Was)
-                                              end},
-                           Was
-                   end,
-            case beamdiag_agent_probe:call(Probe, Plan, ?FLAG_MS) of
+            case beamdiag_agent_probe:call(Probe, fun msacc_on/0, ?FLAG_MS) of
                 {ok, Was} -> {Restore#{msacc => Was}, 0};
                 _ -> {Restore#{msacc_missing => true}, never}
             end
@@ -478,14 +471,17 @@ msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, 
 %% back the value the flag had when the session ends.
 msacc_slice(State = #{msacc := false, msacc_from := From, probe := Probe}, K)
   when is_integer(From), K >= From ->
-    beamdiag_agent_probe:cast(
-      Probe, fun() ->
-                     Was = erlang:system_flag(microstate_accounting, true),
-                     self() ! {on_exit, fun() -> erlang:system_flag(microstate_accounting, Was) end}
-             end),
+    beamdiag_agent_probe:cast(Probe, fun msacc_on/0),
     State#{msacc := true};
 msacc_slice(State, _K) ->
     State.
+
+%% Run in the helper: turns msacc on and has the helper put back, when it
+%% stops, the value the flag had; returns that value.
+msacc_on() ->
+    Was = erlang:system_flag(microstate_accounting, true),
+    self() ! {on_exit, fun() -> erlang:system_flag(microstate_accounting, Was) end},
+    Was.
 
 %% The next tick number: the one after K, or later when ticks take so long
 %% (Cost, in microseconds) that the next one must wait for sampling to stay
