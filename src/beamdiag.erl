@@ -26,7 +26,9 @@
     findings := [beamdiag_finding:finding()],
     %% Seen from the host alone (beamdiag_host), and how.
     host_only => true,
-    host_view => map()
+    host_view => map(),
+    %% Milliseconds of wall time from the call to the diagnosis (diagnose/1,2).
+    ready_ms => non_neg_integer()
 }.
 -type options() :: #{
     duration => number(),
@@ -104,8 +106,9 @@
 %% Unknown options raise `badarg'.
 -spec diagnose(options()) -> {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Opts) ->
-    O = due(options(Opts)),
-    with_profile(node(), O, fun() -> beamdiag_collect:run(node(), collect_opts(O, [])) end).
+    T0 = erlang:monotonic_time(millisecond),
+    O = due(options(Opts), T0),
+    ready(T0, with_profile(node(), O, fun() -> beamdiag_collect:run(node(), collect_opts(O, [])) end)).
 
 %% @doc Diagnoses another node, given as "name@host" or an atom; connects as
 %% a hidden node when this node is not yet distributed. Also takes `cookie'
@@ -127,16 +130,17 @@ diagnose(Opts) ->
 diagnose(Node, Opts) when is_atom(Node) ->
     diagnose(atom_to_list(Node), Opts);
 diagnose(NodeStr, Opts) ->
-    O = due(options(Opts)),
-    case host_request(NodeStr, O) of
-        {host_only, Target} ->
-            beamdiag_host:diagnose(Target, host_options(O));
-        remote ->
-            case local_host(NodeStr) of
-                true -> with_host_view(NodeStr, O);
-                false -> elsewhere(remote(NodeStr, O), NodeStr)
-            end
-    end.
+    T0 = erlang:monotonic_time(millisecond),
+    O = due(options(Opts), T0),
+    ready(T0, case host_request(NodeStr, O) of
+                  {host_only, Target} ->
+                      beamdiag_host:diagnose(Target, host_options(O));
+                  remote ->
+                      case local_host(NodeStr) of
+                          true -> with_host_view(NodeStr, O);
+                          false -> elsewhere(remote(NodeStr, O), NodeStr)
+                      end
+              end).
 
 %% @doc Ledger and findings for a capture (pure).
 -spec analyse(beamdiag_collect:capture()) -> diagnosis().
@@ -170,12 +174,21 @@ options(Opts) ->
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
     O.
 
-%% When the report is due: the window and the slack from now (the call's
+%% When the report is due: the window and the slack from T0 (the call's
 %% start, so connecting and loading count).
-due(O = #{slack := infinity}) ->
+due(O = #{slack := infinity}, _T0) ->
     O#{ready_by => infinity};
-due(O = #{duration := D, slack := Slack}) ->
-    O#{ready_by => erlang:monotonic_time(millisecond) + round((D + Slack) * 1000)}.
+due(O = #{duration := D, slack := Slack}, T0) ->
+    O#{ready_by => T0 + round((D + Slack) * 1000)}.
+
+%% The diagnosis says how long after the call (T0) it was ready: wall time
+%% on this host, connecting, the window and the analysis included.
+ready(T0, {ok, D}) ->
+    {ok, D#{ready_ms => erlang:monotonic_time(millisecond) - T0}};
+ready(T0, {error, {?MODULE, {partial, Why, D}}}) ->
+    {error, {?MODULE, {partial, Why, D#{ready_ms => erlang:monotonic_time(millisecond) - T0}}}};
+ready(_T0, Error) ->
+    Error.
 
 perf_options(B) when is_boolean(B) -> true;
 perf_options(M) when is_map(M) ->

@@ -18,8 +18,13 @@ slice() ->
     %% A watcher reads the flag while the window runs (reading it means
     %% setting it, so it puts back what it read at once).
     Watcher = spawn_link(fun() -> Self ! {flags, watch([])} end),
+    T0 = erlang:monotonic_time(millisecond),
     {ok, D} = beamdiag:diagnose(#{duration => 1.6, interval => 200, msacc_span => 0.4,
                                   locks => false}),
+    Took = erlang:monotonic_time(millisecond) - T0,
+    %% The diagnosis says when it was ready: after the window, within the call.
+    #{ready_ms := Ready} = D,
+    ?assert(Ready >= 1600 andalso Ready =< Took),
     Watcher ! stop,
     Flags = receive {flags, F} -> F after 5000 -> error(no_watcher) end,
     #{capture := #{samples := Samples}, ledger := #{msacc := M, window_s := W}} = D,

@@ -60,6 +60,17 @@ json_document_test() ->
     Json = iolist_to_binary(beamdiag_format_json:diagnosis(beamdiag:analyse(capture("busy_wait")))),
     ?assertEqual(nomatch, binary:match(Json, <<"setcookie">>)).
 
+%% A diagnosis made now says how long after the call it was ready, in the
+%% JSON (seconds) and in the text header; one re-read from a capture does
+%% not.
+ready_time_test() ->
+    D = beamdiag:analyse(capture("busy_wait")),
+    ?assertNot(maps:is_key(ready_s, beamdiag_format_json:document(D))),
+    ?assertEqual(7.56, maps:get(ready_s, beamdiag_format_json:document(D#{ready_ms => 7560}))),
+    Text = fun(X) -> iolist_to_binary(beamdiag_format_text:diagnosis(X, #{colour => false})) end,
+    ?assertEqual(nomatch, binary:match(Text(D), <<"after the call">>)),
+    ?assertMatch({_, _}, binary:match(Text(D#{ready_ms => 7560}), <<", ready 7.6 s after the call">>)).
+
 %% The microstates note fits the node: restart with -emu_type lcnt where
 %% the lock-counting emulator (extra states) is installed beside the stock
 %% one, build it where it is not.

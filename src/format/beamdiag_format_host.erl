@@ -24,7 +24,7 @@
 %% @doc The report's header: the node, why host-side only, what
 %% distribution saw, the window, the host's CPUs, cgroup and memory, perf.
 -spec header(beamdiag:diagnosis()) -> iolist().
-header(#{capture := C, ledger := L, host_view := V}) ->
+header(D = #{capture := C, ledger := L, host_view := V}) ->
     S = maps:get(settings, C),
     H = maps:get(host, L, #{}),
     T = maps:get(totals, L, #{}),
@@ -34,9 +34,10 @@ header(#{capture := C, ledger := L, host_view := V}) ->
                       [beamdiag_safe_text:safe(maps:get(node, V, <<"?">>), 68), maps:get(os_pid, V),
                        located(maps:get(located, V, given))]),
         reason(V),
-        io_lib:format("host view: ~.1f s window, ~b samples of /proc; schedulers ~b, dirty cpu ~b, "
+        io_lib:format("host view: ~.1f s window, ~b samples of /proc~ts; schedulers ~b, dirty cpu ~b, "
                       "dirty io ~b (from the threads' names)~n",
                       [maps:get(window_s, L, 0.0), length(maps:get(samples, C)),
+                       beamdiag_format_text:ready(D),
                        maps:get(schedulers, S), maps:get(dirty_cpu_schedulers, S),
                        maps:get(dirty_io_schedulers, S)]),
         case H of

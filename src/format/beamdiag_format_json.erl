@@ -5,7 +5,9 @@
 %%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
 %%% `locks' (when counted), `processes' (the process walks: top processes
-%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first) and `notes'.
+%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first), `notes'
+%%% and, for a diagnosis made now (not one re-read from a capture),
+%%% `ready_s': wall seconds from the call to the diagnosis.
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
 %%% (true) and `host_view' (why, what distribution saw, the held threads,
 %%% perf's top native functions, memory), and no VM figures.
@@ -41,6 +43,9 @@ cluster(C) ->
 
 %% @doc The diagnosis as the map the JSON text encodes.
 -spec document(beamdiag:diagnosis()) -> map().
+document(D = #{ready_ms := Ms}) ->
+    %% Wall seconds from the call to the diagnosis (a diagnosis made now).
+    (document(maps:remove(ready_ms, D)))#{ready_s => Ms / 1000};
 document(D = #{host_only := true, capture := C, ledger := L, findings := F}) ->
     %% Seen from the host alone (beamdiag_host): no VM figures.
     (common(C, L, F))#{

@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_format_text).
 
--export([diagnosis/2, pct/1, cluster/2]).
+-export([diagnosis/2, pct/1, ready/1, cluster/2]).
 %% Called by scripts/ledger-table.escript.
 -ignore_xref([{pct, 1}]).
 
@@ -38,9 +38,9 @@ diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
         beamdiag_format_host:threads(D),
         notes(L)
     ]), Opts);
-diagnosis(#{capture := C, ledger := L, findings := F}, Opts) ->
+diagnosis(D = #{capture := C, ledger := L, findings := F}, Opts) ->
     Plain = iolist_to_binary([
-        header(C, L),
+        header(C, L, ready(D)),
         "\n",
         findings(F, Opts#{colour => false}),
         "\n",
@@ -86,6 +86,12 @@ ledger_table(#{by_type := ByType, threads := Threads}, _Opts) ->
         outliers(Threads)
     ].
 
+%% @doc How long after the call a diagnosis made now was ready, for a
+%% header line ("" for one re-read from a capture).
+-spec ready(beamdiag:diagnosis()) -> iolist().
+ready(#{ready_ms := Ms}) -> io_lib:format(", ready ~.1f s after the call", [Ms / 1000]);
+ready(_) -> "".
+
 %% @doc A share as a percentage with one decimal.
 -spec pct(number() | undefined) -> iolist().
 pct(undefined) -> "-";
@@ -113,7 +119,7 @@ wrap(Text, Indent, Width) ->
 %%% Internal
 %%%===================================================================
 
-header(#{node := Node, settings := S, samples := Samples} = C, L) ->
+header(#{node := Node, settings := S, samples := Samples} = C, L, Ready) ->
     Complete = case maps:get(complete, C, true) of
                    true -> "";
                    false -> " (PARTIAL: see the notes)"
@@ -123,10 +129,10 @@ header(#{node := Node, settings := S, samples := Samples} = C, L) ->
     Cg = maps:get(cgroup, L, #{}),
     [
         io_lib:format("beamdiag: ~ts~n", [beamdiag_safe_text:safe(Node, 68)]),
-        io_lib:format("OTP ~ts (~ts~ts), ~.1f s window, ~b samples~s~n",
+        io_lib:format("OTP ~ts (~ts~ts), ~.1f s window, ~b samples~ts~s~n",
                       [maps:get(otp_release, S), maps:get(emu_flavor, S),
                        case maps:get(lock_counting, S, false) of true -> ", lcnt"; _ -> "" end,
-                       maps:get(window_s, L, 0.0), length(Samples), Complete]),
+                       maps:get(window_s, L, 0.0), length(Samples), Ready, Complete]),
         io_lib:format("schedulers ~b/~b online, dirty cpu ~b, dirty io ~b~n"
                       "busy wait: +sbwt ~ts +sbwtdcpu ~ts +sbwtdio ~ts; +Mdai ~ts~n",
                       [maps:get(schedulers_online, S), maps:get(schedulers, S),
