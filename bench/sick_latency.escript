@@ -27,7 +27,8 @@
 %%%   bench/sick_latency.escript
 %%% Environment: BENCH_SICK_WINDOW (6, seconds), BENCH_SICK_TRIES (3),
 %%% BENCH_SICK_SCENARIOS ("nif_stuck nif_long mailbox_flood cpu_throttling
-%%% ets_hot").
+%%% ets_hot"), BENCH_SICK_OTP (the release the lab nodes run: this VM's, or
+%%% 27 or 29 from the Debian roots scripts/otp-root.sh builds).
 -mode(compile).
 
 main(_) ->
@@ -36,29 +37,50 @@ main(_) ->
     Scenarios = string:lexemes(env("BENCH_SICK_SCENARIOS",
                                    "nif_stuck nif_long mailbox_flood cpu_throttling ets_hot"), " ,"),
     Exe = filename:absname("_build/default/bin/beamdiag"),
+    LabOpts = lab_opts(env("BENCH_SICK_OTP", erlang:system_info(otp_release))),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
     true = code:add_patha(filename:absname("_build/default/lib/beamdiag/ebin")),
     {ok, _} = net_kernel:start(list_to_atom("bds_bench_" ++ os:getpid()), #{name_domain => shortnames}),
     {BootMs, _} = run(Exe ++ " --help"),
-    io:format("beamdiag sick-node latency: window ~b s, target ~b s from the call; escript "
-              "start-up ~b ms; host ~b CPUs, load ~s~n",
-              [Window, Window + 2, BootMs, erlang:system_info(logical_processors), load()]),
+    io:format("beamdiag sick-node latency: lab nodes on OTP ~s, window ~b s, target ~b s from the "
+              "call; escript start-up ~b ms; host ~b CPUs, load ~s~n",
+              [maps:get(release, LabOpts), Window, Window + 2, BootMs,
+               erlang:system_info(logical_processors), load()]),
     io:format("~-15s ~4s ~8s ~10s ~10s ~7s ~7s ~5s ~10s  ~s~n",
               ["scenario", "try", "wall s", "-start-up", "-loaded", "ready", "target", "exit",
                "report", "findings"]),
-    [scenario(list_to_atom(S), Window, Tries, Exe, BootMs) || S <- Scenarios],
+    [scenario(list_to_atom(S), Window, Tries, Exe, BootMs, maps:remove(release, LabOpts))
+     || S <- Scenarios],
     ok.
+
+%% How the lab nodes are started: this VM's erl, or the Debian root's
+%% (built once by scripts/otp-root.sh, which says why when it cannot).
+lab_opts(Rel) ->
+    Own = erlang:system_info(otp_release),
+    case {Rel, lists:keyfind(Rel, 1, [{"27", "trixie"}, {"29", "sid"}])} of
+        {Own, _} ->
+            #{release => Own};
+        {_, {_, Suite}} ->
+            Script = filename:absname("scripts/otp-root.sh"),
+            case os:cmd(Script ++ " " ++ Suite ++ " >/dev/null 2>&1; echo $?") of
+                "0\n" -> #{release => Rel,
+                           exec => {filename:absname("scripts/otp-run.sh"), [Suite, "erl"]}};
+                _ -> halt_with("cannot build the OTP " ++ Rel ++ " root: run " ++ Script ++ " " ++ Suite)
+            end;
+        _ ->
+            halt_with("BENCH_SICK_OTP: " ++ Rel ++ " is not this VM's release, 27 or 29")
+    end.
 
 %% The flood's sender stops at its cap (14 million messages) within a
 %% window or two, so each of its tries gets a fresh lab node; the others
 %% are tried back to back on one node.
-scenario(mailbox_flood = Name, Window, Tries, Exe, BootMs) ->
-    [scenario(Name, Window, Tries, Exe, BootMs, [K]) || K <- lists:seq(1, Tries)];
-scenario(Name, Window, Tries, Exe, BootMs) ->
-    scenario(Name, Window, Tries, Exe, BootMs, lists:seq(1, Tries)).
+scenario(mailbox_flood = Name, Window, Tries, Exe, BootMs, LabOpts) ->
+    [scenario(Name, Window, Tries, Exe, BootMs, LabOpts, [K]) || K <- lists:seq(1, Tries)];
+scenario(Name, Window, Tries, Exe, BootMs, LabOpts) ->
+    scenario(Name, Window, Tries, Exe, BootMs, LabOpts, lists:seq(1, Tries)).
 
-scenario(Name, Window, _Tries, Exe, BootMs, Ks) ->
-    case beamdiag_lab:start(Name, #{duration => 600}) of
+scenario(Name, Window, _Tries, Exe, BootMs, LabOpts, Ks) ->
+    case beamdiag_lab:start(Name, LabOpts#{duration => 600}) of
         {ok, Lab} ->
             try
                 timer:sleep(2000),
