@@ -108,7 +108,10 @@ start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
     PeerOpts = maps:merge(#{name => NodeName, connection => standard_io, args => PeerArgs,
                             wait_boot => 30000},
                           maps:with([exec], Opts)),
-    case peer:start(PeerOpts) of
+    %% peer raises when the node's emulator exits at boot (no lock-counting
+    %% emulator in that release, say): an error like any other.
+    Started = try peer:start(PeerOpts) catch exit:Why -> {error, Why} end,
+    case Started of
         {ok, Peer, Node} ->
             Lab0 = #{scenario => S, node => Node, peer => Peer, cookie => Cookie},
             case setup(Lab0, Mod, Fun, FArgs, Duration) of
@@ -165,7 +168,7 @@ format_error({unknown_scenario, N, Known}) ->
     io_lib:format("no lab scenario '~ts'; known: ~ts",
                   [beamdiag_safe_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
 format_error({peer_start, Name, Reason}) ->
-    io_lib:format("cannot start the ~s lab node: ~p~ts", [Name, Reason, lcnt_hint(Reason)]);
+    io_lib:format("cannot start the ~s lab node: ~0P~ts", [Name, Reason, 12, lcnt_hint(Name)]);
 format_error({load, Why}) ->
     ["lab node: ", beamdiag_loader:format_error(Why)];
 format_error({cgroup, Why}) ->
@@ -321,6 +324,14 @@ remove_cgroup(Dir, N) ->
             remove_cgroup(Dir, N - 1)
     end.
 
-lcnt_hint(_) ->
-    "".
+%% A scenario on the lock-counting emulator fails to boot where that OTP
+%% has none: say how to check and build it.
+lcnt_hint(Name) ->
+    case scenario(atom_to_list(Name)) of
+        {ok, #{emu_type := lcnt}} ->
+            "; it runs `erl -emu_type lcnt': `beamdiag emu-type status' says whether that "
+            "OTP has the lock-counting emulator, `beamdiag emu-type build --install' builds it";
+        _ ->
+            ""
+    end.
 
