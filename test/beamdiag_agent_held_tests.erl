@@ -5,10 +5,13 @@
 
 -define(F, {worker, call_loop, 3}).
 
-%% A row as a sampler sends it: the answer's wait in microseconds and the
-%% time it came (ms).
+%% A row as a sampler sends it: the answer's wait in microseconds, the
+%% time it came (ms) and the process's minor collections.
 row(P, Us, Fun, At) ->
-    {P, Us, Fun, [], {erlang, apply, 2}, At}.
+    row(P, Us, Fun, At, 0).
+
+row(P, Us, Fun, At, Gcs) ->
+    {P, Us, Fun, [], {erlang, apply, 2}, At, Gcs}.
 
 fold(Rows) ->
     lists:foldl(fun(R, A) -> beamdiag_agent_held:add({samples, 100, [R]}, A) end,
@@ -27,7 +30,23 @@ held_runs_test() ->
     ?assertEqual(95, maps:get(longest_ms, E)),
     %% 100 (first) + 100 + 100 + 50 + 100 + 100 (the 250 ms gap, capped).
     ?assertEqual(550, maps:get(total_ms, E)),
-    ?assertEqual(#{?F => 5, {a, b, 0} => 1}, maps:get(where, E)).
+    ?assertEqual(#{?F => 5, {a, b, 0} => 1}, maps:get(where, E)),
+    %% Watched from its first sample to its last.
+    ?assertEqual(700, maps:get(watched_ms, E)),
+    ?assertEqual(0, maps:get(collected, E)).
+
+%% A late answer after a garbage collection (the minor count moved since
+%% the sample before) is counted apart, not as held; one with the count
+%% unchanged is held.
+collected_not_held_test() ->
+    P = self(),
+    Rows = [row(P, 500, ?F, 1000, 4), row(P, 60000, ?F, 1100, 5), row(P, 60000, ?F, 1200, 5),
+            row(P, 60000, ?F, 1300, 0), row(P, 400, ?F, 1400, 1)],
+    [E] = beamdiag_agent_held:entries(fold(Rows)),
+    ?assertEqual(5, maps:get(samples, E)),
+    ?assertEqual(1, maps:get(count, E)),
+    ?assertEqual(2, maps:get(collected, E)),
+    ?assertEqual(60, maps:get(longest_ms, E)).
 
 %% A process that always answers at once is never an entry.
 quick_only_test() ->

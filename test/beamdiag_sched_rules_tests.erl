@@ -76,6 +76,35 @@ sampler_finding_test() ->
     Imb = #{id => scheduler_imbalance},
     ?assertEqual([long_schedule], ids(beamdiag_sched_rules:suppress([Imb | F]))).
 
+%% A process the walks found late in the window: held in 9 of its 18
+%% samples over its last 1.8 s, 900 ms estimated over a 5.1 s window. Its
+%% share is that of the time it was watched (50%), not of the window
+%% (18%, under the rule's quarter); with fewer samples than the rule's
+%% minimum, the window's share stands and there is no finding.
+sampler_found_late_test() ->
+    R = #{processes := [P]} = sampler_report(9),
+    Late = R#{span_ms := 5113, processes := [P#{samples := 18, total_ms := 900, consecutive := 4,
+                                               watched_ms => 1800}]},
+    [#{metrics := M, evidence := Ev, severity := Sev}] =
+        beamdiag_sched_rules:findings(Late, ledger(0.10 * 12.0)),
+    ?assertEqual(0.5, maps:get(held_share, M)),
+    ?assertEqual(<<"watched">>, maps:get(held_share_of, M)),
+    ?assertEqual(critical, Sev),
+    Text = iolist_to_binary(lists:join("\n", Ev)),
+    ?assertMatch({_, _}, binary:match(Text, <<"9 of 18 samples (4 in a row) over 1.8 s of watching">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"held 50.0% of the time it was watched">>)),
+    Few = R#{span_ms := 5113, processes := [P#{samples := 9, total_ms := 900}]},
+    ?assertEqual([], beamdiag_sched_rules:findings(Few, ledger(0.10 * 12.0))).
+
+%% Late answers after collections are not held samples, and the evidence
+%% says how many there were.
+sampler_collected_test() ->
+    R = #{processes := [P]} = sampler_report(25),
+    [#{evidence := Ev}] = beamdiag_sched_rules:findings(R#{processes := [P#{collected => 4}]},
+                                                        ledger(0.10 * 12.0)),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev),
+                                      <<"4 more late answers followed a garbage collection">>)).
+
 %% Fewer held samples than the rule's minimum: no finding.
 sampler_too_few_test() ->
     ?assertEqual([], beamdiag_sched_rules:findings(sampler_report(2), ledger(0.10 * 12.0))).

@@ -43,7 +43,12 @@
 %%% of held samples in a row in the same function (`consecutive'), the
 %%% longest answer (`longest_ms', a lower bound of the longest hold) and
 %%% the time held in all (`total_ms', estimated: each held sample stands
-%%% for the time since the one before, at most one sampler's period).
+%%% for the time since the one before, at most one sampler's period), the
+%%% time from its first sample to its last (`watched_ms'), and the late
+%%% answers that followed a garbage collection (`collected': the minor
+%%% collection count moved since the sample before; a large heap is
+%%% collected on a dirty scheduler and the process answers after it, so
+%%% those are not counted as held).
 %%%
 %%% Cost, measured on OTP 25 (2 schedulers, 10,000 idle processes, the
 %%% CPU of every thread of the VM from /proc, 10 s side by side three
@@ -154,7 +159,8 @@ candidates(#{candidates := Cs}) ->
 -spec entries(aggregate()) -> [raw_entry()].
 entries(#{pids := Pids}) ->
     Held = [E || E = #{count := C} <- maps:values(Pids), C > 0],
-    [maps:without([run, last_at, last_fun], E)
+    [(maps:without([run, first_at, last_at, last_fun, gcs], E))#{
+         watched_ms => maps:get(last_at, E) - maps:get(first_at, E)}
      || {_, E} <- lists:reverse(lists:keysort(1, [{maps:get(total_ms, E), E} || E <- Held]))].
 
 %% @doc What the samplers did: for the report's `sampler' entry.
@@ -278,16 +284,21 @@ sample(S = #{candidates := Cs, watcher := W, period := Period, shared := Shared}
 
 ask(P) ->
     T0 = erlang:monotonic_time(microsecond),
-    case erlang:process_info(P, [current_function, registered_name, initial_call]) of
-        [{_, Fun}, {_, Name}, {_, Init}] ->
+    case erlang:process_info(P, [current_function, registered_name, initial_call,
+                                 garbage_collection]) of
+        [{_, Fun}, {_, Name}, {_, Init}, {_, GC}] ->
             T1 = erlang:monotonic_time(microsecond),
-            {P, T1 - T0, Fun, Name, Init, T1 div 1000};
+            Gcs = case lists:keyfind(minor_gcs, 1, GC) of
+                      {_, N} -> N;
+                      false -> undefined
+                  end,
+            {P, T1 - T0, Fun, Name, Init, T1 div 1000, Gcs};
         _ ->
             gone
     end.
 
-held({_P, Us, _Fun, _Name, _Init, _At}) ->
-    Us >= ?HELD_MS * 1000.
+held(Row) ->
+    element(2, Row) >= ?HELD_MS * 1000.
 
 jitter(Period) ->
     Period - Period div 5 + erlang:phash2(erlang:unique_integer(), 2 * (Period div 5) + 1).
@@ -299,16 +310,26 @@ now_ms() ->
 %%% Internal: the aggregate
 %%%===================================================================
 
-sample(Row = {P, Us, Fun, Name, Init, At}, Period, Agg = #{pids := Pids}) ->
-    Held = held(Row),
+sample(Row = {P, Us, Fun, Name, Init, At, Gcs}, Period, Agg = #{pids := Pids}) ->
     case maps:find(P, Pids) of
-        {ok, E} ->
-            Agg#{pids := Pids#{P := update(E, Held, Us, Fun, At, Period)}};
+        {ok, E = #{gcs := Gcs0}} ->
+            %% A late answer with a collection since the sample before
+            %% may be the collection's (a large heap is collected on a
+            %% dirty scheduler, and the process answers after it): it is
+            %% counted apart, not as held.
+            Collected = is_integer(Gcs0) andalso is_integer(Gcs) andalso Gcs =/= Gcs0,
+            E2 = case held(Row) andalso Collected of
+                     true -> update(E#{collected := maps:get(collected, E) + 1}, false, Us, Fun,
+                                    At, Period);
+                     false -> update(E, held(Row), Us, Fun, At, Period)
+                 end,
+            Agg#{pids := Pids#{P := E2#{gcs := Gcs}}};
         error when map_size(Pids) < ?MAX_PIDS ->
             E0 = #{pid => P, name => Name, initial_call => Init, samples => 0, count => 0,
-                   run => 0, consecutive => 0, longest_ms => 0, total_ms => 0,
-                   where => #{}, last_at => At - ?TICK_MS, last_fun => undefined},
-            Agg#{pids := Pids#{P => update(E0, Held, Us, Fun, At, Period)}};
+                   run => 0, consecutive => 0, longest_ms => 0, total_ms => 0, collected => 0,
+                   where => #{}, first_at => At, last_at => At - ?TICK_MS,
+                   last_fun => undefined, gcs => Gcs},
+            Agg#{pids := Pids#{P => update(E0, held(Row), Us, Fun, At, Period)}};
         error ->
             Agg
     end.

@@ -42,13 +42,13 @@ findings(#{state := State, processes := Ps} = R, Ledger)
     Sampled = maps:get(source, R, events) =:= sampler,
     [finding(P, Window, R, Ledger, Online, T)
      || not (Sampled andalso Starved),
-        P = #{native := N, count := C, total_ms := Tot} <- Ps,
+        P = #{native := N, count := C} <- Ps,
         %% A process answers late also while its heap is collected (on a
         %% dirty scheduler when large), and hibernating is a collection.
         not (Sampled andalso maps:get(in, P, undefined) =:= <<"erlang:hibernate/3">>),
         C >= map_get(count_min, T),
         (N =:= nif orelse N =:= bif orelse
-         (N =:= erlang andalso Tot / 1000 / Window >= map_get(erlang_share_min, T)
+         (N =:= erlang andalso element(1, share(P, R, Window, T)) >= map_get(erlang_share_min, T)
           andalso not Starved))];
 findings(_, _) ->
     [].
@@ -79,7 +79,10 @@ thresholds() ->
         %% out of an Erlang function says nothing of native code.
         runq_max => 0.25,
         %% Share of the window one scheduler was held: critical from here.
-        held_share_crit => 0.5
+        held_share_crit => 0.5,
+        %% A sampled process's share is that of the time it was watched
+        %% once it has this many samples (see share/4).
+        sampled_min => 10
     }.
 
 %% @doc What a report says when the system monitor could not be used, for
@@ -114,9 +117,28 @@ taken_by(R) ->
         _ -> "another process"
     end.
 
+%% The share of time the process held its scheduler, and of what: from
+%% the runtime's events, of the window; from the sampler, of the time the
+%% process was watched (its held samples among its samples, once it has
+%% `sampled_min' of them), when that is more. A process the walks found
+%% late in the window was watched only for the window's end, and its
+%% estimated total over the whole window says how long it was watched,
+%% not how much it held.
+share(P = #{total_ms := Tot}, R, Window, T) ->
+    OfWindow = min(1.0, Tot / 1000 / Window),
+    case {R, P} of
+        {#{source := sampler}, #{count := C, samples := S}} when S >= map_get(sampled_min, T) ->
+            case C / S of
+                OfWatched when OfWatched > OfWindow -> {OfWatched, watched};
+                _ -> {OfWindow, window}
+            end;
+        _ ->
+            {OfWindow, window}
+    end.
+
 finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window, R, Ledger,
         Online, T) ->
-    Share = min(1.0, Tot / 1000 / Window),
+    {Share, Basis} = share(P, R, Window, T),
     Sev = case Share >= map_get(held_share_crit, T) of
               true -> critical;
               false -> warning
@@ -127,17 +149,17 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
                 bif -> ["the BIF ", text(Fun)];
                 erlang -> ["native code called from ", text(Fun)]
             end,
-    Evidence = [seen(P, R, Where, Window, Share)] ++ imbalance(Ledger, Online) ++ [
+    Evidence = [seen(P, R, Where, Window, {Share, Basis})] ++ imbalance(Ledger, Online) ++ [
         case N of
             nif -> fmt("the NIF is a plain one (it runs on a normal scheduler and does not "
                        "yield): ~ts", [text(Fun)]);
             bif -> fmt("the BIF ~ts does not trap out for the work it is given", [text(Fun)]);
             erlang ->
                 fmt("Erlang code yields every few thousand reductions, so one process held "
-                    "in and out of ~ts for ~s of the window is in a NIF or BIF called from "
+                    "in and out of ~ts for ~s of the ~s is in a NIF or BIF called from "
                     "there (the runtime records the calling Erlang function); NIF libraries "
                     "loaded from outside OTP: ~ts",
-                    [text(Fun), pct(Share),
+                    [text(Fun), pct(Share), basis_text(Basis),
                      case maps:get(nif_modules, R, []) of
                          [] -> "none";
                          Ms -> lists:join("; ", Ms)
@@ -153,6 +175,7 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
         longest_ms => L,
         total_ms => Tot,
         held_share => round(Share * 10000) / 10000,
+        held_share_of => atom_to_binary(Basis, utf8),
         source => case R of
                       #{source := sampler} -> <<"sampler">>;
                       _ -> <<"system_monitor">>
@@ -161,21 +184,31 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window
 
 %% What was seen: the runtime's events, or the sampler's slow answers.
 seen(P = #{count := C, longest_ms := L, total_ms := Tot}, R = #{source := sampler}, Where,
-     Window, Share) ->
+     Window, {Share, Basis}) ->
     S = maps:get(sampler, R, #{}),
-    fmt("~ts was seen holding its scheduler in ~ts in ~b of ~b samples (~b in a row): "
-        "asked for its current function from another scheduler, it answered only after "
-        "~b ms or more each time (up to ~b ms), where a process that yields answers within "
-        "a millisecond; about ~b ms held in all over ~.1f s (~s of one scheduler's wall "
-        "time). Sampled about ~b times a second because the system monitor was taken: the "
-        "longest hold and the total are estimates from the samples' spacing, not the "
-        "runtime's measure",
+    fmt("~ts was seen holding its scheduler in ~ts in ~b of ~b samples (~b in a row) over "
+        "~.1f s of watching: asked for its current function from another scheduler, it "
+        "answered only after ~b ms or more each time (up to ~b ms), where a process that "
+        "yields answers within a millisecond; about ~b ms held in all over the ~.1f s "
+        "window; held ~s of the ~s~ts. Sampled about ~b times a second because the system "
+        "monitor was taken: the longest hold and the total are estimates from the samples' "
+        "spacing, not the runtime's measure",
         [who(P), Where, C, maps:get(samples, P, C), maps:get(consecutive, P, C),
-         maps:get(held_ms, S, 10), L, Tot, Window, pct(Share), maps:get(rate_hz, S, 10)]);
-seen(#{count := C, longest_ms := L, total_ms := Tot} = P, R, Where, Window, Share) ->
+         maps:get(watched_ms, P, 0) / 1000, maps:get(held_ms, S, 10), L, Tot, Window,
+         pct(Share), basis_text(Basis),
+         case maps:get(collected, P, 0) of
+             0 -> "";
+             K -> fmt(" (~b more late answers followed a garbage collection and are not "
+                      "counted)", [K])
+         end,
+         maps:get(rate_hz, S, 10)]);
+seen(#{count := C, longest_ms := L, total_ms := Tot} = P, R, Where, Window, {Share, _}) ->
     fmt("~ts held its scheduler ~b times for ~b ms or more in ~ts: longest ~b ms, "
         "~b ms in all over ~.1f s (~s of one scheduler's wall time)",
         [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, pct(Share)]).
+
+basis_text(watched) -> "time it was watched";
+basis_text(window) -> "window".
 
 %% The scheduler threads' share of the window spent runnable without a CPU.
 runq_share(#{by_type := #{scheduler := #{runq := Runq, wall := Wall}}}) when Wall > 0 ->
