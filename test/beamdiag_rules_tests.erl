@@ -187,3 +187,29 @@ dirty_gc_cpu_within_gc_wall_when_msacc_lags_test() ->
     V = maps:from_list([{N, X} || #{name := N, value := X} <- Figs]),
     ?assert(maps:get(dirty_on_cpu_s, V) > maps:get(dirty_gc_wall_s, V)),
     ?assert(maps:get(dirty_gc_cpu_s, V) =< maps:get(dirty_gc_wall_s, V) + 1.0e-6).
+
+%% ejabberd relaying chat messages between 20 pairs of clients on loopback
+%% (a real server, its capture): the raw signal first, msacc's port state
+%% over half of the normal schedulers' time awake; then the finding, with
+%% its CPU figure within the node's and a fix for socket I/O.
+port_io_ejabberd_test() ->
+    C = beamdiag_test_lib:fixture_capture("ejabberd_chat"),
+    #{ledger := L, findings := F} = beamdiag:analyse(C),
+    #{by_type := #{scheduler := #{seconds := Secs}}} = maps:get(msacc, L),
+    Awake = lists:sum(maps:values(Secs)) - maps:get(sleep, Secs, 0),
+    ?assert(maps:get(port, Secs) / Awake >= 0.5),
+    [#{severity := warning, metrics := M, evidence := Ev, fix := Fix}] =
+        [X || X = #{id := port_io} <- F],
+    ?assert(maps:get(port_share, M) >= 0.5),
+    ?assert(maps:get(port_cpus, M) >= 0.2),
+    ?assert(maps:get(port_cpus, M) =< maps:get(cpus_used, maps:get(totals, L)) + 0.05),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev), <<"of their time awake">>)),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Fix), <<"{delay_send, true}">>)).
+
+%% Servers whose port work is a small share (Yaws, a paced RabbitMQ) and the
+%% lab's captures get no port_io finding.
+port_io_not_elsewhere_test() ->
+    [?assertEqual([], [X || X = #{id := port_io} <-
+                                maps:get(findings, beamdiag:analyse(
+                                                     beamdiag_test_lib:fixture_capture(N)))])
+     || N <- ["yaws_flat_out", "yaws_paced", "rabbitmq_paced", "busy_wait", "cpu_saturated"]].

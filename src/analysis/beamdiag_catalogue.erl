@@ -268,6 +268,30 @@ written() ->
                   "little dirty GC leave it.">>
         },
         #{
+            id => port_io,
+            area => ledger,
+            title => <<"Schedulers spend much of their time in port work">>,
+            meaning =>
+                <<"Port work is the drivers' callbacks, run by the normal schedulers. For "
+                  "gen_tcp and gen_udp sockets (the inet driver) each send is a write to the "
+                  "socket, made at once, and each read a system call too, so many small "
+                  "messages cost the schedulers CPU time in the driver and in the kernel.">>,
+            fix =>
+                <<"Fewer, larger socket operations. Sending: gather what a process sends in "
+                   "a burst into one iolist and send it once, or set {delay_send, true} on "
+                   "sockets that send many small packets, so that sends made while the port "
+                   "is busy go out in one write (more throughput, a little latency). "
+                   "Receiving: {active, N} rather than {active, once} saves a setopts call "
+                   "per packet, and a larger {buffer, Bytes} lets one read take more. Measure "
+                   "throughput and latency under load before and after (`beamdiag compare` "
+                   "sets two captures against their noise); "
+                   "`beamdiag flame NODE` shows whether the time is in the socket calls or in "
+                   "another driver (a port program, a linked-in driver).">>,
+            when_not =>
+                <<"A proxy or message router is mostly socket I/O by design; act when port "
+                  "work grows without more traffic, or when the node runs out of CPU.">>
+        },
+        #{
             id => scheduler_imbalance,
             area => ledger,
             title => <<"Work is unevenly spread over the schedulers">>,

@@ -37,6 +37,7 @@ findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
             fun scheduler_blocking/3,
             fun high_system_cpu/3,
             fun dirty_cpu_gc/3,
+            fun port_io/3,
             fun scheduler_imbalance/3,
             fun cpu_saturated/3,
             fun schedulers_exceed_cpus/3
@@ -75,6 +76,11 @@ thresholds() ->
         sys_cpus_min => 0.10,
         %% GC on dirty CPU schedulers, in CPUs.
         dirty_gc_cpus_warn => 0.10,
+        %% Port work as a share of the normal schedulers' time awake (msacc),
+        %% and in CPUs.
+        port_share_info => 0.35,
+        port_share_warn => 0.50,
+        port_cpus_min => 0.20,
         %% Busy spread between the busiest and idlest normal scheduler.
         imbalance_spread => 0.50,
         imbalance_mean_min => 0.15,
@@ -235,26 +241,37 @@ high_system_cpu(L, Settings, T) ->
        fig(worst_sys_s, maps:get(sys, Worst), cpu_s, sys_s), fig(sys_share, Share, share),
        fig(page_faults, Faults, count)], Settings).
 
-dirty_cpu_gc(L, Settings, T) ->
+%% The CPU time threads of one type spent in some msacc states, over the
+%% span msacc covered (the end of the window). msacc's state times are wall
+%% time, waiting for a CPU included: the states' CPU is their share of the
+%% threads' non-sleeping wall time applied to the threads' on-CPU time over
+%% the same span. `none' without msacc for that type.
+state_cpu(L, Type, States) ->
     case maps:get(msacc, L) of
-        M = #{by_type := #{dirty_cpu := #{seconds := Secs, n := N}}} ->
-            %% msacc's state times are wall time, waiting for a CPU included:
-            %% the GC's CPU is its share of the threads' non-sleeping wall
-            %% time applied to their on-CPU time over the same span.
-            GcWall = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
+        M = #{by_type := #{Type := #{seconds := Secs, n := N}}} ->
+            Wall = lists:sum([maps:get(S, Secs, 0) || S <- States]),
             Span = maps:get(span_s, M, window(L)),
             Awake = lists:sum(maps:values(Secs)) - maps:get(sleep, Secs, 0),
-            GcShare = min(1.0, ratio(GcWall, Awake)),
-            OnCpu = span_on_cpu(L, dirty_cpu, Span),
-            %% Never more CPU time than wall time in GC: msacc is read when
-            %% each thread answers (a dirty scheduler in a long collection
-            %% answers after it) and the OS counters when the tick reads
-            %% them, so the two spans can differ by a collection's length.
-            GcCpu = min(OnCpu * GcShare, GcWall),
-            Cpus = GcCpu / max(Span, 1.0e-9),
-            %% The node's CPUs over the same span: the window's average
-            %% would put a burst at the window's end above the node.
-            SpanCpus = span_on_cpu(L, all, Span) / max(Span, 1.0e-9),
+            Share = min(1.0, ratio(Wall, Awake)),
+            OnCpu = span_on_cpu(L, Type, Span),
+            %% Never more CPU time than wall time in the states: msacc is
+            %% read when each thread answers (a dirty scheduler in a long
+            %% collection answers after it) and the OS counters when the
+            %% tick reads them, so the two spans can differ by that long.
+            Cpu = min(OnCpu * Share, Wall),
+            #{wall => Wall, span => Span, n => N, share => Share, on_cpu => OnCpu, cpu => Cpu,
+              cpus => Cpu / max(Span, 1.0e-9),
+              %% The node's CPUs over the same span: the window's average
+              %% would put a burst at the window's end above the node.
+              span_cpus => span_on_cpu(L, all, Span) / max(Span, 1.0e-9)};
+        _ ->
+            none
+    end.
+
+dirty_cpu_gc(L, Settings, T) ->
+    case state_cpu(L, dirty_cpu, [gc, gc_full]) of
+        #{wall := GcWall, span := Span, n := N, share := GcShare, on_cpu := OnCpu, cpu := GcCpu,
+          cpus := Cpus, span_cpus := SpanCpus} ->
             Mdai = beamdiag_flags:value(mdai, Settings),
             SharedInstance = Mdai =:= beamdiag_flags:default(mdai),
             Severity =
@@ -284,7 +301,47 @@ dirty_cpu_gc(L, Settings, T) ->
                fig(dirty_gc_cpus, Cpus, cpus, #{scope => span, part_of => span_cpus_used}),
                fig(span_cpus_used, SpanCpus, cpus, #{scope => span})],
               Settings);
-        _ ->
+        none ->
+            []
+    end.
+
+%% Port work (drivers' callbacks, for sockets the inet driver's sends and
+%% receives) as a share of the normal schedulers' time awake, and its CPU.
+port_io(L, Settings, T) ->
+    case state_cpu(L, scheduler, [port]) of
+        #{wall := PortWall, span := Span, n := N, share := Share, on_cpu := OnCpu, cpu := Cpu,
+          cpus := Cpus, span_cpus := SpanCpus} ->
+            Severity =
+                if
+                    Cpus < map_get(port_cpus_min, T) -> none;
+                    Share >= map_get(port_share_warn, T) -> warning;
+                    Share >= map_get(port_share_info, T) -> info;
+                    true -> none
+                end,
+            Rows = sched_rows(L, [scheduler]),
+            SysShare = ratio(sum(sys, Rows), sum(on_cpu, Rows)),
+            emit(port_io, Severity, [
+                fmt("schedulers were in port work ~.2f s of their ~.2f s of wall time (msacc "
+                    "over the last ~.1f s, ~b threads; wall time, waiting for a CPU included): "
+                    "~s of their time awake", [PortWall, Span * N, Span, N, pct(Share)]),
+                fmt("they were on CPU ~.2f CPU-seconds in that span, so port work took about "
+                    "~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used in that span",
+                    [OnCpu, Cpu, Cpus, SpanCpus]),
+                fmt("the kernel took ~s of the schedulers' CPU time over the window, with ~b "
+                    "context switches/s on the node: a socket send is a system call",
+                    [pct(SysShare),
+                     round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
+            ], #{port_cpu_s => Cpu, port_cpus => Cpus, msacc_span_s => Span,
+                 port_wall_s => PortWall, port_share => Share},
+              [fig(port_wall_s, PortWall, wall_s, msacc_wall_s),
+               fig(msacc_wall_s, Span * N, wall_s),
+               fig(port_awake_share, Share, share),
+               fig(sched_on_cpu_s, OnCpu, cpu_s), fig(port_cpu_s, Cpu, cpu_s, sched_on_cpu_s),
+               fig(port_cpus, Cpus, cpus, #{scope => span, part_of => span_cpus_used}),
+               fig(span_cpus_used, SpanCpus, cpus, #{scope => span}),
+               fig(sched_sys_share, SysShare, share)],
+              Settings);
+        none ->
             []
     end.
 
