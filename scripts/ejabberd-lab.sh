@@ -14,6 +14,7 @@ dir=${2:?usage: ejabberd-lab.sh start|wait|stop|ctl DIR [SECONDS]}
 limit=${3:-300}
 port=${BEAMDIAG_EJABBERD_PORT:-5299}
 node="beamdiag_ejabberd@$(hostname -s)"
+. "$(dirname "$0")/server-group.sh"
 command -v ejabberdctl >/dev/null || { echo "ejabberd-lab: ejabberd is not installed (apt-get install ejabberd)" >&2; exit 2; }
 
 ctl() {
@@ -60,24 +61,10 @@ YML
     echo $! >"$dir/group.pid"
     ;;
 wait)
-    for _ in $(seq 1 90); do
-        if ctl status >/dev/null 2>&1; then exit 0; fi
-        if ! kill -0 "$(cat "$dir/group.pid")" 2>/dev/null; then
-            echo "ejabberd-lab: the server exited; see $dir/stdout and $dir/logs" >&2; exit 1
-        fi
-        sleep 1
-    done
-    echo "ejabberd-lab: the node did not start within 90 s" >&2; exit 1
+    group_wait ejabberd-lab "$dir" 90 ctl status
     ;;
 stop)
-    [ -f "$dir/group.pid" ] || exit 0
-    pid=$(cat "$dir/group.pid")
-    ctl stop >/dev/null 2>&1 || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    sleep 1
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$dir/group.pid"
+    group_stop "$dir" ctl stop
     ;;
 ctl)
     shift 2; ctl "$@"

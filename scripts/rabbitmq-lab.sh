@@ -15,6 +15,7 @@ port=${BEAMDIAG_RABBIT_PORT:-5699}
 host=$(hostname -s)
 node="beamdiag_rabbit@$host"
 bin=/usr/lib/rabbitmq/bin
+. "$(dirname "$0")/server-group.sh"
 [ -x "$bin/rabbitmq-server" ] || { echo "rabbitmq-lab: rabbitmq-server is not installed (scripts/setup.sh test)" >&2; exit 2; }
 
 ctl() {
@@ -38,24 +39,10 @@ start)
     ;;
 wait)
     # Up to 90 s for the node to boot (a loaded 2-core machine is slow).
-    for _ in $(seq 1 90); do
-        if ctl await_startup --timeout 1 >/dev/null 2>&1; then exit 0; fi
-        if ! kill -0 "$(cat "$dir/group.pid")" 2>/dev/null; then
-            echo "rabbitmq-lab: the server exited; see $dir/stdout" >&2; exit 1
-        fi
-        sleep 1
-    done
-    echo "rabbitmq-lab: the node did not start within 90 s" >&2; exit 1
+    group_wait rabbitmq-lab "$dir" 90 ctl await_startup --timeout 1
     ;;
 stop)
-    [ -f "$dir/group.pid" ] || exit 0
-    pid=$(cat "$dir/group.pid")
-    ctl stop >/dev/null 2>&1 || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    sleep 1
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$dir/group.pid"
+    group_stop "$dir" ctl stop
     ;;
 ctl)
     shift 2; ctl "$@"

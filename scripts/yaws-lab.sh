@@ -13,6 +13,9 @@ limit=${3:-300}
 port=${BEAMDIAG_YAWS_PORT:-8099}
 ebin=$(ls -d /usr/lib/yaws/ebin 2>/dev/null || true)
 [ -n "$ebin" ] || { echo "yaws-lab: yaws is not installed (scripts/setup.sh test)" >&2; exit 2; }
+. "$(dirname "$0")/server-group.sh"
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
 case "$cmd" in
 start)
@@ -47,22 +50,10 @@ CONF
     echo $! >"$dir/group.pid"
     ;;
 wait)
-    for _ in $(seq 1 60); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then exit 0; fi
-        if ! kill -0 "$(cat "$dir/group.pid")" 2>/dev/null; then
-            echo "yaws-lab: the server exited; see $dir/stdout" >&2; exit 1
-        fi
-        sleep 1
-    done
-    echo "yaws-lab: the server did not listen within 60 s" >&2; exit 1
+    group_wait yaws-lab "$dir" 60 listening
     ;;
 stop)
-    [ -f "$dir/group.pid" ] || exit 0
-    pid=$(cat "$dir/group.pid")
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$dir/group.pid"
+    group_stop "$dir"
     ;;
 *)
     echo "yaws-lab: unknown command $cmd" >&2; exit 2
