@@ -12,7 +12,8 @@
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
          end_per_testcase/2]).
 -export([nif_long/1, mailbox_flood/1, sysmon_taken/1, sysmon_taken_nif/1,
-         sysmon_back_when_killed/1, healthy/1, first_calls_in_words/1, back_to_back/1]).
+         sysmon_back_when_killed/1, healthy/1, first_calls_in_words/1, back_to_back/1,
+         cpu_throttling/1]).
 
 -define(WINDOW, 5).
 
@@ -27,7 +28,7 @@ all() ->
 groups() ->
     [{otp25, [], [nif_long, mailbox_flood, sysmon_taken, sysmon_taken_nif,
                   sysmon_back_when_killed, healthy, first_calls_in_words, back_to_back]},
-     {otp29, [], [nif_long, mailbox_flood, sysmon_taken_nif]}].
+     {otp29, [], [nif_long, mailbox_flood, sysmon_taken_nif, cpu_throttling]}].
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
 init_per_group(otp25, Config) ->
@@ -424,6 +425,37 @@ settle_looks() ->
 
 is_process_alive_on(Node, Pid) ->
     erpc:call(Node, erlang, is_process_alive, [Pid]).
+
+%% A CPU-bound node under a 0.2-CPU quota (the lab's cgroup; OTP 25's is
+%% checked by beamdiag_lab_SUITE): the raw signal first, the cgroup's own
+%% counters say most periods over 2 s were throttled; then the diagnosis
+%% names the throttling, on time.
+-spec cpu_throttling(list()) -> term().
+cpu_throttling(Config) ->
+    Lab = ?config(lab, Config),
+    Dir = maps:get(cgroup, Lab),
+    {P0, T0} = throttled(Dir),
+    timer:sleep(2000),
+    {P1, T1} = throttled(Dir),
+    ct:pal("cgroup over 2 s: ~b periods, ~b throttled", [P1 - P0, T1 - T0]),
+    ?assert(P1 - P0 >= 10),
+    ?assert((T1 - T0) / (P1 - P0) > 0.5),
+    {D, Took} = timed_diagnose(Lab),
+    #{findings := F, ledger := L} = D,
+    ct:pal("findings ~p; took ~b ms; host-only ~p; cgroup ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(host_only, D, false),
+            maps:get(cgroup, L)]),
+    ?assert(lists:member(cpu_throttling, [Id || #{id := Id, severity := S} <- F,
+                                                S =:= critical orelse S =:= warning])),
+    on_time(Took).
+
+%% The cgroup's periods and throttled periods (cpu.stat, v1 and v2 alike).
+throttled(Dir) ->
+    {ok, B} = file:read_file(filename:join(Dir, "cpu.stat")),
+    Kv = [list_to_tuple(binary:split(Line, <<" ">>)) || Line <- binary:split(B, <<"\n">>, [global]),
+                                                       Line =/= <<>>],
+    {binary_to_integer(proplists:get_value(<<"nr_periods">>, Kv)),
+     binary_to_integer(proplists:get_value(<<"nr_throttled">>, Kv))}.
 
 timed_diagnose(Lab) ->
     T0 = erlang:monotonic_time(millisecond),
