@@ -104,3 +104,60 @@ msacc_tick_test() ->
     ?assertEqual(2, beamdiag_agent:msacc_tick(Pending, 2, 2)),
     ?assertEqual(5, beamdiag_agent:msacc_tick(Pending#{msacc => true}, 2, 5)),
     ?assertEqual(5, beamdiag_agent:msacc_tick(#{msacc => false, msacc_from => never}, 2, 5)).
+
+%% A process with messages waiting (so its queue is watched each tick) that
+%% holds its scheduler 800 ms at a time, as a NIF would: the raw signal
+%% first, a read of its queue length waits for it; then no tick of a
+%% session waits with it (the queue read has a deadline of its own).
+held_queue_test_() ->
+    {timeout, 60, fun held_queue/0}.
+
+held_queue() ->
+    case erlang:system_info(schedulers_online) >= 2 of
+        false ->
+            %% The held process would hold the only scheduler.
+            ok;
+        true ->
+            _ = erts_debug:set_internal_state(available_internal_state, true),
+            %% Bound to scheduler 1 (the `scheduler' spawn option, as the
+            %% agent's sampler uses it), its reader to scheduler 2: a reader
+            %% on the held scheduler runs only in the holder's gaps.
+            Held = bound(1, fun Loop() ->
+                                _ = erts_debug:set_internal_state(sleep, 800),
+                                receive after 1 -> ok end,
+                                Loop()
+                            end),
+            [Held ! {msg, I} || I <- lists:seq(1, 50)],
+            try
+                Self = self(),
+                _ = bound(2, fun() ->
+                                 Self ! {waits, [begin
+                                                     timer:sleep(97),
+                                                     element(1, timer:tc(erlang, process_info,
+                                                                         [Held, message_queue_len]))
+                                                 end || _ <- lists:seq(1, 5)]}
+                             end),
+                Waits = receive {waits, W} -> W after 10000 -> [] end,
+                ?assert(lists:max([0 | Waits]) > 100000),
+                %% A tick's read of the watched queues, from scheduler 2 as
+                %% the raw reads: cut at its deadline (50 ms at 200 ms ticks).
+                Probe = beamdiag_agent_probe:start(self()),
+                State = #{watch => [Held], queue_probe => Probe, interval_ms => 200},
+                _ = bound(2, fun() ->
+                                 Self ! {ticks, [timer:tc(beamdiag_agent, queues, [State, #{}])
+                                                 || _ <- lists:seq(1, 5)]}
+                             end),
+                Ticks = receive {ticks, T} -> T after 10000 -> [] end,
+                beamdiag_agent_probe:stop(Probe),
+                exit(beamdiag_agent_probe:pid(Probe), kill),
+                ?debugFmt("raw reads waited ~p us; the ticks' reads ~p",
+                          [Waits, [{Us, maps:is_key(queues, S)} || {Us, S} <- Ticks]]),
+                ?assertEqual(5, length(Ticks)),
+                ?assert(lists:max([Us || {Us, _} <- Ticks]) < 200000)
+            after
+                exit(Held, kill)
+            end
+    end.
+
+bound(Sched, F) ->
+    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).

@@ -67,7 +67,7 @@
 -ignore_xref([{init, 4}]).
 
 -ifdef(TEST).
--export([next_tick/5, hard_deadline/2, msacc_tick/3]).
+-export([next_tick/5, hard_deadline/2, msacc_tick/3, queues/2]).
 -endif.
 
 -export_type([sample/0, opts/0]).
@@ -278,11 +278,21 @@ ends_at(Opts) ->
 
 %% The queue lengths of the processes with the longest queues at the
 %% window's start (at most ten, one constant-time read each), so that a
-%% capture cut short still has their growth.
-queues(#{watch := [_ | _] = Pids}, Sample) ->
-    Sample#{queues => maps:from_list(
-        [{list_to_binary(pid_to_list(P)), Q}
-         || P <- Pids, {message_queue_len, Q} <- [erlang:process_info(P, message_queue_len)]])};
+%% capture cut short still has their growth. Read through a helper of
+%% their own with a deadline: a process that is running answers only when
+%% it next handles its signals, which for one held by a NIF, or collected
+%% on a dirty scheduler, is when that ends. A late read leaves the tick
+%% without them, and the ticks after it too while it waits (`busy').
+queues(#{watch := [_ | _] = Pids, queue_probe := QP, interval_ms := Interval}, Sample) ->
+    Read = fun() ->
+               maps:from_list(
+                 [{list_to_binary(pid_to_list(P)), Q}
+                  || P <- Pids, {message_queue_len, Q} <- [erlang:process_info(P, message_queue_len)]])
+           end,
+    case beamdiag_agent_probe:call(QP, Read, slow_ms(Interval)) of
+        {ok, Qs} -> Sample#{queues => Qs};
+        _ -> Sample
+    end;
 queues(_State, Sample) ->
     Sample.
 
@@ -314,6 +324,8 @@ init(Caller, Ref, Opts0, _Starter) ->
     %% The helper for calls every scheduler must answer; it owns the
     %% session's scheduler_wall_time reference and puts msacc back.
     Probe = beamdiag_agent_probe:start(self()),
+    %% The helper that reads other processes' queue lengths (queues/2).
+    QueueProbe = beamdiag_agent_probe:start(self()),
     Swt = beamdiag_agent_probe:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
     Restore0 = #{swt => Swt},
@@ -331,7 +343,7 @@ init(Caller, Ref, Opts0, _Starter) ->
     State = #{
         caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
-        probe => Probe, interval_ms => Interval, sysmon => Sysmon,
+        probe => Probe, queue_probe => QueueProbe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, memory_location => MemLoc, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
@@ -362,7 +374,8 @@ init(Caller, Ref, Opts0, _Starter) ->
     Reader = lock_reader(Locks, Opts, Caller, Ref),
     %% The start walk runs beside the first tick (which reads every
     %% thread's files and on a starved host takes a second or more).
-    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, Reader], is_pid(P)]],
+    Helpers = [beamdiag_agent_probe:pid(Probe), beamdiag_agent_probe:pid(QueueProbe)
+               | [P || P <- [Sysmon, Reader], is_pid(P)]],
     Procs = start_procs(Opts, Helpers),
     case take(State, Hard) of
         {ok, First, State1} ->
@@ -731,6 +744,12 @@ lcnt_available() ->
 %% still waiting for a held scheduler; the long-schedule watcher frees the
 %% system monitor if it took it.
 restore(Restore, State) ->
+    %% The queue reader holds no flag; one still waiting for a held
+    %% process would wait as long.
+    _ = case maps:find(queue_probe, State) of
+            {ok, QP} -> exit(beamdiag_agent_probe:pid(QP), kill);
+            error -> ok
+        end,
     case maps:find(locks, Restore) of
         {ok, LS} -> catch beamdiag_agent_lcnt:stop(LS);
         error -> ok
