@@ -75,11 +75,15 @@ settings() ->
 
 %% Whether `erl -emu_type lcnt' would find a lock-counting emulator beside
 %% the running one (erlexec sets BINDIR to the emulator's folder): one
-%% file check.
+%% file check, with prim_file (the file module asks the node's file
+%% server, a process that may be busy or queued behind a held scheduler).
 lcnt_emulator_installed() ->
     case os:getenv("BINDIR") of
         Dir when is_list(Dir), Dir =/= "" ->
-            filelib:is_regular(filename:join(Dir, "beam.lcnt.smp"));
+            case prim_file:read_file_info(filename:join(Dir, "beam.lcnt.smp")) of
+                {ok, Info} -> element(3, Info) =:= regular;  % #file_info.type
+                {error, _} -> false
+            end;
         _ ->
             false
     end.
@@ -288,8 +292,14 @@ unknown_as_null(N) -> N.
 %% the major release when the file is missing or unreadable.
 otp_version() ->
     Rel = erlang:system_info(otp_release),
-    File = filename:join([code:root_dir(), "releases", Rel, "OTP_VERSION"]),
-    case file:read_file(File) of
+    %% ROOTDIR is set by erl and by release start scripts; the code server
+    %% (a process, like the file server) only when it is not.
+    Root = case os:getenv("ROOTDIR") of
+               R when is_list(R), R =/= "" -> R;
+               _ -> code:root_dir()
+           end,
+    File = filename:join([Root, "releases", Rel, "OTP_VERSION"]),
+    case prim_file:read_file(File) of
         {ok, <<B:64/binary, _/binary>>} -> version_text(B, Rel);
         {ok, B} -> version_text(B, Rel);
         {error, _} -> list_to_binary(Rel)
