@@ -378,7 +378,7 @@ is_nif(_) ->
 %% ?TOP), with their NIFs: the candidates when the runtime records only
 %% the Erlang function that called a NIF.
 nif_modules() ->
-    Root = code:root_dir(),
+    Root = beamdiag_agent_vm:root_dir(),
     Mods = [{M, Nifs} || {M, File} <- code:all_loaded(), is_list(File),
                          not lists:prefix(Root, File),
                          Nifs <- [try erlang:get_module_info(M, nifs) catch _:_ -> [] end],

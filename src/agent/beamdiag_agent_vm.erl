@@ -14,7 +14,7 @@
 -module(beamdiag_agent_vm).
 
 -export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1,
-         flags/0]).
+         flags/0, root_dir/0]).
 
 -export_type([settings/0, counters/0, flag/0]).
 
@@ -292,17 +292,22 @@ unknown_as_null(N) -> N.
 %% the major release when the file is missing or unreadable.
 otp_version() ->
     Rel = erlang:system_info(otp_release),
-    %% ROOTDIR is set by erl and by release start scripts; the code server
-    %% (a process, like the file server) only when it is not.
-    Root = case os:getenv("ROOTDIR") of
-               R when is_list(R), R =/= "" -> R;
-               _ -> code:root_dir()
-           end,
-    File = filename:join([Root, "releases", Rel, "OTP_VERSION"]),
+    File = filename:join([root_dir(), "releases", Rel, "OTP_VERSION"]),
     case prim_file:read_file(File) of
         {ok, <<B:64/binary, _/binary>>} -> version_text(B, Rel);
         {ok, B} -> version_text(B, Rel);
         {error, _} -> list_to_binary(Rel)
+    end.
+
+%% @doc The OTP installation's root folder. ROOTDIR is set by erl and by
+%% release start scripts; the code server (a process, like the file
+%% server, that may be busy or queued behind a held scheduler) is asked
+%% only when it is not.
+-spec root_dir() -> file:filename().
+root_dir() ->
+    case os:getenv("ROOTDIR") of
+        R when is_list(R), R =/= "" -> R;
+        _ -> code:root_dir()
     end.
 
 version_text(B, Rel) ->

@@ -40,16 +40,16 @@ findings(#{state := State, processes := Ps} = R, Ledger)
     %% a CPU that long.
     Starved = runq_share(Ledger) >= map_get(runq_max, T),
     Sampled = maps:get(source, R, events) =:= sampler,
-    [finding(P, Window, R, Ledger, Online, T)
+    [finding(P, Share, Window, R, Ledger, Online, T)
      || not (Sampled andalso Starved),
         P = #{native := N, count := C} <- Ps,
         %% A process answers late also while its heap is collected (on a
         %% dirty scheduler when large), and hibernating is a collection.
         not (Sampled andalso maps:get(in, P, undefined) =:= <<"erlang:hibernate/3">>),
         C >= map_get(count_min, T),
+        Share = {Of, _} <- [share(P, R, Window, T)],
         (N =:= nif orelse N =:= bif orelse
-         (N =:= erlang andalso element(1, share(P, R, Window, T)) >= map_get(erlang_share_min, T)
-          andalso not Starved))];
+         (N =:= erlang andalso Of >= map_get(erlang_share_min, T) andalso not Starved))];
 findings(_, _) ->
     [].
 
@@ -136,9 +136,8 @@ share(P = #{total_ms := Tot}, R, Window, T) ->
             {OfWindow, window}
     end.
 
-finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, Window, R, Ledger,
-        Online, T) ->
-    {Share, Basis} = share(P, R, Window, T),
+finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, {Share, Basis}, Window,
+        R, Ledger, Online, T) ->
     Sev = case Share >= map_get(held_share_crit, T) of
               true -> critical;
               false -> warning
