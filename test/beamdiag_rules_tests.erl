@@ -213,3 +213,24 @@ port_io_not_elsewhere_test() ->
                                 maps:get(findings, beamdiag:analyse(
                                                      beamdiag_test_lib:fixture_capture(N)))])
      || N <- ["yaws_flat_out", "yaws_paced", "rabbitmq_paced", "busy_wait", "cpu_saturated"]].
+
+%% A cause drops the symptoms it explains. Seen on a node whose scheduler 1
+%% slept in the kernel 800 ms at a time: scheduler_blocking (critical) and
+%% scheduler_imbalance advising +scl false +sub true, which cannot move work
+%% off a scheduler that is not running. An info-level cause drops nothing.
+suppress_explained_test() ->
+    F = fun(Id, Sev) -> #{id => Id, severity => Sev} end,
+    Ids = fun(Fs) -> [Id || #{id := Id} <- beamdiag_rules:suppress(Fs)] end,
+    ?assertEqual([scheduler_blocking],
+                 Ids([F(scheduler_blocking, critical), F(scheduler_imbalance, warning)])),
+    ?assertEqual([scheduler_blocking, scheduler_imbalance],
+                 Ids([F(scheduler_blocking, info), F(scheduler_imbalance, warning)])),
+    %% Throttling explains the blocking, which still explains the
+    %% imbalance: no balance flag is advised to a throttled node either.
+    ?assertEqual([cpu_throttling],
+                 Ids([F(cpu_throttling, critical), F(cpu_starvation, warning),
+                      F(scheduler_blocking, warning), F(cpu_saturated, warning),
+                      F(scheduler_imbalance, warning)])),
+    %% The lab's imbalance, with no blocking, keeps its finding.
+    #{findings := Lab} = beamdiag:analyse(beamdiag_test_lib:fixture_capture("scheduler_imbalance")),
+    ?assert(lists:member(scheduler_imbalance, [Id || #{id := Id} <- Lab])).

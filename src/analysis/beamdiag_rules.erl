@@ -15,7 +15,7 @@
 -export([findings/2]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([span_on_cpu/3]).
+-export([span_on_cpu/3, suppress/1]).
 -endif.
 
 %%%===================================================================
@@ -443,15 +443,22 @@ msacc_spin(L = #{msacc := #{by_type := #{scheduler := #{shares := Shares}}, extr
 msacc_spin(_) ->
     [].
 
-%% A throttled node also looks starved (the kernel counts throttled time as
-%% waiting for a CPU), blocked and saturated; name the cause, not the
-%% symptoms.
+%% Name the cause, not the symptoms: a finding (at warning or above) drops
+%% the ones it explains.
 suppress(Findings) ->
-    Ids = [Id || #{id := Id, severity := S} <- Findings, S =/= info],
-    Throttled = lists:member(cpu_throttling, Ids),
-    [F || F = #{id := Id} <- Findings,
-          not (Throttled andalso lists:member(Id, [scheduler_blocking, cpu_saturated,
-                                                   cpu_starvation]))].
+    Causes = [Id || #{id := Id, severity := S} <- Findings, S =/= info],
+    Explained = lists:append([Symptoms || {Cause, Symptoms} <- explains(),
+                                          lists:member(Cause, Causes)]),
+    [F || F = #{id := Id} <- Findings, not lists:member(Id, Explained)].
+
+%% What each cause explains. A throttled node also looks starved (the
+%% kernel counts throttled time as waiting for a CPU), blocked and
+%% saturated. A blocked scheduler counts as busy while its thread sleeps in
+%% the kernel, so the schedulers look unevenly loaded, and no balance flag
+%% (+scl, +sub) moves work off a scheduler that is not running.
+explains() ->
+    [{cpu_throttling, [scheduler_blocking, cpu_saturated, cpu_starvation]},
+     {scheduler_blocking, [scheduler_imbalance]}].
 
 %% Findings from lock counting and profiles, when the capture has them.
 extras(Capture, Ledger) ->
