@@ -80,8 +80,11 @@
 %% The least of the window perf needs (beamdiag_host: its start, one
 %% second, its symbols).
 -define(PERF_LEAST_MS, 3500).
-%% Each call of the lock counters' early clear.
--define(EARLY_LOCKS_MS, 1000).
+%% How long past the time the report is due the lock data is waited for
+%% (its last reading starts a second before; beamdiag_lock_session).
+-define(LOCKS_CEILING_MS, 250).
+%% With no due time, how long the lock data is waited for past the window.
+-define(LOCKS_WAIT_MS, 3000).
 
 %%%===================================================================
 %%% API
@@ -108,7 +111,10 @@
 diagnose(Opts) ->
     T0 = erlang:monotonic_time(millisecond),
     O = due(options(Opts), T0),
-    ready(T0, with_profile(node(), O, fun() -> beamdiag_collect:run(node(), collect_opts(O, [])) end)).
+    Locks = lock_session(node(), O),
+    ready(T0, with_profile(node(), O, fun() ->
+                  with_locks(beamdiag_collect:run(node(), collect_opts(O, [])), Locks, O)
+              end)).
 
 %% @doc Diagnoses another node, given as "name@host" or an atom; connects as
 %% a hidden node when this node is not yet distributed. Also takes `cookie'
@@ -225,16 +231,18 @@ remote(NodeStr, O, Notify) ->
     case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node} ->
             _ = Notify(connected),
-            Early = early_locks(Node, O),
+            %% The lock counters are read from here from the start, whatever
+            %% becomes of the agent (beamdiag_lock_session).
+            Locks = lock_session(Node, O),
+            _ = Notify({locks, Locks}),
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
                 {ok, Loaded} ->
                     _ = Notify(loaded),
                     %% The report's own modules load while the window runs.
                     _ = spawn(fun beamdiag_loader:warm/0),
-                    Cleared = early_locks_done(Early),
                     Result = with_profile(Node, O, fun() ->
-                                 beamdiag_collect:run(Node, (collect_opts(O, Loaded))#{
-                                                                locks_cleared => Cleared})
+                                 with_locks(beamdiag_collect:run(Node, collect_opts(O, Loaded)),
+                                            Locks, O)
                              end),
                     case Result of
                         {ok, Diagnosis} ->
@@ -263,43 +271,44 @@ remote(NodeStr, O, Notify) ->
             E
     end.
 
-%% A lock-counting node's counters are cleared as soon as the session has
-%% connected, beside the agent's load, so that the lock data covers the
-%% window from the call (the agent's start on a saturated node comes
-%% seconds later). Two calls of BIFs, no code of ours; a clear changes no
-%% setting, so there is nothing to put back.
-early_locks(_Node, #{locks := false}) ->
+%% A node on the lock-counting emulator: its counters read from this side
+%% over the window, unless `locks' is off.
+lock_session(_Node, #{locks := false}) ->
     none;
-early_locks(Node, _O) ->
-    Self = self(),
-    Ref = make_ref(),
-    {Pid, MRef} = spawn_monitor(fun() ->
-        %% Both calls inside the try: a timeout of the second is no crash.
-        Cleared = try
-                      erpc:call(Node, erlang, system_info, [lock_counting], ?EARLY_LOCKS_MS)
-                          andalso erpc:call(Node, erts_debug, lcnt_clear, [], ?EARLY_LOCKS_MS) =:= ok
-                  catch _:_ -> false
-                  end,
-        Self ! {Ref, Cleared}
-    end),
-    {Pid, MRef, Ref}.
+lock_session(Node, O = #{duration := D, ready_by := ReadyBy}) ->
+    case beamdiag_lock_session:start(Node, #{window_ms => max(1, round(D * 1000)),
+                                            ready_by => ReadyBy,
+                                            owner => maps:get(lock_owner, O, self())}) of
+        {ok, S} -> S;
+        none -> none
+    end.
 
-early_locks_done(none) ->
-    false;
-early_locks_done({Pid, MRef, Ref}) ->
-    receive
-        {Ref, Cleared} ->
-            erlang:demonitor(MRef, [flush]),
-            Cleared;
-        {'DOWN', MRef, process, Pid, _} ->
-            false
-    after ?EARLY_LOCKS_MS ->
-        %% Too late: the agent clears them itself. A clear still on its way
-        %% only restarts the counters.
-        exit(Pid, kill),
-        erlang:demonitor(MRef, [flush]),
-        receive {Ref, _} -> ok after 0 -> ok end,
-        false
+%% The lock data joins the capture before it is analysed: the latest
+%% reading by the time the report is due.
+with_locks({ok, Capture}, Locks, O) ->
+    {ok, add_locks(Capture, Locks, O)};
+with_locks({error, {beamdiag_collect, {target_down, Why, Partial}}}, Locks, O) when is_map(Partial) ->
+    {error, {beamdiag_collect, {target_down, Why, add_locks(Partial, Locks, O)}}};
+with_locks(Other, _Locks, _O) ->
+    Other.
+
+add_locks(Capture, none, _O) ->
+    Capture;
+add_locks(Capture, Locks, O) ->
+    Extras = maps:get(extras, Capture, #{}),
+    Capture#{extras => maps:merge(Extras, lock_extras(Locks, O))}.
+
+%% The lock data as extras: `locks', or `locks_missing' saying why not.
+lock_extras(none, _O) ->
+    #{};
+lock_extras(Locks, #{ready_by := ReadyBy}) ->
+    Wait = case ReadyBy of
+               infinity -> infinity;
+               _ -> max(0, ReadyBy + ?LOCKS_CEILING_MS - erlang:monotonic_time(millisecond))
+           end,
+    case beamdiag_lock_session:data(Locks, Wait) of
+        {ok, Data} -> #{locks => Data};
+        {error, {M, Why}} -> #{locks_missing => iolist_to_binary(M:format_error(Why))}
     end.
 
 %% An OS pid in place of the node, `os_pid' or `host_only': the host-only
@@ -354,7 +363,8 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
            end,
     {Worker, MRef} = spawn_monitor(fun() ->
         R = try
-                {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View)},
+                {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View),
+                                            lock_owner => Self},
                                 fun(Stage) -> Self ! {Tag, stage, Stage} end)}
             catch
                 C:Why:St -> {raise, C, Why, St}
@@ -363,7 +373,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     end),
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
-            node => NodeStr}).
+            node => NodeStr, opts => O}).
 
 await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             stage := Stage}) ->
@@ -390,6 +400,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
         {Tag, stage, loaded} ->
             %% The agent is loaded: the node answers.
             await(W#{stage := loaded, view := answered(View)});
+        {Tag, stage, {locks, Locks}} ->
+            await(W#{locks => Locks});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
         {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
@@ -400,7 +412,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             flush_answers(Tag),
             Ms = erlang:monotonic_time(millisecond) - T0,
             {ok, beamdiag_host:late(element(2, View), #{
-                waited_ms => Ms, agent => Agent,
+                waited_ms => Ms, agent => Agent, extras => host_locks(W),
                 why => iolist_to_binary(io_lib:format(
                          "the node answered, but its first two samples had not come when the "
                          "report was due, ~.1f s after the call", [Ms / 1000]))})};
@@ -413,6 +425,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     %% agent's start timed out: what the host saw is all.
                     {ok, beamdiag_host:finish(element(2, View), #{
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
+                        extras => host_locks(W),
                         distribution => iolist_to_binary(error_text(Why))})};
                 {false, {beamdiag_loader, {busy, _, _, _}}} ->
                     %% A previous session's agent is still leaving (on a
@@ -420,6 +433,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     %% makes the report, saying why.
                     {ok, beamdiag_host:late(element(2, View), #{
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
+                        extras => host_locks(W),
                         why => iolist_to_binary(error_text(Why))})};
                 {false, _} ->
                     ok = beamdiag_host:cancel(element(2, View)),
@@ -459,9 +473,15 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                 flush_answers(Tag),
                 {ok, beamdiag_host:finish(Handle, #{
                     waited_ms => erlang:monotonic_time(millisecond) - T0,
+                    extras => host_locks(W),
                     distribution => distribution_seen(W)})}
         end
     end.
+
+%% The lock data read over the window, for a report made from the host
+%% view: the host view's window ends when the report is due.
+host_locks(W = #{opts := O}) ->
+    lock_extras(maps:get(locks, W, none), O).
 
 %% What the collector may fall back on when the agent's samples come too
 %% slowly: the host view, when it explains why.

@@ -1,8 +1,8 @@
 %%% Lock counting on real peer nodes running the lock-counting emulator.
 %%%
 %%% Each case starts a peer with `-emu_type lcnt', runs a lab workload from
-%%% beamdiag_lab_locks, counts locks with beamdiag_agent_lcnt over erpc, checks the
-%%% raw signal first and then the findings. The emulator must be installed
+%%% beamdiag_lab_locks, reads its lock counters with beamdiag_lock_session
+%%% from here, checks the raw signal first and then the findings. The emulator must be installed
 %%% (scripts/lcnt-emulator.sh); without it every case fails.
 -module(beamdiag_locks_SUITE).
 
@@ -12,7 +12,7 @@
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_group/2,
          end_per_group/2, init_per_testcase/2, end_per_testcase/2]).
 -export([ets_hot/1, ets_sharded/1, dirty_gc_alloc/1, dirty_gc_alloc_mdai/1, healthy_node/1,
-         settings_restored/1, guard_restores_when_owner_dies/1]).
+         nothing_changed/1]).
 -export([ets_hot_session/1, ets_sharded_session/1, not_counted_session/1,
          installed_not_running/1]).
 
@@ -23,7 +23,7 @@
 
 all() ->
     [ets_hot, ets_sharded, dirty_gc_alloc, dirty_gc_alloc_mdai, healthy_node,
-     settings_restored, guard_restores_when_owner_dies, installed_not_running,
+     nothing_changed, installed_not_running,
      {group, otp27}, {group, otp29}].
 
 %% The lock session (beamdiag:diagnose on a lab node) on OTP 27's
@@ -186,39 +186,28 @@ healthy_node(_Config) ->
     ?assertEqual([], [F || F <- Findings, beamdiag_finding:at_least(F, warning)]),
     ok.
 
-%% start/1 changes the mask, stop/1 puts back exactly what it found, twice.
-settings_restored(_Config) ->
+%% The session reads the counters and changes nothing: the mask and the
+%% copy_save flag stay as the node had them, and the counters are not
+%% cleared (their duration keeps growing across the session).
+nothing_changed(_Config) ->
     {Peer, Node} = start_peer([]),
-    try check_settings_restored(Node) after beamdiag_test_lib:stop_node(Peer) end.
-
-check_settings_restored(Node) ->
-    ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
-    ok = erpc:call(Node, erts_debug, lcnt_control, [copy_save, true]),
-    {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{}]),
-    Mask = erpc:call(Node, erts_debug, lcnt_control, [mask]),
-    ?assert(lists:member(allocator, Mask)),
-    ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
-    ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
-    ?assertEqual([db, process], lists:sort(erpc:call(Node, erts_debug, lcnt_control, [mask]))),
-    ?assertEqual(true, erpc:call(Node, erts_debug, lcnt_control, [copy_save])),
-    ?assertMatch({error, {beamdiag_agent_lcnt, {unknown_options, [bogus]}}},
-                 erpc:call(Node, beamdiag_agent_lcnt, start, [#{bogus => 1}])),
-    ok.
-
-%% When the session that started counting dies, the guard on the target
-%% puts the settings back.
-guard_restores_when_owner_dies(_Config) ->
-    {Peer, Node} = start_peer([]),
-    try guard_restores(Node) after beamdiag_test_lib:stop_node(Peer) end.
-
-guard_restores(Node) ->
-    ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db]]),
-    Owner = spawn(fun() -> receive stop -> ok end end),
-    {ok, _S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => Owner}]),
-    ?assertNotEqual([db], erpc:call(Node, erts_debug, lcnt_control, [mask])),
-    Owner ! stop,
-    ok = beamdiag_test_lib:wait_until(fun() -> erpc:call(Node, erts_debug, lcnt_control, [mask]) =:= [db] end,
-                                      5000).
+    try
+        ok = erpc:call(Node, erts_debug, lcnt_control, [mask, [db, process]]),
+        ok = erpc:call(Node, erts_debug, lcnt_control, [copy_save, true]),
+        [{duration, Before} | _] = erpc:call(Node, erts_debug, lcnt_collect, []),
+        Due = erlang:monotonic_time(millisecond) + 2500,
+        {ok, S} = beamdiag_lock_session:start(Node, #{window_ms => 2000, ready_by => Due}),
+        {ok, Data} = beamdiag_lock_session:data(S, 3000),
+        %% Raw signal: a span of the session's own, against the baseline.
+        ?assertEqual(<<"baseline">>, maps:get(since, Data)),
+        ?assert(maps:get(window_s, Data) > 0.5),
+        [{duration, After} | _] = erpc:call(Node, erts_debug, lcnt_collect, []),
+        ?assert(After > Before),
+        ?assertEqual([db, process], lists:sort(erpc:call(Node, erts_debug, lcnt_control, [mask]))),
+        ?assertEqual(true, erpc:call(Node, erts_debug, lcnt_control, [copy_save]))
+    after
+        beamdiag_test_lib:stop_node(Peer)
+    end.
 
 %% ets_hot on OTP 27, through the whole session: the raw lock counts in
 %% the capture first (the table's wait share and collision rate), then the
@@ -322,7 +311,7 @@ session(Scenario, Config, Tries) ->
             beamdiag_test_lib:stop_lab(Lab)
         end,
     case Result of
-        {ok, #{capture := #{extras := #{locks_missing := true}} = C}} when Tries > 1 ->
+        {ok, #{capture := #{extras := #{locks_missing := _}} = C}} when Tries > 1 ->
             %% The report came on time, without the lock data: the node
             %% read its counters too late for it.
             ct:pal("~s: the lock data came too late on a loaded host (~p); again",
@@ -376,10 +365,9 @@ measure(Load, EmuArgs) ->
                     R - R0 > 2000000
                 end, 30000)
         end,
-        {ok, S} = erpc:call(Node, beamdiag_agent_lcnt, start, [#{owner => self()}]),
-        timer:sleep(?WINDOW_MS),
-        Data = erpc:call(Node, beamdiag_agent_lcnt, collect, [S], 30000),
-        ok = erpc:call(Node, beamdiag_agent_lcnt, stop, [S]),
+        {ok, S} = beamdiag_lock_session:start(Node, #{window_ms => ?WINDOW_MS,
+                                                      ready_by => infinity}),
+        {ok, Data} = beamdiag_lock_session:data(S, infinity),
         Data
     after
         beamdiag_test_lib:stop_node(Peer)
@@ -396,7 +384,7 @@ start_peer(EmuArgs) ->
                            #{name => Name, args => ["-emu_type", "lcnt", "-hidden"] ++ EmuArgs,
                              wait_boot => 30000}),
     true = erpc:call(Node, erlang, system_info, [lock_counting]),
-    [load(Node, M) || M <- [beamdiag_agent_lcnt, beamdiag_lab_locks]],
+    load(Node, beamdiag_lab_locks),
     {Peer, Node}.
 
 load(Node, Mod) ->

@@ -2,7 +2,7 @@
 %%% and streams each tick to its caller.
 %%%
 %%% The agent turns on what it needs (scheduler_wall_time, microstate
-%%% accounting, lock counting when the emulator has it), remembers what it
+%%% accounting), remembers what it
 %%% found, and puts everything back when the window ends, when its caller
 %%% dies or its connection drops (it monitors the caller), or when its own
 %%% hard deadline passes. When it was loaded over distribution it then
@@ -77,9 +77,6 @@
     interval_ms := pos_integer(),
     msacc => boolean(),
     msacc_ms => pos_integer(),
-    locks => boolean(),
-    locks_cleared => boolean(),
-    locks_in_ms => non_neg_integer(),
     sampler => boolean(),
     procs => boolean(),
     procs_every => pos_integer(),
@@ -116,10 +113,6 @@
 %% table (the walk stops itself at 500 ms) and for the long-schedule report.
 -define(END_WALK_MS, 1500).
 -define(SYSMON_MS, 300).
-%% The longest the end of a session waits for its modules' deletes.
--define(DELETE_MS, 10000).
-%% The longest the end of a session waits for the lock data.
--define(LOCKS_MS, 3000).
 %% The longest the end of a session waits for its helpers to put their
 %% flags back.
 -define(HELPERS_MS, 500).
@@ -135,15 +128,9 @@ start(Caller, Opts = #{duration_ms := D, interval_ms := I}) when
     is_pid(Caller), is_integer(D), D > 0, is_integer(I), I > 0
 ->
     Ref = make_ref(),
-    %% When the lock data is read at the latest, on this node's clock.
-    Opts1 = case Opts of
-                #{locks_in_ms := In} when is_integer(In) ->
-                    Opts#{locks_at => erlang:monotonic_time(millisecond) + In};
-                _ -> Opts
-            end,
     %% High priority from the first reduction: on an overloaded node a
     %% normal process waits behind every busy one.
-    Pid = proc_lib:spawn_opt(?MODULE, init, [Caller, Ref, Opts1, self()], [{priority, high}]),
+    Pid = proc_lib:spawn_opt(?MODULE, init, [Caller, Ref, Opts, self()], [{priority, high}]),
     {ok, Pid, Ref}.
 
 %% @doc Ends the window early; the agent sends `{done, Extras}' and cleans up.
@@ -156,7 +143,7 @@ stop(Pid) ->
 -spec modules() -> [module()].
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
+     beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
      beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held].
 
 %% @doc One sample, and the state to take the next one with: the state's
@@ -329,22 +316,21 @@ init(Caller, Ref, Opts0, _Starter) ->
     Swt = beamdiag_agent_probe:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
     Restore0 = #{swt => Swt},
-    {Restore1, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
+    {Restore, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
     Sysmon = case maps:get(long_schedules, Opts, true) of
                  true -> beamdiag_agent_sysmon:start(self(), #{notify => {Caller, Ref}});
                  false -> undefined
              end,
-    {Locks, Restore} = start_locks(Opts, Restore1),
     {Located, MemLoc} = beamdiag_agent_cgroup:locate_both(Root, OsPid),
     Cg = case Located of
              {ok, L} -> L;
              {error, _} = E -> E
          end,
     State = #{
-        caller => Caller, ref => Ref, mref => MRef, opts => Opts, restore => Restore,
+        caller => Caller, ref => Ref, mref => MRef, opts => Opts,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
         probe => Probe, queue_probe => QueueProbe, interval_ms => Interval, sysmon => Sysmon,
-        cgroup_location => Cg, memory_location => MemLoc, locks => Locks, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
+        cgroup_location => Cg, memory_location => MemLoc, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
     End = Start + Duration,
@@ -363,7 +349,6 @@ init(Caller, Ref, Opts0, _Starter) ->
         cgroup_location => location_info(Cg),
         %% Read once now too: a capture cut short still has it.
         memory_room => maps:get(memory_room, memory_extras(State), #{}),
-        locks => Locks =/= undefined,
         wall_start_ms => erlang:system_time(millisecond),
         %% The window asked for, or what was left of it (`end_wall_ms').
         duration_ms => Duration,
@@ -371,20 +356,17 @@ init(Caller, Ref, Opts0, _Starter) ->
     }}},
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
               costs => []},
-    Reader = lock_reader(Locks, Opts, Caller, Ref),
     %% The start walk runs beside the first tick (which reads every
     %% thread's files and on a starved host takes a second or more).
     Helpers = [beamdiag_agent_probe:pid(Probe), beamdiag_agent_probe:pid(QueueProbe)
-               | [P || P <- [Sysmon, Reader], is_pid(P)]],
+               | [P || P <- [Sysmon], is_pid(P)]],
     Procs = start_procs(Opts, Helpers),
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1#{procs => Procs, host_scan => HostScan, lock_reader => Reader}, First,
-                   1, Clock);
+            ticked(State1#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
         late ->
-            finish(State#{procs => Procs, host_scan => HostScan, lock_reader => Reader},
-                   {aborted, deadline})
+            finish(State#{procs => Procs, host_scan => HostScan}, {aborted, deadline})
     end.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
@@ -437,7 +419,7 @@ loop(State = #{caller := Caller, ref := Ref, mref := MRef}, K,
                 case Last of
                     true ->
                         %% The window is answered; what follows is the
-                        %% extras (msacc, the end walk, lock data).
+                        %% extras (msacc, the end walk).
                         Caller ! {beamdiag, Ref, finishing},
                         finish(State3, done);
                     false ->
@@ -524,11 +506,8 @@ last_tick(Start, Interval, End) ->
     (End - Start + Interval - 1) div Interval.
 
 -spec finish(map(), done | {aborted, term()}) -> no_return().
-finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
-    %% The lock data is read now unless its reader has read it already,
-    %% and the end walk starts: each in a process of its own, side by side
-    %% (on a lock-counting node each takes a second or more).
-    read_locks_now(State, How),
+finish(State = #{caller := Caller, ref := Ref}, How) ->
+    %% The end walk starts, in a process of its own.
     Walk = end_walk(State, How),
     %% What the collector can keep even when it stopped waiting: the long
     %% schedules and the start walk's figures.
@@ -537,10 +516,8 @@ finish(State = #{caller := Caller, ref := Ref, restore := Restore}, How) ->
             {aborted, _} -> Caller ! {beamdiag, Ref, {partial_extras, Quick}};
             done -> ok
         end,
-    Locks = collect_extras(State, How),
-    Extras = with_room(maps:merge(maps:merge(maps:merge(Locks, procs_extras(Walk)),
-                                             host_extras(State, How)), Quick)),
-    restore(Restore, State),
+    Extras = with_room(maps:merge(maps:merge(procs_extras(Walk), host_extras(State, How)), Quick)),
+    restore(State),
     {Unload, Extras2} = unload_plan(maps:get(unload, maps:get(opts, State), []), Extras),
     Last = case How of
                done -> {done, Extras2};
@@ -671,89 +648,18 @@ sysmon_extras(_) ->
 error_text(Class, Reason) ->
     iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 
-%% The lock data, from the reader (waited for at most ?LOCKS_MS; not at
-%% all when the caller has stopped listening).
-collect_extras(#{lock_reader := Reader}, How) when is_pid(Reader) ->
-    Wait = case How of
-               {aborted, caller_gave_up} -> 0;
-               _ -> ?LOCKS_MS
-           end,
-    receive
-        {beamdiag_locks, Reader, Data} -> #{locks => Data}
-    after Wait ->
-        unlink(Reader),
-        exit(Reader, kill),
-        #{locks => #{error => iolist_to_binary(
-                         io_lib:format("the lock data was not read within ~b ms", [?LOCKS_MS]))}}
-    end;
-collect_extras(_State, _How) ->
-    #{}.
-
-%% The lock counters are read by a process of their own, at `locks_at'
-%% (the session's clock: the lock data is due before the report is, even
-%% when the agent started late) or at the window's end, whichever comes
-%% first; it sends them to the caller at once, and to the agent.
-lock_reader(undefined, _Opts, _Caller, _Ref) ->
-    undefined;
-lock_reader(LockState, Opts, Caller, Ref) ->
-    Agent = self(),
-    InMs = case Opts of
-               #{locks_at := At} -> max(0, At - erlang:monotonic_time(millisecond));
-               _ -> infinity
-           end,
-    spawn_opt(fun() ->
-        receive beamdiag_read_locks -> ok after InMs -> ok end,
-        Data = try beamdiag_agent_lcnt:collect(LockState)
-               catch Class:Reason -> #{error => error_text(Class, Reason)}
-               end,
-        Caller ! {beamdiag, Ref, {locks, Data}},
-        Agent ! {beamdiag_locks, self(), Data}
-    end, [link, {priority, high}]).
-
-read_locks_now(_State, {aborted, caller_gave_up}) ->
-    ok;
-read_locks_now(#{lock_reader := Reader}, _How) when is_pid(Reader) ->
-    Reader ! beamdiag_read_locks,
-    ok;
-read_locks_now(_State, _How) ->
-    ok.
-
-start_locks(Opts, Restore) ->
-    case maps:get(locks, Opts, true) andalso lcnt_available() of
-        true ->
-            %% The lock session keeps a guard of its own that puts the mask back
-            %% should the agent be killed outright.
-            %% Counters the session cleared as soon as it had connected are
-            %% not cleared again: the lock data then covers the window
-            %% from the session's start.
-            Clear = not maps:get(locks_cleared, Opts, false),
-            case beamdiag_agent_lcnt:start(#{owner => self(), clear => Clear}) of
-                {ok, LS} -> {LS, Restore#{locks => LS}};
-                {error, _} -> {undefined, Restore}
-            end;
-        false ->
-            {undefined, Restore}
-    end.
-
-lcnt_available() ->
-    beamdiag_agent_lcnt:available().
-
 %% Puts every flag back as it was found. The helper puts msacc back and
 %% drops its scheduler_wall_time reference (counted per process: it stays
 %% on for anybody else who had turned it on) when it stops, after any work
 %% still waiting for a held scheduler; the long-schedule watcher frees the
 %% system monitor if it took it.
-restore(Restore, State) ->
+restore(State) ->
     %% The queue reader holds no flag; one still waiting for a held
     %% process would wait as long.
     _ = case maps:find(queue_probe, State) of
             {ok, QP} -> exit(beamdiag_agent_probe:pid(QP), kill);
             error -> ok
         end,
-    case maps:find(locks, Restore) of
-        {ok, LS} -> catch beamdiag_agent_lcnt:stop(LS);
-        error -> ok
-    end,
     Sysmon = case maps:get(sysmon, State, undefined) of
                  Pid when is_pid(Pid) ->
                      beamdiag_agent_sysmon:stop(Pid),
@@ -787,21 +693,24 @@ wait_down([MRef | More], Deadline) ->
         wait_down(More, Deadline)
     end.
 
-%% Removes modules loaded for this session. Each delete, then each purge,
-%% is a call to the code server, which on a saturated node waits for a
-%% scheduler between requests: they are asked side by side (a process each,
-%% no code of ours), so the code server answers them in a row (one after
-%% the other, ten modules took 3 s to delete and more to purge on a
-%% saturated lock-counting node). The agent keeps its registered name until
-%% the deletes are done (bounded), so that a session starting meanwhile
-%% does not reuse the modules; it then runs the old code of its own module,
-%% and the purges may end it, which has nothing left to do.
+%% Removes modules loaded for this session, with the BIFs the code server
+%% itself calls (the session loaded them so too, beamdiag_loader): the code
+%% server is a process at normal priority, and on a saturated node each of
+%% its requests waits behind every runnable process (measured: 0.5 s for a
+%% code:delete/1 and 5.2 s for a code:purge/1 on a lock-counting node with
+%% 64 runnable writers on 2 schedulers). The deletes are done here, before
+%% the agent lets go of its registered name, so that a session starting
+%% meanwhile does not reuse the modules (a session loads only where no old
+%% code is left, so each delete succeeds); the purges, which wait for every
+%% process to say whether it runs the old code (3.1 s each on that node),
+%% run in processes of their own with no code of ours, and the one of this
+%% module ends the agent if it is still there, which has nothing left to do.
 unload([]) ->
     ok;
 unload(Mods) ->
-    Deletes = [spawn_monitor(code, delete, [M]) || M <- Mods],
-    wait_down([MRef || {_, MRef} <- Deletes], erlang:monotonic_time(millisecond) + ?DELETE_MS),
-    _ = [spawn(code, purge, [M]) || M <- Mods],
+    _ = [catch erlang:delete_module(M) || M <- Mods],
+    _ = [spawn(erlang, purge_module, [M]) || M <- Mods, M =/= ?MODULE],
+    _ = [spawn(erlang, purge_module, [?MODULE]) || lists:member(?MODULE, Mods)],
     ok.
 
 %% The scans of the host's other processes, beside the ticks (see

@@ -463,10 +463,15 @@ notes(Capture, First) ->
                          lists:join(", ", [atom_to_binary(M) || M <- Mods, is_atom(M)])])];
                _ -> []
            end,
-    %% A node on the stock emulator: what to build to count its locks.
-    Locks = case maps:get(settings, Capture, #{}) of
-                #{lock_counting := false} = S -> [beamdiag_lock_advice:emulator(S)];
-                _ -> []
+    %% A node on the stock emulator: what to build to count its locks; one
+    %% that counts them, whose counters could not be read in time: why.
+    Locks = case {maps:get(settings, Capture, #{}), maps:get(extras, Capture, #{})} of
+                {#{lock_counting := false} = S, _} ->
+                    [beamdiag_lock_advice:emulator(S)];
+                {_, #{locks_missing := Why}} when is_binary(Why) ->
+                    [<<"locks not counted in this report: ", Why/binary>>];
+                _ ->
+                    []
             end,
     maps:get(notes, Capture, []) ++ SourceNotes ++ Swt ++ Left ++ Locks.
 

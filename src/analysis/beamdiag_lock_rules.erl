@@ -1,6 +1,6 @@
 %%% @doc Findings from lock-counting data (pure).
 %%%
-%%% Takes the lock data `beamdiag_agent_lcnt:collect/1' returns and turns the
+%%% Takes the lock data `beamdiag_lock_data:summarise/3' makes and turns the
 %%% contended lock classes into catalogued findings, with the lock class,
 %%% the object (ETS table, allocator, process) and the numbers as evidence.
 %%% The knowledge base: which class protects what, and what relieves it,
@@ -12,7 +12,7 @@
 %%% at least 100 collisions, so that one long wait is not a finding.
 %%%
 %%% ```
-%%% 1> Data = beamdiag_agent_lcnt:collect(State).
+%%% 1> {ok, Data} = beamdiag_lock_session:data(Session, 2000).
 %%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, 10, #{})].
 %%% [ets_contention]
 %%% '''
@@ -52,14 +52,14 @@
 %% @doc The findings for a window of lock data, most severe first.
 %% `WindowS' is the window's length in seconds (the lock data's own
 %% `window_ns' is used when `WindowS' is not positive).
--spec findings(beamdiag_agent_lcnt:lock_data(), number()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_lock_data:lock_data(), number()) -> [beamdiag_finding:finding()].
 findings(Data, WindowS) ->
     findings(Data, WindowS, #{}).
 -endif.
 
 %% @doc As `findings/2', with the node's settings (`beamdiag_agent_vm:settings/0'):
 %% a fix never advises an allocator flag the node already has.
--spec findings(beamdiag_agent_lcnt:lock_data(), number(), map()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_lock_data:lock_data(), number(), map()) -> [beamdiag_finding:finding()].
 findings(Data, WindowS, Settings) ->
     WindowNs =
         case WindowS of

@@ -1,6 +1,6 @@
 %%% @doc Builds and installs the lock-counting emulator for the installed ERTS.
 %%%
-%%% Lock counting (`beamdiag_agent_lcnt') needs an emulator built for it, and the
+%%% Lock counting (`beamdiag_lock_session') needs an emulator built for it, and the
 %%% extra microstate accounting states (alloc, bif, busy_wait, ets, gc_full,
 %%% nif, send, timers) need `--with-microstate-accounting=extra'. This module
 %%% builds only that emulator (`beam.lcnt.smp' and `erl_child_setup.lcnt')

@@ -1,7 +1,8 @@
 %%% @doc Lock data as a text report, readable at 80 columns (pure).
 %%%
 %%% ```
-%%% 1> io:put_chars(beamdiag_format_locks:text(beamdiag_agent_lcnt:collect(State))).
+%%% 1> {ok, Data} = beamdiag_lock_session:data(Session, 2000).
+%%% 2> io:put_chars(beamdiag_format_locks:text(Data)).
 %%% Lock counting over 10.0 s: 2113 locks, 41 contended
 %%%
 %%% By class                   locks       tries   coll%    wait ms   wait%
@@ -25,7 +26,7 @@
 %% @doc The ranked lock tables: per class, top locks (class and id) with
 %% their wait histogram summary and hottest source location, and the ETS
 %% tables behind the hottest table locks.
--spec text(beamdiag_agent_lcnt:lock_data()) -> iolist().
+-spec text(beamdiag_lock_data:lock_data()) -> iolist().
 text(Data) ->
     WindowS = maps:get(window_ns, Data, 0) / 1.0e9,
     Classes = maps:get(classes, Data, []),

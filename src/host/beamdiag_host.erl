@@ -120,7 +120,8 @@ armed(H) ->
 
 %% @doc Finishes the window from the host view alone: the node did not
 %% answer. Context: `waited_ms' (how long it was given), `distribution'
-%% (what the distribution layer saw, in words). perf samples the hot
+%% (what the distribution layer saw, in words), `extras' (what the session
+%% read besides, for the capture's extras: the lock data). perf samples the hot
 %% threads for what is left of the window, unless `arm/1' started it.
 -spec finish(handle(), map()) -> beamdiag:diagnosis().
 finish(H, Context) ->
@@ -130,7 +131,8 @@ finish(H, Context) ->
 %% but its agent could not make the report on time (its samples came too
 %% slowly, or a previous session's agent was still leaving). Context:
 %% `why' (that, in words, for the report's top line), `waited_ms', `agent'
-%% (what the agent sent, if anything: `#{info, extras}'). perf runs only if
+%% (what the agent sent, if anything: `#{info, extras}'), `extras' (as for
+%% `finish/2'). perf runs only if
 %% `arm/1' started it.
 -spec late(handle(), map()) -> beamdiag:diagnosis().
 late(H, Context) ->
@@ -196,7 +198,10 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                           {ok, Script0, Ts} -> {{script, Script0}, Ts};
                           Other -> {Other, []}
                       end,
-    Capture = capture(H, Samples, maps:get(agent, Context, none)),
+    Capture0 = capture(H, Samples, maps:get(agent, Context, none)),
+    %% What the session read besides (the lock data) joins the extras.
+    Capture = Capture0#{extras := maps:merge(maps:get(extras, Capture0),
+                                             maps:get(extras, Context, #{}))},
     Ledger = beamdiag_ledger:build(Capture),
     HotTids = [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)],
     PerfTop = case PerfCtx of
@@ -211,7 +216,7 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                   _ ->
                       PerfCtx
               end,
-    Ctx = (maps:remove(agent, Context))#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
+    Ctx = (maps:without([agent, extras], Context))#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
                    window_s => D / 1000, perf => PerfTop,
                    process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},
@@ -239,11 +244,11 @@ progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
 %% The samples as the agent's (the ledger reads them), the host's and
 %% cgroup's memory at the end of the window in the extras.
 %% With what an agent sent before the report fell back on the host view
-%% (`late/2'): its settings fill in what the host cannot see, and its lock
-%% data, start walk and long schedules join the extras.
+%% (`late/2'): its settings fill in what the host cannot see, and its
+%% start walk and long schedules join the extras.
 capture(H, Samples, #{info := Info, extras := AgentExtras}) when is_map(Info) ->
     C = #{settings := Settings, extras := Extras} = capture(H, Samples, none),
-    Kept = maps:with([locks, locks_missing, procs, long_schedules], AgentExtras),
+    Kept = maps:with([procs, long_schedules], AgentExtras),
     C#{settings := maps:merge(maps:get(settings, Info, #{}), Settings),
        extras := maps:merge(Kept, Extras)};
 capture(H = #{os_pid := OsPid, proc_root := Root}, Samples, _) ->

@@ -313,7 +313,7 @@ with_file(File, {corrupt, Why}) -> {corrupt, File, Why}.
 known_atoms() ->
     _ = application:load(beamdiag),
     Own = [beamdiag_agent, beamdiag_agent_vm, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_ledger,
-           beamdiag_rules, beamdiag_catalogue, beamdiag_threads, beamdiag_agent_lcnt,
+           beamdiag_rules, beamdiag_catalogue, beamdiag_threads, beamdiag_lock_data,
            beamdiag_experiment, beamdiag_compare, beamdiag_cluster,
            %% Former names, which captures written before they were
            %% renamed may hold.

@@ -147,7 +147,7 @@ call_start(Node, Opts, _Waits, _Tried) when Node =:= node() ->
 %% A start that answers too late may still start an agent, whose first word
 %% then names it and is told to end (next/3, flush/1).
 call_start(Node, Opts, [Wait | More], Tried) ->
-    try erpc:call(Node, beamdiag_agent, start, [self(), Opts], Wait) of
+    try beamdiag_rpc:call(Node, beamdiag_agent, start, [self(), Opts], Wait) of
         {ok, _, _} = Ok -> Ok
     catch
         error:{erpc, timeout} when More =/= [] ->

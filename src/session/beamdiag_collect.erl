@@ -9,8 +9,7 @@
 %%% (a monotonic time in ms) the collector does not wait past it once it
 %%% holds two samples while the agent is still behind on its ticks: the
 %%% report is due then, and the agent is told to end. An agent that has
-%%% sent its last tick is waited for while it gathers its extras, and a
-%%% lock-counting session waits for its lock data, which comes last.
+%%% sent its last tick is waited for while it gathers its extras.
 %%% It talks to the agent through `beamdiag_client', as the live view does,
 %%% and builds the capture with `beamdiag_capture:new/3'.
 %%%
@@ -51,16 +50,10 @@
 %% last word's quick extras, at most.
 -define(QUICK_MS, 300).
 %% Past the time the report is due, the collector waits at most this long
-%% for anything (the lock data, the quick extras, the extras of an agent
+%% for anything (the quick extras, the extras of an agent
 %% that answered the whole window): the report is printed by the window
 %% plus 2 s with the default slack (1.5 s), analysis included.
 -define(CEILING_MS, 250).
-%% How long before the report is due the lock counters are read at the
-%% latest (measured: 0.35 to 0.9 s for the read on a saturated
-%% lock-counting node, under a host load of 14 to 18 on 2 cores; with 1 s,
-%% the lock data of that node missed the report in 1 of 3 tries).
--define(LOCK_READ_MS, 2000).
--define(LOCK_GRACE_MS, 150).
 
 %%%===================================================================
 %%% API
@@ -68,7 +61,7 @@
 
 %% @doc Runs one window on Node. Options: `duration_ms', `interval_ms',
 %% `msacc', `msacc_ms' (the end of the window msacc covers; default the
-%% whole window), `locks', `unload' (modules the agent removes when done),
+%% whole window), `unload' (modules the agent removes when done),
 %% `ready_by' (monotonic ms, default `infinity': when the capture is due;
 %% past it, two samples or more end the session as a partial capture),
 %% `fallback' (false; or, when the caller has a view of the node of its
@@ -85,11 +78,11 @@
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
-                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, locks, procs, host_scan,
-                                      unload, proc_root, locks_cleared, end_wall_ms], Opts)),
+                           maps:with([duration_ms, interval_ms, msacc, msacc_ms, procs, host_scan,
+                                      unload, proc_root, end_wall_ms], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     OnSample = maps:get(on_sample, Opts, undefined),
-    case beamdiag_client:start(Node, lock_time(AgentOpts, maps:get(ready_by, Opts, infinity))) of
+    case beamdiag_client:start(Node, AgentOpts) of
         {ok, Client} ->
             #{duration_ms := D} = AgentOpts,
             %% Until the agent says when its own deadline is: the window and
@@ -140,8 +133,8 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
     case Due andalso due(Info, Samples) of
         true when Finishing ->
             %% Every tick came and the extras did not, by the ceiling: what
-            %% came is kept (the start walk brought forward, the lock data
-            %% read before, the long schedules), and the capture says the
+            %% came is kept (the start walk brought forward, the long
+            %% schedules), and the capture says the
             %% rest is missing.
             beamdiag_client:abort(maps:get(client, G)),
             late(partial_extras(G), Info, Samples, D, extras_due);
@@ -153,7 +146,7 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
         false when Due, is_function(map_get(fallback, G), 0) ->
             %% Fewer, with a view to fall back on: when it explains the
             %% slowness, the caller reports from it, with what the agent
-            %% sent (its settings, the lock data, the start walk, the long
+            %% sent (its settings, the start walk, the long
             %% schedules), not waited for; when not, the samples are worth
             %% the wait (a blocked scheduler shows only in the VM's figures).
             Fallback = map_get(fallback, G),
@@ -192,10 +185,6 @@ gather(G = #{client := Client, deadline := Deadline,
             gather(G#{procs_start => Snapshot});
         {event, {partial_extras, Quick}} ->
             gather(G#{quick => Quick});
-        {event, {locks, Locks}} ->
-            %% Read when due (see lock_time/2): kept for a capture cut
-            %% short.
-            gather(G#{locks => Locks});
         {event, {long_schedules, LS}} ->
             %% The long schedules so far (sent while events come).
             gather(G#{long_schedules => LS});
@@ -229,9 +218,7 @@ gather(G = #{client := Client, deadline := Deadline,
             end
     end.
 
-%% Two samples make a window. A lock-counting session's lock data is read
-%% ahead of the report's due time (lock_time/2) and sent on its own, so it
-%% is kept too; when it did not come, the capture says so.
+%% Two samples make a window.
 due(Info, [_, _ | _]) -> Info =/= undefined;
 due(_, _) -> false.
 
@@ -246,30 +233,15 @@ keep(S, Samples, OnSample) ->
         _ -> [S, lists:last(Samples)]
     end.
 
-%% When the report is due: a lock-counting session whose lock data has not
-%% come yet is given ?LOCK_GRACE_MS more for it (the window plus 2 s from
-%% the call at the most, with the default slack), since the lock data is
-%% what it is for.
+%% When the report is due.
 ready_by(#{ready_by := infinity}) ->
     infinity;
 ready_by(#{ready_by := ReadyBy, finishing := true}) ->
     %% The extras of a window answered whole are worth the wait, up to the
     %% ceiling.
     ReadyBy + ?CEILING_MS;
-ready_by(G = #{ready_by := ReadyBy, info := #{locks := true}}) ->
-    case maps:is_key(locks, G) of
-        true -> ReadyBy;
-        false -> ReadyBy + ?LOCK_GRACE_MS
-    end;
 ready_by(#{ready_by := ReadyBy}) ->
     ReadyBy.
-
-%% When the agent reads the lock counters at the latest: ?LOCK_READ_MS
-%% before the report is due, counted from the start call.
-lock_time(AgentOpts, infinity) ->
-    AgentOpts;
-lock_time(AgentOpts, ReadyBy) ->
-    AgentOpts#{locks_in_ms => max(0, ReadyBy - ?LOCK_READ_MS - erlang:monotonic_time(millisecond))}.
 
 moved(G, InMs) when is_integer(InMs) ->
     G#{deadline := erlang:monotonic_time(millisecond) + InMs + ?LATE_MS};
@@ -287,18 +259,11 @@ partial_extras(G) ->
              end,
     %% The memory room the agent read at its start, when its last word
     %% did not bring a fresher one.
-    Quick1 = case {Quick0, maps:get(info, G, undefined)} of
+    Quick = case {Quick0, maps:get(info, G, undefined)} of
                 {#{memory_room := _}, _} -> Quick0;
                 {_, #{memory_room := StartRoom}} when map_size(StartRoom) > 0 ->
                     Quick0#{memory_room => StartRoom};
                 _ -> Quick0
-            end,
-    %% The lock data, read before the report was due, or a word on why it
-    %% is missing.
-    Quick = case {maps:find(locks, G), maps:get(info, G, undefined)} of
-                {{ok, Locks}, _} -> Quick1#{locks => Locks};
-                {error, #{locks := true}} -> Quick1#{locks_missing => true};
-                _ -> Quick1
             end,
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
@@ -362,7 +327,7 @@ late(_Extras, _Info, _Samples, _D, Why) ->
 
 late_text(timeout) -> "the agent's last word did not come in time";
 late_text(extras_due) -> "every tick came, but the agent's end-of-window extras (the end walk, "
-                         "the host scan, the lock data) did not come by the report's due time";
+                         "the host scan) did not come by the report's due time";
 late_text(due) -> "the node's ticks came too slowly for the report to be ready at the window's "
                   "end plus its slack, so the agent was stopped";
 late_text({agent_aborted, deadline}) -> "the agent reached its deadline before its last tick";
@@ -399,11 +364,4 @@ extras_notes(Extras) ->
                       "lengths of the last tick">>];
                _ -> []
            end,
-    Locks = case Extras of
-                #{locks_missing := true} ->
-                    [<<"locks not counted in this report: the lock data did not come before the "
-                       "report was due (the node answered too slowly); the lock counters were "
-                       "read late or not at all">>];
-                _ -> []
-            end,
-    Sched ++ Walk ++ Locks.
+    Sched ++ Walk.
