@@ -26,13 +26,16 @@
 %%% '''
 -module(beamdiag_lock_data).
 
--export([summarise/3, table_names/1, with_node/2, table/2]).
+-export([summarise/3, table_names/1, unnamed_trees/1, with_node/2, table/2]).
 
 -export_type([raw/0, lock_data/0, node_facts/0]).
 
-%% The ETS lock classes whose id is a table's name.
--define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>,
-                     <<"erl_db_catree_base_node">>, <<"erl_db_catree_route_node">>]).
+%% The ETS lock classes whose id is a table's name; those of an ordered_set's
+%% tree nodes, which have no name when made while lcnt counts (`[]').
+-define(CATREE_CLASSES, [<<"erl_db_catree_base_node">>, <<"erl_db_catree_route_node">>]).
+-define(DB_CLASSES, [<<"db_hash_slot">>, <<"db_tab">>, <<"db_tab_fix">>, <<"db_hash_lock">>
+                     | ?CATREE_CLASSES]).
+-define(NO_NAME, <<"[]">>).
 %% How many ETS tables get their owner and options looked up.
 -define(TABLE_LOOKUPS, 5).
 
@@ -99,14 +102,30 @@ summarise(End, Start, Opts) ->
 -spec table_names(lock_data()) -> [binary()].
 table_names(Data) ->
     lists:sublist(dedup([Id || #{class := C, id := Id} <- maps:get(locks, Data, []),
-                               lists:member(C, ?DB_CLASSES)]),
+                               lists:member(C, ?DB_CLASSES), Id =/= ?NO_NAME]),
                   ?TABLE_LOOKUPS).
 
-%% @doc The lock data with what the node says of itself, and the tables'
-%% owners and options (see `table/2').
--spec with_node(lock_data(), #{facts := node_facts(), tables := [map()]}) -> lock_data().
-with_node(Data, #{facts := F, tables := Tables}) ->
-    Data#{
+%% @doc Whether contended locks belong to tree nodes of an ordered_set
+%% with write_concurrency that lcnt names no table for (the nodes made
+%% while it counts have no name: OTP 25 and 27 alike).
+-spec unnamed_trees(lock_data()) -> boolean().
+unnamed_trees(Data) ->
+    lists:any(fun(#{class := C, id := Id}) -> lists:member(C, ?CATREE_CLASSES) andalso Id =:= ?NO_NAME end,
+              maps:get(locks, Data, [])).
+
+
+%% @doc The lock data with what the node says of itself, the tables'
+%% owners and options (see `table/2') and, when tree-node locks have no
+%% table's name, the node's ordered_set tables with write_concurrency
+%% (`trees').
+-spec with_node(lock_data(), #{facts := node_facts(), tables := [map()], trees => [map()]}) ->
+    lock_data().
+with_node(Data, N = #{facts := F, tables := Tables}) ->
+    Trees = case maps:get(trees, N, []) of
+                [] -> #{};
+                T -> #{trees => T}
+            end,
+    (maps:merge(Data, Trees))#{
         tables => Tables,
         schedulers_online => maps:get(schedulers_online, F),
         dirty_cpu_schedulers_online => maps:get(dirty_cpu_schedulers_online, F),

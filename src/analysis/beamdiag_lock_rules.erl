@@ -84,8 +84,15 @@ findings(Data, WindowS, Settings) ->
 -spec ets_findings([map()], map()) -> [beamdiag_finding:finding()].
 ets_findings(Locks, Ctx = #{data := Data}) ->
     DbLocks = [L || L = #{class := C} <- Locks, lists:member(C, ?DB_CLASSES)],
-    ByTable = maps:groups_from_list(fun(#{id := Id}) -> Id end, DbLocks),
-    Tables = maps:get(tables, Data, []),
+    %% Tree-node locks lcnt names no table for belong to the node's one
+    %% ordered_set with write_concurrency, when it has only one.
+    Trees = maps:get(trees, Data, []),
+    Owner = case Trees of
+                [#{name := Only}] -> fun(<<"[]">>) -> Only; (Id) -> Id end;
+                _ -> fun(Id) -> Id end
+            end,
+    ByTable = maps:groups_from_list(fun(#{id := Id}) -> Owner(Id) end, DbLocks),
+    Tables = maps:get(tables, Data, []) ++ Trees,
     lists:flatmap(
         fun({Name, Ls}) ->
             Sum = sum(Ls, Ctx),
@@ -94,21 +101,26 @@ ets_findings(Locks, Ctx = #{data := Data}) ->
                     [];
                 Sev ->
                     Info = [T || T = #{name := N} <- Tables, N =:= Name],
-                    [ets_finding(Name, Ls, Sum, Info, Sev)]
+                    [ets_finding(Name, Ls, Sum, Info, Trees, Sev)]
             end
         end,
         maps:to_list(ByTable)
     ).
 
--spec ets_finding(binary(), [map()], map(), [map()], beamdiag_finding:severity()) ->
+-spec ets_finding(binary(), [map()], map(), [map()], [map()], beamdiag_finding:severity()) ->
     beamdiag_finding:finding().
-ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Sev) ->
+ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Trees, Sev) ->
     ClassList = lists:usort([C || #{class := C} <- Ls]),
     Name =
-        case ClassList -- ?CATREE_CLASSES of
-            [] when Name0 =:= <<"[]">> ->
+        case {ClassList -- ?CATREE_CLASSES, Trees} of
+            {[], []} when Name0 =:= <<"[]">> ->
                 <<"(an ordered_set with write_concurrency; lcnt names no table for tree "
                   "nodes made while counting)">>;
+            {[], _} when Name0 =:= <<"[]">> ->
+                iolist_to_binary(
+                  ["(one of the node's ordered_set tables with write_concurrency: ",
+                   lists:join(", ", [N || #{name := N} <- Trees]),
+                   "; lcnt names no table for tree nodes made while counting)"]);
             _ ->
                 Name0
         end,

@@ -258,6 +258,8 @@ exit_code({beamdiag_cluster, {no_nodes, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_cluster, {nodes_file, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag, {elsewhere, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_lab, {unknown_scenario, _, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_lab, {bad_variation, _, _, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_lab, {bad_variation, _, _, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_experiment, {unknown_lab, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_experiment, {bad_workload, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_experiment, {no_module, _}}) -> ?EXIT_USAGE;

@@ -25,6 +25,9 @@ spec() ->
                          help => "how long the node and its load run"}},
             #{key => diagnose, long => "--diagnose", type => boolean, default => false,
               help => "diagnose the node once it runs, then stop it"},
+            #{key => vary, long => "--vary", type => string, metavar => "KEY=VALUE,...",
+              help => "vary the scenario (e.g. writers=64,table=bag; 'lab list' says what "
+                      "each varies)"},
             #{key => window, long => "--window", type => {float, 0.5, 600.0}, default => 5.0,
               metavar => "SECONDS", help => "the diagnosis window with --diagnose"},
             {json, "with --diagnose, print JSON"},
@@ -37,15 +40,43 @@ spec() ->
 %% @doc Runs the command.
 -spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{scenario := "list"}, #{out := Out}) ->
-    Out([io_lib:format("~-22s ~ts~n", [N, S]) || #{name := N, summary := S} <- beamdiag_lab:scenarios()]),
+    Out([[io_lib:format("~-22s ~ts~n", [N, S]),
+          [io_lib:format("~-22s   --vary ~s=~ts (default ~ts): ~ts~n",
+                         ["", K, values(Vs), value(D), H])
+           || {K, #{values := Vs, default := D, help := H}} <- lists:sort(maps:to_list(
+                                                                     maps:get(vary, Sc, #{})))]]
+         || Sc = #{name := N, summary := S} <- beamdiag_lab:scenarios()]),
     0;
-run(Opts = #{scenario := Name, duration := Duration}, IO = #{err := Err}) ->
+run(Opts = #{scenario := Name, duration := Duration}, IO) ->
+    Vary = case {maps:find(vary, Opts), beamdiag_lab:scenario(Name)} of
+               {{ok, Text}, {ok, Sc}} -> beamdiag_lab:parse_variation(Sc, Text);
+               _ -> {ok, #{}}
+           end,
+    case Vary of
+        {ok, V} -> start(Opts#{vary_map => V}, Name, Duration, IO);
+        {error, Error} -> beamdiag_cli:fail(Error, IO)
+    end.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+values(Vs) ->
+    lists:join("|", [case V of
+                         {integer, Min, Max} -> io_lib:format("~b..~b", [Min, Max]);
+                         A -> atom_to_list(A)
+                     end || V <- Vs]).
+
+value(V) when is_atom(V) -> atom_to_list(V);
+value(V) when is_integer(V) -> integer_to_list(V).
+
+start(Opts, Name, Duration, IO = #{err := Err}) ->
     Dur = case maps:get(diagnose, Opts) of
               true -> max(Duration, ceil(maps:get(window, Opts)) + 30);
               false -> Duration
           end,
     Err(["beamdiag: starting lab node for ", Name, "\n"]),
-    case beamdiag_lab:start(Name, #{duration => Dur}) of
+    case beamdiag_lab:start(Name, #{duration => Dur, vary => maps:get(vary_map, Opts)}) of
         {ok, Lab} ->
             try
                 case maps:get(diagnose, Opts) of
@@ -58,10 +89,6 @@ run(Opts = #{scenario := Name, duration := Duration}, IO = #{err := Err}) ->
         {error, Error} ->
             beamdiag_cli:fail(Error, IO)
     end.
-
-%%%===================================================================
-%%% Internal
-%%%===================================================================
 
 diagnose(Lab, Opts, IO = #{err := Err}) ->
     Node = beamdiag_lab:node(Lab),

@@ -47,11 +47,13 @@ document(D = #{ready_ms := Ms}) ->
     %% Wall seconds from the call to the diagnosis (a diagnosis made now).
     (document(maps:remove(ready_ms, D)))#{ready_s => Ms / 1000};
 document(D = #{host_only := true, capture := C, ledger := L, findings := F}) ->
-    %% Seen from the host alone (beamdiag_host): no VM figures.
-    (common(C, L, F))#{
+    %% Seen from the host alone (beamdiag_host): no VM figures; the lock
+    %% data, read apart from the agent, when the node counts locks.
+    Doc = (common(C, L, F))#{
         host_only => true,
         host_view => beamdiag_format_host:summary(D)
-    };
+    },
+    with_locks(Doc, maps:get(extras, C, #{}));
 document(#{capture := C, ledger := L, findings := F}) ->
     Doc = (common(C, L, F))#{
         otp_release => maps:get(otp_release, maps:get(settings, C)),
@@ -63,10 +65,7 @@ document(#{capture := C, ledger := L, findings := F}) ->
                #{procs := Procs} -> Doc#{processes => Procs};
                _ -> Doc
            end,
-    Doc1 = case Extras of
-               #{locks := Locks} -> Doc0#{locks => Locks};
-               _ -> Doc0
-           end,
+    Doc1 = with_locks(Doc0, Extras),
     case Extras of
         #{profile := #{method := M, profile := P}} ->
             Doc1#{profile => #{method => M, summary => beamdiag_fold:summary(P),
@@ -78,6 +77,9 @@ document(#{capture := C, ledger := L, findings := F}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+with_locks(Doc, #{locks := Locks}) -> Doc#{locks => Locks};
+with_locks(Doc, _Extras) -> Doc.
 
 %% The fields every diagnosis has, seen from the node or from the host.
 common(C, L, F) ->

@@ -28,14 +28,16 @@
 
 %% @doc The whole report. Options: `colour' (false).
 -spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
-diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
-    %% Seen from the host alone (beamdiag_host): no VM figures.
+diagnosis(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts) ->
+    %% Seen from the host alone (beamdiag_host): no VM figures; the lock
+    %% counters, read apart from the agent, when the node counts locks.
     finish(iolist_to_binary([
         beamdiag_format_host:header(D),
         "\n",
         findings(F, Opts#{colour => false}),
         "\n",
         beamdiag_format_host:threads(D),
+        locks(C),
         notes(L)
     ]), Opts);
 diagnosis(D = #{capture := C, ledger := L, findings := F}, Opts) ->

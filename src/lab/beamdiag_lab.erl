@@ -15,15 +15,12 @@
 %%% '''
 -module(beamdiag_lab).
 
--export([scenarios/0, start/2, stop/1, node/1, cookie/1, format_error/1]).
+-export([scenarios/0, scenario/1, start/2, stop/1, node/1, cookie/1, variation/2,
+         parse_variation/2, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
-%% Called by the tests only.
--ifdef(TEST).
--export([scenario/1]).
--endif.
 
--export_type([scenario/0, lab/0]).
+-export_type([scenario/0, lab/0, vary_spec/0]).
 
 -type scenario() :: #{
     name := atom(),
@@ -47,13 +44,23 @@
     hard_stop => boolean(),
     %% A unit of work for `beamdiag experiment': `Module:unit(Name, Ctx)'
     %% of the load's module.
-    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
+    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()},
+    %% What a run may vary (`start/2''s `vary'), each with its values and
+    %% its default; the atom '$vary' in the load's arguments stands for
+    %% the whole variation. `schedulers' is the lab's own: `host' starts
+    %% the node with the VM's default (one per core), a number N with
+    %% +S N:N after the scenario's flags.
+    vary => #{atom() => vary_spec()}
 }.
+-type vary_spec() :: #{values := [atom() | {integer, pos_integer(), pos_integer()}],
+                       default := atom() | pos_integer(),
+                       help := binary()}.
 -type lab() :: #{
     scenario := scenario(),
     node := node(),
     peer := pid(),
     cookie := atom(),
+    vary := #{atom() => term()},
     os_pid => string(),
     prepared => term(),
     competitor => pid(),
@@ -84,7 +91,8 @@ scenario(Name) ->
 
 %% @doc Starts the scenario's node and its workload. Options: `duration'
 %% (seconds the workload runs, default 120), `extra_args' (more emulator
-%% flags, e.g. a variant under test), `exec' (how to start `erl', as OTP's
+%% flags, e.g. a variant under test), `vary' (what the scenario lets vary,
+%% a map checked by `variation/2'), `exec' (how to start `erl', as OTP's
 %% `peer' takes it: `{Executable, Args}', e.g. a command that runs another
 %% OTP release's `erl' in its own root; default: this machine's `erl').
 -spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {module(), term()}}.
@@ -93,8 +101,72 @@ start(Name, Opts) when is_atom(Name); is_list(Name) ->
         {ok, S} -> start(S, Opts);
         {error, _} = E -> E
     end;
-start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
+start(S, Opts) when is_map(S) ->
+    case variation(S, maps:get(vary, Opts, #{})) of
+        {ok, Vary} -> start_varied(S, Vary, Opts);
+        {error, _} = E -> E
+    end.
+
+%% @doc The variation of a run: the scenario's defaults with what is asked
+%% for, each value checked against the scenario's `vary'.
+-spec variation(scenario(), #{atom() => term()}) ->
+    {ok, #{atom() => term()}} | {error, {beamdiag_lab, term()}}.
+variation(S = #{name := Name}, Asked) when is_map(Asked) ->
+    Spec = maps:get(vary, S, #{}),
+    Defaults = maps:map(fun(_, #{default := D}) -> D end, Spec),
+    case [{K, V} || {K, V} <- maps:to_list(Asked), not allowed(maps:get(K, Spec, none), V)] of
+        [] -> {ok, maps:merge(Defaults, Asked)};
+        [{K, V} | _] -> {error, {?MODULE, {bad_variation, Name, K, V, maps:keys(Spec)}}}
+    end.
+
+%% @doc A variation as a user writes it, `KEY=VALUE,...' (`writers=64,
+%% table=bag'), read against the scenario's `vary': a number where the
+%% key takes numbers, else one of the key's named values.
+-spec parse_variation(scenario(), string()) ->
+    {ok, #{atom() => term()}} | {error, {beamdiag_lab, term()}}.
+parse_variation(S = #{name := Name}, Text) ->
+    Spec = maps:get(vary, S, #{}),
+    Known = maps:keys(Spec),
+    Read = [{P, pair(Spec, string:split(P, "="))} || P <- string:lexemes(Text, ", ")],
+    case [P || {P, bad} <- Read] of
+        [] -> variation(S, maps:from_list([KV || {_, KV} <- Read]));
+        [Bad | _] -> {error, {?MODULE, {bad_variation, Name, Bad, Known}}}
+    end.
+
+pair(Spec, [K, V]) ->
+    case [Key || Key <- maps:keys(Spec), atom_to_list(Key) =:= string:trim(K)] of
+        [Key] ->
+            case value(maps:get(Key, Spec), string:trim(V)) of
+                {bad, _} -> bad;
+                Value -> {Key, Value}
+            end;
+        [] ->
+            bad
+    end;
+pair(_Spec, _) ->
+    bad.
+
+value(#{values := Values}, V) ->
+    Named = [A || A <- Values, is_atom(A), atom_to_list(A) =:= V],
+    case {Named, string:to_integer(V)} of
+        {[A], _} -> A;
+        {[], {N, []}} -> N;
+        _ -> {bad, V}
+    end.
+
+allowed(none, _V) -> false;
+allowed(#{default := V}, V) -> true;
+allowed(#{values := Values}, V) ->
+    lists:any(fun({integer, Min, Max}) -> is_integer(V) andalso V >= Min andalso V =< Max;
+                 (A) -> A =:= V
+              end, Values).
+
+start_varied(S = #{name := Name, emu_args := Args0, load := {Mod, Fun, FArgs}}, Vary, Opts) ->
     Duration = maps:get(duration, Opts, ?DEFAULT_DURATION),
+    Args = Args0 ++ case maps:get(schedulers, Vary, host) of
+                        N when is_integer(N) -> ["+S", lists:concat([N, ":", N])];
+                        _ -> []
+                    end,
     Cookie = list_to_atom("lab_" ++ integer_to_list(erlang:unique_integer([positive])) ++
                           "_" ++ integer_to_list(rand:uniform(1 bsl 40))),
     NodeName = list_to_atom(lists:concat(["beamdiag_lab_", Name, "_", os:getpid(), "_",
@@ -113,7 +185,7 @@ start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
     Started = try peer:start(PeerOpts) catch exit:Why -> {error, Why} end,
     case Started of
         {ok, Peer, Node} ->
-            Lab0 = #{scenario => S, node => Node, peer => Peer, cookie => Cookie},
+            Lab0 = #{scenario => S, node => Node, peer => Peer, cookie => Cookie, vary => Vary},
             case setup(Lab0, Mod, Fun, FArgs, Duration) of
                 {ok, Lab} ->
                     timer:sleep(maps:get(warmup_ms, S, 1500)),
@@ -167,6 +239,13 @@ cookie(#{cookie := C}) -> C.
 format_error({unknown_scenario, N, Known}) ->
     io_lib:format("no lab scenario '~ts'; known: ~ts",
                   [beamdiag_safe_text:safe(N, 60), lists:join(", ", [atom_to_list(K) || K <- Known])]);
+format_error({bad_variation, Name, Text, Known}) ->
+    io_lib:format("the ~s scenario cannot vary '~ts'; it varies: ~ts",
+                  [Name, beamdiag_safe_text:safe(Text, 60), varies(Known)]);
+format_error({bad_variation, Name, K, V, Known}) ->
+    io_lib:format("the ~s scenario cannot vary ~ts as ~ts; it varies: ~ts",
+                  [Name, beamdiag_safe_text:safe(io_lib:format("~0tp", [K]), 40),
+                   beamdiag_safe_text:safe(io_lib:format("~0tp", [V]), 40), varies(Known)]);
 format_error({peer_start, Name, Reason}) ->
     io_lib:format("cannot start the ~s lab node: ~0P~ts", [Name, Reason, 12, lcnt_hint(Name)]);
 format_error({load, Why}) ->
@@ -195,6 +274,7 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
             Args = [case A of
                         '$duration_ms' -> Duration * 1000;
                         '$prepared' -> maps:get(prepared, L);
+                        '$vary' -> maps:get(vary, L);
                         _ -> A
                     end || A <- FArgs],
             case catch peer:call(Peer, Mod, Fun, Args, 30000) of
@@ -323,6 +403,9 @@ remove_cgroup(Dir, N) ->
             timer:sleep(100),
             remove_cgroup(Dir, N - 1)
     end.
+
+varies([]) -> "nothing";
+varies(Known) -> lists:join(", ", [atom_to_list(A) || A <- lists:sort(Known)]).
 
 %% A scenario on the lock-counting emulator fails to boot where that OTP
 %% has none: say how to check and build it.

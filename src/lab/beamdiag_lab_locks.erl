@@ -24,7 +24,10 @@
 %%% <li>`ets_hot': 4 writers per scheduler bump 4 counters in one public
 %%%   table, `beamdiag_hot_table' (write_concurrency on, as a metrics
 %%%   library would create it). Every writer hits the same few hash-slot
-%%%   locks.</li>
+%%%   locks. It varies (`beamdiag lab ets_hot --vary writers=64,table=bag'):
+%%%   the writers, the table's type (a bag's writers insert and delete
+%%%   objects, the others bump counters), write_concurrency, the keys and
+%%%   the schedulers.</li>
 %%% <li>`ets_sharded': the same writers and counters over one table per
 %%%   scheduler (`beamdiag_shard_N'); a writer bumps the table of the
 %%%   scheduler it runs on.</li>
@@ -36,11 +39,11 @@
 %%% </ul>
 -module(beamdiag_lab_locks).
 
--export([scenarios/0, run/2]).
+-export([scenarios/0, run/2, run/3]).
 %% Units of work, called by the experiment's driver on its node.
 -export([unit_context/1, unit/2]).
 %% Lab workloads: run on the lab node from the scenario's `load' MFA.
--ignore_xref([{run, 2}]).
+-ignore_xref([{run, 2}, {run, 3}]).
 %% Called on the lab node by beamdiag_agent_workload as Module:unit_context/1 and Module:unit/2.
 -ignore_xref([{unit_context, 1}, {unit, 2}]).
 
@@ -53,7 +56,9 @@
 %% Keys are drawn with rand: erlang:unique_integer/1 encodes the scheduler
 %% in its low bits, so `rem' over it would shard the keys by scheduler.
 -define(KEYS, 4).
--define(ETS_EMU_ARGS, ["+S", "4:4"]).
+%% The schedulers by default: the writers must outnumber a small host's
+%% cores (see scenarios/0).
+-define(ETS_SCHEDULERS, 4).
 -define(WRITERS_PER_SCHEDULER, 4).
 -define(GC_WORKERS_PER_DIRTY, 4).
 %% Writes per unit of work in an experiment.
@@ -68,9 +73,14 @@
     emu_args := [string()],
     emu_type => lcnt,
     load := {module(), atom(), [term()]},
-    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
+    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()},
+    vary => #{atom() => beamdiag_lab:vary_spec()},
+    expect => [atom()]
 }.
--type run_opts() :: #{duration_s => pos_integer(), owner => pid()}.
+-type run_opts() :: #{duration_s => pos_integer(), owner => pid(), vary => vary()}.
+%% The ets_hot load's variation (the lab's schedulers aside).
+-type vary() :: #{writers => auto | pos_integer(), table => ets:table_type(),
+                  write_concurrency => boolean(), keys => pos_integer(), atom() => term()}.
 
 %%%===================================================================
 %%% API
@@ -90,9 +100,11 @@ scenarios() ->
             summary =>
                 <<"Many writers on all schedulers bump a few counters in one public ETS "
                   "table (beamdiag_hot_table): expect ets_contention naming it.">>,
-            emu_args => ?ETS_EMU_ARGS,
+            emu_args => [],
             emu_type => lcnt,
-            load => {?MODULE, run, [ets_hot, '$duration_ms']},
+            load => {?MODULE, run, [ets_hot, '$duration_ms', '$vary']},
+            vary => ets_vary(),
+            expect => [ets_contention],
             unit => #{name => ets_hot, concurrency => 8,
                       summary => <<"unit: 100 of the writers' update_counter calls on the "
                                    "one shared table">>}
@@ -102,9 +114,11 @@ scenarios() ->
             summary =>
                 <<"The same writers over one ETS table per scheduler: expect no ETS "
                   "lock finding.">>,
-            emu_args => ?ETS_EMU_ARGS,
+            emu_args => [],
             emu_type => lcnt,
             load => {?MODULE, run, [ets_sharded, '$duration_ms']},
+            vary => maps:with([schedulers], ets_vary()),
+            expect => [],
             unit => #{name => ets_sharded, concurrency => 8,
                       summary => <<"unit: 100 of the writers' update_counter calls on the "
                                    "table of the scheduler it runs on">>}
@@ -116,7 +130,8 @@ scenarios() ->
                   "eheap_alloc instance by default: expect allocator_contention.">>,
             emu_args => ?GC_EMU_ARGS,
             emu_type => lcnt,
-            load => {?MODULE, run, [dirty_gc, '$duration_ms']}
+            load => {?MODULE, run, [dirty_gc, '$duration_ms']},
+            expect => [allocator_contention]
         },
         #{
             name => dirty_gc_alloc_mdai,
@@ -140,12 +155,21 @@ run(Load, DurationMs) when is_integer(DurationMs), DurationMs > 0 ->
 run(Load, Opts) when
     (Load =:= ets_hot orelse Load =:= ets_sharded orelse Load =:= dirty_gc), is_map(Opts)
 ->
+    run_load(Load, Opts).
+
+%% @doc As `run/2', with the lab's variation of the load (`'$vary'').
+-spec run(ets_hot, pos_integer(), vary()) -> {ok, pid()}.
+run(Load, DurationMs, Vary) when is_integer(DurationMs), DurationMs > 0, is_map(Vary) ->
+    run_load(Load, #{duration_s => max(1, DurationMs div 1000), vary => Vary}).
+
+run_load(Load, Opts) ->
     Starter = self(),
     {group_leader, GL} = erlang:process_info(Starter, group_leader),
     DurationMs = 1000 * maps:get(duration_s, Opts, 120),
     Owner = maps:get(owner, Opts, undefined),
     Ref = make_ref(),
-    Pid = spawn(fun() -> coordinator(Load, Starter, GL, Owner, DurationMs, Ref) end),
+    Vary = maps:merge(ets_defaults(), maps:get(vary, Opts, #{})),
+    Pid = spawn(fun() -> coordinator(Load, Vary, Starter, GL, Owner, DurationMs, Ref) end),
     receive
         {Ref, started} -> {ok, Pid}
     after 10000 ->
@@ -173,9 +197,9 @@ unit(ets_sharded, {Tables, N}) ->
 %%% Internal
 %%%===================================================================
 
--spec coordinator(atom(), pid(), pid(), pid() | undefined, pos_integer(), reference()) ->
+-spec coordinator(atom(), vary(), pid(), pid(), pid() | undefined, pos_integer(), reference()) ->
     no_return().
-coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
+coordinator(Load, Vary, Starter, GL, Owner, DurationMs, Ref) ->
     %% The starter itself is usually a short-lived call process (erpc,
     %% peer:call) whose exit says nothing; its group leader lives as long as
     %% the session that started the workload.
@@ -186,7 +210,7 @@ coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
             _ -> erlang:monitor(process, Owner)
         end,
     %% The workers are linked: when this process exits, they do too.
-    ok = start_load(Load),
+    ok = start_load(Load, Vary),
     Starter ! {Ref, started},
     TRef = erlang:start_timer(DurationMs, self(), done),
     receive
@@ -196,28 +220,58 @@ coordinator(Load, Starter, GL, Owner, DurationMs, Ref) ->
             exit({shutdown, done})
     end.
 
--spec start_load(atom()) -> ok.
-start_load(ets_hot) ->
-    T = hot_table(),
-    Writers = ?WRITERS_PER_SCHEDULER * erlang:system_info(schedulers_online),
-    _ = [spawn_link(fun() -> hot_writer(T) end) || _ <- lists:seq(1, Writers)],
+-spec start_load(atom(), vary()) -> ok.
+start_load(ets_hot, Vary = #{writers := W, table := Type, keys := Keys}) ->
+    T = hot_table(Vary),
+    Writers = case W of
+                  auto -> ?WRITERS_PER_SCHEDULER * erlang:system_info(schedulers_online);
+                  N -> N
+              end,
+    _ = [spawn_link(fun() -> hot_writer(T, Type, Keys) end) || _ <- lists:seq(1, Writers)],
     ok;
-start_load(ets_sharded) ->
+start_load(ets_sharded, _Vary) ->
     N = erlang:system_info(schedulers_online),
     Tables = shard_tables(N),
     Writers = ?WRITERS_PER_SCHEDULER * N,
     _ = [spawn_link(fun() -> sharded_writer(Tables, N) end) || _ <- lists:seq(1, Writers)],
     ok;
-start_load(dirty_gc) ->
+start_load(dirty_gc, _Vary) ->
     Workers = ?GC_WORKERS_PER_DIRTY * max(1, erlang:system_info(dirty_cpu_schedulers_online)),
     _ = [spawn_link(fun() -> gc_worker(I) end) || I <- lists:seq(1, Workers)],
     ok.
 
 -spec hot_table() -> ets:table().
 hot_table() ->
-    T = ets:new(?HOT_TABLE, table_opts()),
-    true = ets:insert(T, [{K, 0} || K <- lists:seq(1, ?KEYS)]),
+    hot_table(ets_defaults()).
+
+%% The hot table of a variation: its type and write_concurrency, a counter
+%% per key (a bag starts empty: its writers add and remove objects).
+-spec hot_table(vary()) -> ets:table().
+hot_table(#{table := Type, write_concurrency := WC, keys := Keys}) ->
+    T = ets:new(?HOT_TABLE, [Type, public, named_table, {write_concurrency, WC},
+                             {read_concurrency, false}]),
+    _ = case Type of
+            set -> ets:insert(T, [{K, 0} || K <- lists:seq(1, Keys)]);
+            ordered_set -> ets:insert(T, [{K, 0} || K <- lists:seq(1, Keys)]);
+            _ -> true
+        end,
     T.
+
+%% What ets_hot varies, with the lab's defaults.
+ets_vary() ->
+    #{writers => #{values => [{integer, 1, 4096}], default => auto,
+                   help => <<"writing processes (auto: 4 per scheduler)">>},
+      table => #{values => [set, ordered_set, bag, duplicate_bag], default => set,
+                 help => <<"the table's type">>},
+      write_concurrency => #{values => [true, false], default => true,
+                             help => <<"the table's write_concurrency">>},
+      keys => #{values => [{integer, 1, 1000000}], default => ?KEYS,
+                help => <<"distinct keys the writers share">>},
+      schedulers => #{values => [host, {integer, 1, 1024}], default => ?ETS_SCHEDULERS,
+                      help => <<"schedulers (host: one per core)">>}}.
+
+ets_defaults() ->
+    maps:map(fun(_, #{default := D}) -> D end, maps:without([schedulers], ets_vary())).
 
 -spec shard_tables(pos_integer()) -> tuple().
 shard_tables(N) ->
@@ -235,10 +289,15 @@ shard_tables(N) ->
 table_opts() ->
     [set, public, named_table, {write_concurrency, true}, {read_concurrency, false}].
 
--spec hot_writer(ets:table()) -> no_return().
-hot_writer(T) ->
-    hot_write(T),
-    hot_writer(T).
+-spec hot_writer(ets:table(), ets:table_type(), pos_integer()) -> no_return().
+hot_writer(T, Type, Keys) when Type =:= bag; Type =:= duplicate_bag ->
+    K = rand:uniform(Keys),
+    true = ets:insert(T, {K, rand:uniform(8)}),
+    true = ets:delete_object(T, {K, rand:uniform(8)}),
+    hot_writer(T, Type, Keys);
+hot_writer(T, Type, Keys) ->
+    _ = ets:update_counter(T, rand:uniform(Keys), 1),
+    hot_writer(T, Type, Keys).
 
 hot_write(T) ->
     _ = ets:update_counter(T, rand:uniform(?KEYS), 1),

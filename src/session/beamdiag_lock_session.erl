@@ -190,9 +190,15 @@ reading(State = #{node := Node, baseline := Base, facts := Facts}) ->
                                       tables(Node, [N || N <- Names, not maps:is_key(N, Known)],
                                              Deadline))),
             Tables = [maps:get(N, New) || N <- Names],
-            State#{tables => New,
+            Trees = case {beamdiag_lock_data:unnamed_trees(Data), State} of
+                        {false, _} -> [];
+                        {true, #{trees := T}} -> T;
+                        {true, _} -> trees(Node, Deadline)
+                    end,
+            State#{tables => New, trees => Trees,
                    latest := beamdiag_lock_data:with_node(Data, #{facts => Facts,
-                                                                  tables => Tables})};
+                                                                  tables => Tables,
+                                                                  trees => Trees})};
         {error, _} ->
             State
     end.
@@ -231,6 +237,27 @@ tables(Node, Names, Deadline) ->
                   _:_ -> [beamdiag_lock_data:table(N, {undefined, undefined}) || N <- Names]
               end,
     lists:zip(Names, Entries).
+
+%% The node's ordered_set tables with write_concurrency, among its first
+%% ?TABLE_SCAN (at most five): lcnt names no table for the tree nodes of
+%% such a table made while it counts.
+trees(Node, Deadline) ->
+    try
+        All = lists:sublist(rpc(Node, ets, all, [], Deadline), ?TABLE_SCAN),
+        Types = rpc(Node, lists, zipwith, [fun ets:info/2, All, [type || _ <- All]], Deadline),
+        Sets = [T || {T, ordered_set} <- lists:zip(All, Types)],
+        WCs = rpc(Node, lists, zipwith, [fun ets:info/2, Sets,
+                                         [write_concurrency || _ <- Sets]], Deadline),
+        Tids = lists:sublist([T || {T, WC} <- lists:zip(Sets, WCs), WC =/= false], 5),
+        Infos = rpc(Node, lists, map, [fun ets:info/1, Tids], Deadline),
+        Owners = [proplists:get_value(owner, I) || I <- Infos, is_list(I)],
+        Regs = rpc(Node, lists, zipwith, [fun erlang:process_info/2, Owners,
+                                          [registered_name || _ <- Owners]], Deadline),
+        Names = [atom_to_binary(proplists:get_value(name, I, undefined)) || I <- Infos, is_list(I)],
+        pair(Names, [I || I <- Infos, is_list(I)], Regs)
+    catch
+        _:_ -> []
+    end.
 
 unnamed(Node, Atoms, Named, Unnamed, Deadline) ->
     All = lists:sublist(rpc(Node, ets, all, [], Deadline), ?TABLE_SCAN),
