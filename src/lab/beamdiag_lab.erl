@@ -15,8 +15,8 @@
 %%% '''
 -module(beamdiag_lab).
 
--export([scenarios/0, scenario/1, start/2, stop/1, node/1, cookie/1, variation/2,
-         parse_variation/2, format_error/1]).
+-export([scenarios/0, scenario/1, start/2, stop/1, node/1, cookie/1, parse_variation/2,
+         format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -107,7 +107,7 @@ start(S, Opts) when is_map(S) ->
         {error, _} = E -> E
     end.
 
-%% @doc The variation of a run: the scenario's defaults with what is asked
+%% The variation of a run: the scenario's defaults with what is asked
 %% for, each value checked against the scenario's `vary'.
 -spec variation(scenario(), #{atom() => term()}) ->
     {ok, #{atom() => term()}} | {error, {beamdiag_lab, term()}}.

@@ -50,7 +50,7 @@
 -export_type([scenario/0]).
 
 %% The coordinator never returns: it exits, taking its linked workers along.
--dialyzer({no_return, run/2}).
+-dialyzer({no_return, run_load/2}).
 
 -define(HOT_TABLE, beamdiag_hot_table).
 %% Keys are drawn with rand: erlang:unique_integer/1 encodes the scheduler

@@ -497,10 +497,9 @@ host(Node) ->
         _ -> ""
     end.
 
-collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
-               procs := P}, Due) ->
+collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, procs := P}, Due) ->
     #{duration_ms => max(1, round(D * 1000)), interval_ms => I, msacc => M,
-      msacc_ms => max(1, round(S * 1000)), locks => L, procs => P, ready_by => Due}.
+      msacc_ms => max(1, round(S * 1000)), procs => P, ready_by => Due}.
 
 member(Node, Collect) ->
     case beamdiag_collect:run(Node, Collect) of

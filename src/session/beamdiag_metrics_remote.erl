@@ -91,7 +91,7 @@ serve(Node, Opts = #{port := Port, ip := Ip, path := Path, interval := I, durati
                 Renderer = spawn_link(fun() -> render(Http, undefined, undefined) end),
                 Collect = fun() -> beamdiag_collect:run(Node, #{
                     duration_ms => max(1, round(D * 1000)), interval_ms => I, msacc => false,
-                    locks => false, unload => AgentLoaded,
+                    unload => AgentLoaded,
                     on_sample => fun(S) -> Renderer ! {sample, S}, ok end
                 }) end,
                 Result = case maps:get(started, Opts) of

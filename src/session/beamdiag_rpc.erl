@@ -72,5 +72,6 @@ result(Res, {Res, error, Reason, Stack}) -> erlang:error({exception, Reason, Sta
 result(_Res, noconnection) -> erlang:error({erpc, noconnection});
 result(_Res, Other) -> exit({signal, Other}).
 
+-spec spawn_failed(term()) -> no_return().
 spawn_failed(noconnection) -> erlang:error({erpc, noconnection});
 spawn_failed(Reason) -> erlang:error({erpc, Reason}).

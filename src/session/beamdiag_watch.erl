@@ -178,7 +178,7 @@ start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, ms
     %% A watch window lasts until it is stopped: the agent walks the
     %% process table every few seconds instead (one walk each) and reports
     %% the processes since the last walk.
-    AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M, locks => false,
+    AgentOpts = #{duration_ms => Duration, interval_ms => I, msacc => M,
                   procs => maps:get(procs, Opts), procs_every => max(1, ?PROCS_EVERY_MS div I),
                   unload => Loaded},
     case beamdiag_client:start(Node, AgentOpts) of
