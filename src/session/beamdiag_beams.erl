@@ -33,7 +33,8 @@
 %%% '''
 -module(beamdiag_beams).
 
--export([start/0, releases/0, choose/2, objects/2, release_of_compiler/1, format_error/1]).
+-export([start/0, releases/0, choose/2, objects/2, compiled_by/1, release_of_compiler/1,
+         format_error/1]).
 
 -export_type([release/0]).
 
@@ -113,6 +114,15 @@ objects(Release, Mods) ->
             {error, {?MODULE, {no_such_set, Release}}}
     end.
 
+%% @doc The OTP release whose compiler compiled a loaded module (the set
+%% this node runs, for one of beamdiag's own).
+-spec compiled_by(module()) -> release().
+compiled_by(Mod) ->
+    case lists:keyfind(version, 1, Mod:module_info(compile)) of
+        {version, V} -> release_of_compiler(V);
+        false -> unknown
+    end.
+
 %% @doc The OTP release whose compiler has version `Vsn' ("8.2.3"): this
 %% node's own release when its compiler is that version, else the release
 %% known to ship it, else `unknown'.
@@ -136,7 +146,7 @@ format_error({no_set, Release, Releases}) ->
                   "build it where OTP ~b's compiler, or one at most two releases older, is "
                   "at hand (make build with the OTP 27 root of scripts/otp-root.sh trixie "
                   "covers OTP 25 to 29)",
-                  [compiled_by(Releases), Release, Release]);
+                  [releases_text(Releases), Release, Release]);
 format_error({load, Release, Set, Failed}) ->
     io_lib:format("OTP ~b cannot load this beamdiag's code compiled by OTP ~p (~ts); "
                   "build it with a compiler of OTP ~b or at most two releases older",
@@ -185,10 +195,7 @@ built_set(Dir) ->
     end.
 
 code_path_release() ->
-    case lists:keyfind(version, 1, ?MODULE:module_info(compile)) of
-        {version, V} -> release_of_compiler(V);
-        false -> unknown
-    end.
+    compiled_by(?MODULE).
 
 own_compiler() ->
     _ = application:load(compiler),
@@ -296,7 +303,7 @@ built_objects(Dir, Listed, [M | Ms], Acc) ->
             {error, {?MODULE, {no_object_code, M}}}
     end.
 
-compiled_by(Releases) ->
+releases_text(Releases) ->
     Known = [R || R <- Releases, is_integer(R)],
     case Known of
         [] -> "an OTP release not known here";
