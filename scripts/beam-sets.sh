@@ -27,6 +27,7 @@ for set in 27:trixie; do
     rel=${set%%:*}
     suite=${set#*:}
     out=$app/otp$rel
+    setcache=$(dirname "$build")/beam-set-cache/otp$rel
     [ "$rel" != "$host" ] || { rm -rf "$out"; continue; }
     root=$cache/roots/$suite
     why=
@@ -36,10 +37,10 @@ for set in 27:trixie; do
         why="compiling in the OTP $rel root needs root (scripts/otp-run.sh)"
     fi
     if [ -z "$why" ]; then
-        mkdir -p "$out"
-        OTP_RUN_BIND="$ebin:/beamdiag-set/in $out:/beamdiag-set/out $here:/beamdiag-set/scripts" \
+        mkdir -p "$out" "$setcache"
+        OTP_RUN_BIND="$ebin:/beamdiag-set/in $out:/beamdiag-set/out $setcache:/beamdiag-set/cache $here:/beamdiag-set/scripts" \
             "$here/otp-run.sh" "$suite" escript /beamdiag-set/scripts/beam-set.escript \
-            /beamdiag-set/in /beamdiag-set/out
+            /beamdiag-set/in /beamdiag-set/out /beamdiag-set/cache
         rc=$?
         case $rc in
             0) continue ;;

@@ -3,14 +3,16 @@
 %%% 29 (sid's) against a real node; and on a host whose only Erlang is a
 %%% release (built by relx with its own ERTS, OTP 29, no compiler
 %%% application, no `escript' on the PATH, no OTP installed), run with the
-%%% release's own ERTS, it diagnoses a node of that release.
+%%% release's own ERTS, it diagnoses a node of that release. A build made
+%%% without the OTP 27 root says so when it is built, and on OTP 29 stops
+%%% at start with one line.
 -module(beamdiag_erts_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([escript_on_each_otp/1, release_only_host/1]).
+-export([escript_on_each_otp/1, release_only_host/1, without_otp27_code/1]).
 
 -define(WINDOW, "3").
 
@@ -18,7 +20,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [escript_on_each_otp, release_only_host].
+    [escript_on_each_otp, release_only_host, without_otp27_code].
 
 init_per_suite(Config) ->
     case beamdiag_test_lib:escript() of
@@ -156,6 +158,47 @@ release_only_host(Config) ->
         stop_release_node(Node),
         _ = os:cmd("rm -rf '" ++ Work ++ "'")
     end.
+
+%% Without the OTP 27 root, the build says so (scripts/beam-sets.sh, the
+%% hook after rebar3's compile) and leaves the set out; such an escript
+%% runs on OTP 25 and, on OTP 29, says in one line why it stops, before
+%% any command, with none of the emulator's load errors.
+without_otp27_code(Config) ->
+    Priv = ?config(priv_dir, Config),
+    Build = filename:join(Priv, "build"),
+    Ebin = filename:join([Build, "lib", "beamdiag", "ebin"]),
+    Stale = filename:join([Build, "lib", "beamdiag", "otp27", "beamdiag.set"]),
+    ok = filelib:ensure_dir(Stale),
+    ok = file:write_file(Stale, <<"left from an earlier build">>),
+    ok = filelib:ensure_dir(filename:join(Ebin, "x")),
+    {0, HOut, HErr} = beamdiag_test_lib:run_exe(
+                          beamdiag_test_lib:script("beam-sets.sh"), [],
+                          [{"REBAR_BUILD_DIR", Build},
+                           {"BEAMDIAG_CACHE", filename:join(Priv, "no_cache")}]),
+    ct:pal("beam-sets.sh without a root:~n~ts~ts", [HOut, HErr]),
+    ?assertNotEqual(nomatch, string:find(HErr, "WARNING: no OTP 27 root")),
+    ?assertNotEqual(nomatch, string:find(HErr, "runs on OTP 25 to 27 only")),
+    ?assertNot(filelib:is_regular(Stale)),
+    %% The escript as such a build makes it: the same, less OTP 27's code.
+    {ok, Sections} = escript:extract(?config(escript, Config), []),
+    {archive, Zip} = lists:keyfind(archive, 1, Sections),
+    {ok, Files} = zip:unzip(Zip, [memory]),
+    Kept = [F || {Name, _} = F <- Files, not lists:prefix("beamdiag/otp27/", Name)],
+    ?assert(length(Kept) < length(Files)),
+    Bin = filename:join(Priv, "bin"),
+    Escript = filename:join(Bin, "beamdiag"),
+    ok = filelib:ensure_dir(Escript),
+    ok = escript:create(Escript, [shebang, {emu_args, proplists:get_value(emu_args, Sections)},
+                                  {archive, Kept, []}]),
+    ok = file:change_mode(Escript, 8#755),
+    {0, V25, _} = run(host, Bin, ["--version"], []),
+    ?assertMatch({_, _}, binary:match(V25, <<"holds code compiled by OTP 25)">>)),
+    {Code, Out, Err} = run("sid", Bin, ["diagnose", "nobody@localhost", "--duration", "1"], []),
+    ct:pal("on OTP 29: exit ~b~n~ts~ts", [Code, Out, Err]),
+    ?assertEqual({4, <<>>}, {Code, Out}),
+    [Line] = string:split(string:trim(Err), "\n", all),
+    [?assertNotEqual(nomatch, string:find(Line, W), W)
+     || W <- ["compiled by OTP 25", "OTP 29 cannot load", "scripts/otp-root.sh trixie"]].
 
 %%%===================================================================
 %%% Helpers

@@ -36,14 +36,12 @@
 
 %% What decides whether perf may run here (in this OS process and those it
 %% starts): kernel.perf_event_paranoid, the effective capabilities
-%% CAP_PERFMON and CAP_SYS_ADMIN, the seccomp mode, and whether this
-%% process runs in a PID namespace of its own (a container).
+%% CAP_PERFMON and CAP_SYS_ADMIN, and the seccomp mode.
 -type access() :: #{
     paranoid := integer() | unknown,
     perfmon := boolean() | unknown,
     sys_admin := boolean() | unknown,
-    seccomp := off | strict | filter | unknown,
-    container := boolean() | unknown
+    seccomp := off | strict | filter | unknown
 }.
 
 -type call_graph() :: auto | dwarf | fp | none.
@@ -219,8 +217,7 @@ access() ->
 
 %% @doc The same from the text of /proc/sys/kernel/perf_event_paranoid and
 %% of /proc/self/status (pure): `CapEff' holds CAP_SYS_ADMIN (bit 21) and
-%% CAP_PERFMON (bit 38), `Seccomp' the mode (0 off, 1 strict, 2 filter),
-%% `NSpid' one pid per PID namespace down to this process's own.
+%% CAP_PERFMON (bit 38), `Seccomp' the mode (0 off, 1 strict, 2 filter).
 -spec access(binary(), binary()) -> access().
 access(ParanoidText, Status) ->
     Paranoid = try binary_to_integer(string:trim(ParanoidText))
@@ -244,26 +241,16 @@ access(ParanoidText, Status) ->
                      {ok, <<"1">>} -> strict;
                      {ok, <<"2">>} -> filter;
                      _ -> unknown
-                 end,
-      container => case maps:find(<<"NSpid">>, Fields) of
-                       {ok, Ids} -> length(binary:split(Ids, [<<"\t">>, <<" ">>],
-                                                        [global, trim_all])) > 1;
-                       error -> unknown
-                   end}.
+                 end}.
 
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
 %% Why perf may not run here, in sentences, from what access/0 read.
-access_text(#{paranoid := P, perfmon := Pm, sys_admin := Sa, seccomp := Sc,
-                  container := C}) ->
+access_text(#{paranoid := P, perfmon := Pm, sys_admin := Sa, seccomp := Sc}) ->
     Privileged = Pm =:= true orelse Sa =:= true,
-    [case C of
-         true -> "This process runs in a PID namespace of its own (a container). ";
-         _ -> ""
-     end,
-     case P of
+    [case P of
          unknown -> "";
          _ when P >= 3 -> io_lib:format("kernel.perf_event_paranoid is ~b: no unprivileged "
                                         "process may use perf. ", [P]);
@@ -287,11 +274,8 @@ access_text(#{paranoid := P, perfmon := Pm, sys_admin := Sa, seccomp := Sc,
          _ ->
              ""
      end,
-     case C of
-         true -> "perf run on the container's host sees the node too: run beamdiag diagnose "
-                 "--perf there. ";
-         _ -> ""
-     end].
+     "A node in a container is seen by perf on its host as well: beamdiag diagnose --perf "
+     "run there profiles it. "].
 
 %% What the report lacks without perf.
 without_perf() ->

@@ -142,15 +142,11 @@ release_of_compiler(Vsn) ->
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({no_set, Release, Releases}) ->
-    io_lib:format("this beamdiag holds code compiled by ~ts, which OTP ~b cannot load; "
-                  "build it where OTP ~b's compiler, or one at most two releases older, is "
-                  "at hand (make build with the OTP 27 root of scripts/otp-root.sh trixie "
-                  "covers OTP 25 to 29)",
-                  [releases_text(Releases), Release, Release]);
+    io_lib:format("this beamdiag holds code compiled by ~ts, which OTP ~b cannot load; ~ts",
+                  [releases_text(Releases), Release, build_hint(Release)]);
 format_error({load, Release, Set, Failed}) ->
-    io_lib:format("OTP ~b cannot load this beamdiag's code compiled by OTP ~p (~ts); "
-                  "build it with a compiler of OTP ~b or at most two releases older",
-                  [Release, Set, modules_text(Failed), Release]);
+    io_lib:format("this beamdiag holds code compiled by OTP ~p, which OTP ~b cannot load (~ts "
+                  "refused); ~ts", [Set, Release, modules_text(Failed), build_hint(Release)]);
 format_error({stale_set, Dir, Mod}) ->
     io_lib:format("the code in ~ts was compiled from other code than this build's ~s "
                   "(rebuild: rebar3 compile)", [Dir, Mod]);
@@ -309,6 +305,11 @@ releases_text(Releases) ->
         [] -> "an OTP release not known here";
         _ -> ["OTP ", lists:join(" and ", [integer_to_list(R) || R <- lists:sort(Known)])]
     end.
+
+build_hint(Release) ->
+    io_lib:format("build beamdiag where the compiler of OTP ~b, or of a release at most two "
+                  "older, is at hand: make build with the OTP 27 root of scripts/otp-root.sh "
+                  "trixie covers OTP 25 to 29", [Release]).
 
 modules_text(Failed) ->
     Mods = [M || {M, _} <- Failed],
