@@ -68,9 +68,20 @@ document(#{capture := C, ledger := L, findings := F}) ->
                _ -> Doc0
            end,
     case Extras of
-        #{profile := #{method := M, profile := P}} ->
-            Doc1#{profile => #{method => M, summary => beamdiag_fold:summary(P),
-                               top => beamdiag_fold:top(P, #{kind => all, limit => 20})}};
+        #{profile := R = #{method := M, profile := P}} ->
+            Profile = #{method => M, summary => beamdiag_fold:summary(P),
+                        top => beamdiag_fold:top(P, #{kind => all, limit => 20})},
+            Doc1#{profile => case R of
+                                 #{perf := Perf = #{ospid := OsPid, target := #{ns_pid := NsPid}}} ->
+                                     %% The pid perf recorded (the host's) and
+                                     %% the node's own (a container's).
+                                     Profile#{perf => #{os_pid => OsPid, ns_pid => NsPid,
+                                                        call_graph => maps:get(call_graph, Perf),
+                                                        perf_map => maps:get(perf_map, Perf)
+                                                                        =/= missing}};
+                                 _ ->
+                                     Profile
+                             end};
         _ ->
             Doc1
     end.

@@ -26,9 +26,13 @@
 %%% API
 %%%===================================================================
 
-%% @doc The whole report. Options: `colour' (false).
+%% @doc The whole report. Options: `colour' (false). Elixir's functions
+%% are named the Elixir way (beamdiag_elixir_names).
 -spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
-diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
+diagnosis(D, Opts) ->
+    report(beamdiag_elixir_names:diagnosis(D), Opts).
+
+report(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
     %% Seen from the host alone (beamdiag_host): no VM figures.
     finish(iolist_to_binary([
         beamdiag_format_host:header(D),
@@ -38,7 +42,7 @@ diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
         beamdiag_format_host:threads(D),
         notes(L)
     ]), Opts);
-diagnosis(D = #{capture := C, ledger := L, findings := F}, Opts) ->
+report(D = #{capture := C, ledger := L, findings := F}, Opts) ->
     Plain = iolist_to_binary([
         header(C, L, ready(D)),
         "\n",

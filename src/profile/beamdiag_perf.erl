@@ -183,7 +183,7 @@ format_error({not_permitted, Access, Output}) ->
     ["perf may not profile the target: ", access_text(Access),
      "Run as root, or grant CAP_PERFMON (a container: --cap-add PERFMON, or the pod's "
      "securityContext), or lower kernel.perf_event_paranoid to 1 on the host (sysctl); perf "
-     "said: ", last_line(Output), ". ", without_perf()];
+     "said: ", refusal(Output), ". ", without_perf()];
 format_error({target_gone, OsPid}) ->
     io_lib:format("OS process ~b is gone (the node stopped, or it runs on another host: "
                   "perf must run on the target's host)", [OsPid]);
@@ -589,6 +589,17 @@ flush(Port) ->
     receive
         {Port, _} -> flush(Port)
     after 0 -> ok
+    end.
+
+%% The line of perf's output that says it was refused (its last line is
+%% advice on making a setting permanent).
+refusal(Out) ->
+    Lines = [string:trim(L) || L <- binary:split(Out, <<"\n">>, [global, trim_all])],
+    case [L || L <- Lines, lists:any(fun(W) -> binary:match(L, W) =/= nomatch end,
+                                     [<<"limited">>, <<"not permitted">>, <<"Permission">>,
+                                      <<"No permission">>])] of
+        [L | _] -> L;
+        [] -> last_line(Out)
     end.
 
 last_line(Out) ->

@@ -81,8 +81,8 @@ profile(Node, Opts, Err) ->
                             Wall = (maps:get(wall_ms, Rec))#{
                                        fold => erlang:monotonic_time(millisecond) - T0},
                             Perf = (maps:with([call_graph, call_graph_reason, perf_map, duration,
-                                               frequency, script_bytes, script_truncated, target],
-                                              Rec))#{wall_ms => Wall},
+                                               frequency, script_bytes, script_truncated, target,
+                                               ospid], Rec))#{wall_ms => Wall},
                             {ok, with_findings(
                                    with_callers(wait_callers(Callers),
                                                 #{profile => P, method => perf, node => Node,
@@ -180,6 +180,15 @@ notes(R = #{perf := Perf}, S) ->
         _ ->
             []
     end,
+    Namespace = case Perf of
+        #{ospid := O, target := #{ns_pid := N}} when O =/= N ->
+            [io_lib:format("The node runs in a PID namespace of its own (a container): perf "
+                           "recorded its host pid ~b; it is pid ~b there, and its JIT code was "
+                           "named from perf-~b.map in its own /tmp.", [O, N, N])
+             || maps:get(perf_map, Perf) =/= missing];
+        _ ->
+            []
+    end,
     Map = case Perf of
         #{perf_map := missing} ->
             [<<"No perf map: the node was not started with +JPperf true (or map), so its JIT "
@@ -203,7 +212,7 @@ notes(R = #{perf := Perf}, S) ->
         _ ->
             []
     end,
-    Reason ++ Lost ++ Map ++ Native ++ Callers;
+    Reason ++ Lost ++ Namespace ++ Map ++ Native ++ Callers;
 notes(_, _) ->
     [].
 
