@@ -22,7 +22,10 @@
 %%% '''
 -module(beamdiag_elixir_names).
 
--export([mfa/1, text/1, fix/1, diagnosis/1, profile/1, flame/1]).
+-export([diagnosis/1, flame/1]).
+-ifdef(TEST).
+-export([mfa/1, text/1, fix/1, profile/1]).
+-endif.
 
 %% Operators Elixir prints bare after a module and a dot (Kernel.+/2).
 -define(OPERATORS,

@@ -20,6 +20,8 @@
 -module(beamdiag_host_pid).
 
 -export([ns_pid/2, host_pid/3, start_ticks/1, format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
 
 %%%===================================================================
 %%% API

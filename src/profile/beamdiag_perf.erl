@@ -24,7 +24,7 @@
 %%% '''
 -module(beamdiag_perf).
 
--export([record/2, format_error/1, target/1, access/0]).
+-export([record/2, format_error/1, target/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.

@@ -33,8 +33,13 @@
 %%% '''
 -module(beamdiag_beams).
 
--export([start/0, releases/0, choose/2, objects/2, compiled_by/1, release_of_compiler/1,
+-export([start/0, releases/0, objects/2, code_path/1, compiled_by/1, release_of_compiler/1,
          format_error/1]).
+%% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
+-ignore_xref([{format_error, 1}]).
+-ifdef(TEST).
+-export([choose/2]).
+-endif.
 
 -export_type([release/0]).
 
@@ -107,12 +112,19 @@ choose(Release, Releases) ->
 objects(Release, Mods) ->
     case [S || S = #{release := R} <- sets(), R =:= Release] of
         [#{kind := code_path} | _] ->
-            code_path_objects(Mods, []);
+            code_path(Mods);
         [#{kind := built, dir := Dir, modules := Listed} | _] ->
             built_objects(Dir, Listed, Mods, []);
         [] ->
             {error, {?MODULE, {no_such_set, Release}}}
     end.
+
+%% @doc The object code of modules as the code path holds them (the set
+%% rebar3 compiled, whatever the running release loaded).
+-spec code_path([module()]) ->
+    {ok, [{module(), binary(), file:filename()}]} | {error, {?MODULE, term()}}.
+code_path(Mods) ->
+    code_path(Mods, []).
 
 %% @doc The OTP release whose compiler compiled a loaded module (the set
 %% this node runs, for one of beamdiag's own).
@@ -268,11 +280,11 @@ quietly(Fun) ->
         logger:set_primary_config(level, Level)
     end.
 
-code_path_objects([], Acc) ->
+code_path([], Acc) ->
     {ok, lists:reverse(Acc)};
-code_path_objects([M | Ms], Acc) ->
+code_path([M | Ms], Acc) ->
     case code:get_object_code(M) of
-        {M, Bin, File} -> code_path_objects(Ms, [{M, Bin, File} | Acc]);
+        {M, Bin, File} -> code_path(Ms, [{M, Bin, File} | Acc]);
         error -> {error, {?MODULE, {no_object_code, M}}}
     end.
 

@@ -94,7 +94,7 @@ load(Target, Mods) ->
 %% quarter of the bytes).
 -spec objects([module()]) -> {ok, objects()} | {error, {module(), term()}}.
 objects(Mods) ->
-    case object_code(Mods, []) of
+    case beamdiag_beams:code_path(Mods) of
         {ok, Objects} ->
             Built = built_on(element(2, hd(Objects))),
             Stripped = [begin
@@ -204,8 +204,6 @@ format_error({target_facts, Node, {noconnection, _}}) ->
 format_error({target_facts, Node, {Class, Why}}) ->
     io_lib:format("cannot read the OTP release of ~s: the call failed (~ts)",
                   [Node, short(Class, Why)]);
-format_error({no_object_code, Mod}) ->
-    io_lib:format("cannot find the object code of ~s", [Mod]);
 format_error({no_abstract_code, Mod}) ->
     io_lib:format("~s was built without debug_info, so it cannot be compiled on the target",
                   [Mod]);
@@ -223,8 +221,9 @@ format_error({busy, Node, Ms, false}) ->
 format_error({load_failed, Node, Mod, Why}) ->
     io_lib:format("cannot load ~s onto ~s: ~P", [Mod, Node, Why, 20]).
 
-%% @doc Loads beamdiag's own modules here, where the report is made: in
-%% the escript they load on first use, and otherwise the first analysis,
+%% @doc Loads beamdiag's own modules here, where the report is made: a
+%% library user's node loads them on first use (the escript loads them
+%% all at its start, beamdiag_beams), and otherwise the first analysis,
 %% at the window's end, waits for them (measured: 68 ms for one report's
 %% modules on an idle host; 0.5 s for a cluster's 77 modules on a busy
 %% 2-core host). Called in a process of its own while a window runs.
@@ -237,14 +236,6 @@ warm() ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
-
-object_code([], Acc) ->
-    {ok, lists:reverse(Acc)};
-object_code([M | Ms], Acc) ->
-    case code:get_object_code(M) of
-        {M, Bin, File} -> object_code(Ms, [{M, Bin, File} | Acc]);
-        error -> {error, {?MODULE, {no_object_code, M}}}
-    end.
 
 %% The target's release, and whether it can compile only when no set of
 %% beams loads there: each read with a timeout and one retry
