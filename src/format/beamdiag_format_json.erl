@@ -5,7 +5,11 @@
 %%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
 %%% `locks' (when counted), `processes' (the process walks: top processes
-%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first), `notes'
+%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first), `notes',
+%%% `profile' (with --perf or --erlang: the method, the figures, the top
+%%% functions; from perf also `perf': the OS pid perf recorded, the node's
+%%% own in its PID namespace, the call graph, whether a perf map named the
+%%% JIT code; names as the node gives them, Elixir's too)
 %%% and, for a diagnosis made now (not one re-read from a capture),
 %%% `ready_s': wall seconds from the call to the diagnosis.
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
