@@ -2,7 +2,9 @@
 %%% built ebin (the iex way), and a Mix project that takes beamdiag as a
 %%% path dependency compiled by rebar3, offline, without Hex. Both again
 %%% with Debian trixie's Elixir 1.18 on OTP 27, inside its root
-%%% (scripts/otp-root.sh trixie elixir rebar3).
+%%% (scripts/otp-root.sh trixie elixir rebar3). And an Elixir node diagnosed
+%%% by the escript with --perf: its hot function named the Elixir way, and
+%%% its fixes in Elixir's terms.
 -module(beamdiag_elixir_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -10,7 +12,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1, init_per_group/2,
          end_per_group/2]).
--export([elixir_pa/1, mix_path_dependency/1, elixir_pa_otp27/1, mix_path_dependency_otp27/1]).
+-export([elixir_pa/1, mix_path_dependency/1, elixir_pa_otp27/1, mix_path_dependency_otp27/1,
+         elixir_names/1]).
 
 -define(SNIPPET,
         "{:ok, d} = :beamdiag.diagnose(%{duration: 1}); "
@@ -21,7 +24,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [elixir_pa, mix_path_dependency, {group, otp27}].
+    [elixir_pa, mix_path_dependency, elixir_names, {group, otp27}].
 
 groups() ->
     [{otp27, [], [elixir_pa_otp27, mix_path_dependency_otp27]}].
@@ -130,6 +133,69 @@ mix_path_dependency_otp27(Config) ->
     ?assertMatch({_, _}, binary:match(Out, <<"OTP 27">>)),
     ?assert(filelib:is_regular(filename:join([App, "_build", "dev", "lib", "beamdiag", "ebin",
                                               "beamdiag.app"]))).
+
+%% An Elixir node whose one busy process runs Shop.Pricing.loop/1, which
+%% sums a list with Enum.reduce/3 and a fn, started with +JPperf true. The
+%% capture holds the names as the node gives them (Elixir.Shop.Pricing:...);
+%% the report names them as Elixir does, in the top processes, the
+%% profile and the evidence, and says the fixes in Elixir's terms.
+elixir_names(Config) ->
+    {ok, Escript} = case beamdiag_test_lib:escript() of
+                        {ok, E} -> {ok, E};
+                        error -> ct:fail("the escript is not built (rebar3 escriptize)")
+                    end,
+    Name = "beamdiag_ex_" ++ integer_to_list(erlang:unique_integer([positive])),
+    Cookie = "ex" ++ integer_to_list(rand:uniform(1 bsl 40)),
+    Code = "defmodule Shop.Pricing do\n"
+           "  def total(items), do: Enum.reduce(items, 0, fn {p, q}, acc -> acc + p * q end)\n"
+           "  def loop(items), do: (total(items); loop(items))\n"
+           "end\n"
+           "pid = spawn(Shop.Pricing, :loop, [for(i <- 1..200, do: {i, 2})])\n"
+           "Process.register(pid, :shop_pricing)\n"
+           "Process.sleep(:infinity)\n",
+    Port = open_port({spawn_executable, ?config(elixir, Config)},
+                     [{args, ["--sname", Name, "--cookie", Cookie, "--erl", "+JPperf true",
+                              "-e", Code]},
+                      exit_status, binary, stderr_to_stdout, hide]),
+    Node = Name ++ "@" ++ hd(string:split(net_adm:localhost(), ".")),
+    {ok, N} = beamdiag_test_lib:poll(
+                fun() ->
+                        case beamdiag_remote:connect(Node, #{cookie => list_to_atom(Cookie)}) of
+                            {ok, N0} -> {true, N0};
+                            Error -> {false, Error}
+                        end
+                end, 30000),
+    OsPid = erpc:call(N, os, getpid, []),
+    try
+        Save = filename:join(?config(priv_dir, Config), "elixir.capture"),
+        {0, Out, Err} = beamdiag_test_lib:run_exe(
+                          Escript, ["diagnose", Node, "--perf", "--duration", "3", "--save", Save],
+                          [{"BEAMDIAG_COOKIE", Cookie}]),
+        ct:log("~ts~n~ts", [Err, Out]),
+        %% The raw capture: the node runs Elixir, and its busy process is
+        %% named as the node names it.
+        #{settings := Settings, extras := #{procs := #{top_reductions := [Top | _]}}} =
+            beamdiag_test_lib:read_capture(Save),
+        ?assertEqual(true, maps:get(elixir, Settings)),
+        ?assertEqual(<<"Elixir.Shop.Pricing:loop/1">>, maps:get(initial_call, Top)),
+        ?assertEqual(<<"shop_pricing">>, maps:get(name, Top)),
+        %% The report, the Elixir way: the process, the profile's frames.
+        ?assertEqual(nomatch, binary:match(Out, <<"Elixir.Shop">>)),
+        ?assertMatch({_, _}, binary:match(Out, <<"Shop.Pricing.loop/1">>)),
+        [_, Profile] = binary:split(Out, <<"\nPROFILE: ">>),
+        ct:pal("profile:~n~ts", [Profile]),
+        ?assertMatch({_, _}, binary:match(Profile, <<"$anonymous fn/2 in Shop.Pricing.total/1">>)),
+        %% The profile's figures count JIT frames the same.
+        ?assertEqual(nomatch, binary:match(Profile, <<"Erlang function on the stack: 0.0%">>)),
+        %% Its bottleneck's fix in Elixir's terms (the report wraps lines).
+        Flat = re:replace(Out, "\\s+", " ", [global, {return, binary}]),
+        ?assertMatch({_, _}, binary:match(Flat, <<"single_process_bottleneck">>)),
+        ?assertMatch({_, _}, binary:match(Flat, <<"message_queue_data: :off_heap">>)),
+        ?assertEqual(nomatch, binary:match(Flat, <<"{message_queue_data, off_heap}">>))
+    after
+        _ = os:cmd("kill -9 " ++ OsPid),
+        catch port_close(Port)
+    end.
 
 %%%===================================================================
 %%% Internal

@@ -21,6 +21,8 @@ usage_reasons() ->
         {beamdiag_remote, {bad_cookie, not_utf8}},
         {beamdiag_remote, {cookie_file, "/nonexistent", enoent}},
         {beamdiag_lab, {unknown_scenario, "nope", [busy_wait]}},
+        {beamdiag_lab, {bad_variation, ets_hot, "threads=3", [writers]}},
+        {beamdiag_lab, {bad_variation, ets_hot, writers, 0, [writers]}},
         {beamdiag_experiment, {unknown_lab, "nope"}},
         {beamdiag_experiment, {bad_workload, "nope"}},
         {beamdiag_experiment, {no_module, "nope"}},

@@ -2,34 +2,42 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
-plan(B, T, C) ->
-    beamdiag_loader:plan(#{built_on => B, target => T, compiler => C}).
+plan(Sets, T, C) ->
+    beamdiag_loader:plan(#{sets => Sets, target => T, compiler => C}).
 
-%% Beams load on the release that compiled them and the two after it.
+%% Beams load on the release that compiled them and the two after it: the
+%% newest set that loads goes over, whether the target can compile or not.
 beams_within_two_releases_test() ->
-    ?assertEqual(beams, plan(25, 25, false)),
-    ?assertEqual(beams, plan(25, 26, false)),
-    ?assertEqual(beams, plan(25, 27, false)),
-    ?assertEqual(beams, plan(27, 29, true)),
-    ?assertEqual(beams, plan(29, 29, true)).
+    ?assertEqual({beams, 25}, plan([25], 25, false)),
+    ?assertEqual({beams, 25}, plan([25], 26, false)),
+    ?assertEqual({beams, 25}, plan([25], 27, false)),
+    ?assertEqual({beams, 27}, plan([25, 27], 27, false)),
+    ?assertEqual({beams, 27}, plan([25, 27], 28, true)),
+    ?assertEqual({beams, 27}, plan([25, 27], 29, false)),
+    ?assertEqual({beams, 25}, plan([25, 27], 26, false)),
+    ?assertEqual({beams, 25}, plan([27, 25], 25, true)),
+    ?assertEqual({beams, 29}, plan([29], 29, true)).
 
-%% OTP 29 refuses OTP 25's code: compiled there when it can be.
+%% No set loads there: compiled on the target when it can be.
 newer_target_compiles_test() ->
-    ?assertEqual(compile, plan(25, 28, true)),
-    ?assertEqual(compile, plan(25, 29, true)),
-    ?assertEqual({refuse, no_compiler}, plan(25, 29, false)),
-    ?assertEqual({refuse, no_compiler}, plan(25, 28, false)).
+    ?assertEqual(compile, plan([25], 28, true)),
+    ?assertEqual(compile, plan([25], 29, true)),
+    ?assertEqual(compile, plan([25, 27], 30, true)),
+    ?assertEqual({refuse, no_compiler}, plan([25], 29, false)),
+    ?assertEqual({refuse, no_compiler}, plan([25, 27], 30, false)),
+    ?assertEqual({refuse, no_compiler}, plan([25], 28, false)).
 
 %% OTP 25 refuses code from 26 and later, by any distance.
 older_target_compiles_test() ->
-    ?assertEqual(compile, plan(26, 25, true)),
-    ?assertEqual(compile, plan(29, 25, true)),
-    ?assertEqual({refuse, no_compiler}, plan(29, 25, false)),
-    ?assertEqual({refuse, no_compiler}, plan(27, 26, false)).
+    ?assertEqual(compile, plan([26], 25, true)),
+    ?assertEqual(compile, plan([27, 29], 25, true)),
+    ?assertEqual({refuse, no_compiler}, plan([29], 25, false)),
+    ?assertEqual({refuse, no_compiler}, plan([27], 26, false)).
 
 unknown_build_test() ->
-    ?assertEqual(compile, plan(unknown, 27, true)),
-    ?assertEqual({refuse, unknown_build}, plan(unknown, 27, false)).
+    ?assertEqual(compile, plan([unknown], 27, true)),
+    ?assertEqual({beams, 27}, plan([unknown, 27], 29, false)),
+    ?assertEqual({refuse, unknown_build}, plan([unknown], 27, false)).
 
 %% This build's beams were compiled here, by this release's compiler.
 built_on_here_test() ->
@@ -49,23 +57,16 @@ agent_has_abstract_code_test() ->
 %% The refusal is one line naming both releases and what to do.
 refusal_message_test() ->
     Msg = lists:flatten(beamdiag_loader:format_error(
-              {refuse, no_compiler, 'app@host', #{built_on => 25, target => 29, runs_on => 25,
+              {refuse, no_compiler, 'app@host', #{sets => [25], target => 29, runs_on => 25,
                                                   compiler => false}})),
     ?assertEqual(nomatch, string:find(Msg, "\n")),
     ?assertNotEqual(nomatch, string:find(Msg, "OTP 29")),
     ?assertNotEqual(nomatch, string:find(Msg, "OTP 25")),
+    ?assertNotEqual(nomatch, string:find(Msg, "25 to 27")),
     ?assertNotEqual(nomatch, string:find(Msg, "27 to 29")),
     ?assertNotEqual(nomatch, string:find(Msg, "compiler application")),
     Msg2 = lists:flatten(beamdiag_loader:format_error(
-               {refuse, unknown_build, 'app@host', #{built_on => unknown, target => 29,
+               {refuse, unknown_build, 'app@host', #{sets => [unknown], target => 29,
                                                      runs_on => 27, compiler => false}})),
     ?assertEqual(nomatch, string:find(Msg2, "\n")),
     ?assertNotEqual(nomatch, string:find(Msg2, "OTP 27")).
-
-%% The release each compiler version ships with; a version no release is
-%% known to ship is unknown, not a guess.
-release_of_compiler_test_() ->
-    [?_assertEqual(Want, beamdiag_loader:release_of_compiler(V))
-     || {V, Want} <- [{"8.2.3", 25}, {"8.3.2", 26}, {"8.4.1", 26}, {"8.5", 27}, {"8.6.1", 27},
-                      {"9.0.2", 28}, {"9.1", 28}, {"10.0", 29}, {"10.2.1", 29},
-                      {"8.1.1", unknown}, {"11.0", unknown}, {"junk", unknown}]].

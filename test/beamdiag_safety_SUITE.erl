@@ -547,8 +547,9 @@ perf_missing(Config) ->
             try
                 true = os:putenv("PATH", "/nonexistent"),
                 R = beamdiag_perf:record(OsPid, #{duration => 1}),
-                ?assertEqual({error, {beamdiag_perf, perf_missing}}, R),
-                Msg = iolist_to_binary(beamdiag_perf:format_error(perf_missing)),
+                ?assertMatch({error, {beamdiag_perf, {perf_missing, #{}}}}, R),
+                {error, {beamdiag_perf, Missing}} = R,
+                Msg = iolist_to_binary(beamdiag_perf:format_error(Missing)),
                 ct:log("~ts", [Msg]),
                 ?assertNotEqual(nomatch, binary:match(Msg, <<"perf is not installed">>))
             after

@@ -69,7 +69,10 @@ settings() ->
         process_limit => erlang:system_info(process_limit),
         atom_count => erlang:system_info(atom_count),
         atom_limit => erlang:system_info(atom_limit),
-        eheap_alloc_instances => alloc_instances(eheap_alloc)
+        eheap_alloc_instances => alloc_instances(eheap_alloc),
+        %% Elixir's application runs here (it registers elixir_config):
+        %% the report then says fixes in Elixir's terms.
+        elixir => erlang:whereis(elixir_config) =/= undefined
     },
     maps:merge(Base, Flags).
 

@@ -357,9 +357,9 @@ written() ->
                 <<"Threads queue on the locks of one ETS table (db_hash_slot, db_tab): "
                   "many processes on many schedulers write the same table.">>,
             fix =>
-                <<"Create the table with {write_concurrency, true} (or auto) and "
-                  "{decentralized_counters, true}; if it is still hot, shard the data over "
-                  "one table per scheduler, as the peep metrics library does.">>,
+                <<"Create the table with the ets:new/2 options {write_concurrency, true} (or "
+                  "auto) and {decentralized_counters, true}; if it is still hot, shard the data "
+                  "over one table per scheduler, as the peep metrics library does.">>,
             when_not =>
                 <<"write_concurrency costs memory and makes whole-table operations "
                   "(tab2list, size) slower; a table that is mostly read wants "

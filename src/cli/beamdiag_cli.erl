@@ -123,7 +123,9 @@ run(["--version" | _], #{out := Out}) ->
               {ok, V} -> V;
               undefined -> "(version unknown)"
           end,
-    Out(["beamdiag ", Vsn, "\n"]),
+    Out(["beamdiag ", Vsn, " on OTP ", erlang:system_info(otp_release), ", running code compiled by ",
+         release_text(beamdiag_beams:compiled_by(?MODULE)), " (this build holds code compiled by ",
+         lists:join(" and ", [release_text(R) || R <- beamdiag_beams:releases()]), ")\n"]),
     ?EXIT_OK;
 run([Cmd | Rest], IO0 = #{out := Out, err := Err0}) ->
     %% Messages may quote file names, node names and other input: nothing
@@ -175,6 +177,9 @@ guarded(Cmd, Run, Err) ->
                  "\nthis is a bug in beamdiag\n"]),
             ?EXIT_FAILED
     end.
+
+release_text(R) when is_integer(R) -> ["OTP ", integer_to_list(R)];
+release_text(unknown) -> "an OTP release not known here".
 
 arity(A) when is_list(A) -> length(A);
 arity(A) -> A.

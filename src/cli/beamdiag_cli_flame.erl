@@ -71,7 +71,9 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
             try
                 case beamdiag_profile:profile(Node, profile_opts(Opts), Err) of
                     {ok, Result} ->
-                        write_and_print(Result, Opts, IO);
+                        %% Elixir's functions named the Elixir way, in
+                        %% the files too.
+                        write_and_print(beamdiag_elixir_names:flame(Result), Opts, IO);
                     {error, Error} ->
                         beamdiag_cli:fail(Error, IO)
                 end

@@ -46,9 +46,13 @@
 %%% API
 %%%===================================================================
 
-%% @doc The whole diagnosis as one HTML document.
+%% @doc The whole diagnosis as one HTML document, Elixir's functions named
+%% the Elixir way (beamdiag_elixir_names).
 -spec diagnosis(beamdiag:diagnosis()) -> iodata().
-diagnosis(D = #{capture := C, ledger := L, findings := F}) ->
+diagnosis(D) ->
+    document(beamdiag_elixir_names:diagnosis(D)).
+
+document(D = #{capture := C, ledger := L, findings := F}) ->
     Node = maps:get(node, C, <<"?">>),
     Extras = maps:get(extras, C, #{}),
     Data = chart_data(C, L),

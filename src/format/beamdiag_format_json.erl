@@ -5,7 +5,11 @@
 %%% vector), `threads' (per thread: name, type, scheduler id, ledger fields
 %%% in seconds), `by_type', `totals', `host', `cgroup', `vm', `msacc',
 %%% `locks' (when counted), `processes' (the process walks: top processes
-%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first), `notes'
+%%% by reductions, mailboxes, heaps; see beamdiag_agent_processes), `findings' (most severe first), `notes',
+%%% `profile' (with --perf or --erlang: the method, the figures, the top
+%%% functions; from perf also `perf': the OS pid perf recorded, the node's
+%%% own in its PID namespace, the call graph, whether a perf map named the
+%%% JIT code; names as the node gives them, Elixir's too)
 %%% and, for a diagnosis made now (not one re-read from a capture),
 %%% `ready_s': wall seconds from the call to the diagnosis.
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
@@ -67,9 +71,20 @@ document(#{capture := C, ledger := L, findings := F}) ->
            end,
     Doc1 = with_locks(Doc0, Extras),
     case Extras of
-        #{profile := #{method := M, profile := P}} ->
-            Doc1#{profile => #{method => M, summary => beamdiag_fold:summary(P),
-                               top => beamdiag_fold:top(P, #{kind => all, limit => 20})}};
+        #{profile := R = #{method := M, profile := P}} ->
+            Profile = #{method => M, summary => beamdiag_fold:summary(P),
+                        top => beamdiag_fold:top(P, #{kind => all, limit => 20})},
+            Doc1#{profile => case R of
+                                 #{perf := Perf = #{ospid := OsPid, target := #{ns_pid := NsPid}}} ->
+                                     %% The pid perf recorded (the host's) and
+                                     %% the node's own (a container's).
+                                     Profile#{perf => #{os_pid => OsPid, ns_pid => NsPid,
+                                                        call_graph => maps:get(call_graph, Perf),
+                                                        perf_map => maps:get(perf_map, Perf)
+                                                                        =/= missing}};
+                                 _ ->
+                                     Profile
+                             end};
         _ ->
             Doc1
     end.

@@ -26,9 +26,13 @@
 %%% API
 %%%===================================================================
 
-%% @doc The whole report. Options: `colour' (false).
+%% @doc The whole report. Options: `colour' (false). Elixir's functions
+%% are named the Elixir way (beamdiag_elixir_names).
 -spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
-diagnosis(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts) ->
+diagnosis(D, Opts) ->
+    report(beamdiag_elixir_names:diagnosis(D), Opts).
+
+report(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts) ->
     %% Seen from the host alone (beamdiag_host): no VM figures; the lock
     %% counters, read apart from the agent, when the node counts locks.
     finish(iolist_to_binary([
@@ -40,7 +44,7 @@ diagnosis(D = #{host_only := true, capture := C, ledger := L, findings := F}, Op
         locks(C),
         notes(L)
     ]), Opts);
-diagnosis(D = #{capture := C, ledger := L, findings := F}, Opts) ->
+report(D = #{capture := C, ledger := L, findings := F}, Opts) ->
     Plain = iolist_to_binary([
         header(C, L, ready(D)),
         "\n",

@@ -23,7 +23,7 @@
 -module(beamdiag_host_locate).
 
 -export([locate/2, target/1, is_local_host/1, format_error/1]).
--export([read/1]).
+-export([read/1, beams/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
@@ -252,7 +252,8 @@ holds_any(Root, Pid, Links) ->
             false
     end.
 
-%% Every process whose main thread is a beam: [{Pid, Comm}].
+%% @doc Every process whose main thread is a beam: [{Pid, Comm}].
+-spec beams(file:filename()) -> [{pos_integer(), binary()}].
 beams(Root) ->
     case file:list_dir(Root) of
         {ok, Entries} ->

@@ -249,15 +249,30 @@ is_hex1(<<>>) -> true;
 is_hex1(<<C, R/binary>>) when C >= $0, C =< $9; C >= $a, C =< $f; C >= $A, C =< $F -> is_hex1(R);
 is_hex1(_) -> false.
 
+elixir_name(F) ->
+    case {binary:matches(F, <<"/">>), binary:match(F, <<".">>)} of
+        {[_ | _] = Ms, {_, 1}} ->
+            {S, 1} = lists:last(Ms),
+            case is_digits(binary:part(F, S + 1, byte_size(F) - S - 1)) of
+                true -> erlang;
+                false -> native
+            end;
+        _ ->
+            native
+    end.
+
 is_digits1(<<>>) -> true;
 is_digits1(<<C, R/binary>>) when C >= $0, C =< $9 -> is_digits1(R);
 is_digits1(_) -> false.
 
-%% `mod:fun/arity': a ':' and, after the last '/', digits only.
+%% `mod:fun/arity': a ':' and, after the last '/', digits only. A name an
+%% Elixir function is given for the report (beamdiag_elixir_names:
+%% `Shop.Pricing.total/1', `anonymous fn/2 in Shop.Pricing.total/1') is
+%% Erlang code too.
 erlang_or_native(F) ->
     case binary:match(F, <<":">>) of
         nomatch ->
-            native;
+            elixir_name(F);
         {P, 1} ->
             case binary:matches(F, <<"/">>, [{scope, {P, byte_size(F) - P}}]) of
                 [] ->

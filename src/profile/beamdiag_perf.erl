@@ -29,10 +29,20 @@
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([record_args/3, choose_call_graph/1]).
+-export([record_args/3, choose_call_graph/1, access/2]).
 -endif.
 
--export_type([options/0, result/0, target/0]).
+-export_type([options/0, result/0, target/0, access/0]).
+
+%% What decides whether perf may run here (in this OS process and those it
+%% starts): kernel.perf_event_paranoid, the effective capabilities
+%% CAP_PERFMON and CAP_SYS_ADMIN, and the seccomp mode.
+-type access() :: #{
+    paranoid := integer() | unknown,
+    perfmon := boolean() | unknown,
+    sys_admin := boolean() | unknown,
+    seccomp := off | strict | filter | unknown
+}.
 
 -type call_graph() :: auto | dwarf | fp | none.
 %% What /proc says about the target: its +JPperf flag (as given, or
@@ -153,7 +163,7 @@ script_args(DataFile) ->
 -spec find_perf(string() | undefined) -> {ok, string()} | {error, {?MODULE, term()}}.
 find_perf(undefined) ->
     case os:find_executable("perf") of
-        false -> {error, {?MODULE, perf_missing}};
+        false -> {error, {?MODULE, {perf_missing, access()}}};
         P -> {ok, P}
     end;
 find_perf(Path) ->
@@ -164,17 +174,16 @@ find_perf(Path) ->
 
 %% @doc Turns an error reason into a sentence.
 -spec format_error(term()) -> iolist().
-format_error(perf_missing) ->
-    "perf is not installed on this host (Debian: apt-get install linux-perf); "
-    "it must run on the same host as the target node";
+format_error({perf_missing, Access}) ->
+    ["perf is not installed here (Debian: apt-get install linux-perf); it must run on the "
+     "node's host or in its container. ", access_text(Access), without_perf()];
 format_error({perf_not_found, Path}) ->
     io_lib:format("no perf executable at ~ts", [Path]);
-format_error({not_permitted, Paranoid, Output}) ->
-    io_lib:format(
-        "perf may not profile the target (kernel.perf_event_paranoid = ~ts): run as root "
-        "or as the node's user with perf_event_paranoid <= 2 (sysctl "
-        "kernel.perf_event_paranoid=1), or grant CAP_PERFMON; perf said: ~ts",
-        [Paranoid, last_line(Output)]);
+format_error({not_permitted, Access, Output}) ->
+    ["perf may not profile the target: ", access_text(Access),
+     "Run as root, or grant CAP_PERFMON (a container: --cap-add PERFMON, or the pod's "
+     "securityContext), or lower kernel.perf_event_paranoid to 1 on the host (sysctl); perf "
+     "said: ", refusal(Output), ". ", without_perf()];
 format_error({target_gone, OsPid}) ->
     io_lib:format("OS process ~b is gone (the node stopped, or it runs on another host: "
                   "perf must run on the target's host)", [OsPid]);
@@ -193,9 +202,87 @@ format_error({file, Path, Why}) ->
 format_error({bad_option, K, V}) ->
     io_lib:format("bad perf option ~p => ~p", [K, V]).
 
+%% @doc What decides here whether perf may run (see access/2).
+-spec access() -> access().
+access() ->
+    %% Small files, read whole (a 4 MiB read of a sysctl file fails
+    %% with enomem).
+    Read = fun(F) ->
+                   case file:read_file(F) of
+                       {ok, B} -> B;
+                       {error, _} -> <<>>
+                   end
+           end,
+    access(Read("/proc/sys/kernel/perf_event_paranoid"), Read("/proc/self/status")).
+
+%% @doc The same from the text of /proc/sys/kernel/perf_event_paranoid and
+%% of /proc/self/status (pure): `CapEff' holds CAP_SYS_ADMIN (bit 21) and
+%% CAP_PERFMON (bit 38), `Seccomp' the mode (0 off, 1 strict, 2 filter).
+-spec access(binary(), binary()) -> access().
+access(ParanoidText, Status) ->
+    Paranoid = try binary_to_integer(string:trim(ParanoidText))
+               catch error:badarg -> unknown
+               end,
+    Fields = maps:from_list([{K, string:trim(V)}
+                             || L <- binary:split(Status, <<"\n">>, [global]),
+                                [K, V] <- [binary:split(L, <<":">>)]]),
+    Caps = case maps:find(<<"CapEff">>, Fields) of
+               {ok, Hex} -> try binary_to_integer(Hex, 16) catch error:badarg -> unknown end;
+               error -> unknown
+           end,
+    Bit = fun(N) when is_integer(Caps) -> Caps band (1 bsl N) =/= 0;
+             (_) -> unknown
+          end,
+    #{paranoid => Paranoid,
+      sys_admin => Bit(21),
+      perfmon => Bit(38),
+      seccomp => case maps:find(<<"Seccomp">>, Fields) of
+                     {ok, <<"0">>} -> off;
+                     {ok, <<"1">>} -> strict;
+                     {ok, <<"2">>} -> filter;
+                     _ -> unknown
+                 end}.
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Why perf may not run here, in sentences, from what access/0 read.
+access_text(#{paranoid := P, perfmon := Pm, sys_admin := Sa, seccomp := Sc}) ->
+    Privileged = Pm =:= true orelse Sa =:= true,
+    [case P of
+         unknown -> "";
+         _ when P >= 3 -> io_lib:format("kernel.perf_event_paranoid is ~b: no unprivileged "
+                                        "process may use perf. ", [P]);
+         2 -> "kernel.perf_event_paranoid is 2: an unprivileged process may sample the user "
+              "space of its own user's processes only, not the kernel. ";
+         _ -> io_lib:format("kernel.perf_event_paranoid is ~b. ", [P])
+     end,
+     case {Privileged, Pm, Sa} of
+         {true, _, _} -> "This process has CAP_PERFMON or CAP_SYS_ADMIN. ";
+         {false, unknown, _} -> "";
+         {false, _, _} -> "This process has neither CAP_PERFMON nor CAP_SYS_ADMIN. "
+     end,
+     case Sc of
+         filter when not Privileged ->
+             "A seccomp filter is on (a container runtime's default profile refuses "
+             "perf_event_open to a process without CAP_PERFMON or CAP_SYS_ADMIN). ";
+         filter ->
+             "A seccomp filter is on (a profile may refuse perf_event_open). ";
+         strict ->
+             "Seccomp is in strict mode: no perf_event_open. ";
+         _ ->
+             ""
+     end,
+     "A node in a container is seen by perf on its host as well: beamdiag diagnose --perf "
+     "run there profiles it. "].
+
+%% What the report lacks without perf.
+without_perf() ->
+    "The diagnosis is whole without perf but for what perf alone sees: the CPU time below "
+    "Erlang, in the emulator's C functions (garbage collection, ETS, copying terms), NIFs "
+    "and the kernel, and the Erlang functions of JIT code named from the perf map "
+    "(+JPperf true).".
 
 options(Opts) ->
     Defaults = defaults(),
@@ -328,7 +415,7 @@ target(OsPid) ->
         none -> undefined;
         D -> D
     end,
-    NsPid = ns_pid(P, OsPid),
+    NsPid = beamdiag_host_pid:ns_pid("/proc", OsPid),
     MapName = "perf-" ++ integer_to_list(NsPid) ++ ".map",
     Candidates =
         [filename:join([P ++ "/root", binary_to_list(strip_root(Dir)), MapName])
@@ -388,24 +475,6 @@ flag_value(_, []) -> none.
 strip_root(<<"/", R/binary>>) -> strip_root(R);
 strip_root(D) -> D.
 
-%% The last NSpid of /proc/PID/status is the pid the process sees itself as
-%% (the JIT names its map after it).
-ns_pid(P, OsPid) ->
-    case file:read_file(P ++ "/status") of
-        {ok, B} ->
-            case [L || L <- binary:split(B, <<"\n">>, [global]),
-                       binary:longest_common_prefix([L, <<"NSpid:">>]) =:= 6] of
-                [L | _] ->
-                    Ids = binary:split(binary:part(L, 6, byte_size(L) - 6), [<<"\t">>, <<" ">>],
-                                       [global, trim_all]),
-                    try binary_to_integer(lists:last(Ids)) catch _:_ -> OsPid end;
-                [] ->
-                    OsPid
-            end;
-        {error, _} ->
-            OsPid
-    end.
-
 %% Copies the target's perf map next to the recording (at most 256 MiB).
 copy_map(#{perf_map := missing}, _Dir) ->
     missing;
@@ -428,7 +497,7 @@ classify1(Has, Status, Out, OsPid) ->
         orelse Has(<<"Operation not permitted">>) orelse Has(<<"No permission">>)
     of
         true ->
-            {not_permitted, paranoid(), Out};
+            {not_permitted, access(), Out};
         false ->
             case Has(<<"No such process">>) orelse Has(<<"Couldn't find">>)
                 orelse Has(<<"not found">>) orelse alive(OsPid) =/= ok
@@ -436,12 +505,6 @@ classify1(Has, Status, Out, OsPid) ->
                 true -> {target_gone, OsPid};
                 false -> {perf_failed, Status, Out}
             end
-    end.
-
-paranoid() ->
-    case file:read_file("/proc/sys/kernel/perf_event_paranoid") of
-        {ok, B} -> string:trim(B);
-        {error, _} -> <<"unknown">>
     end.
 
 %% perf script into a file, stopping at max_script bytes.
@@ -526,6 +589,17 @@ flush(Port) ->
     receive
         {Port, _} -> flush(Port)
     after 0 -> ok
+    end.
+
+%% The line of perf's output that says it was refused (its last line is
+%% advice on making a setting permanent).
+refusal(Out) ->
+    Lines = [string:trim(L) || L <- binary:split(Out, <<"\n">>, [global, trim_all])],
+    case [L || L <- Lines, lists:any(fun(W) -> binary:match(L, W) =/= nomatch end,
+                                     [<<"limited">>, <<"not permitted">>, <<"Permission">>,
+                                      <<"No permission">>])] of
+        [L | _] -> L;
+        [] -> last_line(Out)
     end.
 
 last_line(Out) ->

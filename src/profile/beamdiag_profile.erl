@@ -49,16 +49,17 @@ profile(Node, Opts, Err) ->
                 true -> none
             end,
             _ = case Target of
-                #{perf_map := missing, perf_flag := Flag} ->
+                #{perf_map := missing, perf_flag := Flag, ns_pid := NsPid} ->
                     Err(io_lib:format(
-                          "warning: no perf map for OS process ~b (+JPperf ~ts; looked in its "
-                          "+JPperfdirectory, its own /tmp through /proc/~b/root, and /tmp): its "
-                          "JIT code will have no names; start the node with +JPperf true~n",
-                          [OsPid, Flag, OsPid]));
+                          "warning: no perf map for ~ts (+JPperf ~ts; looked for perf-~b.map in "
+                          "its +JPperfdirectory, its own /tmp through /proc/~b/root, and /tmp): "
+                          "its JIT code will have no names; start the node with +JPperf true~n",
+                          [pid_text(OsPid, Target), Flag, NsPid, OsPid]));
                 _ ->
                     ok
             end,
-            Err(io_lib:format("recording OS process ~b (~p) with perf for ~b s...~n", [OsPid, Node, D])),
+            Err(io_lib:format("recording ~ts (~p) with perf for ~b s...~n",
+                              [pid_text(OsPid, Target), Node, D])),
             PerfOpts = #{duration => D, frequency => maps:get(frequency, Opts, 97),
                          call_graph => maps:get(call_graph, Opts, auto), dir => Out,
                          perf => maps:get(perf, Opts, undefined)},
@@ -80,8 +81,8 @@ profile(Node, Opts, Err) ->
                             Wall = (maps:get(wall_ms, Rec))#{
                                        fold => erlang:monotonic_time(millisecond) - T0},
                             Perf = (maps:with([call_graph, call_graph_reason, perf_map, duration,
-                                               frequency, script_bytes, script_truncated, target],
-                                              Rec))#{wall_ms => Wall},
+                                               frequency, script_bytes, script_truncated, target,
+                                               ospid], Rec))#{wall_ms => Wall},
                             {ok, with_findings(
                                    with_callers(wait_callers(Callers),
                                                 #{profile => P, method => perf, node => Node,
@@ -179,6 +180,15 @@ notes(R = #{perf := Perf}, S) ->
         _ ->
             []
     end,
+    Namespace = case Perf of
+        #{ospid := O, target := #{ns_pid := N}} when O =/= N ->
+            [io_lib:format("The node runs in a PID namespace of its own (a container): perf "
+                           "recorded its host pid ~b; it is pid ~b there, and its JIT code was "
+                           "named from perf-~b.map in its own /tmp.", [O, N, N])
+             || maps:get(perf_map, Perf) =/= missing];
+        _ ->
+            []
+    end,
     Map = case Perf of
         #{perf_map := missing} ->
             [<<"No perf map: the node was not started with +JPperf true (or map), so its JIT "
@@ -202,7 +212,7 @@ notes(R = #{perf := Perf}, S) ->
         _ ->
             []
     end,
-    Reason ++ Lost ++ Map ++ Native ++ Callers;
+    Reason ++ Lost ++ Namespace ++ Map ++ Native ++ Callers;
 notes(_, _) ->
     [].
 
@@ -235,17 +245,52 @@ sample(Node, Opts) ->
             {error, {?MODULE, {sampler_load, Node, Why}}}
     end.
 
-%% The node's OS pid, and a check that it is a process of this host.
+%% The node's OS pid on this host, once it is known to run on this host's
+%% kernel (its boot id is this host's; its host name when either cannot
+%% be read). A node in a container says the pid it has in its own PID
+%% namespace: perf and the perf map want the host's, which
+%% beamdiag_host_pid finds by that pid and the node's start time.
 os_pid(Node) ->
     try
-        OsPid = list_to_integer(erpc:call(Node, os, getpid, [], 5000)),
-        {ok, Here} = inet:gethostname(),
-        There = erpc:call(Node, net_adm, localhost, [], 5000),
-        Host = hd(string:split(There, ".")),
-        case Host =:= hd(string:split(Here, ".")) of
-            false -> {error, {beamdiag_perf, {other_host, There}}};
-            true -> {ok, OsPid}
+        NsPid = list_to_integer(erpc:call(Node, os, getpid, [], 5000)),
+        case same_kernel(Node) of
+            {false, There} ->
+                {error, {beamdiag_perf, {other_host, There}}};
+            true ->
+                Start = case erpc:call(Node, file, read_file, ["/proc/self/stat"], 5000) of
+                            {ok, Stat} ->
+                                case beamdiag_host_pid:start_ticks(Stat) of
+                                    {ok, T} -> T;
+                                    error -> undefined
+                                end;
+                            {error, _} ->
+                                undefined
+                        end,
+                beamdiag_host_pid:host_pid("/proc", NsPid, #{start => Start})
         end
     catch
         Class:Reason -> {error, {?MODULE, {remote, Class, Reason}}}
     end.
+
+same_kernel(Node) ->
+    Boot = "/proc/sys/kernel/random/boot_id",
+    case {file:read_file(Boot), erpc:call(Node, file, read_file, [Boot], 5000)} of
+        {{ok, Id}, {ok, Id}} ->
+            true;
+        {{ok, _}, {ok, _}} ->
+            {false, erpc:call(Node, net_adm, localhost, [], 5000)};
+        _ ->
+            {ok, Here} = inet:gethostname(),
+            There = erpc:call(Node, net_adm, localhost, [], 5000),
+            case hd(string:split(There, ".")) =:= hd(string:split(Here, ".")) of
+                true -> true;
+                false -> {false, There}
+            end
+    end.
+
+%% "OS process 48213", and its own pid when a PID namespace gives it
+%% another.
+pid_text(OsPid, #{ns_pid := OsPid}) ->
+    io_lib:format("OS process ~b", [OsPid]);
+pid_text(OsPid, #{ns_pid := NsPid}) ->
+    io_lib:format("OS process ~b (~b in its own PID namespace)", [OsPid, NsPid]).

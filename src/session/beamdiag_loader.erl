@@ -2,17 +2,21 @@
 %%%
 %%% Compiled code loads on the release that compiled it and on the two
 %%% after it; OTP 29 refuses code compiled by OTP 25, and OTP 25 refuses
-%%% code compiled by OTP 26 and later. So the loader first reads the
-%%% target's release and whether the compiler application is on its code
-%%% path (two calls that change nothing), then decides with `plan/1':
+%%% code compiled by OTP 26 and later. A build holds its modules compiled
+%%% by more than one release (`beamdiag_beams': the code path's beams, and
+%%% OTP 27's beside them), so the loader first reads the target's release
+%%% (one call that changes nothing), then decides with `plan/1':
 %%%
 %%% <ul>
-%%% <li>`beams': the target can load the modules as compiled here; they go
-%%%     over with `code:load_binary/3'.</li>
-%%% <li>`compile': it cannot, but it has the compiler; each module's
-%%%     abstract code (from its debug_info) goes over and `compile:forms/2'
-%%%     compiles it there, all modules at once, bounded by a timeout; the
-%%%     result is loaded with `code:load_binary/3'.</li>
+%%% <li>`{beams, Release}': the set compiled by that release loads there;
+%%%     its beams go over and load with `erlang:load_module/2' (not through
+%%%     the code server: see atomic_load/2). Nothing on the target
+%%%     compiles anything.</li>
+%%% <li>`compile': no set loads there (a library build without the other
+%%%     sets, or a release past every window), but the target has the
+%%%     compiler: each module's abstract code (from its debug_info) goes
+%%%     over and `compile:forms/2' compiles it there, all modules at once,
+%%%     bounded by a timeout; the result is loaded.</li>
 %%% <li>`{refuse, _}': neither; nothing is loaded and the error says which
 %%%     release each side runs and what to do.</li>
 %%% </ul>
@@ -22,12 +26,12 @@
 %%% is used as it is and left alone; another version is refused rather
 %%% than replaced. `unload/2' removes what `load/2' loaded.
 %%%
-%%% The target is a node (calls over erpc) or an OTP `peer' started by this
+%%% The target is a node (calls at high priority, beamdiag_rpc) or an OTP `peer' started by this
 %%% node (`{peer, Pid}', calls over its control connection, as the lab does).
 %%%
 %%% ```
-%%% 1> beamdiag_loader:plan(#{built_on => 25, target => 29, compiler => true}).
-%%% compile
+%%% 1> beamdiag_loader:plan(#{sets => [25, 27], target => 29, compiler => false}).
+%%% {beams, 27}
 %%% 2> {ok, Loaded} = beamdiag_loader:load('app@host', beamdiag_agent:modules()).
 %%% 3> beamdiag_loader:unload('app@host', Loaded).
 %%% '''
@@ -39,15 +43,20 @@
 -export_type([target/0, plan/0, objects/0]).
 
 -ifdef(TEST).
--export([release_of_compiler/1, plan/1, built_on/1]).
+-export([plan/1, built_on/1]).
 -endif.
 
 -type target() :: node() | {peer, pid()}.
--type plan() :: beams | compile | {refuse, no_compiler | unknown_build}.
-%% The code of a set of modules, read once (objects/1) for many targets.
--opaque objects() :: #{built_on := pos_integer() | unknown,
-                       objects := [{module(), binary(), file:filename()}],
-                       stripped := [{module(), binary(), file:filename(), binary()}]}.
+-type plan() :: {beams, beamdiag_beams:release()} | compile
+              | {refuse, no_compiler | unknown_build}.
+%% The code of a set of modules, read once (objects/1) for many targets:
+%% the code path's beams as built (their abstract code, for a target that
+%% compiles them), and each set's beams as they go over (the code path's
+%% stripped of everything but what loading needs: a quarter of the bytes).
+-opaque objects() :: #{objects := [{module(), binary(), file:filename()}],
+                       sets := [{beamdiag_beams:release(),
+                                 {ok, [{module(), binary(), file:filename()}]}
+                                 | {error, {module(), term()}}}]}.
 
 %% Each remote call the loader makes. On a node whose schedulers are all
 %% busy, on a host that is itself overloaded, the call's process waits for
@@ -62,14 +71,6 @@
 -define(SETTLE_POLL_MS, 200).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
-%% Compiler application versions (major, minor) seen in each release, for
-%% beams that were not compiled by this node's own compiler.
-%% The compiler's major.minor version each OTP release ships ('_' any
-%% minor): 25 has 8.2, 26 has 8.3 and 8.4, 27 has 8.5 and 8.6, 28 has 9,
-%% 29 has 10 (checked here: 8.2.3 on 25.2.3, 8.6 on 27.3.4.1, 10.0 on
-%% 29.1.2; the others from OTP's release notes).
--define(COMPILERS, [{{8, 2}, 25}, {{8, 3}, 26}, {{8, 4}, 26}, {{8, 5}, 27}, {{8, 6}, 27},
-                    {{9, '_'}, 28}, {{10, '_'}, 29}]).
 
 %%%===================================================================
 %%% API
@@ -77,64 +78,55 @@
 
 %% @doc Loads the modules onto the target; returns those it loaded (and so
 %% must unload). On this node itself it only makes sure they are loaded.
--spec load(target(), [module()]) -> {ok, [module()]} | {error, {beamdiag_loader, term()}}.
+-spec load(target(), [module()]) -> {ok, [module()]} | {error, {module(), term()}}.
 load(Node, Mods) when Node =:= node() ->
     _ = [code:ensure_loaded(M) || M <- Mods],
     {ok, []};
 load(Target, Mods) ->
-    case object_code(Mods, []) of
-        {ok, Objects} ->
-            Built = built_on(element(2, hd(Objects))),
-            case target_facts(Target, Built) of
-                {ok, Release, Compiler} ->
-                    Facts = #{built_on => Built, target => Release, compiler => Compiler},
-                    case plan(Facts) of
-                        {refuse, Why} ->
-                            {error, {?MODULE, {refuse, Why, name(Target),
-                                               Facts#{runs_on => release()}}}};
-                        How ->
-                            ship(How, Target, Objects)
-                    end;
-                {error, _} = E ->
-                    E
-            end;
-        {error, _} = E ->
-            E
+    case objects(Mods) of
+        {ok, Objects} -> load_objects(Target, Objects);
+        {error, _} = E -> E
     end.
 
 %% @doc The modules' code, read once for `load_objects/2' on many targets:
-%% the beams as built (for a target that compiles them), and the same
-%% beams stripped of everything but what loading needs (a quarter of the
-%% bytes; the same md5) with their md5, for the targets that load them as
-%% they are.
--spec objects([module()]) -> {ok, objects()} | {error, {beamdiag_loader, term()}}.
+%% the code path's beams as built (for a target that compiles them), and
+%% the beams of every set of this build (`beamdiag_beams') as they go over
+%% (the code path's stripped of everything but what loading needs: a
+%% quarter of the bytes).
+-spec objects([module()]) -> {ok, objects()} | {error, {module(), term()}}.
 objects(Mods) ->
-    case object_code(Mods, []) of
+    case beamdiag_beams:code_path(Mods) of
         {ok, Objects} ->
+            Built = built_on(element(2, hd(Objects))),
             Stripped = [begin
                             {ok, {M, S}} = beam_lib:strip(Bin),
-                            {M, S, File, local_md5(M, Bin)}
+                            {M, S, File}
                         end || {M, Bin, File} <- Objects],
-            {ok, #{built_on => built_on(element(2, hd(Objects))), objects => Objects,
-                   stripped => Stripped}};
+            Others = [{R, beamdiag_beams:objects(R, Mods)}
+                      || R <- beamdiag_beams:releases(), R =/= Built],
+            {ok, #{objects => Objects, sets => [{Built, {ok, Stripped}} | Others]}};
         {error, _} = E ->
             E
     end.
 
 %% @doc As `load/2', with the code read once by `objects/1'.
--spec load_objects(target(), objects()) -> {ok, [module()]} | {error, {beamdiag_loader, term()}}.
+-spec load_objects(target(), objects()) -> {ok, [module()]} | {error, {module(), term()}}.
 load_objects(Node, #{objects := Objects}) when Node =:= node() ->
     _ = [code:ensure_loaded(M) || {M, _, _} <- Objects],
     {ok, []};
-load_objects(Target, #{built_on := Built, objects := Objects, stripped := Stripped}) ->
-    case target_facts(Target, Built) of
+load_objects(Target, #{objects := Objects, sets := Sets}) ->
+    Releases = [R || {R, _} <- Sets],
+    case target_facts(Target, Releases) of
         {ok, Release, Compiler} ->
-            Facts = #{built_on => Built, target => Release, compiler => Compiler},
+            Facts = #{sets => Releases, target => Release, compiler => Compiler},
             case plan(Facts) of
                 {refuse, Why} ->
                     {error, {?MODULE, {refuse, Why, name(Target), Facts#{runs_on => release()}}}};
-                beams ->
-                    load_each(Target, Stripped, []);
+                {beams, R} ->
+                    case proplists:get_value(R, Sets) of
+                        {ok, Beams} -> load_each(Target, [{M, B, F, undefined} || {M, B, F} <- Beams]);
+                        {error, _} = E -> E
+                    end;
                 compile ->
                     ship(compile, Target, Objects)
             end;
@@ -152,20 +144,26 @@ unload(Target, Mods) ->
     _ = [catch call(Target, erlang, purge_module, [M], ?CALL_TIMEOUT) || M <- Mods],
     ok.
 
-%% @doc The version decision (pure). `built_on': the OTP release that
-%% compiled the modules (`unknown' when it cannot be told); `target': the
-%% target's release; `compiler': whether the compiler application is on
-%% the target's code path. Beams load on their own release and the two
-%% after it; anything else is compiled on the target, or refused.
--spec plan(#{built_on := pos_integer() | unknown, target := pos_integer(),
+%% @doc The version decision (pure). `sets': the releases whose compilers
+%% compiled this build's sets (`unknown' when it cannot be told);
+%% `target': the target's release; `compiler': whether the compiler
+%% application is on the target's code path. Code loads on the release
+%% that compiled it and the two after it: the newest set that loads there
+%% goes over as beams; failing that, the code is compiled on the target,
+%% or refused.
+-spec plan(#{sets := [beamdiag_beams:release()], target := pos_integer(),
              compiler := boolean() | unknown}) -> plan().
-plan(#{built_on := Built, target := Target, compiler := Compiler}) ->
-    Loadable = is_integer(Built) andalso Target >= Built andalso Target =< Built + 2,
+plan(#{sets := Sets, target := Target, compiler := Compiler}) ->
+    Loadable = lists:reverse(lists:sort([R || R <- Sets, is_integer(R), Target >= R,
+                                              Target =< R + 2])),
     case {Loadable, Compiler} of
-        {true, _} -> beams;
-        {false, true} -> compile;
-        {false, false} when Built =:= unknown -> {refuse, unknown_build};
-        {false, false} -> {refuse, no_compiler}
+        {[R | _], _} -> {beams, R};
+        {[], true} -> compile;
+        {[], false} ->
+            case [R || R <- Sets, is_integer(R)] of
+                [] -> {refuse, unknown_build};
+                _ -> {refuse, no_compiler}
+            end
     end.
 
 %% @doc The OTP release whose compiler compiled a beam: this node's own
@@ -176,7 +174,7 @@ built_on(Beam) ->
     case beam_lib:chunks(Beam, [compile_info]) of
         {ok, {_, [{compile_info, Info}]}} ->
             case proplists:get_value(version, Info) of
-                V when is_list(V) -> release_of_compiler(V);
+                V when is_list(V) -> beamdiag_beams:release_of_compiler(V);
                 _ -> unknown
             end;
         {error, beam_lib, _} ->
@@ -185,12 +183,14 @@ built_on(Beam) ->
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({refuse, no_compiler, Node, #{built_on := B, target := T, runs_on := R}}) ->
-    io_lib:format("cannot load the agent onto ~s: it runs OTP ~b, which cannot load code "
-                  "compiled by OTP ~b (this beamdiag~ts), and has no compiler application on "
-                  "its code path to compile it there; use a beamdiag built on OTP ~ts, or add "
-                  "the compiler application to the node's release",
-                  [Node, T, B, runs_on(B, R), loadable_builds(T)]);
+format_error({refuse, no_compiler, Node, #{sets := Sets, target := T, runs_on := R}}) ->
+    io_lib:format("cannot load the agent onto ~s: it runs OTP ~b, which cannot load the code "
+                  "this beamdiag holds (~ts; this beamdiag runs on OTP ~b), and has no compiler "
+                  "application on its code path to compile it there; use a beamdiag that holds "
+                  "code compiled by OTP ~ts (make build with the OTP 27 root of "
+                  "scripts/otp-root.sh trixie covers OTP 25 to 29), or add the compiler "
+                  "application to the node's release",
+                  [Node, T, windows(Sets), R, loadable_builds(T)]);
 format_error({refuse, unknown_build, Node, #{target := T, runs_on := R}}) ->
     io_lib:format("cannot load the agent onto ~s: it runs OTP ~b and has no compiler "
                   "application on its code path, and the OTP release that compiled this "
@@ -206,8 +206,6 @@ format_error({target_facts, Node, {noconnection, _}}) ->
 format_error({target_facts, Node, {Class, Why}}) ->
     io_lib:format("cannot read the OTP release of ~s: the call failed (~ts)",
                   [Node, short(Class, Why)]);
-format_error({no_object_code, Mod}) ->
-    io_lib:format("cannot find the object code of ~s", [Mod]);
 format_error({no_abstract_code, Mod}) ->
     io_lib:format("~s was built without debug_info, so it cannot be compiled on the target",
                   [Mod]);
@@ -225,8 +223,9 @@ format_error({busy, Node, Ms, false}) ->
 format_error({load_failed, Node, Mod, Why}) ->
     io_lib:format("cannot load ~s onto ~s: ~P", [Mod, Node, Why, 20]).
 
-%% @doc Loads beamdiag's own modules here, where the report is made: in
-%% the escript they load on first use, and otherwise the first analysis,
+%% @doc Loads beamdiag's own modules here, where the report is made: a
+%% library user's node loads them on first use (the escript loads them
+%% all at its start, beamdiag_beams), and otherwise the first analysis,
 %% at the window's end, waits for them (measured: 68 ms for one report's
 %% modules on an idle host; 0.5 s for a cluster's 77 modules on a busy
 %% 2-core host). Called in a process of its own while a window runs.
@@ -240,28 +239,20 @@ warm() ->
 %%% Internal
 %%%===================================================================
 
-object_code([], Acc) ->
-    {ok, lists:reverse(Acc)};
-object_code([M | Ms], Acc) ->
-    case code:get_object_code(M) of
-        {M, Bin, File} -> object_code(Ms, [{M, Bin, File} | Acc]);
-        error -> {error, {?MODULE, {no_object_code, M}}}
-    end.
-
-%% The target's release, and whether it can compile only when the beams
-%% as built cannot load there: each read with a timeout and one retry
+%% The target's release, and whether it can compile only when no set of
+%% beams loads there: each read with a timeout and one retry
 %% (?FACTS_WAITS), so a node that is only slow answers the second, and one
 %% that cannot answer costs seconds, not ten. The compiler check asks the
 %% code server, which searches the code path for a module not loaded
 %% (measured: 2.4 to 5 s on a node whose schedulers a mailbox flood keeps
 %% busy, where the release read took 0 to 60 ms). Nothing is loaded or
 %% changed there.
-target_facts(Target, Built) ->
+target_facts(Target, Sets) ->
     case bounded(Target, erlang, system_info, [otp_release], ?FACTS_WAITS, []) of
         {ok, Rel} ->
             Release = list_to_integer(Rel),
-            case plan(#{built_on => Built, target => Release, compiler => false}) of
-                beams ->
+            case plan(#{sets => Sets, target => Release, compiler => false}) of
+                {beams, _} ->
                     {ok, Release, unknown};
                 _ ->
                     case bounded(Target, code, which, [compile], ?FACTS_WAITS, []) of
@@ -304,13 +295,11 @@ times(N) -> io_lib:format("~b times", [N]).
 short(Class, Why) ->
     io_lib:format("~0tP", [{Class, Why}, 8]).
 
-ship(beams, Target, Objects) ->
-    load_each(Target, [{M, Bin, File, local_md5(M, Bin)} || {M, Bin, File} <- Objects], []);
 ship(compile, Target, Objects) ->
     case abstract_code(Objects, []) of
         {ok, Forms} ->
             case compile_all(Target, Forms) of
-                {ok, Compiled} -> load_each(Target, Compiled, []);
+                {ok, Compiled} -> load_each(Target, Compiled);
                 {error, _} = E -> E
             end;
         {error, _} = E ->
@@ -394,17 +383,19 @@ stop_jobs(Jobs) ->
     ok.
 
 %% Which modules are there already, in one call; the others loaded in one
-%% more (code:atomic_load/1): two round trips instead of two or three a
+%% more (atomic_load/2): two round trips instead of two or three a
 %% module, each a wait for a scheduler on a busy node. The check asks BIFs
 %% only, not the code server (a call to a code server that waits behind
 %% busy processes for each module cost 2.2 s for ten modules on a
 %% saturated lock-counting node). Modules a running agent may still
-%% delete are not trusted: see settled/3.
-load_each(Target, Items, []) ->
+%% delete are not trusted: see settled/3. Items are {Module, Beam, File,
+%% Md5}, the md5 as the target's loader gives it when known, else
+%% `undefined': then the target computes it for a module it has already.
+load_each(Target, Items) ->
     Mods = [M || {M, _, _, _} <- Items],
     case settled(Target, Mods, erlang:monotonic_time(millisecond) + ?SETTLE_MS) of
         {ok, Flags} ->
-            Present = [I || {I, true} <- lists:zip(Items, Flags)],
+            Present = target_md5s(Target, [I || {I, true} <- lists:zip(Items, Flags)]),
             Missing = [I || {I, false} <- lists:zip(Items, Flags)],
             case [M || {M, _, _, Md5} <- Present, remote_md5(Target, M) =/= {ok, Md5}] of
                 [M | _] ->
@@ -415,8 +406,37 @@ load_each(Target, Items, []) ->
         {error, _} = E ->
             E;
         unknown ->
-            load_one_by_one(Target, Items, [])
+            load_one_by_one(Target, target_md5s(Target, Items), [])
     end.
+
+%% The md5 of each beam as the target's loader computes it (beam_lib:md5/1
+%% there gives the same as module_info(md5) of the loaded module; this
+%% node's release may compute another for code of another release), in
+%% one call, for those not known yet.
+target_md5s(_Target, []) ->
+    [];
+target_md5s(Target, Items) ->
+    Unknown = [Bin || {_, Bin, _, undefined} <- Items],
+    Md5s = case Unknown of
+               [] -> [];
+               _ -> case catch call(Target, lists, map, [fun beam_lib:md5/1, Unknown],
+                                    ?CALL_TIMEOUT) of
+                        L when is_list(L), length(L) =:= length(Unknown) -> L;
+                        _ -> [error || _ <- Unknown]
+                    end
+           end,
+    fill_md5s(Items, Md5s).
+
+fill_md5s([], _) ->
+    [];
+fill_md5s([{M, Bin, File, undefined} | Rest], [R | Md5s]) ->
+    Md5 = case R of
+              {ok, {M, V}} -> V;
+              _ -> unknown
+          end,
+    [{M, Bin, File, Md5} | fill_md5s(Rest, Md5s)];
+fill_md5s([Item | Rest], Md5s) ->
+    [Item | fill_md5s(Rest, Md5s)].
 
 %% Whether each module is loaded, once no agent is left that may still
 %% delete it. An agent registers itself (beamdiag_agent:init/4) until it
@@ -517,14 +537,6 @@ remote_md5(Target, M) ->
             missing
     end.
 
-%% The md5 the target's loader gives a beam loaded as it is: this node's
-%% own, when the module is loaded here from the same binary.
-local_md5(M, Bin) ->
-    case beam_lib:md5(Bin) of
-        {ok, {M, Md5}} -> Md5;
-        {error, beam_lib, _} -> M:module_info(md5)
-    end.
-
 call(Node, M, F, A, Timeout) when is_atom(Node) ->
     beamdiag_rpc:call(Node, M, F, A, Timeout);
 call({peer, Peer}, M, F, A, Timeout) ->
@@ -541,26 +553,12 @@ name(Node) ->
 release() ->
     list_to_integer(erlang:system_info(otp_release)).
 
-release_of_compiler(Vsn) ->
-    _ = application:load(compiler),
-    case application:get_key(compiler, vsn) of
-        {ok, Vsn} ->
-            release();
-        _ ->
-            case catch [list_to_integer(P) || P <- lists:sublist(string:split(Vsn, ".", all), 2)] of
-                [Ma, Mi] -> compiler_release(Ma, Mi);
-                _ -> unknown
-            end
-    end.
-
-compiler_release(Ma, Mi) ->
-    case [R || {{A, B}, R} <- ?COMPILERS, A =:= Ma, B =:= Mi orelse B =:= '_'] of
-        [R | _] -> R;
-        [] -> unknown
-    end.
-
-runs_on(Built, Built) -> "";
-runs_on(_, Runs) -> io_lib:format(", running on OTP ~b", [Runs]).
+%% The releases each set loads on, in words: "OTP 25's (loads on 25 to
+%% 27) and OTP 27's (27 to 29)".
+windows(Sets) ->
+    Known = lists:sort([R || R <- Sets, is_integer(R)]),
+    lists:join(" and ", [io_lib:format("code compiled by OTP ~b, which loads on OTP ~b to ~b",
+                                       [R, R, R + 2]) || R <- Known]).
 
 %% The releases whose compiled code the target's release loads.
 loadable_builds(T) ->
