@@ -39,6 +39,10 @@
     procs => boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
+    proto_dist => inet_tcp | inet6_tcp | inet_tls | inet6_tls,
+    ssl_dist_optfile => file:filename(),
+    dist_port => inet:port_number(),
+    plan => beamdiag_attach:plan(),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
     perf => boolean() | perf_options(),
     erlang => boolean(),
@@ -73,7 +77,7 @@
     os_pid => undefined,
     answer_timeout => auto
 }).
--define(REMOTE_KEYS, [cookie, cookie_file]).
+-define(REMOTE_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, plan]).
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
@@ -172,6 +176,16 @@ options(Opts) ->
     Answer = maps:get(answer_timeout, O),
     (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
+    case maps:find(proto_dist, O) of
+        {ok, Proto} -> lists:member(Proto, [inet_tcp, inet6_tcp, inet_tls, inet6_tls])
+                           orelse erlang:error({badarg, {proto_dist, Proto}});
+        error -> true
+    end,
+    case maps:find(dist_port, O) of
+        {ok, Port} -> (is_integer(Port) andalso Port > 0 andalso Port < 65536)
+                          orelse erlang:error({badarg, {dist_port, Port}});
+        error -> true
+    end,
     O.
 
 %% When the report is due: the window and the slack from T0 (the call's
@@ -202,6 +216,8 @@ perf_options(_) -> false.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
+format_error({host_only, {M, Why}, _}) ->
+    [M:format_error(Why), "; the report from the host alone follows"];
 format_error({partial, Why, _}) ->
     io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]);
 format_error({profile_crashed, Why}) ->
@@ -222,8 +238,25 @@ remote(NodeStr, O) ->
     remote(NodeStr, O, fun(_) -> ok end).
 
 remote(NodeStr, O, Notify) ->
-    case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
-        {ok, Node} ->
+    case plan(NodeStr, O) of
+        {ok, Plan0} ->
+            _ = Notify({planned, Plan0}),
+            remote_plan(NodeStr, O#{plan => Plan0}, Notify);
+        {error, _} = E ->
+            E
+    end.
+
+%% How to reach the node: given, or made now (beamdiag_attach).
+plan(_NodeStr, #{plan := Plan}) ->
+    {ok, Plan};
+plan(NodeStr, O) ->
+    beamdiag_attach:plan(NodeStr, maps:with([cookie, cookie_file, proto_dist, ssl_dist_optfile,
+                                             dist_port, located], O)).
+
+remote_plan(NodeStr, O, Notify) ->
+    case beamdiag_remote:attach(NodeStr, maps:with(?REMOTE_KEYS, O)) of
+        {ok, Node, #{cookie := Used, plan := Plan}} ->
+            Attach = beamdiag_attach:public(Plan, Used),
             _ = Notify(connected),
             Early = early_locks(Node, O),
             case beamdiag_loader:load(Node, beamdiag_agent:modules()) of
@@ -233,8 +266,8 @@ remote(NodeStr, O, Notify) ->
                     _ = spawn(fun beamdiag_loader:warm/0),
                     Cleared = early_locks_done(Early),
                     Result = with_profile(Node, O, fun() ->
-                                 beamdiag_collect:run(Node, (collect_opts(O, Loaded))#{
-                                                                locks_cleared => Cleared})
+                                 with_attach(beamdiag_collect:run(Node, (collect_opts(O, Loaded))#{
+                                                                locks_cleared => Cleared}), Attach)
                              end),
                     case Result of
                         {ok, Diagnosis} ->
@@ -262,6 +295,18 @@ remote(NodeStr, O, Notify) ->
         {error, _} = E ->
             E
     end.
+
+%% How the node was reached joins the capture (and so the report and a
+%% saved capture).
+with_attach({ok, Capture}, Attach) ->
+    {ok, put_extra(Capture, attach, Attach)};
+with_attach({error, {beamdiag_collect, {target_down, Why, Partial}}}, Attach) when is_map(Partial) ->
+    {error, {beamdiag_collect, {target_down, Why, put_extra(Partial, attach, Attach)}}};
+with_attach(Other, _Attach) ->
+    Other.
+
+put_extra(Capture, K, V) ->
+    Capture#{extras => (maps:get(extras, Capture, #{}))#{K => V}}.
 
 %% A lock-counting node's counters are cleared as soon as the session has
 %% connected, beside the agent's load, so that the lock data covers the
@@ -354,7 +399,8 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
            end,
     {Worker, MRef} = spawn_monitor(fun() ->
         R = try
-                {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View)},
+                {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View),
+                                            located => Located},
                                 fun(Stage) -> Self ! {Tag, stage, Stage} end)}
             catch
                 C:Why:St -> {raise, C, Why, St}
@@ -390,6 +436,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
         {Tag, stage, loaded} ->
             %% The agent is loaded: the node answers.
             await(W#{stage := loaded, view := answered(View)});
+        {Tag, stage, {planned, Plan}} ->
+            await(W#{plan => Plan});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
         {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
@@ -413,7 +461,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     %% agent's start timed out: what the host saw is all.
                     {ok, beamdiag_host:finish(element(2, View), #{
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
-                        distribution => iolist_to_binary(error_text(Why))})};
+                        distribution => iolist_to_binary(error_text(Why)),
+                        attach => plan_public(W)})};
                 {false, {beamdiag_loader, {busy, _, _, _}}} ->
                     %% A previous session's agent is still leaving (on a
                     %% saturated node it may take seconds): the host view
@@ -422,8 +471,22 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
                         why => iolist_to_binary(error_text(Why))})};
                 {false, _} ->
-                    ok = beamdiag_host:cancel(element(2, View)),
-                    {error, Why}
+                    case unreachable(Why) of
+                        true ->
+                            %% The node runs here but cannot be reached over
+                            %% distribution (wrong cookie, TLS refused, its port
+                            %% closed, this VM unable to speak its protocol):
+                            %% the window is finished from the host, on time,
+                            %% and the error stays the run's.
+                            D = beamdiag_host:unreached(element(2, View), #{
+                                    waited_ms => erlang:monotonic_time(millisecond) - T0,
+                                    distribution => iolist_to_binary(error_text(Why)),
+                                    attach => plan_public(W)}),
+                            {error, {?MODULE, {host_only, Why, D}}};
+                        false ->
+                            ok = beamdiag_host:cancel(element(2, View)),
+                            {error, Why}
+                    end
             end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
@@ -459,7 +522,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                 flush_answers(Tag),
                 {ok, beamdiag_host:finish(Handle, #{
                     waited_ms => erlang:monotonic_time(millisecond) - T0,
-                    distribution => distribution_seen(W)})}
+                    distribution => distribution_seen(W),
+                    attach => plan_public(W)})}
         end
     end.
 
@@ -475,6 +539,18 @@ answered({watching, H}) ->
     {answered, H};
 answered(View) ->
     View.
+
+%% What was resolved of how to reach the node, for a report made from the
+%% host alone.
+plan_public(#{plan := Plan}) -> beamdiag_attach:public(Plan, 0);
+plan_public(_) -> #{}.
+
+%% The errors of a node that runs but cannot be reached over distribution.
+unreachable({beamdiag_remote, {unreachable, _, _}}) -> true;
+unreachable({beamdiag_remote, {unreachable, _, _, _}}) -> true;
+unreachable({beamdiag_remote, {own_dist, _, _}}) -> true;
+unreachable({beamdiag_remote, {own_mode, _, _}}) -> true;
+unreachable(_) -> false.
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;

@@ -11,6 +11,10 @@
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
 %%% (true) and `host_view' (why, what distribution saw, the held threads,
 %%% perf's top native functions, memory), and no VM figures.
+%%% `attach' (in `host_view' for those) says how the node was reached or
+%%% tried: `node', `mode', `settings' (each `setting', `value' and `from',
+%%% where it came from), `cookie' (`from' and a short `hash', never the
+%%% cookie), `cookies_tried', `port' and `notes'.
 %%%
 %%% ```
 %%% 1> iolist_to_binary(beamdiag_format_json:diagnosis(D)).
@@ -63,9 +67,13 @@ document(#{capture := C, ledger := L, findings := F}) ->
                #{procs := Procs} -> Doc#{processes => Procs};
                _ -> Doc
            end,
+    Doc00 = case Extras of
+                #{attach := Attach} -> Doc0#{attach => Attach};
+                _ -> Doc0
+            end,
     Doc1 = case Extras of
-               #{locks := Locks} -> Doc0#{locks => Locks};
-               _ -> Doc0
+               #{locks := Locks} -> Doc00#{locks => Locks};
+               _ -> Doc00
            end,
     case Extras of
         #{profile := #{method := M, profile := P}} ->
