@@ -224,14 +224,17 @@ only_node(Opts, IO = #{err := Err}) ->
     end.
 
 candidates_text(Cands) ->
+    Names = [case N of none -> "(none)"; _ -> beamdiag_safe_text:safe(N, 100) end
+             || #{name := N} <- Cands],
+    W = integer_to_list(lists:max([4 | [length(N) || N <- Names]])),
     [io_lib:format("beamdiag diagnose: ~b Erlang VMs run on this host; name one:~n",
                    [length(Cands)]),
-     io_lib:format("  ~-32s ~8s ~4s  ~s~n", ["NAME", "OS PID", "OTP", "DISTRIBUTION"]),
-     [io_lib:format("  ~-32ts ~8b ~4s  ~ts~n",
-                    [case N of none -> "(none)"; _ -> beamdiag_safe_text:safe(N, 60) end, P,
+     io_lib:format("  ~-" ++ W ++ "s ~8s ~4s  ~s~n", ["NAME", "OS PID", "OTP", "DISTRIBUTION"]),
+     [io_lib:format("  ~-" ++ W ++ "ts ~8b ~4s  ~ts~n",
+                    [Name, P,
                      case O of undefined -> "?"; _ -> integer_to_list(O) end,
                      beamdiag_safe_text:safe(D, 120)])
-      || #{os_pid := P, name := N, otp := O, distribution := D} <- Cands],
+      || {Name, #{os_pid := P, otp := O, distribution := D}} <- lists:zip(Names, Cands)],
      "pick one: beamdiag diagnose NAME, or beamdiag diagnose --os-pid PID (from the host "
      "alone)\n"].
 

@@ -245,9 +245,15 @@ by_name(Root, Str, Opts) ->
     end.
 
 by_local_name(Root, Name, Host, Opts) ->
+    %% This host's epmd, asked over IPv4 loopback when the node is named
+    %% on an address (epmd may not listen on ::1).
+    EpmdHost = case is_ip(Host) of
+                   true -> "localhost";
+                   false -> Host
+               end,
     Names = case maps:find(names, Opts) of
                 {ok, Given} -> Given;
-                error -> epmd_names(Host, maps:get(timeout, Opts, ?EPMD_TIMEOUT))
+                error -> epmd_names(EpmdHost, maps:get(timeout, Opts, ?EPMD_TIMEOUT))
             end,
     Beams = beams(Root),
     ByPort = case Names of

@@ -38,7 +38,8 @@
 -export_type([plan/0, options/0]).
 
 -type origin() :: beamdiag_node_args:origin() | {cli, string()} | {passwd, integer()} | epmd
-                  | {listen, inet:ip_address()}.
+                  | {listen, registered | not_registered | no_answer}
+                  | {setting, atom(), beamdiag_node_args:origin()}.
 -type plan() :: #{
     node := node(),
     given := string(),
@@ -186,7 +187,7 @@ public(Plan = #{node := Node, mode := Mode, rows := Rows, notes := Notes}, Used)
     case maps:find(port, Plan) of
         {ok, #{port := Port, ip := Ip, origin := PO, confirmed := Conf}} ->
             B1#{port => #{port => Port, address => list_to_binary(inet:ntoa(Ip)),
-                          from => origin_text(PO), confirmed => Conf =/= false,
+                          from => port_from(PO), confirmed => Conf =/= false,
                           epmd => not maps:get(direct, Plan)}};
         error ->
             B1
@@ -207,13 +208,14 @@ cookie_hash(C) ->
 
 %% @doc The BEAM nodes on this host, for `beamdiag diagnose' without a
 %% node: each one's OS pid, name (if distributed), OTP release and
-%% distribution set-up in words. This VM and the VMs that started it
-%% (its parent escript) are left out. Options: `proc_root'.
+%% distribution set-up in words. This VM is left out, and so is the
+%% beamdiag escript that started it, when it was started again
+%% (`relaunch_flags/1'). Options: `proc_root'.
 -spec candidates(map()) -> [#{os_pid := pos_integer(), name := binary() | none,
                               otp := pos_integer() | undefined, distribution := binary()}].
 candidates(Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
-    Own = ancestors(Root, list_to_integer(os:getpid()), []),
+    Own = own(Root, list_to_integer(os:getpid())),
     Beams = [P || {P, _} <- beamdiag_host_locate:beams(Root), not lists:member(P, Own)],
     [candidate(Root, P) || P <- lists:sublist(Beams, ?MAX_LISTED)].
 
@@ -447,8 +449,12 @@ port(P = #{settings := S}, Opts) ->
                    [{Min, {setting, inet_dist_listen_min, O}}];
                _ -> []
            end,
-    Sockets = [{Port, {listen, Ip}} || {Ip, Port} <- Listen,
-                                       not lists:keymember(Port, 1, Declared)],
+    Epmd = case P of
+               #{located := #{epmd := E}} -> E;
+               _ -> no_answer
+           end,
+    Sockets = [{Port, {listen, Epmd}} || {_Ip, Port} <- Listen,
+                                         not lists:keymember(Port, 1, Declared)],
     Timeout = maps:get(probe_timeout, Opts, ?PROBE_MS),
     case first_confirmed(P, lists:sublist(Declared ++ Sockets, ?MAX_PROBES), Timeout, []) of
         {ok, Found} -> P#{port => Found, direct => true};
@@ -572,7 +578,12 @@ port_from(epmd) -> <<"epmd">>;
 port_from({cli, Opt}) -> iolist_to_binary(["beamdiag's ", Opt]);
 port_from({setting, erl_epmd_port, O}) -> flag_from("-erl_epmd_port", O);
 port_from({setting, K, O}) -> flag_from("-kernel " ++ atom_to_list(K), O);
-port_from({listen, _Ip}) -> <<"the socket the node listens on (it registers in no epmd)">>.
+port_from({listen, registered}) ->
+    <<"the socket the node listens on (epmd's port for it is not one)">>;
+port_from({listen, not_registered}) ->
+    <<"the socket the node listens on (it is registered in no epmd)">>;
+port_from({listen, _}) ->
+    <<"the socket the node listens on (no epmd answered)">>.
 
 home_from({env, <<"HOME">>}) -> <<"HOME in the node's environment">>;
 home_from(command_line) -> <<"-home on the command line">>;
@@ -608,28 +619,38 @@ temp_dir() ->
                   "beamdiag-attach-" ++ os:getpid() ++ "-" ++
                       integer_to_list(erlang:unique_integer([positive]))).
 
-%% This OS process and the ones above it, up to the first that is not a
-%% beam (the shell): the escript and its parent escript are not nodes to
-%% diagnose.
-ancestors(Root, Pid, Acc) when length(Acc) < 16 ->
-    case beamdiag_host_locate:read(filename:join([Root, integer_to_list(Pid), "stat"])) of
-        {ok, Bin} ->
-            case binary:split(Bin, <<") ">>) of
-                [_, After] ->
-                    case string:lexemes(After, " ") of
-                        [_State, PPid | _] ->
-                            case string:to_integer(binary_to_list(PPid)) of
-                                {N, ""} when N > 1 -> ancestors(Root, N, [Pid | Acc]);
-                                _ -> [Pid | Acc]
-                            end;
-                        _ -> [Pid | Acc]
+%% This OS process, and its parent when that runs the same escript (it
+%% started this one again, with more flags).
+own(Root, Pid) ->
+    Parent = case beamdiag_host_locate:read(filename:join([Root, integer_to_list(Pid), "stat"])) of
+                 {ok, Bin} ->
+                     case binary:split(Bin, <<") ">>) of
+                         [_, After] ->
+                             case string:lexemes(After, " ") of
+                                 [_State, PPid | _] -> string:to_integer(binary_to_list(PPid));
+                                 _ -> error
+                             end;
+                         _ -> error
+                     end;
+                 {error, _} -> error
+             end,
+    Script = try escript:script_name() of
+                 S -> list_to_binary(S)
+             catch _:_ -> none
+             end,
+    case Parent of
+        {P, ""} when is_integer(P), P > 1, Script =/= none ->
+            case beamdiag_host_locate:read(filename:join([Root, integer_to_list(P), "cmdline"])) of
+                {ok, Cmd} ->
+                    case lists:member(Script, binary:split(Cmd, <<0>>, [global])) of
+                        true -> [Pid, P];
+                        false -> [Pid]
                     end;
-                _ -> [Pid | Acc]
+                {error, _} -> [Pid]
             end;
-        {error, _} -> Acc
-    end;
-ancestors(_Root, _Pid, Acc) ->
-    Acc.
+        _ ->
+            [Pid]
+    end.
 
 candidate(Root, Pid) ->
     S = beamdiag_node_settings:read(Pid, #{proc_root => Root}),
