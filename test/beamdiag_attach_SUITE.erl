@@ -427,7 +427,7 @@ prepare(Dir, Config) ->
                                {fail_if_no_peer_cert, true}]},
                      {client, [{certfile, In("node.pem")}, {keyfile, In("node.key")},
                                {cacertfile, In("ca.pem")}, {verify, verify_peer}]}]),
-    {ok, _} = file:copy(beamdiag_test_lib:fixture("attach/beamdiag_noepmd.erl"),
+    {ok, _} = file:copy(beamdiag_test_lib:fixture("attach/beamdiag_noepmd.erl.src"),
                         filename:join(Host, "beamdiag_noepmd.erl")),
     ok = case ?config(release, Config) of
              25 ->

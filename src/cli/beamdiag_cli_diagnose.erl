@@ -219,15 +219,14 @@ only_node(Opts, IO = #{err := Err}) ->
                               "(OS pid ~b)~n", [beamdiag_safe_text:safe(Name, 100), Pid])),
             run(Opts#{node => binary_to_list(Name)}, IO);
         Several ->
-            Err(candidates_text(Several)),
-            2
+            beamdiag_cli:usage_error(candidates_text(Several), IO)
     end.
 
 candidates_text(Cands) ->
     Names = [case N of none -> "(none)"; _ -> beamdiag_safe_text:safe(N, 100) end
              || #{name := N} <- Cands],
     W = integer_to_list(lists:max([4 | [length(N) || N <- Names]])),
-    [io_lib:format("beamdiag diagnose: ~b Erlang VMs run on this host; name one:~n",
+    [io_lib:format("diagnose: ~b Erlang VMs run on this host; name one:~n",
                    [length(Cands)]),
      io_lib:format("  ~-" ++ W ++ "s ~8s ~4s  ~s~n", ["NAME", "OS PID", "OTP", "DISTRIBUTION"]),
      [io_lib:format("  ~-" ++ W ++ "ts ~8b ~4s  ~ts~n",
@@ -236,7 +235,7 @@ candidates_text(Cands) ->
                      beamdiag_safe_text:safe(D, 120)])
       || {Name, #{os_pid := P, otp := O, distribution := D}} <- lists:zip(Names, Cands)],
      "pick one: beamdiag diagnose NAME, or beamdiag diagnose --os-pid PID (from the host "
-     "alone)\n"].
+     "alone)"].
 
 %% With --perf or --erlang, a profile that failed is said on standard error; the
 %% diagnosis follows without it.

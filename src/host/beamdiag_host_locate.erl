@@ -32,12 +32,12 @@
 -module(beamdiag_host_locate).
 
 -export([locate/2, target/1, is_local_host/1, format_error/1]).
--export([read/1, beams/1, status/2, listen_sockets/2, parse_listen/1]).
+-export([read/1, beams/1, status/2, listen_sockets/2]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([parse_net_tcp/1, parse_cmdline/1]).
+-export([parse_net_tcp/1, parse_cmdline/1, parse_listen/1]).
 -endif.
 
 -export_type([located/0, options/0]).

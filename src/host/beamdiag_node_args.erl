@@ -28,9 +28,12 @@
 %%% '''
 -module(beamdiag_node_args).
 
--export([argv/1, init_args/1, tokens/2, tag/2, expand/2, flags/2, settings/2, attribute/2,
-         raw_sources/2, release_roots/2, vm_args_paths/2, home/3, cookie_files/3,
-         passwd_home/2, ssl_options/1, kernel_term/1, origin_text/1]).
+-export([argv/1, init_args/1, flags/2, settings/2, attribute/2, raw_sources/2, release_roots/2,
+         vm_args_paths/2, home/3, cookie_files/3, ssl_options/1, origin_text/1]).
+%% The steps of the reading, for the tests.
+-ifdef(TEST).
+-export([tokens/2, tag/2, expand/2, passwd_home/2, kernel_term/1]).
+-endif.
 
 -export_type([origin/0, tagged/0, flag/0, settings/0, setting/0, reader/0]).
 
@@ -192,8 +195,8 @@ attribute(Settings, RawFlags) ->
 %% @doc The raw sources of arguments a node's environment names: each
 %% argument variable (ERL_AFLAGS, ERL_FLAGS, ERL_ZFLAGS, ELIXIR_ERL_OPTIONS)
 %% that is set, split as erlexec splits it, with `-args_file' followed,
-%% and the vm.args files given (each expanded the same way). Returns the
-%% flags, tagged, and what could not be followed.
+%% and the vm.args files given that exist (each expanded the same way).
+%% Returns the flags, tagged, and what could not be followed.
 -spec raw_sources(#{binary() => binary()}, {[binary()], reader()}) ->
     {[flag()], [{binary(), term()}]}.
 raw_sources(Env, {VmArgs, Reader}) ->
@@ -204,6 +207,7 @@ raw_sources(Env, {VmArgs, Reader}) ->
                             case Reader(Path) of
                                 {ok, Bin} -> {[tag(tokens(Bin, true) ++ [<<"--">>], {file, Path})
                                                | Acc], P};
+                                {error, enoent} -> {Acc, P};
                                 {error, Why} -> {Acc, [{Path, Why} | P]}
                             end
                     end, {[], []}, VmArgs),

@@ -28,7 +28,7 @@
 %%% '''
 -module(beamdiag_node_settings).
 
--export([read/2, fs_path/2, read_file/2]).
+-export([read/2]).
 
 -export_type([settings/0, fs/0, cookie/0]).
 
@@ -72,8 +72,15 @@
 %% `proc_root' ("/proc").
 -spec read(beamdiag_host_locate:located() | pos_integer(), map()) -> settings().
 read(Pid, Opts) when is_integer(Pid) ->
-    read(#{os_pid => Pid}, Opts);
+    read_pid(Pid, #{}, Opts);
 read(Located = #{os_pid := Pid}, Opts) ->
+    read_pid(Pid, Located, Opts).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+read_pid(Pid, Located, Opts) ->
     ProcRoot = maps:get(proc_root, Opts, "/proc"),
     Dir = filename:join(ProcRoot, integer_to_list(Pid)),
     {Exe, Argv} = case beamdiag_host_locate:read(filename:join(Dir, "cmdline")) of
@@ -104,9 +111,8 @@ read(Located = #{os_pid := Pid}, Opts) ->
     Notes = maps:get(notes, Args) ++
         [<<"the node's environment is not readable (/proc/PID/environ: run as the node's user "
            "or root): the settings it carries are not known">> || not EnvReadable] ++
-        [iolist_to_binary(["an args file named in the node's arguments was not followed: ",
-                           Path, " (", reason(Why), ")"])
-         || {Path, Why} <- RawProblems, lists:member(Path, VmArgs) =:= false] ++
+        [iolist_to_binary(["an args file of the node was not read: ", Path, " (", reason(Why), ")"])
+         || {Path, Why} <- RawProblems] ++
         [iolist_to_binary(["the node's command line names -args_file ", F, ", which erlexec did "
                            "not expand: its settings do not apply"])
          || F <- maps:get(args_file, Args, [])] ++
@@ -135,10 +141,9 @@ read(Located = #{os_pid := Pid}, Opts) ->
         T -> S2#{tls => T}
     end.
 
-%% @doc A path of the node's file system as this host reaches it: under
+%% A path of the node's file system as this host reaches it: under
 %% /proc/PID/root when the node is in another mount namespace, relative
 %% paths from its working folder.
--spec fs_path(fs(), binary()) -> binary().
 fs_path(#{root := Root, cwd := Cwd}, Path) ->
     case filename:pathtype(Path) of
         absolute when Root =:= <<"/">> -> Path;
@@ -146,14 +151,9 @@ fs_path(#{root := Root, cwd := Cwd}, Path) ->
         _ -> filename:join(Cwd, Path)
     end.
 
-%% @doc A file of the node's file system, at most 4 MiB of it.
--spec read_file(fs(), binary()) -> {ok, binary()} | {error, term()}.
+%% A file of the node's file system, at most 4 MiB of it.
 read_file(Fs, Path) ->
     beamdiag_host_locate:read(fs_path(Fs, Path)).
-
-%%%===================================================================
-%%% Internal
-%%%===================================================================
 
 environ(Dir) ->
     case beamdiag_host_locate:read(filename:join(Dir, "environ")) of

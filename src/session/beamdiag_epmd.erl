@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_epmd).
 
--export([set/3, use/0, in_use/0]).
+-export([set/3, use/0]).
 %% The epmd module callbacks, called by OTP's distribution.
 -export([start_link/0, register_node/2, register_node/3, port_please/2, port_please/3,
          listen_port_please/2, names/1, address_please/3]).
@@ -63,8 +63,7 @@ use() ->
             end
     end.
 
-%% @doc Whether distribution here uses this module.
--spec in_use() -> boolean().
+%% Whether distribution here uses this module.
 in_use() ->
     case init:get_argument(epmd_module) of
         {ok, [[M | _] | _]} -> M =:= atom_to_list(?MODULE);

@@ -144,9 +144,6 @@ format_error({unreachable, Node, no_epmd}) ->
 format_error({unreachable, Node, refused}) ->
     io_lib:format("cannot reach ~s: the node is running but refused the connection "
                   "(wrong cookie?)", [Node]);
-format_error({unreachable, Node, refused_twice}) ->
-    io_lib:format("cannot reach ~s: the node is running but refused the connection twice "
-                  "(wrong cookie?)", [Node]);
 format_error({unreachable, Node, {wrong_cookie, Tried}}) ->
     io_lib:format("cannot reach ~s: wrong cookie: the node answered the handshake's first step "
                   "and refused the cookie (tried: ~ts); give the node's cookie with "
