@@ -68,7 +68,9 @@
     dist_port => inet:port_number(),
     proc_root => file:filename(),
     located => {ok, beamdiag_host_locate:located()} | {error, term()},
-    probe_timeout => pos_integer()
+    probe_timeout => pos_integer(),
+    %% false: nothing read from this host (the node's settings unused).
+    host => boolean()
 }.
 
 -define(PROTOS, [inet_tcp, inet6_tcp, inet_tls, inet6_tls]).
@@ -83,7 +85,8 @@
 %%%===================================================================
 
 %% @doc How to reach the node NodeStr names. For a node on this host its
-%% OS process is located (or `located' given) and its settings read.
+%% OS process is located (or `located' given) and its settings read,
+%% unless `host' is false.
 -spec plan(string(), options()) -> {ok, plan()} | {error, {module(), term()}}.
 plan(NodeStr, Opts) ->
     case beamdiag_remote:parse_node(NodeStr) of
@@ -93,7 +96,7 @@ plan(NodeStr, Opts) ->
             P0 = #{node => Given, given => NodeStr, mode => Domain, local => Local,
                    cookies => [], proto => inet_tcp, proto_origin => default, direct => false,
                    rows => [], notes => []},
-            P1 = case Local of
+            P1 = case Local andalso maps:get(host, Opts, true) of
                      true -> with_settings(P0, Opts);
                      false -> P0
                  end,

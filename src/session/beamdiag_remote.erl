@@ -37,7 +37,7 @@
 -define(CONNECT_TIMEOUT, 10000).
 %% The options a plan is made from (beamdiag_attach:plan/2).
 -define(PLAN_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, proc_root,
-                    located]).
+                    located, host]).
 
 %%%===================================================================
 %%% API
@@ -49,12 +49,46 @@
 %% the environment variable BEAMDIAG_COOKIE, the node's own (see
 %% `beamdiag_attach'), ~/.erlang.cookie. Also takes the other options of
 %% `attach/2'.
+%% With a cookie given and nothing else to say how, the node is first
+%% tried the plain way, without reading its host (many nodes at once, as
+%% `beamdiag cluster' connects them, cost a walk of /proc each otherwise);
+%% a node of this host that refuses is then tried by its own settings.
 -spec connect(string() | binary(), map()) -> {ok, node()} | {error, {module(), term()}}.
+connect(NodeStr, Opts) when is_binary(NodeStr) ->
+    connect(unicode:characters_to_list(NodeStr), Opts);
 connect(NodeStr, Opts) ->
-    case attach(NodeStr, Opts) of
-        {ok, Node, _Outcome} -> {ok, Node};
-        {error, _} = E -> E
+    Quick = not maps:is_key(plan, Opts) andalso
+        (maps:is_key(cookie, Opts) orelse maps:is_key(cookie_file, Opts) orelse
+         os:getenv("BEAMDIAG_COOKIE") =/= false) andalso
+        not lists:any(fun(K) -> maps:is_key(K, Opts) end,
+                      [proto_dist, ssl_dist_optfile, dist_port]),
+    First = case Quick of
+                true -> attach(NodeStr, Opts#{host => false});
+                false -> attach(NodeStr, Opts)
+            end,
+    case First of
+        {ok, Node, _Outcome} ->
+            {ok, Node};
+        {error, {?MODULE, Why}} = E when Quick ->
+            case full_retry(Why) of
+                true ->
+                    case attach(NodeStr, Opts) of
+                        {ok, Node, _} -> {ok, Node};
+                        {error, _} = E2 -> E2
+                    end;
+                false ->
+                    E
+            end;
+        {error, _} = E ->
+            E
     end.
+
+%% A node not reached the plain way is tried by its own settings, unless
+%% the cookie given was what it refused.
+full_retry({unreachable, _, {wrong_cookie, _}}) -> false;
+full_retry({unreachable, _, _}) -> true;
+full_retry({unreachable, _, _, _}) -> true;
+full_retry(_) -> false.
 
 %% @doc Connects to a node by a plan (`plan', else made here from the
 %% options `beamdiag_attach:plan/2' takes): `{ok, Node, #{cookie =>
