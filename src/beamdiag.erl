@@ -49,7 +49,11 @@
     slack => number() | infinity,
     host_only => boolean(),
     os_pid => pos_integer() | undefined,
-    answer_timeout => number() | auto
+    answer_timeout => number() | auto,
+    %% When the call started (os:system_time(millisecond)), for a caller
+    %% that began it in another OS process (the escript started again):
+    %% the report is due, and said ready, from then.
+    started => integer()
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -78,6 +82,8 @@
     answer_timeout => auto
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, plan]).
+%% The earliest a call may say it started, before this one (`started').
+-define(STARTED_MAX_MS, 60000).
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
@@ -134,7 +140,7 @@ diagnose(Opts) ->
 diagnose(Node, Opts) when is_atom(Node) ->
     diagnose(atom_to_list(Node), Opts);
 diagnose(NodeStr, Opts) ->
-    T0 = erlang:monotonic_time(millisecond),
+    T0 = call_start(Opts),
     O = due(options(Opts), T0),
     ready(T0, case host_request(NodeStr, O) of
                   {host_only, Target} ->
@@ -159,7 +165,7 @@ analyse(Capture) ->
 %% offending keys on unknown options or bad values.
 -spec options(map()) -> map().
 options(Opts) ->
-    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, [started | ?REMOTE_KEYS]),
     #{duration := D, interval := I, msacc_span := S} = O,
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
     (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
@@ -187,6 +193,14 @@ options(Opts) ->
         error -> true
     end,
     O.
+
+%% The call's start in this VM's monotonic clock: now, or `started' when
+%% the caller began it earlier elsewhere (at most a minute ago).
+call_start(#{started := Started}) when is_integer(Started) ->
+    Now = erlang:monotonic_time(millisecond),
+    Now - max(0, min(?STARTED_MAX_MS, erlang:system_time(millisecond) - Started));
+call_start(_) ->
+    erlang:monotonic_time(millisecond).
 
 %% When the report is due: the window and the slack from T0 (the call's
 %% start, so connecting and loading count).
@@ -392,7 +406,13 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     %% Milliseconds on this host (epmd's names, /proc): the worker starts
     %% once the view does, so that it knows whether it has one to fall
     %% back on.
-    Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
+    Located = case O of
+                  #{plan := #{located := L0}} ->
+                      %% Located already, when the plan was made.
+                      {ok, L0};
+                  _ ->
+                      beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)})
+              end,
     View = case Located of
                {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
                {error, _} -> none

@@ -135,3 +135,11 @@ format_error_test_() ->
               {tls, {tls_alert, {certificate_required, "x"}}},
               {tls, {options, {keyfile, "/k", {error, eacces}}}}, {tls, closed},
               {tls, {no_ssl, x}}, {tls, other}, {crashed, x}]].
+
+%% A Mix release that starts distribution itself: named by RELEASE_NODE
+%% and RELEASE_DISTRIBUTION, its cookie RELEASE_COOKIE first.
+release_env_test() ->
+    S = beamdiag_node_settings:read(4343, #{proc_root => root()}),
+    ?assertEqual(#{value => <<"shop">>, mode => shortnames, origin => {env, <<"RELEASE_NODE">>}},
+                 maps:get(name, maps:get(args, S))),
+    ?assertMatch([{<<"from_release_env">>, {env, <<"RELEASE_COOKIE">>}} | _], maps:get(cookies, S)).

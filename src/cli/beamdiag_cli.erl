@@ -101,9 +101,10 @@
 %% @doc Escript entry point.
 -spec main([string()]) -> no_return().
 main(Args) ->
+    Started = erlang:system_time(millisecond),
     quiet(),
     IO = case os:getenv("BEAMDIAG_RELAUNCHED") of
-             false -> (default_io())#{relaunch => fun(Flags) -> relaunch(Args, Flags) end};
+             false -> (default_io())#{relaunch => fun(Flags) -> relaunch(Args, Flags, Started) end};
              _ -> default_io()
          end,
     Code = run(Args, IO),
@@ -401,8 +402,9 @@ command_modules() ->
 %% The escript once more, as a child sharing this one's standard streams,
 %% with Flags added to the emulator's arguments (ERL_AFLAGS, ahead of any
 %% the user set): its exit code. BEAMDIAG_RELAUNCHED keeps it from doing
-%% the same again.
-relaunch(Args, Flags) ->
+%% the same again; BEAMDIAG_STARTED says when this one started, so that
+%% the child's report is due, and said ready, from the call.
+relaunch(Args, Flags, Started) ->
     Bin = case os:getenv("BINDIR") of
               false -> filename:dirname(os:find_executable("escript"));
               B -> B
@@ -414,7 +416,8 @@ relaunch(Args, Flags) ->
         end,
     Port = open_port({spawn_executable, filename:join(Bin, "escript")},
                      [{args, [escript:script_name() | Args]},
-                      {env, [{"ERL_AFLAGS", Aflags}, {"BEAMDIAG_RELAUNCHED", "1"}]},
+                      {env, [{"ERL_AFLAGS", Aflags}, {"BEAMDIAG_RELAUNCHED", "1"},
+                             {"BEAMDIAG_STARTED", integer_to_list(Started)}]},
                       exit_status, nouse_stdio]),
     receive
         {Port, {exit_status, Code}} when Code >= 0, Code =< 4 -> Code;

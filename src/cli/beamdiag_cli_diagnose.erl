@@ -108,8 +108,9 @@ diagnose(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err
           slack => maps:get(slack, Opts),
           host_only => maps:get(host_only, Opts, false),
           progress => progress(IO)}),
-    LibOpts2 = maps:merge(LibOpts, maps:with([os_pid, answer_timeout, proto_dist, ssl_dist_optfile,
-                                              dist_port, plan], Opts)),
+    LibOpts2 = maps:merge(maps:merge(LibOpts, started()),
+                          maps:with([os_pid, answer_timeout, proto_dist, ssl_dist_optfile,
+                                     dist_port, plan], Opts)),
     Result = beamdiag:diagnose(Node, LibOpts2),
     end_progress(IO),
     profile_error(Result, Err),
@@ -173,6 +174,19 @@ end_progress(_IO) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% When the call started, in the escript that started this one again
+%% with the flags the node needs (beamdiag_cli:main/1).
+started() ->
+    case {os:getenv("BEAMDIAG_RELAUNCHED"), os:getenv("BEAMDIAG_STARTED")} of
+        {false, _} -> #{};
+        {_, false} -> #{};
+        {_, S} ->
+            case string:to_integer(S) of
+                {Ms, ""} -> #{started => Ms};
+                _ -> #{}
+            end
+    end.
 
 %% The plan of a node named (not an OS pid, not host-only).
 plan(Node, Opts) ->

@@ -99,7 +99,7 @@ read_pid(Pid, Located, Opts) ->
     Args0 = beamdiag_node_args:settings(Flags0, Otp),
     VmArgs = beamdiag_node_args:vm_args_paths(Args0, Env),
     {Raw, RawProblems} = beamdiag_node_args:raw_sources(Env, {VmArgs, Reader}),
-    Args = beamdiag_node_args:attribute(Args0, Raw),
+    Args = release_name(beamdiag_node_args:attribute(Args0, Raw), Env),
     Passwd = case Reader(<<"/etc/passwd">>) of
                  {ok, P} -> P;
                  {error, _} -> none
@@ -163,6 +163,18 @@ environ(Dir) ->
         {error, _} ->
             {#{}, false}
     end.
+
+%% A release that starts distribution itself (Mix's RELEASE_DISTRIBUTION
+%% and RELEASE_NODE, when no -sname or -name is on the command line) is
+%% named by them.
+release_name(Args = #{name := _}, _Env) ->
+    Args;
+release_name(Args, #{<<"RELEASE_NODE">> := Node, <<"RELEASE_DISTRIBUTION">> := D})
+  when Node =/= <<>>, (D =:= <<"sname">> orelse D =:= <<"name">>) ->
+    Args#{name => #{value => Node, origin => {env, <<"RELEASE_NODE">>},
+                    mode => case D of <<"sname">> -> shortnames; <<"name">> -> longnames end}};
+release_name(Args, _Env) ->
+    Args.
 
 %% The node's file system: this host's when it shares our mount
 %% namespace, else through /proc/PID/root.

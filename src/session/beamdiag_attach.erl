@@ -511,6 +511,8 @@ rows(P) ->
     Name = [{<<"name">>, iolist_to_binary([atom_to_binary(maps:get(node, P)), " (",
                                             mode_text(maps:get(mode, P)), ")"]),
              case P of
+                 #{settings := #{args := #{name := #{origin := {env, <<"RELEASE_NODE">>}}}}} ->
+                     <<"RELEASE_NODE and RELEASE_DISTRIBUTION in the node's environment">>;
                  #{settings := #{args := #{name := #{mode := M, origin := O}}}} ->
                      flag_from(case M of shortnames -> "-sname"; longnames -> "-name" end, O);
                  _ -> <<"the name given">>
