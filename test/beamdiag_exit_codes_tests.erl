@@ -58,6 +58,7 @@ unreachable_reasons() ->
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', {not_distribution, 22}}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', {status, <<"not_allowed">>}}},
         {beamdiag_remote, {unreachable, 'a@127.0.0.1', {no_port, ["b"]}}},
+        {beamdiag_remote, {unreachable, 'a@127.0.0.1', {unknown_name, ["b"]}}},
         {beamdiag_remote, {own_dist, 'a@127.0.0.1', [{"-proto_dist", ["inet_tls"]},
                                                      {"-ssl_dist_optfile", []}]}},
         {beamdiag_remote, {own_mode, 'a@127.0.0.1', longnames}},

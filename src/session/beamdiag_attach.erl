@@ -231,8 +231,8 @@ format_error({bad_optfile, File, Why}) ->
     io_lib:format("the TLS options file ~ts is not a list of {server, Opts} and {client, Opts} "
                   "(~0p)", [File, Why]);
 format_error({unreadable_tls_file, Opt, File, Why}) ->
-    io_lib:format("cannot read the TLS ~s ~ts: ~ts (run as the node's user or root, or give "
-                  "--ssl-dist-optfile FILE)", [opt_name(Opt), File, reason(Why)]);
+    [beamdiag_dist_probe:format_error({tls, {options, {Opt, File, {error, Why}}}}),
+     " (run as the node's user or root, or give --ssl-dist-optfile FILE)"];
 format_error(no_tls_options) ->
     "the node speaks TLS distribution but its TLS options are not known: give "
     "--ssl-dist-optfile FILE";
@@ -686,10 +686,6 @@ candidate(Root, Pid) ->
                                        || L <- [maps:get(listen, S)], L =/= []]])
            end,
     #{os_pid => Pid, name => Name, otp => maps:get(otp, S), distribution => Dist}.
-
-opt_name(keyfile) -> "key file";
-opt_name(certfile) -> "certificate file";
-opt_name(cacertfile) -> "CA certificate file".
 
 reason(Why) when is_atom(Why) -> file:format_error(Why);
 reason(Why) -> io_lib:format("~0p", [Why]).

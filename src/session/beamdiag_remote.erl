@@ -201,6 +201,10 @@ format_error({unreachable, Node, {status, Status}}) ->
     io_lib:format("cannot reach ~s: the node refused this connection's name (status ~ts: "
                   "it allows only some nodes, or is already connecting to one of that name)",
                   [Node, beamdiag_safe_text:safe(Status, 40)]);
+format_error({unreachable, Node, {unknown_name, Names}}) ->
+    io_lib:format("cannot reach ~s: name unknown: no Erlang VM on this host was started with "
+                  "that name, and epmd knows none of it (registered there: ~ts)",
+                  [Node, names(Names)]);
 format_error({unreachable, Node, {no_port, Names}}) ->
     io_lib:format("cannot reach ~s: it is registered in no epmd and no distribution port of it "
                   "was found (registered: ~ts); give --dist-port PORT", [Node, names(Names)]);
@@ -256,7 +260,8 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
                                             _ -> ok
                                         end,
                                     T0 = erlang:monotonic_time(millisecond),
-                                    try_cookies(Plan, maps:get(cookies, Plan), 1, T0 + Timeout, unknown);
+                                    unknown_name(Plan, try_cookies(Plan, maps:get(cookies, Plan), 1,
+                                                                   T0 + Timeout, unknown));
                                 false ->
                                     {error, {?MODULE, {own_mode, Node, Mode}}}
                             end;
@@ -267,6 +272,13 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
                     {error, {?MODULE, {own_dist, Node, Missing}}}
             end
     end.
+
+%% A name epmd does not know, of a node this host does not run: said so.
+unknown_name(#{local := true, located_error := {beamdiag_host_locate, {not_found, _}}},
+             {error, {?MODULE, {unreachable, Node, not_registered, Names}}}) ->
+    {error, {?MODULE, {unreachable, Node, {unknown_name, Names}}}};
+unknown_name(_Plan, Result) ->
+    Result.
 
 pre_errors(#{cookie_error := {M, Why}}) when is_atom(M) ->
     {error, {M, Why}};
