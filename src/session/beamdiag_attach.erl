@@ -112,7 +112,10 @@ plan(NodeStr, Opts) ->
 
 %% @doc What this VM's distribution lacks to follow the plan: flags, each
 %% with its values (`-ssl_dist_optfile' with none: the file is written
-%% when the VM is started again). Empty when it can connect as it is.
+%% when the VM is started again). Empty when it can connect as it is. On
+%% OTP 26 and later, a VM not yet distributed is given beamdiag_epmd as
+%% its epmd module here (`beamdiag_epmd:use/0'), so that one is not
+%% lacking.
 -spec missing(plan()) -> [{string(), [string()]}].
 missing(Plan = #{proto := Proto}) ->
     OwnProto = case init:get_argument(proto_dist) of
