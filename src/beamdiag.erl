@@ -608,6 +608,8 @@ distribution_seen(#{stage := Stage, t0 := T0, located := Located}) ->
                         "could not register";
                     {ok, #{epmd := no_answer}} ->
                         "no epmd answered on this host";
+                    {ok, #{epmd := no_epmd}} ->
+                        "no epmd runs on this host, and the handshake did not finish";
                     _ ->
                         io_lib:format("the distribution handshake did not finish in ~.1f s", [S])
                 end;

@@ -32,6 +32,7 @@
 -export([tls_verify_none/1, tls_mutual/1, no_epmd_module/1, erl_epmd_port/1, ipv6/1,
          long_names/1, release_cookie/1, home_cookie/1]).
 -export([wrong_cookie/1, tls_refused/1, port_closed/1, key_unreadable/1, name_unknown/1,
+         dist_port_by_hand/1,
          no_node_several/1, no_node_one/1, cli29_epmd_module/1]).
 
 -define(WINDOW, "2").
@@ -58,7 +59,8 @@ groups() ->
      Batch(25, 1, [tls_verify_none, tls_mutual, no_epmd_module]),
      Batch(25, 2, [erl_epmd_port, ipv6, long_names]),
      Batch(25, 3, [release_cookie, home_cookie]),
-     {errors, [parallel], [wrong_cookie, tls_refused, port_closed, key_unreadable, name_unknown]},
+     {errors, [parallel], [wrong_cookie, tls_refused, port_closed, key_unreadable, name_unknown,
+                           dist_port_by_hand]},
      {otp29, [], [{group, nodes29}, cli29_epmd_module]},
      {nodes29, [], Batches(29)},
      Batch(29, 1, [tls_verify_none, tls_mutual, no_epmd_module]),
@@ -210,6 +212,24 @@ key_unreadable(Config) ->
                                                                  {keyfile, Key}]}]])),
     {_J, Err} = unreached(N, ["--ssl-dist-optfile", Conf], Config),
     sentence(Err, iolist_to_binary(["cannot read the TLS key file ", Key])).
+
+%% The port given by hand (as for a node on another host): reached there,
+%% without epmd, and the report says so.
+dist_port_by_hand(Config) ->
+    #{node := Node, os_pid := OsPid, cookie := Cookie} = node_of(long_names, Config),
+    [{_, Port}] = beamdiag_host_locate:listen_sockets("/proc", list_to_integer(OsPid)),
+    {Code, Out, Err} = escript(Config, ["diagnose", atom_to_list(Node), "--json", "--duration",
+                                        ?WINDOW, "--dist-port", integer_to_list(Port)], []),
+    ct:pal("exit ~b~n~ts", [Code, Err]),
+    ?assertEqual(0, Code),
+    J = beamdiag_test_json:decode(Out),
+    agent_ran(dist_port_by_hand, J),
+    ?assertEqual(<<"25">>, maps:get(<<"otp_release">>, J)),
+    A = maps:get(<<"attach">>, J),
+    ?assertMatch(#{<<"port">> := #{<<"port">> := Port, <<"epmd">> := false,
+                                   <<"from">> := <<"beamdiag's --dist-port">>}}, A),
+    ?assertEqual(beamdiag_attach:cookie_hash(Cookie),
+                 maps:get(<<"hash">>, maps:get(<<"cookie">>, A))).
 
 name_unknown(Config) ->
     Ghost = "attach_ghost_" ++ os:getpid() ++ "@localhost",

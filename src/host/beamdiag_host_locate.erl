@@ -51,7 +51,8 @@
     %% of its own (a container): the last of NSpid in /proc/PID/status.
     ns_pid => pos_integer(),
     %% What epmd said of the name (found by name only).
-    epmd => registered | not_registered | no_answer
+    %% no_epmd: none listens here; no_answer: it did not answer in time.
+    epmd => registered | not_registered | no_epmd | no_answer
 }.
 -type options() :: #{
     proc_root => file:filename(),
@@ -271,8 +272,10 @@ by_local_name(Root, Name, Host, Opts) ->
                        true -> registered;
                        false -> not_registered
                    end;
+               {error, timeout} ->
+                   no_answer;
                {error, _} ->
-                   no_answer
+                   no_epmd
            end,
     case ByPort of
         {ok, Found} ->

@@ -38,7 +38,7 @@
 -export_type([plan/0, options/0]).
 
 -type origin() :: beamdiag_node_args:origin() | {cli, string()} | {passwd, integer()} | epmd
-                  | {listen, registered | not_registered | no_answer}
+                  | {listen, registered | not_registered | no_epmd | no_answer}
                   | {setting, atom(), beamdiag_node_args:origin()}.
 -type plan() :: #{
     node := node(),
@@ -56,7 +56,10 @@
     tls => #{client := list(), from := origin(), optfile => binary()} | #{error := term()},
     port => #{port := inet:port_number(), ip := inet:ip_address(), origin := origin(),
               confirmed := boolean() | tls},
-    direct := boolean(),
+    %% Reached at `port', without epmd: true when no epmd knows the node
+    %% (or --dist-port says so), maybe when no epmd answered here (the usual
+    %% way is tried unless this VM has beamdiag_epmd).
+    direct := boolean() | maybe,
     rows := [{binary(), binary(), binary()}],
     notes := [binary()]
 }.
@@ -131,7 +134,7 @@ missing(Plan = #{proto := Proto}) ->
                    true -> [{"-ssl_dist_optfile", []}];
                    false -> []
                end,
-    EpmdFlags = case maps:get(direct, Plan) andalso not beamdiag_epmd:use() of
+    EpmdFlags = case maps:get(direct, Plan) =:= true andalso not beamdiag_epmd:use() of
                     true -> [{"-epmd_module", ["beamdiag_epmd"]}];
                     false -> []
                 end,
@@ -194,7 +197,7 @@ public(Plan = #{node := Node, mode := Mode, rows := Rows, notes := Notes}, Used)
         {ok, #{port := Port, ip := Ip, origin := PO, confirmed := Conf}} ->
             B1#{port => #{port => Port, address => list_to_binary(inet:ntoa(Ip)),
                           from => port_from(PO), confirmed => Conf =/= false,
-                          epmd => not maps:get(direct, Plan)}};
+                          epmd => maps:get(direct, Plan) =:= false}};
         error ->
             B1
     end.
@@ -463,7 +466,14 @@ port(P = #{settings := S}, Opts) ->
                                          not lists:keymember(Port, 1, Declared)],
     Timeout = maps:get(probe_timeout, Opts, ?PROBE_MS),
     case first_confirmed(P, lists:sublist(Declared ++ Sockets, ?MAX_PROBES), Timeout, []) of
-        {ok, Found} -> P#{port => Found, direct => true};
+        {ok, Found} ->
+            %% epmd said it does not know the node: only its port reaches it;
+            %% no epmd answered: the usual way may still work.
+            P#{port => Found, direct => case Epmd of
+                                           not_registered -> true;
+                                           no_epmd -> true;
+                                           _ -> maybe
+                                       end};
         {none, Tried} -> note(P, ["no distribution port found among the node's: ",
                                   lists:join(", ", [integer_to_list(T) || T <- Tried])])
     end;
@@ -590,6 +600,8 @@ port_from({listen, registered}) ->
     <<"the socket the node listens on (epmd's port for it is not one)">>;
 port_from({listen, not_registered}) ->
     <<"the socket the node listens on (it is registered in no epmd)">>;
+port_from({listen, no_epmd}) ->
+    <<"the socket the node listens on (no epmd runs here)">>;
 port_from({listen, _}) ->
     <<"the socket the node listens on (no epmd answered)">>.
 

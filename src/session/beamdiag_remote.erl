@@ -254,13 +254,15 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
                         ok ->
                             case own_mode_ok(Mode) of
                                 true ->
-                                    _ = case Plan of
-                                            #{direct := true, port := #{ip := Ip, port := Port}} ->
+                                    Direct = direct(Plan),
+                                    _ = case {Direct, Plan} of
+                                            {true, #{port := #{ip := Ip, port := Port}}} ->
                                                 beamdiag_epmd:set(Node, Ip, Port);
                                             _ -> ok
                                         end,
                                     T0 = erlang:monotonic_time(millisecond),
-                                    unknown_name(Plan, try_cookies(Plan, maps:get(cookies, Plan), 1,
+                                    unknown_name(Plan, try_cookies(Plan#{direct := Direct},
+                                                                   maps:get(cookies, Plan), 1,
                                                                    T0 + Timeout, unknown));
                                 false ->
                                     {error, {?MODULE, {own_mode, Node, Mode}}}
@@ -272,6 +274,12 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
                     {error, {?MODULE, {own_dist, Node, Missing}}}
             end
     end.
+
+%% Whether the node is reached at the plan's port, without epmd: when no
+%% epmd knows it, and, when no epmd answered, if this VM has beamdiag_epmd.
+direct(#{direct := true}) -> true;
+direct(#{direct := maybe, port := _}) -> beamdiag_epmd:use();
+direct(_) -> false.
 
 %% A name epmd does not know, of a node this host does not run: said so.
 unknown_name(#{local := true, located_error := {beamdiag_host_locate, {not_found, _}}},
