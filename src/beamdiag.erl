@@ -39,13 +39,21 @@
     procs => boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
+    proto_dist => inet_tcp | inet6_tcp | inet_tls | inet6_tls,
+    ssl_dist_optfile => file:filename(),
+    dist_port => inet:port_number(),
+    plan => beamdiag_attach:plan(),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
     perf => boolean() | perf_options(),
     erlang => boolean(),
     slack => number() | infinity,
     host_only => boolean(),
     os_pid => pos_integer() | undefined,
-    answer_timeout => number() | auto
+    answer_timeout => number() | auto,
+    %% When the call started (os:system_time(millisecond)), for a caller
+    %% that began it in another OS process (the escript started again):
+    %% the report is due, and said ready, from then.
+    started => integer()
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -73,7 +81,9 @@
     os_pid => undefined,
     answer_timeout => auto
 }).
--define(REMOTE_KEYS, [cookie, cookie_file]).
+-define(REMOTE_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, plan]).
+%% The earliest a call may say it started, before this one (`started').
+-define(STARTED_MAX_MS, 60000).
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
@@ -136,7 +146,7 @@ diagnose(Opts) ->
 diagnose(Node, Opts) when is_atom(Node) ->
     diagnose(atom_to_list(Node), Opts);
 diagnose(NodeStr, Opts) ->
-    T0 = erlang:monotonic_time(millisecond),
+    T0 = call_start(Opts),
     O = due(options(Opts), T0),
     ready(T0, case host_request(NodeStr, O) of
                   {host_only, Target} ->
@@ -161,7 +171,7 @@ analyse(Capture) ->
 %% offending keys on unknown options or bad values.
 -spec options(map()) -> map().
 options(Opts) ->
-    O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
+    O = beamdiag_opts:merge(Opts, ?DEFAULTS, [started | ?REMOTE_KEYS]),
     #{duration := D, interval := I, msacc_span := S} = O,
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
     (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
@@ -178,7 +188,25 @@ options(Opts) ->
     Answer = maps:get(answer_timeout, O),
     (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
+    case maps:find(proto_dist, O) of
+        {ok, Proto} -> lists:member(Proto, [inet_tcp, inet6_tcp, inet_tls, inet6_tls])
+                           orelse erlang:error({badarg, {proto_dist, Proto}});
+        error -> true
+    end,
+    case maps:find(dist_port, O) of
+        {ok, Port} -> (is_integer(Port) andalso Port > 0 andalso Port < 65536)
+                          orelse erlang:error({badarg, {dist_port, Port}});
+        error -> true
+    end,
     O.
+
+%% The call's start in this VM's monotonic clock: now, or `started' when
+%% the caller began it earlier elsewhere (at most a minute ago).
+call_start(#{started := Started}) when is_integer(Started) ->
+    Now = erlang:monotonic_time(millisecond),
+    Now - max(0, min(?STARTED_MAX_MS, erlang:system_time(millisecond) - Started));
+call_start(_) ->
+    erlang:monotonic_time(millisecond).
 
 %% When the report is due: the window and the slack from T0 (the call's
 %% start, so connecting and loading count).
@@ -208,6 +236,8 @@ perf_options(_) -> false.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
+format_error({host_only, {M, Why}, _}) ->
+    [M:format_error(Why), "; the report from the host alone follows"];
 format_error({partial, Why, _}) ->
     io_lib:format("the target went away mid-window (~p); the partial diagnosis follows", [Why]);
 format_error({profile_crashed, Why}) ->
@@ -228,8 +258,25 @@ remote(NodeStr, O) ->
     remote(NodeStr, O, fun(_) -> ok end).
 
 remote(NodeStr, O, Notify) ->
-    case beamdiag_remote:connect(NodeStr, maps:with(?REMOTE_KEYS, O)) of
-        {ok, Node} ->
+    case plan(NodeStr, O) of
+        {ok, Plan0} ->
+            _ = Notify({planned, Plan0}),
+            remote_plan(NodeStr, O#{plan => Plan0}, Notify);
+        {error, _} = E ->
+            E
+    end.
+
+%% How to reach the node: given, or made now (beamdiag_attach).
+plan(_NodeStr, #{plan := Plan}) ->
+    {ok, Plan};
+plan(NodeStr, O) ->
+    beamdiag_attach:plan(NodeStr, maps:with([cookie, cookie_file, proto_dist, ssl_dist_optfile,
+                                             dist_port, located], O)).
+
+remote_plan(NodeStr, O, Notify) ->
+    case beamdiag_remote:attach(NodeStr, maps:with(?REMOTE_KEYS, O)) of
+        {ok, Node, #{cookie := Used, plan := Plan}} ->
+            Attach = beamdiag_attach:public(Plan, Used),
             _ = Notify(connected),
             %% The lock counters are read from here from the start, whatever
             %% becomes of the agent (beamdiag_lock_session).
@@ -241,8 +288,8 @@ remote(NodeStr, O, Notify) ->
                     %% The report's own modules load while the window runs.
                     _ = spawn(fun beamdiag_loader:warm/0),
                     Result = with_profile(Node, O, fun() ->
-                                 with_locks(beamdiag_collect:run(Node, collect_opts(O, Loaded)),
-                                            Locks, O)
+                                 with_attach(with_locks(beamdiag_collect:run(Node, collect_opts(O, Loaded)),
+                                                        Locks, O), Attach)
                              end),
                     case Result of
                         {ok, Diagnosis} ->
@@ -270,6 +317,18 @@ remote(NodeStr, O, Notify) ->
         {error, _} = E ->
             E
     end.
+
+%% How the node was reached joins the capture (and so the report and a
+%% saved capture).
+with_attach({ok, Capture}, Attach) ->
+    {ok, put_extra(Capture, attach, Attach)};
+with_attach({error, {beamdiag_collect, {target_down, Why, Partial}}}, Attach) when is_map(Partial) ->
+    {error, {beamdiag_collect, {target_down, Why, put_extra(Partial, attach, Attach)}}};
+with_attach(Other, _Attach) ->
+    Other.
+
+put_extra(Capture, K, V) ->
+    Capture#{extras => (maps:get(extras, Capture, #{}))#{K => V}}.
 
 %% A node on the lock-counting emulator: its counters read from this side
 %% over the window, unless `locks' is off.
@@ -356,7 +415,13 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     %% Milliseconds on this host (epmd's names, /proc): the worker starts
     %% once the view does, so that it knows whether it has one to fall
     %% back on.
-    Located = beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)}),
+    Located = case O of
+                  #{plan := #{located := L0}} ->
+                      %% Located already, when the plan was made.
+                      {ok, L0};
+                  _ ->
+                      beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)})
+              end,
     View = case Located of
                {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
                {error, _} -> none
@@ -364,7 +429,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     {Worker, MRef} = spawn_monitor(fun() ->
         R = try
                 {result, remote(NodeStr, O#{progress := Progress, fallback => fallback(View),
-                                            lock_owner => Self},
+                                            lock_owner => Self, located => Located},
                                 fun(Stage) -> Self ! {Tag, stage, Stage} end)}
             catch
                 C:Why:St -> {raise, C, Why, St}
@@ -402,6 +467,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             await(W#{stage := loaded, view := answered(View)});
         {Tag, stage, {locks, Locks}} ->
             await(W#{locks => Locks});
+        {Tag, stage, {planned, Plan}} ->
+            await(W#{plan => Plan});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
         {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
@@ -426,7 +493,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     {ok, beamdiag_host:finish(element(2, View), #{
                         waited_ms => erlang:monotonic_time(millisecond) - T0,
                         extras => host_locks(W),
-                        distribution => iolist_to_binary(error_text(Why))})};
+                        distribution => iolist_to_binary(error_text(Why)),
+                        attach => plan_public(W)})};
                 {false, {beamdiag_loader, {busy, _, _, _}}} ->
                     %% A previous session's agent is still leaving (on a
                     %% saturated node it may take seconds): the host view
@@ -436,8 +504,22 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                         extras => host_locks(W),
                         why => iolist_to_binary(error_text(Why))})};
                 {false, _} ->
-                    ok = beamdiag_host:cancel(element(2, View)),
-                    {error, Why}
+                    case unreachable(Why) of
+                        true ->
+                            %% The node runs here but cannot be reached over
+                            %% distribution (wrong cookie, TLS refused, its port
+                            %% closed, this VM unable to speak its protocol):
+                            %% the window is finished from the host, on time,
+                            %% and the error stays the run's.
+                            D = beamdiag_host:unreached(element(2, View), #{
+                                    waited_ms => erlang:monotonic_time(millisecond) - T0,
+                                    distribution => iolist_to_binary(error_text(Why)),
+                                    attach => plan_public(W)}),
+                            {error, {?MODULE, {host_only, Why, D}}};
+                        false ->
+                            ok = beamdiag_host:cancel(element(2, View)),
+                            {error, Why}
+                    end
             end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
@@ -474,7 +556,8 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                 {ok, beamdiag_host:finish(Handle, #{
                     waited_ms => erlang:monotonic_time(millisecond) - T0,
                     extras => host_locks(W),
-                    distribution => distribution_seen(W)})}
+                    distribution => distribution_seen(W),
+                    attach => plan_public(W)})}
         end
     end.
 
@@ -495,6 +578,18 @@ answered({watching, H}) ->
     {answered, H};
 answered(View) ->
     View.
+
+%% What was resolved of how to reach the node, for a report made from the
+%% host alone.
+plan_public(#{plan := Plan}) -> beamdiag_attach:public(Plan, 0);
+plan_public(_) -> #{}.
+
+%% The errors of a node that runs but cannot be reached over distribution.
+unreachable({beamdiag_remote, {unreachable, _, _}}) -> true;
+unreachable({beamdiag_remote, {unreachable, _, _, _}}) -> true;
+unreachable({beamdiag_remote, {own_dist, _, _}}) -> true;
+unreachable({beamdiag_remote, {own_mode, _, _}}) -> true;
+unreachable(_) -> false.
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
@@ -532,6 +627,8 @@ distribution_seen(#{stage := Stage, t0 := T0, located := Located}) ->
                         "could not register";
                     {ok, #{epmd := no_answer}} ->
                         "no epmd answered on this host";
+                    {ok, #{epmd := no_epmd}} ->
+                        "no epmd runs on this host, and the handshake did not finish";
                     _ ->
                         io_lib:format("the distribution handshake did not finish in ~.1f s", [S])
                 end;

@@ -149,3 +149,15 @@ internal_error_is_one_line_and_exit_4_test() ->
     ?assertMatch({_, _}, binary:match(Err, <<"beamdiag catalogue: internal error in ">>)),
     ?assertMatch({_, _}, binary:match(Err, <<"error:boom">>)),
     ?assertEqual(2, length(binary:split(Err, <<"\n">>, [global, trim_all]))).
+
+%% How to reach a node, said by hand: protocol, TLS options, port.
+attach_options_test_() ->
+    Spec = beamdiag_cli_diagnose:spec(),
+    [?_assertMatch({ok, #{node := "n@h", proto_dist := inet6_tls, ssl_dist_optfile := "/o",
+                          dist_port := 9100}},
+                   beamdiag_cli:parse(Spec, ["n@h", "--proto-dist", "inet6_tls",
+                                             "--ssl-dist-optfile", "/o", "--dist-port", "9100"])),
+     ?_assertMatch({error, {bad_value, "--proto-dist", "quic", _}},
+                   beamdiag_cli:parse(Spec, ["n@h", "--proto-dist", "quic"])),
+     ?_assertMatch({error, {bad_value, "--dist-port", "70000", _}},
+                   beamdiag_cli:parse(Spec, ["n@h", "--dist-port", "70000"]))].

@@ -24,6 +24,11 @@ no_epmd_falls_back_to_the_command_line_test() ->
     ?assertMatch({ok, #{os_pid := 100, how := cmdline, epmd := no_answer}},
                  locate("app@localhost", {error, timeout})).
 
+no_epmd_listening_test() ->
+    %% epmd refused (none runs here), unlike one that did not answer in time.
+    ?assertMatch({ok, #{os_pid := 100, how := cmdline, epmd := no_epmd}},
+                 locate("app@localhost", {error, address})).
+
 not_registered_found_on_its_command_line_test() ->
     ?assertMatch({ok, #{os_pid := 400, how := cmdline, epmd := not_registered}},
                  locate("nodist@localhost", {ok, [{"app", 46045}]})).

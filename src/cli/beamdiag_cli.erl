@@ -81,8 +81,11 @@
 %% (progress and warnings), `colour' whether standard output is a terminal
 %% that wants colour.
 %% `tty' whether standard error is a terminal (progress is drawn only then).
+%% `relaunch' (the escript only) runs the same command line in this
+%% escript started again with more emulator flags, sharing the standard
+%% streams, and returns its exit code.
 -type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean(),
-                tty => boolean()}.
+                tty => boolean(), relaunch => fun(([string()]) -> exit_code())}.
 %% What a command returns: the exit code; everything it printed went through io().
 -type result() :: exit_code().
 %% 0 done, 1 a finding at or above --fail-on, 2 usage, 3 unreachable, 4 failed.
@@ -98,8 +101,13 @@
 %% @doc Escript entry point.
 -spec main([string()]) -> no_return().
 main(Args) ->
+    Started = erlang:system_time(millisecond),
     quiet(),
-    Code = run(Args),
+    IO = case os:getenv("BEAMDIAG_RELAUNCHED") of
+             false -> (default_io())#{relaunch => fun(Flags) -> relaunch(Args, Flags, Started) end};
+             _ -> default_io()
+         end,
+    Code = run(Args, IO),
     erlang:halt(Code, [{flush, true}]).
 
 %% @doc Runs a command line and returns its exit code, printing to the
@@ -256,6 +264,9 @@ exit_code({beamdiag_remote, {cookie_file, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {no_distribution, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_remote, {unreachable, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_remote, {unreachable, _, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_remote, {own_dist, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag_remote, {own_mode, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code({beamdiag, {host_only, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_cluster, {members, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_cluster, {too_many_nodes, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_cluster, {bad_line, _, _, _}}) -> ?EXIT_USAGE;
@@ -394,6 +405,41 @@ command_modules() ->
         beamdiag_cli_metrics,
         beamdiag_cli_cluster
     ].
+
+%% The escript once more, as a child sharing this one's standard streams,
+%% with Flags added to the emulator's arguments (ERL_AFLAGS, ahead of any
+%% the user set): its exit code. BEAMDIAG_RELAUNCHED keeps it from doing
+%% the same again; BEAMDIAG_STARTED says when this one started, so that
+%% the child's report is due, and said ready, from the call.
+relaunch(Args, Flags, Started) ->
+    Bin = case os:getenv("BINDIR") of
+              false -> filename:dirname(os:find_executable("escript"));
+              B -> B
+          end,
+    Aflags = string:join([quote(F) || F <- Flags], " ") ++
+        case os:getenv("ERL_AFLAGS") of
+            false -> "";
+            Old -> " " ++ Old
+        end,
+    Port = open_port({spawn_executable, filename:join(Bin, "escript")},
+                     [{args, [escript:script_name() | Args]},
+                      {env, [{"ERL_AFLAGS", Aflags}, {"BEAMDIAG_RELAUNCHED", "1"},
+                             {"BEAMDIAG_STARTED", integer_to_list(Started)}]},
+                      exit_status, nouse_stdio]),
+    receive
+        {Port, {exit_status, Code}} when Code >= 0, Code =< 4 -> Code;
+        {Port, {exit_status, _}} -> ?EXIT_FAILED
+    end.
+
+%% An argument as erlexec reads it from ERL_AFLAGS: each blank, quote
+%% and backslash escaped with a backslash.
+quote(Arg) ->
+    lists:flatmap(fun(C) ->
+                          case lists:member(C, " \t\n\r\"'\\") of
+                              true -> [$\\, C];
+                              false -> [C]
+                          end
+                  end, Arg).
 
 %% Standard output is written through `user', not this process's group
 %% leader, which main/1 turns into a sink.

@@ -20,7 +20,8 @@ spec() ->
         example => "beamdiag diagnose app@db1 --cookie-file /etc/app/cookie --duration 10",
         positional => [#{key => node, metavar => "NODE", required => false,
                          help => "the node, name@host (short or long names inferred), or the "
-                                 "OS pid of a node on this host (host-side only)"}],
+                                 "OS pid of a node on this host (host-side only); without it, "
+                                 "the only Erlang VM on this host (several are listed)"}],
         options => beamdiag_cli_options:pick([
             cookie, cookie_file, duration, interval,
             {json, "print one JSON document (schema beamdiag.diagnosis/1)"}, out, save, html,
@@ -47,6 +48,18 @@ spec() ->
                       "the node: a node without distribution, or whose cookie you lack"},
             #{key => os_pid, long => "--os-pid", type => {integer, 1, 1 bsl 31}, metavar => "PID",
               help => "the node's OS pid on this host (implies --host-only)"},
+            #{key => proto_dist, long => "--proto-dist",
+              type => {enum, [inet_tcp, inet6_tcp, inet_tls, inet6_tls]},
+              help => "the node's distribution protocol (default: read from the node's command "
+                      "line on this host, else inet_tcp)"},
+            #{key => ssl_dist_optfile, long => "--ssl-dist-optfile", type => string,
+              metavar => "FILE",
+              help => "TLS options for the connection, as -ssl_dist_optfile (its client part; "
+                       "default: the node's own, read on this host)"},
+            #{key => dist_port, long => "--dist-port", type => {integer, 1, 65535},
+              metavar => "PORT",
+              help => "the node's distribution port, reached without epmd (default: epmd's, "
+                      "else found on this host)"},
             #{key => answer_timeout, long => "--answer-timeout", type => {float, 0.1, 3600.0},
               metavar => "SECONDS",
               help => "a node on this host that has not let the agent load within SECONDS "
@@ -62,8 +75,22 @@ run(Opts = #{cluster := true}, IO) ->
 run(Opts = #{os_pid := Pid}, IO) when not is_map_key(node, Opts) ->
     run(Opts#{node => integer_to_list(Pid)}, IO);
 run(Opts, IO) when not is_map_key(node, Opts) ->
-    beamdiag_cli:usage_error("diagnose: missing argument NODE (or --os-pid PID)", IO);
-run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
+    only_node(Opts, IO);
+run(Opts = #{node := Node}, IO) ->
+    %% How to reach the node, decided first: a node this VM cannot reach
+    %% as it is (TLS, IPv6, no epmd on OTP 25) is diagnosed by this escript
+    %% started again with the flags it needs.
+    case plan(Node, Opts) of
+        {ok, Plan} ->
+            case {beamdiag_attach:missing(Plan), maps:find(relaunch, IO)} of
+                {[_ | _], {ok, Relaunch}} -> relaunch(Plan, Relaunch, Opts, IO);
+                _ -> diagnose(Opts#{plan => Plan}, IO)
+            end;
+        none ->
+            diagnose(Opts, IO)
+    end.
+
+diagnose(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
     case maps:is_key(cookie, Opts) of
         true -> Err("beamdiag: warning: --cookie shows the cookie in the process list; "
                     "prefer --cookie-file or BEAMDIAG_COOKIE\n");
@@ -81,7 +108,9 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           slack => maps:get(slack, Opts),
           host_only => maps:get(host_only, Opts, false),
           progress => progress(IO)}),
-    LibOpts2 = maps:merge(LibOpts, maps:with([os_pid, answer_timeout], Opts)),
+    LibOpts2 = maps:merge(maps:merge(LibOpts, started()),
+                          maps:with([os_pid, answer_timeout, proto_dist, ssl_dist_optfile,
+                                     dist_port, plan], Opts)),
     Result = beamdiag:diagnose(Node, LibOpts2),
     end_progress(IO),
     profile_error(Result, Err),
@@ -89,6 +118,12 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
         {ok, Diagnosis} ->
             output(Diagnosis, Opts, IO);
         {error, {beamdiag, {partial, _, Diagnosis}} = Error} ->
+            Code = beamdiag_cli:fail(Error, IO),
+            _ = output(Diagnosis, Opts, IO),
+            Code;
+        {error, {beamdiag, {host_only, _, Diagnosis}} = Error} ->
+            %% Not reached over distribution: why, then the host's report;
+            %% the exit code says it was not reached.
             Code = beamdiag_cli:fail(Error, IO),
             _ = output(Diagnosis, Opts, IO),
             Code;
@@ -139,6 +174,82 @@ end_progress(_IO) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% When the call started, in the escript that started this one again
+%% with the flags the node needs (beamdiag_cli:main/1).
+started() ->
+    case {os:getenv("BEAMDIAG_RELAUNCHED"), os:getenv("BEAMDIAG_STARTED")} of
+        {false, _} -> #{};
+        {_, false} -> #{};
+        {_, S} ->
+            case string:to_integer(S) of
+                {Ms, ""} -> #{started => Ms};
+                _ -> #{}
+            end
+    end.
+
+%% The plan of a node named (not an OS pid, not host-only).
+plan(Node, Opts) ->
+    case maps:get(host_only, Opts, false) orelse maps:is_key(os_pid, Opts) orelse
+        element(1, beamdiag_host_locate:target(Node)) =:= os_pid of
+        true -> none;
+        false ->
+            case beamdiag_attach:plan(Node, maps:with([cookie, cookie_file, proto_dist,
+                                                       ssl_dist_optfile, dist_port], Opts)) of
+                {ok, Plan} -> {ok, Plan};
+                {error, _} -> none
+            end
+    end.
+
+%% This escript again, with the distribution flags the plan needs; its
+%% exit code. The TLS options written for it are removed after.
+relaunch(Plan, Relaunch, Opts, IO) ->
+    case beamdiag_attach:relaunch_flags(Plan) of
+        {ok, Flags, Dir} ->
+            try
+                Relaunch(Flags)
+            after
+                _ = Dir =:= none orelse file:del_dir_r(Dir)
+            end;
+        {error, _} ->
+            %% The flags cannot be made (TLS options unknown): the run says
+            %% so, from the host.
+            diagnose(Opts#{plan => Plan}, IO)
+    end.
+
+%% `beamdiag diagnose' without a node: the only Erlang VM of this host,
+%% or the list of them to pick from.
+only_node(Opts, IO = #{err := Err}) ->
+    case beamdiag_attach:candidates(#{}) of
+        [] ->
+            beamdiag_cli:usage_error("diagnose: no Erlang VM runs on this host (give NODE, "
+                                     "name@host, for a node elsewhere)", IO);
+        [#{os_pid := Pid, name := none}] ->
+            Err(io_lib:format("beamdiag: the only Erlang VM on this host is OS process ~b, "
+                              "without distribution: diagnosing it from the host~n", [Pid])),
+            run(Opts#{os_pid => Pid}, IO);
+        [#{os_pid := Pid, name := Name}] ->
+            Err(io_lib:format("beamdiag: diagnosing ~ts, the only Erlang VM on this host "
+                              "(OS pid ~b)~n", [beamdiag_safe_text:safe(Name, 100), Pid])),
+            run(Opts#{node => binary_to_list(Name)}, IO);
+        Several ->
+            beamdiag_cli:usage_error(candidates_text(Several), IO)
+    end.
+
+candidates_text(Cands) ->
+    Names = [case N of none -> "(none)"; _ -> beamdiag_safe_text:safe(N, 100) end
+             || #{name := N} <- Cands],
+    W = integer_to_list(lists:max([4 | [length(N) || N <- Names]])),
+    [io_lib:format("diagnose: ~b Erlang VMs run on this host; name one:~n",
+                   [length(Cands)]),
+     io_lib:format("  ~-" ++ W ++ "s ~8s ~4s  ~s~n", ["NAME", "OS PID", "OTP", "DISTRIBUTION"]),
+     [io_lib:format("  ~-" ++ W ++ "ts ~8b ~4s  ~ts~n",
+                    [Name, P,
+                     case O of undefined -> "?"; _ -> integer_to_list(O) end,
+                     beamdiag_safe_text:safe(D, 120)])
+      || {Name, #{os_pid := P, otp := O, distribution := D}} <- lists:zip(Names, Cands)],
+     "pick one: beamdiag diagnose NAME, or beamdiag diagnose --os-pid PID (from the host "
+     "alone)"].
 
 %% With --perf or --erlang, a profile that failed is said on standard error; the
 %% diagnosis follows without it.

@@ -34,6 +34,7 @@ header(D = #{capture := C, ledger := L, host_view := V}) ->
                       [beamdiag_safe_text:safe(maps:get(node, V, <<"?">>), 68), maps:get(os_pid, V),
                        located(maps:get(located, V, given))]),
         reason(V),
+        beamdiag_format_text:attach(maps:get(attach, V, #{})),
         io_lib:format("host view: ~.1f s window, ~b samples of /proc~ts; schedulers ~b, dirty cpu ~b, "
                       "dirty io ~b (from the threads' names)~n",
                       [maps:get(window_s, L, 0.0), length(maps:get(samples, C)),
@@ -76,7 +77,7 @@ threads(_) ->
 -spec summary(beamdiag:diagnosis()) -> map().
 summary(#{capture := C, host_view := V}) ->
     Base = maps:with([reason, why, waited_ms, distribution, os_pid, node, located, window_s,
-                      process_state], V),
+                      process_state, attach], V),
     Perf = case maps:get(perf, V, none) of
                {ok, P} -> P;
                {error, Why} -> #{error => Why};
@@ -107,6 +108,8 @@ reason(V) ->
 
 reason_line(#{reason := unresponsive, waited_ms := Ms}) ->
     io_lib:format("the node did not answer in ~.1f s; host-side only", [Ms / 1000]);
+reason_line(#{reason := unreachable}) ->
+    "the node runs but was not reached over distribution; host-side only";
 reason_line(#{reason := slow, why := Why}) ->
     [Why, "; host-side only"];
 reason_line(_) ->
@@ -114,7 +117,8 @@ reason_line(_) ->
 
 located(given) -> "given";
 located(epmd_port) -> "found from epmd's port";
-located(cmdline) -> "found from its command line".
+located(cmdline) -> "found from its command line";
+located(ns_pid) -> "given as the pid it sees in its own PID namespace".
 
 cgroup(#{quota_cpus := Q} = Cg) when is_number(Q) ->
     io_lib:format("cgroup quota ~.2f CPUs; throttled ~b of ~b periods~n",

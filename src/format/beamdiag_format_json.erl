@@ -15,6 +15,10 @@
 %%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
 %%% (true) and `host_view' (why, what distribution saw, the held threads,
 %%% perf's top native functions, memory), and no VM figures.
+%%% `attach' (in `host_view' for those) says how the node was reached or
+%%% tried: `node', `mode', `settings' (each `setting', `value' and `from',
+%%% where it came from), `cookie' (`from' and a short `hash', never the
+%%% cookie), `cookies_tried', `port' and `notes'.
 %%%
 %%% ```
 %%% 1> iolist_to_binary(beamdiag_format_json:diagnosis(D)).
@@ -69,7 +73,11 @@ document(#{capture := C, ledger := L, findings := F}) ->
                #{procs := Procs} -> Doc#{processes => Procs};
                _ -> Doc
            end,
-    Doc1 = with_locks(Doc0, Extras),
+    Doc00 = case Extras of
+                #{attach := Attach} -> Doc0#{attach => Attach};
+                _ -> Doc0
+            end,
+    Doc1 = with_locks(Doc00, Extras),
     case Extras of
         #{profile := R = #{method := M, profile := P}} ->
             Profile = #{method => M, summary => beamdiag_fold:summary(P),

@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_format_text).
 
--export([diagnosis/2, pct/1, ready/1, cluster/2]).
+-export([diagnosis/2, pct/1, ready/1, cluster/2, attach/1]).
 %% Called by scripts/ledger-table.escript.
 -ignore_xref([{pct, 1}]).
 
@@ -47,6 +47,7 @@ report(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts)
 report(D = #{capture := C, ledger := L, findings := F}, Opts) ->
     Plain = iolist_to_binary([
         header(C, L, ready(D)),
+        attach(maps:get(attach, maps:get(extras, C, #{}), #{})),
         "\n",
         findings(F, Opts#{colour => false}),
         "\n",
@@ -97,6 +98,34 @@ ledger_table(#{by_type := ByType, threads := Threads}, _Opts) ->
 -spec ready(beamdiag:diagnosis()) -> iolist().
 ready(#{ready_ms := Ms}) -> io_lib:format(", ready ~.1f s after the call", [Ms / 1000]);
 ready(_) -> "".
+
+%% @doc How the node was reached, or tried: each setting resolved with
+%% where it came from, the cookie only as its origin and a short hash
+%% ("" when the diagnosis does not say).
+-spec attach(map()) -> iolist().
+attach(#{settings := Rows} = A) ->
+    Cookie = case A of
+                 #{cookie := #{from := From, hash := H}} ->
+                     [row(<<"cookie">>, H, From)];
+                 _ ->
+                     case maps:get(cookies_tried, A, []) of
+                         [] -> [];
+                         Tried ->
+                             [row(<<"cookies found">>,
+                                  lists:join("; ", [[H, " from ", From]
+                                                    || #{hash := H, from := From} <- Tried]), <<>>)]
+                     end
+             end,
+    [Name | Rest] = [row(S, V, F) || #{setting := S, value := V, from := F} <- Rows],
+    ["attach: ", Name, [["        ", R] || R <- Cookie ++ Rest],
+     [["  note: ", wrap(N, 8, ?WIDTH), "\n"] || N <- maps:get(notes, A, [])]];
+attach(_) ->
+    "".
+
+row(Setting, Value, <<>>) ->
+    [wrap([Setting, " ", Value], 8, ?WIDTH), "\n"];
+row(Setting, Value, From) ->
+    [wrap([Setting, " ", Value, ", from ", From], 8, ?WIDTH), "\n"].
 
 %% @doc A share as a percentage with one decimal.
 -spec pct(number() | undefined) -> iolist().

@@ -20,7 +20,8 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, explains/1, reserve/1, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, armed/1, finish/2, unreached/2, late/2, explains/1, reserve/1,
+         cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -126,6 +127,16 @@ armed(H) ->
 -spec finish(handle(), map()) -> beamdiag:diagnosis().
 finish(H, Context) ->
     window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
+
+%% @doc Finishes the window from the host view alone: the node runs but
+%% could not be reached over distribution (a wrong cookie, TLS refused,
+%% its port closed...), which says nothing of how it answers. Context:
+%% `waited_ms', `distribution' (why, in words), `attach' (what was
+%% resolved of how to reach it). perf samples the hot threads for what is
+%% left of the window.
+-spec unreached(handle(), map()) -> beamdiag:diagnosis().
+unreached(H, Context) ->
+    window(arm(H), Context#{unresponsive => false, reason => unreachable}).
 
 %% @doc Finishes the window from the host view alone: the node answered,
 %% but its agent could not make the report on time (its samples came too

@@ -6,13 +6,23 @@
 %%% agent's modules on the target through `beamdiag_loader', which picks
 %%% how from the target's OTP release.
 %%%
+%%% `attach/2' follows a plan (`beamdiag_attach': the node's own name,
+%%% cookies, protocol and port, read from its host): each cookie is tried
+%%% in turn, a node that no epmd knows is reached at its port
+%%% (`beamdiag_epmd'), and a connection that fails is said as what it is,
+%%% from the first step of a handshake made by hand
+%%% (`beamdiag_dist_probe'): the port is closed, the TLS handshake was
+%%% refused (an alert, a certificate, a key that cannot be read), the node
+%%% speaks another protocol, the name is not allowed, or the cookie is
+%%% not the node's.
+%%%
 %%% ```
 %%% 1> {ok, Node} = beamdiag_remote:connect("app@host", #{cookie_file => "/home/me/.erlang.cookie"}).
 %%% 2> {ok, Loaded} = beamdiag_remote:load(Node, beamdiag_agent:modules()).
 %%% '''
 -module(beamdiag_remote).
 
--export([connect/2, load/2, disconnect/1, parse_node/1, format_error/1]).
+-export([connect/2, attach/2, load/2, disconnect/1, parse_node/1, format_error/1]).
 -export([distribute/1]).
 %% Called by bench/overhead.escript.
 -ignore_xref([{load, 2}]).
@@ -25,32 +35,78 @@
 %% on a host that is itself overloaded, can take seconds to answer the
 %% handshake; a wrong cookie or a missing node answers at once.
 -define(CONNECT_TIMEOUT, 10000).
+%% The options a plan is made from (beamdiag_attach:plan/2).
+-define(PLAN_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, proc_root,
+                    located, host]).
 
 %%%===================================================================
 %%% API
 %%%===================================================================
 
 %% @doc Connects to a node given as "name@host" (short or long names,
-%% inferred from the host part). Cookie, in order of preference: `cookie',
-%% `cookie_file', the environment variable BEAMDIAG_COOKIE, ~/.erlang.cookie.
--spec connect(string() | binary(), map()) -> {ok, node()} | {error, {beamdiag_remote, term()}}.
+%% inferred from the host part; for a node on this host, read from its
+%% command line). Cookie, in order of preference: `cookie', `cookie_file',
+%% the environment variable BEAMDIAG_COOKIE, the node's own (see
+%% `beamdiag_attach'), ~/.erlang.cookie. Also takes the other options of
+%% `attach/2'.
+%% With a cookie given and nothing else to say how, the node is first
+%% tried the plain way, without reading its host (many nodes at once, as
+%% `beamdiag cluster' connects them, cost a walk of /proc each otherwise);
+%% a node of this host that refuses is then tried by its own settings.
+-spec connect(string() | binary(), map()) -> {ok, node()} | {error, {module(), term()}}.
+connect(NodeStr, Opts) when is_binary(NodeStr) ->
+    connect(unicode:characters_to_list(NodeStr), Opts);
 connect(NodeStr, Opts) ->
-    case parse_node(NodeStr) of
-        {ok, Node, Domain} ->
-            case ensure_distributed(Domain) of
-                ok ->
-                    case cookie(Opts) of
-                        {ok, Cookie} ->
-                            true = erlang:set_cookie(Node, Cookie),
-                            connect_twice(Node, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
-                        {error, _} = E ->
-                            E
+    Quick = not maps:is_key(plan, Opts) andalso
+        (maps:is_key(cookie, Opts) orelse maps:is_key(cookie_file, Opts) orelse
+         os:getenv("BEAMDIAG_COOKIE") =/= false) andalso
+        not lists:any(fun(K) -> maps:is_key(K, Opts) end,
+                      [proto_dist, ssl_dist_optfile, dist_port]),
+    First = case Quick of
+                true -> attach(NodeStr, Opts#{host => false});
+                false -> attach(NodeStr, Opts)
+            end,
+    case First of
+        {ok, Node, _Outcome} ->
+            {ok, Node};
+        {error, {?MODULE, Why}} = E when Quick ->
+            case full_retry(Why) of
+                true ->
+                    case attach(NodeStr, Opts) of
+                        {ok, Node, _} -> {ok, Node};
+                        {error, _} = E2 -> E2
                     end;
-                {error, _} = E ->
+                false ->
                     E
             end;
         {error, _} = E ->
             E
+    end.
+
+%% A node not reached the plain way is tried by its own settings, unless
+%% the cookie given was what it refused.
+full_retry({unreachable, _, {wrong_cookie, _}}) -> false;
+full_retry({unreachable, _, _}) -> true;
+full_retry({unreachable, _, _, _}) -> true;
+full_retry(_) -> false.
+
+%% @doc Connects to a node by a plan (`plan', else made here from the
+%% options `beamdiag_attach:plan/2' takes): `{ok, Node, #{cookie =>
+%% Index}}', the plan's cookie that worked, or why it cannot be reached.
+%% `timeout' (10 s) bounds the whole attempt.
+-spec attach(string() | binary(), map()) ->
+    {ok, node(), #{cookie := pos_integer(), plan := beamdiag_attach:plan()}} |
+    {error, {module(), term()}}.
+attach(NodeStr, Opts) when is_binary(NodeStr) ->
+    attach(unicode:characters_to_list(NodeStr), Opts);
+attach(NodeStr, Opts) ->
+    Plan = case maps:find(plan, Opts) of
+               {ok, P} -> {ok, P};
+               error -> beamdiag_attach:plan(NodeStr, maps:with(?PLAN_KEYS, Opts))
+           end,
+    case Plan of
+        {ok, Pl} -> follow(Pl, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
+        {error, _} = E -> E
     end.
 
 %% @doc Loads modules onto the node; returns those it loaded (and so must
@@ -122,9 +178,50 @@ format_error({unreachable, Node, no_epmd}) ->
 format_error({unreachable, Node, refused}) ->
     io_lib:format("cannot reach ~s: the node is running but refused the connection "
                   "(wrong cookie?)", [Node]);
-format_error({unreachable, Node, refused_twice}) ->
-    io_lib:format("cannot reach ~s: the node is running but refused the connection twice "
-                  "(wrong cookie?)", [Node]);
+format_error({unreachable, Node, {wrong_cookie, Tried}}) ->
+    io_lib:format("cannot reach ~s: wrong cookie: the node answered the handshake's first step "
+                  "and refused the cookie (tried: ~ts); give the node's cookie with "
+                  "--cookie-file FILE", [Node, tried(Tried)]);
+format_error({unreachable, Node, {port_closed, Ip, Port}}) ->
+    io_lib:format("cannot reach ~s: its distribution port ~b on ~ts is closed (connection "
+                  "refused)", [Node, Port, inet:ntoa(Ip)]);
+format_error({unreachable, Node, {tls, Why}}) ->
+    io_lib:format("cannot reach ~s: TLS refused: ~ts", [Node, beamdiag_dist_probe:format_error({tls, Why})]);
+format_error({unreachable, Node, {tls_options, {M, Why}}}) ->
+    io_lib:format("cannot reach ~s over TLS: ~ts", [Node, M:format_error(Why)]);
+format_error({unreachable, Node, {speaks_tls, Port}}) ->
+    io_lib:format("cannot reach ~s: its port ~b speaks TLS distribution, and this connection "
+                  "was plain TCP; give --proto-dist inet_tls --ssl-dist-optfile FILE", [Node, Port]);
+format_error({unreachable, Node, {speaks_plain, Port}}) ->
+    io_lib:format("cannot reach ~s: its port ~b speaks plain TCP distribution, not TLS; give "
+                  "--proto-dist inet_tcp", [Node, Port]);
+format_error({unreachable, Node, {not_distribution, Port}}) ->
+    io_lib:format("cannot reach ~s: port ~b does not speak Erlang distribution", [Node, Port]);
+format_error({unreachable, Node, {status, Status}}) ->
+    io_lib:format("cannot reach ~s: the node refused this connection's name (status ~ts: "
+                  "it allows only some nodes, or is already connecting to one of that name)",
+                  [Node, beamdiag_safe_text:safe(Status, 40)]);
+format_error({unreachable, Node, {unknown_name, Names}}) ->
+    io_lib:format("cannot reach ~s: name unknown: no Erlang VM on this host was started with "
+                  "that name, and epmd knows none of it (registered there: ~ts)",
+                  [Node, names(Names)]);
+format_error({unreachable, Node, {no_port, Names}}) ->
+    io_lib:format("cannot reach ~s: it is registered in no epmd and no distribution port of it "
+                  "was found (registered: ~ts); give --dist-port PORT", [Node, names(Names)]);
+format_error({own_dist, Node, Missing}) ->
+    io_lib:format("cannot reach ~s from this VM: its distribution would need ~ts; the beamdiag "
+                  "escript starts itself so, a VM of your own must be started with those flags",
+                  [Node, lists:join(" ", [[F, [[" ", V] || V <- Vs, V =/= ""],
+                                           case {F, Vs} of
+                                               {"-ssl_dist_optfile", []} -> " FILE";
+                                               _ -> ""
+                                           end] || {F, Vs} <- Missing])]);
+format_error({own_mode, Node, Want}) ->
+    io_lib:format("cannot reach ~s from this VM: it is distributed already with the other name "
+                  "mode (~s wanted)", [Node, case Want of
+                                                 longnames -> "long names";
+                                                 shortnames -> "short names"
+                                             end]);
 format_error({unreachable, Node, {no_answer, Ms}}) ->
     io_lib:format("cannot reach ~s: the node is registered but did not finish the connection "
                   "within ~b s (overloaded, or its distribution port filtered?)",
@@ -144,6 +241,199 @@ distribute(NodeStr) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% Follows a plan: what it found wrong before connecting, this VM's own
+%% distribution, then each cookie until one is taken.
+follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
+    case pre_errors(Plan) of
+        {error, _} = E -> E;
+        ok ->
+            case beamdiag_attach:missing(Plan) of
+                [] ->
+                    case ensure_distributed(Mode) of
+                        ok ->
+                            case own_mode_ok(Mode) of
+                                true ->
+                                    Direct = direct(Plan),
+                                    _ = case {Direct, Plan} of
+                                            {true, #{port := #{ip := Ip, port := Port}}} ->
+                                                beamdiag_epmd:set(Node, Ip, Port);
+                                            _ -> ok
+                                        end,
+                                    T0 = erlang:monotonic_time(millisecond),
+                                    unknown_name(Plan, try_cookies(Plan#{direct := Direct},
+                                                                   maps:get(cookies, Plan), 1,
+                                                                   T0 + Timeout, unknown));
+                                false ->
+                                    {error, {?MODULE, {own_mode, Node, Mode}}}
+                            end;
+                        {error, _} = E ->
+                            E
+                    end;
+                Missing ->
+                    {error, {?MODULE, {own_dist, Node, Missing}}}
+            end
+    end.
+
+%% Whether the node is reached at the plan's port, without epmd: when no
+%% epmd knows it, and, when no epmd answered, if this VM has beamdiag_epmd.
+direct(#{direct := true}) -> true;
+direct(#{direct := maybe, port := _}) -> beamdiag_epmd:use();
+direct(_) -> false.
+
+%% A name epmd does not know, of a node this host does not run: said so.
+unknown_name(#{local := true, located_error := {beamdiag_host_locate, {not_found, _}}},
+             {error, {?MODULE, {unreachable, Node, not_registered, Names}}}) ->
+    {error, {?MODULE, {unreachable, Node, {unknown_name, Names}}}};
+unknown_name(_Plan, Result) ->
+    Result.
+
+pre_errors(#{cookie_error := {M, Why}}) when is_atom(M) ->
+    {error, {M, Why}};
+pre_errors(#{cookie_error := Why}) ->
+    {error, {?MODULE, Why}};
+pre_errors(#{node := Node, proto_error := Why}) ->
+    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach, Why}}}}};
+pre_errors(#{node := Node, tls := #{error := Why}}) ->
+    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach, Why}}}}};
+pre_errors(_) ->
+    ok.
+
+%% Whether this VM's distribution runs in the name mode wanted.
+own_mode_ok(Mode) ->
+    case catch net_kernel:longnames() of
+        true -> Mode =:= longnames;
+        false -> Mode =:= shortnames;
+        _ -> true
+    end.
+
+%% Each cookie once; the first refusal is asked why (the probe): a closed
+%% port, TLS, another protocol or a name refused end the attempt, and a
+%% cookie refused moves to the next. A single cookie refused at once is
+%% tried a second time (a node starting, or briefly overloaded, can drop
+%% one handshake).
+try_cookies(#{node := Node}, [], _I, _Deadline, _Why) ->
+    {error, {?MODULE, {unreachable, Node, {wrong_cookie, []}}}};
+try_cookies(Plan = #{node := Node, cookies := All}, [{Cookie, _} | Rest], I, Deadline, Why) ->
+    Left = Deadline - erlang:monotonic_time(millisecond),
+    true = erlang:set_cookie(Node, Cookie),
+    Direct = maps:get(direct, Plan, false),
+    Attempt = case Left > 0 of
+                  true -> try_connect(Node, Left, Direct);
+                  false -> {error, {?MODULE, {unreachable, Node, {no_answer, 0}}}}
+              end,
+    case Attempt of
+        {ok, Node} ->
+            {ok, Node, #{cookie => I, plan => Plan}};
+        {error, {?MODULE, {unreachable, Node, refused}}} ->
+            Cause = case Why of
+                        unknown -> refusal(Plan);
+                        _ -> Why
+                    end,
+            case Cause of
+                cookie when Rest =:= [], length(All) =:= 1, I =:= 1 ->
+                    %% One cookie: once more, then it is the cookie.
+                    _ = erlang:disconnect_node(Node),
+                    case try_connect(Node, max(1, Deadline - erlang:monotonic_time(millisecond)),
+                                     Direct) of
+                        {ok, Node} -> {ok, Node, #{cookie => I, plan => Plan}};
+                        {error, {?MODULE, {unreachable, Node, refused}}} ->
+                            {error, {?MODULE, {unreachable, Node, {wrong_cookie, origins(All)}}}};
+                        Other -> Other
+                    end;
+                cookie when Rest =:= [] ->
+                    {error, {?MODULE, {unreachable, Node, {wrong_cookie, origins(All)}}}};
+                cookie ->
+                    try_cookies(Plan, Rest, I + 1, Deadline, cookie);
+                Other ->
+                    {error, {?MODULE, {unreachable, Node, Other}}}
+            end;
+        Other ->
+            Other
+    end.
+
+origins(Cookies) ->
+    [{O, beamdiag_attach:cookie_hash(C)} || {C, O} <- Cookies].
+
+tried([]) -> "none";
+tried(L) ->
+    lists:join("; ", [[beamdiag_safe_text:safe(origin_words(O), 200), ", ", H] || {O, H} <- L]).
+
+origin_words({cli, Opt}) -> ["beamdiag's ", Opt];
+origin_words({cli_home, F}) -> ["your own cookie file ", F];
+origin_words({env, <<"BEAMDIAG_COOKIE">>}) -> "BEAMDIAG_COOKIE";
+origin_words({env, V}) -> ["the node's ", V];
+origin_words({setcookie, _}) -> "the node's -setcookie";
+origin_words({home_file, F}) -> ["the node's user's ", F];
+origin_words({release_file, F}) -> ["the release's ", F];
+origin_words(O) -> beamdiag_node_args:origin_text(O).
+
+%% Why a handshake was refused at once, from a probe of the node's port:
+%% `cookie' when the name step passes (what is left is the cookie), else
+%% the reason in the shape format_error/1 reads.
+refusal(Plan = #{node := Node, mode := Mode, proto := Proto}) ->
+    case probe_target(Plan) of
+        {ok, Ip, Port} ->
+            Tls = case maps:get(tls, Plan, undefined) of
+                      #{client := C} -> C;
+                      _ -> none
+                  end,
+            IsTls = Proto =:= inet_tls orelse Proto =:= inet6_tls,
+            Opts = #{mode => Mode, tls => case IsTls of true -> Tls; false -> none end,
+                     server_name => host_of(Node)},
+            case beamdiag_dist_probe:probe(Ip, Port, Opts) of
+                {ok, S} when S =:= <<"ok">>; S =:= <<"ok_simultaneous">>; S =:= <<"alive">> ->
+                    cookie;
+                {ok, S} ->
+                    {status, S};
+                {error, {tcp, econnrefused}} ->
+                    {port_closed, Ip, Port};
+                {error, {tcp, timeout}} when IsTls ->
+                    %% A plain port waits for more of what it read as a length.
+                    case beamdiag_dist_probe:probe(Ip, Port, Opts#{tls => none}) of
+                        {ok, _} -> {speaks_plain, Port};
+                        _ -> {no_answer, 0}
+                    end;
+                {error, {tls, Why}} ->
+                    {tls, Why};
+                {error, not_distribution} when not IsTls ->
+                    case beamdiag_dist_probe:probe(Ip, Port, Opts#{tls => [{verify, verify_none}]}) of
+                        {ok, _} -> {speaks_tls, Port};
+                        {error, {tls, W}} when W =/= closed -> {speaks_tls, Port};
+                        _ -> {not_distribution, Port}
+                    end;
+                {error, not_distribution} ->
+                    {not_distribution, Port};
+                {error, _} ->
+                    cookie
+            end;
+        {error, Reason} ->
+            Reason
+    end.
+
+%% Where the node's distribution listens: the plan's port, else epmd's.
+probe_target(#{port := #{ip := Ip, port := Port}}) ->
+    {ok, Ip, Port};
+probe_target(#{node := Node, proto := Proto}) ->
+    [Name, Host] = string:split(atom_to_list(Node), "@"),
+    Family = case Proto of
+                 inet6_tcp -> inet6;
+                 inet6_tls -> inet6;
+                 _ -> inet
+             end,
+    case {inet:getaddr(Host, Family), net_adm:names(Host)} of
+        {{ok, Ip}, {ok, Names}} ->
+            case lists:keyfind(Name, 1, Names) of
+                {_, Port} -> {ok, Ip, Port};
+                false -> {error, {no_port, [N || {N, _} <- Names]}}
+            end;
+        _ ->
+            {error, refused}
+    end.
+
+host_of(Node) ->
+    [_, Host] = string:split(atom_to_list(Node), "@"),
+    Host.
 
 valid_part(S) ->
     lists:all(
@@ -176,75 +466,7 @@ ensure_distributed(Domain) ->
             ok
     end.
 
-cookie(Opts) ->
-    case {maps:get(cookie, Opts, undefined), maps:get(cookie_file, Opts, undefined)} of
-        {C, _} when C =/= undefined -> to_cookie(C);
-        {undefined, F} when F =/= undefined -> read_cookie(F);
-        {undefined, undefined} ->
-            case os:getenv("BEAMDIAG_COOKIE") of
-                false ->
-                    case init:get_argument(home) of
-                        {ok, [[Home]]} ->
-                            case read_cookie(filename:join(Home, ".erlang.cookie")) of
-                                {ok, _} = Ok -> Ok;
-                                {error, _} -> {error, {beamdiag_remote, no_cookie}}
-                            end;
-                        _ ->
-                            {error, {beamdiag_remote, no_cookie}}
-                    end;
-                Env ->
-                    to_cookie(Env)
-            end
-    end.
-
-read_cookie(File) ->
-    case file:read_file(File) of
-        {ok, Bin} when byte_size(Bin) > 0, byte_size(Bin) =< 1024 ->
-            case unicode:characters_to_list(Bin) of
-                L when is_list(L) -> to_cookie(string:trim(L));
-                _ -> {error, {beamdiag_remote, {bad_cookie, not_utf8}}}
-            end;
-        {ok, _} ->
-            {error, {beamdiag_remote, {cookie_file, File, einval}}};
-        {error, Reason} ->
-            {error, {beamdiag_remote, {cookie_file, File, Reason}}}
-    end.
-
-%% Cookies are atoms by the distribution's own API, so they hold 1 to 255
-%% characters.
-to_cookie(C) when is_atom(C) ->
-    {ok, C};
-to_cookie(C) when is_binary(C) ->
-    case unicode:characters_to_list(C) of
-        L when is_list(L) -> to_cookie(L);
-        _ -> {error, {beamdiag_remote, {bad_cookie, not_utf8}}}
-    end;
-to_cookie(C) when is_list(C), C =/= [], length(C) =< 255 ->
-    {ok, list_to_atom(C)};
-to_cookie(C) when is_list(C) ->
-    {error, {beamdiag_remote, {bad_cookie, {length, length(C)}}}}.
-
-%% A handshake refused at once is tried once more (a node that is starting
-%% or briefly overloaded can drop one; a wrong cookie fails again at once,
-%% for a few milliseconds more); one that timed out has used the time.
-connect_twice(Node, Timeout) ->
-    T0 = erlang:monotonic_time(millisecond),
-    case try_connect(Node, Timeout) of
-        {error, {beamdiag_remote, {unreachable, Node, refused}}} ->
-            Left = Timeout - (erlang:monotonic_time(millisecond) - T0),
-            case Left > 0 andalso try_connect(Node, Left) of
-                {error, {beamdiag_remote, {unreachable, Node, refused}}} ->
-                    {error, {beamdiag_remote, {unreachable, Node, refused_twice}}};
-                false ->
-                    {error, {beamdiag_remote, {unreachable, Node, refused}}};
-                Other ->
-                    Other
-            end;
-        Other ->
-            Other
-    end.
-
-try_connect(Node, Timeout) ->
+try_connect(Node, Timeout, Direct) ->
     Self = self(),
     Tag = make_ref(),
     T0 = erlang:monotonic_time(millisecond),
@@ -256,11 +478,11 @@ try_connect(Node, Timeout) ->
         {Tag, _} ->
             erlang:demonitor(MRef, [flush]),
             Took = erlang:monotonic_time(millisecond) - T0,
-            {error, {beamdiag_remote, diagnose_unreachable(Node, refused_or_silent(Took))}}
+            {error, {beamdiag_remote, diagnose_unreachable(Node, refused_or_silent(Took), Direct)}}
     after Timeout ->
         exit(Pid, kill),
         erlang:demonitor(MRef, [flush]),
-        {error, {beamdiag_remote, diagnose_unreachable(Node, {no_answer, Timeout})}}
+        {error, {beamdiag_remote, diagnose_unreachable(Node, {no_answer, Timeout}, Direct)}}
     end.
 
 %% A refused handshake (a wrong cookie) fails at once; one the node never
@@ -279,7 +501,10 @@ refused_or_silent(Took) ->
 %% Why a connection failed: the name is not registered on its host, no
 %% epmd answers there, or (registered) the node refused the handshake or
 %% did not finish it in time.
-diagnose_unreachable(Node, Registered) ->
+diagnose_unreachable(Node, Seen, true) ->
+    %% Reached at its port, without epmd: epmd's names say nothing.
+    {unreachable, Node, Seen};
+diagnose_unreachable(Node, Registered, false) ->
     [Name, Host] = string:split(atom_to_list(Node), "@"),
     case net_adm:names(Host) of
         {ok, Names} ->
