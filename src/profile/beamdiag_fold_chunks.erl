@@ -22,8 +22,9 @@
 %%% faults of a fold from about 23,000 to about 4,000 (docs/PERFORMANCE.md).
 %%%
 %%% A chunk ends at the last blank line in its last 256 KiB, looked for
-%%% in its last 16 KiB first: the search for a two-byte pattern runs at a
-%%% few hundred MB/s, and the reader shares the cores with the workers.
+%%% in its last 2 KiB, then 16 KiB first: the search for a two-byte
+%%% pattern runs at a few hundred MB/s, and the reader shares the cores
+%%% with the workers (a sample is one or two KiB).
 %%%
 %%% ```
 %%% 1> beamdiag_fold:fold_file("perf.txt", #{workers => 2}).
@@ -37,6 +38,7 @@
 -define(WORKER_HEAP, 512 * 1024).
 -define(TAIL, 262144).
 -define(NEAR_END, 16384).
+-define(NEAREST_END, 2048).
 
 %%%===================================================================
 %%% API
@@ -231,6 +233,12 @@ collect(Pid, Mon) ->
 cut(Buf) ->
     Size = byte_size(Buf),
     Tail = min(Size, ?TAIL),
+    case last_blank(Buf, Size, min(Tail, ?NEAREST_END)) of
+        none -> cut(Buf, Size, Tail);
+        Pos -> Pos + 2
+    end.
+
+cut(Buf, Size, Tail) ->
     case last_blank(Buf, Size, min(Tail, ?NEAR_END)) of
         none ->
             case last_match(Buf, <<"\n\n">>, {Size - Tail, Tail}) of
