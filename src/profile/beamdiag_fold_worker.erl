@@ -91,6 +91,8 @@
     syms = #{} :: map(),
     %% The callers' first ?KEY bytes => [{Text, Callers}] (`callers/9').
     blocks = #{} :: map(),
+    %% {Key, Size} of callers seen once, not cached yet.
+    seen = #{} :: map(),
     blocks_n = 0 :: non_neg_integer(),
     blocks_bytes = 0 :: non_neg_integer(),
     %% Comm => thread type.
@@ -218,7 +220,7 @@ leaf(Chunk, S, P, Size, Type, Ctx = #ctx{nl = NL, max_line = Max}, St) when P < 
                                                                  St#st.stacks)},
             samples(Chunk, P + 1, Size, Ctx, St2);
         {E, 1} when E - P =< Max, binary_part(Chunk, P, 1) =:= <<"\t">> ->
-            {Leaf, St2} = frame(binary:part(Chunk, P, E - P), Ctx, St),
+            {Leaf, St2} = line(binary:part(Chunk, P, E - P), Ctx, St),
             callers(Chunk, S, E + 1, Size, Type, Leaf, Ctx, St2);
         _ ->
             slow(Chunk, S, Size, Ctx, St)
@@ -256,10 +258,15 @@ callers(Chunk, S, _C, Size, _Type, _Leaf, Ctx, St) ->
 %% A cached callers' text (its frame lines and the blank line) that the
 %% chunk holds at C.
 find([{Text, Callers} | Rest], Chunk, C, Size) ->
+    %% The blank line that would end it first: callers that share their
+    %% start can be long runs of one line of different lengths.
     Len = byte_size(Text),
-    case Size - C >= Len andalso binary:part(Chunk, C, Len) =:= Text of
-        true -> {Len, Callers};
-        false -> find(Rest, Chunk, C, Size)
+    End = C + Len - 2,
+    case Chunk of
+        <<_:End/binary, "\n\n", _/binary>> when binary_part(Chunk, C, Len) =:= Text ->
+            {Len, Callers};
+        _ ->
+            find(Rest, Chunk, C, Size)
     end;
 find([], _Chunk, _C, _Size) ->
     none.
@@ -269,11 +276,11 @@ read_callers(Chunk, S, C, Size, Type, Leaf, Key, Same, Ctx, St) ->
         {End, Names, Ids, U, T, Bad, St2} ->
             %% Names and Ids are root first.
             {Node, Tab} = beamdiag_fold_stacks:path(0, Ids, St2#st.stacks),
+            St3 = St2#st{stacks = Tab},
             Callers = #callers{frames = lists:reverse(Names), node = Node, unknown = U,
                                truncated = T, junk = Bad},
-            St3 = cache_callers(Key, Same, binary:part(Chunk, C, End - C), Callers,
-                                St2#st{stacks = Tab}),
-            samples(Chunk, End, Size, Ctx, commit(Type, Leaf, Callers, Ctx, St3));
+            St4 = cache_callers(Key, Same, binary:part(Chunk, C, End - C), Callers, St3),
+            samples(Chunk, End, Size, Ctx, commit(Type, Leaf, Callers, Ctx, St4));
         {slow, St2} ->
             slow(Chunk, S, Size, Ctx, St2)
     end.
@@ -288,16 +295,25 @@ cache_callers(Key, Same, Text, Callers, St = #st{blocks_n = N, blocks_bytes = By
   when N >= ?BLOCKS_MAX; Bytes >= ?BLOCKS_BYTES ->
     %% Full: start again, so that the callers of text read later (another
     %% capture, another phase) are cached.
-    cache_callers(Key, Same, Text, Callers, St#st{blocks = #{}, blocks_n = 0, blocks_bytes = 0});
-cache_callers(Key, Same, Text, Callers, St = #st{blocks = Blocks, blocks_n = N,
+    cache_callers(Key, Same, Text, Callers, St#st{blocks = #{}, seen = #{}, blocks_n = 0,
+                                                  blocks_bytes = 0});
+cache_callers(Key, Same, Text, Callers, St = #st{blocks = Blocks, seen = Seen, blocks_n = N,
                                                  blocks_bytes = Bytes}) ->
-    %% Copies: a sub-binary in the cache would keep its whole chunk alive.
-    Same2 = case map_size(Blocks) > 0 andalso is_map_key(Key, Blocks) of
-        true -> lists:sublist(Same, ?SAME - 1);
-        false -> []
-    end,
-    St#st{blocks = Blocks#{binary:copy(Key) => [{copy(Text), Callers} | Same2]},
-          blocks_n = N + 1, blocks_bytes = Bytes + byte_size(Text)}.
+    %% Most callers are seen once (frame-pointer chains end in garbage):
+    %% they are cached when seen again, so that the copy is made only for
+    %% callers that recur. Key is a copy already (32 bytes).
+    Seen1 = {Key, byte_size(Text)},
+    case Seen of
+        #{Seen1 := _} ->
+            Same2 = case map_size(Blocks) > 0 andalso is_map_key(Key, Blocks) of
+                true -> lists:sublist(Same, ?SAME - 1);
+                false -> []
+            end,
+            St#st{blocks = Blocks#{Key => [{copy(Text), Callers} | Same2]},
+                  blocks_n = N + 1, blocks_bytes = Bytes + byte_size(Text)};
+        _ ->
+            St#st{seen = Seen#{Seen1 => true}, blocks_n = N + 1}
+    end.
 
 %% A copy of a binary: `binary:copy/1' copies byte by byte on OTP 25 (about
 %% 0.5 ns a byte), building a binary from an iolist copies with memcpy
@@ -318,18 +334,38 @@ walk(Chunk, P, Size, Ctx = #ctx{nl = NL, max_line = Max}, St, Names, Ids, U, T, 
     case Chunk of
         <<_:P/binary, $\n, _/binary>> ->
             {P + 1, Names, Ids, U, T, Bad, St};
+        %% The lines of addresses perf could place nowhere, read without
+        %% making a binary (`frame/3' names them so): frame-pointer chains
+        %% through heap data give long runs of them.
+        <<_:P/binary, "\t    ", C, _:11/binary, " [unknown] ([unknown])\n", _/binary>>
+          when C =/= $0, C =/= $f, C =/= $\s, C =/= $\t, Ctx#ctx.perf_map =:= undefined,
+               Max >= 39 ->
+            UId = Ctx#ctx.unknown_id,
+            case Ids of
+                [UId | _] ->
+                    walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, true, T, Bad);
+                _ ->
+                    walk(Chunk, P + 40, Size, Ctx, St, [?UNKNOWN | Names], [UId | Ids], true, T,
+                         Bad)
+            end;
+        <<_:P/binary, "\t               0 [unknown] ([unknown])\n", _/binary>> when Max >= 39 ->
+            walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, U, true, Bad);
+        <<_:P/binary, "\tffffffffffffffff [unknown] ([unknown])\n", _/binary>> when Max >= 39 ->
+            walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, U, true, Bad);
         <<_:P/binary, $\t, _/binary>> ->
             case binary:match(Chunk, NL, [{scope, {P, Size - P}}]) of
                 {E, 1} when E - P =< Max ->
                     Line = binary:part(Chunk, P, E - P),
                     L = E + 1 - P,
                     %% How many more of this line follow it.
-                    More = case Size - E > L andalso binary:part(Chunk, E + 1, L - 1) =:= Line
-                               andalso binary:at(Chunk, E + L) =:= $\n of
-                        true -> run(Chunk, P, L, Size, 2, 2) - 1;
-                        false -> 0
+                    More = case Chunk of
+                        <<_:(E + L)/binary, $\n, _/binary>>
+                          when binary_part(Chunk, E + 1, L - 1) =:= Line ->
+                            run(Chunk, P, L, Size, 2, 2) - 1;
+                        _ ->
+                            0
                     end,
-                    {F, St2} = frame(Line, Ctx, St),
+                    {F, St2} = line(Line, Ctx, St),
                     Next = E + 1 + More * L,
                     case F of
                         drop ->
@@ -528,6 +564,26 @@ type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
                 false -> Cs
             end,
             {Ty, St#st{comms = Cs2}}
+    end.
+
+%% A frame line's name and number, `drop' or `junk', cached by the whole
+%% line: the lines of callers are return addresses, which recur, and so do
+%% most leaves. Addresses perf could place nowhere rarely recur and are
+%% not cached.
+line(Line, Ctx, St = #st{cache = Cache}) ->
+    case Cache of
+        #{Line := F} ->
+            {F, St};
+        _ ->
+            case frame(Line, Ctx, St) of
+                {{?UNKNOWN, _}, _} = R ->
+                    R;
+                {F, St2 = #st{cache = Cache2}} ->
+                    case map_size(Cache2) < ?CACHE_MAX of
+                        true -> {F, St2#st{cache = Cache2#{binary:copy(Line) => F}}};
+                        false -> {F, St2}
+                    end
+            end
     end.
 
 %% A frame line's name and number, `drop' or `junk'.
