@@ -134,16 +134,24 @@ path(Parent, [Id | Ids], Tab) ->
 %% short. With `unknown => cut', a sample with an `[unknown]' frame must go
 %% through `add_frames/5' instead.
 -spec add(binary(), node_id(), [binary(), ...], boolean(), boolean(), table()) -> table().
-add(Type, Node, Frames, U, T, Tab = #stacks{stacks = Stacks}) ->
-    Id = case Stacks of
-        #{Node := _} -> Node;
-        _ when Node =:= overflow -> overflow;
-        _ when map_size(Stacks) < Tab#stacks.max -> new;
-        _ -> overflow
-    end,
-    case Id of
-        new -> count(Type, Node, U, T, Tab#stacks{stacks = Stacks#{Node => Frames}});
-        _ -> count(Type, Id, U, T, Tab)
+add(Type, Node, Frames, U, T, Tab = #stacks{counts = C}) ->
+    Key = {Type, Node},
+    case C of
+        #{Key := N} ->
+            %% Counted before: a stack already.
+            Tab#stacks{counts = C#{Key := N + 1}, samples = Tab#stacks.samples + 1,
+                       unknown = Tab#stacks.unknown + flag(U),
+                       truncated = Tab#stacks.truncated + flag(T)};
+        _ ->
+            Stacks = Tab#stacks.stacks,
+            case Stacks of
+                #{Node := _} ->
+                    count(Type, Node, U, T, Tab);
+                _ when Node =/= overflow, map_size(Stacks) < Tab#stacks.max ->
+                    count(Type, Node, U, T, Tab#stacks{stacks = Stacks#{Node => Frames}});
+                _ ->
+                    count(Type, overflow, U, T, Tab)
+            end
     end.
 
 %% @doc Counts a sample of thread type `Type' whose frames are `Frames'

@@ -97,11 +97,9 @@
     blocks_bytes = 0 :: non_neg_integer(),
     %% Comm => thread type.
     comms = #{} :: map(),
-    %% The text before a header's time token => thread type.
+    %% The text before a header's time token and the text after it =>
+    %% thread type, skip or slow.
     heads = #{} :: map(),
-    %% The text after a header's time token => whether it holds no inline
-    %% frame.
-    tails = #{} :: map(),
     skipped = 0 :: non_neg_integer(),
     huge = 0 :: non_neg_integer()
 }).
@@ -435,30 +433,14 @@ commit(Type, Leaf, #callers{frames = CFrames, node = CNode, unknown = CU, trunca
 %% The thread type of a sample's header line with a call chain after it
 %% (`skip' when the type is filtered out), or `slow' for any other line
 %% (read line by line). The text before the time token (comm, tid, cpu)
-%% is the same for all samples of a thread: its type is cached.
-header(Header, Ctx, St = #st{heads = Heads, tails = Tails}) ->
+%% is the same for all samples of a thread, and the text after it (period
+%% and event) for most: the type is cached by both.
+header(Header, Ctx, St = #st{heads = Heads}) ->
     case beamdiag_fold_header:split(Header, Ctx#ctx.colon) of
-        {Prefix, After} ->
-            %% After the time: the period and event, the same for most
-            %% samples; with an inline frame, perf recorded no call chain.
-            {NoInline, St2} = case Tails of
-                #{After := E} ->
-                    {E, St};
-                _ ->
-                    E = beamdiag_fold_header:inline(After) =:= <<>>,
-                    case map_size(Tails) < ?HEADS_MAX of
-                        true -> {E, St#st{tails = Tails#{binary:copy(After) => E}}};
-                        false -> {E, St}
-                    end
-            end,
-            case NoInline of
-                true ->
-                    case Heads of
-                        #{Prefix := Type} -> {Type, St2};
-                        _ -> new_head(Prefix, Ctx, St2)
-                    end;
-                false ->
-                    {slow, St2}
+        {_Prefix, _After} = Key ->
+            case Heads of
+                #{Key := Type} -> {Type, St};
+                _ -> new_head(Key, Ctx, St)
             end;
         slow ->
             case beamdiag_fold_header:parse(Header) of
@@ -467,14 +449,20 @@ header(Header, Ctx, St = #st{heads = Heads, tails = Tails}) ->
             end
     end.
 
-new_head(Prefix, Ctx, St) ->
+%% After the time: with an inline frame, perf recorded no call chain.
+new_head({Prefix, After}, Ctx, St) ->
     {Type, St2 = #st{heads = Heads}} =
-        case beamdiag_fold_header:comm(Prefix) of
-            {ok, Comm} -> type(Comm, Ctx, St);
-            error -> {slow, St}
+        case beamdiag_fold_header:inline(After) of
+            <<>> ->
+                case beamdiag_fold_header:comm(Prefix) of
+                    {ok, Comm} -> type(Comm, Ctx, St);
+                    error -> {slow, St}
+                end;
+            _ ->
+                {slow, St}
         end,
     case map_size(Heads) < ?HEADS_MAX of
-        true -> {Type, St2#st{heads = Heads#{binary:copy(Prefix) => Type}}};
+        true -> {Type, St2#st{heads = Heads#{{binary:copy(Prefix), binary:copy(After)} => Type}}};
         false -> {Type, St2}
     end.
 
