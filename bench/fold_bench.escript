@@ -1,4 +1,5 @@
 #!/usr/bin/env escript
+%%! +sbwt none +sbwtdcpu none +sbwtdio none
 %% Folding speed on a large real capture, and side by side with another
 %% build.
 %%
@@ -12,7 +13,11 @@
 %% its threads): one worker in a VM that `taskset' pins to CPU 0 (the
 %% reader, the worker, file I/O and garbage collection share that core),
 %% and one worker per core in a VM that is not pinned. Each figure is the
-%% best of three folds in a fresh VM.
+%% best of three folds in a fresh VM, with the VM flags of the beamdiag
+%% escript (no busy-waiting schedulers). CPU time is the VM's threads' time
+%% on a CPU (/proc/self/task/*/schedstat), kernel time included; on a
+%% host shared with other work, wall time is the longer by the time the
+%% VM waited for a CPU, and each round prints the load average.
 %%
 %% Side by side: with BENCH_FOLD_BASE set, the same capture is folded by
 %% that build too, alternately with this one, BENCH_FOLD_ROUNDS rounds
@@ -23,15 +28,18 @@
 %% or a git revision of this repository (its src/profile/beamdiag_fold*.erl
 %% are compiled into a temporary directory).
 %%
-%% No native folder is run: none is packaged for Debian (flamegraph.pl and
-%% inferno are not), so the two-core target's reference figure is not
-%% measured here.
+%% A native folder to compare with: none is packaged for Debian or npm
+%% (flamegraph.pl's stackcollapse-perf.pl and inferno are not), so none
+%% is installed; with BENCH_FOLD_NATIVE set to a command (for example
+%% inferno-collapse-perf), the bench also times that command on the
+%% capture, pinned to one core, its output thrown away, best of three.
 %%
 %% Needs root (or perf_event_paranoid <= 1) to record, and `rebar3 compile'.
 %%
 %% Usage: bench/fold_bench.escript [CAPTURE_FILE]
 %%   with a file: folds that file instead of recording one.
-%% Environment: BENCH_FOLD_BASE (revision or directory), BENCH_FOLD_ROUNDS.
+%% Environment: BENCH_FOLD_BASE (revision or directory), BENCH_FOLD_ROUNDS,
+%% BENCH_FOLD_NATIVE (a command).
 -mode(compile).
 
 -define(TRIES, 3).
@@ -56,6 +64,7 @@ main(Args) ->
     end,
     Results = [bench_round(R, File, Size, Builds) || R <- lists:seq(1, Rounds)],
     report(Results, Size, Builds),
+    native(os:getenv("BENCH_FOLD_NATIVE", ""), File, Size),
     ok.
 
 ebin() ->
@@ -67,6 +76,7 @@ ebin() ->
 %% One round: each build, one core then two, in alternating order so that
 %% neither build always runs first.
 bench_round(R, File, Size, Builds) ->
+    io:format("round ~b: load average ~s~n", [R, load()]),
     Order = case R rem 2 of
         1 -> Builds;
         0 -> lists:reverse(Builds)
@@ -107,6 +117,25 @@ report(Results, Size, Builds) ->
         {_, [D]} -> ok;
         _ -> io:format("THE RUNS' FOLDED STACKS DIFFER~n")
     end.
+
+load() ->
+    case file:read_file("/proc/loadavg") of
+        {ok, L} -> lists:join(" ", lists:sublist(string:lexemes(binary_to_list(L), " "), 3));
+        _ -> "unknown"
+    end.
+
+%% A native folder, for comparison: the wall time of the command on the
+%% capture, pinned to CPU 0, output to /dev/null, best of three.
+native("", _File, _Size) ->
+    ok;
+native(Cmd, File, Size) ->
+    Sh = "taskset -c 0 " ++ Cmd ++ " '" ++ File ++ "' > /dev/null",
+    Ms = lists:min([begin
+                        T0 = erlang:monotonic_time(millisecond),
+                        _ = os:cmd(Sh),
+                        erlang:monotonic_time(millisecond) - T0
+                    end || _ <- lists:seq(1, ?TRIES)]),
+    io:format("native folder (~s), one core: ~.1f MB/s wall~n", [Cmd, mbs(Size, Ms)]).
 
 mode(one) -> "one worker, one core (taskset -c 0)";
 mode(two) -> "one worker per core                ".
@@ -159,12 +188,22 @@ child(File, Workers) ->
 
 once(File, Workers) ->
     erlang:garbage_collect(),
-    {C0, _} = statistics(runtime),
+    C0 = cpu_ms(),
     T0 = erlang:monotonic_time(millisecond),
     {ok, P} = beamdiag_fold:fold_file(File, #{workers => Workers}),
     T1 = erlang:monotonic_time(millisecond),
-    {C1, _} = statistics(runtime),
+    C1 = cpu_ms(),
     {T1 - T0, C1 - C0, P}.
+
+%% The CPU time of all the VM's threads, kernel time included
+%% (`statistics(runtime)' leaves the kernel's out: page faults, reads).
+cpu_ms() ->
+    {ok, Tasks} = file:list_dir("/proc/self/task"),
+    Ns = lists:sum([case file:read_file("/proc/self/task/" ++ T ++ "/schedstat") of
+                        {ok, B} -> binary_to_integer(hd(binary:split(B, <<" ">>)));
+                        _ -> 0
+                    end || T <- Tasks]),
+    Ns div 1000000.
 
 %% The base build's modules: a directory, or a revision's fold modules
 %% compiled into a temporary one.

@@ -11,9 +11,13 @@
 %%%
 %%% What costs most is fresh memory, not parsing: every page the emulator
 %%% maps anew is a page fault, and on a virtual machine a fault costs as
-%%% much as folding a few kilobytes. So chunks are 512 KiB (a chunk's line
-%%% ends, found in one pass, are a list the worker keeps until the chunk
-%%% is done), a worker's young heap is 4 MiB (large enough that the
+%%% much as folding a few kilobytes. So chunks are 384 KiB: a read of a
+%%% chunk and the text left from the one before stays under the binary
+%%% allocator's single-block carrier threshold (512 KiB), so its memory is
+%%% reused, where a 512 KiB read got a carrier of its own, mapped anew and
+%%% unmapped each time (384 KiB folded real text in 10-15% less CPU time
+%%% than 512 KiB, docs/PERFORMANCE.md). A worker's young heap is 4 MiB
+%%% (large enough that the
 %%% per-chunk garbage does not make it collect its caches over and over,
 %%% small enough to be reused rather than mapped anew), and a regular file
 %%% is read with pread from the end of the last chunk handed out, so the
