@@ -63,7 +63,7 @@
 %% ?SAME callers a key; it is emptied when it holds ?BLOCKS_MAX callers or
 %% ?BLOCKS_BYTES bytes of text, and callers longer than ?BLOCK_MAX bytes
 %% are not kept.
--define(KEY, 32).
+-define(KEY, 28).
 -define(SAME, 8).
 -define(BLOCKS_MAX, 20000).
 -define(BLOCKS_BYTES, 8 * 1024 * 1024).
@@ -89,7 +89,8 @@
     %% A frame line's text after its address => {Name, FrameId} | junk |
     %% address (the name depends on the address: see `cache').
     syms = #{} :: map(),
-    %% The callers' first ?KEY bytes => [{Text, Callers}] (`callers/9').
+    %% The callers' first ?KEY bytes (as integers) => [{Text, Callers}]
+    %% (`callers/8').
     blocks = #{} :: map(),
     %% {Key, Size} of callers seen once, not cached yet.
     seen = #{} :: map(),
@@ -234,8 +235,10 @@ callers(Chunk, S, C, Size, Type, Leaf, Ctx, St) when C < Size ->
             %% A leaf alone.
             Empty = #callers{frames = [], node = 0, unknown = false, truncated = false, junk = 0},
             samples(Chunk, C + 1, Size, Ctx, commit(Type, Leaf, Empty, Ctx, St));
-        _ when Size - C >= ?KEY ->
-            Key = binary:part(Chunk, C, ?KEY),
+        <<_:C/binary, K1:56, K2:56, K3:56, K4:56, _/binary>> ->
+            %% The key: the callers' first ?KEY bytes as integers (no
+            %% binary is made).
+            Key = {K1, K2, K3, K4},
             case St#st.blocks of
                 #{Key := Same} ->
                     case find(Same, Chunk, C, Size) of
@@ -299,7 +302,7 @@ cache_callers(Key, Same, Text, Callers, St = #st{blocks = Blocks, seen = Seen, b
                                                  blocks_bytes = Bytes}) ->
     %% Most callers are seen once (frame-pointer chains end in garbage):
     %% they are cached when seen again, so that the copy is made only for
-    %% callers that recur. Key is a copy already (32 bytes).
+    %% callers that recur.
     Seen1 = {Key, byte_size(Text)},
     case Seen of
         #{Seen1 := _} ->
