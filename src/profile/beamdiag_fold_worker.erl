@@ -12,18 +12,23 @@
 %%% <ul>
 %%% <li>a line's end is found by `binary:match/3' (memchr, in C) from
 %%%   where the line starts; nothing builds a list of the chunk's lines;</li>
-%%% <li>the header's thread type is cached by the text before its time
-%%%   (`beamdiag_fold_header:split/2');</li>
-%%% <li>the callers are cached whole, found by their first 32 bytes and
-%%%   compared whole against the chunk (memcmp) without reading their
-%%%   lines: a hit jumps to the next sample;</li>
+%%% <li>the header's thread type is cached by the text before and after
+%%%   its time (`beamdiag_fold_header:split/2');</li>
+%%% <li>the callers are cached whole, found by their first 28 bytes (read
+%%%   as integers) and compared whole against the chunk (memcmp), checked
+%%%   at their blank line first, without reading their lines: a hit jumps
+%%%   to the next sample; most callers are seen once (frame-pointer chains
+%%%   end in garbage), so callers are copied into the cache when seen a
+%%%   second time;</li>
 %%% <li>callers not cached are read line by line, and a line's run of
 %%%   equal lines is measured by comparing the chunk with itself at
-%%%   doubling lengths (a few memcmps for a run of thousands);</li>
-%%% <li>a frame line's name is cached by its text after the address
-%%%   (`beamdiag_fold_frame:symbol/2'), which repeats far more than the
-%%%   line; addresses perf could place nowhere are named by a glance at
-%%%   the address field;</li>
+%%%   doubling lengths (a few memcmps for a run of thousands); lines of
+%%%   addresses perf could place nowhere, and the end-of-unwind markers,
+%%%   are read in place by a binary pattern, without making a binary;</li>
+%%% <li>a frame line's name is cached by the whole line (callers' lines are
+%%%   return addresses, which recur, and so do most leaves), and else by
+%%%   its text after the address (`beamdiag_fold_frame:symbol/2'), which
+%%%   repeats far more than the line;</li>
 %%% <li>stacks are the nodes of a tree of numbered frames
 %%%   (`beamdiag_fold_stacks'): cached callers keep their node, and a
 %%%   sample's stack is one look-up for its leaf.</li>
@@ -84,7 +89,7 @@
 -record(st, {
     stacks :: beamdiag_fold_stacks:table(),
     %% Frame line => {Name, FrameId} | drop | junk (FrameId:
-    %% `beamdiag_fold_stacks:frame_id/2').
+    %% `beamdiag_fold_stacks:frame_id/2'), `line/3'.
     cache = #{} :: map(),
     %% A frame line's text after its address => {Name, FrameId} | junk |
     %% address (the name depends on the address: see `cache').
@@ -329,7 +334,7 @@ copy(Bin) ->
 %% that does not start with a tab, an over-long line, the chunk's end).
 %% Consecutive unknown frames count as one; end-of-unwind markers are
 %% dropped (the stack is then truncated); junk lines are counted. A line's
-%% run of equal lines is measured at once (`run/4') and named once.
+%% run of equal lines is measured at once (`run/6') and named once.
 walk(Chunk, P, Size, Ctx = #ctx{nl = NL, max_line = Max}, St, Names, Ids, U, T, Bad)
   when P < Size ->
     case Chunk of
