@@ -27,7 +27,7 @@
 %%% '''
 -module(beamdiag_fold_stacks).
 
--export([new/1, frame_id/2, unknown_id/0, cut/1, child/3, path/3, add/6, add_frames/5, counts/1]).
+-export([new/1, frame_id/2, unknown_id/0, child/3, path/3, add/6, add_frames/5, counts/1]).
 
 -export_type([table/0, node_id/0]).
 
@@ -92,12 +92,6 @@ frame_id(Name, Tab = #stacks{names = Names}) ->
 -spec unknown_id() -> pos_integer().
 unknown_id() ->
     ?UNKNOWN_ID.
-
-%% @doc Whether `unknown => cut' is on: samples with an `[unknown]' frame
-%% go through `add_frames/5'.
--spec cut(table()) -> boolean().
-cut(#stacks{cut = Cut}) ->
-    Cut.
 
 %% @doc The node of a stack with the frame `Id' added at the leaf of the
 %% stack `Parent' (the root, the empty stack, is 0).
