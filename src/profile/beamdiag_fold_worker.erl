@@ -12,8 +12,10 @@
 %%% <ul>
 %%% <li>a line's end is found by `binary:match/3' (memchr, in C) from
 %%%   where the line starts; nothing builds a list of the chunk's lines;</li>
-%%% <li>the header's thread type is cached by the text before and after
-%%%   its time (`beamdiag_fold_header:split/2');</li>
+%%% <li>a header seen before with only its time changed is found by its
+%%%   first 14 bytes (read as integers) and checked in place; others are
+%%%   cut at their time (`beamdiag_fold_header:split/2') and their thread
+%%%   type cached by the text before and after it;</li>
 %%% <li>the callers are cached whole, found by their first 28 bytes (read
 %%%   as integers) and compared whole against the chunk (memcmp), checked
 %%%   at their blank line first, without reading their lines: a hit jumps
@@ -106,6 +108,9 @@
     %% The text before a header's time token and the text after it =>
     %% thread type, skip or slow.
     heads = #{} :: map(),
+    %% A header's first 14 bytes (as integers) => [{Prefix, After, Type}]
+    %% (`known_head/4').
+    known = #{} :: map(),
     skipped = 0 :: non_neg_integer(),
     huge = 0 :: non_neg_integer()
 }).
@@ -190,17 +195,80 @@ samples(Chunk, S, Size, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
             case Chunk of
                 <<_:S/binary, $\t, _/binary>> ->
                     slow(Chunk, S, Size, Ctx, St);
+                <<_:S/binary, K1:56, K2:56, _/binary>> when H - S >= 14 ->
+                    %% Headers seen before, found by their first 14 bytes (as
+                    %% integers) and checked in place (`known_head/4').
+                    Key = {K1, K2},
+                    Same = case St#st.known of
+                        #{Key := L} -> L;
+                        _ -> []
+                    end,
+                    case known_head(Same, Chunk, S, H) of
+                        Type when is_binary(Type) -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St);
+                        none -> new_header(Chunk, S, H, Size, Key, Same, Ctx, St);
+                        _SlowOrSkip -> slow(Chunk, S, Size, Ctx, St)
+                    end;
                 _ ->
-                    case header(binary:part(Chunk, S, H - S), Ctx, St) of
-                        {Type, St2} when is_binary(Type) ->
-                            leaf(Chunk, S, H + 1, Size, Type, Ctx, St2);
-                        {_SlowOrSkip, St2} ->
-                            slow(Chunk, S, Size, Ctx, St2)
-                    end
+                    new_header(Chunk, S, H, Size, none, [], Ctx, St)
             end;
         _ ->
             slow(Chunk, S, Size, Ctx, St)
     end.
+
+%% A header line (from S to H) not seen before: read (`header/3') and
+%% remembered under Key, its first 14 bytes.
+new_header(Chunk, S, H, Size, Key, Same, Ctx, St) ->
+    case header(binary:part(Chunk, S, H - S), Ctx, St) of
+        {Type, Split, St2} ->
+            St3 = remember_head(Key, Same, Split, Type, St2),
+            case is_binary(Type) of
+                true -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St3);
+                false -> slow(Chunk, S, Size, Ctx, St3)
+            end
+    end.
+
+remember_head(Key, _Same, {Prefix, After}, Type, St = #st{known = Known}) when Key =/= none ->
+    Known2 = case map_size(Known) < ?HEADS_MAX of
+        true -> Known;
+        false -> #{}
+    end,
+    Same = case Known2 of
+        #{Key := L} -> lists:sublist(L, 3);
+        _ -> []
+    end,
+    St#st{known = Known2#{Key => [{binary:copy(Prefix), binary:copy(After), Type} | Same]}};
+remember_head(_Key, _Same, _Split, _Type, St) ->
+    St.
+
+%% The type of the header line from S to H if it is a header seen before
+%% with only its time changed: the text before the time token (Prefix),
+%% a space, the time token (digits and one dot, at least two bytes), its
+%% `:' and the text after it (After). Then `split/2' would cut it into
+%% Prefix and After: Prefix holds no `:' and some text, the token holds
+%% no space, and After is empty or starts with a space (they were cut so
+%% once). `none' when it is no such header.
+known_head([{Prefix, After, Type} | Rest], Chunk, S, H) ->
+    Sp = S + byte_size(Prefix),
+    AL = byte_size(After),
+    N = H - AL - 1 - Sp - 1,
+    case N >= 2 andalso Chunk of
+        <<_:Sp/binary, $\s, Tok:N/binary, $:, _/binary>>
+          when binary_part(Chunk, S, Sp - S) =:= Prefix, binary_part(Chunk, H - AL, AL) =:= After ->
+            case time_token(Tok, 0) of
+                true -> Type;
+                false -> known_head(Rest, Chunk, S, H)
+            end;
+        _ ->
+            known_head(Rest, Chunk, S, H)
+    end;
+known_head([], _Chunk, _S, _H) ->
+    none.
+
+%% Digits and one dot.
+time_token(<<C, R/binary>>, Dots) when C >= $0, C =< $9 -> time_token(R, Dots);
+time_token(<<$., R/binary>>, Dots) -> time_token(R, Dots + 1);
+time_token(<<>>, Dots) -> Dots =:= 1;
+time_token(_, _Dots) -> false.
 
 %% The sample from S to the next blank line, line by line; without a
 %% blank line, the rest of the chunk.
@@ -440,20 +508,27 @@ commit(Type, Leaf, #callers{frames = CFrames, node = CNode, unknown = CU, trunca
 
 %% The thread type of a sample's header line with a call chain after it
 %% (`skip' when the type is filtered out), or `slow' for any other line
-%% (read line by line). The text before the time token (comm, tid, cpu)
-%% is the same for all samples of a thread, and the text after it (period
-%% and event) for most: the type is cached by both.
+%% (read line by line), and `{Prefix, After}' when `split/2' cut it. The
+%% text before the time token (comm, tid, cpu) is the same for all samples
+%% of a thread, and the text after it (period and event) for most: the
+%% type is cached by both.
 header(Header, Ctx, St = #st{heads = Heads}) ->
     case beamdiag_fold_header:split(Header, Ctx#ctx.colon) of
         {_Prefix, _After} = Key ->
             case Heads of
-                #{Key := Type} -> {Type, St};
-                _ -> new_head(Key, Ctx, St)
+                #{Key := Type} ->
+                    {Type, Key, St};
+                _ ->
+                    {Type, St2} = new_head(Key, Ctx, St),
+                    {Type, Key, St2}
             end;
         slow ->
             case beamdiag_fold_header:parse(Header) of
-                {ok, Comm, <<>>} -> type(Comm, Ctx, St);
-                _ -> {slow, St}
+                {ok, Comm, <<>>} ->
+                    {Type, St2} = type(Comm, Ctx, St),
+                    {Type, none, St2};
+                _ ->
+                    {slow, none, St}
             end
     end.
 
