@@ -13,7 +13,8 @@
 %%% <li>a line's end is found by `binary:match/3' (memchr, in C) from
 %%%   where the line starts; nothing builds a list of the chunk's lines;</li>
 %%% <li>a header seen before with only its time changed is found by its
-%%%   first 14 bytes (read as integers) and checked in place; others are
+%%%   first 14 bytes (read as integers) and checked in place, its line end
+%%%   with it (no search for it); others are
 %%%   cut at their time (`beamdiag_fold_header:split/2') and their thread
 %%%   type cached by the text before and after it;</li>
 %%% <li>the callers are cached whole, found by their first 28 bytes (read
@@ -186,7 +187,30 @@ to_profile(#st{stacks = Tab, skipped = Sk, huge = H}) ->
 %% so every path that meets something unusual goes there.
 samples(_Chunk, S, Size, _Ctx, St) when S >= Size ->
     St;
-samples(Chunk, S, Size, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
+samples(Chunk, S, Size, Ctx, St) ->
+    case Chunk of
+        <<_:S/binary, K1:56, K2:56, _/binary>> ->
+            %% Headers seen before, found by their first 14 bytes (as
+            %% integers) and checked in place, their line end with them
+            %% (`known_head/4').
+            Key = {K1, K2},
+            case St#st.known of
+                #{Key := Same} ->
+                    case known_head(Same, Chunk, S, Ctx#ctx.max_line) of
+                        {H, Type} when is_binary(Type) -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St);
+                        {_H, _SlowOrSkip} -> slow(Chunk, S, Size, Ctx, St);
+                        none -> line_start(Chunk, S, Size, Key, Same, Ctx, St)
+                    end;
+                _ ->
+                    line_start(Chunk, S, Size, Key, [], Ctx, St)
+            end;
+        _ ->
+            line_start(Chunk, S, Size, none, [], Ctx, St)
+    end.
+
+%% A line at S that is not a header seen before. Key: its first 14 bytes
+%% (`none' at the chunk's end), and Same what is remembered under them.
+line_start(Chunk, S, Size, Key, Same, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
     case binary:match(Chunk, NL, [{scope, {S, Size - S}}]) of
         {S, 1} ->
             %% A blank line.
@@ -195,19 +219,8 @@ samples(Chunk, S, Size, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
             case Chunk of
                 <<_:S/binary, $\t, _/binary>> ->
                     slow(Chunk, S, Size, Ctx, St);
-                <<_:S/binary, K1:56, K2:56, _/binary>> when H - S >= 14 ->
-                    %% Headers seen before, found by their first 14 bytes (as
-                    %% integers) and checked in place (`known_head/4').
-                    Key = {K1, K2},
-                    Same = case St#st.known of
-                        #{Key := L} -> L;
-                        _ -> []
-                    end,
-                    case known_head(Same, Chunk, S, H) of
-                        Type when is_binary(Type) -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St);
-                        none -> new_header(Chunk, S, H, Size, Key, Same, Ctx, St);
-                        _SlowOrSkip -> slow(Chunk, S, Size, Ctx, St)
-                    end;
+                _ when H - S >= 14 ->
+                    new_header(Chunk, S, H, Size, Key, Same, Ctx, St);
                 _ ->
                     new_header(Chunk, S, H, Size, none, [], Ctx, St)
             end;
@@ -240,35 +253,44 @@ remember_head(Key, _Same, {Prefix, After}, Type, St = #st{known = Known}) when K
 remember_head(_Key, _Same, _Split, _Type, St) ->
     St.
 
-%% The type of the header line from S to H if it is a header seen before
-%% with only its time changed: the text before the time token (Prefix),
-%% a space, the time token (digits and one dot, at least two bytes), its
-%% `:' and the text after it (After). Then `split/2' would cut it into
-%% Prefix and After: Prefix holds no `:' and some text, the token holds
-%% no space, and After is empty or starts with a space (they were cut so
-%% once). `none' when it is no such header.
-known_head([{Prefix, After, Type} | Rest], Chunk, S, H) ->
-    Sp = S + byte_size(Prefix),
-    AL = byte_size(After),
-    N = H - AL - 1 - Sp - 1,
-    case N >= 2 andalso Chunk of
-        <<_:Sp/binary, $\s, Tok:N/binary, $:, _/binary>>
-          when binary_part(Chunk, S, Sp - S) =:= Prefix, binary_part(Chunk, H - AL, AL) =:= After ->
-            case time_token(Tok, 0) of
-                true -> Type;
-                false -> known_head(Rest, Chunk, S, H)
+%% The line end and type of the header line at S if it is a header seen
+%% before with only its time changed: the text before the time token
+%% (Prefix), a space, the time token (digits and one dot, at least two
+%% bytes), its `:', the text after it (After) and the line's end, no
+%% further than Max bytes from S. Then `split/2' would cut the line into
+%% Prefix and After: Prefix holds no `:', no line end and some text, the
+%% token holds no space, and After is empty or starts with a space (they
+%% were cut so once). `none' when it is no such header.
+known_head([{Prefix, After, Type} | Rest], Chunk, S, Max) ->
+    PL = byte_size(Prefix),
+    case Chunk of
+        <<_:S/binary, P:PL/binary, $\s, Tail/binary>> when P =:= Prefix ->
+            case time_token(Tail, 0, 0) of
+                {Len, 1} when Len >= 2 ->
+                    C = S + PL + 1 + Len,
+                    AL = byte_size(After),
+                    H = C + 1 + AL,
+                    case Chunk of
+                        <<_:C/binary, $:, A:AL/binary, $\n, _/binary>>
+                          when A =:= After, H - S =< Max ->
+                            {H, Type};
+                        _ ->
+                            known_head(Rest, Chunk, S, Max)
+                    end;
+                _ ->
+                    known_head(Rest, Chunk, S, Max)
             end;
         _ ->
-            known_head(Rest, Chunk, S, H)
+            known_head(Rest, Chunk, S, Max)
     end;
-known_head([], _Chunk, _S, _H) ->
+known_head([], _Chunk, _S, _Max) ->
     none.
 
-%% Digits and one dot.
-time_token(<<C, R/binary>>, Dots) when C >= $0, C =< $9 -> time_token(R, Dots);
-time_token(<<$., R/binary>>, Dots) -> time_token(R, Dots + 1);
-time_token(<<>>, Dots) -> Dots =:= 1;
-time_token(_, _Dots) -> false.
+%% The length of the run of digits and dots a binary starts with, and its
+%% dots.
+time_token(<<C, R/binary>>, Len, Dots) when C >= $0, C =< $9 -> time_token(R, Len + 1, Dots);
+time_token(<<$., R/binary>>, Len, Dots) -> time_token(R, Len + 1, Dots + 1);
+time_token(_, Len, Dots) -> {Len, Dots}.
 
 %% The sample from S to the next blank line, line by line; without a
 %% blank line, the rest of the chunk.
