@@ -167,7 +167,7 @@ feed(Read, CS, Pos, End, [W | Ws], All, InFlight, Huge) ->
     case Read(Pos, End - Pos + CS) of
         {ok, Buf, Read2} when byte_size(Buf) > End - Pos ->
             End2 = Pos + byte_size(Buf),
-            case cut(Buf) of
+            case cut(Buf, byte_size(Buf) >= End - Pos + CS) of
                 Size when is_integer(Size) ->
                     InFlight2 = send(W, binary:part(Buf, 0, Size), InFlight),
                     feed(Read2, CS, Pos + Size, End2, Ws, All, InFlight2, Huge);
@@ -232,22 +232,28 @@ collect(Pid, Mon) ->
 
 %% The size of a buffer's head up to its last sample boundary (a blank
 %% line) in its last ?TAIL bytes, or anywhere when there is none there,
-%% or up to its last line end when the text has no blank lines (perf
-%% script without call chains); `none' without a line end.
-cut(Buf) ->
+%% or, when the buffer is a full read (Full), up to its last line end when
+%% the text has no blank lines (perf script without call chains); `none'
+%% without a line end, or without a blank line in a read that came short
+%% (the input's end, or a pipe that has no more yet): more is read, and at
+%% the input's end the rest goes whole, so that the last sample is not cut
+%% from its last line.
+cut(Buf, Full) ->
     Size = byte_size(Buf),
     Tail = min(Size, ?TAIL),
     case last_blank(Buf, Size, min(Tail, ?NEAREST_END)) of
-        none -> cut(Buf, Size, Tail);
+        none -> cut(Buf, Size, Tail, Full);
         Pos -> Pos + 2
     end.
 
-cut(Buf, Size, Tail) ->
+cut(Buf, Size, Tail, Full) ->
     case last_blank(Buf, Size, min(Tail, ?NEAR_END)) of
         none ->
             case last_match(Buf, <<"\n\n">>, {Size - Tail, Tail}) of
                 none ->
                     case last_match(Buf, <<"\n\n">>, {0, Size}) of
+                        none when not Full ->
+                            none;
                         none ->
                             case last_match(Buf, <<"\n">>, {Size - Tail, Tail}) of
                                 none -> none;
