@@ -279,7 +279,7 @@ text(Samples) ->
     case rand:uniform(8) of
         1 -> binary:part(Text, 0, rand:uniform(byte_size(Text)));   % truncated last sample
         2 -> binary:replace(Text, <<"\n">>, <<"\r\n">>, [global]);  % CRLF
-        3 -> flip(Text, rand:uniform(20));                          % hostile bytes
+        3 -> beamdiag_fold_tests:flip(Text, rand:uniform(20));      % hostile bytes
         _ -> Text
     end.
 
@@ -380,14 +380,6 @@ rand_line() ->
          3 -> $:;
          _ -> 32 + rand:uniform(94)
      end || _ <- lists:seq(1, rand:uniform(50))] ++ [rand:uniform(255) || rand:uniform(3) =:= 1].
-
-flip(Bin, N) ->
-    lists:foldl(
-        fun(_, B) ->
-            P = rand:uniform(byte_size(B)) - 1,
-            <<H:P/binary, _, T/binary>> = B,
-            <<H/binary, (rand:uniform(256) - 1), T/binary>>
-        end, Bin, lists:seq(1, N)).
 
 pick(L) ->
     lists:nth(rand:uniform(length(L)), L).
