@@ -65,6 +65,9 @@ main(Args) ->
     Results = [bench_round(R, File, Size, Builds) || R <- lists:seq(1, Rounds)],
     report(Results, Size, Builds),
     native(os:getenv("BENCH_FOLD_NATIVE", ""), File, Size),
+    %% The base's modules compiled here are removed; a recorded capture is
+    %% kept (its path is printed) to fold again.
+    [file:del_dir_r(Dir) || {base, Dir} <- Builds, lists:prefix("/tmp/beamdiag_fold_base_", Dir)],
     ok.
 
 ebin() ->
