@@ -4,7 +4,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--export([recount/1]).
+-export([recount/1, flip/2]).
 
 fixture(Name) ->
     beamdiag_test_lib:fixture(filename:join("perf", Name)).

@@ -88,7 +88,7 @@
 
 -define(DEFAULTS, #{
     workers => undefined,
-    chunk_size => 512 * 1024,
+    chunk_size => 384 * 1024,
     max_stacks => 200000,
     max_line => 16384,
     unknown => keep,

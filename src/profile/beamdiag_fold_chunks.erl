@@ -11,9 +11,13 @@
 %%%
 %%% What costs most is fresh memory, not parsing: every page the emulator
 %%% maps anew is a page fault, and on a virtual machine a fault costs as
-%%% much as folding a few kilobytes. So chunks are 512 KiB (a chunk's line
-%%% ends, found in one pass, are a list the worker keeps until the chunk
-%%% is done), a worker's young heap is 4 MiB (large enough that the
+%%% much as folding a few kilobytes. So chunks are 384 KiB: a read of a
+%%% chunk and the text left from the one before stays under the binary
+%%% allocator's single-block carrier threshold (512 KiB), so its memory is
+%%% reused, where a 512 KiB read got a carrier of its own, mapped anew and
+%%% unmapped each time (384 KiB folded real text in 10-15% less CPU time
+%%% than 512 KiB, docs/PERFORMANCE.md). A worker's young heap is 4 MiB
+%%% (large enough that the
 %%% per-chunk garbage does not make it collect its caches over and over,
 %%% small enough to be reused rather than mapped anew), and a regular file
 %%% is read with pread from the end of the last chunk handed out, so the
@@ -22,8 +26,9 @@
 %%% faults of a fold from about 23,000 to about 4,000 (docs/PERFORMANCE.md).
 %%%
 %%% A chunk ends at the last blank line in its last 256 KiB, looked for
-%%% in its last 16 KiB first: the search for a two-byte pattern runs at a
-%%% few hundred MB/s, and the reader shares the cores with the workers.
+%%% in its last 2 KiB, then 16 KiB first: the search for a two-byte
+%%% pattern runs at a few hundred MB/s, and the reader shares the cores
+%%% with the workers (a sample is one or two KiB).
 %%%
 %%% ```
 %%% 1> beamdiag_fold:fold_file("perf.txt", #{workers => 2}).
@@ -37,6 +42,7 @@
 -define(WORKER_HEAP, 512 * 1024).
 -define(TAIL, 262144).
 -define(NEAR_END, 16384).
+-define(NEAREST_END, 2048).
 
 %%%===================================================================
 %%% API
@@ -161,7 +167,7 @@ feed(Read, CS, Pos, End, [W | Ws], All, InFlight, Huge) ->
     case Read(Pos, End - Pos + CS) of
         {ok, Buf, Read2} when byte_size(Buf) > End - Pos ->
             End2 = Pos + byte_size(Buf),
-            case cut(Buf) of
+            case cut(Buf, byte_size(Buf) >= End - Pos + CS) of
                 Size when is_integer(Size) ->
                     InFlight2 = send(W, binary:part(Buf, 0, Size), InFlight),
                     feed(Read2, CS, Pos + Size, End2, Ws, All, InFlight2, Huge);
@@ -226,16 +232,28 @@ collect(Pid, Mon) ->
 
 %% The size of a buffer's head up to its last sample boundary (a blank
 %% line) in its last ?TAIL bytes, or anywhere when there is none there,
-%% or up to its last line end when the text has no blank lines (perf
-%% script without call chains); `none' without a line end.
-cut(Buf) ->
+%% or, when the buffer is a full read (Full), up to its last line end when
+%% the text has no blank lines (perf script without call chains); `none'
+%% without a line end, or without a blank line in a read that came short
+%% (the input's end, or a pipe that has no more yet): more is read, and at
+%% the input's end the rest goes whole, so that the last sample is not cut
+%% from its last line.
+cut(Buf, Full) ->
     Size = byte_size(Buf),
     Tail = min(Size, ?TAIL),
+    case last_blank(Buf, Size, min(Tail, ?NEAREST_END)) of
+        none -> cut(Buf, Size, Tail, Full);
+        Pos -> Pos + 2
+    end.
+
+cut(Buf, Size, Tail, Full) ->
     case last_blank(Buf, Size, min(Tail, ?NEAR_END)) of
         none ->
             case last_match(Buf, <<"\n\n">>, {Size - Tail, Tail}) of
                 none ->
                     case last_match(Buf, <<"\n\n">>, {0, Size}) of
+                        none when not Full ->
+                            none;
                         none ->
                             case last_match(Buf, <<"\n">>, {Size - Tail, Tail}) of
                                 none -> none;

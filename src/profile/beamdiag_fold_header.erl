@@ -46,7 +46,7 @@ split(Line, ColonPattern) ->
     case binary:match(Line, ColonPattern) of
         {Colon, 1} when Colon > 2 ->
             case after_colon(Line, Colon) of
-                true -> time_start(Line, Colon, Colon - 1, false);
+                true -> time_token(Line, Line, 0, Colon, none, false, 0, false, false);
                 false -> slow
             end;
         _ ->
@@ -149,30 +149,25 @@ inline_event([E | Frame]) ->
 after_colon(Line, Colon) when byte_size(Line) =:= Colon + 1 -> true;
 after_colon(Line, Colon) -> binary:at(Line, Colon + 1) =:= $\s.
 
-%% Walks back from the `:' over the time's digits and its one dot; the
-%% token must start after a space, with something other than spaces
-%% before it. No token before it ends in `:', so none is a time token, as
-%% `parse/1' would find.
-time_start(_Line, _Colon, -1, _Dot) ->
-    slow;
-time_start(Line, Colon, I, Dot) ->
-    case Line of
-        <<_:I/binary, C, _/binary>> when C >= $0, C =< $9 ->
-            time_start(Line, Colon, I - 1, Dot);
-        <<_:I/binary, $., _/binary>> when not Dot ->
-            time_start(Line, Colon, I - 1, true);
-        <<_:I/binary, $\s, _/binary>> when Dot, I =< Colon - 3 ->
-            Prefix = binary:part(Line, 0, I),
-            case has_text(Prefix) of
-                true -> {Prefix, binary:part(Line, Colon + 1, byte_size(Line) - Colon - 1)};
-                false -> slow
-            end;
-        _ ->
-            slow
-    end.
-
-has_text(<<C, _/binary>>) when C =/= $\s -> true;
-has_text(Prefix) -> binary:split(Prefix, <<" ">>, [global, trim_all]) =/= [].
+%% The time token ends at the `:' (at Colon): it is the text after the
+%% last space before it, digits and one dot, at least two bytes, and the
+%% text before that space is not only spaces. No token before it ends in
+%% `:', so none is a time token, as `parse/1' would find. Read in one pass
+%% from the line's start (one match context for the whole pass; a walk
+%% back from the `:' makes one a byte). Sp: the last space so far, SpText:
+%% whether some text came before it; Dots and Bad: what the token after it
+%% holds so far; Text: whether some text came so far.
+time_token(<<C, R/binary>>, Line, I, Colon, Sp, SpText, Dots, Bad, Text) when I < Colon ->
+    if
+        C =:= $\s -> time_token(R, Line, I + 1, Colon, I, Text, 0, false, Text);
+        C >= $0, C =< $9 -> time_token(R, Line, I + 1, Colon, Sp, SpText, Dots, Bad, true);
+        C =:= $. -> time_token(R, Line, I + 1, Colon, Sp, SpText, Dots + 1, Bad, true);
+        true -> time_token(R, Line, I + 1, Colon, Sp, SpText, Dots, true, true)
+    end;
+time_token(_, Line, _I, Colon, Sp, true, 1, false, _Text) when is_integer(Sp), Sp =< Colon - 3 ->
+    {binary:part(Line, 0, Sp), binary:part(Line, Colon + 1, byte_size(Line) - Colon - 1)};
+time_token(_, _Line, _I, _Colon, _Sp, _SpText, _Dots, _Bad, _Text) ->
+    slow.
 
 is_time(Tok) ->
     byte_size(Tok) > 2 andalso binary:last(Tok) =:= $: andalso

@@ -2,34 +2,51 @@
 %%% into counted stacks, and answers with its profile at the end.
 %%%
 %%% Samples of perf script with call chains are a header line and a block
-%%% of frame lines, leaf first, ended by a blank line. What costs is the
-%%% work per line, so the worker does as little of it as it can:
+%%% of frame lines, leaf first, ended by a blank line. Most of the text
+%%% repeats: runs of one line (recursion, and frame-pointer chains that
+%%% loop through one unplaced address: on real captures two thirds of the
+%%% bytes are a line equal to the one before), and a sample's callers (all
+%%% its frame lines but the leaf), whose return addresses recur even when
+%%% the leaf's address does not. So the worker reads a chunk sample by
+%%% sample, with as few steps per byte as it can:
 %%% <ul>
-%%% <li>the chunk's line ends are found in one pass in C
-%%%   (`binary:matches/2'), and a blank line is two in a row;</li>
-%%% <li>the header's thread type is cached by the text before its time
-%%%   (`beamdiag_fold_header:split/2');</li>
-%%% <li>a block's callers (all its lines but the leaf) recur even when the
-%%%   leaf's address does not: they are cached whole, found by their size
-%%%   and first line and compared whole, and only new ones are read line
-%%%   by line;</li>
-%%% <li>a frame line's name is cached by its text after the address
-%%%   (`beamdiag_fold_frame:symbol/2'), which repeats far more than the
-%%%   line; a line equal to the one before (recursion) takes its name;
-%%%   addresses perf could place nowhere (long runs of them where
-%%%   frame-pointer chains go through heap data) are named by a glance at
-%%%   the address field;</li>
-%%% <li>stacks are numbered and counted by `beamdiag_fold_stacks', by a
-%%%   hash built frame by frame rather than by hashing the frame list.</li>
+%%% <li>a line's end is found by `binary:match/3' (memchr, in C) from
+%%%   where the line starts; nothing builds a list of the chunk's lines;</li>
+%%% <li>a header seen before with only its time changed is found by its
+%%%   first 14 bytes (read as integers) and checked in place, its line end
+%%%   with it (no search for it); others are
+%%%   cut at their time (`beamdiag_fold_header:split/2') and their thread
+%%%   type cached by the text before and after it;</li>
+%%% <li>the callers are cached whole, found by their first 28 bytes (read
+%%%   as integers) and compared whole against the chunk (memcmp), checked
+%%%   at their blank line first, without reading their lines: a hit jumps
+%%%   to the next sample; most callers are seen once (frame-pointer chains
+%%%   end in garbage), so callers are copied into the cache when seen a
+%%%   second time;</li>
+%%% <li>callers not cached are read line by line, and a line's run of
+%%%   equal lines is measured by comparing the chunk with itself at
+%%%   doubling lengths (a few memcmps for a run of thousands); lines of
+%%%   addresses perf could place nowhere, and the end-of-unwind markers,
+%%%   are read in place by a binary pattern, without making a binary;</li>
+%%% <li>a frame line's name is cached by the whole line (callers' lines are
+%%%   return addresses, which recur, and so do most leaves), and else by
+%%%   its text after the address (`beamdiag_fold_frame:symbol/2'), which
+%%%   repeats far more than the line;</li>
+%%% <li>stacks are the nodes of a tree of numbered frames
+%%%   (`beamdiag_fold_stacks'): cached callers keep their node, and a
+%%%   sample's stack is one look-up for its leaf.</li>
 %%% </ul>
 %%% On OTP 25, matching a binary byte by byte in Erlang costs about 10 ns a
 %%% byte, and a search pattern compiled at each call costs more than the
 %%% search: the scans are BIFs with patterns compiled once per worker.
 %%%
-%%% Text without blank lines (no call chains), samples whose header is not
-%%% of the usual shape, and text that is not perf output go line by line.
-%%% Lines that are not perf output are skipped and counted, over-long
-%%% lines are skipped and counted.
+%%% Anything else goes line by line, exactly as `fold_line_by_line/2'
+%%% reads text (the reference the fast paths are tested against): text
+%%% without blank lines (no call chains), headers of another shape, frame
+%%% lines that do not start with a tab, over-long lines, filtered thread
+%%% types, CRLF line ends, and text that is not perf output. Lines that are
+%%% not perf output are skipped and counted, over-long lines are skipped
+%%% and counted.
 %%%
 %%% The protocol (`beamdiag_fold_chunks' drives it): the worker gets
 %%% `{chunk, Binary}' and answers `{ack, self()}' once folded, then
@@ -49,8 +66,16 @@
 -endif.
 
 -define(CACHE_MAX, 100000).
--define(BLOCKS_MAX, 20000).
 -define(HEADS_MAX, 10000).
+%% The callers cache: its key is the callers' first ?KEY bytes, at most
+%% ?SAME callers a key; it is emptied when it holds ?BLOCKS_MAX callers or
+%% ?BLOCKS_BYTES bytes of text, and callers longer than ?BLOCK_MAX bytes
+%% are not kept.
+-define(KEY, 28).
+-define(SAME, 8).
+-define(BLOCKS_MAX, 20000).
+-define(BLOCKS_BYTES, 8 * 1024 * 1024).
+-define(BLOCK_MAX, 65536).
 -define(UNKNOWN, <<"[unknown]">>).
 
 -record(ctx, {
@@ -58,30 +83,48 @@
     perf_map :: tuple() | undefined,
     types :: all | [binary()],
     nl :: binary:cp(),
+    nlnl :: binary:cp(),
     colon :: binary:cp(),
-    unknown_code :: non_neg_integer()
+    unknown_id :: pos_integer(),
+    cut :: boolean()
 }).
 
 -record(st, {
     stacks :: beamdiag_fold_stacks:table(),
-    %% Frame line => {Name, Code} | drop | junk (Code: the name's
-    %% `beamdiag_fold_stacks:code/1').
+    %% Frame line => {Name, FrameId} | drop | junk (FrameId:
+    %% `beamdiag_fold_stacks:frame_id/2'), `line/3'.
     cache = #{} :: map(),
-    %% A frame line's text after its address => {Name, Code} | junk |
+    %% A frame line's text after its address => {Name, FrameId} | junk |
     %% address (the name depends on the address: see `cache').
     syms = #{} :: map(),
-    %% {Size, Head} => [{Callers, Frames, Hash, Truncated, Junk}]: the
-    %% callers' lines of a block (`callers/3').
+    %% The callers' first ?KEY bytes (as integers) => [{Text, Callers}]
+    %% (`callers/8').
     blocks = #{} :: map(),
+    %% {Key, Size} of callers seen once, not cached yet.
+    seen = #{} :: map(),
+    blocks_n = 0 :: non_neg_integer(),
+    blocks_bytes = 0 :: non_neg_integer(),
     %% Comm => thread type.
     comms = #{} :: map(),
-    %% The text before a header's time token => thread type.
+    %% The text before a header's time token and the text after it =>
+    %% thread type, skip or slow.
     heads = #{} :: map(),
-    %% The text after a header's time token => whether it holds no inline
-    %% frame.
-    tails = #{} :: map(),
+    %% A header's first 14 bytes (as integers) => [{Prefix, After, Type}]
+    %% (`known_head/4').
+    known = #{} :: map(),
     skipped = 0 :: non_neg_integer(),
     huge = 0 :: non_neg_integer()
+}).
+
+%% A sample's callers, read: their frames (leaf first), the node of that
+%% stack (`beamdiag_fold_stacks:path/3'), whether a frame is `[unknown]',
+%% whether the unwind was cut short, and how many lines were junk.
+-record(callers, {
+    frames :: [binary()],
+    node :: beamdiag_fold_stacks:node_id(),
+    unknown :: boolean(),
+    truncated :: boolean(),
+    junk :: non_neg_integer()
 }).
 
 %%%===================================================================
@@ -111,20 +154,22 @@ fold_line_by_line(Text, Opts) ->
 %%% Internal
 %%%===================================================================
 
-ctx(#{max_line := ML, perf_map := PM, thread_types := TT}) ->
+ctx(#{max_line := ML, perf_map := PM, thread_types := TT, unknown := U}) ->
     #ctx{
         max_line = ML,
         perf_map = PM,
         types = TT,
         nl = binary:compile_pattern(<<"\n">>),
+        nlnl = binary:compile_pattern(<<"\n\n">>),
         colon = beamdiag_fold_header:colon(),
-        unknown_code = beamdiag_fold_stacks:code(?UNKNOWN)
+        unknown_id = beamdiag_fold_stacks:unknown_id(),
+        cut = U =:= cut
     }.
 
 worker_loop(Parent, Ctx, St) ->
     receive
         {chunk, Chunk} ->
-            St2 = fold_chunk(Chunk, Ctx, St),
+            St2 = samples(Chunk, 0, byte_size(Chunk), Ctx, St),
             Parent ! {ack, self()},
             worker_loop(Parent, Ctx, St2);
         {done, From} ->
@@ -135,186 +180,395 @@ to_profile(#st{stacks = Tab, skipped = Sk, huge = H}) ->
     maps:merge(beamdiag_fold_profile:empty(),
                (beamdiag_fold_stacks:counts(Tab))#{skipped_lines => Sk, huge_lines => H}).
 
-%% Samples of perf script with call chains end in a blank line. The
-%% chunk's line ends are found in one pass (`binary:matches/2' with a
-%% one-byte pattern, in C; a blank line is two in a row), which is about
-%% twice as fast as searching for the two-byte separator. Text without
-%% blank lines (no call chains, or not perf output) goes line by line.
-fold_chunk(Chunk, Ctx = #ctx{nl = NL}, St) ->
-    samples(Chunk, 0, binary:matches(Chunk, NL), Ctx, St).
-
-%% Ms: the positions of the chunk's line ends from Start on.
-samples(Chunk, Start, Ms, Ctx = #ctx{nl = NL}, St) ->
-    case blank(Ms, none) of
-        {HeaderEnd, Blank, Rest} ->
-            St2 = sample(Chunk, Start, HeaderEnd, Blank, Ctx, St),
-            samples(Chunk, Blank + 2, Rest, Ctx, St2);
-        none ->
-            Tail = binary:part(Chunk, Start, byte_size(Chunk) - Start),
-            lines(binary:split(Tail, NL, [global]), Ctx, St, none, [], false, false)
+%% The samples of a chunk from S on, each a header line and its frame
+%% lines up to a blank line. S is where a line starts, and no sample is
+%% open there (the chunk's start, or after a blank line): reading a sample
+%% line by line from S (`slow/5') gives what `fold_line_by_line/2' gives,
+%% so every path that meets something unusual goes there.
+samples(_Chunk, S, Size, _Ctx, St) when S >= Size ->
+    St;
+samples(Chunk, S, Size, Ctx, St) ->
+    case Chunk of
+        <<_:S/binary, K1:56, K2:56, _/binary>> ->
+            %% Headers seen before, found by their first 14 bytes (as
+            %% integers) and checked in place, their line end with them
+            %% (`known_head/4').
+            Key = {K1, K2},
+            case St#st.known of
+                #{Key := Same} ->
+                    case known_head(Same, Chunk, S, Ctx#ctx.max_line) of
+                        {H, Type} when is_binary(Type) -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St);
+                        {_H, _SlowOrSkip} -> slow(Chunk, S, Size, Ctx, St);
+                        none -> line_start(Chunk, S, Size, Key, Same, Ctx, St)
+                    end;
+                _ ->
+                    line_start(Chunk, S, Size, Key, [], Ctx, St)
+            end;
+        _ ->
+            line_start(Chunk, S, Size, none, [], Ctx, St)
     end.
 
-%% The first line end (the header's, `none' for a one-line sample), the
-%% blank line's start and the line ends after it.
-blank([{P, 1}, {Q, 1} | Rest], First) when Q =:= P + 1 ->
-    {First, P, Rest};
-blank([{P, 1} | Rest], none) ->
-    blank(Rest, P);
-blank([_ | Rest], First) ->
-    blank(Rest, First);
-blank([], _) ->
+%% A line at S that is not a header seen before. Key: its first 14 bytes
+%% (`none' at the chunk's end), and Same what is remembered under them.
+line_start(Chunk, S, Size, Key, Same, Ctx = #ctx{nl = NL, max_line = Max}, St) ->
+    case binary:match(Chunk, NL, [{scope, {S, Size - S}}]) of
+        {S, 1} ->
+            %% A blank line.
+            samples(Chunk, S + 1, Size, Ctx, St);
+        {H, 1} when H - S =< Max ->
+            case Chunk of
+                <<_:S/binary, $\t, _/binary>> ->
+                    slow(Chunk, S, Size, Ctx, St);
+                _ when H - S >= 14 ->
+                    new_header(Chunk, S, H, Size, Key, Same, Ctx, St);
+                _ ->
+                    new_header(Chunk, S, H, Size, none, [], Ctx, St)
+            end;
+        _ ->
+            slow(Chunk, S, Size, Ctx, St)
+    end.
+
+%% A header line (from S to H) not seen before: read (`header/3') and
+%% remembered under Key, its first 14 bytes.
+new_header(Chunk, S, H, Size, Key, Same, Ctx, St) ->
+    case header(binary:part(Chunk, S, H - S), Ctx, St) of
+        {Type, Split, St2} ->
+            St3 = remember_head(Key, Same, Split, Type, St2),
+            case is_binary(Type) of
+                true -> leaf(Chunk, S, H + 1, Size, Type, Ctx, St3);
+                false -> slow(Chunk, S, Size, Ctx, St3)
+            end
+    end.
+
+remember_head(Key, _Same, {Prefix, After}, Type, St = #st{known = Known}) when Key =/= none ->
+    Known2 = case map_size(Known) < ?HEADS_MAX of
+        true -> Known;
+        false -> #{}
+    end,
+    Same = case Known2 of
+        #{Key := L} -> lists:sublist(L, 3);
+        _ -> []
+    end,
+    St#st{known = Known2#{Key => [{binary:copy(Prefix), binary:copy(After), Type} | Same]}};
+remember_head(_Key, _Same, _Split, _Type, St) ->
+    St.
+
+%% The line end and type of the header line at S if it is a header seen
+%% before with only its time changed: the text before the time token
+%% (Prefix), a space, the time token (digits and one dot, at least two
+%% bytes), its `:', the text after it (After) and the line's end, no
+%% further than Max bytes from S. Then `split/2' would cut the line into
+%% Prefix and After: Prefix holds no `:', no line end and some text, the
+%% token holds no space, and After is empty or starts with a space (they
+%% were cut so once). `none' when it is no such header.
+known_head([{Prefix, After, Type} | Rest], Chunk, S, Max) ->
+    PL = byte_size(Prefix),
+    case Chunk of
+        <<_:S/binary, P:PL/binary, $\s, Tail/binary>> when P =:= Prefix ->
+            case time_token(Tail, 0, 0) of
+                {Len, 1} when Len >= 2 ->
+                    C = S + PL + 1 + Len,
+                    AL = byte_size(After),
+                    H = C + 1 + AL,
+                    case Chunk of
+                        <<_:C/binary, $:, A:AL/binary, $\n, _/binary>>
+                          when A =:= After, H - S =< Max ->
+                            {H, Type};
+                        _ ->
+                            known_head(Rest, Chunk, S, Max)
+                    end;
+                _ ->
+                    known_head(Rest, Chunk, S, Max)
+            end;
+        _ ->
+            known_head(Rest, Chunk, S, Max)
+    end;
+known_head([], _Chunk, _S, _Max) ->
     none.
 
-sample(Chunk, Start, HeaderEnd, Blank, Ctx = #ctx{max_line = Max}, St)
-  when is_integer(HeaderEnd), HeaderEnd - Start =< Max ->
-    case binary:at(Chunk, Start) of
-        $\t ->
-            sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St);
+%% The length of the run of digits and dots a binary starts with, and its
+%% dots.
+time_token(<<C, R/binary>>, Len, Dots) when C >= $0, C =< $9 -> time_token(R, Len + 1, Dots);
+time_token(<<$., R/binary>>, Len, Dots) -> time_token(R, Len + 1, Dots + 1);
+time_token(_, Len, Dots) -> {Len, Dots}.
+
+%% The sample from S to the next blank line, line by line; without a
+%% blank line, the rest of the chunk.
+slow(Chunk, S, Size, Ctx = #ctx{nl = NL, nlnl = NLNL}, St) ->
+    case binary:match(Chunk, NLNL, [{scope, {S, Size - S}}]) of
+        {B, 2} ->
+            Lines = binary:split(binary:part(Chunk, S, B - S), NL, [global]),
+            St2 = lines(Lines ++ [<<>>], Ctx, St, none, [], false, false),
+            samples(Chunk, B + 2, Size, Ctx, St2);
+        nomatch ->
+            Lines = binary:split(binary:part(Chunk, S, Size - S), NL, [global]),
+            lines(Lines, Ctx, St, none, [], false, false)
+    end.
+
+%% The leaf: the frame line at P, after the header line at S.
+leaf(Chunk, S, P, Size, Type, Ctx = #ctx{nl = NL, max_line = Max}, St) when P < Size ->
+    case binary:match(Chunk, NL, [{scope, {P, Size - P}}]) of
+        {P, 1} ->
+            %% No frame line: `[no stack]'.
+            St2 = St#st{stacks = beamdiag_fold_stacks:add_frames(Type, [], false, false,
+                                                                 St#st.stacks)},
+            samples(Chunk, P + 1, Size, Ctx, St2);
+        {E, 1} when E - P =< Max, binary_part(Chunk, P, 1) =:= <<"\t">> ->
+            {Leaf, St2} = line(binary:part(Chunk, P, E - P), Ctx, St),
+            callers(Chunk, S, E + 1, Size, Type, Leaf, Ctx, St2);
         _ ->
-            case header(binary:part(Chunk, Start, HeaderEnd - Start), Ctx, St) of
-                {slow, St2} ->
-                    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St2);
-                {Type, St2} ->
-                    block(Type, binary:part(Chunk, HeaderEnd + 1, Blank - HeaderEnd - 1), Ctx, St2)
-            end
+            slow(Chunk, S, Size, Ctx, St)
     end;
-sample(Chunk, Start, _HeaderEnd, Blank, Ctx, St) ->
-    sample_lines(binary:part(Chunk, Start, Blank - Start), Ctx, St).
+leaf(Chunk, S, _P, Size, _Type, Ctx, St) ->
+    slow(Chunk, S, Size, Ctx, St).
+
+%% The callers: the frame lines from C to the blank line, found whole in
+%% the cache or read line by line (`walk/10') and cached.
+callers(Chunk, S, C, Size, Type, Leaf, Ctx, St) when C < Size ->
+    case Chunk of
+        <<_:C/binary, $\n, _/binary>> ->
+            %% A leaf alone.
+            Empty = #callers{frames = [], node = 0, unknown = false, truncated = false, junk = 0},
+            samples(Chunk, C + 1, Size, Ctx, commit(Type, Leaf, Empty, Ctx, St));
+        <<_:C/binary, K1:56, K2:56, K3:56, K4:56, _/binary>> ->
+            %% The key: the callers' first ?KEY bytes as integers (no
+            %% binary is made).
+            Key = {K1, K2, K3, K4},
+            case St#st.blocks of
+                #{Key := Same} ->
+                    case find(Same, Chunk, C, Size) of
+                        {Len, Callers} ->
+                            samples(Chunk, C + Len, Size, Ctx, commit(Type, Leaf, Callers, Ctx, St));
+                        none ->
+                            read_callers(Chunk, S, C, Size, Type, Leaf, Key, Same, Ctx, St)
+                    end;
+                _ ->
+                    read_callers(Chunk, S, C, Size, Type, Leaf, Key, [], Ctx, St)
+            end;
+        _ ->
+            read_callers(Chunk, S, C, Size, Type, Leaf, none, [], Ctx, St)
+    end;
+callers(Chunk, S, _C, Size, _Type, _Leaf, Ctx, St) ->
+    slow(Chunk, S, Size, Ctx, St).
+
+%% A cached callers' text (its frame lines and the blank line) that the
+%% chunk holds at C.
+find([{Text, Callers} | Rest], Chunk, C, Size) ->
+    %% The blank line that would end it first: callers that share their
+    %% start can be long runs of one line of different lengths.
+    Len = byte_size(Text),
+    End = C + Len - 2,
+    case Chunk of
+        <<_:End/binary, "\n\n", _/binary>> when binary_part(Chunk, C, Len) =:= Text ->
+            {Len, Callers};
+        _ ->
+            find(Rest, Chunk, C, Size)
+    end;
+find([], _Chunk, _C, _Size) ->
+    none.
+
+read_callers(Chunk, S, C, Size, Type, Leaf, Key, Same, Ctx, St) ->
+    case walk(Chunk, C, Size, Ctx, St, [], [], false, false, 0) of
+        {End, Names, Ids, U, T, Bad, St2} ->
+            %% Names and Ids are root first.
+            {Node, Tab} = beamdiag_fold_stacks:path(0, Ids, St2#st.stacks),
+            St3 = St2#st{stacks = Tab},
+            Callers = #callers{frames = lists:reverse(Names), node = Node, unknown = U,
+                               truncated = T, junk = Bad},
+            St4 = cache_callers(Key, Same, binary:part(Chunk, C, End - C), Callers, St3),
+            samples(Chunk, End, Size, Ctx, commit(Type, Leaf, Callers, Ctx, St4));
+        {slow, St2} ->
+            slow(Chunk, S, Size, Ctx, St2)
+    end.
+
+cache_callers(none, _Same, _Text, _Callers, St) ->
+    St;
+cache_callers(_Key, _Same, Text, _Callers, St)
+  when byte_size(Text) > ?BLOCK_MAX; byte_size(Text) < ?KEY ->
+    %% Callers shorter than the key are found by text that is not theirs.
+    St;
+cache_callers(Key, Same, Text, Callers, St = #st{blocks_n = N, blocks_bytes = Bytes})
+  when N >= ?BLOCKS_MAX; Bytes >= ?BLOCKS_BYTES ->
+    %% Full: start again, so that the callers of text read later (another
+    %% capture, another phase) are cached.
+    cache_callers(Key, Same, Text, Callers, St#st{blocks = #{}, seen = #{}, blocks_n = 0,
+                                                  blocks_bytes = 0});
+cache_callers(Key, Same, Text, Callers, St = #st{blocks = Blocks, seen = Seen, blocks_n = N,
+                                                 blocks_bytes = Bytes}) ->
+    %% Most callers are seen once (frame-pointer chains end in garbage):
+    %% they are cached when seen again, so that the copy is made only for
+    %% callers that recur.
+    Seen1 = {Key, byte_size(Text)},
+    case Seen of
+        #{Seen1 := _} ->
+            Same2 = case map_size(Blocks) > 0 andalso is_map_key(Key, Blocks) of
+                true -> lists:sublist(Same, ?SAME - 1);
+                false -> []
+            end,
+            St#st{blocks = Blocks#{Key => [{copy(Text), Callers} | Same2]},
+                  blocks_n = N + 1, blocks_bytes = Bytes + byte_size(Text)};
+        _ ->
+            St#st{seen = Seen#{Seen1 => true}, blocks_n = N + 1}
+    end.
+
+%% A copy of a binary: `binary:copy/1' copies byte by byte on OTP 25 (about
+%% 0.5 ns a byte), building a binary from an iolist copies with memcpy
+%% (a list of one binary would be that binary itself).
+copy(Bin) ->
+    list_to_binary([Bin, <<>>]).
+
+%% The frame lines from P to the blank line, leaf first: their names and
+%% frame numbers (root first, as read), unknown and truncated flags and
+%% junk lines, and where the next sample starts; `slow' for anything
+%% `fold_line_by_line/2' would read otherwise than as frame lines (a line
+%% that does not start with a tab, an over-long line, the chunk's end).
+%% Consecutive unknown frames count as one; end-of-unwind markers are
+%% dropped (the stack is then truncated); junk lines are counted. A line's
+%% run of equal lines is measured at once (`run/6') and named once.
+walk(Chunk, P, Size, Ctx = #ctx{nl = NL, max_line = Max}, St, Names, Ids, U, T, Bad)
+  when P < Size ->
+    case Chunk of
+        <<_:P/binary, $\n, _/binary>> ->
+            {P + 1, Names, Ids, U, T, Bad, St};
+        %% The lines of addresses perf could place nowhere, read without
+        %% making a binary (`frame/3' names them so): frame-pointer chains
+        %% through heap data give long runs of them.
+        <<_:P/binary, "\t    ", C, _:11/binary, " [unknown] ([unknown])\n", _/binary>>
+          when C =/= $0, C =/= $f, C =/= $\s, C =/= $\t, Ctx#ctx.perf_map =:= undefined,
+               Max >= 39 ->
+            UId = Ctx#ctx.unknown_id,
+            case Ids of
+                [UId | _] ->
+                    walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, true, T, Bad);
+                _ ->
+                    walk(Chunk, P + 40, Size, Ctx, St, [?UNKNOWN | Names], [UId | Ids], true, T,
+                         Bad)
+            end;
+        <<_:P/binary, "\t               0 [unknown] ([unknown])\n", _/binary>> when Max >= 39 ->
+            walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, U, true, Bad);
+        <<_:P/binary, "\tffffffffffffffff [unknown] ([unknown])\n", _/binary>> when Max >= 39 ->
+            walk(Chunk, P + 40, Size, Ctx, St, Names, Ids, U, true, Bad);
+        <<_:P/binary, $\t, _/binary>> ->
+            case binary:match(Chunk, NL, [{scope, {P, Size - P}}]) of
+                {E, 1} when E - P =< Max ->
+                    Line = binary:part(Chunk, P, E - P),
+                    L = E + 1 - P,
+                    %% How many more of this line follow it.
+                    More = case Chunk of
+                        <<_:(E + L)/binary, $\n, _/binary>>
+                          when binary_part(Chunk, E + 1, L - 1) =:= Line ->
+                            run(Chunk, P, L, Size, 2, 2) - 1;
+                        _ ->
+                            0
+                    end,
+                    {F, St2} = line(Line, Ctx, St),
+                    Next = E + 1 + More * L,
+                    case F of
+                        drop ->
+                            walk(Chunk, Next, Size, Ctx, St2, Names, Ids, U, true, Bad);
+                        junk ->
+                            walk(Chunk, Next, Size, Ctx, St2, Names, Ids, U, T, Bad + 1 + More);
+                        {_, Id} when Id =:= Ctx#ctx.unknown_id, Ids =/= [],
+                                     hd(Ids) =:= Ctx#ctx.unknown_id ->
+                            walk(Chunk, Next, Size, Ctx, St2, Names, Ids, true, T, Bad);
+                        {Name, Id} when Id =:= Ctx#ctx.unknown_id ->
+                            walk(Chunk, Next, Size, Ctx, St2, [Name | Names], [Id | Ids], true, T,
+                                 Bad);
+                        {Name, Id} ->
+                            {Names2, Ids2} = push(More + 1, Name, Id, Names, Ids),
+                            walk(Chunk, Next, Size, Ctx, St2, Names2, Ids2, U, T, Bad)
+                    end;
+                _ ->
+                    {slow, St}
+            end;
+        _ ->
+            {slow, St}
+    end;
+walk(_Chunk, _P, _Size, _Ctx, St, _Names, _Ids, _U, _T, _Bad) ->
+    {slow, St}.
+
+push(0, _Name, _Id, Names, Ids) ->
+    {Names, Ids};
+push(N, Name, Id, Names, Ids) ->
+    push(N - 1, Name, Id, [Name | Names], [Id | Ids]).
+
+%% The number of copies of the line of L bytes at P that start there,
+%% knowing that Have do: the chunk is compared with itself at doubling
+%% lengths, then halving ones, so a run of N lines takes about 2 log2 N
+%% memcmps.
+run(Chunk, P, L, Size, Have, Step) when Step >= 1 ->
+    Len = Step * L,
+    At = P + Have * L,
+    case At + Len =< Size andalso binary:part(Chunk, At, Len) =:= binary:part(Chunk, P, Len) of
+        true when Step =:= Have -> run(Chunk, P, L, Size, Have + Step, Step * 2);
+        true -> run(Chunk, P, L, Size, Have + Step, Step div 2);
+        false -> run(Chunk, P, L, Size, Have, Step div 2)
+    end;
+run(_Chunk, _P, _L, _Size, Have, _Step) ->
+    Have.
+
+%% Counts a sample whose leaf is Leaf and whose callers are Callers.
+commit(Type, Leaf, #callers{frames = CFrames, node = CNode, unknown = CU, truncated = CT,
+                            junk = CBad}, Ctx, St = #st{stacks = Tab}) ->
+    {Frames, Node, U, T, Bad, Tab2} =
+        case Leaf of
+            drop ->
+                {CFrames, CNode, CU, true, CBad, Tab};
+            junk ->
+                {CFrames, CNode, CU, CT, CBad + 1, Tab};
+            {?UNKNOWN, _} when CFrames =/= [], hd(CFrames) =:= ?UNKNOWN ->
+                {CFrames, CNode, true, CT, CBad, Tab};
+            {Name, Id} ->
+                {N, T2} = beamdiag_fold_stacks:child(CNode, Id, Tab),
+                {[Name | CFrames], N, CU orelse Id =:= Ctx#ctx.unknown_id, CT, CBad, T2}
+        end,
+    Tab3 = case Frames =:= [] orelse (U andalso Ctx#ctx.cut) of
+        true -> beamdiag_fold_stacks:add_frames(Type, Frames, U, T, Tab2);
+        false -> beamdiag_fold_stacks:add(Type, Node, Frames, U, T, Tab2)
+    end,
+    St#st{stacks = Tab3, skipped = St#st.skipped + Bad}.
 
 %% The thread type of a sample's header line with a call chain after it
 %% (`skip' when the type is filtered out), or `slow' for any other line
-%% (read line by line). The text before the time token (comm, tid, cpu)
-%% is the same for all samples of a thread: its type is cached.
-header(Header, Ctx, St = #st{heads = Heads, tails = Tails}) ->
+%% (read line by line), and `{Prefix, After}' when `split/2' cut it. The
+%% text before the time token (comm, tid, cpu) is the same for all samples
+%% of a thread, and the text after it (period and event) for most: the
+%% type is cached by both.
+header(Header, Ctx, St = #st{heads = Heads}) ->
     case beamdiag_fold_header:split(Header, Ctx#ctx.colon) of
-        {Prefix, After} ->
-            %% After the time: the period and event, the same for most
-            %% samples; with an inline frame, perf recorded no call chain.
-            {NoInline, St2} = case Tails of
-                #{After := E} ->
-                    {E, St};
+        {_Prefix, _After} = Key ->
+            case Heads of
+                #{Key := Type} ->
+                    {Type, Key, St};
                 _ ->
-                    E = beamdiag_fold_header:inline(After) =:= <<>>,
-                    case map_size(Tails) < ?HEADS_MAX of
-                        true -> {E, St#st{tails = Tails#{binary:copy(After) => E}}};
-                        false -> {E, St}
-                    end
-            end,
-            case NoInline of
-                true ->
-                    case Heads of
-                        #{Prefix := Type} -> {Type, St2};
-                        _ -> new_head(Prefix, Ctx, St2)
-                    end;
-                false ->
-                    {slow, St2}
+                    {Type, St2} = new_head(Key, Ctx, St),
+                    {Type, Key, St2}
             end;
         slow ->
             case beamdiag_fold_header:parse(Header) of
-                {ok, Comm, <<>>} -> type(Comm, Ctx, St);
-                _ -> {slow, St}
+                {ok, Comm, <<>>} ->
+                    {Type, St2} = type(Comm, Ctx, St),
+                    {Type, none, St2};
+                _ ->
+                    {slow, none, St}
             end
     end.
 
-new_head(Prefix, Ctx, St) ->
+%% After the time: with an inline frame, perf recorded no call chain.
+new_head({Prefix, After}, Ctx, St) ->
     {Type, St2 = #st{heads = Heads}} =
-        case beamdiag_fold_header:comm(Prefix) of
-            {ok, Comm} -> type(Comm, Ctx, St);
-            error -> {slow, St}
+        case beamdiag_fold_header:inline(After) of
+            <<>> ->
+                case beamdiag_fold_header:comm(Prefix) of
+                    {ok, Comm} -> type(Comm, Ctx, St);
+                    error -> {slow, St}
+                end;
+            _ ->
+                {slow, St}
         end,
     case map_size(Heads) < ?HEADS_MAX of
-        true -> {Type, St2#st{heads = Heads#{binary:copy(Prefix) => Type}}};
+        true -> {Type, St2#st{heads = Heads#{{binary:copy(Prefix), binary:copy(After)} => Type}}};
         false -> {Type, St2}
-    end.
-
-sample_lines(Sample, Ctx = #ctx{nl = NL}, St) ->
-    lines(binary:split(Sample, NL, [global]) ++ [<<>>], Ctx, St, none, [], false, false).
-
-%% A sample's block of frame lines, leaf first. The leaf's address
-%% differs from sample to sample, but its callers' return addresses
-%% recur: the callers' lines are cached whole and only new ones are read
-%% line by line, then the leaf is added to them.
-block(skip, _Block, _Ctx, St) ->
-    St;
-block(Type, Block, Ctx = #ctx{nl = NL}, St) ->
-    {Leaf, Callers} = case binary:match(Block, NL) of
-        nomatch ->
-            {Block, <<>>};
-        {P, 1} ->
-            {binary:part(Block, 0, P), binary:part(Block, P + 1, byte_size(Block) - P - 1)}
-    end,
-    {Frames0, H0, U0, T0, Bad0, St2} = callers(Callers, Ctx, St),
-    {Frames, H, U, T, Bad, St3} = frame_lines([Leaf], Ctx, St2, Frames0, H0, U0, T0, Bad0),
-    St3#st{stacks = beamdiag_fold_stacks:add(Type, Frames, H, U, T, St3#st.stacks),
-           skipped = St3#st.skipped + Bad}.
-
-%% The frames of a block's callers (leaf first), their hash (`hash/2'),
-%% unknown and truncated flags and junk lines. The cache key is the text's
-%% size and first line or so; the whole text is compared only against the
-%% few cached ones with that key, which is cheaper than hashing it.
-callers(<<>>, _Ctx, St) ->
-    {[], 0, false, false, 0, St};
-callers(Callers, Ctx = #ctx{nl = NL}, St = #st{blocks = Blocks}) ->
-    Key = {byte_size(Callers), binary:part(Callers, 0, min(byte_size(Callers), 64))},
-    Same = maps:get(Key, Blocks, []),
-    case lists:keyfind(Callers, 1, Same) of
-        {_, Frames, H, T, Bad} ->
-            {Frames, H, false, T, Bad, St};
-        false ->
-            Lines = lists:reverse(binary:split(Callers, NL, [global])),
-            {Frames, H, U, T, Bad, St2} = frame_lines(Lines, Ctx, St, [], 0, false, false, 0),
-            %% Callers with unknown frames rarely repeat (frame-pointer
-            %% chains through heap data), and over-long lines are counted
-            %% each time: neither is cached.
-            case not U andalso St2#st.huge =:= St#st.huge andalso length(Same) < 4 andalso
-                     map_size(Blocks) < ?BLOCKS_MAX of
-                true ->
-                    %% Copies: a sub-binary in the cache would keep its
-                    %% whole chunk alive.
-                    {Size, Head} = Key,
-                    Entry = {binary:copy(Callers), Frames, H, T, Bad},
-                    Blocks2 = Blocks#{{Size, binary:copy(Head)} => [Entry | Same]},
-                    {Frames, H, U, T, Bad, St2#st{blocks = Blocks2}};
-                false ->
-                    {Frames, H, U, T, Bad, St2}
-            end
-    end.
-
-%% Frame lines root first (the reverse of perf's order), added to Frames
-%% (leaf first) and to their hash H (`hash/2', root first). Consecutive
-%% unknown frames count as one; end-of-unwind markers are dropped (the
-%% stack is then truncated); junk lines are counted. A line equal to the
-%% one before (non-tail recursion) is named as that one was, without a
-%% look at the caches.
-frame_lines(Lines, Ctx, St, Frames, H, U, T, Bad) ->
-    frame_lines(Lines, Ctx, St, Frames, H, U, T, Bad, none).
-
-frame_lines([], _Ctx, St, Frames, H, U, T, Bad, _Prev) ->
-    {Frames, H, U, T, Bad, St};
-frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, {Line, F}) ->
-    add_frame(F, Line, Rest, Ctx, St, Frames, H, U, T, Bad);
-frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, _Prev)
-  when byte_size(Line) > Ctx#ctx.max_line ->
-    frame_lines(Rest, Ctx, St#st{huge = St#st.huge + 1}, Frames, H, U, T, Bad, none);
-frame_lines([Line | Rest], Ctx, St, Frames, H, U, T, Bad, _Prev) ->
-    {F, St2} = frame(Line, Ctx, St),
-    add_frame(F, Line, Rest, Ctx, St2, Frames, H, U, T, Bad).
-
-add_frame(F, Line, Rest, Ctx, St, Frames, H, U, T, Bad) ->
-    Prev = {Line, F},
-    case F of
-        drop ->
-            frame_lines(Rest, Ctx, St, Frames, H, U, true, Bad, Prev);
-        junk ->
-            frame_lines(Rest, Ctx, St, Frames, H, U, T, Bad + 1, Prev);
-        {?UNKNOWN, _} when Frames =/= [], hd(Frames) =:= ?UNKNOWN ->
-            frame_lines(Rest, Ctx, St, Frames, H, true, T, Bad, Prev);
-        {?UNKNOWN, Code} ->
-            frame_lines(Rest, Ctx, St, [?UNKNOWN | Frames], beamdiag_fold_stacks:hash(H, Code),
-                        true, T, Bad, Prev);
-        {Frame, Code} ->
-            frame_lines(Rest, Ctx, St, [Frame | Frames], beamdiag_fold_stacks:hash(H, Code),
-                        U, T, Bad, Prev)
     end.
 
 %% Sample state: Type (binary | none | skip), Frames (root-first), Unknown
@@ -385,16 +639,15 @@ emit(_Ctx, St, none, _, _, _) ->
 emit(_Ctx, St, skip, _, _, _) ->
     St;
 emit(_Ctx, St = #st{stacks = Tab}, Type, Frames, U, T) ->
-    Leafward = lists:reverse(Frames),
-    St#st{stacks = beamdiag_fold_stacks:add(Type, Leafward, beamdiag_fold_stacks:hash(Leafward),
-                                            U, T, Tab)}.
+    St#st{stacks = beamdiag_fold_stacks:add_frames(Type, lists:reverse(Frames), U, T, Tab)}.
 
 type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
     case Cs of
         #{Comm := Ty} ->
             {Ty, St};
         _ ->
-            Ty0 = beamdiag_fold_header:thread_type(Comm),
+            %% A copy: the type may be part of the chunk.
+            Ty0 = binary:copy(beamdiag_fold_header:thread_type(Comm)),
             Ty = case Types =:= all orelse lists:member(Ty0, Types) of
                 true -> Ty0;
                 false -> skip
@@ -406,7 +659,27 @@ type(Comm, #ctx{types = Types}, St = #st{comms = Cs}) ->
             {Ty, St#st{comms = Cs2}}
     end.
 
-%% A frame line's name and code (`hash/2'), `drop' or `junk'.
+%% A frame line's name and number, `drop' or `junk', cached by the whole
+%% line: the lines of callers are return addresses, which recur, and so do
+%% most leaves. Addresses perf could place nowhere rarely recur and are
+%% not cached.
+line(Line, Ctx, St = #st{cache = Cache}) ->
+    case Cache of
+        #{Line := F} ->
+            {F, St};
+        _ ->
+            case frame(Line, Ctx, St) of
+                {{?UNKNOWN, _}, _} = R ->
+                    R;
+                {F, St2 = #st{cache = Cache2}} ->
+                    case map_size(Cache2) < ?CACHE_MAX of
+                        true -> {F, St2#st{cache = Cache2#{binary:copy(Line) => F}}};
+                        false -> {F, St2}
+                    end
+            end
+    end.
+
+%% A frame line's name and number, `drop' or `junk'.
 frame(<<$\t, Field:16/binary, $\s, Rest/binary>> = Line, Ctx, St) ->
     %% The usual layout: the address right-aligned in sixteen bytes.
     case Rest of
@@ -418,7 +691,7 @@ frame(<<$\t, Field:16/binary, $\s, Rest/binary>> = Line, Ctx, St) ->
             %% through heap data give long runs of these.
             case Field of
                 <<"    ", C, _/binary>> when C =/= $0, C =/= $f, C =/= $\s, C =/= $\t ->
-                    {{?UNKNOWN, Ctx#ctx.unknown_code}, St};
+                    {{?UNKNOWN, Ctx#ctx.unknown_id}, St};
                 _ ->
                     unknown_frame(Line, Ctx, St)
             end;
@@ -448,8 +721,8 @@ symbol_frame(Field, Rest, Line, Ctx, St = #st{syms = Syms}) ->
                         address ->
                             line_frame(Line, Ctx, cache_symbol(Rest, address, St));
                         F0 ->
-                            F = with_code(F0),
-                            {F, cache_symbol(Rest, F, St)}
+                            {F, St2} = with_id(F0, St),
+                            {F, cache_symbol(Rest, F, St2)}
                     end
             end;
         false ->
@@ -466,9 +739,8 @@ cache_symbol(Rest, F, St = #st{syms = Syms}) ->
 %% through heap data): a quick look, no cache entry.
 unknown_frame(Line, Ctx, St) ->
     case beamdiag_fold_frame:unknown(Line, Ctx#ctx.perf_map) of
-        ?UNKNOWN -> {{?UNKNOWN, Ctx#ctx.unknown_code}, St};
-        F when is_binary(F) -> {{F, beamdiag_fold_stacks:code(F)}, St};
-        F -> {F, St}
+        ?UNKNOWN -> {{?UNKNOWN, Ctx#ctx.unknown_id}, St};
+        F -> with_id(F, St)
     end.
 
 %% Any other frame line: its name cached by the whole line.
@@ -477,20 +749,23 @@ line_frame(Line, Ctx, St = #st{cache = Cache}) ->
         #{Line := F} ->
             {F, St};
         _ ->
-            F = with_code(beamdiag_fold_frame:parse(Line, Ctx#ctx.perf_map)),
+            {F, St2} = with_id(beamdiag_fold_frame:parse(Line, Ctx#ctx.perf_map), St),
             Cache2 = case map_size(Cache) < ?CACHE_MAX of
                 true -> Cache#{binary:copy(Line) => F};
                 false -> Cache
             end,
-            {F, St#st{cache = Cache2}}
+            {F, St2#st{cache = Cache2}}
     end.
 
-with_code(Name) when is_binary(Name) -> {Name, beamdiag_fold_stacks:code(Name)};
-with_code(Other) -> Other.
+with_id(Name, St = #st{stacks = Tab}) when is_binary(Name) ->
+    {Name2, Id, Tab2} = beamdiag_fold_stacks:frame_id(Name, Tab),
+    {{Name2, Id}, St#st{stacks = Tab2}};
+with_id(Other, St) ->
+    {Other, St}.
 
 %% A frame line's name, `drop' or `junk'.
 frame_name(Line, Ctx, St) ->
     case frame(Line, Ctx, St) of
-        {{Name, _Code}, St2} -> {Name, St2};
+        {{Name, _Id}, St2} -> {Name, St2};
         Other -> Other
     end.
