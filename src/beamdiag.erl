@@ -45,7 +45,8 @@
     slack => number() | infinity,
     host_only => boolean(),
     os_pid => pos_integer() | undefined,
-    answer_timeout => number() | auto
+    answer_timeout => number() | auto,
+    held_perf => boolean()
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -71,12 +72,16 @@
     slack => 1.5,
     host_only => false,
     os_pid => undefined,
-    answer_timeout => auto
+    answer_timeout => auto,
+    held_perf => true
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
+%% perf's run on a held thread of a node that answers: a second or two
+%% names the native code (199 samples a second).
+-define(HELD_PERF_S, 2).
 %% The least of the window perf needs (beamdiag_host: its start, one
 %% second, its symbols).
 -define(PERF_LEAST_MS, 3500).
@@ -124,7 +129,11 @@ diagnose(Opts) ->
 %% `host_only'. `host_only'
 %% (true), `os_pid', or an OS pid in place of the node's name ask for that
 %% host-only diagnosis at once (a node without distribution, or whose
-%% cookie is not at hand).
+%% cookie is not at hand). A node that answers is watched too: when the
+%% host view sees a scheduler thread held (it wants a CPU the whole time
+%% and never sleeps), perf samples that thread for a second or two, and a
+%% native function holding it is named (`scheduler_held_native');
+%% `held_perf' (true) false turns perf off on every path.
 -spec diagnose(node() | string() | binary(), options()) ->
     {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Node, Opts) when is_atom(Node) ->
@@ -169,6 +178,7 @@ options(Opts) ->
     OsPid = maps:get(os_pid, O),
     (OsPid =:= undefined orelse (is_integer(OsPid) andalso OsPid > 0))
         orelse erlang:error({badarg, {os_pid, OsPid}}),
+    is_boolean(maps:get(held_perf, O)) orelse erlang:error({badarg, {held_perf, maps:get(held_perf, O)}}),
     Answer = maps:get(answer_timeout, O),
     (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
@@ -312,8 +322,9 @@ host_request(NodeStr, _) ->
         {node, _} -> remote
     end.
 
-host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P}) ->
-    Base = #{duration => D, interval => I, ready_by => ReadyBy, perf => true},
+host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P,
+               held_perf := HeldPerf}) ->
+    Base = #{duration => D, interval => I, ready_by => ReadyBy, perf => HeldPerf},
     case P of
         undefined -> Base;
         _ -> Base#{progress => P}
@@ -363,7 +374,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     end),
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
-            node => NodeStr}).
+            node => NodeStr, held_perf => maps:get(held_perf, O)}).
 
 await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             stage := Stage}) ->
@@ -373,6 +384,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
     %% not finished the handshake by the window's end has not answered; one
     %% that has is given the usual, bounded, course.
     Armed = maps:get(armed, W, false),
+    HeldPerf = maps:get(held_perf, W, true),
     Wait = case {View, Armed, Stage} of
                {{watching, _}, false, connecting} ->
                    maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
@@ -380,6 +392,10 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                    maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
                {{watching, _}, true, connecting} ->
                    T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
+               {{answered, _}, false, _} when HeldPerf ->
+                   %% A node that answers: perf on a thread the host view
+                   %% sees held, a second in, for a second or two.
+                   maps:get(next_arm, W, T0 + ?ARM_MS);
                _ -> infinity
            end,
     receive
@@ -427,14 +443,17 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
-            _ = case View of
-                    {_, H} -> beamdiag_host:cancel(H);
-                    none -> ok
-                end,
             flush_answers(Tag),
-            case Result of
-                {result, R} -> R;
-                {raise, C, Why, St} -> erlang:raise(C, Why, St)
+            case {Result, View} of
+                {{result, {ok, D}}, {answered, H}} ->
+                    %% perf's samples of a thread the host saw held, if it
+                    %% ran, join the diagnosis.
+                    {ok, reanalysed(beamdiag_host:held(H, D))};
+                {_, {_, H}} ->
+                    _ = beamdiag_host:cancel(H),
+                    result(Result);
+                {_, none} ->
+                    result(Result)
             end;
         {'DOWN', MRef, process, Worker, Why} ->
             erlang:error({diagnose_worker, Why})
@@ -442,7 +461,19 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
               infinity -> infinity;
               _ -> max(0, Wait - erlang:monotonic_time(millisecond))
           end ->
-        {watching, Handle} = View,
+        case View of
+            {answered, Held} ->
+                Tried = beamdiag_host:arm(Held, #{max_seconds => ?HELD_PERF_S}),
+                Again = erlang:monotonic_time(millisecond) + ?ARM_MS,
+                await(W#{view := {answered, Tried}, next_arm => Again,
+                         armed => beamdiag_host:armed(Tried) orelse
+                             Again > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS});
+            {watching, Handle} ->
+                await_watching(W, Handle, Armed)
+        end
+    end.
+
+await_watching(W = #{tag := Tag, worker := Worker, mref := MRef, t0 := T0}, Handle, Armed) ->
         case Armed of
             false ->
                 %% The node may still answer; perf starts on the held
@@ -460,8 +491,15 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                 {ok, beamdiag_host:finish(Handle, #{
                     waited_ms => erlang:monotonic_time(millisecond) - T0,
                     distribution => distribution_seen(W)})}
-        end
-    end.
+        end.
+
+result({result, R}) -> R;
+result({raise, C, Why, St}) -> erlang:raise(C, Why, St).
+
+%% A diagnosis whose capture gained extras after its analysis, analysed
+%% again (its time to the report kept).
+reanalysed(D = #{capture := C}) ->
+    maps:merge(D, analyse(C)).
 
 %% What the collector may fall back on when the agent's samples come too
 %% slowly: the host view, when it explains why.

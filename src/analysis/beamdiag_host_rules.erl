@@ -14,7 +14,10 @@
 %%%     in a native library outside the emulator, or when the node did not
 %%%     answer (a scheduler running Erlang code is preempted and the node
 %%%     answers);</li>
-%%% <li>`host_memory_low': the host's or the cgroup's memory nearly used up.</li>
+%%% <li>`host_memory_low': the host's or the cgroup's memory nearly used up;</li>
+%%% <li>`dirty_io_blocked', and `scheduler_blocking' for a scheduler thread
+%%%     blocked in one system call for most of the window
+%%%     (`beamdiag_wait_rules', from what the threads wait on).</li>
 %%% </ul>
 %%%
 %%% ```
@@ -24,7 +27,7 @@
 %%% '''
 -module(beamdiag_host_rules).
 
--export([analyse/2, hot_threads/1, perf_top/2]).
+-export([analyse/2, hot_threads/1, perf_top/2, held_findings/2]).
 
 -export_type([perf_top/0]).
 
@@ -82,10 +85,21 @@ analyse(Capture, Context) ->
     Kept = [F || F = #{id := Id} <- beamdiag_rules:findings(Capture, Ledger),
                  lists:member(Id, ?HOST_RULES)] ++
         beamdiag_rules:findings(Capture, Ledger#{threads := []}),
-    Findings = held(Ledger, Context, T) ++ memory(Capture, T) ++ Kept,
+    Findings = held(Ledger, Context, T) ++ memory(Capture, T) ++
+        beamdiag_wait_rules:host_findings(Capture, Ledger, Context) ++ Kept,
     #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)},
       findings => beamdiag_finding:sort(Findings), host_only => true,
       host_view => maps:merge(Context, #{hot => hot_threads(Ledger), settings => Settings})}.
+
+%% @doc `scheduler_held_native' for a node that answered: its agent's
+%% ledger, and perf's samples of the threads the host saw held (`{ok,
+%% perf_top()}' or `{error, Why}'). Named only when perf shows the thread
+%% in a native library for nearly all its samples: a scheduler busy with
+%% Erlang code looks the same from /proc.
+-spec held_findings(beamdiag_ledger:ledger(), {ok, perf_top()} | {error, binary()}) ->
+    [beamdiag_finding:finding()].
+held_findings(Ledger, Perf) ->
+    held(Ledger, #{unresponsive => false, perf => Perf}, thresholds()).
 
 %% @doc Normal scheduler threads that wanted a CPU (ran, or waited for
 %% one) for nearly the whole window, mostly in user mode, and never went
@@ -179,7 +193,10 @@ held_finding(Top, Hot, Ledger, W, Native, Perf, Context) ->
         [fmt("the node's other normal scheduler thread~s wanted a CPU ~s of the window~s",
              [plural(Others), pct(OthersShare), case Others of [_] -> ""; _ -> " on average" end])
          || Others =/= []] ++
-        native_lines(Native, Perf) ++
+        case Native of
+            {yes, _} -> native_lines(Native, Perf);
+            _ -> skipped_lines(Native, Perf, Context)
+        end ++
         answer_lines(Context),
     Metrics = #{thread => Name, wanted_share => Wanted, user_share => UserShare,
                 on_cpu_s => On, runq_s => Q},
@@ -212,6 +229,14 @@ native_lines(unknown, {error, Why}) ->
     [fmt("perf could not sample the thread (~ts): the native function is not named", [Why])];
 native_lines(_, _) ->
     [<<"perf was not run: the native function is not named">>].
+
+%% Why perf did not run, when the host view knows.
+skipped_lines(_Native, {ok, _}, _) -> [];
+skipped_lines(_Native, {error, _}, _) -> [];
+skipped_lines(_Native, _, #{perf_skipped := Why}) ->
+    [fmt("perf was not run: ~ts; the native function is not named", [Why])];
+skipped_lines(Native, Perf, _) ->
+    native_lines(Native, Perf).
 
 answer_lines(#{unresponsive := true, waited_ms := Ms} = C) ->
     [fmt("the node did not answer in ~.1f s: ~ts. A scheduler running Erlang code is "

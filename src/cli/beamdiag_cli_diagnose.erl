@@ -27,6 +27,9 @@ spec() ->
             #{key => perf, long => "--perf", type => boolean, default => false,
               help => "also record a perf profile over the window (run on the node's host; "
                       "see beamdiag flame)"},
+            #{key => no_perf, long => "--no-perf", type => boolean, default => false,
+              help => "never run perf: by default a scheduler thread the host sees held is "
+                      "profiled for a second or two to name the native code holding it"},
             erlang,
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
@@ -63,6 +66,8 @@ run(Opts = #{os_pid := Pid}, IO) when not is_map_key(node, Opts) ->
     run(Opts#{node => integer_to_list(Pid)}, IO);
 run(Opts, IO) when not is_map_key(node, Opts) ->
     beamdiag_cli:usage_error("diagnose: missing argument NODE (or --os-pid PID)", IO);
+run(#{perf := true, no_perf := true}, IO) ->
+    beamdiag_cli:usage_error("diagnose: --perf and --no-perf together", IO);
 run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
     case maps:is_key(cookie, Opts) of
         true -> Err("beamdiag: warning: --cookie shows the cookie in the process list; "
@@ -80,6 +85,7 @@ run(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err}) ->
           erlang => maps:get(erlang, Opts, false),
           slack => maps:get(slack, Opts),
           host_only => maps:get(host_only, Opts, false),
+          held_perf => not maps:get(no_perf, Opts, false),
           progress => progress(IO)}),
     LibOpts2 = maps:merge(LibOpts, maps:with([os_pid, answer_timeout], Opts)),
     Result = beamdiag:diagnose(Node, LibOpts2),

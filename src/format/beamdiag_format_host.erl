@@ -50,7 +50,12 @@ header(D = #{capture := C, ledger := L, host_view := V}) ->
         end,
         cgroup(Cg),
         memory(C),
-        perf(maps:get(perf, V, none))
+        case {maps:get(perf, V, none), V} of
+            {none, #{perf_skipped := Why}} ->
+                ["perf: not run: ", beamdiag_safe_text:safe(Why, 200), "\n"];
+            {Perf, _} ->
+                perf(Perf)
+        end
     ].
 
 %% @doc The threads that wanted a CPU most (on it, or runnable waiting for
@@ -80,7 +85,8 @@ summary(#{capture := C, host_view := V}) ->
     Perf = case maps:get(perf, V, none) of
                {ok, P} -> P;
                {error, Why} -> #{error => Why};
-               none -> #{error => <<"not run">>}
+               none -> #{error => iolist_to_binary(["not run: ", maps:get(perf_skipped, V,
+                                                                          <<"no thread held">>)])}
            end,
     Base#{header => iolist_to_binary(reason_line(V)),
           hot_threads => [maps:with([tid, name], R) || R <- maps:get(hot, V, [])],

@@ -20,7 +20,8 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, late/2, explains/1, reserve/1, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, arm/2, armed/1, finish/2, late/2, explains/1, reserve/1,
+         held/2, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -38,10 +39,16 @@
     perf := boolean(),
     proc_root := file:filename(),
     progress := fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
-    whole_perf => {pid(), reference(), file:filename()}
+    whole_perf => {pid(), reference(), file:filename()},
+    %% The threads perf runs on (none: the whole process).
+    perf_tids => [integer()],
+    perf_names => [binary()],
+    %% Why perf did not run, when it did not.
+    perf_skipped => binary()
 }.
 
 -define(PERF_HZ, 199).
+-define(PERF_OFF, <<"turned off for this diagnosis (--no-perf)">>).
 %% Time kept after perf and the analysis for the report itself.
 -define(REPORT_MS, 300).
 
@@ -62,9 +69,10 @@ diagnose(Target, Opts) ->
         {ok, Located} ->
             H = start(Located, Opts#{node => node_name(Target, Located)}),
             Secs = perf_seconds(maps:get(duration_ms, H)),
-            H2 = case maps:get(perf, H) andalso Secs >= 1 of
-                     true -> H#{whole_perf => perf(maps:get(os_pid, H), [], Secs)};
-                     false -> H
+            H2 = case {maps:get(perf, H), Secs >= 1} of
+                     {true, true} -> H#{whole_perf => perf(maps:get(os_pid, H), [], Secs)};
+                     {false, _} -> H#{perf_skipped => ?PERF_OFF};
+                     {true, false} -> H#{perf_skipped => <<"the window is too short for it">>}
                  end,
             {ok, window(H2, #{unresponsive => false, reason => requested})};
         {error, _} = E ->
@@ -97,20 +105,34 @@ start(Located = #{os_pid := OsPid}, Opts) ->
 %% that a host-only diagnosis at the window's end can name their native
 %% code. The node may still answer: then `cancel/1'.
 -spec arm(handle()) -> handle().
-arm(H = #{whole_perf := _}) ->
+arm(H) ->
+    arm(H, #{}).
+
+%% @doc As `arm/1'; `max_seconds' caps perf's run (a node that answers
+%% needs a second or two of the held thread to name its native code, not
+%% the rest of the window).
+-spec arm(handle(), #{max_seconds => pos_integer()}) -> handle().
+arm(H = #{whole_perf := _}, _Opts) ->
     H;
-arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := UsePerf}) ->
-    Secs = perf_seconds(T0 + D - erlang:monotonic_time(millisecond)),
-    case UsePerf andalso Secs >= 1 of
+arm(H = #{perf := false}, _Opts) ->
+    H#{perf_skipped => ?PERF_OFF};
+arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D}, Opts) ->
+    Secs = min(maps:get(max_seconds, Opts, 3600),
+               perf_seconds(T0 + D - erlang:monotonic_time(millisecond))),
+    case Secs >= 1 of
         true ->
             Samples = beamdiag_host_view:snapshot(S),
             Ledger = beamdiag_ledger:build(capture(H, Samples, none)),
-            case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
-                [] -> H;
-                Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
+            case [{Tid, Name} || #{tid := Tid, name := Name} <- beamdiag_host_rules:hot_threads(Ledger)] of
+                [] -> H#{perf_skipped => <<"no scheduler thread looked held while there was "
+                                           "time left in the window to profile it">>};
+                Hot -> (maps:remove(perf_skipped, H))#{
+                           whole_perf => perf(OsPid, [T || {T, _} <- Hot], Secs),
+                           perf_tids => [T || {T, _} <- Hot],
+                           perf_names => [N || {_, N} <- Hot]}
             end;
         false ->
-            H
+            H#{perf_skipped => maps:get(perf_skipped, H, <<"too little of the window was left">>)}
     end.
 
 %% @doc Whether perf runs (`arm/1' found held threads).
@@ -158,6 +180,60 @@ explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
 -spec reserve(handle()) -> ok.
 reserve(#{sampler := S}) ->
     beamdiag_host_view:pause(S).
+
+%% @doc The node answered and its agent made the diagnosis: when perf ran
+%% on scheduler threads the host view found held (`arm/2'), its samples
+%% of those threads join the capture (`extras.held_perf': the threads and
+%% perf's top symbols, or why perf could not name them) and the diagnosis
+%% is analysed again, so that `scheduler_held_native' names the native
+%% code; perf is waited for until the report is due. The view is dropped.
+-spec held(handle(), beamdiag:diagnosis()) -> beamdiag:diagnosis().
+held(H = #{whole_perf := Run, ready_by := ReadyBy}, D = #{capture := C}) ->
+    Tids = maps:get(perf_tids, H, []),
+    Perf = case perf_result(Run, ReadyBy) of
+               {ok, Script, _} -> {ok, beamdiag_host_rules:perf_top(Script, Tids)};
+               {error, Why} -> {error, Why}
+           end,
+    ok = cancel(maps:remove(whole_perf, H)),
+    Extras = maps:get(extras, C, #{}),
+    Held = #{tids => Tids, perf => Perf},
+    %% A word on what perf saw when it names no NIF holding the threads.
+    Notes = maps:get(notes, C, []) ++
+        case beamdiag_host_rules:held_findings(maps:get(ledger, D), Perf) of
+            [] -> held_note(Perf, maps:get(perf_names, H, []));
+            _ -> []
+        end,
+    D#{capture := C#{extras => Extras#{held_perf => Held}, notes => Notes}};
+held(H, D) ->
+    ok = cancel(H),
+    D.
+
+%% What perf said of the threads that looked held, when it names no
+%% native code that holds them (`scheduler_held_native' says it when it
+%% does).
+held_note({ok, #{samples := N, top := [#{symbol := Sym, dso := Dso, share := Sh} | _]}}, Names) ->
+    [iolist_to_binary(
+       io_lib:format("scheduler thread~s ~ts wanted a CPU the whole time without sleeping; perf "
+                     "on ~s for a second or two (~b samples): ~ts (~ts) ~b%, so no NIF is "
+                     "named as holding ~s",
+                     [plural(Names), names(Names), them(Names), N, Sym, filename:basename(Dso),
+                      round(100 * Sh), them(Names)]))];
+held_note({ok, _}, _Names) ->
+    [];
+held_note({error, Why}, Names) ->
+    [iolist_to_binary(
+       io_lib:format("scheduler thread~s ~ts wanted a CPU the whole time without sleeping, and "
+                     "perf could not say what ~s ran: ~ts",
+                     [plural(Names), names(Names), them(Names), Why]))].
+
+plural([_]) -> "";
+plural(_) -> "s".
+
+them([_]) -> "it";
+them(_) -> "them".
+
+names(Names) ->
+    lists:join(", ", Names).
 
 %% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.
@@ -211,7 +287,12 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                   _ ->
                       PerfCtx
               end,
-    Ctx = (maps:remove(agent, Context))#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
+    Skipped = case {Perf, maps:find(perf_skipped, H)} of
+                  {none, {ok, Why}} -> #{perf_skipped => Why};
+                  _ -> #{}
+              end,
+    Ctx = (maps:merge(maps:remove(agent, Context), Skipped))#{
+                   os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
                    window_s => D / 1000, perf => PerfTop,
                    process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},

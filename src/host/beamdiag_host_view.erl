@@ -83,7 +83,10 @@ stop(Pid) ->
 -spec sample(file:filename(), pos_integer(), beamdiag_agent_cgroup:location() | {error, term()}) ->
     sample().
 sample(Root, OsPid, Cg) ->
-    Threads = beamdiag_agent_procfs:threads(Root, OsPid, #{status => true}),
+    %% Every sample reads what the threads that are not running wait on
+    %% (the call, and the file behind it when this VM may read the
+    %% node's memory: root, or the node's user).
+    Threads = beamdiag_agent_procfs:threads(Root, OsPid, #{status => true, waits => true}),
     Host = beamdiag_agent_procfs:host(Root),
     CgStat = case Cg of
                  #{dir := _} -> beamdiag_agent_cgroup:read(Cg);
