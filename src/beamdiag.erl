@@ -448,7 +448,10 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                 {{result, {ok, D}}, {answered, H}} ->
                     %% perf's samples of a thread the host saw held, if it
                     %% ran, join the diagnosis.
-                    {ok, reanalysed(beamdiag_host:held(H, D))};
+                    {ok, case beamdiag_host:held(H, D) of
+                             D -> D;
+                             Held -> reanalysed(Held)
+                         end};
                 {_, {_, H}} ->
                     _ = beamdiag_host:cancel(H),
                     result(Result);
