@@ -92,6 +92,32 @@ requested_needs_perf_test() ->
                  ids(beamdiag_host_rules:analyse(C, (unresponsive())#{perf => {ok, Yielding}}))).
 
 
+%% A node that answered: its ledger and perf's samples of the thread the
+%% host saw held. Named when nearly all of them are in one native library
+%% (both sides of the bound); an error or the emulator's code names none.
+held_findings_test() ->
+    L = beamdiag_ledger:build(capture("nif_stuck_samples.term")),
+    [F] = beamdiag_host_rules:held_findings(L, {ok, perf([?HELD_TID])}),
+    ?assertEqual(<<"A scheduler is held in native code: beamdiag_lab_spin_slice">>,
+                 maps:get(title, F)),
+    ?assertEqual([], [E || E <- maps:get(evidence, F),
+                           binary:match(E, <<"did not answer">>) =/= nomatch]),
+    Top = fun(Share) -> {ok, #{samples => 100,
+                               top => [#{symbol => <<"f">>, dso => <<"/x/n.so">>, samples => 97,
+                                         share => Share, native => true}]}}
+          end,
+    ?assertMatch([_], beamdiag_host_rules:held_findings(L, Top(0.97))),
+    ?assertEqual([], beamdiag_host_rules:held_findings(L, Top(0.96))),
+    ?assertEqual([], beamdiag_host_rules:held_findings(L, {error, <<"perf is not installed">>})),
+    ?assertEqual([], beamdiag_host_rules:held_findings(L, {ok, perf([4917])})).
+
+%% Why perf did not run is said.
+perf_skipped_test() ->
+    D = beamdiag_host_rules:analyse(capture("nif_stuck_samples.term"),
+                                    (unresponsive())#{perf_skipped => <<"turned off (--no-perf)">>}),
+    ?assert(lists:any(fun(E) -> binary:match(E, <<"perf was not run: turned off (--no-perf)">>)
+                                    =/= nomatch end, maps:get(evidence, held(D)))).
+
 %% perf shows the emulator's own code on the hot thread: Erlang work, not a NIF.
 emulator_code_is_not_native_test() ->
     Top = perf([4917]),

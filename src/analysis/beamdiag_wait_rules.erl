@@ -260,13 +260,22 @@ dirty_io_finding(All, Rows, Capture, #{window_s := W}, Context) ->
                end,
     Start = window_start(Capture),
     Queued = dirty_io_queue(Capture, maps:get(settings, Capture, #{})),
+    ByVm = [R || {R, vm} <- All],
     Evidence =
-        [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked in the kernel for "
-             "~ts: ~ts", [B, N, span_words(Shortest, W), since_words(Spans, Start)])] ++
+        case Spans of
+            [] ->
+                [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked for ~ts by the "
+                     "VM's account: busy, but neither on a CPU nor waiting for one; what they "
+                     "wait on was not read", [B, N, span_words(Shortest, W)])];
+            _ ->
+                [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked in the kernel "
+                     "for ~ts: ~ts", [B, N, span_words(Shortest, W), since_words(Spans, Start)])]
+        end ++
         call_lines(Spans) ++
-        [fmt("~b more by the VM's account (busy, but neither on a CPU nor waiting for one, "
+        [fmt("~b of them by the VM's account (busy, but neither on a CPU nor waiting for one, "
              "~.1f s or more of the ~.1f s window); what they wait on was not read",
-             [length([x || {_, vm} <- All]), Shortest, W]) || lists:keymember(vm, 2, All)] ++
+             [length(ByVm), lists:min([maps:get(blocked, R) || R <- ByVm]), W])
+         || ByVm =/= [], Spans =/= []] ++
         behind_lines(B, N, Queued) ++
         answer_lines(Context),
     Metrics = maps:merge(#{blocked => B, dirty_io_threads => N, blocked_s => Shortest,
@@ -361,21 +370,16 @@ state_words(<<"D">>) -> ", uninterruptible (state D)";
 state_words(_) -> "".
 
 since_words(Spans, Start) ->
-    case Spans of
-        [] ->
-            "the waits were not read; the VM counted them busy the whole time";
-        _ ->
-            Seen = lists:min([S || #{seen := S} <- Spans]),
-            case lists:all(fun(#{since_start := B}) -> B end, Spans) of
-                true ->
-                    fmt("since before the window began (each seen in the same call at ~b "
-                        "samples of /proc, and not run by the kernel in between)", [Seen]);
-                false ->
-                    Latest = lists:max([F || #{from := F} <- Spans]),
-                    fmt("the last of them since ~.1f s into the window (each seen in the same "
-                        "call at ~b samples of /proc or more, and not run by the kernel in "
-                        "between)", [(Latest - Start) / 1.0e9, Seen])
-            end
+    Seen = lists:min([S || #{seen := S} <- Spans]),
+    case lists:all(fun(#{since_start := B}) -> B end, Spans) of
+        true ->
+            fmt("since before the window began (each seen in the same call at ~b samples of "
+                "/proc, and not run by the kernel in between)", [Seen]);
+        false ->
+            Latest = lists:max([F || #{from := F} <- Spans]),
+            fmt("the last of them since ~.1f s into the window (each seen in the same call at "
+                "~b samples of /proc or more, and not run by the kernel in between)",
+                [(Latest - Start) / 1.0e9, Seen])
     end.
 
 span_words(S, W) when S >= W - 0.05 -> fmt("the whole ~.1f s window", [W]);

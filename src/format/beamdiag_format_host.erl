@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_format_host).
 
--export([header/1, threads/1, summary/1]).
+-export([header/1, threads/1, summary/1, none/0]).
 
 %% Threads listed in the hot-threads table.
 -define(TOP_THREADS, 6).
@@ -76,6 +76,14 @@ threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
     ];
 threads(_) ->
     "THREADS\n  no per-thread figures (see notes)\n\n".
+
+%% @doc The findings line of a host-only report without findings: only
+%% what the host can see is cleared.
+-spec none() -> binary().
+none() ->
+    <<"none from the host: no scheduler thread held or blocked in the kernel, no CPU "
+      "throttling, no memory shortage (busy-waiting, lock waits and the VM's own figures "
+      "cannot be seen from the host)">>.
 
 %% @doc What the JSON report carries about the host-only view.
 -spec summary(beamdiag:diagnosis()) -> map().

@@ -33,7 +33,11 @@ diagnosis(D = #{host_only := true, ledger := L, findings := F}, Opts) ->
     finish(iolist_to_binary([
         beamdiag_format_host:header(D),
         "\n",
-        findings(F, Opts#{colour => false}),
+        case F of
+            %% The host sees neither busy-waiting nor the VM's own figures.
+            [] -> ["FINDINGS\n  ", beamdiag_format_host:none(), "\n"];
+            _ -> findings(F, Opts#{colour => false})
+        end,
         "\n",
         beamdiag_format_host:threads(D),
         notes(L)
