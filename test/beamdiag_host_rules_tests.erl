@@ -97,7 +97,12 @@ requested_needs_perf_test() ->
 %% (both sides of the bound); an error or the emulator's code names none.
 held_findings_test() ->
     L = beamdiag_ledger:build(capture("nif_stuck_samples.term")),
-    [F] = beamdiag_host_rules:held_findings(L, {ok, perf([?HELD_TID])}),
+    Held = fun(Perf) ->
+               beamdiag_host_rules:held_findings(#{threads => maps:get(threads, L),
+                                                   window_s => maps:get(window_s, L),
+                                                   perf => Perf, tids => [?HELD_TID]})
+           end,
+    [F] = Held({ok, perf([?HELD_TID])}),
     ?assertEqual(<<"A scheduler is held in native code: beamdiag_lab_spin_slice">>,
                  maps:get(title, F)),
     ?assertEqual([], [E || E <- maps:get(evidence, F),
@@ -106,10 +111,10 @@ held_findings_test() ->
                                top => [#{symbol => <<"f">>, dso => <<"/x/n.so">>, samples => 97,
                                          share => Share, native => true}]}}
           end,
-    ?assertMatch([_], beamdiag_host_rules:held_findings(L, Top(0.97))),
-    ?assertEqual([], beamdiag_host_rules:held_findings(L, Top(0.96))),
-    ?assertEqual([], beamdiag_host_rules:held_findings(L, {error, <<"perf is not installed">>})),
-    ?assertEqual([], beamdiag_host_rules:held_findings(L, {ok, perf([4917])})).
+    ?assertMatch([_], Held(Top(0.97))),
+    ?assertEqual([], Held(Top(0.96))),
+    ?assertEqual([], Held({error, <<"perf is not installed">>})),
+    ?assertEqual([], Held({ok, perf([4917])})).
 
 %% Why perf did not run is said.
 perf_skipped_test() ->

@@ -27,7 +27,7 @@
 %%% '''
 -module(beamdiag_host_rules).
 
--export([analyse/2, hot_threads/1, perf_top/2, held_findings/2]).
+-export([analyse/2, hot_threads/1, perf_top/2, held_findings/1]).
 
 -export_type([perf_top/0]).
 
@@ -91,15 +91,18 @@ analyse(Capture, Context) ->
       findings => beamdiag_finding:sort(Findings), host_only => true,
       host_view => maps:merge(Context, #{hot => hot_threads(Ledger), settings => Settings})}.
 
-%% @doc `scheduler_held_native' for a node that answered: its agent's
-%% ledger, and perf's samples of the threads the host saw held (`{ok,
-%% perf_top()}' or `{error, Why}'). Named only when perf shows the thread
-%% in a native library for nearly all its samples: a scheduler busy with
-%% Erlang code looks the same from /proc.
--spec held_findings(beamdiag_ledger:ledger(), {ok, perf_top()} | {error, binary()}) ->
+%% @doc `scheduler_held_native' for a node that answered: the host view's
+%% figures of its scheduler threads over the window (`threads',
+%% `window_s') and perf's samples of the threads it saw held (`perf':
+%% `{ok, perf_top()}' or `{error, Why}'), as `beamdiag_host:held/2' puts
+%% them in the capture. Named only when perf shows a held thread in a
+%% native library for nearly all its samples: a scheduler busy with Erlang
+%% code looks the same from /proc.
+-spec held_findings(#{threads := [map()], window_s := float(),
+                      perf := {ok, perf_top()} | {error, binary()}, atom() => term()}) ->
     [beamdiag_finding:finding()].
-held_findings(Ledger, Perf) ->
-    held(Ledger, #{unresponsive => false, perf => Perf}, thresholds()).
+held_findings(#{threads := Rows, window_s := W, perf := Perf}) ->
+    held(#{threads => Rows, window_s => W}, #{unresponsive => false, perf => Perf}, thresholds()).
 
 %% @doc Normal scheduler threads that wanted a CPU (ran, or waited for
 %% one) for nearly the whole window, mostly in user mode, and never went

@@ -487,7 +487,7 @@ extras(Capture, Ledger) ->
     %% perf's samples of the scheduler threads the host saw held while the
     %% node answered (beamdiag_host:held/2).
     Held = case maps:find(held_perf, Extras) of
-               {ok, #{perf := Perf}} -> beamdiag_host_rules:held_findings(Ledger, Perf);
+               {ok, HeldPerf = #{perf := _}} -> beamdiag_host_rules:held_findings(HeldPerf);
                _ -> []
            end,
     Locks ++ Profile ++ Schedules ++ Held.

@@ -183,23 +183,28 @@ reserve(#{sampler := S}) ->
 
 %% @doc The node answered and its agent made the diagnosis: when perf ran
 %% on scheduler threads the host view found held (`arm/2'), its samples
-%% of those threads join the capture (`extras.held_perf': the threads and
-%% perf's top symbols, or why perf could not name them) and the diagnosis
-%% is analysed again, so that `scheduler_held_native' names the native
-%% code; perf is waited for until the report is due. The view is dropped.
+%% of those threads join the capture with the host view's figures of the
+%% node's scheduler threads over the window (`extras.held_perf': threads,
+%% window, and perf's top symbols or why perf could not name them), so
+%% that the analysis (`beamdiag_host_rules:held_findings/1') names the
+%% native code; perf is waited for until the report is due. The view is
+%% dropped. Without perf, the diagnosis as it is.
 -spec held(handle(), beamdiag:diagnosis()) -> beamdiag:diagnosis().
-held(H = #{whole_perf := Run, ready_by := ReadyBy}, D = #{capture := C}) ->
+held(H = #{whole_perf := Run, ready_by := ReadyBy, sampler := S}, D = #{capture := C}) ->
     Tids = maps:get(perf_tids, H, []),
     Perf = case perf_result(Run, ReadyBy) of
                {ok, Script, _} -> {ok, beamdiag_host_rules:perf_top(Script, Tids)};
                {error, Why} -> {error, Why}
            end,
+    Ledger = beamdiag_ledger:build(capture(H, beamdiag_host_view:stop(S), none)),
     ok = cancel(maps:remove(whole_perf, H)),
+    Held = #{tids => Tids, perf => Perf, window_s => maps:get(window_s, Ledger, 0.0),
+             threads => [maps:with([tid, name, type, on_cpu, runq, user, nvcsw], R)
+                         || R = #{type := scheduler} <- maps:get(threads, Ledger, [])]},
     Extras = maps:get(extras, C, #{}),
-    Held = #{tids => Tids, perf => Perf},
     %% A word on what perf saw when it names no NIF holding the threads.
     Notes = maps:get(notes, C, []) ++
-        case beamdiag_host_rules:held_findings(maps:get(ledger, D), Perf) of
+        case beamdiag_host_rules:held_findings(Held) of
             [] -> held_note(Perf, maps:get(perf_names, H, []));
             _ -> []
         end,
