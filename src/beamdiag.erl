@@ -408,6 +408,15 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             await(W#{stage := loaded, view := answered(View)});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
+        {beamdiag_host, _, _} = PerfDone when View =/= none ->
+            %% perf on the held threads finished: kept for the report, and
+            %% told to the view (a node whose agent is too slow to answer
+            %% is explained by a scheduler perf shows held).
+            {Kind, H0} = View,
+            case beamdiag_host:perf_done(H0, PerfDone) of
+                ignore -> await(W);
+                H1 -> await(W#{view := {Kind, H1}})
+            end;
         {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
             %% The node answered, but its agent's first two samples had not
             %% come when the report was due: the host view makes it, with

@@ -81,8 +81,9 @@ dirty_io_host_only(Config) ->
     Lab = ?config(lab, Config),
     N = blocked_signal(Lab),
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    {Code, Out, Err, Ms} = cli(["diagnose", Node, "--duration", integer_to_list(?WINDOW)],
-                               beamdiag_lab:cookie(Lab)),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--duration", integer_to_list(?WINDOW)],
+                             beamdiag_lab:cookie(Lab)),
     ct:pal("exit ~b in ~b ms~n~ts~ts", [Code, Ms, Out, Err]),
     ?assertEqual(0, Code),
     ?assertMatch({_, _}, re:run(Out, <<"the node did not answer in [0-9.]+ s; host-side only">>)),
@@ -99,10 +100,11 @@ dirty_io_host_only(Config) ->
 dirty_io_answers(Config) ->
     Lab = ?config(lab, Config),
     N = blocked_signal(Lab),
-    ?assertEqual(pong, ping(Lab)),
+    ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    {Code, Out, Err, Ms} = cli(["diagnose", Node, "--json", "--duration", integer_to_list(?WINDOW)],
-                               beamdiag_lab:cookie(Lab)),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--json", "--duration", integer_to_list(?WINDOW)],
+                             beamdiag_lab:cookie(Lab)),
     ct:pal("exit ~b in ~b ms~n~ts~ts", [Code, Ms, Out, Err]),
     ?assertEqual(0, Code),
     J = beamdiag_test_json:decode(Out),
@@ -124,17 +126,18 @@ held_nif_answers(Config) ->
     Lab = ?config(lab, Config),
     %% Raw signal: the held thread wanted a CPU 90% of 2 s or more, mostly
     %% in user mode, never slept; and the node answers.
-    L = ledger(Lab, 2000),
+    L = beamdiag_test_lib:lab_ledger(Lab, 2000),
     W = maps:get(window_s, L),
     Held = [Name || #{type := scheduler, name := Name, on_cpu := On, runq := Q, user := U,
                       nvcsw := V} <- maps:get(threads, L),
                     (On + Q) / W >= 0.9, U / max(1.0e-9, On) >= 0.9, V =< 2],
     ct:pal("held scheduler threads: ~p", [Held]),
     ?assertMatch([_], Held),
-    ?assertEqual(pong, ping(Lab)),
+    ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    {Code, Out, Err, Ms} = cli(["diagnose", Node, "--json", "--duration", "5"],
-                               beamdiag_lab:cookie(Lab)),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--json", "--duration", "5"],
+                             beamdiag_lab:cookie(Lab)),
     ct:pal("exit ~b in ~b ms~n~ts", [Code, Ms, Err]),
     ?assertEqual(0, Code),
     J = beamdiag_test_json:decode(Out),
@@ -195,33 +198,6 @@ dirty_io_report(Text, N) ->
               <<"since before the window began">>, <<"wait_for_partner">>,
               <<"code loading">>]].
 
-ledger(Lab, Ms) ->
-    S = beamdiag_host_view:start(list_to_integer(maps:get(os_pid, Lab)), #{}),
-    timer:sleep(Ms),
-    Samples = beamdiag_host_view:stop(S),
-    beamdiag_ledger:build(#{samples => Samples, settings => beamdiag_host_view:settings(Samples)}).
-
-ping(Lab) ->
-    _ = case node() of
-            nonode@nohost ->
-                net_kernel:start(list_to_atom("beamdiag_sickwait_" ++ os:getpid()),
-                                 #{name_domain => shortnames, hidden => true});
-            _ -> ok
-        end,
-    Node = beamdiag_lab:node(Lab),
-    true = erlang:set_cookie(Node, beamdiag_lab:cookie(Lab)),
-    R = net_adm:ping(Node),
-    _ = erlang:disconnect_node(Node),
-    R.
-
-%% The CLI in this VM: {ExitCode, Stdout, Stderr, Milliseconds}.
-cli(Args, Cookie) ->
-    os:putenv("BEAMDIAG_COOKIE", atom_to_list(Cookie)),
-    T0 = erlang:monotonic_time(millisecond),
-    {Code, Out, Err} = beamdiag_test_lib:cli(Args),
-    Ms = erlang:monotonic_time(millisecond) - T0,
-    os:unsetenv("BEAMDIAG_COOKIE"),
-    {Code, Out, Err, Ms}.
 
 on_time(Ms) ->
     on_time(Ms, ?WINDOW).

@@ -268,7 +268,8 @@ path(Fd, Addr, Acc) ->
         {ok, Bin} ->
             case binary:split(Bin, <<0>>) of
                 [Head, _] -> done(<<Acc/binary, Head/binary>>);
-                [Head] when byte_size(Bin) =:= Len -> path(Fd, Addr + Len, <<Acc/binary, Head/binary>>);
+                [Head] when byte_size(Bin) =:= Len ->
+                    path(Fd, Addr + Len, <<Acc/binary, Head/binary>>);
                 _ -> error
             end;
         _ ->
@@ -290,11 +291,7 @@ small(Path) ->
     read(Path, ?MAX_SMALL).
 
 read(Path, Max) ->
-    case prim_file:read_file(Path) of
-        {ok, B} when byte_size(B) =< Max -> {ok, B};
-        {ok, _} -> {error, too_large};
-        {error, _} = E -> E
-    end.
+    element(1, beamdiag_agent_file:read(Path, Max, beamdiag_agent_file:none())).
 
 above(<<"/">>, _) -> true;
 above(Point, Path) ->

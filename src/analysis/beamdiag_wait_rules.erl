@@ -327,11 +327,18 @@ groups(Spans) ->
 
 call_lines(Spans) ->
     [begin
-         #{wait := #{wchan := Wchan, state := State}} = hd(Ss),
-         fmt("~b in ~ts~ts~ts; kernel wait ~ts~ts", [length(Ss), call_words(Call), file_words(File),
-                                                   mount_words(Mount), wchan_words(Wchan),
-                                                   state_words(State)])
-     end || {{Call, File, Mount}, Ss} <- groups(Spans)].
+         #{wait := Wt} = hd(Ss),
+         fmt("~b in ~ts; kernel wait ~ts", [length(Ss), wait_words(Wt), kernel_words(Wt)])
+     end || {_, Ss} <- groups(Spans)].
+
+%% The call, its file and the file's mount, in words.
+wait_words(Wt) ->
+    [call_words(maps:get(call, Wt)), file_words(maps:get(file, Wt, none)),
+     mount_words(maps:get(mount, Wt, none))].
+
+%% The kernel function, and the state when it is uninterruptible.
+kernel_words(#{wchan := Wchan, state := State}) ->
+    [wchan_words(Wchan), state_words(State)].
 
 call_words(none) -> "a kernel wait outside a system call, or one this host may not read";
 call_words(Call) -> [Call, "(2)"].
@@ -436,11 +443,9 @@ host_blocking(Ledger = #{window_s := W}, Spans, Context) when W > 0 ->
             Shortest = lists:min([span_s(S) || {_, S} <- Rows]),
             Normal = length([x || {#{type := scheduler}, _} <- Rows]),
             Evidence =
-                [fmt("~ts (thread ~b) sat blocked in ~ts~ts~ts for ~ts (kernel wait ~ts~ts; "
-                     "seen there at ~b samples of /proc, not run in between)",
-                     [Name, Tid, call_words(maps:get(call, Wt)), file_words(maps:get(file, Wt, none)),
-                      mount_words(maps:get(mount, Wt, none)), span_words(span_s(S), W),
-                      wchan_words(maps:get(wchan, Wt)), state_words(maps:get(state, Wt)), Seen])
+                [fmt("~ts (thread ~b) sat blocked in ~ts for ~ts (kernel wait ~ts; seen there at "
+                     "~b samples of /proc, not run in between)",
+                     [Name, Tid, wait_words(Wt), span_words(span_s(S), W), kernel_words(Wt), Seen])
                  || {#{name := Name, tid := Tid}, S = #{wait := Wt, seen := Seen}} <- Rows] ++
                 [<<"a normal scheduler blocked in the kernel runs no Erlang process: those "
                    "queued on it wait, and work that needs every scheduler stalls">>
@@ -461,7 +466,8 @@ host_blocking(_, _, _) ->
 %% Lines for the agent's scheduler_blocking: each thread of these types
 %% that some sample saw in a blocking call, with the call and file.
 seen_lines(#{samples := Samples}, #{threads := Rows}, Types) ->
-    Tids = [{Tid, Name} || #{type := Ty, tid := Tid, name := Name} <- Rows, lists:member(Ty, Types)],
+    Tids = [{Tid, Name} || #{type := Ty, tid := Tid, name := Name} <- Rows,
+                           lists:member(Ty, Types)],
     Read = [Th || #{threads := Th} <- Samples, is_map(Th)],
     lists:append(
       [begin
@@ -472,11 +478,9 @@ seen_lines(#{samples := Samples}, #{threads := Rows}, Types) ->
                [] ->
                    [];
                [Wt | _] ->
-                   [fmt("~ts was in ~ts~ts~ts at ~b of the ~b samples that read what it waits "
-                        "on (kernel wait ~ts)",
-                        [Name, call_words(maps:get(call, Wt)), file_words(maps:get(file, Wt, none)),
-                         mount_words(maps:get(mount, Wt, none)), length(Waits), Looked,
-                         wchan_words(maps:get(wchan, Wt))])]
+                   [fmt("~ts was in ~ts at ~b of the ~b samples that read what it waits on "
+                        "(kernel wait ~ts)",
+                        [Name, wait_words(Wt), length(Waits), Looked, kernel_words(Wt)])]
            end
        end || {Tid, Name} <- Tids]);
 seen_lines(_, _, _) ->

@@ -21,7 +21,7 @@
 -module(beamdiag_host).
 
 -export([diagnose/2, start/2, arm/1, arm/2, armed/1, finish/2, late/2, explains/1, reserve/1,
-         held/2, cancel/1, format_error/1]).
+         perf_done/2, held/2, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -44,7 +44,9 @@
     perf_tids => [integer()],
     perf_names => [binary()],
     %% Why perf did not run, when it did not.
-    perf_skipped => binary()
+    perf_skipped => binary(),
+    %% perf's result, once its message came (`perf_done/2').
+    perf_result => {ok, binary(), [integer()]} | {error, binary()}
 }.
 
 -define(PERF_HZ, 199).
@@ -123,7 +125,8 @@ arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D}, Opts) ->
         true ->
             Samples = beamdiag_host_view:snapshot(S),
             Ledger = beamdiag_ledger:build(capture(H, Samples, none)),
-            case [{Tid, Name} || #{tid := Tid, name := Name} <- beamdiag_host_rules:hot_threads(Ledger)] of
+            Hot0 = beamdiag_host_rules:hot_threads(Ledger),
+            case [{Tid, Name} || #{tid := Tid, name := Name} <- Hot0] of
                 [] -> H#{perf_skipped => <<"no scheduler thread looked held while there was "
                                            "time left in the window to profile it">>};
                 Hot -> (maps:remove(perf_skipped, H))#{
@@ -162,7 +165,8 @@ late(H, Context) ->
 %% a report made from it now (`late/2') names the cause: its OS process is
 %% stopped or gone, or the host's rules find something at warning or
 %% above (a cgroup quota that throttles it, the kernel taking its time, a
-%% held scheduler thread). Takes one sample now (a few milliseconds).
+%% scheduler thread perf showed held in native code, dirty IO schedulers
+%% blocked in the kernel). Takes one sample now (a few milliseconds).
 -spec explains(handle()) -> boolean().
 explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
     case process_state(Root, OsPid) of
@@ -170,7 +174,8 @@ explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
             true;
         _ ->
             Capture = capture(H, beamdiag_host_view:snapshot(S), none),
-            #{findings := F} = beamdiag_host_rules:analyse(Capture, #{perf => none}),
+            Perf = maps:get(held_perf, beamdiag_host_view:told(S), none),
+            #{findings := F} = beamdiag_host_rules:analyse(Capture, #{perf => Perf}),
             lists:any(fun(Finding) -> beamdiag_finding:at_least(Finding, warning) end, F)
     end.
 
@@ -190,9 +195,9 @@ reserve(#{sampler := S}) ->
 %% native code; perf is waited for until the report is due. The view is
 %% dropped. Without perf, the diagnosis as it is.
 -spec held(handle(), beamdiag:diagnosis()) -> beamdiag:diagnosis().
-held(H = #{whole_perf := Run, ready_by := ReadyBy, sampler := S}, D = #{capture := C}) ->
+held(H = #{whole_perf := _, sampler := S}, D = #{capture := C}) ->
     Tids = maps:get(perf_tids, H, []),
-    Perf = case perf_result(Run, ReadyBy) of
+    Perf = case perf_result(H) of
                {ok, Script, _} -> {ok, beamdiag_host_rules:perf_top(Script, Tids)};
                {error, Why} -> {error, Why}
            end,
@@ -213,32 +218,39 @@ held(H, D) ->
     ok = cancel(H),
     D.
 
-%% What perf said of the threads that looked held, when it names no
-%% native code that holds them (`scheduler_held_native' says it when it
-%% does).
+%% What perf said of the threads that looked held, when no
+%% `scheduler_held_native' is made of it.
 held_note({ok, #{samples := N, top := [#{symbol := Sym, dso := Dso, share := Sh} | _]}}, Names) ->
     [iolist_to_binary(
-       io_lib:format("scheduler thread~s ~ts wanted a CPU the whole time without sleeping; perf "
-                     "on ~s for a second or two (~b samples): ~ts (~ts) ~b%, so no NIF is "
-                     "named as holding ~s",
-                     [plural(Names), names(Names), them(Names), N, Sym, filename:basename(Dso),
-                      round(100 * Sh), them(Names)]))];
+       io_lib:format("perf on the scheduler thread(s) that looked held (~ts) for a second or two, "
+                     "~b samples: ~ts (~ts) ~b%; scheduler_held_native needs the thread held "
+                     "over the window (a CPU wanted 90% of it, never sleeping) and 97% of its "
+                     "samples in one native library",
+                     [lists:join(", ", Names), N, Sym, filename:basename(Dso), round(100 * Sh)]))];
 held_note({ok, _}, _Names) ->
     [];
 held_note({error, Why}, Names) ->
     [iolist_to_binary(
-       io_lib:format("scheduler thread~s ~ts wanted a CPU the whole time without sleeping, and "
-                     "perf could not say what ~s ran: ~ts",
-                     [plural(Names), names(Names), them(Names), Why]))].
+       io_lib:format("perf could not say what the scheduler thread(s) that looked held (~ts) "
+                     "ran: ~ts", [lists:join(", ", Names), Why]))].
 
-plural([_]) -> "";
-plural(_) -> "s".
-
-them([_]) -> "it";
-them(_) -> "them".
-
-names(Names) ->
-    lists:join(", ", Names).
+%% @doc perf's message came to the process that armed it, before the
+%% report needed it: the result is kept in the handle for the report, and
+%% perf's top symbols of the held threads go to the view, where
+%% `explains/1' reads them (a scheduler perf shows held by native code
+%% explains a node too slow to answer). Other messages: `ignore'.
+-spec perf_done(handle(), term()) -> handle() | ignore.
+perf_done(H = #{whole_perf := {Pid, MRef, _}, sampler := S}, {?MODULE, Pid, R}) ->
+    erlang:demonitor(MRef, [flush]),
+    _ = case R of
+            {ok, Script, Tids = [_ | _]} ->
+                beamdiag_host_view:tell(S, held_perf, {ok, beamdiag_host_rules:perf_top(Script, Tids)});
+            _ ->
+                ok
+        end,
+    H#{perf_result => R};
+perf_done(_H, _Msg) ->
+    ignore.
 
 %% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.
@@ -266,12 +278,12 @@ format_error({perf_crashed, Why}) ->
 
 %% Waits for the end of the window, then for perf (until the report is
 %% due), and analyses.
-window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Context) ->
+window(H = #{sampler := S, t0 := T0, duration_ms := D}, Context) ->
     wait_until(T0 + D, H),
     Samples = beamdiag_host_view:stop(S),
-    Perf = case maps:find(whole_perf, H) of
-               {ok, Run} -> perf_result(Run, ReadyBy);
-               error -> none
+    Perf = case maps:is_key(whole_perf, H) of
+               true -> perf_result(H);
+               false -> none
            end,
     {PerfCtx, Tids} = case Perf of
                           {ok, Script0, Ts} -> {{script, Script0}, Ts};
@@ -411,6 +423,13 @@ perf(OsPid, Tids, Secs) ->
 %% report is due. None when less than 2.5 s is left.
 perf_seconds(LeftMs) when LeftMs < 2500 -> 0;
 perf_seconds(LeftMs) -> max(1, (LeftMs - 2000) div 1000).
+
+%% perf's result: kept by `perf_done/2', or waited for until the report
+%% is due.
+perf_result(#{perf_result := R}) ->
+    R;
+perf_result(#{whole_perf := Run, ready_by := ReadyBy}) ->
+    perf_result(Run, ReadyBy).
 
 perf_result({Pid, MRef, Dir}, ReadyBy) ->
     Wait = case ReadyBy of
