@@ -172,7 +172,13 @@ call(error, _) -> unknown.
 %% The file behind each call's argument, and its mount (mountinfo read
 %% once, only when a file was found).
 resolve(P, Waits, Arch) ->
-    Mem = memory_reader(P),
+    %% The memory is opened only when a call has a path argument.
+    Paths = [x || #{call := #{nr := Nr}} <- maps:values(Waits),
+                  path_target(element(2, syscall(Arch, Nr)))],
+    Mem = case Paths of
+              [] -> none;
+              _ -> memory_reader(P)
+          end,
     Files = maps:map(fun(Tid, W = #{call := #{nr := Nr, args := Args}}) ->
                              case file(P, Tid, element(2, syscall(Arch, Nr)), Args, Mem) of
                                  {ok, F} -> W#{file => F};
@@ -199,6 +205,10 @@ resolve(P, Waits, Arch) ->
                              W
                      end, Files)
     end.
+
+path_target({path, _}) -> true;
+path_target({at, _, _}) -> true;
+path_target(_) -> false.
 
 file(P, _Tid, {fd, I}, Args, _Mem) ->
     fd_link(P, int32(lists:nth(I, Args)));
