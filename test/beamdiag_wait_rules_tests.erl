@@ -199,9 +199,8 @@ idle_and_uninterruptible_test() ->
     ?assertEqual([], analyse(capture(W, node(2, 2, fun(T, _) ->
         th(name(T - 100), <<"S">>, 7000, 2, #{wchan => <<"0">>, call => unknown}) end)))).
 
-%% The agent reads the waits on its first and last ticks only: a thread
-%% seen in the same call at both, its counters unchanged between, was
-%% blocked the whole window.
+%% Waits read at the window's ends only: a thread seen in the same call
+%% at both, its counters unchanged between, was blocked the whole window.
 agent_ends_test() ->
     W = lists:seq(0, 5),
     Ends = fun(T, I) when I =:= 1; I =:= 6 -> blocked(T);
@@ -223,9 +222,21 @@ vm_account_test() ->
             end || R <- maps:get(threads, L0)],
     [F] = beamdiag_wait_rules:findings(C, L0#{threads := Rows}, #{}),
     ?assertMatch(#{metrics := #{blocked := 2}, severity := warning}, F),
-    ?assertMatch([<<"2 of the node's 4 dirty IO scheduler threads sat blocked for 4.5 s of "
-                    "the 5.0 s window or more by the VM's account", _/binary>> | _],
+    ?assertMatch([<<"2 of the node's 4 dirty IO scheduler threads sat blocked for 4.5 s or "
+                    "more of the 5.0 s window by the VM's account", _/binary>> | _],
                  maps:get(evidence, F)),
+    %% The agent reads the waits on its last tick: the call they sat in
+    %% then is named beside the VM's account.
+    Last = capture([0, 5], node(4, 2, fun(T, 2) -> blocked(T);
+                                        (T, _) -> maps:remove(wait, blocked(T))
+                                     end)),
+    [FL] = beamdiag_wait_rules:findings(Last, L0#{threads := Rows}, #{}),
+    ?assertMatch(#{metrics := #{blocked := 2, call := <<"openat">>, file := <<"/mnt/nfs/f">>}},
+                 FL),
+    ?assertMatch([<<"2 of the node's 4 dirty IO scheduler threads sat blocked for 4.5 s or more "
+                    "of the 5.0 s window by the VM's account: busy, but neither on a CPU nor "
+                    "waiting for one; what they sat in at the window's end:">>,
+                  <<"2 in openat(2) of /mnt/nfs/f", _/binary>> | _], maps:get(evidence, FL)),
     %% Under most of the window: nothing.
     Rows2 = [case R of #{type := dirty_io} -> R#{blocked => 3.9}; _ -> R end
              || R <- maps:get(threads, L0)],

@@ -186,9 +186,11 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     %% without its quota, and no load (see beamdiag_agent_procfs:tick_threads/4):
     %% the window's ends are read whole.
     Previous = maps:get(previous, State, #{}),
-    %% What the threads wait on in the kernel, on the ticks that read the
-    %% status files (the window's ends).
-    ThreadOpts0 = #{status => Status, deadline => Deadline, previous => Previous, waits => true},
+    %% What the threads wait on in the kernel, on the last tick only (a
+    %% dirty IO round trip a read: on a starved node the first tick would
+    %% come seconds later), within the tick's deadline.
+    ThreadOpts0 = #{status => Status, deadline => Deadline, previous => Previous,
+                    waits => maps:get(status, State, false)},
     ThreadOpts = case {maps:get(active, State, undefined), maps:get(process_cpu, State, undefined)} of
                      {Active, Before} when is_list(Active), is_integer(Before) ->
                          ThreadOpts0#{active => Active, process => Before};

@@ -349,9 +349,10 @@ format_error(Other) ->
 %%%===================================================================
 
 %% The waits of the threads that are not running, with `waits'.
-waits(Root, Pid, Threads, #{waits := true}) ->
+waits(Root, Pid, Threads, Opts = #{waits := true}) ->
     Waiting = [Tid || {Tid, #{state := St}} <- maps:to_list(Threads), St =/= <<"R">>],
-    Waits = beamdiag_agent_waits:read(Root, Pid, lists:sort(Waiting), #{}),
+    Waits = beamdiag_agent_waits:read(Root, Pid, lists:sort(Waiting),
+                                      maps:with([deadline], Opts)),
     maps:map(fun(Tid, T) ->
                      case maps:find(Tid, Waits) of
                          {ok, W} -> T#{wait => W};
@@ -361,8 +362,8 @@ waits(Root, Pid, Threads, #{waits := true}) ->
 waits(_Root, _Pid, Threads, _Opts) ->
     Threads.
 
-%% A tick reads the waits when it reads the status file (the window's
-%% ends).
+%% A tick reads the waits when asked and it reads the status file (the
+%% agent asks on the window's last tick).
 tick_waits(Root, Pid, Threads, Opts = #{status := true}) ->
     waits(Root, Pid, Threads, Opts);
 tick_waits(_Root, _Pid, Threads, _Opts) ->

@@ -25,7 +25,11 @@
 %%% '''
 -module(beamdiag_agent_waits).
 
--export([read/4, parse_syscall/1, parse_mountinfo/1, mount_of/2, syscall/2, arch/0]).
+-export([read/4]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([parse_syscall/1, parse_mountinfo/1, mount_of/2, syscall/2]).
+-endif.
 
 -export_type([wait/0, call/0, mount/0]).
 
@@ -58,33 +62,43 @@
 
 %% @doc The waits of the threads Tids of OS process Pid under /proc root
 %% Root (at most 1024), by thread id; a thread that has gone is left out.
-%% Options: `arch' (the system architecture, as
+%% Options: `deadline' (monotonic milliseconds: the threads not read by
+%% then are left out, and no file is resolved), `arch' (the system architecture, as
 %% `erlang:system_info(system_architecture)' gives it; this VM's by
 %% default), `resolve' (true: the file behind the call's argument and its
 %% mount, for calls that have one).
 -spec read(file:filename(), string() | integer(), [integer()],
-           #{arch => string(), resolve => boolean()}) -> #{integer() => wait()}.
+           #{arch => string(), resolve => boolean(), deadline => integer() | infinity}) ->
+    #{integer() => wait()}.
 read(Root, Pid, Tids, Opts) ->
     P = filename:join(Root, to_list(Pid)),
     Arch = maps:get(arch, Opts, arch()),
     Resolve = maps:get(resolve, Opts, true),
-    Waits = lists:foldl(
-              fun(Tid, Acc) ->
-                      Dir = filename:join([P, "task", integer_to_list(Tid)]),
-                      case small(filename:join(Dir, "wchan")) of
-                          {ok, W} ->
-                              Call = case small(filename:join(Dir, "syscall")) of
-                                         {ok, S} -> call(parse_syscall(S), Arch);
-                                         {error, _} -> unknown
-                                     end,
-                              Acc#{Tid => #{wchan => clean(W), call => Call}};
-                          {error, _} ->
-                              Acc
-                      end
-              end, #{}, lists:sublist(Tids, ?MAX_THREADS)),
-    case Resolve of
+    Deadline = maps:get(deadline, Opts, infinity),
+    %% Within the deadline: the threads not read by then are left out.
+    Waits = lists:foldl(fun(Tid, Acc) ->
+                                case in_time(Deadline) of
+                                    true -> read_one(P, Tid, Arch, Acc);
+                                    false -> Acc
+                                end
+                        end, #{}, lists:sublist(Tids, ?MAX_THREADS)),
+    case Resolve andalso in_time(Deadline) of
         true -> resolve(P, Waits, Arch);
         false -> Waits
+    end.
+
+%% One thread's wchan and system call.
+read_one(P, Tid, Arch, Acc) ->
+    Dir = filename:join([P, "task", integer_to_list(Tid)]),
+    case small(filename:join(Dir, "wchan")) of
+        {ok, W} ->
+            Call = case small(filename:join(Dir, "syscall")) of
+                       {ok, S} -> call(parse_syscall(S), Arch);
+                       {error, _} -> unknown
+                   end,
+            Acc#{Tid => #{wchan => clean(W), call => Call}};
+        {error, _} ->
+            Acc
     end.
 
 %% @doc Parses /proc/PID/task/TID/syscall: "NR ARG1 .. ARG6 SP PC" (hex
@@ -153,8 +167,10 @@ syscall(Arch, Nr) ->
         false -> {iolist_to_binary(["syscall ", integer_to_list(Nr)]), none}
     end.
 
-%% @doc This VM's system architecture.
--spec arch() -> string().
+in_time(infinity) -> true;
+in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
+
+%% This VM's system architecture.
 arch() ->
     erlang:system_info(system_architecture).
 

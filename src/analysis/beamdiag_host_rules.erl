@@ -112,7 +112,8 @@ held_findings(#{threads := Rows, window_s := W, perf := Perf}) ->
 %% @doc Normal scheduler threads that wanted a CPU (ran, or waited for
 %% one) for nearly the whole window, mostly in user mode, and never went
 %% to sleep, hottest first.
--spec hot_threads(beamdiag_ledger:ledger()) -> [beamdiag_ledger:row()].
+%% A ledger, or its scheduler rows alone (`held_findings/1').
+-spec hot_threads(#{threads := [map()], window_s := number(), atom() => term()}) -> [map()].
 hot_threads(#{threads := Rows, window_s := W}) when W > 0 ->
     #{held_wanted_share := WantedMin, held_user_share := UserMin,
       held_sleeps_per_s := SleepsMax} = thresholds(),

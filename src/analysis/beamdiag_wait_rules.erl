@@ -31,7 +31,11 @@
 %%% '''
 -module(beamdiag_wait_rules).
 
--export([findings/3, host_findings/3, annotate/3, spans/1, thresholds/0]).
+-export([findings/3, host_findings/3, annotate/3]).
+%% Called by the tests only.
+-ifdef(TEST).
+-export([spans/1, thresholds/0]).
+-endif.
 
 -export_type([span/0]).
 
@@ -233,9 +237,12 @@ dirty_io(Capture, Ledger = #{window_s := W}, Spans, Context) when W > 0 ->
     Least = map_get(blocked_share, thresholds()) * W,
     Blocked = [{R, S} || R = #{tid := Tid} <- Rows, S <- [maps:get(Tid, Spans, none)],
                          S =/= none, span_s(S) >= Least],
-    ByVm = [{R, vm} || R = #{tid := Tid, blocked := B} <- Rows, is_number(B), B >= Least,
-                       not lists:keymember(R, 1, Blocked), not maps:is_key(Tid, Spans),
-                       not seen_running(Tid, Capture)],
+    %% The VM's account, for threads whose waits were not read long enough
+    %% (the agent reads them at the window's end): with the call they were
+    %% last seen in, if any.
+    ByVm = [{R, {vm, maps:get(Tid, Spans, none)}}
+            || R = #{tid := Tid, blocked := B} <- Rows, is_number(B), B >= Least,
+               not lists:keymember(R, 1, Blocked), not seen_running(Tid, Capture)],
     case Blocked ++ ByVm of
         [] -> [];
         All -> [dirty_io_finding(All, Rows, Capture, Ledger, Context)]
@@ -253,34 +260,31 @@ seen_running(Tid, #{samples := Samples}) ->
 dirty_io_finding(All, Rows, Capture, #{window_s := W}, Context) ->
     N = max(length(Rows), length(All)),
     B = length(All),
+    %% Seen blocked from /proc over the window; by the VM's account.
     Spans = [S || {_, S = #{}} <- All],
-    Shortest = case Spans of
-                   [] -> lists:min([maps:get(blocked, R) || {R, vm} <- All]);
-                   _ -> lists:min([span_s(S) || S <- Spans])
-               end,
+    ByVm = [R || {R, {vm, _}} <- All],
+    %% The calls: of both, the VM's ones as last seen.
+    Calls = Spans ++ [S || {_, {vm, S = #{}}} <- All],
+    Shortest = lists:min([span_s(S) || S <- Spans] ++ [maps:get(blocked, R) || R <- ByVm]),
     Start = window_start(Capture),
     Queued = dirty_io_queue(Capture, maps:get(settings, Capture, #{})),
-    ByVm = [R || {R, vm} <- All],
     Evidence =
-        case Spans of
-            [] ->
-                [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked for ~ts by the "
-                     "VM's account: busy, but neither on a CPU nor waiting for one; what they "
-                     "wait on was not read", [B, N, span_words(Shortest, W)])];
-            _ ->
-                [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked in the kernel "
-                     "for ~ts: ~ts", [B, N, span_words(Shortest, W), since_words(Spans, Start)])]
-        end ++
-        call_lines(Spans) ++
-        [fmt("~b of them by the VM's account (busy, but neither on a CPU nor waiting for one, "
-             "~.1f s or more of the ~.1f s window); what they wait on was not read",
-             [length(ByVm), lists:min([maps:get(blocked, R) || R <- ByVm]), W])
-         || ByVm =/= [], Spans =/= []] ++
+        [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked in the kernel for "
+             "~ts: ~ts", [length(Spans), N, span_words(lists:min([span_s(S) || S <- Spans]), W),
+                          since_words(Spans, Start)]) || Spans =/= []] ++
+        [fmt("~b of the node's ~b dirty IO scheduler threads sat blocked for ~.1f s or more of "
+             "the ~.1f s window by the VM's account: busy, but neither on a CPU nor waiting for "
+             "one~ts", [length(ByVm), N, lists:min([maps:get(blocked, R) || R <- ByVm]), W,
+                        case length(ByVm) =:= length(Calls) - length(Spans) of
+                            true -> "; what they sat in at the window's end:";
+                            false -> ""
+                        end]) || ByVm =/= []] ++
+        call_lines(Calls) ++
         behind_lines(B, N, Queued) ++
         answer_lines(Context),
     Metrics = maps:merge(#{blocked => B, dirty_io_threads => N, blocked_s => Shortest,
                            window_s => W},
-                         main_call(Spans)),
+                         main_call(Calls)),
     Figures = [fig(window_s, W, wall_s, #{scope => window}),
                fig(blocked_s, Shortest, wall_s, #{part_of => window_s}),
                fig(blocked_threads, B, count), fig(dirty_io_threads, N, count),
@@ -291,7 +295,7 @@ dirty_io_finding(All, Rows, Capture, #{window_s := W}, Context) ->
                    false -> warning
                end,
     beamdiag_finding:new(dirty_io_blocked, Severity, Evidence, Metrics,
-                         #{figures => Figures, title => title(B, N, Spans)}).
+                         #{figures => Figures, title => title(B, N, Calls)}).
 
 title(B, N, Spans) ->
     Which = case B >= N of
@@ -425,9 +429,7 @@ dirty_io_queue(#{samples := Samples}, Settings) ->
     case [Q || #{vm := #{run_queues := Q}} <- lists:reverse(Samples), length(Q) =:= S + 2] of
         [Q | _] -> lists:last(Q);
         [] -> none
-    end;
-dirty_io_queue(_, _) ->
-    none.
+    end.
 
 %% The host's scheduler_blocking: normal and dirty CPU scheduler threads
 %% blocked in one call for most of the window.

@@ -224,8 +224,8 @@ held_note({ok, #{samples := N, top := [#{symbol := Sym, dso := Dso, share := Sh}
     [iolist_to_binary(
        io_lib:format("perf on the scheduler thread(s) that looked held (~ts) for a second or two, "
                      "~b samples: ~ts (~ts) ~b%; scheduler_held_native needs the thread held "
-                     "over the window (a CPU wanted 90% of it, never sleeping) and 97% of its "
-                     "samples in one native library",
+                     "over the window (a CPU wanted 90% of it, never sleeping) and its samples "
+                     "in one native library above a yielding NIF's 90% with 95% confidence",
                      [lists:join(", ", Names), N, Sym, filename:basename(Dso), round(100 * Sh)]))];
 held_note({ok, _}, _Names) ->
     [];

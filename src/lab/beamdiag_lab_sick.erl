@@ -31,9 +31,9 @@
 
 -export([scenarios/0, prepare/0, release/1, format_error/1]).
 %% Workloads, called on the lab node.
--export([nif_loop/5, nif_bound/3, fifo_open/3]).
+-export([nif_loop/5, nif_bound/4, fifo_open/3]).
 %% Called on the lab node from the scenarios' prepare, release and load MFAs.
--ignore_xref([{prepare, 0}, {release, 1}, {nif_loop, 5}, {nif_bound, 3},
+-ignore_xref([{prepare, 0}, {release, 1}, {nif_loop, 5}, {nif_bound, 4},
               {fifo_open, 3}]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -68,7 +68,7 @@ scenarios() ->
                 summary => <<"the plain NIF 200 ms at a time, again and again, from a process "
                              "bound to the last scheduler; nothing else runs there, so the "
                              "other schedulers are free and the node answers">>,
-                load => {?MODULE, nif_bound, ['$duration_ms', '$prepared', 200]},
+                load => {?MODULE, nif_bound, ['$duration_ms', '$prepared', spin, 200]},
                 expect => [scheduler_held_native]},
         Common#{name => nif_yield,
                 summary => <<"the same work in a NIF that yields (enif_consume_timeslice, "
@@ -189,14 +189,14 @@ fifo_open(Ms, Queued, Warm) ->
             {error, {no_fifo, Fifo, Other}}
     end.
 
-%% @doc As `nif_loop/5' with the plain NIF called CallMs at a time without
+%% @doc As `nif_loop/5' with the NIF Fun called CallMs at a time without
 %% a pause (the process yields between calls), from one process bound to
 %% the last normal scheduler (the
 %% `scheduler' spawn option, present on OTP 25 to 29), and one process on
 %% each other scheduler that wakes every 10 ms: a process left queued on
 %% the held scheduler is stolen by the others, so the node answers.
--spec nif_bound(pos_integer(), binary(), pos_integer()) -> ok | {error, term()}.
-nif_bound(Ms, So, CallMs) ->
+-spec nif_bound(pos_integer(), binary(), spin | spin_yield, pos_integer()) -> ok | {error, term()}.
+nif_bound(Ms, So, Fun, CallMs) ->
     Path = write_nif(So),
     case beamdiag_lab_nif:load(Path) of
         ok ->
@@ -205,9 +205,8 @@ nif_bound(Ms, So, CallMs) ->
                 %% A waker on each other scheduler: those wake every 10 ms
                 %% (their timers are their own) and, before going back to
                 %% sleep, steal the processes left queued on the held one.
-                [spawn_opt(fun() -> held_loop(CallMs) end, [link, {scheduler, Last}])
-                 | [spawn_opt(fun() -> tick(10) end, [link, {scheduler, K}])
-                    || K <- lists:seq(1, Last - 1)]]
+                [bound(Last, fun() -> held_loop(Fun, CallMs) end)
+                 | [bound(K, fun() -> tick(10) end) || K <- lists:seq(1, Last - 1)]]
             end);
         {error, _} = E ->
             E
@@ -261,14 +260,19 @@ call_loop(Fun, CallMs, SleepMs) ->
     end,
     call_loop(Fun, CallMs, SleepMs).
 
+%% A linked process bound to scheduler K (called through apply: the option
+%% is not in spawn_opt's documented type).
+bound(K, F) ->
+    erlang:apply(erlang, spawn_opt, [F, [link, {scheduler, K}]]).
+
 %% The NIF again and again; between calls the process yields, so that its
 %% scheduler passes through its loop (where thread progress, which code
 %% loading and new connections wait for, is reported) without ever
 %% sleeping: it is always runnable.
-held_loop(CallMs) ->
-    ok = beamdiag_lab_nif:spin(CallMs),
+held_loop(Fun, CallMs) ->
+    ok = beamdiag_lab_nif:Fun(CallMs),
     erlang:yield(),
-    held_loop(CallMs).
+    held_loop(Fun, CallMs).
 
 tick(Ms) ->
     receive
