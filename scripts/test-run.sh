@@ -19,7 +19,8 @@ export BEAMDIAG_STARVED_FILE="$PWD/$logs/starved.txt"
 
 # Suites that need an OTP root, and those that need a lock-counting emulator.
 roots_only="beamdiag_otp_SUITE beamdiag_profile_SUITE beamdiag_safety_SUITE beamdiag_elixir_SUITE
-            beamdiag_sick_SUITE beamdiag_sickagent_SUITE beamdiag_erts_SUITE beamdiag_attach_SUITE"
+            beamdiag_sick_SUITE beamdiag_sickagent_SUITE beamdiag_erts_SUITE beamdiag_attach_SUITE
+            beamdiag_sickwait_SUITE"
 lcnt="beamdiag_locks_SUITE beamdiag_procs_SUITE"
 early=()
 for f in test/*_SUITE.erl; do

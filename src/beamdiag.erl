@@ -53,7 +53,8 @@
     %% When the call started (os:system_time(millisecond)), for a caller
     %% that began it in another OS process (the escript started again):
     %% the report is due, and said ready, from then.
-    started => integer()
+    started => integer(),
+    held_perf => boolean()
 }.
 %% With `perf', a perf profile of the node's OS process over the same
 %% window (this must run on the node's host): `call_graph' (auto | dwarf |
@@ -79,7 +80,8 @@
     slack => 1.5,
     host_only => false,
     os_pid => undefined,
-    answer_timeout => auto
+    answer_timeout => auto,
+    held_perf => true
 }).
 -define(REMOTE_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, plan]).
 %% The earliest a call may say it started, before this one (`started').
@@ -87,6 +89,9 @@
 %% When perf starts on the held threads of a local node that has not
 %% finished the handshake (beamdiag_host:arm/1).
 -define(ARM_MS, 1000).
+%% perf's run on a held thread of a node that answers: a second or two
+%% names the native code (199 samples a second).
+-define(HELD_PERF_S, 2).
 %% The least of the window perf needs (beamdiag_host: its start, one
 %% second, its symbols).
 -define(PERF_LEAST_MS, 3500).
@@ -140,7 +145,11 @@ diagnose(Opts) ->
 %% `host_only'. `host_only'
 %% (true), `os_pid', or an OS pid in place of the node's name ask for that
 %% host-only diagnosis at once (a node without distribution, or whose
-%% cookie is not at hand).
+%% cookie is not at hand). A node that answers is watched too: when the
+%% host view sees a scheduler thread held (it wants a CPU the whole time
+%% and never sleeps), perf samples that thread for a second or two, and a
+%% native function holding it is named (`scheduler_held_native');
+%% `held_perf' (true) false turns perf off on every path.
 -spec diagnose(node() | string() | binary(), options()) ->
     {ok, diagnosis()} | {error, {module(), term()}}.
 diagnose(Node, Opts) when is_atom(Node) ->
@@ -185,6 +194,7 @@ options(Opts) ->
     OsPid = maps:get(os_pid, O),
     (OsPid =:= undefined orelse (is_integer(OsPid) andalso OsPid > 0))
         orelse erlang:error({badarg, {os_pid, OsPid}}),
+    is_boolean(maps:get(held_perf, O)) orelse erlang:error({badarg, {held_perf, maps:get(held_perf, O)}}),
     Answer = maps:get(answer_timeout, O),
     (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
@@ -380,8 +390,9 @@ host_request(NodeStr, _) ->
         {node, _} -> remote
     end.
 
-host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P}) ->
-    Base = #{duration => D, interval => I, ready_by => ReadyBy, perf => true},
+host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P,
+               held_perf := HeldPerf}) ->
+    Base = #{duration => D, interval => I, ready_by => ReadyBy, perf => HeldPerf},
     case P of
         undefined -> Base;
         _ -> Base#{progress => P}
@@ -438,7 +449,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     end),
     await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
             t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
-            node => NodeStr, opts => O}).
+            node => NodeStr, opts => O, held_perf => maps:get(held_perf, O)}).
 
 await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             stage := Stage}) ->
@@ -448,6 +459,7 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
     %% not finished the handshake by the window's end has not answered; one
     %% that has is given the usual, bounded, course.
     Armed = maps:get(armed, W, false),
+    HeldPerf = maps:get(held_perf, W, true),
     Wait = case {View, Armed, Stage} of
                {{watching, _}, false, connecting} ->
                    maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
@@ -455,6 +467,10 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                    maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
                {{watching, _}, true, connecting} ->
                    T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
+               {{answered, _}, false, _} when HeldPerf ->
+                   %% A node that answers: perf on a thread the host view
+                   %% sees held, a second in, for a second or two.
+                   maps:get(next_arm, W, T0 + ?ARM_MS);
                _ -> infinity
            end,
     receive
@@ -471,6 +487,15 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             await(W#{plan => Plan});
         {Tag, stage, NewStage} ->
             await(W#{stage := NewStage});
+        {beamdiag_host, _, _} = PerfDone when View =/= none ->
+            %% perf on the held threads finished: kept for the report, and
+            %% told to the view (a node whose agent is too slow to answer
+            %% is explained by a scheduler perf shows held).
+            {Kind, H0} = View,
+            case beamdiag_host:perf_done(H0, PerfDone) of
+                ignore -> await(W);
+                H1 -> await(W#{view := {Kind, H1}})
+            end;
         {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
             %% The node answered, but its agent's first two samples had not
             %% come when the report was due: the host view makes it, with
@@ -523,14 +548,20 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
             end;
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
-            _ = case View of
-                    {_, H} -> beamdiag_host:cancel(H);
-                    none -> ok
-                end,
             flush_answers(Tag),
-            case Result of
-                {result, R} -> R;
-                {raise, C, Why, St} -> erlang:raise(C, Why, St)
+            case {Result, View} of
+                {{result, {ok, D}}, {answered, H}} ->
+                    %% perf's samples of a thread the host saw held, if it
+                    %% ran, join the diagnosis.
+                    {ok, case beamdiag_host:held(H, D) of
+                             D -> D;
+                             Held -> reanalysed(Held)
+                         end};
+                {_, {_, H}} ->
+                    _ = beamdiag_host:cancel(H),
+                    result(Result);
+                {_, none} ->
+                    result(Result)
             end;
         {'DOWN', MRef, process, Worker, Why} ->
             erlang:error({diagnose_worker, Why})
@@ -538,7 +569,19 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
               infinity -> infinity;
               _ -> max(0, Wait - erlang:monotonic_time(millisecond))
           end ->
-        {watching, Handle} = View,
+        case View of
+            {answered, Held} ->
+                Tried = beamdiag_host:arm(Held, #{max_seconds => ?HELD_PERF_S}),
+                Again = erlang:monotonic_time(millisecond) + ?ARM_MS,
+                await(W#{view := {answered, Tried}, next_arm => Again,
+                         armed => beamdiag_host:armed(Tried) orelse
+                             Again > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS});
+            {watching, Handle} ->
+                await_watching(W, Handle, Armed)
+        end
+    end.
+
+await_watching(W = #{tag := Tag, worker := Worker, mref := MRef, t0 := T0}, Handle, Armed) ->
         case Armed of
             false ->
                 %% The node may still answer; perf starts on the held
@@ -558,8 +601,15 @@ await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
                     extras => host_locks(W),
                     distribution => distribution_seen(W),
                     attach => plan_public(W)})}
-        end
-    end.
+        end.
+
+result({result, R}) -> R;
+result({raise, C, Why, St}) -> erlang:raise(C, Why, St).
+
+%% A diagnosis whose capture gained extras after its analysis, analysed
+%% again (its time to the report kept).
+reanalysed(D = #{capture := C}) ->
+    maps:merge(D, analyse(C)).
 
 %% The lock data read over the window, for a report made from the host
 %% view: the host view's window ends when the report is due.

@@ -21,6 +21,33 @@ stat_name_with_spaces_and_parens_test() ->
     ?assertEqual({7, 3, 11, 12}, {maps:get(minflt, T), maps:get(majflt, T),
                                   maps:get(utime, T), maps:get(stime, T)}).
 
+%% The state letter (field 3); anything but a letter is `?'.
+stat_state_test_() ->
+    [?_assertMatch({ok, #{state := <<"D">>}},
+                   beamdiag_agent_procfs:parse_stat(<<"1 (x) D 1 1 1 0 -1 0 7 0 3 0 11 12 0">>)),
+     ?_assertMatch({ok, #{state := <<"R">>}}, beamdiag_agent_procfs:parse_stat(fixture("task/stat"))),
+     ?_assertMatch({ok, #{state := <<"?">>}},
+                   beamdiag_agent_procfs:parse_stat(<<"1 (x) SS 1 1 1 0 -1 0 7 0 3 0 11 12 0">>))].
+
+%% With `waits', the threads of this VM that are not running say what
+%% they wait on; without, none does; a tick reads them with the status
+%% file only.
+waits_test() ->
+    {ok, With} = beamdiag_agent_procfs:threads("/proc", os:getpid(), #{waits => true}),
+    Waiting = [T || T = #{state := St} <- maps:values(With), St =/= <<"R">>],
+    ?assert(length(Waiting) >= 2),
+    ?assert(lists:all(fun(T) -> maps:is_key(wait, T) end, Waiting)),
+    {ok, Without} = beamdiag_agent_procfs:threads("/proc", os:getpid(), #{}),
+    ?assertEqual([], [T || T = #{wait := _} <- maps:values(Without)]),
+    H = beamdiag_agent_file:none(),
+    {{ok, Middle, _}, _} = beamdiag_agent_procfs:tick_threads(
+                             "/proc", os:getpid(), #{status => false, waits => true, previous => With},
+                             H),
+    ?assertEqual([], [T || T = #{wait := _} <- maps:values(Middle)]),
+    {{ok, Last, _}, _} = beamdiag_agent_procfs:tick_threads(
+                           "/proc", os:getpid(), #{status => true, waits => true}, H),
+    ?assertMatch([_ | _], [T || T = #{wait := _} <- maps:values(Last)]).
+
 stat_control_characters_in_name_are_replaced_test() ->
     {ok, T} = beamdiag_agent_procfs:parse_stat(<<"1 (x\ny\e) S 1 1 1 0 -1 0 7 0 3 0 11 12 0">>),
     ?assertEqual(<<"x?y?">>, maps:get(name, T)).

@@ -54,3 +54,35 @@ report_test() ->
               <<"cut short by the unwinder before an Erlang or thread-root frame">>,
               <<"Native functions">>,
               <<"binary_to_term decoding atoms">>]].
+
+%% The header's advice fits the node: a node that already runs +JPperf
+%% true is never told to start with it (DWARF chosen because its emulator
+%% names its C functions); one without it is; a missing map on a node
+%% with the flag is said as such; with the Erlang-level sampler beside
+%% perf, the Erlang callers are pointed at, not a flag.
+header_never_advises_a_flag_the_node_has_test() ->
+    {ok, P} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/dwarf_atom_decode.txt"), #{}),
+    Target = fun(Flag, Map) -> #{perf_flag => Flag, frame_pointers => Flag =/= none,
+                                 perf_map => Map, native_names => true} end,
+    Header = fun(Perf) ->
+                 iolist_to_binary(beamdiag_profile:header(#{profile => P, method => perf,
+                                                           perf => Perf}))
+             end,
+    Has = Header(#{call_graph => dwarf, perf_map => "/tmp/m", target => Target(<<"true">>, "/tmp/m")}),
+    ?assertEqual(nomatch, binary:match(Has, <<"+JPperf true and">>)),
+    ?assertMatch({_, _}, binary:match(Has, <<"--call-graph fp (the node already runs +JPperf true">>)),
+    Lacks = Header(#{call_graph => dwarf, perf_map => missing, target => Target(none, missing)}),
+    ?assertMatch({_, _}, binary:match(Lacks, <<"start the node with +JPperf true and use "
+                                               "--call-graph fp">>)),
+    ?assertMatch({_, _}, binary:match(Lacks, <<"restart it with +JPperf true">>)),
+    NoMap = Header(#{call_graph => dwarf, perf_map => missing, target => Target(<<"true">>, missing)}),
+    ?assertEqual(nomatch, binary:match(NoMap, <<"restart it with +JPperf true">>)),
+    ?assertMatch({_, _}, binary:match(NoMap, <<"although the node runs +JPperf true">>)),
+    {ok, C} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/dwarf_atom_decode.txt"), #{}),
+    Sampled = iolist_to_binary(beamdiag_profile:header(
+                                 #{profile => P, method => perf, callers => C,
+                                   perf => #{call_graph => dwarf, perf_map => "/tmp/m",
+                                             target => Target(<<"true">>, "/tmp/m")}})),
+    ?assertEqual(nomatch, binary:match(Sampled, <<"+JPperf true and">>)),
+    ?assertMatch({_, _}, binary:match(Sampled, <<"the Erlang-level sampler beside perf names "
+                                                 "them">>)).

@@ -45,7 +45,8 @@ parse_defaults_test() ->
     {ok, O} = beamdiag_cli:parse(beamdiag_cli_diagnose:spec(), ["n@h", "--duration=2.5"]),
     ?assertEqual(#{node => "n@h", duration => 2.5, interval => 1000, json => false,
                    no_msacc => false, msacc_span => 2.0, no_locks => false, cluster => false,
-                   perf => false, erlang => false, no_procs => false, slack => 1.5}, O).
+                   perf => false, no_perf => false, erlang => false, no_procs => false,
+                   slack => 1.5}, O).
 
 repeatable_option_replaces_its_default_test() ->
     Spec = #{name => "t", summary => "", example => "", positional => [],
@@ -161,3 +162,9 @@ attach_options_test_() ->
                    beamdiag_cli:parse(Spec, ["n@h", "--proto-dist", "quic"])),
      ?_assertMatch({error, {bad_value, "--dist-port", "70000", _}},
                    beamdiag_cli:parse(Spec, ["n@h", "--dist-port", "70000"]))].
+
+%% --no-perf and --perf contradict each other: a usage error, nothing run.
+no_perf_with_perf_test() ->
+    {Code, _, Err} = beamdiag_test_lib:cli(["diagnose", "n@h", "--perf", "--no-perf"]),
+    ?assertEqual(2, Code),
+    ?assertMatch({_, _}, binary:match(Err, <<"--perf and --no-perf together">>)).

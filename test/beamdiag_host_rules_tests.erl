@@ -92,6 +92,43 @@ requested_needs_perf_test() ->
                  ids(beamdiag_host_rules:analyse(C, (unresponsive())#{perf => {ok, Yielding}}))).
 
 
+%% A node that answered: its ledger and perf's samples of the thread the
+%% host saw held. Named when nearly all of them are in one native library
+%% (both sides of the bound); an error or the emulator's code names none.
+held_findings_test() ->
+    L = beamdiag_ledger:build(capture("nif_stuck_samples.term")),
+    Held = fun(Perf) ->
+               beamdiag_host_rules:held_findings(#{threads => maps:get(threads, L),
+                                                   window_s => maps:get(window_s, L),
+                                                   perf => Perf, tids => [?HELD_TID]})
+           end,
+    [F] = Held({ok, perf([?HELD_TID])}),
+    ?assertEqual(<<"A scheduler is held in native code: beamdiag_lab_spin_slice">>,
+                 maps:get(title, F)),
+    ?assertEqual([], [E || E <- maps:get(evidence, F),
+                           binary:match(E, <<"did not answer">>) =/= nomatch]),
+    Top = fun(N, Share) -> {ok, #{samples => N,
+                                  top => [#{symbol => <<"f">>, dso => <<"/x/n.so">>,
+                                            samples => round(N * Share), share => Share,
+                                            native => true}]}}
+          end,
+    %% Above a yielding NIF's 90% with 95% confidence: the nif_held lab
+    %% on OTP 29 (177 of 183), and 30 of 30; not 19 of 20 (0.95 but too
+    %% few samples), nor 92 of 100.
+    ?assertMatch([_], Held(Top(183, 177 / 183))),
+    ?assertMatch([_], Held(Top(30, 1.0))),
+    ?assertEqual([], Held(Top(20, 0.95))),
+    ?assertEqual([], Held(Top(100, 0.92))),
+    ?assertEqual([], Held({error, <<"perf is not installed">>})),
+    ?assertEqual([], Held({ok, perf([4917])})).
+
+%% Why perf did not run is said.
+perf_skipped_test() ->
+    D = beamdiag_host_rules:analyse(capture("nif_stuck_samples.term"),
+                                    (unresponsive())#{perf_skipped => <<"turned off (--no-perf)">>}),
+    ?assert(lists:any(fun(E) -> binary:match(E, <<"perf was not run: turned off (--no-perf)">>)
+                                    =/= nomatch end, maps:get(evidence, held(D)))).
+
 %% perf shows the emulator's own code on the hot thread: Erlang work, not a NIF.
 emulator_code_is_not_native_test() ->
     Top = perf([4917]),

@@ -167,6 +167,15 @@ flame_cli(Config) ->
     ?assert(Decode > 0.3),
     {_, _} = binary:match(Printed, <<"with an unnamed JIT frame">>),
     {_, _} = binary:match(Printed, <<"binary_to_term decoding atoms">>),
+    %% The node runs +JPperf true: it is not told to start with it; the
+    %% Erlang callers no perf mode shows of native code come from the
+    %% Erlang-level sampler beside perf, named in the header and drawn.
+    nomatch = binary:match(Printed, <<"+JPperf true and use">>),
+    {_, _} = binary:match(Printed, <<"Erlang callers from the Erlang-level sampler">>),
+    {_, _} = binary:match(Printed, <<"beamdiag_lab_cache:decode_loop/2">>),
+    {_, _} = xmerl_scan:file(filename:join(Out, "erlang.svg"), [{quiet, true}]),
+    ?assert(folded_share(filename:join(Out, "erlang.folded"),
+                         [<<"beamdiag_lab_cache:decode_loop/2">>]) > 0.3),
     %% The Erlang-level sampler over distribution, from the same command.
     OutErl = filename:join(?config(priv_dir, Config), "flame_cli_erlang"),
     {ok, OptsErl} = beamdiag_cli:parse(beamdiag_cli_flame:spec(),

@@ -82,10 +82,11 @@ end_per_testcase(_Case, Config) ->
 nif_stuck_unresponsive(Config) ->
     Lab = ?config(lab, Config),
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    ?assertEqual(pang, ping(Lab)),
+    ?assertEqual(pang, beamdiag_test_lib:lab_ping(Lab)),
     held_signal(Lab),
-    {Code, Out, Err, Ms} = cli(["diagnose", Node, "--duration", integer_to_list(?WINDOW)],
-                               beamdiag_lab:cookie(Lab)),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--duration", integer_to_list(?WINDOW)],
+                             beamdiag_lab:cookie(Lab)),
     ct:pal("exit ~b in ~b ms (window ~b s)~n~ts~ts", [Code, Ms, ?WINDOW, Out, Err]),
     ?assertEqual(0, Code),
     ?assertMatch({0, _}, binary:match(Out, <<"beamdiag: ", (list_to_binary(Node))/binary>>)),
@@ -98,8 +99,9 @@ nif_stuck_unresponsive(Config) ->
 nif_stuck_os_pid(Config) ->
     Lab = ?config(lab, Config),
     held_signal(Lab),
-    {Code, Out, Err, Ms} = cli(["diagnose", "--os-pid", maps:get(os_pid, Lab), "--json",
-                                "--duration", integer_to_list(?WINDOW)], undefined),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", "--os-pid", maps:get(os_pid, Lab), "--json",
+                             "--duration", integer_to_list(?WINDOW)], undefined),
     ct:pal("exit ~b in ~b ms~n~ts~ts", [Code, Ms, Out, Err]),
     ?assertEqual(0, Code),
     J = beamdiag_test_json:decode(Out),
@@ -127,9 +129,9 @@ nif_stuck_os_pid(Config) ->
 nif_yield_control(Config) ->
     Lab = ?config(lab, Config),
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    ?assertEqual(pong, ping(Lab)),
+    ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
     %% The work runs: the schedulers are busy, yet they sleep.
-    L = ledger(Lab, 2000),
+    L = beamdiag_test_lib:lab_ledger(Lab, 2000),
     W = maps:get(window_s, L),
     Scheds = [R || R = #{type := scheduler} <- maps:get(threads, L)],
     Wanted = lists:sum([On + Q || #{on_cpu := On, runq := Q} <- Scheds]) / W,
@@ -137,15 +139,17 @@ nif_yield_control(Config) ->
     ct:pal("schedulers wanted ~.2f CPUs, slept ~.1f times/s", [Wanted, Sleeps]),
     ?assert(Wanted >= 0.5),
     ?assert(Sleeps >= 20),
-    {Code, Out, Err, Ms} = cli(["diagnose", Node, "--json", "--duration", integer_to_list(?WINDOW)],
-                               beamdiag_lab:cookie(Lab)),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--json", "--duration", integer_to_list(?WINDOW)],
+                             beamdiag_lab:cookie(Lab)),
     ct:pal("exit ~b in ~b ms~n~ts", [Code, Ms, Err]),
     ?assertEqual(0, Code),
     J = beamdiag_test_json:decode(Out),
     ?assertNot(maps:is_key(<<"host_only">>, J)),
     ?assertNot(lists:member(<<"scheduler_held_native">>, ids(J))),
-    {Code2, Out2, _, _} = cli(["diagnose", Node, "--host-only", "--json", "--duration", "4"],
-                              undefined),
+    {Code2, Out2, _, _} = beamdiag_test_lib:lab_cli(
+                            ["diagnose", Node, "--host-only", "--json", "--duration", "4"],
+                            undefined),
     ?assertEqual(0, Code2),
     J2 = beamdiag_test_json:decode(Out2),
     ?assertMatch(#{<<"host_only">> := true}, J2),
@@ -159,7 +163,7 @@ nif_yield_control(Config) ->
 %% CPU (ran, or waited for one) at least 90% of the time, at least 90% of
 %% its CPU time in user mode, and never slept.
 held_signal(Lab) ->
-    L = ledger(Lab, 2000),
+    L = beamdiag_test_lib:lab_ledger(Lab, 2000),
     W = maps:get(window_s, L),
     Rows = [{N, (On + Q) / W, U / max(1.0e-9, On), V}
             || #{type := scheduler, name := N, on_cpu := On, runq := Q, user := U, nvcsw := V}
@@ -185,36 +189,6 @@ held_report(Out, Config) ->
                                                [?config(release, Config), Line]))}
     end.
 
-ledger(Lab, Ms) ->
-    S = beamdiag_host_view:start(list_to_integer(maps:get(os_pid, Lab)), #{}),
-    timer:sleep(Ms),
-    Samples = beamdiag_host_view:stop(S),
-    beamdiag_ledger:build(#{samples => Samples, settings => beamdiag_host_view:settings(Samples)}).
-
-ping(Lab) ->
-    _ = case node() of
-            nonode@nohost ->
-                net_kernel:start(list_to_atom("beamdiag_sick_" ++ os:getpid()),
-                                 #{name_domain => shortnames, hidden => true});
-            _ -> ok
-        end,
-    Node = beamdiag_lab:node(Lab),
-    true = erlang:set_cookie(Node, beamdiag_lab:cookie(Lab)),
-    R = net_adm:ping(Node),
-    _ = erlang:disconnect_node(Node),
-    R.
-
-%% The CLI in this VM: {ExitCode, Stdout, Stderr, Milliseconds}.
-cli(Args, Cookie) ->
-    case Cookie of
-        undefined -> os:unsetenv("BEAMDIAG_COOKIE");
-        _ -> os:putenv("BEAMDIAG_COOKIE", atom_to_list(Cookie))
-    end,
-    T0 = erlang:monotonic_time(millisecond),
-    {Code, Out, Err} = beamdiag_test_lib:cli(Args),
-    Ms = erlang:monotonic_time(millisecond) - T0,
-    os:unsetenv("BEAMDIAG_COOKIE"),
-    {Code, Out, Err, Ms}.
 
 ids(J) ->
     [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)].

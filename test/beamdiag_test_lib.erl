@@ -17,6 +17,7 @@
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
+-export([lab_ledger/2, lab_ping/1, lab_cli/2]).
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2]).
@@ -236,6 +237,45 @@ end_case_lab(Config) ->
         undefined -> ok;
         Lab -> stop_lab(Lab)
     end.
+
+%% @doc The ledger of a lab node's threads over Ms milliseconds, read
+%% from the host (beamdiag_host_view), the node not asked.
+-spec lab_ledger(map(), pos_integer()) -> map().
+lab_ledger(Lab, Ms) ->
+    S = beamdiag_host_view:start(list_to_integer(maps:get(os_pid, Lab)), #{}),
+    timer:sleep(Ms),
+    Samples = beamdiag_host_view:stop(S),
+    beamdiag_ledger:build(#{samples => Samples, settings => beamdiag_host_view:settings(Samples)}).
+
+%% @doc `net_adm:ping/1' of a lab node from this VM (made a hidden node
+%% first if it is not distributed), then disconnected: pong or pang.
+-spec lab_ping(map()) -> pong | pang.
+lab_ping(Lab) ->
+    _ = case node() of
+            nonode@nohost ->
+                net_kernel:start(list_to_atom("beamdiag_ct_" ++ os:getpid()),
+                                 #{name_domain => shortnames, hidden => true});
+            _ -> ok
+        end,
+    Node = beamdiag_lab:node(Lab),
+    true = erlang:set_cookie(Node, beamdiag_lab:cookie(Lab)),
+    R = net_adm:ping(Node),
+    _ = erlang:disconnect_node(Node),
+    R.
+
+%% @doc The CLI in this VM (`cli/1') with the cookie in BEAMDIAG_COOKIE
+%% (none when undefined), timed: `{ExitCode, Stdout, Stderr, Milliseconds}'.
+-spec lab_cli([string()], atom()) -> {integer(), binary(), binary(), non_neg_integer()}.
+lab_cli(Args, Cookie) ->
+    case Cookie of
+        undefined -> os:unsetenv("BEAMDIAG_COOKIE");
+        _ -> os:putenv("BEAMDIAG_COOKIE", atom_to_list(Cookie))
+    end,
+    T0 = erlang:monotonic_time(millisecond),
+    {Code, Out, Err} = cli(Args),
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    os:unsetenv("BEAMDIAG_COOKIE"),
+    {Code, Out, Err, Ms}.
 
 %% @doc A group's OTP release (init_per_group): `release' and `exec' in
 %% the config, or the skip `otp_exec/1' gives.

@@ -144,7 +144,7 @@ stop(Pid) ->
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
      beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
-     beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held].
+     beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_waits].
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
@@ -173,7 +173,11 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     %% without its quota, and no load (see beamdiag_agent_procfs:tick_threads/4):
     %% the window's ends are read whole.
     Previous = maps:get(previous, State, #{}),
-    ThreadOpts0 = #{status => Status, deadline => Deadline, previous => Previous},
+    %% What the threads wait on in the kernel, on the last tick only (a
+    %% dirty IO round trip a read: on a starved node the first tick would
+    %% come seconds later), within the tick's deadline.
+    ThreadOpts0 = #{status => Status, deadline => Deadline, previous => Previous,
+                    waits => maps:get(status, State, false)},
     ThreadOpts = case {maps:get(active, State, undefined), maps:get(process_cpu, State, undefined)} of
                      {Active, Before} when is_list(Active), is_integer(Before) ->
                          ThreadOpts0#{active => Active, process => Before};

@@ -31,6 +31,12 @@
 %% clock ticks (see clock_ticks/0), schedstat times in nanoseconds.
 -type thread() :: #{
     name := binary(),
+    %% proc(5)'s state letter: R running, S sleeping, D uninterruptible
+    %% (waiting on I/O)...
+    state => binary(),
+    %% What it waits on in the kernel (read with `waits => true', for the
+    %% threads not running): beamdiag_agent_waits.
+    wait => beamdiag_agent_waits:wait(),
     utime := non_neg_integer(),
     stime := non_neg_integer(),
     minflt := non_neg_integer(),
@@ -72,7 +78,7 @@ threads(Root, Pid) ->
 
 %% @doc As threads/2; `#{status => false}' skips the per-thread status file
 %% (context switches), one read per thread fewer.
--spec threads(file:filename(), string() | integer(), #{status => boolean()}) ->
+-spec threads(file:filename(), string() | integer(), #{status => boolean(), waits => boolean()}) ->
     {ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}.
 threads(Root, Pid, Opts) ->
     element(1, threads(Root, Pid, Opts, beamdiag_agent_file:none())).
@@ -83,8 +89,11 @@ threads(Root, Pid, Opts) ->
 %% `{error, {beamdiag_agent_procfs, deadline}}' when it passes between two
 %% threads' reads. Every thread is read whole; the agent's ticks read less
 %% (tick_threads/4).
+%% With `waits' (false), the threads that are not running also get what
+%% they wait on in the kernel (`beamdiag_agent_waits:read/4': two more
+%% reads a thread, and the file behind a blocked call).
 -spec threads(file:filename(), string() | integer(),
-              #{status => boolean(), deadline => integer() | infinity},
+              #{status => boolean(), deadline => integer() | infinity, waits => boolean()},
               beamdiag_agent_file:held()) ->
     {{ok, #{integer() => thread()}} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 threads(Root, Pid, Opts, Held) ->
@@ -94,7 +103,7 @@ threads(Root, Pid, Opts, Held) ->
             Deadline = maps:get(deadline, Opts, infinity),
             try read_threads(TaskDir, Tids, maps:get(status, Opts, true), #{}, Deadline,
                              {[], [], Held}) of
-                Acc -> {{ok, threads_of(Acc)}, kept(TaskDir, Acc)}
+                Acc -> {{ok, waits(Root, Pid, threads_of(Acc), Opts)}, kept(TaskDir, Acc)}
             catch
                 throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
             end;
@@ -102,7 +111,8 @@ threads(Root, Pid, Opts, Held) ->
             {{error, {beamdiag_agent_procfs, {list_dir, TaskDir, Reason}}}, Held}
     end.
 
-%% @doc A tick's threads, as threads/4, and the whole process's CPU time
+%% @doc A tick's threads, as threads/4 (`waits' on a tick that reads the
+%% status file only), and the whole process's CPU time
 %% (utime plus stime, clock ticks: `process_cpu/3') read right after the
 %% threads that run most.
 %%
@@ -129,7 +139,7 @@ threads(Root, Pid, Opts, Held) ->
 -spec tick_threads(file:filename(), string() | integer(),
                    #{status => boolean(), deadline => integer() | infinity,
                      previous => #{integer() => thread()}, active => [integer()],
-                     process => non_neg_integer()},
+                     process => non_neg_integer(), waits => boolean()},
                    beamdiag_agent_file:held()) ->
     {{ok, #{integer() => thread()}, non_neg_integer() | undefined}
      | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
@@ -153,7 +163,7 @@ tick_threads(Root, Pid, Opts, Held) ->
                          true -> carry(TaskDir, Rest, Previous, A2);
                          false -> read_threads(TaskDir, Rest, WantStatus, Previous, Deadline, A2)
                      end,
-                {{ok, threads_of(A3), Now}, kept(TaskDir, A3)}
+                {{ok, tick_waits(Root, Pid, threads_of(A3), Opts), Now}, kept(TaskDir, A3)}
             catch
                 throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
             end;
@@ -163,7 +173,8 @@ tick_threads(Root, Pid, Opts, Held) ->
                 Acc ->
                     {Now, H1} = process_cpu_or_undefined(Root, Pid, element(3, Acc)),
                     Acc2 = setelement(3, Acc, H1),
-                    {{ok, threads_of(Acc2), Now}, kept(TaskDir, Acc2)}
+                    {{ok, tick_waits(Root, Pid, threads_of(Acc2), Opts), Now},
+                     kept(TaskDir, Acc2)}
             catch
                 throw:{deadline, H} -> {{error, {beamdiag_agent_procfs, deadline}}, H}
             end
@@ -241,11 +252,11 @@ parse_stat(Bin) when is_binary(Bin) ->
             case binary:split(Rest, [<<" ">>, <<"\n">>], [global, trim_all]) of
                 %% Fields 3.. of proc(5): state ppid pgrp session tty tpgid flags
                 %% minflt cminflt majflt cmajflt utime stime ...
-                [_State, _, _, _, _, _, _, MinFlt, _, MajFlt, _, UTime, STime | _] ->
+                [State, _, _, _, _, _, _, MinFlt, _, MajFlt, _, UTime, STime | _] ->
                     case ints([MinFlt, MajFlt, UTime, STime]) of
                         {ok, [Mi, Ma, U, S]} ->
-                            {ok, #{name => sanitize_name(Name), utime => U, stime => S,
-                                   minflt => Mi, majflt => Ma}};
+                            {ok, #{name => sanitize_name(Name), state => state_letter(State),
+                                   utime => U, stime => S, minflt => Mi, majflt => Ma}};
                         error ->
                             {error, {beamdiag_agent_procfs, {bad_stat, non_numeric}}}
                     end;
@@ -337,6 +348,31 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
+%% The waits of the threads that are not running, with `waits'.
+waits(Root, Pid, Threads, Opts = #{waits := true}) ->
+    Waiting = [Tid || {Tid, #{state := St}} <- maps:to_list(Threads), St =/= <<"R">>],
+    Waits = beamdiag_agent_waits:read(Root, Pid, lists:sort(Waiting),
+                                      maps:with([deadline], Opts)),
+    maps:map(fun(Tid, T) ->
+                     case maps:find(Tid, Waits) of
+                         {ok, W} -> T#{wait => W};
+                         error -> T
+                     end
+             end, Threads);
+waits(_Root, _Pid, Threads, _Opts) ->
+    Threads.
+
+%% A tick reads the waits when asked and it reads the status file (the
+%% agent asks on the window's last tick).
+tick_waits(Root, Pid, Threads, Opts = #{status := true}) ->
+    waits(Root, Pid, Threads, Opts);
+tick_waits(_Root, _Pid, Threads, _Opts) ->
+    Threads.
+
+%% One letter of proc(5)'s states; anything else as `?'.
+state_letter(<<C>>) when C >= $A, C =< $Z; C >= $a, C =< $z -> <<C>>;
+state_letter(_) -> <<"?">>.
+
 %% Reads the threads Tids (stat, and schedstat unless idle since Previous),
 %% adding to {Threads, Paths, Held}.
 read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, Acc0) ->
@@ -359,7 +395,7 @@ carry(TaskDir, Tids, Previous, {Acc, Ps, H}) ->
     lists:foldl(
       fun(Tid, {A, P, H1}) ->
               Dir = filename:join(TaskDir, integer_to_list(Tid)),
-              {[{Tid, maps:get(Tid, Previous)} | A],
+              {[{Tid, maps:remove(wait, maps:get(Tid, Previous))} | A],
                [filename:join(Dir, "stat"), filename:join(Dir, "schedstat") | P], H1}
       end,
       {Acc, Ps, H}, Tids).

@@ -190,6 +190,35 @@ written() ->
                   "scheduler; this finding needs the thread held for the whole window.">>
         },
         #{
+            id => dirty_io_blocked,
+            area => ledger,
+            title => <<"Dirty IO schedulers are blocked in the kernel">>,
+            meaning =>
+                <<"Dirty IO scheduler threads sat in one system call for most of the window "
+                  "(an open, read or fsync that does not return: a hung NFS or FUSE mount, a "
+                  "FIFO or device with no other end, a disk that does not answer). Every file "
+                  "operation of the node runs on these threads: the file module, prim_file and "
+                  "the file server, code loading (the code server reads .beam files) and name "
+                  "resolution that reads /etc/hosts or resolv.conf. When all of them are "
+                  "blocked, all of that waits, and a node that must load code or look up a "
+                  "name to accept a distribution connection stops answering. Read from the "
+                  "host (/proc/PID/task: each thread's state, wchan, system call and the file "
+                  "behind it), so it is found even when the node does not answer.">>,
+            fix =>
+                <<"Free the file the calls wait on: the mount (an NFS server that does not "
+                  "answer: mount it soft with a timeout, or move the files off it), or the "
+                  "FIFO or device with no other end. Keep calls that may hang off the "
+                  "node's critical path: open such files from a process that the rest does "
+                  "not wait for, or from a port program that can be killed, and put timeouts "
+                  "on the callers. More dirty IO schedulers (+SDio, 10 by default, up to "
+                  "1024) leave some free for the node's own file work and code loading while "
+                  "a few hang, but every hung call still holds one.">>,
+            when_not =>
+                <<"A dirty IO scheduler in one long read or write of a large file that moves "
+                  "(its CPU time and context switches grow) is working, not blocked; this "
+                  "finding needs the same call, not run once, for most of the window.">>
+        },
+        #{
             id => host_memory_low,
             area => ledger,
             title => <<"The node's memory is nearly used up">>,

@@ -232,14 +232,14 @@ family_shares(#{stacks := Stacks, samples := N}) ->
                                           callers => beamdiag_fold:profile()}) ->
     [beamdiag_finding:finding()].
 findings(P, Opts = #{callers := C}) ->
-    %% The Erlang-level sampler ran beside perf on an emulator whose native
-    %% frames have no names: its findings for the families perf could not
-    %% see join perf's, saying where they come from.
+    %% The Erlang-level sampler ran beside perf (an emulator whose native
+    %% frames have no names, or a flame graph read for its Erlang callers):
+    %% its findings for the families perf's stacks did not show join
+    %% perf's, saying where they come from.
     Base = findings(P, maps:remove(callers, Opts)),
     Seen = [Fam || #{metrics := #{family := Fam}} <- Base],
     Extra = [F#{evidence := [<<"From the Erlang-level sampler (stacks of running processes) "
-                               "beside perf, whose native frames have no names on this "
-                               "emulator:">> | Ev]}
+                               "beside perf, for what perf's stacks did not show:">> | Ev]}
              || F = #{metrics := #{family := Fam}, evidence := Ev}
                     <- findings(C, #{min_samples => 20}),
                 not lists:member(Fam, Seen)],

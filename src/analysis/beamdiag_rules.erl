@@ -43,8 +43,12 @@ findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
             fun schedulers_exceed_cpus/3
         ]
     ]),
+    %% Threads blocked in the kernel (beamdiag_wait_rules): the dirty IO
+    %% schedulers' finding, and the calls behind scheduler_blocking.
+    Waits = beamdiag_wait_rules:findings(Capture, Ledger, #{}),
+    Own = beamdiag_wait_rules:annotate(suppress(Ledgers ++ Waits), Capture, Ledger),
     beamdiag_finding:sort(beamdiag_sched_rules:suppress(
-        processes(suppress(Ledgers) ++ extras(Capture, Ledger), Capture, Ledger)));
+        processes(Own ++ extras(Capture, Ledger), Capture, Ledger)));
 findings(Capture, Ledger) ->
     beamdiag_finding:sort(processes(extras(Capture, Ledger), Capture, Ledger)).
 
@@ -480,7 +484,13 @@ extras(Capture, Ledger) ->
                           LS, Ledger#{settings => maps:get(settings, Capture, #{})});
                     _ -> []
                 end,
-    Locks ++ Profile ++ Schedules.
+    %% perf's samples of the scheduler threads the host saw held while the
+    %% node answered (beamdiag_host:held/2).
+    Held = case maps:find(held_perf, Extras) of
+               {ok, HeldPerf = #{perf := _}} -> beamdiag_host_rules:held_findings(HeldPerf);
+               _ -> []
+           end,
+    Locks ++ Profile ++ Schedules ++ Held.
 
 %% Findings from the process walks, and their evidence added to the other
 %% findings (see beamdiag_proc_rules).

@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_stats).
 
--export([welch/2, mean/1, variance/1, percentile/2, bootstrap_ratio/3]).
+-export([welch/2, mean/1, variance/1, percentile/2, bootstrap_ratio/3, share_lower/2]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([t_quantile/2]).
@@ -113,6 +113,18 @@ bootstrap_ratio(Pairs, Iters, Seed) ->
         {[], S0},
         lists:seq(1, Iters)),
     #{estimate => Est, ci => {percentile(Stats, 2.5), percentile(Stats, 97.5)}}.
+
+%% @doc The lower one-sided 95% bound of a share seen in N samples
+%% (Wilson's score interval, z = 1.645): what the share is at least, given
+%% that few samples. 0.0 without samples.
+-spec share_lower(float(), non_neg_integer()) -> float().
+share_lower(_Share, 0) ->
+    0.0;
+share_lower(Share, N) ->
+    Z2 = 1.645 * 1.645,
+    Centre = Share + Z2 / (2 * N),
+    Spread = 1.645 * math:sqrt(Share * (1 - Share) / N + Z2 / (4 * N * N)),
+    max(0.0, (Centre - Spread) / (1 + Z2 / N)).
 
 %% @doc The P-quantile of Student's t distribution with Df degrees of
 %% freedom (bisection on the CDF).

@@ -28,6 +28,9 @@ spec() ->
             #{key => perf, long => "--perf", type => boolean, default => false,
               help => "also record a perf profile over the window (run on the node's host; "
                       "see beamdiag flame)"},
+            #{key => no_perf, long => "--no-perf", type => boolean, default => false,
+              help => "never run perf: by default a scheduler thread the host sees held is "
+                      "profiled for a second or two to name the native code holding it"},
             erlang,
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
@@ -76,6 +79,8 @@ run(Opts = #{os_pid := Pid}, IO) when not is_map_key(node, Opts) ->
     run(Opts#{node => integer_to_list(Pid)}, IO);
 run(Opts, IO) when not is_map_key(node, Opts) ->
     only_node(Opts, IO);
+run(#{perf := true, no_perf := true}, IO) ->
+    beamdiag_cli:usage_error("diagnose: --perf and --no-perf together", IO);
 run(Opts = #{node := Node}, IO) ->
     %% How to reach the node, decided first: a node this VM cannot reach
     %% as it is (TLS, IPv6, no epmd on OTP 25) is diagnosed by this escript
@@ -107,6 +112,7 @@ diagnose(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err
           erlang => maps:get(erlang, Opts, false),
           slack => maps:get(slack, Opts),
           host_only => maps:get(host_only, Opts, false),
+          held_perf => not maps:get(no_perf, Opts, false),
           progress => progress(IO)}),
     LibOpts2 = maps:merge(maps:merge(LibOpts, started()),
                           maps:with([os_pid, answer_timeout, proto_dist, ssl_dist_optfile,

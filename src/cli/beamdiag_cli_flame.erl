@@ -49,8 +49,11 @@ spec() ->
             OutputDir,
             {erlang, "Erlang-level sampler on the node instead of perf (any host)"},
             #{key => call_graph, long => "--call-graph", type => {enum, [auto, dwarf, fp, none]},
-              default => auto, help => "perf call-chain method (auto: fp when the node's JIT "
-                                       "keeps frame pointers and has a perf map, else dwarf)"},
+              default => auto, help => "perf call-chain method (auto: dwarf where the "
+                                       "emulator names its C functions, else fp when the node's "
+                                       "JIT keeps frame pointers and has a perf map; the Erlang "
+                                       "callers, which no perf mode shows of native code, come "
+                                       "from the Erlang-level sampler beside perf: erlang.svg)"},
             PerfBinary,
             cookie, cookie_file,
             {fail_on, #{type => {enum, [critical, warning, info, none]}, default => none}},
@@ -109,7 +112,10 @@ report(Result = #{profile := P, findings := Findings}, _Opts) ->
 %% under the names beamdiag_profile reads.
 profile_opts(Opts) ->
     Rest = maps:without([output_dir, perf_binary], Opts),
-    Rest#{out => output_dir(Opts), perf => maps:get(perf_binary, Opts, undefined)}.
+    %% A flame graph is read for its call chains: the Erlang callers when
+    %% the node allows them.
+    Rest#{out => output_dir(Opts), perf => maps:get(perf_binary, Opts, undefined),
+          prefer => erlang}.
 
 output_dir(Opts) ->
     maps:get(output_dir, Opts, "beamdiag-flame").
@@ -117,17 +123,28 @@ output_dir(Opts) ->
 write_and_print(Result = #{profile := P, findings := Findings, node := Node}, Opts, IO = #{out := Print}) ->
     Dir = output_dir(Opts),
     Text = report(Result, Opts),
+    %% The Erlang-level sampler's stacks beside perf's: the Erlang callers.
+    Callers = case Result of
+        #{callers := C = #{samples := N}} when N > 0 ->
+            [{"erlang.folded", beamdiag_fold:to_iolist(C)},
+             {"erlang.svg", beamdiag_format_flamegraph:svg(
+                              C, #{title => io_lib:format("~p (Erlang stacks)", [Node]),
+                                   subtitle => subtitle(#{profile => C, method => erlang})})}];
+        _ ->
+            []
+    end,
     Files = [
         {"profile.folded", beamdiag_fold:to_iolist(P)},
         {"flame.svg", beamdiag_format_flamegraph:svg(P, #{title => io_lib:format("~p", [Node]),
                                                      subtitle => subtitle(Result)})},
         {"top.txt", Text}
-    ],
+    ] ++ Callers,
     case write_all(Dir, Files) of
         ok ->
             Print(Text),
             Print(["\nwrote ", beamdiag_safe_text:safe(filename:join(Dir, "flame.svg")),
-                   ", profile.folded, top.txt\n"]),
+                   ", profile.folded, top.txt",
+                   [[", ", Name] || {Name, _} <- Callers], "\n"]),
             beamdiag_cli:findings_code(Findings, Opts);
         {error, Path, Why} ->
             beamdiag_cli:fail({beamdiag_cli, {write, Path, Why}}, IO)

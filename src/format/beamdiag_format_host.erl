@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_format_host).
 
--export([header/1, threads/1, summary/1]).
+-export([header/1, threads/1, summary/1, none/0]).
 
 %% Threads listed in the hot-threads table.
 -define(TOP_THREADS, 6).
@@ -51,7 +51,12 @@ header(D = #{capture := C, ledger := L, host_view := V}) ->
         end,
         cgroup(Cg),
         memory(C),
-        perf(maps:get(perf, V, none))
+        case {maps:get(perf, V, none), V} of
+            {none, #{perf_skipped := Why}} ->
+                ["perf: not run: ", beamdiag_safe_text:safe(Why, 200), "\n"];
+            {Perf, _} ->
+                perf(Perf)
+        end
     ].
 
 %% @doc The threads that wanted a CPU most (on it, or runnable waiting for
@@ -73,6 +78,14 @@ threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
 threads(_) ->
     "THREADS\n  no per-thread figures (see notes)\n\n".
 
+%% @doc The findings line of a host-only report without findings: only
+%% what the host can see is cleared.
+-spec none() -> binary().
+none() ->
+    <<"none from the host: no scheduler thread held or blocked in the kernel, no CPU "
+      "throttling, no memory shortage (busy-waiting, lock waits and the VM's own figures "
+      "cannot be seen from the host)">>.
+
 %% @doc What the JSON report carries about the host-only view.
 -spec summary(beamdiag:diagnosis()) -> map().
 summary(#{capture := C, host_view := V}) ->
@@ -81,7 +94,8 @@ summary(#{capture := C, host_view := V}) ->
     Perf = case maps:get(perf, V, none) of
                {ok, P} -> P;
                {error, Why} -> #{error => Why};
-               none -> #{error => <<"not run">>}
+               none -> #{error => iolist_to_binary(["not run: ", maps:get(perf_skipped, V,
+                                                                          <<"no thread held">>)])}
            end,
     Base#{header => iolist_to_binary(reason_line(V)),
           hot_threads => [maps:with([tid, name], R) || R <- maps:get(hot, V, [])],

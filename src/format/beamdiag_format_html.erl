@@ -57,7 +57,12 @@ document(D = #{capture := C, ledger := L, findings := F}) ->
     Extras = maps:get(extras, C, #{}),
     Data = chart_data(C, L),
     Sections = host_only_section(D) ++ [
-        {"findings", "Findings", findings(F)},
+        {"findings", "Findings", case D of
+                                     #{host_only := true, findings := []} ->
+                                         ["<p class=\"none\">", esc(beamdiag_format_host:none()),
+                                          "</p>\n"];
+                                     _ -> findings(F)
+                                 end},
         {"ledger", "Time ledger", ledger_section(L)},
         {"schedulers", "Schedulers", scheduler_section(L, Data)},
         {"cpu", "OS CPU and scheduler utilisation", cpu_section(L)},

@@ -38,7 +38,11 @@ report(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts)
     finish(iolist_to_binary([
         beamdiag_format_host:header(D),
         "\n",
-        findings(F, Opts#{colour => false}),
+        case F of
+            %% The host sees neither busy-waiting nor the VM's own figures.
+            [] -> ["FINDINGS\n  ", beamdiag_format_host:none(), "\n"];
+            _ -> findings(F, Opts#{colour => false})
+        end,
         "\n",
         beamdiag_format_host:threads(D),
         locks(C),

@@ -20,8 +20,8 @@
 %%% '''
 -module(beamdiag_host).
 
--export([diagnose/2, start/2, arm/1, armed/1, finish/2, unreached/2, late/2, explains/1, reserve/1,
-         cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, arm/2, armed/1, finish/2, unreached/2, late/2, explains/1,
+         reserve/1, perf_done/2, held/2, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -39,10 +39,18 @@
     perf := boolean(),
     proc_root := file:filename(),
     progress := fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
-    whole_perf => {pid(), reference(), file:filename()}
+    whole_perf => {pid(), reference(), file:filename()},
+    %% The threads perf runs on (none: the whole process).
+    perf_tids => [integer()],
+    perf_names => [binary()],
+    %% Why perf did not run, when it did not.
+    perf_skipped => binary(),
+    %% perf's result, once its message came (`perf_done/2').
+    perf_result => {ok, binary(), [integer()]} | {error, binary()}
 }.
 
 -define(PERF_HZ, 199).
+-define(PERF_OFF, <<"turned off for this diagnosis (--no-perf)">>).
 %% Time kept after perf and the analysis for the report itself.
 -define(REPORT_MS, 300).
 
@@ -63,9 +71,10 @@ diagnose(Target, Opts) ->
         {ok, Located} ->
             H = start(Located, Opts#{node => node_name(Target, Located)}),
             Secs = perf_seconds(maps:get(duration_ms, H)),
-            H2 = case maps:get(perf, H) andalso Secs >= 1 of
-                     true -> H#{whole_perf => perf(maps:get(os_pid, H), [], Secs)};
-                     false -> H
+            H2 = case {maps:get(perf, H), Secs >= 1} of
+                     {true, true} -> H#{whole_perf => perf(maps:get(os_pid, H), [], Secs)};
+                     {false, _} -> H#{perf_skipped => ?PERF_OFF};
+                     {true, false} -> H#{perf_skipped => <<"the window is too short for it">>}
                  end,
             {ok, window(H2, #{unresponsive => false, reason => requested})};
         {error, _} = E ->
@@ -98,20 +107,35 @@ start(Located = #{os_pid := OsPid}, Opts) ->
 %% that a host-only diagnosis at the window's end can name their native
 %% code. The node may still answer: then `cancel/1'.
 -spec arm(handle()) -> handle().
-arm(H = #{whole_perf := _}) ->
+arm(H) ->
+    arm(H, #{}).
+
+%% @doc As `arm/1'; `max_seconds' caps perf's run (a node that answers
+%% needs a second or two of the held thread to name its native code, not
+%% the rest of the window).
+-spec arm(handle(), #{max_seconds => pos_integer()}) -> handle().
+arm(H = #{whole_perf := _}, _Opts) ->
     H;
-arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D, perf := UsePerf}) ->
-    Secs = perf_seconds(T0 + D - erlang:monotonic_time(millisecond)),
-    case UsePerf andalso Secs >= 1 of
+arm(H = #{perf := false}, _Opts) ->
+    H#{perf_skipped => ?PERF_OFF};
+arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D}, Opts) ->
+    Secs = min(maps:get(max_seconds, Opts, 3600),
+               perf_seconds(T0 + D - erlang:monotonic_time(millisecond))),
+    case Secs >= 1 of
         true ->
             Samples = beamdiag_host_view:snapshot(S),
             Ledger = beamdiag_ledger:build(capture(H, Samples, none)),
-            case [Tid || #{tid := Tid} <- beamdiag_host_rules:hot_threads(Ledger)] of
-                [] -> H;
-                Tids -> H#{whole_perf => perf(OsPid, Tids, Secs)}
+            Hot0 = beamdiag_host_rules:hot_threads(Ledger),
+            case [{Tid, Name} || #{tid := Tid, name := Name} <- Hot0] of
+                [] -> H#{perf_skipped => <<"no scheduler thread looked held while there was "
+                                           "time left in the window to profile it">>};
+                Hot -> (maps:remove(perf_skipped, H))#{
+                           whole_perf => perf(OsPid, [T || {T, _} <- Hot], Secs),
+                           perf_tids => [T || {T, _} <- Hot],
+                           perf_names => [N || {_, N} <- Hot]}
             end;
         false ->
-            H
+            H#{perf_skipped => maps:get(perf_skipped, H, <<"too little of the window was left">>)}
     end.
 
 %% @doc Whether perf runs (`arm/1' found held threads).
@@ -153,7 +177,8 @@ late(H, Context) ->
 %% a report made from it now (`late/2') names the cause: its OS process is
 %% stopped or gone, or the host's rules find something at warning or
 %% above (a cgroup quota that throttles it, the kernel taking its time, a
-%% held scheduler thread). Takes one sample now (a few milliseconds).
+%% scheduler thread perf showed held in native code, dirty IO schedulers
+%% blocked in the kernel). Takes one sample now (a few milliseconds).
 -spec explains(handle()) -> boolean().
 explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
     case process_state(Root, OsPid) of
@@ -161,7 +186,8 @@ explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
             true;
         _ ->
             Capture = capture(H, beamdiag_host_view:snapshot(S), none),
-            #{findings := F} = beamdiag_host_rules:analyse(Capture, #{perf => none}),
+            Perf = maps:get(held_perf, beamdiag_host_view:told(S), none),
+            #{findings := F} = beamdiag_host_rules:analyse(Capture, #{perf => Perf}),
             lists:any(fun(Finding) -> beamdiag_finding:at_least(Finding, warning) end, F)
     end.
 
@@ -171,6 +197,72 @@ explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
 -spec reserve(handle()) -> ok.
 reserve(#{sampler := S}) ->
     beamdiag_host_view:pause(S).
+
+%% @doc The node answered and its agent made the diagnosis: when perf ran
+%% on scheduler threads the host view found held (`arm/2'), its samples
+%% of those threads join the capture with the host view's figures of the
+%% node's scheduler threads over the window (`extras.held_perf': threads,
+%% window, and perf's top symbols or why perf could not name them), so
+%% that the analysis (`beamdiag_host_rules:held_findings/1') names the
+%% native code; perf is waited for until the report is due. The view is
+%% dropped. Without perf, the diagnosis as it is.
+-spec held(handle(), beamdiag:diagnosis()) -> beamdiag:diagnosis().
+held(H = #{whole_perf := _, sampler := S}, D = #{capture := C}) ->
+    Tids = maps:get(perf_tids, H, []),
+    Perf = case perf_result(H) of
+               {ok, Script, _} -> {ok, beamdiag_host_rules:perf_top(Script, Tids)};
+               {error, Why} -> {error, Why}
+           end,
+    Ledger = beamdiag_ledger:build(capture(H, beamdiag_host_view:stop(S), none)),
+    ok = cancel(maps:remove(whole_perf, H)),
+    Held = #{tids => Tids, perf => Perf, window_s => maps:get(window_s, Ledger, 0.0),
+             threads => [maps:with([tid, name, type, on_cpu, runq, user, nvcsw], R)
+                         || R = #{type := scheduler} <- maps:get(threads, Ledger, [])]},
+    Extras = maps:get(extras, C, #{}),
+    %% A word on what perf saw when it names no NIF holding the threads.
+    Notes = maps:get(notes, C, []) ++
+        case beamdiag_host_rules:held_findings(Held) of
+            [] -> held_note(Perf, maps:get(perf_names, H, []));
+            _ -> []
+        end,
+    D#{capture := C#{extras => Extras#{held_perf => Held}, notes => Notes}};
+held(H, D) ->
+    ok = cancel(H),
+    D.
+
+%% What perf said of the threads that looked held, when no
+%% `scheduler_held_native' is made of it.
+held_note({ok, #{samples := N, top := [#{symbol := Sym, dso := Dso, share := Sh} | _]}}, Names) ->
+    [iolist_to_binary(
+       io_lib:format("perf on the scheduler thread(s) that looked held (~ts) for a second or two, "
+                     "~b samples: ~ts (~ts) ~b%; scheduler_held_native needs the thread held "
+                     "over the window (a CPU wanted 90% of it, never sleeping) and its samples "
+                     "in one native library above a yielding NIF's 90% with 95% confidence",
+                     [lists:join(", ", Names), N, Sym, filename:basename(Dso), round(100 * Sh)]))];
+held_note({ok, _}, _Names) ->
+    [];
+held_note({error, Why}, Names) ->
+    [iolist_to_binary(
+       io_lib:format("perf could not say what the scheduler thread(s) that looked held (~ts) "
+                     "ran: ~ts", [lists:join(", ", Names), Why]))].
+
+%% @doc perf's message came to the process that armed it, before the
+%% report needed it: the result is kept in the handle for the report, and
+%% perf's top symbols of the held threads go to the view, where
+%% `explains/1' reads them (a scheduler perf shows held by native code
+%% explains a node too slow to answer). Other messages: `ignore'.
+-spec perf_done(handle(), term()) -> handle() | ignore.
+perf_done(H = #{whole_perf := {Pid, MRef, _}, sampler := S}, {?MODULE, Pid, R}) ->
+    erlang:demonitor(MRef, [flush]),
+    _ = case R of
+            {ok, Script, Tids = [_ | _]} ->
+                beamdiag_host_view:tell(S, held_perf, {ok, beamdiag_host_rules:perf_top(Script, Tids)});
+            _ ->
+                ok
+        end,
+    H#{perf_result => R};
+perf_done(_H, _Msg) ->
+    ignore.
 
 %% @doc Drops the host view (the node answered), perf included.
 -spec cancel(handle()) -> ok.
@@ -198,12 +290,12 @@ format_error({perf_crashed, Why}) ->
 
 %% Waits for the end of the window, then for perf (until the report is
 %% due), and analyses.
-window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Context) ->
+window(H = #{sampler := S, t0 := T0, duration_ms := D}, Context) ->
     wait_until(T0 + D, H),
     Samples = beamdiag_host_view:stop(S),
-    Perf = case maps:find(whole_perf, H) of
-               {ok, Run} -> perf_result(Run, ReadyBy);
-               error -> none
+    Perf = case maps:is_key(whole_perf, H) of
+               true -> perf_result(H);
+               false -> none
            end,
     {PerfCtx, Tids} = case Perf of
                           {ok, Script0, Ts} -> {{script, Script0}, Ts};
@@ -227,7 +319,12 @@ window(H = #{sampler := S, t0 := T0, duration_ms := D, ready_by := ReadyBy}, Con
                   _ ->
                       PerfCtx
               end,
-    Ctx = (maps:without([agent, extras], Context))#{os_pid => maps:get(os_pid, H), node => maps:get(node, H),
+    Skipped = case {Perf, maps:find(perf_skipped, H)} of
+                  {none, {ok, Why}} -> #{perf_skipped => Why};
+                  _ -> #{}
+              end,
+    Ctx = (maps:merge(maps:without([agent, extras], Context), Skipped))#{
+                   os_pid => maps:get(os_pid, H), node => maps:get(node, H),
                    located => maps:get(how, maps:get(located, H)),
                    window_s => D / 1000, perf => PerfTop,
                    process_state => process_state(maps:get(proc_root, H), maps:get(os_pid, H))},
@@ -341,6 +438,13 @@ perf(OsPid, Tids, Secs) ->
 %% report is due. None when less than 2.5 s is left.
 perf_seconds(LeftMs) when LeftMs < 2500 -> 0;
 perf_seconds(LeftMs) -> max(1, (LeftMs - 2000) div 1000).
+
+%% perf's result: kept by `perf_done/2', or waited for until the report
+%% is due.
+perf_result(#{perf_result := R}) ->
+    R;
+perf_result(#{whole_perf := Run, ready_by := ReadyBy}) ->
+    perf_result(Run, ReadyBy).
 
 perf_result({Pid, MRef, Dir}, ReadyBy) ->
     Wait = case ReadyBy of

@@ -19,7 +19,7 @@
 %%% '''
 -module(beamdiag_host_view).
 
--export([start/2, snapshot/1, pause/1, stop/1, settings/1]).
+-export([start/2, snapshot/1, pause/1, stop/1, settings/1, tell/3, told/1]).
 
 -export_type([sample/0]).
 
@@ -71,6 +71,18 @@ pause(Pid) ->
     Pid ! pause,
     ok.
 
+%% @doc Keeps a fact about the node with the view (what perf found), for
+%% whoever asks the view later (`told/1').
+-spec tell(pid(), atom(), term()) -> ok.
+tell(Pid, Key, Value) ->
+    Pid ! {tell, Key, Value},
+    ok.
+
+%% @doc The facts told so far.
+-spec told(pid()) -> #{atom() => term()}.
+told(Pid) ->
+    call(Pid, told).
+
 %% @doc A last sample now, then the sampler ends: every sample, oldest first.
 -spec stop(pid()) -> [sample()].
 stop(Pid) ->
@@ -83,7 +95,10 @@ stop(Pid) ->
 -spec sample(file:filename(), pos_integer(), beamdiag_agent_cgroup:location() | {error, term()}) ->
     sample().
 sample(Root, OsPid, Cg) ->
-    Threads = beamdiag_agent_procfs:threads(Root, OsPid, #{status => true}),
+    %% Every sample reads what the threads that are not running wait on
+    %% (the call, and the file behind it when this VM may read the
+    %% node's memory: root, or the node's user).
+    Threads = beamdiag_agent_procfs:threads(Root, OsPid, #{status => true, waits => true}),
     Host = beamdiag_agent_procfs:host(Root),
     CgStat = case Cg of
                  #{dir := _} -> beamdiag_agent_cgroup:read(Cg);
@@ -146,7 +161,12 @@ loop(S = #{root := Root, os_pid := OsPid, cgroup := Cg, interval := Interval}, A
         {From, Ref, stop} ->
             From ! {Ref, lists:reverse(keep([sample(Root, OsPid, Cg) | Acc]))};
         pause ->
-            loop(S#{interval := infinity}, Acc)
+            loop(S#{interval := infinity}, Acc);
+        {tell, Key, Value} ->
+            loop(S#{told => (maps:get(told, S, #{}))#{Key => Value}}, Acc);
+        {From, Ref, told} ->
+            From ! {Ref, maps:get(told, S, #{})},
+            loop(S, Acc)
     after Interval ->
         loop(S, keep([sample(Root, OsPid, Cg) | Acc]))
     end.

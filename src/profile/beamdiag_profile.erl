@@ -15,7 +15,10 @@
 
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
-%% Erlang sampler instead of perf), `call_graph' (dwarf | fp | none),
+%% Erlang sampler instead of perf), `call_graph' (auto | dwarf | fp |
+%% none), `prefer' (native, or erlang: the Erlang-level sampler runs
+%% beside perf on every node, for the Erlang callers no perf mode shows
+%% of native code),
 %% `out' (perf's working directory), `perf' (the perf executable), `rules'
 %% (true: the profile rules read the profile, once, and their findings
 %% come with it; false when a diagnosis runs them with its other rules).
@@ -40,23 +43,28 @@ profile(Node, Opts, Err) ->
         {ok, OsPid} ->
             D = maps:get(duration, Opts, 10),
             Target = beamdiag_perf:target(OsPid),
-            %% An emulator without names for its C functions (sid's OTP 29)
-            %% leaves perf unable to say what the native code does, and no
-            %% perf mode here reaches the Erlang caller of a BIF: the
-            %% Erlang-level sampler runs beside perf, at 47 Hz, for both.
-            Callers = case maps:get(native_names, Target) of
-                false -> start_callers(Node, D);
-                true -> none
-            end,
             _ = case Target of
                 #{perf_map := missing, perf_flag := Flag, ns_pid := NsPid} ->
                     Err(io_lib:format(
                           "warning: no perf map for ~ts (+JPperf ~ts; looked for perf-~b.map in "
                           "its +JPperfdirectory, its own /tmp through /proc/~b/root, and /tmp): "
-                          "its JIT code will have no names; start the node with +JPperf true~n",
-                          [pid_text(OsPid, Target), Flag, NsPid, OsPid]));
+                          "its JIT code will have no names~ts~n",
+                          [pid_text(OsPid, Target), Flag, NsPid, OsPid, map_advice(Flag)]));
                 _ ->
                     ok
+            end,
+            %% An emulator without names for its C functions (sid's OTP 29)
+            %% leaves perf unable to say what the native code does, and no
+            %% perf mode here reaches the Erlang caller of a BIF or NIF
+            %% (frame pointers end at the first C frame of Debian's
+            %% emulators, DWARF at the first JIT frame): the Erlang-level
+            %% sampler runs beside perf, at 47 Hz, for both; and always
+            %% with `prefer => erlang' (the flame graph, read for its
+            %% Erlang callers).
+            Callers = case maps:get(native_names, Target) =:= false orelse
+                           maps:get(prefer, Opts, native) =:= erlang of
+                true -> start_callers(Node, D);
+                false -> none
             end,
             Err(io_lib:format("recording ~ts (~p) with perf for ~b s...~n",
                               [pid_text(OsPid, Target), Node, D])),
@@ -96,6 +104,13 @@ profile(Node, Opts, Err) ->
         {error, _} = E ->
             E
     end.
+
+%% What to do about a missing perf map, for a node with that +JPperf flag.
+map_advice(F) when F =:= <<"true">>; F =:= <<"map">> ->
+    " (a node in a container writes it into its own /tmp; +JPperfdirectory on OTP 28 and later "
+    "says where)";
+map_advice(_) ->
+    "; start the node with +JPperf true".
 
 %% The most frequent stacks, leaf first, with their shares.
 top_stacks(#{stacks := Stacks, samples := N}, K) ->
@@ -170,6 +185,18 @@ notes(R = #{perf := Perf}, S) ->
                            "so a walk that enters it ends there (~.1f% of samples cut short). "
                            "For native call chains: --call-graph dwarf.",
                            [100 * maps:get(cut_short_share, S)])];
+        #{call_graph := dwarf} when is_map_key(callers, R) ->
+            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
+                           "native code are not on perf's stacks (~.1f% of samples cut short); "
+                           "the Erlang-level sampler beside perf names them (below).",
+                           [100 * maps:get(cut_short_share, S)])];
+        #{call_graph := dwarf, target := #{frame_pointers := true, perf_flag := Has}} ->
+            %% Never advise a flag the node has.
+            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
+                           "native code are lost (~.1f% of samples cut short). For Erlang call "
+                           "chains: --call-graph fp (the node already runs +JPperf ~ts, so its "
+                           "JIT code keeps frame pointers), or --erlang.",
+                           [100 * maps:get(cut_short_share, S), Has])];
         #{call_graph := dwarf} ->
             [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
                            "native code are lost (~.1f% of samples cut short). For Erlang call "
@@ -190,6 +217,11 @@ notes(R = #{perf := Perf}, S) ->
             []
     end,
     Map = case Perf of
+        #{perf_map := missing, target := #{perf_flag := Flag}}
+          when Flag =:= <<"true">>; Flag =:= <<"map">> ->
+            [io_lib:format("No perf map found, although the node runs +JPperf ~ts: its JIT code "
+                           "has no names here (a node in a container writes the map into its "
+                           "own /tmp; +JPperfdirectory on OTP 28 and later says where).", [Flag])];
         #{perf_map := missing} ->
             [<<"No perf map: the node was not started with +JPperf true (or map), so its JIT "
                "code has no names; restart it with +JPperf true to name Erlang functions.">>];
