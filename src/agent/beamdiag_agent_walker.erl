@@ -10,35 +10,53 @@
 %%% behind them). It ends with the agent: it monitors it, and it exits
 %%% after the end walk.
 %%%
+%%% After the start walk it starts the queue watch (beamdiag_agent_queues)
+%%% on the processes `beamdiag_agent_processes:watch/1' names, hands it to
+%%% the agent (whose ticks read it) and gives its readings to the end walk's
+%%% report; it stops the watch when it ends.
+%%%
+%%% The start walk's report and the watch's readings also go straight to
+%%% the session's caller, not through the agent: on a node starved of CPU
+%%% a tick (its /proc reads, each a trip to a dirty I/O thread and back)
+%%% takes a second or more, and the agent reads its messages only between
+%%% ticks. The caller then has the queues' growth even when the ticks come
+%%% too slowly for a window (measured on a flooded node on a loaded 2-core
+%%% host: the agent's first tick came 2.3 to 6.2 s after its start).
+%%%
 %%% Messages to the agent: `{beamdiag_walk, Walker, Result}', Result one of
 %%% `{started, Snapshot, Watch}' (the start walk's report alone and the
-%%% pids whose queues the ticks watch), `{next, Report}' and
-%%% `{error, Text}'. The end walk's report goes to whoever asked, as
-%%% `{Ref, {ok, Report}}' or `{Ref, {error, Text}}'.
+%%% queue watch the ticks read), `{next, Report}' and `{error, Text}'. The
+%%% end walk's report goes to whoever asked, as `{Ref, {ok, Report}}' or
+%%% `{Ref, {error, Text}}'. To the caller, `{beamdiag, Ref, Event}':
+%%% `{procs_start, Snapshot}' once, then `{queue_reads, T, Reads}' (T the
+%%% node's monotonic time in ns) every half second while they change.
 -module(beamdiag_agent_walker).
 
--export([start/2, next/1, finish/2]).
+-export([start/3, next/1, finish/2]).
 
 %% The start walk's figures take about this many words a process (the
 %% tuple, its entry in the list and in the map), at most ?MAX_HEAP_WORDS
 %% (8 MB) up front.
 -define(WORDS_PER_PROCESS, 20).
 -define(MAX_HEAP_WORDS, 1000000).
+%% How often the watch's readings go to the caller.
+-define(READS_MS, 500).
 
 %%%===================================================================
 %%% API
 %%%===================================================================
 
 %% @doc Starts the walker for Agent; Skip: pids left out of the walks
-%% (the agent's helpers; the agent and the walker always are).
--spec start(pid(), [pid()]) -> pid().
-start(Agent, Skip) ->
+%% (the agent's helpers; the agent and the walker always are); To: the
+%% session's caller and reference, or `none'.
+-spec start(pid(), [pid()], {pid(), reference()} | none) -> pid().
+start(Agent, Skip, To) ->
     %% The start walk keeps every process's figures for the end walk: a
     %% heap that holds them from the first avoids the collections that
     %% would grow it step by step (measured at 10,000 processes: the two
     %% walks 5 to 10% faster).
     Words = min(?MAX_HEAP_WORDS, ?WORDS_PER_PROCESS * erlang:system_info(process_count)),
-    spawn_opt(fun() -> init(Agent, Skip) end, [{priority, high}, {min_heap_size, Words}]).
+    spawn_opt(fun() -> init(Agent, Skip, To) end, [{priority, high}, {min_heap_size, Words}]).
 
 %% @doc Asks for the report since the last walk (answered with
 %% `{beamdiag_walk, Walker, {next, Report}}').
@@ -58,32 +76,61 @@ finish(Walker, Ref) ->
 %%% Internal
 %%%===================================================================
 
-init(Agent, Skip) ->
+init(Agent, Skip, To) ->
     MRef = erlang:monitor(process, Agent),
     case attempt(fun() -> beamdiag_agent_processes:start(#{skip => [Agent | Skip]}) end) of
         {ok, S} ->
-            Agent ! {beamdiag_walk, self(), {started, beamdiag_agent_processes:snapshot(S),
-                                             beamdiag_agent_processes:watch(S)}},
-            loop(Agent, MRef, S);
+            Watch = beamdiag_agent_queues:start(beamdiag_agent_processes:watch(S), #{}),
+            Snapshot = beamdiag_agent_processes:snapshot(S),
+            tell(To, {procs_start, Snapshot}),
+            Agent ! {beamdiag_walk, self(), {started, Snapshot, Watch}},
+            %% The watch's readers are not walked.
+            Readers = beamdiag_agent_queues:readers(Watch),
+            loop(#{agent => Agent, mref => MRef, to => To, watch => Watch, sent => #{}},
+                 S#{skip := Readers ++ maps:get(skip, S)});
         {error, _} = E ->
             Agent ! {beamdiag_walk, self(), E}
     end.
 
-loop(Agent, MRef, S) ->
+loop(L = #{agent := Agent, mref := MRef, watch := Watch}, S) ->
     receive
         {beamdiag_walk_next, Agent} ->
             case attempt(fun() -> beamdiag_agent_processes:next(S) end) of
                 {ok, {Report, S2}} ->
                     Agent ! {beamdiag_walk, self(), {next, Report}},
-                    loop(Agent, MRef, S2);
+                    loop(L, S2);
                 {error, _} = E ->
+                    beamdiag_agent_queues:stop(Watch),
                     Agent ! {beamdiag_walk, self(), E}
             end;
         {beamdiag_walk_finish, From, Ref} ->
-            From ! {Ref, attempt(fun() -> beamdiag_agent_processes:finish(S) end)};
+            Reads = beamdiag_agent_queues:read(Watch),
+            Report = attempt(fun() -> beamdiag_agent_processes:finish(S, Reads) end),
+            beamdiag_agent_queues:stop(Watch),
+            From ! {Ref, Report};
         {'DOWN', MRef, process, Agent, _} ->
-            ok
+            beamdiag_agent_queues:stop(Watch)
+    after ?READS_MS ->
+        loop(send_reads(L), S)
     end.
+
+%% The watch's readings to the caller, when they changed.
+send_reads(L = #{to := none}) ->
+    L;
+send_reads(L = #{to := To, watch := Watch, sent := Sent}) ->
+    case beamdiag_agent_queues:read(Watch) of
+        Sent ->
+            L;
+        Reads ->
+            tell(To, {queue_reads, erlang:monotonic_time(nanosecond), Reads}),
+            L#{sent := Reads}
+    end.
+
+tell(none, _Event) ->
+    ok;
+tell({Caller, Ref}, Event) ->
+    Caller ! {beamdiag, Ref, Event},
+    ok.
 
 attempt(F) ->
     try

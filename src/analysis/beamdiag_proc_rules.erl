@@ -1,5 +1,5 @@
 %%% @doc Findings from process attribution (pure): the process data
-%%% `beamdiag_agent_processes:finish/1' returns, set beside the ledger.
+%%% `beamdiag_agent_processes:finish/2' returns, set beside the ledger.
 %%%
 %%% `single_process_bottleneck': one process took at least
 %%% `reds_share_min' of the node's reductions over the window, and that
@@ -150,9 +150,19 @@ queue_growth(Procs, T) ->
     Span = max(1.0e-3, maps:get(span_ms, Procs, 0) / 1000),
     Room = maps:get(memory_room, Procs, #{}),
     Partial = maps:is_key(partial, Procs),
-    lists:append([queue_finding(E, Span, T, Room, Partial) || E <- maps:get(queues, Procs, [])]).
+    Stalled = maps:from_list([{P, W} || #{pid := P, waited_ms := W} <- maps:get(stalled, Procs, [])]),
+    lists:append([queue_finding(E, entry_span(E, Span), T, Room, Partial, Stalled)
+                  || E <- maps:get(queues, Procs, [])]).
 
-queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
+%% The time between the two readings of an entry's queue: the walks' span,
+%% or its own when one end came from the queue watch.
+entry_span(#{queue_ms := Ms}, _) when is_integer(Ms), Ms > 0 -> Ms / 1000;
+entry_span(_, Span) -> Span.
+
+queue_finding(#{queue := [null, _], born := false}, _, _, _, _, _) ->
+    %% Never read at the start (it did not answer): no growth to measure.
+    [];
+queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial, Stalled) when is_integer(Q1) ->
     Start = case Q0 of null -> 0; _ -> Q0 end,
     Growth = Q1 - Start,
     Rate = Growth / Span,
@@ -166,17 +176,21 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
                   end,
             {MemLine, Metrics0} = queue_memory(E, Growth, Rate),
             {RoomLines, Metrics} = exhaustion(Metrics0, Room),
+            Waited = maps:get(maps:get(pid, E), Stalled, maps:get(waited_ms, E, undefined)),
             Evidence = [
                 fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~b messages/s "
                     "more arrive than it takes", [who(E), Start, Q1, Span, round(Rate)]),
-                MemLine] ++ RoomLines ++ [
-                case Partial of
-                    false ->
+                MemLine] ++ RoomLines ++ stalled_line(Waited) ++ [
+                case {Partial, maps:get(answered, E, true)} of
+                    {_, false} ->
+                        fmt("at this rate the queue holds ~s messages in ten minutes",
+                            [count(round(Q1 + Rate * 600))]);
+                    {false, _} ->
                         fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
                             "rate the queue holds ~s messages in ten minutes",
                             [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
                              maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))]);
-                    true ->
+                    {true, _} ->
                         fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
                             "holds ~s messages in ten minutes (the capture was cut short: the "
                             "queue lengths are the start walk's and the last tick's)",
@@ -191,7 +205,18 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
                 queue_end => Q1,
                 queue_rate => round4(Rate)
             })]
-    end.
+    end;
+queue_finding(_, _, _, _, _, _) ->
+    [].
+
+%% A process that did not answer a read in time: what that means here.
+stalled_line(Ms) when is_integer(Ms) ->
+    [fmt("it did not answer a read of its state within ~b ms (a process answers only between "
+         "its garbage collections, and each copies the messages queued since the last into its "
+         "heap: with a queue this long they take seconds); its queue was read all through the "
+         "window by a reader that waits", [Ms])];
+stalled_line(_) ->
+    [].
 
 %% The process's memory now and the rate it grows with the queue, when both
 %% ends were measured. A flooded process's memory is an estimate (the agent

@@ -47,7 +47,11 @@
     hard_stop => boolean(),
     %% A unit of work for `beamdiag experiment': `Module:unit(Name, Ctx)'
     %% of the load's module.
-    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()}
+    unit => #{name := atom(), concurrency := pos_integer(), summary := binary()},
+    %% The variation's defaults: the atom '$params' in the load's arguments
+    %% stands for them, with the `params' of start/2 merged over them and
+    %% checked by the load module's `params/1' (`{ok, Params}' or an error).
+    params => map()
 }.
 -type lab() :: #{
     scenario := scenario(),
@@ -86,11 +90,18 @@ scenario(Name) ->
 %% (seconds the workload runs, default 120), `extra_args' (more emulator
 %% flags, e.g. a variant under test), `exec' (how to start `erl', as OTP's
 %% `peer' takes it: `{Executable, Args}', e.g. a command that runs another
-%% OTP release's `erl' in its own root; default: this machine's `erl').
+%% OTP release's `erl' in its own root; default: this machine's `erl'),
+%% `params' (the variation of a scenario that has parameters, checked
+%% before any node starts).
 -spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {module(), term()}}.
 start(Name, Opts) when is_atom(Name); is_list(Name) ->
     case scenario(Name) of
         {ok, S} -> start(S, Opts);
+        {error, _} = E -> E
+    end;
+start(S = #{load := {Mod, _, _}}, Opts = #{params := P}) ->
+    case params(S, Mod, P) of
+        {ok, All} -> start(S#{params := All}, maps:remove(params, Opts));
         {error, _} = E -> E
     end;
 start(S = #{name := Name, emu_args := Args, load := {Mod, Fun, FArgs}}, Opts) ->
@@ -174,6 +185,8 @@ format_error({load, Why}) ->
 format_error({cgroup, Why}) ->
     io_lib:format("cannot set up a CPU-quota cgroup (needs root and a writable cgroup "
                   "hierarchy): ~p", [Why]);
+format_error({params, Name, Bad}) ->
+    io_lib:format("the ~s scenario does not take these parameters: ~0P", [Name, Bad, 12]);
 format_error({workload, Reason}) ->
     io_lib:format("the workload did not start: ~p", [Reason]).
 
@@ -195,6 +208,7 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
             Args = [case A of
                         '$duration_ms' -> Duration * 1000;
                         '$prepared' -> maps:get(prepared, L);
+                        '$params' -> maps:get(params, S);
                         _ -> A
                     end || A <- FArgs],
             case catch peer:call(Peer, Mod, Fun, Args, 30000) of
@@ -205,6 +219,14 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
         end
     ],
     lists:foldl(fun(Step, {ok, L}) -> Step(L); (_, E) -> E end, {ok, Lab}, Steps).
+
+%% A variation: only a scenario with parameters takes one, checked by
+%% its load module.
+params(#{params := _}, Mod, P) when is_map(P) ->
+    {module, Mod} = code:ensure_loaded(Mod),
+    Mod:params(P);
+params(#{name := Name}, _Mod, P) ->
+    {error, {beamdiag_lab, {params, Name, P}}}.
 
 %% Ships modules with the one loader for every node, so the lab runs on
 %% another OTP release too; the node dies with the lab, and the modules

@@ -190,6 +190,10 @@ gather(G = #{client := Client, deadline := Deadline,
         {event, {procs_start, Snapshot}} ->
             %% The start walk's report: kept for a capture cut short.
             gather(G#{procs_start => Snapshot});
+        {event, {queue_reads, T, Reads}} ->
+            %% The queue watch's latest readings (from the walker, beside
+            %% the ticks): kept to bring the start walk's report forward.
+            gather(G#{queue_reads => #{t => T, queue_reads => Reads}});
         {event, {partial_extras, Quick}} ->
             gather(G#{quick => Quick});
         {event, {locks, Locks}} ->
@@ -302,7 +306,7 @@ partial_extras(G) ->
             end,
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
-            Procs = forward(Snapshot, maps:get(samples, G)),
+            Procs = forward(Snapshot, G),
             Quick#{procs => case Quick of
                                 #{memory_room := Room} -> Procs#{memory_room => Room};
                                 _ -> Procs
@@ -325,7 +329,7 @@ end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
     case maps:is_key(procs, Extras) of
         true -> Extras;
         false ->
-            Procs = forward(Snapshot, maps:get(samples, G)),
+            Procs = forward(Snapshot, G),
             Extras#{procs => case Extras of
                                  #{memory_room := Room} -> Procs#{memory_room => Room};
                                  _ -> Procs
@@ -334,15 +338,16 @@ end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
 end_walk(Extras, _G) ->
     Extras.
 
-%% The start walk's queues at the last tick that read them (samples are
+%% The start walk's report brought forward with the queue watch's latest
+%% readings: the walker's own, or a tick's when it is newer (samples are
 %% newest first; the walk was taken just after the first).
-forward(Snapshot, Samples) ->
-    case [S || S = #{queues := _} <- Samples] of
-        [#{queues := Qs, t := T} | _] ->
-            #{t := T0} = lists:last(Samples),
-            beamdiag_agent_processes:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
-        [] ->
-            Snapshot
+forward(Snapshot, G = #{samples := Samples}) ->
+    case maps:find(queue_reads, G) of
+        {ok, R = #{t := T}} ->
+            Newer = [S || S = #{t := ST} <- Samples, ST >= T],
+            beamdiag_agent_processes:forward(Snapshot, Newer ++ [R | Samples -- Newer]);
+        error ->
+            beamdiag_agent_processes:forward(Snapshot, Samples)
     end.
 
 %% The agent's last word came late or not at all: two samples are a window,
