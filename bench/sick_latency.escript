@@ -2,56 +2,99 @@
 %% -*- erlang -*-
 %%%
 %%% How long `beamdiag diagnose' takes on a node in trouble, against the
-%%% target: the window plus 2 s.
+%%% target: the window plus 2 s; and whether it names what is wrong.
 %%%
-%%% For each lab scenario (a plain NIF that never yields, the same NIF
-%%% 100 ms at a time, a flooded mailbox, a CPU-bound node under a 0.2-CPU
-%%% quota, a saturated lock-counting node with one hot ETS table) a lab
-%%% node is started on this host and left to settle for 2 s (a fresh one per
-%%% try for the flood, whose sender stops at its cap), then the built
-%%% escript runs `beamdiag diagnose NODE --json --duration W' as a separate
-%%% OS process, as a user would, BENCH_SICK_TRIES times. Printed per try:
-%%% the command's wall time from its start to its exit, the same less the
-%%% escript's own start-up (measured once, as `beamdiag --help'), the
-%%% same less the escript's start-up measured beside the scenario's node
-%%% (median of three; a node that fills the host's CPUs slows every VM's
-%%% start), the target, the exit code, whether the report was host-only or partial,
-%%% and the findings at warning or above. A scenario the host cannot run
-%%% (no lock-counting emulator, no cgroup to write) is skipped with the
-%%% lab's reason.
+%%% The cases are data (cases/0): a lab scenario, its variation (the
+%%% scenario's `params'), the findings that must come, and whether each try
+%%% needs a fresh node (a flood's senders stop at their cap). For each case
+%%% a lab node is started on this host and left to settle for 2 s, then the
+%%% built escript runs `beamdiag diagnose NODE --json --duration W' as a
+%%% separate OS process, as a user would, BENCH_SICK_TRIES times (back to
+%%% back on one node, or on a fresh node per try). Printed per try: the
+%%% command's wall time from its start to its exit, the same less the
+%%% escript's own start-up (measured once, as `beamdiag --help'), the same
+%%% less the escript's start-up measured beside the scenario's node (median
+%%% of three; a node that fills the host's CPUs slows every VM's start), the
+%%% report's own `ready_s', the target, the exit code, whether the report
+%%% was host-only or partial, whether it was right (every expected finding
+%%% at warning or above) and on time (ready within the target), and the
+%%% findings at warning or above. Then, per case, right and on time N of
+%%% M. A case the host cannot run (no lock-counting emulator, no cgroup to
+%%% write) is skipped with the lab's reason.
 %%%
-%%% Every lab node is stopped after its scenario (the lab kills the stuck
-%%% ones with SIGKILL); the nodes are this VM's peers and die with it.
+%%% Every lab node is stopped after its case (the lab kills the stuck ones
+%%% with SIGKILL); the nodes are this VM's peers and die with it.
 %%%
 %%% Run from the repository root after `rebar3 escriptize':
 %%%   bench/sick_latency.escript
 %%% Environment: BENCH_SICK_WINDOW (6, seconds), BENCH_SICK_TRIES (3),
-%%% BENCH_SICK_SCENARIOS ("nif_stuck nif_long mailbox_flood cpu_throttling
-%%% ets_hot"), BENCH_SICK_OTP (the release the lab nodes run: this VM's, or
-%%% 27 or 29 from the Debian roots scripts/otp-root.sh builds).
+%%% BENCH_SICK_SCENARIOS (the cases to run, by scenario name, which takes
+%%% all its variations, or by case label, `mailbox_flood:p1-small-none';
+%%% default: the first case of each scenario), BENCH_SICK_OTP (the release
+%%% the lab nodes run: this VM's, or 27 or 29 from the Debian roots
+%%% scripts/otp-root.sh builds).
 -mode(compile).
+
+%% The cases: scenario, variation, what must be named, a fresh node per
+%% try. The first case of a scenario is its default run.
+cases() ->
+    [#{scenario => nif_stuck, expect => [scheduler_held_native]},
+     #{scenario => nif_long, expect => [long_schedule]},
+     #{scenario => cpu_throttling, expect => [cpu_throttling]},
+     #{scenario => ets_hot, expect => [ets_contention]}]
+    ++ [#{scenario => mailbox_flood, params => P, expect => [message_queue_growth], fresh => true}
+        || P <- [#{},
+                 #{producers => 1, work => none},
+                 #{producers => 1, work => {busy_us, 100}},
+                 #{producers => 16, work => none},
+                 #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}},
+                 #{producers => 2, message => {binary, 10240}},
+                 #{producers => 8, message => {tuple, 1000}},
+                 #{producers => 16, message => {tuple, 100}, work => {busy_us, 20}}]].
 
 main(_) ->
     Window = list_to_integer(env("BENCH_SICK_WINDOW", "6")),
     Tries = list_to_integer(env("BENCH_SICK_TRIES", "3")),
-    Scenarios = string:lexemes(env("BENCH_SICK_SCENARIOS",
-                                   "nif_stuck nif_long mailbox_flood cpu_throttling ets_hot"), " ,"),
     Exe = filename:absname("_build/default/bin/beamdiag"),
     LabOpts = lab_opts(env("BENCH_SICK_OTP", erlang:system_info(otp_release))),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
     true = code:add_patha(filename:absname("_build/default/lib/beamdiag/ebin")),
+    Cases = selected(env("BENCH_SICK_SCENARIOS", ""), [C#{label => label(C)} || C <- cases()]),
     {ok, _} = net_kernel:start(list_to_atom("bds_bench_" ++ os:getpid()), #{name_domain => shortnames}),
     {BootMs, _} = run(Exe ++ " --help"),
     io:format("beamdiag sick-node latency: lab nodes on OTP ~s, window ~b s, target ~b s from the "
               "call; escript start-up ~b ms; host ~b CPUs, load ~s~n",
               [maps:get(release, LabOpts), Window, Window + 2, BootMs,
                erlang:system_info(logical_processors), load()]),
-    io:format("~-15s ~4s ~8s ~10s ~10s ~7s ~7s ~5s ~10s  ~s~n",
-              ["scenario", "try", "wall s", "-start-up", "-loaded", "ready", "target", "exit",
-               "report", "findings"]),
-    [scenario(list_to_atom(S), Window, Tries, Exe, BootMs, maps:remove(release, LabOpts))
-     || S <- Scenarios],
+    io:format("~-40s ~4s ~8s ~10s ~10s ~7s ~7s ~5s ~10s ~5s  ~s~n",
+              ["case", "try", "wall s", "-start-up", "-loaded", "ready", "target", "exit",
+               "report", "right", "findings"]),
+    Tally = [{L, case_(C, Window, Tries, Exe, BootMs, maps:remove(release, LabOpts))}
+             || C = #{label := L} <- Cases],
+    io:format("~nright and on time (load now ~s):~n", [load()]),
+    [io:format("  ~-40s ~ts~n", [L, tally(R)]) || {L, R} <- Tally],
     ok.
+
+label(#{scenario := S, params := P}) when map_size(P) > 0 ->
+    atom_to_list(S) ++ ":" ++ beamdiag_lab_flood:label(P);
+label(#{scenario := S}) ->
+    atom_to_list(S).
+
+%% By scenario name (every variation) or by label; by default the first
+%% case of each scenario.
+selected("", Cases) ->
+    first_of_each(Cases, []);
+selected(Names, Cases) ->
+    Wanted = string:lexemes(Names, " ,"),
+    [C || C = #{scenario := S, label := L} <- Cases,
+          lists:member(atom_to_list(S), Wanted) orelse lists:member(L, Wanted)].
+
+first_of_each([], _Seen) -> [];
+first_of_each([C = #{scenario := S} | Cs], Seen) ->
+    case lists:member(S, Seen) of
+        true -> first_of_each(Cs, Seen);
+        false -> [C | first_of_each(Cs, [S | Seen])]
+    end.
 
 %% How the lab nodes are started: this VM's erl, or the Debian root's
 %% (built once by scripts/otp-root.sh, which says why when it cannot).
@@ -71,16 +114,18 @@ lab_opts(Rel) ->
             halt_with("BENCH_SICK_OTP: " ++ Rel ++ " is not this VM's release, 27 or 29")
     end.
 
-%% The flood's sender stops at its cap (14 million messages) within a
-%% window or two, so each of its tries gets a fresh lab node; the others
-%% are tried back to back on one node.
-scenario(mailbox_flood = Name, Window, Tries, Exe, BootMs, LabOpts) ->
-    [scenario(Name, Window, Tries, Exe, BootMs, LabOpts, [K]) || K <- lists:seq(1, Tries)];
-scenario(Name, Window, Tries, Exe, BootMs, LabOpts) ->
-    scenario(Name, Window, Tries, Exe, BootMs, LabOpts, lists:seq(1, Tries)).
+%% A fresh node per try, or the tries back to back on one node.
+case_(C = #{fresh := true}, Window, Tries, Exe, BootMs, LabOpts) ->
+    lists:append([case_(C, Window, Tries, Exe, BootMs, LabOpts, [K]) || K <- lists:seq(1, Tries)]);
+case_(C, Window, Tries, Exe, BootMs, LabOpts) ->
+    case_(C, Window, Tries, Exe, BootMs, LabOpts, lists:seq(1, Tries)).
 
-scenario(Name, Window, _Tries, Exe, BootMs, LabOpts, Ks) ->
-    case beamdiag_lab:start(Name, LabOpts#{duration => 600}) of
+case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabOpts, Ks) ->
+    Opts = case maps:find(params, C) of
+               {ok, P} when map_size(P) > 0 -> LabOpts#{duration => 600, params => P};
+               _ -> LabOpts#{duration => 600}
+           end,
+    case beamdiag_lab:start(Name, Opts) of
         {ok, Lab} ->
             try
                 timer:sleep(2000),
@@ -93,15 +138,16 @@ scenario(Name, Window, _Tries, Exe, BootMs, LabOpts, Ks) ->
                                                   || _ <- [1, 2, 3]])),
                 %% Back to back, as a user would retry: a session waits for
                 %% the previous one's agent to remove its modules.
-                [one(Name, K, Window, Exe, {BootMs, Loaded}, Node, Cookie) || K <- Ks]
+                [one(C, K, Window, Exe, {BootMs, Loaded}, Node, Cookie) || K <- Ks]
             after
                 beamdiag_lab:stop(Lab)
             end;
         {error, {M, Why}} ->
-            io:format("~-15s skipped: ~ts~n", [Name, M:format_error(Why)])
+            io:format("~-40s skipped: ~ts~n", [Label, M:format_error(Why)]),
+            [skipped]
     end.
 
-one(Name, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie) ->
+one(#{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie) ->
     Cmd = lists:flatten(io_lib:format("BEAMDIAG_COOKIE=~s ~s diagnose ~s --json --duration ~b "
                                       "2>/dev/null; echo \"exit=$?\"",
                                       [Cookie, Exe, Node, Window])),
@@ -113,16 +159,40 @@ one(Name, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie) ->
                {nomatch, _} -> "partial";
                _ -> "host-only"
            end,
-    io:format("~-15s ~4b ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s  ~ts~n",
-              [Name, K, Ms / 1000, (Ms - BootMs) / 1000, (Ms - LoadedMs) / 1000, ready(Json),
-               Window + 2, Code, Kind, lists:join(",", serious(Json))]).
+    Found = serious(Json),
+    Right = lists:all(fun(Id) -> lists:member(atom_to_list(Id), Found) end, Expect),
+    Ready = ready(Json),
+    OnTime = is_number(Ready) andalso Ready =< Window + 2,
+    io:format("~-40s ~4b ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~n",
+              [Label, K, Ms / 1000, (Ms - BootMs) / 1000, (Ms - LoadedMs) / 1000,
+               case Ready of none -> "-"; _ -> io_lib:format("~.2f", [Ready]) end,
+               Window + 2, Code, Kind, yes_no(Right andalso OnTime),
+               lists:join(",", case Found of [] -> ["none"]; _ -> Found end)]),
+    {Right, OnTime, Ready}.
+
+yes_no(true) -> "yes";
+yes_no(false) -> "NO".
+
+%% N of M right and on time, the ready range, and what went wrong.
+tally([skipped]) ->
+    "skipped";
+tally(Rs) ->
+    Good = length([1 || {true, true, _} <- Rs]),
+    Readies = [R || {_, _, R} <- Rs, is_number(R)],
+    Range = case Readies of
+                [] -> "";
+                _ -> io_lib:format(", ready ~.2f-~.2f s", [lists:min(Readies), lists:max(Readies)])
+            end,
+    io_lib:format("~b of ~b~ts; wrong ~b, late ~b", [Good, length(Rs), Range,
+                                                     length([1 || {false, _, _} <- Rs]),
+                                                     length([1 || {_, false, _} <- Rs])]).
 
 %% The report's own figure: wall seconds from the call (after the
 %% escript's start-up) to the diagnosis, before its output is written.
 ready(Json) ->
     case re:run(Json, "\"ready_s\":([0-9.]+)", [{capture, [1], list}]) of
-        {match, [S]} -> io_lib:format("~.2f", [list_to_float(S)]);
-        nomatch -> "-"
+        {match, [S]} -> list_to_float(S);
+        nomatch -> none
     end.
 
 %% The ids of the findings at warning or critical, read from the JSON text.
@@ -131,7 +201,7 @@ serious(Json) ->
                       "\"severity\":\"(critical|warning)\"",
                 [global, {capture, [1], list}]) of
         {match, Ids} -> lists:usort([Id || [Id] <- Ids]);
-        nomatch -> ["none"]
+        nomatch -> []
     end.
 
 run(Cmd) ->
