@@ -5,8 +5,11 @@
 %%% target: the window plus 2 s; and whether it names what is wrong.
 %%%
 %%% The cases are data (cases/0): a lab scenario, its variation (the
-%%% scenario's `params'), the findings that must come, and whether each try
-%%% needs a fresh node (a flood's senders stop at their cap). For each case
+%%% scenario's `params'), the findings that must come, whether each try
+%%% needs a fresh node (a flood's senders stop at their cap), and
+%%% optionally the raw signal read from the lab node just before each try
+%%% (a flood's queue growth over half a second): a try without it is
+%%% printed, and left out of the tally as no case at all. For each case
 %%% a lab node is started on this host and left to settle for 2 s, then the
 %%% built escript runs `beamdiag diagnose NODE --json --duration W' as a
 %%% separate OS process, as a user would, BENCH_SICK_TRIES times (back to
@@ -42,9 +45,10 @@ cases() ->
      #{scenario => nif_long, expect => [long_schedule]},
      #{scenario => cpu_throttling, expect => [cpu_throttling]},
      #{scenario => ets_hot, expect => [ets_contention]}]
-    ++ [#{scenario => mailbox_flood, params => P, expect => [message_queue_growth], fresh => true}
+    ++ [#{scenario => mailbox_flood, params => P, expect => [message_queue_growth], fresh => true,
+          signal => fun queue_growth/1}
         || P <- [#{},
-                 #{producers => 1, work => none},
+                 #{producers => 1},
                  #{producers => 1, work => {busy_us, 100}},
                  #{producers => 16, work => none},
                  #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}},
@@ -138,7 +142,7 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
                                                   || _ <- [1, 2, 3]])),
                 %% Back to back, as a user would retry: a session waits for
                 %% the previous one's agent to remove its modules.
-                [one(C, K, Window, Exe, {BootMs, Loaded}, Node, Cookie) || K <- Ks]
+                [one(C, K, Window, Exe, {BootMs, Loaded}, Lab, Node, Cookie) || K <- Ks]
             after
                 beamdiag_lab:stop(Lab)
             end;
@@ -147,7 +151,20 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
             [skipped]
     end.
 
-one(#{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie) ->
+one(C = #{label := Label}, K, Window, Exe, Times, Lab, Node, Cookie) ->
+    case maps:find(signal, C) of
+        {ok, Signal} ->
+            case Signal(maps:get(peer, Lab)) of
+                {ok, _Text} = S -> try_(C, K, Window, Exe, Times, Node, Cookie, S);
+                {no, Text} ->
+                    io:format("~-40s ~4b no raw signal: ~ts~n", [Label, K, Text]),
+                    no_signal
+            end;
+        error ->
+            try_(C, K, Window, Exe, Times, Node, Cookie, none)
+    end.
+
+try_(#{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie, Raw) ->
     Cmd = lists:flatten(io_lib:format("BEAMDIAG_COOKIE=~s ~s diagnose ~s --json --duration ~b "
                                       "2>/dev/null; echo \"exit=$?\"",
                                       [Cookie, Exe, Node, Window])),
@@ -163,12 +180,34 @@ one(#{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}, Nod
     Right = lists:all(fun(Id) -> lists:member(atom_to_list(Id), Found) end, Expect),
     Ready = ready(Json),
     OnTime = is_number(Ready) andalso Ready =< Window + 2,
-    io:format("~-40s ~4b ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~n",
+    io:format("~-40s ~4b ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~ts~n",
               [Label, K, Ms / 1000, (Ms - BootMs) / 1000, (Ms - LoadedMs) / 1000,
                case Ready of none -> "-"; _ -> io_lib:format("~.2f", [Ready]) end,
                Window + 2, Code, Kind, yes_no(Right andalso OnTime),
-               lists:join(",", case Found of [] -> ["none"]; _ -> Found end)]),
+               lists:join(",", case Found of [] -> ["none"]; _ -> Found end),
+               case Raw of {ok, T} -> ["  (raw: ", T, ")"]; none -> "" end]),
     {Right, OnTime, Ready}.
+
+%% The flood's raw signal: the consumer's queue read twice, half a second
+%% apart, from the lab node (a read waits for the consumer between its
+%% collections: up to seconds).
+queue_growth(Peer) ->
+    Consumer = peer:call(Peer, erlang, whereis, [beamdiag_lab_flooded], 10000),
+    Read = fun() ->
+                   T = erlang:monotonic_time(millisecond),
+                   {message_queue_len, Q} =
+                       peer:call(Peer, erlang, process_info, [Consumer, message_queue_len], 30000),
+                   {T, Q}
+           end,
+    {T0, Q0} = Read(),
+    timer:sleep(500),
+    {T1, Q1} = Read(),
+    Rate = (Q1 - Q0) * 1000 / max(1, T1 - T0),
+    Text = io_lib:format("queue ~b -> ~b, ~b/s", [Q0, Q1, round(Rate)]),
+    case Q1 - Q0 >= 1000 of
+        true -> {ok, Text};
+        false -> {no, Text}
+    end.
 
 yes_no(true) -> "yes";
 yes_no(false) -> "NO".
@@ -176,16 +215,22 @@ yes_no(false) -> "NO".
 %% N of M right and on time, the ready range, and what went wrong.
 tally([skipped]) ->
     "skipped";
-tally(Rs) ->
+tally(Rs0) ->
+    Rs = [R || R <- Rs0, R =/= no_signal],
+    NoSignal = length(Rs0) - length(Rs),
     Good = length([1 || {true, true, _} <- Rs]),
     Readies = [R || {_, _, R} <- Rs, is_number(R)],
     Range = case Readies of
                 [] -> "";
                 _ -> io_lib:format(", ready ~.2f-~.2f s", [lists:min(Readies), lists:max(Readies)])
             end,
-    io_lib:format("~b of ~b~ts; wrong ~b, late ~b", [Good, length(Rs), Range,
-                                                     length([1 || {false, _, _} <- Rs]),
-                                                     length([1 || {_, false, _} <- Rs])]).
+    io_lib:format("~b of ~b~ts; wrong ~b, late ~b~ts",
+                  [Good, length(Rs), Range, length([1 || {false, _, _} <- Rs]),
+                   length([1 || {_, false, _} <- Rs]),
+                   case NoSignal of
+                       0 -> "";
+                       _ -> io_lib:format("; ~b tries without the raw signal left out", [NoSignal])
+                   end]).
 
 %% The report's own figure: wall seconds from the call (after the
 %% escript's start-up) to the diagnosis, before its output is written.

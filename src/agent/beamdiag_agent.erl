@@ -95,7 +95,9 @@
     threads := #{integer() => beamdiag_agent_procfs:thread()} | {error, term()},
     host := beamdiag_agent_procfs:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
-    tick_cost_us := non_neg_integer()
+    tick_cost_us := non_neg_integer(),
+    limits => beamdiag_agent_limits:counts(),
+    queue_reads => #{binary() => beamdiag_agent_queues:reading()}
 }.
 
 %% Past the window, the agent cleans up on its own after this long even if
@@ -158,7 +160,7 @@ modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
      beamdiag_agent_lcnt, beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
      beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_pinfo,
-     beamdiag_agent_queues].
+     beamdiag_agent_queues, beamdiag_agent_limits].
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
@@ -216,6 +218,7 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                             Sample = queues(State, #{
                                 t => T,
                                 vm => Vm,
+                                limits => beamdiag_agent_limits:counts(),
                                 threads => ok_or_error(Threads),
                                 host => ok_or_error(Host),
                                 cgroup => Cgroup,

@@ -69,7 +69,7 @@
 %%% '''
 -module(beamdiag_agent_processes).
 
--export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2]).
+-export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2, pids/1]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -324,6 +324,14 @@ snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
 watch(S = #{queues0 := Queues}) ->
     Stalled = [P || {P, _} <- lists:sublist(maps:get(stalled, S, []), ?WATCH_STALLED)],
     lists:sublist(Stalled ++ [P || P <- Queues, not lists:member(P, Stalled)], ?TOP).
+
+%% @doc The processes a walk would read now: every one up to ?WALK_MAX
+%% processes, otherwise the start walk's sample (the agent's own left out).
+-spec pids(state()) -> [pid()].
+pids(#{mode := all, skip := Skip}) ->
+    erlang:processes() -- Skip;
+pids(#{base := Base}) ->
+    maps:keys(Base).
 
 %% @doc A start-walk report (`snapshot/1') brought forward with the queue
 %% watch's readings of the latest sample that has them (Samples newest

@@ -29,7 +29,14 @@
 %%% end walk's report goes to whoever asked, as `{Ref, {ok, Report}}' or
 %%% `{Ref, {error, Text}}'. To the caller, `{beamdiag, Ref, Event}':
 %%% `{procs_start, Snapshot}' once, then `{queue_reads, T, Reads}' (T the
-%%% node's monotonic time in ns) every half second while they change.
+%%% node's monotonic time in ns) every half second while they change, and
+%%% `{atom_sources, Report}' when the atom table grows (see below).
+%%%
+%%% Every half second it also looks at the atom count (a counter of the
+%%% runtime): when it has grown by ?ATOMS_MIN or more since the start walk,
+%%% it samples which of the walked processes are running and where
+%%% (beamdiag_agent_limits:sources/2; at most twice a window, a second
+%%% apart): atoms are made by running code, and are never freed.
 -module(beamdiag_agent_walker).
 
 -export([start/3, next/1, finish/2]).
@@ -41,6 +48,14 @@
 -define(MAX_HEAP_WORDS, 1000000).
 %% How often the watch's readings go to the caller.
 -define(READS_MS, 500).
+%% Atoms made since the start walk that make the walker look for their
+%% source; at most this many looks a window, this far apart.
+-define(ATOMS_MIN, 100).
+-define(ATOM_LOOKS, 2).
+-define(ATOM_GAP_MS, 1000).
+%% A look's reads stop after this long (it takes a few milliseconds a
+%% round on a node of 10,000 processes).
+-define(ATOM_LOOK_US, 1000000).
 
 %%%===================================================================
 %%% API
@@ -86,7 +101,8 @@ init(Agent, Skip, To) ->
             Agent ! {beamdiag_walk, self(), {started, Snapshot, Watch}},
             %% The watch's readers are not walked.
             Readers = beamdiag_agent_queues:readers(Watch),
-            loop(#{agent => Agent, mref => MRef, to => To, watch => Watch, sent => #{}},
+            loop(#{agent => Agent, mref => MRef, to => To, watch => Watch, sent => #{},
+                   atoms => erlang:system_info(atom_count), looks => []},
                  S#{skip := Readers ++ maps:get(skip, S)});
         {error, _} = E ->
             Agent ! {beamdiag_walk, self(), E}
@@ -111,7 +127,26 @@ loop(L = #{agent := Agent, mref := MRef, watch := Watch}, S) ->
         {'DOWN', MRef, process, Agent, _} ->
             beamdiag_agent_queues:stop(Watch)
     after ?READS_MS ->
-        loop(send_reads(L), S)
+        loop(atom_look(send_reads(L), S), S)
+    end.
+
+%% When the atom table grew, which processes are making atoms.
+atom_look(L = #{to := To, atoms := A0, looks := Looks}, S) ->
+    Now = erlang:monotonic_time(millisecond),
+    Grew = erlang:system_info(atom_count) - A0 >= ?ATOMS_MIN,
+    Due = case Looks of
+              [] -> true;
+              [Last | _] -> length(Looks) < ?ATOM_LOOKS andalso Now - Last >= ?ATOM_GAP_MS
+          end,
+    case Grew andalso Due andalso To =/= none of
+        true ->
+            R = beamdiag_agent_limits:sources(beamdiag_agent_processes:pids(S),
+                                              #{deadline => erlang:monotonic_time(microsecond)
+                                                                + ?ATOM_LOOK_US}),
+            tell(To, {atom_sources, R}),
+            L#{looks := [Now | Looks]};
+        false ->
+            L
     end.
 
 %% The watch's readings to the caller, when they changed.

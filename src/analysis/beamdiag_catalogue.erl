@@ -23,7 +23,7 @@
 -type id() :: atom().
 -type entry() :: #{
     id := id(),
-    area := ledger | locks | processes | profile | cluster,
+    area := ledger | locks | processes | node | profile | cluster,
     title := binary(),
     meaning := binary(),
     fix := binary(),
@@ -486,6 +486,36 @@ written() ->
             when_not =>
                 <<"A one-off long schedule at start-up (a NIF library loading its data) "
                   "is expected; act when it repeats under load.">>
+        },
+        #{
+            id => node_limit,
+            area => node,
+            title => <<"The node runs towards one of its limits (atoms, processes, ports)">>,
+            meaning =>
+                <<"A count the runtime bounds (atoms, processes, ports) is near its limit, or "
+                  "grows steadily towards it: the finding gives the count, the limit, the "
+                  "growth over the window and the time left at this rate. At the atom limit "
+                  "the node stops (atoms are never freed); at the process or port limit every "
+                  "spawn, open_port or socket open fails with system_limit. Atoms leak where "
+                  "code makes them from outside data (binary_to_term, list_to_atom, "
+                  "binary_to_atom): the walker samples the processes running when the atom "
+                  "table grows and names them. ETS tables that pile up are reported too: the "
+                  "ets_limit the node reports is not enforced since OTP 21, so they cost "
+                  "memory, not a crash.">>,
+            fix =>
+                <<"Atoms: make the code named use existing atoms only (binary_to_term(Bin, "
+                  "[safe]), list_to_existing_atom/1, binary_to_existing_atom/2, or keys kept "
+                  "as binaries), and restart the node before the table fills; +t only "
+                  "postpones it. Processes: bound who spawns them (a pool, processes that end "
+                  "with their work). Ports: close what is opened, bound connection counts; "
+                  "each socket or file also takes a file descriptor (ulimit -n). ETS: delete "
+                  "tables when done, or give them an owner that ends with the work. +P and "
+                  "+Q raise the limits, not the memory each process or port holds.">>,
+            when_not =>
+                <<"A burst that levels off: processes and ports come and go with load, and a "
+                  "count that rises in one window and falls in the next is load, not a leak. "
+                  "Atoms made once at start-up (code loading, configuration) stop growing; a "
+                  "count that grows with every request does not.">>
         },
         #{
             id => hot_function,

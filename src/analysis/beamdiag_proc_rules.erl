@@ -23,7 +23,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, annotate/3, who/1, bytes/1]).
+-export([findings/3, annotate/3, who/1, bytes/1, duration/1, count/1]).
 
 %%%===================================================================
 %%% API
@@ -262,6 +262,8 @@ exhaustion(M = #{bytes_per_s := Bps}, #{room := Room, bound_by := By} = R)
 exhaustion(M, _) ->
     {[], M}.
 
+%% @doc A time in seconds as people read it.
+-spec duration(number()) -> iolist().
 duration(S) when S < 120 -> io_lib:format("~b s", [round(S)]);
 duration(S) when S < 7200 -> io_lib:format("~.1f min", [S / 60]);
 duration(S) -> io_lib:format("~.1f h", [S / 3600]).
@@ -354,6 +356,8 @@ round4(X) -> round(X * 10000) / 10000.
 pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).
 
+%% @doc A count as people read it (1.2M, 34.5k).
+-spec count(integer()) -> iolist().
 count(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
 count(N) when N >= 10000 -> io_lib:format("~.1fk", [N / 1.0e3]);
 count(N) -> integer_to_list(N).

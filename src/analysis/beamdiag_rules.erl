@@ -480,7 +480,7 @@ extras(Capture, Ledger) ->
                           LS, Ledger#{settings => maps:get(settings, Capture, #{})});
                     _ -> []
                 end,
-    Locks ++ Profile ++ Schedules.
+    Locks ++ Profile ++ Schedules ++ beamdiag_limit_rules:findings(Capture).
 
 %% Findings from the process walks, and their evidence added to the other
 %% findings (see beamdiag_proc_rules).

@@ -75,7 +75,8 @@
 scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
         beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
-        beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios().
+        beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios() ++
+        beamdiag_lab_limits:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
@@ -222,9 +223,9 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
 
 %% A variation: only a scenario with parameters takes one, checked by
 %% its load module.
-params(#{params := _}, Mod, P) when is_map(P) ->
+params(#{params := Defaults}, Mod, P) when is_map(P) ->
     {module, Mod} = code:ensure_loaded(Mod),
-    Mod:params(P);
+    Mod:params(maps:merge(Defaults, P));
 params(#{name := Name}, _Mod, P) ->
     {error, {beamdiag_lab, {params, Name, P}}}.
 

@@ -190,6 +190,9 @@ gather(G = #{client := Client, deadline := Deadline,
         {event, {procs_start, Snapshot}} ->
             %% The start walk's report: kept for a capture cut short.
             gather(G#{procs_start => Snapshot});
+        {event, {atom_sources, Sources}} ->
+            %% Which processes were running when the atom table grew.
+            gather(G#{atom_sources => Sources});
         {event, {queue_reads, T, Reads}} ->
             %% The queue watch's latest readings (from the walker, beside
             %% the ticks): kept to bring the start walk's report forward.
@@ -208,7 +211,7 @@ gather(G = #{client := Client, deadline := Deadline,
             %% a node too slow to answer; wait for them.
             gather(G#{finishing := true});
         {event, {done, Extras}} ->
-            {ok, capture(Info, Samples, end_walk(Extras, G), true, D)};
+            {ok, capture(Info, Samples, atom_sources(end_walk(Extras, G), G), true, D)};
         {event, {aborted, Why}} ->
             late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
         {event, _} ->
@@ -304,15 +307,21 @@ partial_extras(G) ->
                 {error, #{locks := true}} -> Quick1#{locks_missing => true};
                 _ -> Quick1
             end,
+    Quick2 = atom_sources(Quick, G),
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
             Procs = forward(Snapshot, G),
-            Quick#{procs => case Quick of
-                                #{memory_room := Room} -> Procs#{memory_room => Room};
-                                _ -> Procs
-                            end};
-        error -> Quick
+            Quick2#{procs => case Quick2 of
+                                 #{memory_room := Room} -> Procs#{memory_room => Room};
+                                 _ -> Procs
+                             end};
+        error -> Quick2
     end.
+
+%% The processes the walker found running when the atom table grew, if it
+%% looked.
+atom_sources(Extras, #{atom_sources := Sources}) -> Extras#{atom_sources => Sources};
+atom_sources(Extras, _G) -> Extras.
 
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
