@@ -50,8 +50,10 @@ cases() ->
         || P <- [#{},
                  #{producers => 1},
                  #{producers => 1, work => {busy_us, 100}},
-                 #{producers => 16, work => none},
-                 #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}},
+                 %% Paced to fill the cap in 8 s: a consumer with no work (or
+                 %% 100 us a message of 10 kB) keeps up with the default pace.
+                 #{producers => 16, work => none, fill_s => 8},
+                 #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}, fill_s => 8},
                  #{producers => 2, message => {binary, 10240}},
                  #{producers => 8, message => {tuple, 1000}},
                  #{producers => 16, message => {tuple, 100}, work => {busy_us, 20}}]].

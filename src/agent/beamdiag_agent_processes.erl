@@ -69,7 +69,7 @@
 %%% '''
 -module(beamdiag_agent_processes).
 
--export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2, pids/1]).
+-export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2, pids/1, look/2]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -88,6 +88,8 @@
     limit := pos_integer(),
     estimated := #{pid() => true},
     stalled := [beamdiag_agent_pinfo:stalled()],
+    suspended := {non_neg_integer(), [pid()]},
+    look0 => map(),
     t0_ns := integer()
 }.
 -type entry() :: #{atom() => term()}.
@@ -118,6 +120,8 @@
 %% The processes watched at most, and of them at most this many that did
 %% not answer the start walk.
 -define(WATCH_STALLED, 4).
+%% Suspended processes kept by a walk (all are counted).
+-define(SUSPENDED, 16).
 
 %%%===================================================================
 %%% API
@@ -147,6 +151,7 @@ start(Opts) ->
     #{
         t0_ns => T0Ns,
         stalled => Stalled,
+        suspended => maps:get(suspended, Tops),
         mode => Mode,
         t0 => T0,
         reds0 => Reds0,
@@ -179,8 +184,9 @@ finish(S, Reads) ->
 next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
                walk_us := W, truncated := Trunc, estimated := Est, queues := Qs,
-               stalled := Stalled}} = report(S, true),
+               stalled := Stalled, suspended := Susp}} = report(S, true),
     {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count, estimated := Est, stalled := Stalled,
+                suspended := Susp,
                 t0_ns := T1 * 1000,
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
@@ -265,9 +271,17 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         heap_growth => entries(Growth, Info, #{}, Names, Ids),
         stalled => stalled_entries(Stalled, Names)
     },
-    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
+    %% Who waits on whom now, with the servers the start's look followed.
+    Look0 = maps:get(look0, S, none),
+    Look1 = waits_look(Report, look_servers(Look0), maps:get(suspended, Tops0)),
+    Waits = case Look0 of
+                none -> #{'end' => Look1};
+                _ -> #{start => Look0, 'end' => Look1}
+            end,
+    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2, waits => Waits},
      #{t1 => T1, reds1 => Reds1, count => Count, 'end' => Walked, mem1 => Mem1, walk_us => T2 - T1,
        truncated => Trunc, estimated => Est1, stalled => Stalled1,
+       suspended => maps:get(suspended, Tops0),
        queues => [P || {P, T} <- Queues, element(2, T) > 0]}}.
 
 %% @doc A report from the start walk alone, in the shape `finish/1'
@@ -324,6 +338,31 @@ snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
 watch(S = #{queues0 := Queues}) ->
     Stalled = [P || {P, _} <- lists:sublist(maps:get(stalled, S, []), ?WATCH_STALLED)],
     lists:sublist(Stalled ++ [P || P <- Queues, not lists:member(P, Stalled)], ?TOP).
+
+%% @doc Who waits on whom at the window's start (beamdiag_agent_waits),
+%% from the start report's entries (Snapshot), kept for the end report
+%% and added to the start report.
+-spec look(state(), report()) -> {report(), state()}.
+look(S = #{suspended := Susp}, Snapshot) ->
+    Look = waits_look(Snapshot, [], Susp),
+    {Snapshot#{waits => #{start => Look}}, S#{look0 => Look}}.
+
+%% A look from a report's entries, the servers of an earlier look first,
+%% none that did not answer a read.
+waits_look(Report, Also, {N, Susp}) ->
+    Known = [to_pid(P) || #{pid := P} <- maps:get(stalled, Report, [])],
+    Entries = lists:append([maps:get(K, Report, []) || K <- [queues, heaps, top_reductions]]),
+    Servers = [P || P <- beamdiag_agent_waits:candidates(Entries, Also), not lists:member(P, Known)],
+    beamdiag_agent_waits:look(#{servers => Servers, suspended => Susp, suspended_count => N}).
+
+%% The servers an earlier look followed.
+look_servers(#{chains := Chains}) ->
+    [to_pid(P) || #{server := #{pid := P}} <- Chains];
+look_servers(_) ->
+    [].
+
+to_pid(Text) ->
+    list_to_pid(binary_to_list(Text)).
 
 %% @doc The processes a walk would read now: every one up to ?WALK_MAX
 %% processes, otherwise the start walk's sample (the agent's own left out).
@@ -439,13 +478,17 @@ new_registered(Base) ->
 walk(Pids, Deadline, Items, Base, Keep, Tops0) ->
     Reds0 = maps:get(reductions, Tops0, none),
     #{queues := Qs0, heaps := Hs0} = Tops0,
-    Fun = fun(P, Info, {Reds, Qs, Hs, N, Acc}) ->
-                  T = to_tuple(Info),
+    Fun = fun(P, Info, {Reds, Qs, Hs, N, Acc, Susp}) ->
+                  {T, Status} = to_tuple(Info),
+                  Susp2 = case Status of
+                              suspended -> suspended(P, Susp);
+                              _ -> Susp
+                          end,
                   case Reds of
                       none ->
                           %% The start walk: queues by length.
                           {Reds, consider(element(2, T), P, T, Qs),
-                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc)};
+                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc), Susp2};
                       _ ->
                           R0 = case Base of
                                    #{P := BT} -> element(1, BT);
@@ -453,13 +496,19 @@ walk(Pids, Deadline, Items, Base, Keep, Tops0) ->
                                end,
                           {consider(element(1, T) - R0, P, T, Reds),
                            consider(queue_key(P, T, Base), P, T, Qs),
-                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc)}
+                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc), Susp2}
                   end
           end,
-    {{Reds, Qs, Hs, N, Acc}, Stalled, Trunc} =
-        beamdiag_agent_pinfo:fold(Fun, {Reds0, Qs0, Hs0, 0, []}, Pids, Items,
+    {{Reds, Qs, Hs, N, Acc, {SuspN, SuspPids}}, Stalled, Trunc} =
+        beamdiag_agent_pinfo:fold(Fun, {Reds0, Qs0, Hs0, 0, [], {0, []}}, Pids, Items ++ [status],
                                   #{deadline => Deadline}),
-    {Acc, tops(Reds, Qs, Hs, N), Trunc, Stalled}.
+    {Acc, (tops(Reds, Qs, Hs, N))#{suspended => {SuspN, lists:reverse(SuspPids)}}, Trunc,
+     Stalled}.
+
+%% The processes found suspended (on a busy port, or by
+%% erlang:suspend_process/1): all counted, the first ?SUSPENDED kept.
+suspended(P, {N, Ps}) when N < ?SUSPENDED -> {N + 1, [P | Ps]};
+suspended(_P, {N, Ps}) -> {N + 1, Ps}.
 
 %% At the end: queues by growth over the window plus length at its end.
 queue_key(P, T, Base) ->
@@ -473,9 +522,11 @@ queue_key(P, T, Base) ->
         false -> 0
     end.
 
-%% A process's items as a tuple. The match follows ?ITEMS: reductions,
-%% message_queue_len, heap_size, then the initial call when it was asked
-%% for.
+%% A process's items as a tuple, and its status. The match follows
+%% ?ITEMS: reductions, message_queue_len, heap_size, then the initial call
+%% when it was asked for, then the status (read by the walks only).
+to_tuple([{_, R}, {_, Q}, {_, H}, {status, S}]) -> {{R, Q, H}, S};
+to_tuple([{_, R}, {_, Q}, {_, H}, {_, I}, {status, S}]) -> {{R, Q, H, I}, S};
 to_tuple([{_, R}, {_, Q}, {_, H}]) -> {R, Q, H};
 to_tuple([{_, R}, {_, Q}, {_, H}, {_, I}]) -> {R, Q, H, I}.
 
@@ -582,7 +633,7 @@ info_fun(End, Mem0, Mem1, Base, Est, Reads, #{t0_ns := T0, t1_ns := T1, ended :=
 
 %% The watch's readings by pid.
 reads_by_pid(Reads) ->
-    maps:from_list([{list_to_pid(binary_to_list(Text)), R} || {Text, R} <- maps:to_list(Reads)]).
+    maps:from_list([{to_pid(Text), R} || {Text, R} <- maps:to_list(Reads)]).
 
 %% Registered names by pid (no process is asked: the name table is the
 %% runtime's).

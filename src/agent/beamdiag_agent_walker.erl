@@ -56,6 +56,8 @@
 %% A look's reads stop after this long (it takes a few milliseconds a
 %% round on a node of 10,000 processes).
 -define(ATOM_LOOK_US, 1000000).
+%% The status reads of the suspended processes stop after this long.
+-define(SUSP_MS, 50).
 
 %%%===================================================================
 %%% API
@@ -99,11 +101,21 @@ init(Agent, Skip, To) ->
             Snapshot = beamdiag_agent_processes:snapshot(S),
             tell(To, {procs_start, Snapshot}),
             Agent ! {beamdiag_walk, self(), {started, Snapshot, Watch}},
+            %% Who waits on whom at the start: the start report again,
+            %% with it (a few guarded reads, after the report has gone).
+            {S2, Susp} = case attempt(fun() -> beamdiag_agent_processes:look(S, Snapshot) end) of
+                             {ok, {Snapshot2, S1}} ->
+                                 tell(To, {procs_start, Snapshot2}),
+                                 {S1, suspended_pids(Snapshot2)};
+                             {error, _} ->
+                                 {S, []}
+                         end,
             %% The watch's readers are not walked.
             Readers = beamdiag_agent_queues:readers(Watch),
             loop(#{agent => Agent, mref => MRef, to => To, watch => Watch, sent => #{},
-                   atoms => erlang:system_info(atom_count), looks => []},
-                 S#{skip := Readers ++ maps:get(skip, S)});
+                   atoms => erlang:system_info(atom_count), looks => [],
+                   susp => maps:from_list([{P, {0, 0}} || P <- Susp])},
+                 S2#{skip := Readers ++ maps:get(skip, S2)});
         {error, _} = E ->
             Agent ! {beamdiag_walk, self(), E}
     end.
@@ -121,14 +133,44 @@ loop(L = #{agent := Agent, mref := MRef, watch := Watch}, S) ->
             end;
         {beamdiag_walk_finish, From, Ref} ->
             Reads = beamdiag_agent_queues:read(Watch),
-            Report = attempt(fun() -> beamdiag_agent_processes:finish(S, Reads) end),
+            Report = case attempt(fun() -> beamdiag_agent_processes:finish(S, Reads) end) of
+                         {ok, R = #{waits := W}} ->
+                             {ok, R#{waits := W#{suspended_samples => susp_samples(L)}}};
+                         Other ->
+                             Other
+                     end,
             beamdiag_agent_queues:stop(Watch),
             From ! {Ref, Report};
         {'DOWN', MRef, process, Agent, _} ->
             beamdiag_agent_queues:stop(Watch)
     after ?READS_MS ->
-        loop(atom_look(send_reads(L), S), S)
+        loop(susp_sample(atom_look(send_reads(L), S)), S)
     end.
+
+%% The processes the start's look found suspended: their status read again
+%% every half second (guarded, at most ?SUSP_MS), to say how much of the
+%% window they spent suspended.
+susp_sample(L = #{susp := Susp}) when map_size(Susp) > 0 ->
+    Deadline = erlang:monotonic_time(microsecond) + ?SUSP_MS * 1000,
+    {Read, _} = beamdiag_agent_pinfo:read(maps:keys(Susp), [status], #{deadline => Deadline}),
+    L#{susp := maps:map(fun(P, {K, N}) ->
+                                case maps:find(P, Read) of
+                                    {ok, [{status, suspended}]} -> {K + 1, N + 1};
+                                    {ok, _} -> {K, N + 1};
+                                    error -> {K, N}
+                                end
+                        end, Susp)};
+susp_sample(L) ->
+    L.
+
+susp_samples(#{susp := Susp}) ->
+    [#{pid => list_to_binary(pid_to_list(P)), suspended => K, samples => N}
+     || {P, {K, N}} <- maps:to_list(Susp), N > 0].
+
+suspended_pids(#{waits := #{start := #{suspended := #{read := Read}}}}) ->
+    [list_to_pid(binary_to_list(P)) || #{pid := P, status := <<"suspended">>} <- Read];
+suspended_pids(_) ->
+    [].
 
 %% When the atom table grew, which processes are making atoms.
 atom_look(L = #{to := To, atoms := A0, looks := Looks}, S) ->

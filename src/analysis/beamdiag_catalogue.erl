@@ -488,6 +488,58 @@ written() ->
                   "is expected; act when it repeats under load.">>
         },
         #{
+            id => wait_chain,
+            area => processes,
+            title => <<"Processes wait on a process that itself waits">>,
+            meaning =>
+                <<"Many processes wait on one (their monitors on it: callers in gen:call and "
+                  "erpc hold one on the process they call), and that process does not run: it "
+                  "waits in a call to another process, in a receive, at a port, in a NIF or "
+                  "suspended. Its callers stop with it, and their callers with them: a node "
+                  "whose work has stopped without burning CPU. The finding names the callers "
+                  "(how many, where), each process down the chain, what the chain ends in (a "
+                  "file operation blocked in the kernel, a call to another node, a receive "
+                  "that never gets its message, a cycle of calls) and how long each did no "
+                  "work. Only processes the walks already found are read: the longest queues, "
+                  "the most monitored, and what they monitor.">>,
+            fix =>
+                <<"Fix what the chain ends in: a file operation on a FIFO or a hung mount "
+                  "(open such files with the raw option, from a process of their own: a raw "
+                  "open runs in the caller, not in the node's file server), a slow node "
+                  "(diagnose it), a reply that never "
+                  "comes (give the call a timeout and handle it), a cycle of calls (make one "
+                  "side cast or reply later with gen_server:reply/2). Then keep one blocked "
+                  "call from stopping every caller: a timeout on each call, work handed to "
+                  "a process of its own, a pool instead of one server.">>,
+            when_not =>
+                <<"A server that waits for a moment on a slow dependency while a few callers "
+                  "queue: act when the same chain holds across the window.">>
+        },
+        #{
+            id => busy_port,
+            area => processes,
+            title => <<"Processes are suspended on a busy port">>,
+            meaning =>
+                <<"Processes that send to a port that says it is busy are suspended until "
+                  "it is not: above all the distribution port to a node that reads more "
+                  "slowly than this one sends (busy_dist_port: the distribution buffer is "
+                  "over dist_buf_busy_limit). A suspended process does nothing, and whatever "
+                  "waits on it waits too; the node looks idle. The finding counts the "
+                  "suspended processes (the walks read each one's status), says which did no "
+                  "work across the window, and names the distribution ports with bytes "
+                  "pending, their peer, the buffers and the node's busy limit.">>,
+            fix =>
+                <<"Find why the peer reads slowly (diagnose it), and send it less: fewer or "
+                  "smaller messages, bulk data out of band (a socket of its own), replies "
+                  "batched. +zdbbl raises the distribution buffer's busy limit and only "
+                  "delays the suspension while the buffer holds the memory. For another "
+                  "port: find why it applies back-pressure (a port program or socket peer "
+                  "that reads slowly).">>,
+            when_not =>
+                <<"A burst that drains within the window: a process suspended for a moment "
+                  "while a large message goes out is the back-pressure working.">>
+        },
+        #{
             id => node_limit,
             area => node,
             title => <<"The node runs towards one of its limits (atoms, processes, ports)">>,

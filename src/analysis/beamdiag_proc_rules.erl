@@ -13,6 +13,9 @@
 %%% `message_queue_growth': a mailbox that grew by at least `queue_growth_min'
 %%% messages and `queue_rate_min' messages a second over the window.
 %%%
+%%% `wait_chain' and `busy_port' come from `beamdiag_wait_rules', on the
+%%% walker's looks at who waits on whom.
+%%%
 %%% `dirty_cpu_gc' (from `beamdiag_rules') gets the largest heaps as
 %%% evidence (`annotate/3'), and a lock-counting `single_process_bottleneck'
 %%% on the same process becomes one finding with this evidence.
@@ -33,7 +36,8 @@
 -spec findings(map(), beamdiag_ledger:ledger(), map()) -> [beamdiag_finding:finding()].
 findings(Procs = #{top_reductions := _}, Ledger, Settings) ->
     T = thresholds(),
-    bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T);
+    bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T) ++
+        beamdiag_wait_rules:findings(Procs);
 findings(_, _, _) ->
     [].
 

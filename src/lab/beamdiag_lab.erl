@@ -76,7 +76,7 @@ scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
         beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
         beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios() ++
-        beamdiag_lab_limits:scenarios().
+        beamdiag_lab_limits:scenarios() ++ beamdiag_lab_waits:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
@@ -205,11 +205,12 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
         fun(L) -> competitor(S, L, Duration) end,
         fun(L) ->
             %% The atom '$duration_ms' in a scenario's arguments stands for the
-            %% workload's time bound.
+            %% workload's time bound, '$cookie' for the node's cookie.
             Args = [case A of
                         '$duration_ms' -> Duration * 1000;
                         '$prepared' -> maps:get(prepared, L);
                         '$params' -> maps:get(params, S);
+                        '$cookie' -> maps:get(cookie, L);
                         _ -> A
                     end || A <- FArgs],
             case catch peer:call(Peer, Mod, Fun, Args, 30000) of
