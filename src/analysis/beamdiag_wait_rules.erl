@@ -113,7 +113,7 @@ chain(#{server := S = #{kind := Kind}, callers := Callers, waits_on := Hops}, Be
                     [Count, who(S), maps:get(queue, S, 0), callers_text(Read, Waiting)]),
                 fmt("it does not run Erlang code: it waits in ~ts (~ts)~ts",
                     [maps:get(current, S), stack_text(S), idle_text(ServerIdle, Span)])
-            ] ++ [hop_line(H, Before, Span, T) || H <- Hops]
+            ] ++ [hop_line(H, Before, Span, T) || H = #{pid := _} <- Hops]
               ++ [end_line(End)]
               ++ [fmt("~b of the ~b callers read did no work between the window's start and "
                       "end (~.1f s): they waited all that time", [IdleCallers, length(Read), Span])

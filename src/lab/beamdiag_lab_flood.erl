@@ -58,8 +58,11 @@
 }.
 
 -define(CONSUMER, beamdiag_lab_flooded).
-%% Sends between two looks at the counters.
+%% Sends between two looks at the counters: at most this many, and about
+%% ?BATCH_BYTES of messages (large messages in smaller batches, so that
+%% the flow is steady).
 -define(BATCH, 1000).
+-define(BATCH_BYTES, 100000).
 %% Bytes a small queued message holds (measured on OTP 25).
 -define(SMALL_BYTES, 112).
 %% Beyond its data, a queued message's header and fragment (about).
@@ -113,7 +116,8 @@ flood(Ms, P0) ->
         C = spawn_link(fun() -> consumer(Counts, Work) end),
         true = register(?CONSUMER, C),
         T0 = erlang:monotonic_time(millisecond),
-        Pace = {T0, PerMs, Cap},
+        Batch = max(10, min(?BATCH, ?BATCH_BYTES div message_bytes(Msg))),
+        Pace = {T0, PerMs, Cap, Batch},
         [C | [spawn_link(fun() -> producer(C, Counts, Pace, Msg, I) end)
               || I <- lists:seq(1, N)]]
     end).
@@ -183,7 +187,7 @@ spin(Until) ->
 
 %% Sends a batch while the queue is under the cap and the producers
 %% together are not ahead of the pace; otherwise waits a little.
-producer(C, Counts, Pace = {T0, PerMs, Cap}, Msg, I) ->
+producer(C, Counts, Pace = {T0, PerMs, Cap, Batch}, Msg, I) ->
     Sent = atomics:get(Counts, 1),
     Allowed = (erlang:monotonic_time(millisecond) - T0 + 1) * PerMs,
     case Sent - atomics:get(Counts, 2) >= Cap orelse Sent >= Allowed of
@@ -192,8 +196,8 @@ producer(C, Counts, Pace = {T0, PerMs, Cap}, Msg, I) ->
             after 5 -> ok
             end;
         false ->
-            send(C, ?BATCH, Msg, I),
-            atomics:add(Counts, 1, ?BATCH)
+            send(C, Batch, Msg, I),
+            atomics:add(Counts, 1, Batch)
     end,
     producer(C, Counts, Pace, Msg, I).
 
