@@ -10,7 +10,8 @@
 %%% optionally the raw signal read from the lab node just before each try
 %%% (a flood's queue growth over half a second): a try without it is
 %%% printed, and left out of the tally as no case at all. For each case
-%%% a lab node is started on this host and left to settle for 2 s, then the
+%%% a lab node is started on this host and left to settle (2 s, or the
+%%% case's `settle_ms'), then the
 %%% built escript runs `beamdiag diagnose NODE --json --duration W' as a
 %%% separate OS process, as a user would, BENCH_SICK_TRIES times (back to
 %%% back on one node, or on a fresh node per try). Printed per try: the
@@ -56,7 +57,21 @@ cases() ->
                  #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}, fill_s => 8},
                  #{producers => 2, message => {binary, 10240}},
                  #{producers => 8, message => {tuple, 1000}},
-                 #{producers => 16, message => {tuple, 100}, work => {busy_us, 20}}]].
+                 #{producers => 16, message => {tuple, 100}, work => {busy_us, 20}}]]
+    %% GBs of queue: the default flood left to run 10 s before the call
+    %% (15 million messages or more, 1.7 GB and more, growing to a 3.5 GB
+    %% cap), where each of the consumer's collections takes seconds.
+    ++ [#{scenario => mailbox_flood, params => #{cap_bytes => 3500000000, fill_s => 12},
+          settle_ms => 10000, expect => [message_queue_growth], fresh => true,
+          signal => fun queue_growth/1}]
+    ++ [#{scenario => fifo_open, expect => [wait_chain]},
+        #{scenario => busy_dist, expect => [busy_port]},
+        #{scenario => atom_leak, expect => [node_limit]},
+        #{scenario => atom_leak, params => #{how => list_to_atom}, expect => [node_limit]},
+        %% These reach their stop count within a minute: a node per try.
+        #{scenario => process_leak, expect => [node_limit], fresh => true},
+        #{scenario => port_leak, expect => [node_limit], fresh => true},
+        #{scenario => ets_leak, expect => [node_limit], fresh => true}].
 
 main(_) ->
     Window = list_to_integer(env("BENCH_SICK_WINDOW", "6")),
@@ -81,8 +96,14 @@ main(_) ->
     [io:format("  ~-40s ~ts~n", [L, tally(R)]) || {L, R} <- Tally],
     ok.
 
-label(#{scenario := S, params := P}) when map_size(P) > 0 ->
+label(#{scenario := mailbox_flood = S, params := P = #{cap_bytes := B}}) ->
+    lists:flatten([atom_to_list(S), ":", beamdiag_lab_flood:label(P),
+                   io_lib:format("-cap~.1fGB", [B / 1.0e9])]);
+label(#{scenario := mailbox_flood = S, params := P}) when map_size(P) > 0 ->
     atom_to_list(S) ++ ":" ++ beamdiag_lab_flood:label(P);
+label(#{scenario := S, params := P}) when map_size(P) > 0 ->
+    atom_to_list(S) ++ ":" ++ lists:flatten(lists:join("-", [io_lib:format("~p", [V])
+                                                            || V <- maps:values(P)]));
 label(#{scenario := S}) ->
     atom_to_list(S).
 
@@ -134,7 +155,7 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
     case beamdiag_lab:start(Name, Opts) of
         {ok, Lab} ->
             try
-                timer:sleep(2000),
+                timer:sleep(maps:get(settle_ms, C, 2000)),
                 Node = atom_to_list(beamdiag_lab:node(Lab)),
                 Cookie = atom_to_list(beamdiag_lab:cookie(Lab)),
                 %% The escript's start-up beside this node (its median of

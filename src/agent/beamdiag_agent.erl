@@ -371,7 +371,7 @@ init(Caller, Ref, Opts0, _Starter) ->
     Reader = lock_reader(Locks, Opts, Caller, Ref),
     %% The start walk runs beside the first tick (which reads every
     %% thread's files and on a starved host takes a second or more).
-    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, Reader], is_pid(P)]],
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, Reader, HostScan], is_pid(P)]],
     Procs = start_procs(Opts, Helpers, {Caller, Ref}),
     case take(State, Hard) of
         {ok, First, State1} ->

@@ -18,7 +18,7 @@
 %%% '''
 -module(beamdiag_limit_rules).
 
--export([findings/1, thresholds/0]).
+-export([findings/1]).
 
 -define(RESOURCES, [atoms, processes, ports, ets_tables]).
 
@@ -40,7 +40,7 @@ findings(Capture) ->
             []
     end.
 
-%% @doc The thresholds, by resource where they differ.
+%% The thresholds, by resource where they differ.
 -spec thresholds() -> map().
 thresholds() ->
     #{

@@ -24,7 +24,7 @@
 %%% '''
 -module(beamdiag_wait_rules).
 
--export([findings/1, thresholds/0]).
+-export([findings/1]).
 
 %%%===================================================================
 %%% API
@@ -50,7 +50,7 @@ findings(#{waits := Waits}) ->
 findings(_) ->
     [].
 
-%% @doc The thresholds the rules use.
+%% The thresholds the rules use.
 -spec thresholds() -> #{atom() => number()}.
 thresholds() ->
     #{

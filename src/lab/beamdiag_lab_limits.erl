@@ -112,7 +112,6 @@ limit(atoms) -> erlang:system_info(atom_limit);
 limit(processes) -> erlang:system_info(process_limit);
 limit(ports) -> erlang:system_info(port_limit).
 
-count(atoms) -> erlang:system_info(atom_count);
 count(processes) -> erlang:system_info(process_count);
 count(ports) -> erlang:system_info(port_count);
 count(ets_tables) -> erlang:system_info(ets_count).
