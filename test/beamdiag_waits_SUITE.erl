@@ -28,25 +28,26 @@ groups() ->
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
 init_per_group(otp25, Config) ->
-    [{lab_opts, #{duration => 60}} | Config];
+    Config;
 init_per_group(otp29, Config) ->
-    case beamdiag_test_lib:otp_exec(29) of
-        {ok, Exec} -> [{lab_opts, #{duration => 60, exec => Exec}} | Config];
-        Skip -> Skip
-    end.
+    beamdiag_test_lib:release_config(29, Config).
 
 -spec end_per_group(atom(), list()) -> ok.
 end_per_group(_, _) ->
     ok.
 
+%% Each case its own lab node (stopped, or killed, whatever the case did).
 -spec init_per_testcase(atom(), list()) -> list().
 init_per_testcase(Case, Config) ->
-    {ok, Lab} = beamdiag_lab:start(Case, ?config(lab_opts, Config)),
-    [{lab, Lab} | Config].
+    Opts = case proplists:get_value(exec, Config) of
+               undefined -> #{duration => 60};
+               Exec -> #{duration => 60, exec => Exec}
+           end,
+    beamdiag_test_lib:case_lab(Case, Opts, Config).
 
 -spec end_per_testcase(atom(), list()) -> ok.
 end_per_testcase(_, Config) ->
-    beamdiag_lab:stop(?config(lab, Config)).
+    beamdiag_test_lib:end_case_lab(Config).
 
 %%% Cases
 

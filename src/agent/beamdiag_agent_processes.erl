@@ -146,7 +146,7 @@ start(Opts) ->
     Queues = top_pids(maps:get(queues, Tops)),
     %% The largest heaps and the longest queues (a flooded mailbox is the
     %% memory that grows).
-    {Mem0, Est0, _} = memories(lists:usort(top_pids(maps:get(heaps, Tops)) ++ Queues), Base),
+    {Mem0, Est0, _} = memories(lists:usort(top_pids(maps:get(heaps, Tops)) ++ Queues), Base, #{}),
     T1 = erlang:monotonic_time(microsecond),
     #{
         t0_ns => T0Ns,
@@ -240,7 +240,7 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     {AgainRead, Stalled2} = beamdiag_agent_pinfo:read(Again, Items, #{}),
     End = maps:fold(fun(P, Info, Acc) -> Acc#{P => to_tuple(Info)} end, Rows, AgainRead),
     Known1 = maps:merge(Known0, maps:from_list(Stalled2)),
-    {Mem1, Est1, Stalled3} = memories([P || P <- maps:keys(End), not is_map_key(P, Known1)], End),
+    {Mem1, Est1, Stalled3} = memories(maps:keys(End), End, Known1),
     Est = maps:merge(maps:get(estimated, S, #{}), Est1),
     Heaps = top(maps:to_list(Mem1), ?TOP),
     Growth = top([{P, M - start_memory(P, Mem0, Base)} || {P, M} <- maps:to_list(Mem1)], ?TOP),
@@ -568,16 +568,19 @@ top(Pairs, N) ->
                                           top_new(N), Pairs))].
 
 %% The memory of each process, read, or estimated when its queue (from
-%% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
-%% the pids whose memory is an estimate, and those that did not answer.
-memories(Pids, Walked) ->
+%% the walk's figures, Walked: pid => tuple) is beyond the bound or it did
+%% not answer a read before (Known): the map, the pids whose memory is an
+%% estimate, and those that did not answer.
+memories(Pids, Walked, Known) ->
     W = erlang:system_info(wordsize),
     {Est, Ask} = lists:partition(fun(P) ->
                                          case maps:find(P, Walked) of
-                                             {ok, T} -> element(2, T) > ?QUEUE_BOUND;
+                                             {ok, T} -> element(2, T) > ?QUEUE_BOUND orelse
+                                                            is_map_key(P, Known);
                                              error -> false
                                          end
-                                 end, Pids),
+                                 end, [P || P <- Pids, is_map_key(P, Walked) orelse
+                                                           not is_map_key(P, Known)]),
     Estimated = maps:from_list([{P, element(3, T) * W + element(2, T) * ?MSG_BYTES}
                                 || P <- Est, T <- [maps:get(P, Walked)]]),
     {Read, Stalled} = beamdiag_agent_pinfo:read(Ask, [memory], #{}),
