@@ -68,13 +68,21 @@ processes_ports_time_left_test_() ->
      ?_assertEqual([], found(capture(ports, growing(70000, 9), L)))].
 
 %% A count that falls in more than a quarter of the intervals is load,
-%% not a leak, however near its end.
+%% not a leak, however near its end; one that rose in fewer than half is a
+%% burst (a pool started, modules loaded with their atoms).
 steady_test_() ->
     L = 100000,
     Up = [50000, 60000, 55000, 70000, 65000, 79000],    % falls in 2 of 5
     Mostly = [50000, 60000, 55000, 70000, 75000, 79000], % falls in 1 of 5
+    Burst = [50000, 50000, 50000, 60000, 60000, 60000],  % rises in 1 of 5
+    Twice = [50000, 50000, 55000, 55000, 60000, 60000],  % rises in 2 of 5
+    Thrice = [50000, 50000, 55000, 55000, 60000, 61000], % rises in 3 of 5
     [?_assertEqual([], found(capture(processes, Up, L))),
-     ?_assertEqual([{<<"processes">>, critical}], found(capture(processes, Mostly, L)))].
+     ?_assertEqual([{<<"processes">>, critical}], found(capture(processes, Mostly, L))),
+     ?_assertEqual([], found(capture(processes, Burst, L))),
+     ?_assertEqual([], found(capture(atoms, [9772, 10117, 10117, 10117, 10117, 10117], L))),
+     ?_assertEqual([], found(capture(processes, Twice, L))),
+     ?_assertEqual([{<<"processes">>, critical}], found(capture(processes, Thrice, L)))].
 
 %% ETS tables: a steady growth of 100 or more at 1 a second or more is a
 %% leak (no time to a limit: it is not enforced).

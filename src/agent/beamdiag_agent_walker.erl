@@ -33,7 +33,9 @@
 %%% `{atom_sources, Report}' when the atom table grows (see below).
 %%%
 %%% Every half second it also looks at the atom count (a counter of the
-%%% runtime): when it has grown by ?ATOMS_MIN or more since the start walk,
+%%% runtime): when it has grown by ?ATOMS_MIN or more since the start walk
+%%% and is still growing (modules loaded on demand bring their atoms in one
+%%% burst),
 %%% it samples which of the walked processes are running and where
 %%% (beamdiag_agent_limits:sources/2; at most twice a window, a second
 %%% apart): atoms are made by running code, and are never freed.
@@ -175,7 +177,10 @@ suspended_pids(_) ->
 %% When the atom table grew, which processes are making atoms.
 atom_look(L = #{to := To, atoms := A0, looks := Looks}, S) ->
     Now = erlang:monotonic_time(millisecond),
-    Grew = erlang:system_info(atom_count) - A0 >= ?ATOMS_MIN,
+    A = erlang:system_info(atom_count),
+    %% Grown since the start walk, and still growing: not one burst (code
+    %% loaded on demand brings its atoms at once).
+    Grew = A - A0 >= ?ATOMS_MIN andalso A > maps:get(last_atoms, L, A0),
     Due = case Looks of
               [] -> true;
               [Last | _] -> length(Looks) < ?ATOM_LOOKS andalso Now - Last >= ?ATOM_GAP_MS
@@ -186,9 +191,9 @@ atom_look(L = #{to := To, atoms := A0, looks := Looks}, S) ->
                                               #{deadline => erlang:monotonic_time(microsecond)
                                                                 + ?ATOM_LOOK_US}),
             tell(To, {atom_sources, R}),
-            L#{looks := [Now | Looks]};
+            L#{looks := [Now | Looks], last_atoms => A};
         false ->
-            L
+            L#{last_atoms => A}
     end.
 
 %% The watch's readings to the caller, when they changed.

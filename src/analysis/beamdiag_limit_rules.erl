@@ -4,9 +4,10 @@
 %%% (`atom_sources' in the extras).
 %%%
 %%% `node_limit', one finding per resource, when the count is near its
-%%% limit (`used_warn', `used_crit'), or grows steadily (in at least
-%%% three quarters of the intervals, by at least the resource's
-%%% `growth_min' over the window) fast enough to reach it within the
+%%% limit (`used_warn', `used_crit'), or grows steadily (it rose in at
+%%% least half of the intervals and fell in at most a quarter, by at least
+%%% the resource's `growth_min' over the window: one burst, such as a pool
+%%% started or modules loaded, is not a leak) fast enough to reach it within the
 %%% resource's time bounds: atoms are never freed, so a day at this rate
 %%% is a warning; processes and ports come and go, so an hour. The ETS
 %%% limit is not enforced since OTP 21: a steady growth of tables is
@@ -47,8 +48,10 @@ thresholds() ->
         %% Share of the limit in use.
         used_warn => 0.80,
         used_crit => 0.95,
-        %% Share of the intervals in which the count did not fall.
-        steady_share => 0.75,
+        %% Shares of the intervals in which the count rose, at least, and
+        %% fell, at most, for a steady growth.
+        rise_share => 0.5,
+        fall_share => 0.25,
         %% Growth over the window that counts, by resource.
         growth_min => #{atoms => 100, processes => 200, ports => 50, ets_tables => 100},
         %% Time to the limit at this rate, in seconds: warning, critical.
@@ -78,10 +81,14 @@ resource(R, Samples, Span, Sources, T) ->
             []
     end.
 
-%% The count did not fall in most intervals.
+%% The count rose in at least half of the intervals and fell in at most a
+%% quarter: a leak, not one burst (a pool started, modules loaded, whose
+%% atoms come at once) nor load that comes and goes.
 steady(Counts, T) ->
     Pairs = lists:zip(lists:droplast(Counts), tl(Counts)),
-    length([1 || {A, B} <- Pairs, B >= A]) / length(Pairs) >= map_get(steady_share, T).
+    N = length(Pairs),
+    length([1 || {A, B} <- Pairs, B > A]) / N >= map_get(rise_share, T) andalso
+        length([1 || {A, B} <- Pairs, B < A]) / N =< map_get(fall_share, T).
 
 judge(F = #{resource := ets_tables, steady := Steady, rate := Rate}, _Sources, T) ->
     case Steady andalso Rate >= map_get(ets_rate_min, T) of

@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, annotate/3, who/1, bytes/1, duration/1, count/1]).
+-export([findings/3, named/1, annotate/3, who/1, bytes/1, duration/1, count/1]).
 
 %%%===================================================================
 %%% API
@@ -40,6 +40,15 @@ findings(Procs = #{top_reductions := _}, Ledger, Settings) ->
         beamdiag_wait_rules:findings(Procs);
 findings(_, _, _) ->
     [].
+
+%% @doc Whether the process data alone, without a ledger, makes a finding
+%% (a mailbox's growth, a wait chain, a busy port): what a report from the
+%% host's view can still say of a node whose ticks came too slowly.
+-spec named(map()) -> boolean().
+named(Procs = #{queues := _}) ->
+    queue_growth(Procs, thresholds()) ++ beamdiag_wait_rules:findings(Procs) =/= [];
+named(_) ->
+    false.
 
 %% @doc The thresholds the rules use.
 -spec thresholds() -> #{atom() => number()}.

@@ -152,12 +152,15 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
             late(quick_extras(G), Info, Samples, D, due);
         false when Due, is_function(map_get(fallback, G), 0) ->
             %% Fewer, with a view to fall back on: when it explains the
-            %% slowness, the caller reports from it, with what the agent
-            %% sent (its settings, the lock data, the start walk, the long
-            %% schedules), not waited for; when not, the samples are worth
-            %% the wait (a blocked scheduler shows only in the VM's figures).
+            %% slowness, or what the agent sent already names what is wrong
+            %% (a queue's growth from the start walk and the queue watch,
+            %% who waits on whom), the caller reports from it, with what the
+            %% agent sent (its settings, the lock data, the start walk, the
+            %% long schedules), not waited for; when not, the samples are
+            %% worth the wait (a blocked scheduler shows only in the VM's
+            %% figures).
             Fallback = map_get(fallback, G),
-            case Fallback() of
+            case Fallback() orelse procs_named(G) of
                 true ->
                     beamdiag_client:abort(maps:get(client, G)),
                     {error, {beamdiag_collect, {due, #{info => Info,
@@ -234,6 +237,15 @@ gather(G = #{client := Client, deadline := Deadline,
                 true -> late(partial_extras(G), Info, Samples, D, timeout);
                 false -> gather(G)
             end
+    end.
+
+%% Whether the process data the agent sent so far names a finding on its
+%% own (no ledger needed): on a node too slow for two ticks before the
+%% report is due, that is worth reporting on time.
+procs_named(G) ->
+    case maps:find(procs, partial_extras(G)) of
+        {ok, Procs} -> beamdiag_proc_rules:named(Procs);
+        error -> false
     end.
 
 %% Two samples make a window. A lock-counting session's lock data is read
