@@ -330,7 +330,7 @@ otp29_iterator(_Config) ->
                      beam_lib:chunks(code:which(M), [abstract_code]),
                  {ok, M, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
                  {module, M} = peer:call(Peer, code, load_binary, [M, atom_to_list(M), Bin])
-             end || M <- [Mod, beamdiag_agent_pinfo]],
+             end || M <- [Mod, beamdiag_agent_pinfo, beamdiag_agent_waits]],
         ok = beamdiag_test_lib:eval(Peer,
             "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
             "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "

@@ -56,11 +56,11 @@ init_per_testcase(Case, Config) ->
                    _ -> Case
                end,
     %% On OTP 29 the flood is a variation: sixteen producers, a consumer
-    %% with no work of its own (paced to fill the cap in 8 s).
+    %% that computes 100 us a message.
     Opts = case {Case, ?config(otp, Config)} of
                {mailbox_flood, 29} ->
-                   (?config(lab_opts, Config))#{params => #{producers => 16, work => none,
-                                                            fill_s => 8}};
+                   (?config(lab_opts, Config))#{params => #{producers => 16,
+                                                            work => {busy_us, 100}}};
                _ ->
                    ?config(lab_opts, Config)
            end,
