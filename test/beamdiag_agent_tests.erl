@@ -108,7 +108,8 @@ msacc_tick_test() ->
 %% A process with messages waiting (so its queue is watched each tick) that
 %% holds its scheduler 800 ms at a time, as a NIF would: the raw signal
 %% first, a read of its queue length waits for it; then no tick of a
-%% session waits with it (the queue read has a deadline of its own).
+%% session waits with it (the ticks read the queue watch, whose reader
+%% waits for the answers), and the ticks after its first answer carry it.
 held_queue_test_() ->
     {timeout, 60, fun held_queue/0}.
 
@@ -139,21 +140,27 @@ held_queue() ->
                              end),
                 Waits = receive {waits, W} -> W after 10000 -> [] end,
                 ?assert(lists:max([0 | Waits]) > 100000),
-                %% A tick's read of the watched queues, from scheduler 2 as
-                %% the raw reads: cut at its deadline (50 ms at 200 ms ticks).
-                Probe = beamdiag_agent_probe:start(self()),
-                State = #{watch => [Held], queue_probe => Probe, interval_ms => 200},
+                %% The ticks' reads of the watched queue, from scheduler 2 as
+                %% the raw reads, 200 ms apart for 2 s.
+                Watch = beamdiag_agent_queues:start([Held], #{}),
+                State = #{watch => Watch, interval_ms => 200},
                 _ = bound(2, fun() ->
-                                 Self ! {ticks, [timer:tc(beamdiag_agent, queues, [State, #{}])
-                                                 || _ <- lists:seq(1, 5)]}
+                                 Self ! {ticks, [begin
+                                                     timer:sleep(200),
+                                                     timer:tc(beamdiag_agent, queues, [State, #{}])
+                                                 end || _ <- lists:seq(1, 10)]}
                              end),
                 Ticks = receive {ticks, T} -> T after 10000 -> [] end,
-                beamdiag_agent_probe:stop(Probe),
-                exit(beamdiag_agent_probe:pid(Probe), kill),
+                beamdiag_agent_queues:stop(Watch),
+                Read = [Us || {Us, #{queue_reads := _}} <- Ticks],
                 ?debugFmt("raw reads waited ~p us; the ticks' reads ~p",
-                          [Waits, [{Us, maps:is_key(queues, S)} || {Us, S} <- Ticks]]),
-                ?assertEqual(5, length(Ticks)),
-                ?assert(lists:max([Us || {Us, _} <- Ticks]) < 200000)
+                          [Waits, [{Us, maps:get(queue_reads, S, none)} || {Us, S} <- Ticks]]),
+                ?assertEqual(10, length(Ticks)),
+                ?assert(lists:max([Us || {Us, _} <- Ticks]) < 5000),
+                %% It answered at least once in 2 s: the later ticks have it.
+                ?assert(length(Read) >= 5),
+                [{_, #{queue_reads := R}} | _] = lists:reverse(Ticks),
+                ?assertMatch([#{queue := Q}] when Q >= 50, maps:values(R))
             after
                 exit(Held, kill)
             end

@@ -84,7 +84,9 @@ flags_in(Page) ->
     [begin
          {match, Lines} = re:run(Text, ["^\\s*\\+", F, " ([^\\n]*)$"],
                                  [multiline, global, {capture, [1], binary}]),
-         Alts = lists:append([binary:split(hd(binary:split(L, <<" ">>)), <<"|">>, [global])
+         %% OTP 25's page ends a lone placeholder with a colon (+P Number:).
+         Alts = lists:append([binary:split(string:trim(hd(binary:split(L, <<" ">>)), trailing, ":"),
+                                           <<"|">>, [global])
                               || [L] <- Lines]),
          [?assert({F, V, lists:member(V, Alts)} =:= {F, V, true}) || V <- Vs, V =/= <<"N:N">>,
                                                                      F =/= <<"sbt">>]

@@ -167,3 +167,22 @@ procs_option_test_() ->
             beamdiag:diagnose(#{duration => 1, locks => false, procs => false}),
         ?assertNot(is_map_key(procs, Off))
     end}.
+
+%% What a report from the host's view can still say: the process data
+%% alone names a mailbox's growth (1,000 messages and 50 a second over the
+%% span, both sides), and nothing without one.
+named_test_() ->
+    Q = fun(Q0, Q1) -> (procs([], [entry(<<"<0.95.0>">>, <<"flooded">>, 0, [Q0, Q1],
+                                         [null, null], 0)], [], 0))#{span_ms => 2000} end,
+    [?_assert(beamdiag_proc_rules:named(Q(100, 1100))),
+     ?_assertNot(beamdiag_proc_rules:named(Q(100, 1099))),
+     ?_assertNot(beamdiag_proc_rules:named((Q(100, 1100))#{span_ms => 21000})),
+     ?_assertNot(beamdiag_proc_rules:named(#{error => <<"walk failed">>}))].
+
+%% A process the start walk could not read and the watch never answered
+%% for has no start length: no growth is made up from its length alone.
+unread_start_test() ->
+    E = (entry(<<"<0.95.0>">>, <<"flooded">>, 0, [null, 5000000], [null, null], 0))#{
+            answered => false},
+    ?assertEqual([], beamdiag_proc_rules:findings(procs([], [E], [], 0), ledger(1.0),
+                                                  settings())).

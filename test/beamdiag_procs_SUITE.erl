@@ -237,9 +237,9 @@ is_dirty_cpu(Name) ->
 %% only registered processes are read; below it, every process.
 -spec walk_bounds(list()) -> term().
 walk_bounds(_Config) ->
-    All = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{})),
+    All = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{}), #{}),
     ?assertEqual(all, maps:get(mode, All)),
-    Small = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{walk_max => 10})),
+    Small = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{walk_max => 10}), #{}),
     Expected = case erlang:function_exported(erlang, processes_iterator, 0) of
                    true -> sampled;
                    false -> registered
@@ -259,7 +259,8 @@ walk_bounds(_Config) ->
 walk_flooded_queue(_Config) ->
     Walks = fun() ->
                 lists:min([lists:sum(maps:get(walk_us, beamdiag_agent_processes:finish(
-                                                             beamdiag_agent_processes:start(#{}))))
+                                                             beamdiag_agent_processes:start(#{}),
+                                                             #{})))
                            || _ <- lists:seq(1, 5)])
             end,
     Quiet = Walks(),
@@ -268,7 +269,7 @@ walk_flooded_queue(_Config) ->
         [P ! {item, N, self()} || N <- lists:seq(1, 3000000)],
         {T, {memory, _}} = timer:tc(erlang, process_info, [P, memory]),
         Flooded = Walks(),
-        R = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{})),
+        R = beamdiag_agent_processes:finish(beamdiag_agent_processes:start(#{}), #{}),
         [E] = [E || E = #{queue := [_, Q]} <- maps:get(queues, R), Q >= 3000000],
         ct:pal("walks (start and end, fastest of 5): ~b us quiet, ~b us with a queue of 3M "
                "(one process_info(P, memory) of it: ~b us); its memory ~p bytes, estimated ~p",
@@ -323,10 +324,13 @@ otp27_label(_Config) ->
 otp29_iterator(_Config) ->
     beamdiag_test_lib:with_node(29, #{args => ["-hidden"]}, fun(Peer, _Node) ->
         Mod = beamdiag_agent_processes,
-        {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
-            beam_lib:chunks(code:which(Mod), [abstract_code]),
-        {ok, Mod, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
-        {module, Mod} = peer:call(Peer, code, load_binary, [Mod, "procs", Bin]),
+        %% With the guarded reads it makes.
+        _ = [begin
+                 {ok, {M, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+                     beam_lib:chunks(code:which(M), [abstract_code]),
+                 {ok, M, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
+                 {module, M} = peer:call(Peer, code, load_binary, [M, atom_to_list(M), Bin])
+             end || M <- [Mod, beamdiag_agent_pinfo, beamdiag_agent_chains]],
         ok = beamdiag_test_lib:eval(Peer,
             "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
             "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "
@@ -336,7 +340,7 @@ otp29_iterator(_Config) ->
         1 = peer:call(Peer, erlang, trace_pattern, [{erlang, processes, 0}, true,
                                                     [call_count]]),
         S = peer:call(Peer, Mod, start, [#{walk_max => 1000}]),
-        R = peer:call(Peer, Mod, finish, [S]),
+        R = peer:call(Peer, Mod, finish, [S, #{}]),
         {call_count, Calls} = peer:call(Peer, erlang, trace_info, [{erlang, processes, 0},
                                                                    call_count]),
         ct:pal("OTP 29, ~b processes, walk limit 1000: ~p; erlang:processes/0 called ~b "

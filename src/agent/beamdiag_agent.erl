@@ -92,7 +92,9 @@
     threads := #{integer() => beamdiag_agent_procfs:thread()} | {error, term()},
     host := beamdiag_agent_procfs:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
-    tick_cost_us := non_neg_integer()
+    tick_cost_us := non_neg_integer(),
+    limits => beamdiag_agent_limits:counts(),
+    queue_reads => #{binary() => beamdiag_agent_queues:reading()}
 }.
 
 %% Past the window, the agent cleans up on its own after this long even if
@@ -144,7 +146,8 @@ stop(Pid) ->
 modules() ->
     [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
      beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
-     beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_waits].
+     beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_pinfo,
+     beamdiag_agent_queues, beamdiag_agent_limits, beamdiag_agent_waits, beamdiag_agent_chains].
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
@@ -206,6 +209,7 @@ take(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                             Sample = queues(State, #{
                                 t => T,
                                 vm => Vm,
+                                limits => beamdiag_agent_limits:counts(),
                                 threads => ok_or_error(Threads),
                                 host => ok_or_error(Host),
                                 cgroup => Cgroup,
@@ -267,21 +271,16 @@ ends_at(Opts = #{end_wall_ms := EndWall, duration_ms := D, interval_ms := I}) ->
 ends_at(Opts) ->
     Opts.
 
-%% The queue lengths of the processes with the longest queues at the
-%% window's start (at most ten, one constant-time read each), so that a
-%% capture cut short still has their growth. Read through a helper of
-%% their own with a deadline: a process that is running answers only when
-%% it next handles its signals, which for one held by a NIF, or collected
-%% on a dirty scheduler, is when that ends. A late read leaves the tick
-%% without them, and the ticks after it too while it waits (`busy').
-queues(#{watch := [_ | _] = Pids, queue_probe := QP, interval_ms := Interval}, Sample) ->
-    Read = fun() ->
-               maps:from_list(
-                 [{list_to_binary(pid_to_list(P)), Q}
-                  || P <- Pids, {message_queue_len, Q} <- [erlang:process_info(P, message_queue_len)]])
-           end,
-    case beamdiag_agent_probe:call(QP, Read, slow_ms(Interval)) of
-        {ok, Qs} -> Sample#{queues => Qs};
+%% The queue lengths of the processes the walker watches (the longest
+%% queues at the window's start, and those that did not answer its walk):
+%% the latest answer of each, with its time and its first answer, read
+%% from the queue watch without asking any process (see
+%% beamdiag_agent_queues): a flooded process answers only between its
+%% garbage collections, which take seconds, and a held one when its NIF
+%% returns; the tick never waits for either.
+queues(#{watch := Watch}, Sample) ->
+    case beamdiag_agent_queues:read(Watch) of
+        Reads when map_size(Reads) > 0 -> Sample#{queue_reads => Reads};
         _ -> Sample
     end;
 queues(_State, Sample) ->
@@ -315,8 +314,6 @@ init(Caller, Ref, Opts0, _Starter) ->
     %% The helper for calls every scheduler must answer; it owns the
     %% session's scheduler_wall_time reference and puts msacc back.
     Probe = beamdiag_agent_probe:start(self()),
-    %% The helper that reads other processes' queue lengths (queues/2).
-    QueueProbe = beamdiag_agent_probe:start(self()),
     Swt = beamdiag_agent_probe:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
     Restore0 = #{swt => Swt},
@@ -333,7 +330,7 @@ init(Caller, Ref, Opts0, _Starter) ->
     State = #{
         caller => Caller, ref => Ref, mref => MRef, opts => Opts,
         pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
-        probe => Probe, queue_probe => QueueProbe, interval_ms => Interval, sysmon => Sysmon,
+        probe => Probe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, memory_location => MemLoc, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
     Start = erlang:monotonic_time(millisecond),
@@ -362,9 +359,8 @@ init(Caller, Ref, Opts0, _Starter) ->
               costs => []},
     %% The start walk runs beside the first tick (which reads every
     %% thread's files and on a starved host takes a second or more).
-    Helpers = [beamdiag_agent_probe:pid(Probe), beamdiag_agent_probe:pid(QueueProbe)
-               | [P || P <- [Sysmon], is_pid(P)]],
-    Procs = start_procs(Opts, Helpers),
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, HostScan], is_pid(P)]],
+    Procs = start_procs(Opts, Helpers, {Caller, Ref}),
     case take(State, Hard) of
         {ok, First, State1} ->
             Caller ! {beamdiag, Ref, {tick, First}},
@@ -551,19 +547,19 @@ unload_plan(Mods, Extras) ->
 
 %% The process walks (see beamdiag_agent_processes), unless turned off:
 %% in a process of their own that keeps the walk's state
-%% (beamdiag_agent_walker); the start walk's report alone goes to the
-%% caller at once (a capture cut short keeps it).
-start_procs(Opts, Helpers) ->
+%% (beamdiag_agent_walker); the start walk's report alone and the queue
+%% watch's readings go to the caller from the walker, at once (a capture
+%% cut short keeps them).
+start_procs(Opts, Helpers, To) ->
     case maps:get(procs, Opts, true) of
-        true -> {walking, beamdiag_agent_walker:start(self(), Helpers)};
+        true -> {walking, beamdiag_agent_walker:start(self(), Helpers, To)};
         false -> undefined
     end.
 
 %% What the walker sent: the start walk's report, or a middle one (watch).
 walked(State = #{procs := {_, Walker}, caller := Caller, ref := Ref}, Walker, Result) ->
     case Result of
-        {started, Snapshot, Watch} ->
-            Caller ! {beamdiag, Ref, {procs_start, Snapshot}},
+        {started, _Snapshot, Watch} ->
             State#{procs := {ready, Walker}, watch => Watch};
         {next, Report} ->
             Caller ! {beamdiag, Ref, {procs, Report}},
@@ -658,12 +654,6 @@ error_text(Class, Reason) ->
 %% still waiting for a held scheduler; the long-schedule watcher frees the
 %% system monitor if it took it.
 restore(State) ->
-    %% The queue reader holds no flag; one still waiting for a held
-    %% process would wait as long.
-    _ = case maps:find(queue_probe, State) of
-            {ok, QP} -> exit(beamdiag_agent_probe:pid(QP), kill);
-            error -> ok
-        end,
     Sysmon = case maps:get(sysmon, State, undefined) of
                  Pid when is_pid(Pid) ->
                      beamdiag_agent_sysmon:stop(Pid),

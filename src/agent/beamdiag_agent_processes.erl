@@ -21,6 +21,18 @@
 %%% the entry says so (`memory_estimated => true'). `messages' is never
 %%% read.
 %%%
+%%% A process that does not answer. Every read goes through
+%%% beamdiag_agent_pinfo: a process that takes more than 100 ms to answer
+%%% (a flooded one in a long garbage collection, one held in a NIF) is set
+%%% aside (`stalled') and the walk goes on without it. The start walk's
+%%% stalled processes are watched with the longest queues (`watch/1',
+%%% beamdiag_agent_queues): their queue lengths come from the watch's
+%%% readers, which wait for their answers all through the window; the
+%%% report takes a queue's two ends from the walks where they read it and
+%%% from the watch where they did not, and then says over how long
+%%% (`queue_ms'). Such an entry has `answered => false' when it could not
+%%% be identified either.
+%%%
 %%% Each walk ranks as it reads: the tops it reports are kept in one pass
 %%% (no list of every process is built and sorted), and the walks' state
 %%% stays in the process that took them (beamdiag_agent_walker), never
@@ -51,13 +63,13 @@
 %%%
 %%% ```
 %%% 1> S = beamdiag_agent_processes:start(#{}).
-%%% 2> R = beamdiag_agent_processes:finish(S).
+%%% 2> R = beamdiag_agent_processes:finish(S, #{}).
 %%% 3> [maps:get(name, E) || E <- maps:get(top_reductions, R)].
 %%% [<<"code_server">>, null, ...]
 %%% '''
 -module(beamdiag_agent_processes).
 
--export([start/1, finish/1, next/1, snapshot/1, watch/1, advance/3]).
+-export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2, pids/1, look/2]).
 
 -export_type([state/0, report/0, entry/0]).
 
@@ -74,7 +86,11 @@
     truncated := boolean(),
     skip := [pid(), ...],
     limit := pos_integer(),
-    estimated := #{pid() => true}
+    estimated := #{pid() => true},
+    stalled := [beamdiag_agent_pinfo:stalled()],
+    suspended := {non_neg_integer(), [pid()]},
+    look0 => map(),
+    t0_ns := integer()
 }.
 -type entry() :: #{atom() => term()}.
 -type report() :: #{atom() => term()}.
@@ -101,6 +117,11 @@
 %% 112 bytes for a 3-word tuple, of which 88 outside the heap).
 -define(MSG_BYTES, 112).
 -define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status]).
+%% The processes watched at most, and of them at most this many that did
+%% not answer the start walk.
+-define(WATCH_STALLED, 4).
+%% Suspended processes kept by a walk (all are counted).
+-define(SUSPENDED, 16).
 
 %%%===================================================================
 %%% API
@@ -114,18 +135,23 @@ start(Opts) ->
     Count = erlang:system_info(process_count),
     Max = maps:get(walk_max, Opts, ?WALK_MAX),
     T0 = erlang:monotonic_time(microsecond),
+    T0Ns = erlang:monotonic_time(nanosecond),
     {Reds0, _} = erlang:statistics(reductions),
     {Mode, Pids} = pids(Count, Max),
     %% (The subtraction runs in C: a few microseconds for a few pids.)
-    {Walked, Tops, Trunc} = walk(Pids -- Skip, T0 + ?WALK_MS * 1000, ?ITEMS, #{}, true,
-                                 #{queues => top_new(?TOP), heaps => top_new(?MEM_CANDIDATES)}),
+    {Walked, Tops, Trunc, Stalled} =
+        walk(Pids -- Skip, T0 + ?WALK_MS * 1000, ?ITEMS, #{}, true,
+             #{queues => top_new(?TOP), heaps => top_new(?MEM_CANDIDATES)}),
     Base = maps:from_list(Walked),
     Queues = top_pids(maps:get(queues, Tops)),
     %% The largest heaps and the longest queues (a flooded mailbox is the
     %% memory that grows).
-    {Mem0, Est0} = memories(lists:usort(top_pids(maps:get(heaps, Tops)) ++ Queues), Base),
+    {Mem0, Est0, _} = memories(lists:usort(top_pids(maps:get(heaps, Tops)) ++ Queues), Base, #{}),
     T1 = erlang:monotonic_time(microsecond),
     #{
+        t0_ns => T0Ns,
+        stalled => Stalled,
+        suspended => maps:get(suspended, Tops),
         mode => Mode,
         t0 => T0,
         reds0 => Reds0,
@@ -145,10 +171,11 @@ start(Opts) ->
     }.
 
 %% @doc The walk at the window's end, and the report: bounded lists of
-%% entries, binaries and numbers only.
--spec finish(state()) -> report().
-finish(S) ->
-    element(1, report(S, false)).
+%% entries, binaries and numbers only. Reads: the queue watch's readings
+%% (beamdiag_agent_queues:read/1), for the queues the walks could not read.
+-spec finish(state(), #{binary() => beamdiag_agent_queues:reading()}) -> report().
+finish(S, Reads) ->
+    element(1, report(S#{reads => Reads}, false)).
 
 %% @doc The report since the last walk, and the state that makes the end
 %% walk the start of the next span: one walk per report (watch takes one
@@ -156,8 +183,11 @@ finish(S) ->
 -spec next(state()) -> {report(), state()}.
 next(S) ->
     {Report, #{t1 := T1, reds1 := Reds1, count := Count, 'end' := End, mem1 := Mem1,
-               walk_us := W, truncated := Trunc, estimated := Est, queues := Qs}} = report(S, true),
-    {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count, estimated := Est,
+               walk_us := W, truncated := Trunc, estimated := Est, queues := Qs,
+               stalled := Stalled, suspended := Susp}} = report(S, true),
+    {Report, S#{t0 := T1, reds0 := Reds1, count0 := Count, estimated := Est, stalled := Stalled,
+                suspended := Susp,
+                t0_ns := T1 * 1000,
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
                 mem0 := Mem1, queues0 := Qs, walk_us := W, truncated := Trunc}}.
@@ -182,10 +212,19 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
                 true -> ?ITEMS ++ [initial_call];
                 false -> ?ITEMS
             end,
-    {Walked, Tops, Trunc} =
+    {Walked, Tops0, Trunc, Stalled1} =
         walk(Pids -- Skip, T1 + ?WALK_MS * 1000, Items, Base, Keep orelse Like,
              #{reductions => top_new(?TOP), queues => top_new(?TOP),
                heaps => top_new(?MEM_CANDIDATES)}),
+    %% The watched queues the end walk could not read: the watch's latest
+    %% readings stand in (reductions unknown: none counted).
+    Reads = reads_by_pid(maps:get(reads, S, #{})),
+    Watched = [{P, {R0, Q, H}} || {P, _} <- Stalled1,
+                                  #{queue := Q, heap_words := H} <- [maps:get(P, Reads, none)],
+                                  R0 <- [case Base of #{P := BT} -> element(1, BT); _ -> 0 end]],
+    Tops = Tops0#{queues := lists:foldl(fun({P, T}, Top) ->
+                                                consider(queue_key(P, T, Base), P, T, Top)
+                                        end, maps:get(queues, Tops0), Watched)},
     TopReds = top_items(maps:get(reductions, Tops)),
     Queues = top_items(maps:get(queues, Tops)),
     HeapRows = top_items(maps:get(heaps, Tops)),
@@ -194,23 +233,29 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     %% candidates read again (a walk cut short by its time limit may have
     %% missed some; those gone since are left out).
     Rows = maps:from_list(TopReds ++ Queues ++ HeapRows),
-    End = maps:fold(fun(P, _, Acc) when is_map_key(P, Acc) -> Acc;
-                       (P, _, Acc) ->
-                            case items(P, Items) of
-                                gone -> Acc;
-                                T -> Acc#{P => T}
-                            end
-                    end, Rows, Mem0),
-    {Mem1, Est1} = memories(maps:keys(End), End),
+    %% A process that did not answer once is not asked again in this
+    %% report: each ask would wait as long.
+    Known0 = maps:from_list(maps:get(stalled, S, []) ++ Stalled1),
+    Again = [P || P <- maps:keys(Mem0), not is_map_key(P, Rows), not is_map_key(P, Known0)],
+    {AgainRead, Stalled2} = beamdiag_agent_pinfo:read(Again, Items, #{}),
+    End = maps:fold(fun(P, Info, Acc) -> Acc#{P => to_tuple(Info)} end, Rows, AgainRead),
+    Known1 = maps:merge(Known0, maps:from_list(Stalled2)),
+    {Mem1, Est1, Stalled3} = memories(maps:keys(End), End, Known1),
     Est = maps:merge(maps:get(estimated, S, #{}), Est1),
     Heaps = top(maps:to_list(Mem1), ?TOP),
     Growth = top([{P, M - start_memory(P, Mem0, Base)} || {P, M} <- maps:to_list(Mem1)], ?TOP),
     T2 = erlang:monotonic_time(microsecond),
-    Info = info_fun(End, Mem0, Mem1, Base, Est),
+    Ends = #{t0_ns => maps:get(t0_ns, S, T0 * 1000), t1_ns => T1 * 1000,
+             ended => maps:from_list(Watched)},
+    Info = info_fun(End, Mem0, Mem1, Base, Est, Reads, Ends),
     LikeCounts = case Like of
                      true -> like_counts(Mode, Heaps, End, Walked);
                      false -> #{}
                  end,
+    Stalled = merge_stalled([maps:get(stalled, S, []), Stalled1, Stalled2, Stalled3]),
+    Names = registered_names(),
+    Ids = identities(lists:usort([P || {P, _} <- TopReds ++ Queues] ++ Heaps ++ Growth),
+                     maps:from_list(Stalled)),
     Report = #{
         mode => Mode,
         limit => maps:get(limit, S),
@@ -220,14 +265,23 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         scanned => [map_size(Base), maps:get(walked, Tops)],
         walk_us => [maps:get(walk_us, S), T2 - T1],
         truncated => maps:get(truncated, S) orelse Trunc,
-        top_reductions => entries([P || {P, _} <- TopReds], Info, #{}),
-        queues => entries([P || {P, _} <- Queues], Info, #{}),
-        heaps => entries(Heaps, Info, LikeCounts),
-        heap_growth => entries(Growth, Info, #{})
+        top_reductions => entries([P || {P, _} <- TopReds], Info, #{}, Names, Ids),
+        queues => entries([P || {P, _} <- Queues], Info, #{}, Names, Ids),
+        heaps => entries(Heaps, Info, LikeCounts, Names, Ids),
+        heap_growth => entries(Growth, Info, #{}, Names, Ids),
+        stalled => stalled_entries(Stalled, Names)
     },
-    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2},
+    %% Who waits on whom now, with the servers the start's look followed.
+    Look0 = maps:get(look0, S, none),
+    Look1 = waits_look(Report, look_servers(Look0), maps:get(suspended, Tops0)),
+    Waits = case Look0 of
+                none -> #{'end' => Look1};
+                _ -> #{start => Look0, 'end' => Look1}
+            end,
+    {Report#{identify_us => erlang:monotonic_time(microsecond) - T2, waits => Waits},
      #{t1 => T1, reds1 => Reds1, count => Count, 'end' => Walked, mem1 => Mem1, walk_us => T2 - T1,
-       truncated => Trunc, estimated => Est1,
+       truncated => Trunc, estimated => Est1, stalled => Stalled1,
+       suspended => maps:get(suspended, Tops0),
        queues => [P || {P, T} <- Queues, element(2, T) > 0]}}.
 
 %% @doc A report from the start walk alone, in the shape `finish/1'
@@ -246,6 +300,17 @@ snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
                      memory_estimated => is_map_key(P, Est), heap_words => element(3, T),
                      born => false}
            end,
+    Names = registered_names(),
+    Stalled = maps:get(stalled, S, []),
+    Ids = identities(lists:usort(Queues ++ Heaps), maps:from_list(Stalled)),
+    %% The watched processes that did not answer the start walk: their
+    %% queue's ends come from the watch's readings (forward/2).
+    Unread = [E#{queue => [null, null], memory => [null, null], memory_estimated => true,
+                 heap_words => null, reductions => 0, born => false, answered => false,
+                 initial_call => <<"?">>, current => <<"?">>, status => <<"?">>,
+                 monitored_by => 0}
+              || E <- stalled_entries([X || X = {P, _} <- Stalled, lists:member(P, watch(S))],
+                                      Names)],
     #{
         mode => Mode,
         limit => maps:get(limit, S),
@@ -256,35 +321,114 @@ snapshot(S = #{mode := Mode, base := Base, mem0 := Mem0, count0 := Count}) ->
         walk_us => [maps:get(walk_us, S), 0],
         truncated => maps:get(truncated, S),
         top_reductions => [],
-        queues => entries(Queues, Info, #{}),
-        heaps => entries(Heaps, Info, #{}),
+        queues => entries(Queues, Info, #{}, Names, Ids) ++ Unread,
+        heaps => entries(Heaps, Info, #{}, Names, Ids),
         heap_growth => [],
+        stalled => stalled_entries(Stalled, Names),
+        t_ns => maps:get(t0_ns, S, 0),
+        word_bytes => erlang:system_info(wordsize),
         partial => start
     }.
 
-%% @doc The processes whose queue length the agent reads each tick: the
-%% longest queues at the start (at most ?TOP, non-empty ones only).
+%% @doc The processes whose queue length the agent reads all through the
+%% window (beamdiag_agent_queues): the longest queues at the start
+%% (non-empty ones only) and those that did not answer the start walk (at
+%% most ?WATCH_STALLED), ?TOP in all.
 -spec watch(state()) -> [pid()].
-watch(#{queues0 := Queues}) ->
-    Queues.
+watch(S = #{queues0 := Queues}) ->
+    Stalled = [P || {P, _} <- lists:sublist(maps:get(stalled, S, []), ?WATCH_STALLED)],
+    lists:sublist(Stalled ++ [P || P <- Queues, not lists:member(P, Stalled)], ?TOP).
+
+%% @doc Who waits on whom at the window's start (beamdiag_agent_chains),
+%% from the start report's entries (Snapshot), kept for the end report
+%% and added to the start report.
+-spec look(state(), report()) -> {report(), state()}.
+look(S = #{suspended := Susp}, Snapshot) ->
+    Look = waits_look(Snapshot, [], Susp),
+    {Snapshot#{waits => #{start => Look}}, S#{look0 => Look}}.
+
+%% A look from a report's entries, the servers of an earlier look first,
+%% none that did not answer a read.
+waits_look(Report, Also, {N, Susp}) ->
+    Known = [to_pid(P) || #{pid := P} <- maps:get(stalled, Report, [])],
+    Entries = lists:append([maps:get(K, Report, []) || K <- [queues, heaps, top_reductions]]),
+    Servers = [P || P <- beamdiag_agent_chains:candidates(Entries, Also), not lists:member(P, Known)],
+    beamdiag_agent_chains:look(#{servers => Servers, suspended => Susp, suspended_count => N}).
+
+%% The servers an earlier look followed.
+look_servers(#{chains := Chains}) ->
+    [to_pid(P) || #{server := #{pid := P}} <- Chains];
+look_servers(_) ->
+    [].
+
+to_pid(Text) ->
+    list_to_pid(binary_to_list(Text)).
+
+%% @doc The processes a walk would read now: every one up to ?WALK_MAX
+%% processes, otherwise the start walk's sample (the agent's own left out).
+-spec pids(state()) -> [pid()].
+pids(#{mode := all, skip := Skip}) ->
+    erlang:processes() -- Skip;
+pids(#{base := Base}) ->
+    maps:keys(Base).
 
 %% @doc A start-walk report (`snapshot/1') brought forward with the queue
-%% lengths read at a later tick (pid text => length) SpanMs after the
-%% walk: the queue entries' end lengths and the span.
--spec advance(report(), #{binary() => non_neg_integer()}, non_neg_integer()) -> report().
-advance(R = #{queues := Qs}, Lengths, SpanMs) ->
-    Qs2 = [case maps:find(Pid, Lengths) of
-               {ok, Q1} -> forward_memory(E#{queue := [Q0, Q1]}, Q1 - Q0);
-               error -> E
-           end || E = #{pid := Pid, queue := [Q0, _]} <- Qs],
-    R#{queues := Qs2, span_ms := SpanMs, partial := start_and_ticks};
-advance(R, _, _) ->
+%% watch's readings of the latest sample that has them (Samples newest
+%% first, as a collector keeps them): each watched queue's end is its
+%% latest reading, and its start the walk's length or, for a process that
+%% did not answer the walk, its first reading; `queue_ms' is the time
+%% between the two. Samples of earlier agents carry plain lengths
+%% (`queues'), read at the sample's time.
+-spec forward(report(), [map()]) -> report().
+forward(R = #{queues := Qs}, Samples = [_ | _]) ->
+    T0 = case R of
+             #{t_ns := TN} when is_integer(TN), TN =/= 0 -> TN;
+             _ -> maps:get(t, lists:last(Samples))
+         end,
+    W = maps:get(word_bytes, R, 8),
+    case [S || S = #{queue_reads := _} <- Samples] of
+        [#{queue_reads := Reads, t := T} | _] ->
+            Qs2 = [forward_entry(E, maps:find(Pid, Reads), T0, W) || E = #{pid := Pid} <- Qs],
+            R#{queues := Qs2, span_ms := max(0, (T - T0) div 1000000),
+               partial := start_and_ticks};
+        [] ->
+            case [S || S = #{queues := _} <- Samples] of
+                [#{queues := Lengths, t := T} | _] ->
+                    SpanMs = max(0, (T - T0) div 1000000),
+                    Qs2 = [case maps:find(Pid, Lengths) of
+                               {ok, Q1} when is_integer(Q0) ->
+                                   forward_memory(E#{queue := [Q0, Q1]}, Q1 - Q0, W);
+                               _ -> E
+                           end || E = #{pid := Pid, queue := [Q0, _]} <- Qs],
+                    R#{queues := Qs2, span_ms := SpanMs, partial := start_and_ticks};
+                [] ->
+                    R
+            end
+    end;
+forward(R, _) ->
     R.
 
+forward_entry(E = #{queue := [Q0, _]}, {ok, #{queue := Q1, t := T1, heap_words := H} = Rd}, T0, W) ->
+    {Start, StartT} = case Q0 of
+                          _ when is_integer(Q0) -> {Q0, T0};
+                          _ -> {maps:get(first, Rd), maps:get(first_t, Rd)}
+                      end,
+    E2 = E#{queue := [Start, Q1], queue_ms => max(0, (T1 - StartT) div 1000000)},
+    case E of
+        #{memory := [null, _]} ->
+            %% Not read at the start: the estimate from the readings alone.
+            M = H * W + Q1 * ?MSG_BYTES,
+            E2#{memory := [null, M], heap_words => H, memory_estimated := true};
+        _ ->
+            forward_memory(E2, Q1 - Start, W)
+    end;
+forward_entry(E, _, _, _) ->
+    E.
+
 %% An estimated memory grows with the queue.
-forward_memory(E = #{memory_estimated := true, memory := [M0, _]}, Dq) when is_integer(M0) ->
+forward_memory(E = #{memory_estimated := true, memory := [M0, _]}, Dq, _W) when is_integer(M0) ->
     E#{memory := [M0, max(0, M0 + Dq * ?MSG_BYTES)]};
-forward_memory(E, _) ->
+forward_memory(E, _, _) ->
     E.
 
 %%%===================================================================
@@ -323,61 +467,68 @@ new_registered(Base) ->
     [P || P <- registered_pids(), not is_map_key(P, Base)].
 
 %% One walk over Pids, reading Items, which start with ?ITEMS (and may
-%% add initial_call): {Walked, Tops, Truncated}. Walked, only when Keep is
-%% true: {Pid, the items as a tuple} for every process. Tops: the largest
-%% keys of the kinds asked for in Tops0 (reductions: over the window, from
-%% Base, the start walk's figures; queues: at the start the length, at the
-%% end its growth plus its length; heaps: the young heap), kept as
-%% {Pid, items} in one pass (no list of every process to rank), and
-%% `walked', the count read. Stops at Deadline (checked every 1024
-%% processes).
+%% add initial_call): {Walked, Tops, Truncated, Stalled}. Walked, only when
+%% Keep is true: {Pid, the items as a tuple} for every process. Tops: the
+%% largest keys of the kinds asked for in Tops0 (reductions: over the
+%% window, from Base, the start walk's figures; queues: at the start the
+%% length, at the end its growth plus its length; heaps: the young heap),
+%% kept as {Pid, items} in one pass (no list of every process to rank),
+%% and `walked', the count read. Stops at Deadline; a process that does
+%% not answer is left out and listed in Stalled (beamdiag_agent_pinfo).
 walk(Pids, Deadline, Items, Base, Keep, Tops0) ->
-    Reds = maps:get(reductions, Tops0, none),
-    #{queues := Qs, heaps := Hs} = Tops0,
-    walk(Pids, Deadline, Items, Base, Keep, Reds, Qs, Hs, 0, []).
-
-walk([], _Deadline, _Items, _Base, _Keep, Reds, Qs, Hs, N, Acc) ->
-    {Acc, tops(Reds, Qs, Hs, N), false};
-walk([P | Ps], Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc) ->
-    case N band 1023 =:= 1023 andalso erlang:monotonic_time(microsecond) > Deadline of
-        true ->
-            {Acc, tops(Reds, Qs, Hs, N), true};
-        false ->
-            T = items(P, Items),
-            case T of
-                gone ->
-                    walk(Ps, Deadline, Items, Base, Keep, Reds, Qs, Hs, N, Acc);
-                _ when Reds =:= none ->
-                    %% The start walk: queues by length.
-                    walk(Ps, Deadline, Items, Base, Keep, Reds,
-                         consider(element(2, T), P, T, Qs), consider(element(3, T), P, T, Hs),
-                         N + 1, kept(Keep, P, T, Acc));
-                _ ->
-                    {R0, Q0} = case Base of
-                                   #{P := {BR, BQ, _}} -> {BR, BQ};
-                                   _ -> {0, 0}
+    Reds0 = maps:get(reductions, Tops0, none),
+    #{queues := Qs0, heaps := Hs0} = Tops0,
+    Fun = fun(P, Info, {Reds, Qs, Hs, N, Acc, Susp}) ->
+                  {T, Status} = to_tuple(Info),
+                  Susp2 = case Status of
+                              suspended -> suspended(P, Susp);
+                              _ -> Susp
+                          end,
+                  case Reds of
+                      none ->
+                          %% The start walk: queues by length.
+                          {Reds, consider(element(2, T), P, T, Qs),
+                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc), Susp2};
+                      _ ->
+                          R0 = case Base of
+                                   #{P := BT} -> element(1, BT);
+                                   _ -> 0
                                end,
-                    Q1 = element(2, T),
-                    %% Queues by growth over the window plus length at its end.
-                    QKey = case Q1 > 0 orelse Q0 > 0 of
-                               true -> max(0, Q1 - Q0) + Q1;
-                               false -> 0
-                           end,
-                    walk(Ps, Deadline, Items, Base, Keep, consider(element(1, T) - R0, P, T, Reds),
-                         consider(QKey, P, T, Qs), consider(element(3, T), P, T, Hs),
-                         N + 1, kept(Keep, P, T, Acc))
-            end
+                          {consider(element(1, T) - R0, P, T, Reds),
+                           consider(queue_key(P, T, Base), P, T, Qs),
+                           consider(element(3, T), P, T, Hs), N + 1, kept(Keep, P, T, Acc), Susp2}
+                  end
+          end,
+    {{Reds, Qs, Hs, N, Acc, {SuspN, SuspPids}}, Stalled, Trunc} =
+        beamdiag_agent_pinfo:fold(Fun, {Reds0, Qs0, Hs0, 0, [], {0, []}}, Pids, Items ++ [status],
+                                  #{deadline => Deadline}),
+    {Acc, (tops(Reds, Qs, Hs, N))#{suspended => {SuspN, lists:reverse(SuspPids)}}, Trunc,
+     Stalled}.
+
+%% The processes found suspended (on a busy port, or by
+%% erlang:suspend_process/1): all counted, the first ?SUSPENDED kept.
+suspended(P, {N, Ps}) when N < ?SUSPENDED -> {N + 1, [P | Ps]};
+suspended(_P, {N, Ps}) -> {N + 1, Ps}.
+
+%% At the end: queues by growth over the window plus length at its end.
+queue_key(P, T, Base) ->
+    Q0 = case Base of
+             #{P := BT} -> element(2, BT);
+             _ -> 0
+         end,
+    Q1 = element(2, T),
+    case Q1 > 0 orelse Q0 > 0 of
+        true -> max(0, Q1 - Q0) + Q1;
+        false -> 0
     end.
 
-%% A process's items as a tuple, or `gone'. The match follows ?ITEMS:
-%% reductions, message_queue_len, heap_size, then the initial call when it
-%% was asked for.
-items(P, Items) ->
-    case erlang:process_info(P, Items) of
-        [{_, R}, {_, Q}, {_, H}] -> {R, Q, H};
-        [{_, R}, {_, Q}, {_, H}, {_, I}] -> {R, Q, H, I};
-        _ -> gone
-    end.
+%% A process's items as a tuple, and its status. The match follows
+%% ?ITEMS: reductions, message_queue_len, heap_size, then the initial call
+%% when it was asked for, then the status (read by the walks only).
+to_tuple([{_, R}, {_, Q}, {_, H}, {status, S}]) -> {{R, Q, H}, S};
+to_tuple([{_, R}, {_, Q}, {_, H}, {_, I}, {status, S}]) -> {{R, Q, H, I}, S};
+to_tuple([{_, R}, {_, Q}, {_, H}]) -> {R, Q, H};
+to_tuple([{_, R}, {_, Q}, {_, H}, {_, I}]) -> {R, Q, H, I}.
 
 tops(none, Qs, Hs, N) -> #{queues => Qs, heaps => Hs, walked => N};
 tops(Reds, Qs, Hs, N) -> #{reductions => Reds, queues => Qs, heaps => Hs, walked => N}.
@@ -417,23 +568,24 @@ top(Pairs, N) ->
                                           top_new(N), Pairs))].
 
 %% The memory of each process, read, or estimated when its queue (from
-%% the walk's figures, Walked: pid => tuple) is beyond the bound: the map,
-%% and the pids whose memory is an estimate.
-memories(Pids, Walked) ->
+%% the walk's figures, Walked: pid => tuple) is beyond the bound or it did
+%% not answer a read before (Known): the map, the pids whose memory is an
+%% estimate, and those that did not answer.
+memories(Pids, Walked, Known) ->
     W = erlang:system_info(wordsize),
-    lists:foldl(
-        fun(P, {Mem, Est}) ->
-            case maps:find(P, Walked) of
-                {ok, T} when element(2, T) > ?QUEUE_BOUND ->
-                    {Mem#{P => element(3, T) * W + element(2, T) * ?MSG_BYTES}, Est#{P => true}};
-                _ ->
-                    case erlang:process_info(P, memory) of
-                        {memory, M} -> {Mem#{P => M}, Est};
-                        _ -> {Mem, Est}
-                    end
-            end
-        end,
-        {#{}, #{}}, Pids).
+    {Est, Ask} = lists:partition(fun(P) ->
+                                         case maps:find(P, Walked) of
+                                             {ok, T} -> element(2, T) > ?QUEUE_BOUND orelse
+                                                            is_map_key(P, Known);
+                                             error -> false
+                                         end
+                                 end, [P || P <- Pids, is_map_key(P, Walked) orelse
+                                                           not is_map_key(P, Known)]),
+    Estimated = maps:from_list([{P, element(3, T) * W + element(2, T) * ?MSG_BYTES}
+                                || P <- Est, T <- [maps:get(P, Walked)]]),
+    {Read, Stalled} = beamdiag_agent_pinfo:read(Ask, [memory], #{}),
+    Mem = maps:fold(fun(P, [{memory, M}], Acc) -> Acc#{P => M} end, Estimated, Read),
+    {Mem, maps:from_list([{P, true} || P <- Est]), Stalled}.
 
 %% Memory at the start: measured for the start's largest heaps, otherwise
 %% the young heap then (a small process's heap is mostly young).
@@ -447,14 +599,23 @@ start_memory(P, Mem0, Base) ->
             end
     end.
 
-info_fun(End, Mem0, Mem1, Base, Est) ->
+%% What the report says of a process beside its name. Reads: the queue
+%% watch's readings by pid; Ends: the walks' times (nanoseconds) and the
+%% rows the watch stood in for at the end (`ended').
+info_fun(End, Mem0, Mem1, Base, Est, Reads, #{t0_ns := T0, t1_ns := T1, ended := Ended}) ->
     fun(P) ->
-        {R0, Q0} = case maps:find(P, Base) of
-                       {ok, {R, Q, _}} -> {R, Q};
-                       error -> {0, null}
-                   end,
+        Read = maps:get(P, Reads, none),
+        {R0, Q0, Q0t} = case {maps:find(P, Base), Read} of
+                            {{ok, {R, Q, _}}, _} -> {R, Q, T0};
+                            {error, #{first := F, first_t := Ft}} -> {0, F, Ft};
+                            {error, none} -> {0, null, T0}
+                        end,
         T = maps:get(P, End),
         {R1, Q1, H1} = {element(1, T), element(2, T), element(3, T)},
+        Q1t = case {maps:is_key(P, Ended), Read} of
+                  {true, #{t := Tl}} -> Tl;
+                  _ -> T1
+              end,
         M1 = case maps:find(P, Mem1) of
                  {ok, M} -> M;
                  error -> null
@@ -464,118 +625,173 @@ info_fun(End, Mem0, Mem1, Base, Est) ->
                  error when M1 =:= null -> null;
                  error -> start_memory(P, Mem0, Base)
              end,
-        #{reductions => R1 - R0, queue => [Q0, Q1], memory => [M0, M1],
-          memory_estimated => is_map_key(P, Est),
-          heap_words => H1, born => not is_map_key(P, Base)}
+        Nums = #{reductions => R1 - R0, queue => [Q0, Q1], memory => [M0, M1],
+                 memory_estimated => is_map_key(P, Est),
+                 heap_words => H1, born => not is_map_key(P, Base) andalso Read =:= none},
+        case Q0t =:= T0 andalso Q1t =:= T1 of
+            true -> Nums;
+            false -> Nums#{queue_ms => max(0, (Q1t - Q0t) div 1000000)}
+        end
     end.
 
-entries(Pids, Info, Like) ->
-    lists:append([identify(P, Info(P), Like) || P <- Pids]).
+%% The watch's readings by pid.
+reads_by_pid(Reads) ->
+    maps:from_list([{to_pid(Text), R} || {Text, R} <- maps:to_list(Reads)]).
+
+%% Registered names by pid (no process is asked: the name table is the
+%% runtime's).
+registered_names() ->
+    maps:from_list([{P, N} || N <- erlang:registered(), P <- [erlang:whereis(N)], is_pid(P)]).
+
+merge_stalled(Lists) ->
+    maps:to_list(lists:foldl(fun({P, W}, Acc) -> Acc#{P => max(W, maps:get(P, Acc, 0))} end,
+                             #{}, lists:append(Lists))).
+
+%% The processes that did not answer a read in time, as entries: the pid,
+%% the registered name (the runtime's table, not the process, says it) and
+%% the longest wait.
+stalled_entries(Stalled, Names) ->
+    [#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
+       waited_ms => W} || {P, W} <- lists:sublist(lists:reverse(lists:keysort(2, Stalled)), ?TOP)].
+
+%% The identities of the processes reported, in one guarded read (and,
+%% for proc_lib processes on releases without the `{dictionary, Key}'
+%% item, a second one), leaving out those known not to answer (Known: pid
+%% => ms waited): {answers, their dictionaries, pid => ms waited}.
+identities(Pids, Known) ->
+    Dict = dict_items(),
+    Items = ?IDENTITY ++ [{dictionary, K} || Dict, K <- ['$initial_call', '$process_label']],
+    {Read, Stalled} = beamdiag_agent_pinfo:read([P || P <- Pids, not is_map_key(P, Known)],
+                                                Items, #{}),
+    %% Before OTP 26.2: the whole dictionary of proc_lib processes.
+    PlDicts = case Dict of
+                  true -> #{};
+                  false ->
+                      Pl = [P || {P, [_, {initial_call, {proc_lib, init_p, _}} | _]}
+                                     <- maps:to_list(Read)],
+                      element(1, beamdiag_agent_pinfo:read(Pl, [dictionary], #{}))
+              end,
+    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled))}.
+
+%% The entries of the processes, from their identities; a process that did
+%% not answer gets what the runtime knows without it (`answered => false').
+entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled}) ->
+    lists:append([case maps:find(P, Read) of
+                      {ok, Items1} -> identify(P, Info(P), Like, Items1, maps:get(P, PlDicts, none));
+                      error ->
+                          case maps:find(P, Stalled) of
+                              {ok, W} -> [unanswered(P, Info(P), Names, W)];
+                              error -> []   % gone
+                          end
+                  end || P <- Pids]).
+
+unanswered(P, Nums, Names, Waited) ->
+    Nums#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
+          initial_call => <<"?">>, spawn_call => <<"?">>, label => null, current => <<"?">>,
+          monitored_by => 0, status => <<"?">>, like => null, answered => false,
+          waited_ms => Waited}.
 
 %% What names a process to a person; beamdiag's own helpers on the target
 %% (the sampler, the lock-counting guard: running code of beamdiag_agent*
 %% modules) are left out, as the agent itself is.
-identify(P, Nums, Like) ->
-    Items = erlang:process_info(P, ?IDENTITY),
+identify(P, Nums, Like, Items, PlDict) ->
     case Items of
-        [_, _, {_, {M, _, _}}, _, _] when is_atom(M) ->
+        [_, _, {_, {M, _, _}} | _] when is_atom(M) ->
             case lists:prefix("beamdiag_agent", atom_to_list(M)) of
                 true -> [];
-                false -> identified(P, Nums, Like, Items)
+                false -> identified(P, Nums, Like, Items, PlDict)
             end;
         _ ->
-            identified(P, Nums, Like, Items)
+            identified(P, Nums, Like, Items, PlDict)
     end.
 
-identified(P, Nums, Like, Items) ->
-    case Items of
-        [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}] ->
-            Ic = proc_lib_initial_call(P, Init),
-            [Nums#{
-                pid => list_to_binary(pid_to_list(P)),
-                name => case Name of
-                            [] -> null;
-                            _ -> atom_to_binary(Name, utf8)
+identified(P, Nums, Like, Items, PlDict) ->
+    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status} | DictItems] = Items,
+    {IcVal, LabelVal} = case DictItems of
+                            [{_, I}, {_, L}] -> {I, L};
+                            [] ->
+                                case PlDict of
+                                    [{dictionary, D}] -> {proplists:get_value('$initial_call', D),
+                                                          undefined};
+                                    _ -> {undefined, undefined}
+                                end
                         end,
-                initial_call => mfa(Ic),
-                spawn_call => mfa(Init),
-                label => label(P),
-                current => mfa(Cur),
-                monitored_by => length(Mons),
-                status => atom_to_binary(Status, utf8),
-                like => maps:get(mfa(Ic), Like, null)
-            }];
-        _ ->
-            []
-    end.
+    Ic = case {Init, IcVal} of
+             {{proc_lib, init_p, _}, {M, F, A}} when is_atom(M), is_atom(F), is_integer(A) ->
+                 {M, F, A};
+             _ -> Init
+         end,
+    [Nums#{
+        pid => list_to_binary(pid_to_list(P)),
+        name => name(Name),
+        initial_call => mfa(Ic),
+        spawn_call => mfa(Init),
+        label => label(LabelVal),
+        current => mfa(Cur),
+        monitored_by => length(Mons),
+        status => atom_to_binary(Status, utf8),
+        like => maps:get(mfa(Ic), Like, null)
+    }].
 
-%% The initial call proc_lib recorded, or the spawn's.
-proc_lib_initial_call(P, Init = {proc_lib, init_p, _}) ->
-    case dict_value(P, '$initial_call') of
-        {ok, {M, F, A}} when is_atom(M), is_atom(F), is_integer(A) -> {M, F, A};
-        _ -> Init
-    end;
-proc_lib_initial_call(_P, Init) ->
-    Init.
+name([]) -> null;
+name(N) when is_atom(N) -> atom_to_binary(N, utf8).
 
-%% One key of a process's dictionary: read alone where the emulator allows
-%% it (OTP 26.2 and later), otherwise from the whole dictionary.
-dict_value(P, Key) ->
-    %% (erts 14.2's item, unknown to the OTP 25 contract.)
-    try dynamic(erlang, process_info, [P, {dictionary, Key}]) of
-        {{dictionary, Key}, undefined} -> error;
-        {{dictionary, Key}, V} -> {ok, V};
-        _ -> error
+%% Whether process_info takes `{dictionary, Key}' (erts 14.2, OTP 26.2,
+%% unknown to the OTP 25 contract: tried on the caller itself).
+dict_items() ->
+    try dynamic(erlang, process_info, [self(), [{dictionary, '$initial_call'}]]) of
+        [_] -> true;
+        _ -> false
     catch
-        error:badarg ->
-            case erlang:process_info(P, dictionary) of
-                {dictionary, D} ->
-                    case lists:keyfind(Key, 1, D) of
-                        {Key, V} -> {ok, V};
-                        false -> error
-                    end;
-                _ -> error
-            end
+        error:badarg -> false
     end.
 
-%% proc_lib:get_label/1 exists from OTP 27.
-label(P) ->
-    case erlang:function_exported(proc_lib, get_label, 1) of
-        true ->
-            try dynamic(proc_lib, get_label, [P]) of
-                undefined -> null;
-                L -> iolist_to_binary(io_lib:format("~0tp", [L], [{chars_limit, 80}]))
-            catch
-                _:_ -> null
-            end;
-        false ->
-            null
-    end.
+%% A process label (proc_lib:set_label/1, OTP 27) as bounded text.
+label(undefined) -> null;
+label(L) -> iolist_to_binary(io_lib:format("~0tp", [L], [{chars_limit, 80}])).
 
 %% For the largest heaps: how many processes share each one's initial
 %% call, from the end walk (proc_lib's initial call, for proc_lib
 %% processes: read for at most ?LIKE_READS of them). A sampled or
 %% registered walk has no count.
 like_counts(all, Pids, End, Walked) ->
-    Wanted = lists:usort([Ic || P <- Pids, is_map_key(P, End),
-                                tuple_size(maps:get(P, End)) =:= 4,
-                                Ic <- [proc_lib_initial_call(P, element(4, maps:get(P, End)))],
-                                likeable(Ic)]),
+    Heaps = [{P, element(4, maps:get(P, End))} || P <- Pids, is_map_key(P, End),
+                                                   tuple_size(maps:get(P, End)) =:= 4],
+    Pl = lists:sublist([P || {P, {_, _, _, {proc_lib, init_p, _}}} <- Walked], ?LIKE_READS),
+    PlCalls = proc_lib_calls(lists:usort(Pl ++ [P || {P, {proc_lib, init_p, _}} <- Heaps])),
+    Wanted = lists:usort([Ic || {P, Init} <- Heaps,
+                                Ic <- [maps:get(P, PlCalls, Init)], likeable(Ic)]),
     case Wanted of
         [] -> #{};
-        _ -> count_like(Walked, Wanted, ?LIKE_READS, #{})
+        _ -> count_like(Walked, Wanted, PlCalls, #{})
     end;
 like_counts(_, _, _, _) ->
     #{}.
 
-count_like([], _Wanted, _Left, Acc) ->
+count_like([], _Wanted, _PlCalls, Acc) ->
     Acc;
-count_like([{P, {_, _, _, Init = {proc_lib, init_p, _}}} | Ps], Wanted, Left, Acc) when Left > 0 ->
-    count_like(Ps, Wanted, Left - 1, bump(proc_lib_initial_call(P, Init), Wanted, Acc));
-count_like([{_, {_, _, _, Init}} | Ps], Wanted, Left, Acc) ->
-    count_like(Ps, Wanted, Left, bump(Init, Wanted, Acc));
-count_like([_ | Ps], Wanted, Left, Acc) ->
-    count_like(Ps, Wanted, Left, Acc).
+count_like([{P, {_, _, _, Init}} | Ps], Wanted, PlCalls, Acc) ->
+    count_like(Ps, Wanted, PlCalls, bump(maps:get(P, PlCalls, Init), Wanted, Acc));
+count_like([_ | Ps], Wanted, PlCalls, Acc) ->
+    count_like(Ps, Wanted, PlCalls, Acc).
+
+%% The initial calls proc_lib recorded, by pid, in one guarded read.
+proc_lib_calls(Pids) ->
+    Items = case dict_items() of
+                true -> [{dictionary, '$initial_call'}];
+                false -> [dictionary]
+            end,
+    {Read, _} = beamdiag_agent_pinfo:read(Pids, Items, #{}),
+    maps:fold(fun(P, [{_, V}], Acc) ->
+                      Ic = case V of
+                               D when is_list(D) -> proplists:get_value('$initial_call', D);
+                               _ -> V
+                           end,
+                      case Ic of
+                          {M, F, A} when is_atom(M), is_atom(F), is_integer(A) -> Acc#{P => Ic};
+                          _ -> Acc
+                      end
+              end, #{}, Read).
 
 %% A process spawned from a fun shows erlang:apply/2 as its initial call,
 %% which says nothing about what it is: no count for it.

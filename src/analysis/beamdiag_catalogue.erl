@@ -23,7 +23,7 @@
 -type id() :: atom().
 -type entry() :: #{
     id := id(),
-    area := ledger | locks | processes | profile | cluster,
+    area := ledger | locks | processes | node | profile | cluster,
     title := binary(),
     meaning := binary(),
     fix := binary(),
@@ -515,6 +515,88 @@ written() ->
             when_not =>
                 <<"A one-off long schedule at start-up (a NIF library loading its data) "
                   "is expected; act when it repeats under load.">>
+        },
+        #{
+            id => wait_chain,
+            area => processes,
+            title => <<"Processes wait on a process that itself waits">>,
+            meaning =>
+                <<"Many processes wait on one (their monitors on it: callers in gen:call and "
+                  "erpc hold one on the process they call), and that process does not run: it "
+                  "waits in a call to another process, in a receive, at a port, in a NIF or "
+                  "suspended. Its callers stop with it, and their callers with them: a node "
+                  "whose work has stopped without burning CPU. The finding names the callers "
+                  "(how many, where), each process down the chain, what the chain ends in (a "
+                  "file operation blocked in the kernel, a call to another node, a receive "
+                  "that never gets its message, a cycle of calls) and how long each did no "
+                  "work. Only processes the walks already found are read: the longest queues, "
+                  "the most monitored, and what they monitor.">>,
+            fix =>
+                <<"Fix what the chain ends in: a file operation on a FIFO or a hung mount "
+                  "(open such files with the raw option, from a process of their own: a raw "
+                  "open runs in the caller, not in the node's file server), a slow node "
+                  "(diagnose it), a reply that never "
+                  "comes (give the call a timeout and handle it), a cycle of calls (make one "
+                  "side cast or reply later with gen_server:reply/2). Then keep one blocked "
+                  "call from stopping every caller: a timeout on each call, work handed to "
+                  "a process of its own, a pool instead of one server.">>,
+            when_not =>
+                <<"A server that waits for a moment on a slow dependency while a few callers "
+                  "queue: act when the same chain holds across the window.">>
+        },
+        #{
+            id => busy_port,
+            area => processes,
+            title => <<"Processes are suspended on a busy port">>,
+            meaning =>
+                <<"Processes that send to a port that says it is busy are suspended until "
+                  "it is not: above all the distribution port to a node that reads more "
+                  "slowly than this one sends (busy_dist_port: the distribution buffer is "
+                  "over dist_buf_busy_limit). A suspended process does nothing, and whatever "
+                  "waits on it waits too; the node looks idle. The finding counts the "
+                  "suspended processes (the walks read each one's status), says which did no "
+                  "work across the window, and names the distribution ports with bytes "
+                  "pending, their peer, the buffers and the node's busy limit.">>,
+            fix =>
+                <<"Find why the peer reads slowly (diagnose it), and send it less: fewer or "
+                  "smaller messages, bulk data out of band (a socket of its own), replies "
+                  "batched. +zdbbl raises the distribution buffer's busy limit and only "
+                  "delays the suspension while the buffer holds the memory. For another "
+                  "port: find why it applies back-pressure (a port program or socket peer "
+                  "that reads slowly).">>,
+            when_not =>
+                <<"A burst that drains within the window: a process suspended for a moment "
+                  "while a large message goes out is the back-pressure working.">>
+        },
+        #{
+            id => node_limit,
+            area => node,
+            title => <<"The node runs towards one of its limits (atoms, processes, ports)">>,
+            meaning =>
+                <<"A count the runtime bounds (atoms, processes, ports) is near its limit, or "
+                  "grows steadily towards it: the finding gives the count, the limit, the "
+                  "growth over the window and the time left at this rate. At the atom limit "
+                  "the node stops (atoms are never freed); at the process or port limit every "
+                  "spawn, open_port or socket open fails with system_limit. Atoms leak where "
+                  "code makes them from outside data (binary_to_term, list_to_atom, "
+                  "binary_to_atom): the walker samples the processes running when the atom "
+                  "table grows and names them. ETS tables that pile up are reported too: the "
+                  "ets_limit the node reports is not enforced since OTP 21, so they cost "
+                  "memory, not a crash.">>,
+            fix =>
+                <<"Atoms: make the code named use existing atoms only (binary_to_term(Bin, "
+                  "[safe]), list_to_existing_atom/1, binary_to_existing_atom/2, or keys kept "
+                  "as binaries), and restart the node before the table fills; +t only "
+                  "postpones it. Processes: bound who spawns them (a pool, processes that end "
+                  "with their work). Ports: close what is opened, bound connection counts; "
+                  "each socket or file also takes a file descriptor (ulimit -n). ETS: delete "
+                  "tables when done, or give them an owner that ends with the work. +P and "
+                  "+Q raise the limits, not the memory each process or port holds.">>,
+            when_not =>
+                <<"A burst that levels off: processes and ports come and go with load, and a "
+                  "count that rises in one window and falls in the next is load, not a leak. "
+                  "Atoms made once at start-up (code loading, configuration) stop growing; a "
+                  "count that grows with every request does not.">>
         },
         #{
             id => hot_function,

@@ -1,5 +1,5 @@
 %%% @doc Findings from process attribution (pure): the process data
-%%% `beamdiag_agent_processes:finish/1' returns, set beside the ledger.
+%%% `beamdiag_agent_processes:finish/2' returns, set beside the ledger.
 %%%
 %%% `single_process_bottleneck': one process took at least
 %%% `reds_share_min' of the node's reductions over the window, and that
@@ -13,6 +13,9 @@
 %%% `message_queue_growth': a mailbox that grew by at least `queue_growth_min'
 %%% messages and `queue_rate_min' messages a second over the window.
 %%%
+%%% `wait_chain' and `busy_port' come from `beamdiag_chain_rules', on the
+%%% walker's looks at who waits on whom.
+%%%
 %%% `dirty_cpu_gc' (from `beamdiag_rules') gets the largest heaps as
 %%% evidence (`annotate/3'), and a lock-counting `single_process_bottleneck'
 %%% on the same process becomes one finding with this evidence.
@@ -23,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, annotate/3, who/1, bytes/1]).
+-export([findings/3, named/1, annotate/3, who/1, bytes/1, duration/1, count/1]).
 
 %%%===================================================================
 %%% API
@@ -33,9 +36,19 @@
 -spec findings(map(), beamdiag_ledger:ledger(), map()) -> [beamdiag_finding:finding()].
 findings(Procs = #{top_reductions := _}, Ledger, Settings) ->
     T = thresholds(),
-    bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T);
+    bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T) ++
+        beamdiag_chain_rules:findings(Procs);
 findings(_, _, _) ->
     [].
+
+%% @doc Whether the process data alone, without a ledger, makes a finding
+%% (a mailbox's growth, a wait chain, a busy port): what a report from the
+%% host's view can still say of a node whose ticks came too slowly.
+-spec named(map()) -> boolean().
+named(Procs = #{queues := _}) ->
+    queue_growth(Procs, thresholds()) ++ beamdiag_chain_rules:findings(Procs) =/= [];
+named(_) ->
+    false.
 
 %% @doc The thresholds the rules use.
 -spec thresholds() -> #{atom() => number()}.
@@ -150,9 +163,19 @@ queue_growth(Procs, T) ->
     Span = max(1.0e-3, maps:get(span_ms, Procs, 0) / 1000),
     Room = maps:get(memory_room, Procs, #{}),
     Partial = maps:is_key(partial, Procs),
-    lists:append([queue_finding(E, Span, T, Room, Partial) || E <- maps:get(queues, Procs, [])]).
+    Stalled = maps:from_list([{P, W} || #{pid := P, waited_ms := W} <- maps:get(stalled, Procs, [])]),
+    lists:append([queue_finding(E, entry_span(E, Span), T, Room, Partial, Stalled)
+                  || E <- maps:get(queues, Procs, [])]).
 
-queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
+%% The time between the two readings of an entry's queue: the walks' span,
+%% or its own when one end came from the queue watch.
+entry_span(#{queue_ms := Ms}, _) when is_integer(Ms), Ms > 0 -> Ms / 1000;
+entry_span(_, Span) -> Span.
+
+queue_finding(#{queue := [null, _], born := false}, _, _, _, _, _) ->
+    %% Never read at the start (it did not answer): no growth to measure.
+    [];
+queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial, Stalled) when is_integer(Q1) ->
     Start = case Q0 of null -> 0; _ -> Q0 end,
     Growth = Q1 - Start,
     Rate = Growth / Span,
@@ -166,17 +189,21 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
                   end,
             {MemLine, Metrics0} = queue_memory(E, Growth, Rate),
             {RoomLines, Metrics} = exhaustion(Metrics0, Room),
+            Waited = maps:get(maps:get(pid, E), Stalled, maps:get(waited_ms, E, undefined)),
             Evidence = [
                 fmt("the mailbox of ~ts grew from ~b to ~b messages in ~.1f s: ~b messages/s "
                     "more arrive than it takes", [who(E), Start, Q1, Span, round(Rate)]),
-                MemLine] ++ RoomLines ++ [
-                case Partial of
-                    false ->
+                MemLine] ++ RoomLines ++ stalled_line(Waited) ++ [
+                case {Partial, maps:get(answered, E, true)} of
+                    {_, false} ->
+                        fmt("at this rate the queue holds ~s messages in ten minutes",
+                            [count(round(Q1 + Rate * 600))]);
+                    {false, _} ->
                         fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
                             "rate the queue holds ~s messages in ten minutes",
                             [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
                              maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))]);
-                    true ->
+                    {true, _} ->
                         fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
                             "holds ~s messages in ten minutes (the capture was cut short: the "
                             "queue lengths are the start walk's and the last tick's)",
@@ -191,7 +218,18 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial) ->
                 queue_end => Q1,
                 queue_rate => round4(Rate)
             })]
-    end.
+    end;
+queue_finding(_, _, _, _, _, _) ->
+    [].
+
+%% A process that did not answer a read in time: what that means here.
+stalled_line(Ms) when is_integer(Ms) ->
+    [fmt("it did not answer a read of its state within ~b ms (a process answers only between "
+         "its garbage collections, and each copies the messages queued since the last into its "
+         "heap: with a queue this long they take seconds); its queue was read all through the "
+         "window by a reader that waits", [Ms])];
+stalled_line(_) ->
+    [].
 
 %% The process's memory now and the rate it grows with the queue, when both
 %% ends were measured. A flooded process's memory is an estimate (the agent
@@ -237,6 +275,8 @@ exhaustion(M = #{bytes_per_s := Bps}, #{room := Room, bound_by := By} = R)
 exhaustion(M, _) ->
     {[], M}.
 
+%% @doc A time in seconds as people read it.
+-spec duration(number()) -> iolist().
 duration(S) when S < 120 -> io_lib:format("~b s", [round(S)]);
 duration(S) when S < 7200 -> io_lib:format("~.1f min", [S / 60]);
 duration(S) -> io_lib:format("~.1f h", [S / 3600]).
@@ -329,6 +369,8 @@ round4(X) -> round(X * 10000) / 10000.
 pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).
 
+%% @doc A count as people read it (1.2M, 34.5k).
+-spec count(integer()) -> iolist().
 count(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
 count(N) when N >= 10000 -> io_lib:format("~.1fk", [N / 1.0e3]);
 count(N) -> integer_to_list(N).

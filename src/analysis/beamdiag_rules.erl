@@ -490,7 +490,7 @@ extras(Capture, Ledger) ->
                {ok, HeldPerf = #{perf := _}} -> beamdiag_host_rules:held_findings(HeldPerf);
                _ -> []
            end,
-    Locks ++ Profile ++ Schedules ++ Held.
+    Locks ++ Profile ++ Schedules ++ Held ++ beamdiag_limit_rules:findings(Capture).
 
 %% Findings from the process walks, and their evidence added to the other
 %% findings (see beamdiag_proc_rules).

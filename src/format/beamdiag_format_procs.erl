@@ -1,5 +1,5 @@
 %%% @doc The TOP PROCESSES section of the text report, from the process
-%%% data `beamdiag_agent_processes:finish/1' returns: the processes with the
+%%% data `beamdiag_agent_processes:finish/2' returns: the processes with the
 %%% largest share of the node's reductions, the mailboxes, the largest
 %%% heaps. Returns iodata; the caller makes the report safe for a terminal
 %%% (names and labels come from the target).

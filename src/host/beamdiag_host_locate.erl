@@ -157,7 +157,10 @@ listen_sockets(Root, Pid) ->
 -spec parse_listen(binary()) -> [{inet:ip_address(), inet:port_number(), non_neg_integer()}].
 parse_listen(Bin) ->
     case binary:split(Bin, <<"\n">>, [global, trim_all]) of
-        [_Header | Lines] -> lists:flatmap(fun listen_line/1, Lines);
+        %% Only listening sockets (state 0A) are split into fields: a busy
+        %% host's table holds tens of thousands of other lines.
+        [_Header | Lines] -> lists:flatmap(fun listen_line/1,
+                                           [L || L <- Lines, binary:match(L, <<" 0A ">>) =/= nomatch]);
         [] -> []
     end.
 

@@ -50,7 +50,11 @@
     %% the whole variation. `schedulers' is the lab's own: `host' starts
     %% the node with the VM's default (one per core), a number N with
     %% +S N:N after the scenario's flags.
-    vary => #{atom() => vary_spec()}
+    vary => #{atom() => vary_spec()},
+    %% The variation's defaults: the atom '$params' in the load's arguments
+    %% stands for them, with the `params' of start/2 merged over them and
+    %% checked by the load module's `params/1' (`{ok, Params}' or an error).
+    params => map()
 }.
 -type vary_spec() :: #{values := [atom() | {integer, pos_integer(), pos_integer()}],
                        default := atom() | pos_integer(),
@@ -78,7 +82,8 @@
 scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
         beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
-        beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios().
+        beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios() ++
+        beamdiag_lab_limits:scenarios() ++ beamdiag_lab_waits:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.
@@ -94,11 +99,18 @@ scenario(Name) ->
 %% flags, e.g. a variant under test), `vary' (what the scenario lets vary,
 %% a map checked by `variation/2'), `exec' (how to start `erl', as OTP's
 %% `peer' takes it: `{Executable, Args}', e.g. a command that runs another
-%% OTP release's `erl' in its own root; default: this machine's `erl').
+%% OTP release's `erl' in its own root; default: this machine's `erl'),
+%% `params' (the variation of a scenario that has parameters, checked
+%% before any node starts).
 -spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {module(), term()}}.
 start(Name, Opts) when is_atom(Name); is_list(Name) ->
     case scenario(Name) of
         {ok, S} -> start(S, Opts);
+        {error, _} = E -> E
+    end;
+start(S = #{load := {Mod, _, _}}, Opts = #{params := P}) ->
+    case params(S, Mod, P) of
+        {ok, All} -> start(S#{params := All}, maps:remove(params, Opts));
         {error, _} = E -> E
     end;
 start(S, Opts) when is_map(S) ->
@@ -253,6 +265,8 @@ format_error({load, Why}) ->
 format_error({cgroup, Why}) ->
     io_lib:format("cannot set up a CPU-quota cgroup (needs root and a writable cgroup "
                   "hierarchy): ~p", [Why]);
+format_error({params, Name, Bad}) ->
+    io_lib:format("the ~s scenario does not take these parameters: ~0P", [Name, Bad, 12]);
 format_error({workload, Reason}) ->
     io_lib:format("the workload did not start: ~p", [Reason]).
 
@@ -270,11 +284,13 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
         fun(L) -> competitor(S, L, Duration) end,
         fun(L) ->
             %% The atom '$duration_ms' in a scenario's arguments stands for the
-            %% workload's time bound.
+            %% workload's time bound, '$cookie' for the node's cookie.
             Args = [case A of
                         '$duration_ms' -> Duration * 1000;
                         '$prepared' -> maps:get(prepared, L);
                         '$vary' -> maps:get(vary, L);
+                        '$params' -> maps:get(params, S);
+                        '$cookie' -> maps:get(cookie, L);
                         _ -> A
                     end || A <- FArgs],
             case catch peer:call(Peer, Mod, Fun, Args, 30000) of
@@ -285,6 +301,14 @@ setup(Lab = #{peer := Peer, scenario := S}, Mod, Fun, FArgs, Duration) ->
         end
     ],
     lists:foldl(fun(Step, {ok, L}) -> Step(L); (_, E) -> E end, {ok, Lab}, Steps).
+
+%% A variation: only a scenario with parameters takes one, checked by
+%% its load module.
+params(#{params := Defaults}, Mod, P) when is_map(P) ->
+    {module, Mod} = code:ensure_loaded(Mod),
+    Mod:params(maps:merge(Defaults, P));
+params(#{name := Name}, _Mod, P) ->
+    {error, {beamdiag_lab, {params, Name, P}}}.
 
 %% Ships modules with the one loader for every node, so the lab runs on
 %% another OTP release too; the node dies with the lab, and the modules

@@ -12,7 +12,8 @@
 %%%
 %%% The events are the agent's words as it sends them: `{start, Info}',
 %%% `{tick, Sample}', `{deadline, InMs}', `{procs, Report}',
-%%% `{procs_start, Snapshot}', `{partial_extras, Quick}',
+%%% `{procs_start, Snapshot}', `{queue_reads, T, Reads}', `{atom_sources, Report}',
+%%% `{partial_extras, Quick}',
 %%% `{long_schedules, LS}', `finishing', `{done, Extras}' and
 %%% `{aborted, Why}'. A start that answered too late may still have started
 %%% an agent: its first word names it, and it is told to end here, never
@@ -35,7 +36,9 @@
 
 -opaque client() :: #{node := node(), agent := pid(), ref := reference(), mref := reference()}.
 -type event() :: {start, map()} | {tick, beamdiag_agent:sample()} | {deadline, integer()}
-               | {procs, map()} | {procs_start, map()} | {partial_extras, map()}
+               | {procs, map()} | {procs_start, map()} | {queue_reads, integer(), map()}
+               | {atom_sources, map()}
+               | {partial_extras, map()}
                | {long_schedules, map()} | {locks, term()} | finishing | {done, map()}
                | {aborted, term()}.
 

@@ -145,12 +145,15 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
             late(quick_extras(G), Info, Samples, D, due);
         false when Due, is_function(map_get(fallback, G), 0) ->
             %% Fewer, with a view to fall back on: when it explains the
-            %% slowness, the caller reports from it, with what the agent
-            %% sent (its settings, the start walk, the long
-            %% schedules), not waited for; when not, the samples are worth
-            %% the wait (a blocked scheduler shows only in the VM's figures).
+            %% slowness, or what the agent sent already names what is wrong
+            %% (a queue's growth from the start walk and the queue watch,
+            %% who waits on whom), the caller reports from it, with what the
+            %% agent sent (its settings, the start walk, the long
+            %% schedules), not waited for; when not, the samples are
+            %% worth the wait (a blocked scheduler shows only in the VM's
+            %% figures).
             Fallback = map_get(fallback, G),
-            case Fallback() of
+            case Fallback() orelse procs_named(G) of
                 true ->
                     beamdiag_client:abort(maps:get(client, G)),
                     {error, {beamdiag_collect, {due, #{info => Info,
@@ -183,6 +186,13 @@ gather(G = #{client := Client, deadline := Deadline,
         {event, {procs_start, Snapshot}} ->
             %% The start walk's report: kept for a capture cut short.
             gather(G#{procs_start => Snapshot});
+        {event, {atom_sources, Sources}} ->
+            %% Which processes were running when the atom table grew.
+            gather(G#{atom_sources => Sources});
+        {event, {queue_reads, T, Reads}} ->
+            %% The queue watch's latest readings (from the walker, beside
+            %% the ticks): kept to bring the start walk's report forward.
+            gather(G#{queue_reads => #{t => T, queue_reads => Reads}});
         {event, {partial_extras, Quick}} ->
             gather(G#{quick => Quick});
         {event, {long_schedules, LS}} ->
@@ -193,7 +203,7 @@ gather(G = #{client := Client, deadline := Deadline,
             %% a node too slow to answer; wait for them.
             gather(G#{finishing := true});
         {event, {done, Extras}} ->
-            {ok, capture(Info, Samples, end_walk(Extras, G), true, D)};
+            {ok, capture(Info, Samples, atom_sources(end_walk(Extras, G), G), true, D)};
         {event, {aborted, Why}} ->
             late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
         {event, _} ->
@@ -216,6 +226,15 @@ gather(G = #{client := Client, deadline := Deadline,
                 true -> late(partial_extras(G), Info, Samples, D, timeout);
                 false -> gather(G)
             end
+    end.
+
+%% Whether the process data the agent sent so far names a finding on its
+%% own (no ledger needed): on a node too slow for two ticks before the
+%% report is due, that is worth reporting on time.
+procs_named(G) ->
+    case maps:find(procs, partial_extras(G)) of
+        {ok, Procs} -> beamdiag_proc_rules:named(Procs);
+        error -> false
     end.
 
 %% Two samples make a window.
@@ -265,15 +284,21 @@ partial_extras(G) ->
                     Quick0#{memory_room => StartRoom};
                 _ -> Quick0
             end,
+    Quick2 = atom_sources(Quick, G),
     case maps:find(procs_start, G) of
         {ok, Snapshot} ->
-            Procs = forward(Snapshot, maps:get(samples, G)),
-            Quick#{procs => case Quick of
-                                #{memory_room := Room} -> Procs#{memory_room => Room};
-                                _ -> Procs
-                            end};
-        error -> Quick
+            Procs = forward(Snapshot, G),
+            Quick2#{procs => case Quick2 of
+                                 #{memory_room := Room} -> Procs#{memory_room => Room};
+                                 _ -> Procs
+                             end};
+        error -> Quick2
     end.
+
+%% The processes the walker found running when the atom table grew, if it
+%% looked.
+atom_sources(Extras, #{atom_sources := Sources}) -> Extras#{atom_sources => Sources};
+atom_sources(Extras, _G) -> Extras.
 
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
@@ -290,7 +315,7 @@ end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
     case maps:is_key(procs, Extras) of
         true -> Extras;
         false ->
-            Procs = forward(Snapshot, maps:get(samples, G)),
+            Procs = forward(Snapshot, G),
             Extras#{procs => case Extras of
                                  #{memory_room := Room} -> Procs#{memory_room => Room};
                                  _ -> Procs
@@ -299,15 +324,16 @@ end_walk(Extras = #{procs_end_missing := _}, G = #{procs_start := Snapshot}) ->
 end_walk(Extras, _G) ->
     Extras.
 
-%% The start walk's queues at the last tick that read them (samples are
+%% The start walk's report brought forward with the queue watch's latest
+%% readings: the walker's own, or a tick's when it is newer (samples are
 %% newest first; the walk was taken just after the first).
-forward(Snapshot, Samples) ->
-    case [S || S = #{queues := _} <- Samples] of
-        [#{queues := Qs, t := T} | _] ->
-            #{t := T0} = lists:last(Samples),
-            beamdiag_agent_processes:advance(Snapshot, Qs, max(0, (T - T0) div 1000000));
-        [] ->
-            Snapshot
+forward(Snapshot, G = #{samples := Samples}) ->
+    case maps:find(queue_reads, G) of
+        {ok, R = #{t := T}} ->
+            Newer = [S || S = #{t := ST} <- Samples, ST >= T],
+            beamdiag_agent_processes:forward(Snapshot, Newer ++ [R | Samples -- Newer]);
+        error ->
+            beamdiag_agent_processes:forward(Snapshot, Samples)
     end.
 
 %% The agent's last word came late or not at all: two samples are a window,

@@ -1,0 +1,121 @@
+%%% Reads of many processes that never wait long on one: a process that
+%%% holds its scheduler 800 ms at a time with messages waiting (so every
+%%% read of it is a request it answers only between its holds) is set
+%%% aside, and the others are read; the start walk lists it as stalled and
+%%% watches it.
+-module(beamdiag_agent_pinfo_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+stalled_test_() ->
+    {timeout, 60, fun stalled/0}.
+
+stalled() ->
+    with_held(fun(Held) ->
+        %% Raw signal: plain reads of it wait for its holds.
+        Waits = [begin
+                     timer:sleep(97),
+                     element(1, timer:tc(erlang, process_info, [Held, message_queue_len]))
+                 end || _ <- lists:seq(1, 5)],
+        ?debugFmt("plain reads waited ~p us", [Waits]),
+        ?assert(lists:max(Waits) > 100000),
+        A = spawn(fun() -> receive stop -> ok end end),
+        B = spawn(fun() -> receive stop -> ok end end),
+        A ! hello,
+        %% (The last plain read was answered in a gap between two holds:
+        %% the next hold has begun 100 ms on.)
+        timer:sleep(100),
+        T0 = erlang:monotonic_time(millisecond),
+        {Read, Stalled, Trunc} =
+            beamdiag_agent_pinfo:fold(fun(P, [{message_queue_len, Q}], Acc) -> [{P, Q} | Acc] end,
+                                      [], [A, Held, B], [message_queue_len], #{chunk => 2}),
+        Took = erlang:monotonic_time(millisecond) - T0,
+        ?debugFmt("fold took ~b ms; stalled ~p", [Took, Stalled]),
+        ?assertEqual([{B, 0}, {A, 1}], Read),
+        ?assertMatch([{Held, W}] when W >= 100, Stalled),
+        ?assertNot(Trunc),
+        ?assert(Took < 600),
+        %% A deadline cuts a fold short.
+        {_, _, true} = beamdiag_agent_pinfo:fold(fun(_, _, Acc) -> Acc end, [], [Held, A],
+                                                 [message_queue_len],
+                                                 #{deadline => erlang:monotonic_time(microsecond)
+                                                                   + 20000}),
+        %% The start walk: done without it, it is stalled and watched.
+        timer:sleep(100),
+        {WalkUs, S} = timer:tc(beamdiag_agent_processes, start, [#{}]),
+        ?debugFmt("start walk ~b us, stalled ~p", [WalkUs, maps:get(stalled, S)]),
+        ?assert(lists:keymember(Held, 1, maps:get(stalled, S))),
+        ?assert(lists:member(Held, beamdiag_agent_processes:watch(S))),
+        Snap = beamdiag_agent_processes:snapshot(S),
+        HeldText = list_to_binary(pid_to_list(Held)),
+        ?assertMatch([#{queue := [null, null], answered := false}],
+                     [E || E = #{pid := P} <- maps:get(queues, Snap), P =:= HeldText]),
+        [P ! stop || P <- [A, B]]
+    end).
+
+%% Items the runtime does not know are a caller's bug: an exception.
+bad_items_test() ->
+    ?assertError({beamdiag_agent_pinfo, _},
+                 beamdiag_agent_pinfo:fold(fun(_, _, Acc) -> Acc end, [], [self()], [no_such_item],
+                                           #{})).
+
+%% A start report brought forward with the watch's readings: the walk's
+%% start length and the latest reading, over the time between them; a
+%% process the walk could not read takes its first reading as its start.
+forward_test() ->
+    T0 = 1000000000,
+    Snap = #{span_ms => 0, t_ns => T0, word_bytes => 8, partial => start,
+             queues => [#{pid => <<"<0.1.0>">>, queue => [100, 100], memory => [11200, 11200],
+                          memory_estimated => true},
+                        #{pid => <<"<0.2.0>">>, queue => [null, null], memory => [null, null],
+                          memory_estimated => true, answered => false}]},
+    Reads = #{<<"<0.1.0>">> => #{queue => 5100, heap_words => 10, t => T0 + 2000000000,
+                                 first => 200, first_t => T0 + 100000000},
+              <<"<0.2.0>">> => #{queue => 9000, heap_words => 1000, t => T0 + 3000000000,
+                                 first => 1000, first_t => T0 + 1000000000}},
+    Samples = [#{t => T0 + 3000000000, queue_reads => Reads}, #{t => T0}],
+    #{queues := [A, B], span_ms := 3000, partial := start_and_ticks} =
+        beamdiag_agent_processes:forward(Snap, Samples),
+    ?assertMatch(#{queue := [100, 5100], queue_ms := 2000, memory := [11200, 571200]}, A),
+    ?assertMatch(#{queue := [1000, 9000], queue_ms := 2000, memory := [null, 1016000]}, B),
+    %% Samples of an earlier agent: plain lengths at the sample's time.
+    Old = [#{t => T0 + 2000000000, queues => #{<<"<0.1.0>">> => 300}}, #{t => T0}],
+    #{queues := [A2, _]} = beamdiag_agent_processes:forward(Snap, Old),
+    ?assertMatch(#{queue := [100, 300]}, A2).
+
+%%% Helpers
+
+with_held(Fun) ->
+    case erlang:system_info(schedulers_online) >= 2 of
+        false ->
+            ok;
+        true ->
+            _ = erts_debug:set_internal_state(available_internal_state, true),
+            %% Loaded first: the code server may be queued on the held
+            %% scheduler.
+            _ = [{module, M} = code:ensure_loaded(M)
+                 || M <- [beamdiag_agent_pinfo, beamdiag_agent_processes, beamdiag_agent_queues,
+                          timer, atomics]],
+            _ = beamdiag_agent_processes:snapshot(beamdiag_agent_processes:start(#{})),
+            Held = erlang:apply(erlang, spawn_opt,
+                                [fun Loop() ->
+                                     _ = erts_debug:set_internal_state(sleep, 800),
+                                     receive after 1 -> ok end,
+                                     Loop()
+                                 end, [{scheduler, 1}]]),
+            [Held ! {msg, I} || I <- lists:seq(1, 50)],
+            %% Read from the other scheduler (a reader on the held one runs
+            %% only in its gaps).
+            Self = self(),
+            Ref = make_ref(),
+            _ = erlang:apply(erlang, spawn_opt,
+                             [fun() -> Self ! {Ref, catch Fun(Held)} end, [{scheduler, 2}]]),
+            try
+                receive
+                    {Ref, {'EXIT', Why}} -> erlang:error(Why);
+                    {Ref, R} -> R
+                after 50000 -> erlang:error(timeout)
+                end
+            after
+                exit(Held, kill)
+            end
+    end.

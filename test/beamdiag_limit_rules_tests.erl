@@ -1,0 +1,130 @@
+%%% The limit rule on both sides of each bound, on captures made of
+%%% counts: a share of the limit used, a steady growth, the time left at
+%%% this rate, and the atoms' sources.
+-module(beamdiag_limit_rules_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+%% Samples a second apart, with R's counts (the others idle).
+capture(R, Counts, Limit) ->
+    capture(R, Counts, Limit, #{}).
+
+capture(R, Counts, Limit, Extras) ->
+    capture(R, Counts, Limit, Extras, 1).
+
+%% Samples DtS seconds apart.
+capture(R, Counts, Limit, Extras, DtS) ->
+    Idle = #{atoms => [10000, 1048576], processes => [100, 262144], ports => [10, 65536],
+             ets_tables => [20, 8192]},
+    #{samples => [#{t => I * DtS * 1000000000, limits => Idle#{R => [C, Limit]}}
+                  || {I, C} <- lists:enumerate(Counts)],
+      extras => Extras}.
+
+%% Six samples over 5 s growing by Step a second from Start.
+growing(Start, Step) ->
+    [Start + Step * I || I <- lists:seq(0, 5)].
+
+found(Capture) ->
+    [{maps:get(resource, M), S} || #{id := node_limit, severity := S, metrics := M}
+                                       <- beamdiag_limit_rules:findings(Capture)].
+
+%% Atoms: a day left is a warning, an hour critical; less growth than
+%% growth_min is no finding.
+atoms_time_left_test_() ->
+    L = 1000000,
+    Big = 5000000,
+    %% Left = (L - C1) / Rate, C1 = Start + 5 * Step.
+    [?_assertEqual([{<<"atoms">>, critical}], found(capture(atoms, growing(L - 3599 * 100 - 500, 100), L))),
+     ?_assertEqual([{<<"atoms">>, warning}], found(capture(atoms, growing(L - 3601 * 100 - 500, 100), L))),
+     %% 86,400 s: a warning just under it, nothing just over.
+     ?_assertEqual([{<<"atoms">>, warning}],
+                   found(capture(atoms, growing(Big - 86399 * 20 - 100, 20), Big))),
+     ?_assertEqual([], found(capture(atoms, growing(Big - 86401 * 20 - 100, 20), Big))),
+     %% 100 atoms over the window count, 95 do not.
+     ?_assertEqual([{<<"atoms">>, warning}], found(capture(atoms, growing(500000, 20), L))),
+     ?_assertEqual([], found(capture(atoms, growing(500000, 19), L)))].
+
+%% The share used, growing or not: 0.80 a warning, 0.95 critical.
+used_share_test_() ->
+    L = 10000,
+    Flat = fun(C) -> lists:duplicate(6, C) end,
+    [?_assertEqual([], found(capture(processes, Flat(7999), L))),
+     ?_assertEqual([{<<"processes">>, warning}], found(capture(processes, Flat(8000), L))),
+     ?_assertEqual([{<<"ports">>, warning}], found(capture(ports, Flat(9499), L))),
+     ?_assertEqual([{<<"ports">>, critical}], found(capture(ports, Flat(9500), L))),
+     ?_assertEqual([{<<"atoms">>, critical}], found(capture(atoms, Flat(9600), L)))].
+
+%% Processes and ports: 10 minutes left critical, an hour a warning.
+processes_ports_time_left_test_() ->
+    L = 100000,
+    [?_assertEqual([{<<"processes">>, critical}],
+                   found(capture(processes, growing(L - 599 * 100 - 500, 100), L))),
+     ?_assertEqual([{<<"processes">>, warning}],
+                   found(capture(processes, growing(L - 601 * 100 - 500, 100), L))),
+     ?_assertEqual([{<<"ports">>, warning}],
+                   found(capture(ports, growing(L - 3599 * 20 - 100, 20), L))),
+     ?_assertEqual([], found(capture(ports, growing(L - 3601 * 20 - 100, 20), L))),
+     %% Ports: 50 over the window count, 45 do not.
+     ?_assertEqual([{<<"ports">>, warning}], found(capture(ports, growing(70000, 10), L))),
+     ?_assertEqual([], found(capture(ports, growing(70000, 9), L)))].
+
+%% A count that falls in more than a quarter of the intervals is load,
+%% not a leak, however near its end; one that rose in fewer than half is a
+%% burst (a pool started, modules loaded with their atoms).
+steady_test_() ->
+    L = 100000,
+    Up = [50000, 60000, 55000, 70000, 65000, 79000],    % falls in 2 of 5
+    Mostly = [50000, 60000, 55000, 70000, 75000, 79000], % falls in 1 of 5
+    Burst = [50000, 50000, 50000, 60000, 60000, 60000],  % rises in 1 of 5
+    Twice = [50000, 50000, 55000, 55000, 60000, 60000],  % rises in 2 of 5
+    Thrice = [50000, 50000, 55000, 55000, 60000, 61000], % rises in 3 of 5
+    [?_assertEqual([], found(capture(processes, Up, L))),
+     ?_assertEqual([{<<"processes">>, critical}], found(capture(processes, Mostly, L))),
+     ?_assertEqual([], found(capture(processes, Burst, L))),
+     ?_assertEqual([], found(capture(atoms, [9772, 10117, 10117, 10117, 10117, 10117], L))),
+     ?_assertEqual([], found(capture(processes, Twice, L))),
+     ?_assertEqual([{<<"processes">>, critical}], found(capture(processes, Thrice, L)))].
+
+%% ETS tables: a steady growth of 100 or more at 1 a second or more is a
+%% leak (no time to a limit: it is not enforced).
+ets_test_() ->
+    Slow = capture(ets_tables, [100, 140, 180, 220, 260, 300], 8192, #{}, 60),
+    [?_assertEqual([{<<"ets_tables">>, warning}],
+                   found(capture(ets_tables, growing(100, 20), 8192))),
+     ?_assertEqual([], found(capture(ets_tables, growing(100, 19), 8192))),
+     %% 200 tables in 5 minutes: under a table a second.
+     ?_assertEqual([], found(Slow)),
+     ?_assertEqual(undefined,
+                   maps:get(seconds_left, maps:get(metrics, hd(beamdiag_limit_rules:findings(
+                       capture(ets_tables, growing(100, 20), 8192)))), undefined))].
+
+%% The atoms' sources: a process in a function that makes atoms is named
+%% first, with the functions seen; none caught, or none looked for, is
+%% said so.
+sources_test_() ->
+    L = 1000000,
+    Counts = growing(L - 300000, 1000),
+    Sources = #{atoms => [700000, 700500], rounds => 5, span_ms => 90,
+                processes => [#{pid => <<"<0.1.0>">>, name => null, samples => 5,
+                                functions => [<<"a:b/1">>], makes_atoms => []},
+                              #{pid => <<"<0.2.0>">>, name => <<"decoder">>, samples => 3,
+                                functions => [<<"erlang:binary_to_term/1">>, <<"d:loop/2">>],
+                                makes_atoms => [<<"erlang:binary_to_term/1">>]}]},
+    Ev = fun(C) -> iolist_to_binary(lists:join("\n", maps:get(evidence, hd(
+                                                    beamdiag_limit_rules:findings(C))))) end,
+    With = Ev(capture(atoms, Counts, L, #{atom_sources => Sources})),
+    [?_assertMatch({_, _}, binary:match(With, <<"decoder <0.2.0> in 3 of 5 looks, in "
+                                                "erlang:binary_to_term/1, d:loop/2; "
+                                                "erlang:binary_to_term/1 makes atoms">>)),
+     ?_assert(element(1, binary:match(With, <<"decoder">>)) <
+                  element(1, binary:match(With, <<"<0.1.0>">>))),
+     ?_assertMatch({_, _}, binary:match(Ev(capture(atoms, Counts, L,
+                                                   #{atom_sources => Sources#{processes => []}})),
+                                        <<"no process was caught running">>)),
+     ?_assertMatch({_, _}, binary:match(Ev(capture(atoms, Counts, L)),
+                                        <<"were not sampled">>))].
+
+%% Fewer than two samples with counts: nothing to measure.
+no_counts_test() ->
+    ?assertEqual([], beamdiag_limit_rules:findings(#{samples => [#{t => 0}]})),
+    ?assertEqual([], beamdiag_limit_rules:findings(
+                       #{samples => [#{t => 0, limits => #{atoms => [1000000, 1000000]}}]})).
