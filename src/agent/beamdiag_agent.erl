@@ -338,6 +338,15 @@ init(Caller, Ref, Opts0, _Starter) ->
     },
     Helpers = [beamdiag_agent_probe:pid(Probe), beamdiag_agent_probe:pid(QueueProbe)
                | [P || P <- [Sysmon], is_pid(P)]],
+    %% What the start word says of the node, read before the window.
+    Facts = #{
+        agent => self(),
+        node => atom_to_binary(node()),
+        settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
+        cgroup_location => location_info(Cg),
+        %% Read once now too: a capture cut short still has it.
+        memory_room => maps:get(memory_room, memory_extras(State0), #{})
+    },
     %% With `go', the window waits for the session's word (go/2).
     {Opts, State1} = go(State0, Helpers),
     #{duration_ms := Duration} = Opts,
@@ -354,13 +363,7 @@ init(Caller, Ref, Opts0, _Starter) ->
                 {ok, V} when is_boolean(V) -> #{msacc_was_on => V};
                 _ -> #{}
             end,
-    Caller ! {beamdiag, Ref, {start, WasOn#{
-        agent => self(),
-        node => atom_to_binary(node()),
-        settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
-        cgroup_location => location_info(Cg),
-        %% Read once now too: a capture cut short still has it.
-        memory_room => maps:get(memory_room, memory_extras(State), #{}),
+    Caller ! {beamdiag, Ref, {start, (maps:merge(Facts, WasOn))#{
         wall_start_ms => erlang:system_time(millisecond),
         %% The window asked for, or what was left of it (`end_wall_ms').
         duration_ms => Duration,

@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_cluster_analysis).
 
--export([hosts/1, host_of/1]).
+-export([hosts/1, host_of/1, own_outliers/3]).
 
 -export_type([host/0]).
 
@@ -55,6 +55,10 @@
 %% severities.
 -define(HOST_FINDINGS, [cpu_starvation]).
 -define(HOST_SEVERITIES, [warning, critical]).
+%% The outlier figures a contended shared host makes up (own_outliers/3),
+%% and the host's CPU busy share from which it counts as contended.
+-define(HOST_FIGURES, [busy, runq, blocked]).
+-define(CONTENDED, 0.9).
 
 %%%===================================================================
 %%% API
@@ -76,6 +80,25 @@ hosts(Results) ->
                         end, Hosts),
     {Sorted, Results2}.
 
+%% @doc The outliers (`beamdiag_outliers:nodes/1') that stand out on
+%% their own. On a host two members or more share whose CPUs were
+%% contended (findings were lifted to it, or its CPUs were ?CONTENDED busy
+%% or more), a member's busy share counts the time the OS kept its
+%% schedulers waiting for a CPU, and its runnable-wait and blocked shares
+%% are that wait itself or follow from it (a lock holder descheduled): they
+%% measure the host, which says so once. Such a member is kept only when a
+%% figure of its own demand (CPUs used, on-CPU, spin, kernel time,
+%% reductions per second) also lies beyond the cluster's spread; its
+%% figures are kept whole. Other members are kept as they are.
+-spec own_outliers([map()], [map()], [host()]) -> [map()].
+own_outliers(Outliers, Rows, Hosts) ->
+    Contended = [K || H = #{key := K} <- Hosts, contended(H)],
+    HostOf = maps:from_list([{maps:get(node, Row), key(Row)} || Row <- Rows]),
+    [O || O = #{node := N, figures := Figs} <- Outliers,
+          not lists:member(maps:get(N, HostOf, none), Contended)
+              orelse lists:any(fun(#{figure := K}) -> not lists:member(K, ?HOST_FIGURES) end,
+                               Figs)].
+
 %% @doc The host a summary row says its member runs on: its boot id when
 %% it read one, else its host name, else its node name's host part.
 -spec host_of(map()) -> binary().
@@ -85,6 +108,11 @@ host_of(Row) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% A host two members or more share whose CPUs were contended.
+contended(#{members := [_, _ | _], lifted := [_ | _]}) -> true;
+contended(#{members := [_, _ | _], busy := #{median := B}}) -> B >= ?CONTENDED;
+contended(_) -> false.
 
 key(#{host := #{id := Id}}) when is_binary(Id), Id =/= <<>> -> Id;
 key(#{host := #{name := Name}}) when is_binary(Name), Name =/= <<>> -> Name;

@@ -166,7 +166,8 @@ analyse(Results0, Here) ->
     {Hosts0, Results} = beamdiag_cluster_analysis:hosts(Results0),
     Hosts = [host_entry(H, Here) || H <- Hosts0],
     Rows = [R || #{row := R} <- Results],
-    #{spread := Spread, outliers := Out0} = beamdiag_outliers:nodes(Rows),
+    #{spread := Spread, outliers := All} = beamdiag_outliers:nodes(Rows),
+    Out0 = beamdiag_cluster_analysis:own_outliers(All, Rows, Hosts0),
     Own = maps:from_list([{N, outlier_finding(O)} || O = #{node := N} <- Out0]),
     Findings = maps:from_list(
         [{N, beamdiag_finding:sort(case maps:find(N, Own) of
