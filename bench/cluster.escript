@@ -54,7 +54,9 @@
 %%% each report's timing and hosts, and the other members' findings at
 %%% warning or above), BENCH_CLUSTER_BEFORE (the path of another build of the
 %%% escript: each run has it first, then this one, on the same nodes, one
-%%% line each, for figures side by side), BENCH_CLUSTER_KEEP (a folder: each
+%%% line each, for figures side by side), BENCH_CLUSTER_ARGS and
+%%% BENCH_CLUSTER_BEFORE_ARGS (more arguments for the command, this build's
+%%% and the other's: the same build twice compares options), BENCH_CLUSTER_KEEP (a folder: each
 %%% run's JSON report is kept there).
 -mode(compile).
 
@@ -73,9 +75,10 @@ main(_) ->
     Hogs = list_to_integer(env("BENCH_CLUSTER_HOGS", "0")),
     Exe = filename:absname("_build/default/bin/beamdiag"),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
+    This = {"this", Exe, env("BENCH_CLUSTER_ARGS", "")},
     Exes = case env("BENCH_CLUSTER_BEFORE", "") of
-               "" -> [{"this", Exe}];
-               B -> [{"before", B}, {"this", Exe}]
+               "" -> [This];
+               B -> [{"before", B, env("BENCH_CLUSTER_BEFORE_ARGS", "")}, This]
            end,
     json_reader(),
     {ok, _} = net_kernel:start(list_to_atom("bdc_bench_" ++ os:getpid()),
@@ -119,7 +122,7 @@ round(N, Windows, Topology, Exes) ->
                          end,
                 spin(BusyPeer),
                 timer:sleep(1500),
-                [run(Build, Exe, N, W, Target, Busy) || W <- Windows, {Build, Exe} <- Exes],
+                [run(Build, Exe, Args, N, W, Target, Busy) || W <- Windows, {Build, Exe, Args} <- Exes],
                 case Target of
                     {file, F} -> file:delete(F);
                     _ -> ok
@@ -129,7 +132,7 @@ round(N, Windows, Topology, Exes) ->
             end
     end.
 
-run(Build, Exe, N, Window, Target, Busy) ->
+run(Build, Exe, Args, N, Window, Target, Busy) ->
     Out = "/tmp/bdc_bench_report_" ++ os:getpid(),
     _ = file:delete(Out),
     Who = case Target of
@@ -141,8 +144,8 @@ run(Build, Exe, N, Window, Target, Busy) ->
                K -> " --concurrency " ++ K
            end,
     Cmd = lists:flatten(io_lib:format(
-        "/usr/bin/time -f '%M' ~s cluster ~s --cookie ~s --duration ~b~s --json --out ~s 2>&1 "
-        "| tail -1", [Exe, Who, ?COOKIE, Window, Conc, Out])),
+        "/usr/bin/time -f '%M' ~s cluster ~s --cookie ~s --duration ~b~s ~s --json --out ~s 2>&1 "
+        "| tail -1", [Exe, Who, ?COOKIE, Window, Conc, Args, Out])),
     Load = hd(string:lexemes(os:cmd("cat /proc/loadavg"), " ")),
     W0 = os:system_time(millisecond),
     PeakKb = list_to_integer(string:trim(os:cmd(Cmd))),

@@ -85,18 +85,43 @@ own_outliers_test() ->
     Rows = [#{node => <<"waits@vm">>, host => host(?BOOT, <<"vm">>)},
             #{node => <<"works@vm">>, host => host(?BOOT, <<"vm">>)},
             #{node => <<"alone@db2">>, host => host(?OTHER_BOOT, <<"db2">>)}],
-    Host = fun(Busy, Lifted) ->
-                   #{key => ?BOOT, members => [<<"waits@vm">>, <<"works@vm">>],
-                     busy => #{median => Busy, max => Busy}, lifted => Lifted}
-           end,
-    Alone = #{key => ?OTHER_BOOT, members => [<<"alone@db2">>], busy => #{median => 1.0, max => 1.0},
-              lifted => []},
+    Host = fun(Contended) -> #{key => ?BOOT, members => [<<"waits@vm">>, <<"works@vm">>],
+                              contended => Contended} end,
+    Alone = #{key => ?OTHER_BOOT, members => [<<"alone@db2">>], contended => false},
     Nodes = fun(Hs) -> [N || #{node := N} <- beamdiag_cluster_analysis:own_outliers(Out, Rows, Hs)] end,
-    ?assertEqual([<<"works@vm">>, <<"alone@db2">>], Nodes([Host(0.95, []), Alone])),
-    ?assertEqual([<<"works@vm">>, <<"alone@db2">>], Nodes([Host(0.5, [#{id => cpu_starvation}]), Alone])),
-    ?assertEqual([<<"waits@vm">>, <<"works@vm">>, <<"alone@db2">>], Nodes([Host(0.5, []), Alone])),
+    ?assertEqual([<<"works@vm">>, <<"alone@db2">>], Nodes([Host(true), Alone])),
+    ?assertEqual([<<"waits@vm">>, <<"works@vm">>, <<"alone@db2">>], Nodes([Host(false), Alone])),
     [#{figures := [_, _]}] = [O || O = #{node := <<"works@vm">>}
-                                       <- beamdiag_cluster_analysis:own_outliers(Out, Rows, [Host(0.95, [])])].
+                                       <- beamdiag_cluster_analysis:own_outliers(Out, Rows, [Host(true)])].
+
+%% A host is contended when a member there waited for a CPU with work to
+%% do (cpu_starvation at warning or above) or its CPUs were 90% busy or
+%% more; there, a member whose schedulers mostly waited (on a CPU less
+%% than a quarter of their busy time) has its scheduler_imbalance and
+%% scheduler_blocking lifted too; one that ran keeps them, and so does
+%% every member of a host that was not contended.
+contended_host_lifts_waits_test() ->
+    rand:seed(exsss, {3, 3, 3}),
+    Waiter = fun(I, H) -> result(I, H, #{busy => 0.3, on_cpu => 0.01},
+                                 [{scheduler_imbalance, warning, 0.0}, {scheduler_blocking, warning, 0.0}])
+             end,
+    Runner = fun(I, H) -> result(I, H, #{busy => 0.3, on_cpu => 0.2},
+                                 [{scheduler_imbalance, warning, 0.0}]) end,
+    Busy = host(?BOOT, <<"vm">>),
+    Calm = (host(?BOOT, <<"vm">>))#{busy => 0.4},
+    Ids = fun(Results) -> [{N, [Id || #{id := Id} <- Fs]} || #{row := #{node := N}, findings := Fs} <- Results] end,
+    {[#{contended := true, lifted := Lifted}], R1} =
+        beamdiag_cluster_analysis:hosts([Waiter(1, Busy), Runner(2, Busy), result(3, Busy, #{}, [])]),
+    ?assertEqual([{<<"m1@vm">>, []}, {<<"m2@vm">>, [scheduler_imbalance]}, {<<"m3@vm">>, []}], Ids(R1)),
+    ?assertEqual([scheduler_blocking, scheduler_imbalance], [Id || #{id := Id} <- Lifted]),
+    {[#{contended := false, lifted := []}], R2} =
+        beamdiag_cluster_analysis:hosts([Waiter(1, Calm), Runner(2, Calm)]),
+    ?assertEqual([{<<"m1@vm">>, [scheduler_imbalance, scheduler_blocking]},
+                  {<<"m2@vm">>, [scheduler_imbalance]}], Ids(R2)),
+    %% A starving member makes a calm-looking host contended.
+    {[#{contended := true}], R3} =
+        beamdiag_cluster_analysis:hosts([Waiter(1, Calm), result(2, Calm, #{}, [{cpu_starvation, warning, 0.2}])]),
+    ?assertEqual([{<<"m1@vm">>, []}, {<<"m2@vm">>, []}], Ids(R3)).
 
 %% The cluster's analysis end to end, as a contended host of 200 members
 %% gives it: 36 idle members waited for a CPU (cpu_starvation, warning) and

@@ -544,7 +544,11 @@ written() ->
                   "diagnosis itself, or with whatever else runs there. That wait is the "
                   "host's, not any one member's: it is said once, for the host, with how many "
                   "members waited and how long, instead of as a cpu_starvation finding on "
-                  "each of them.">>,
+                  "each of them. On such a host the BEAM counts a scheduler busy while the OS "
+                  "keeps it waiting, so a member whose schedulers mostly waited (ran less than "
+                  "a quarter of their busy time) has its scheduler_imbalance and "
+                  "scheduler_blocking said here too, and it is not called the odd one out for "
+                  "its busy, waiting or blocked shares alone.">>,
             fix =>
                 <<"Give the members CPUs of their own: fewer members on the host, or each "
                   "member's schedulers cut to its share of the host's CPUs (+S, +SDcpu), or "

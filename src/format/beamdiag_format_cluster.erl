@@ -38,7 +38,9 @@ lifted_line(#{id := cpu_starvation, nodes := Nodes, runq_share := #{median := Me
                   "here once for the host instead of on each member)",
                   [length(Nodes), N, pct(Med), pct(Max)]);
 lifted_line(#{id := Id, nodes := Nodes}, N) ->
-    io_lib:format("~b of the ~b members on this host had ~s (said here once for the host)",
+    io_lib:format("~b of the ~b members on this host had ~s while their schedulers mostly "
+                  "waited for a CPU (on one less than a quarter of their busy time): the wait "
+                  "is the host's, said here once instead of on each member",
                   [length(Nodes), N, Id]).
 
 host_line(#{cpus := Cpus, busy := Busy, load := Load}) ->
