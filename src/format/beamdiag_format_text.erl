@@ -436,8 +436,8 @@ rate(V) -> integer_to_list(round(V)).
 cluster_phases(Ph) ->
     S = fun(K) -> io_lib:format("~.1f", [maps:get(K, Ph, 0) / 1000]) end,
     Total = lists:sum([V || V <- maps:values(Ph), is_integer(V)]),
-    io_lib:format("  ~.1f s: members ~s, connect and load ~s, agents' start ~s, window ~s,~n"
-                  "  collect ~s, analyse ~s, report ~s~n",
+    io_lib:format("  took ~.1f s: members ~s, connect and load ~s, agents' start ~s,~n"
+                  "  window ~s, collect ~s, analyse ~s, report ~s~n",
                   [Total / 1000, S(members), S(prepare), S(start), S(window), S(collect),
                    S(analyse), S(report)]).
 
