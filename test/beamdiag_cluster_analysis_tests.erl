@@ -158,8 +158,18 @@ contended_host_end_to_end_test() ->
                  lists:sort([Id || #{id := Id} <- maps:get(<<"m200@vm">>, maps:get(findings, A))])),
     C = A#{schema => <<"beamdiag.cluster/2">>, seed => null, source => list,
            members => Ms, window_s => 5.0,
-           windows => #{first_start_ms => 0, start_spread_s => 0.1, overlap_s => 4.9}, errors => []},
+           windows => #{first_start_ms => 0, start_spread_s => 0.1, overlap_s => 4.9}, errors => [],
+           timing => #{phases_ms => #{members => 120, prepare => 12345, start => 2000,
+                                      window => 3600000, collect => 12345, analyse => 1234,
+                                      report => 123},
+                       connect_ms => #{median => 386, max => 853, sum => 77000},
+                       load_ms => #{median => 302, max => 641, sum => 60000}}},
     Text = beamdiag_format_text:cluster(C, #{}),
+    %% Where the time went, phase by phase, within 80 columns.
+    ?assertMatch({match, _}, re:run(Text, "took 3628.2 s: members 0.1, connect and load 12.3, "
+                                          "agents' start 2.0,\n  window 3600.0, collect 12.3, "
+                                          "analyse 1.2, report 0.1\n")),
+    ?assertEqual([], [L || L <- binary:split(Text, <<"\n">>, [global]), string:length(L) > 80]),
     ?assertMatch({match, _}, re:run(Text, "HOSTS \\(1 shared by 200 members\\)")),
     ?assertMatch({match, _}, re:run(Text, "CRITICAL shared_host_contention: 37 members waited")),
     ?assert(length(binary:split(Text, <<"\n">>, [global, trim])) =< 50),
