@@ -363,7 +363,10 @@ init(Caller, Ref, Opts0, _Starter) ->
                 {ok, V} when is_boolean(V) -> #{msacc_was_on => V};
                 _ -> #{}
             end,
-    Caller ! {beamdiag, Ref, {start, (maps:merge(Facts, WasOn))#{
+    %% The common end the window holds to, when it has one (`end_wall_ms'),
+    %% in the session's own clock: the session's due time counts from it.
+    EndWall = maps:with([end_wall_ms], Opts),
+    Caller ! {beamdiag, Ref, {start, (maps:merge(maps:merge(Facts, WasOn), EndWall))#{
         wall_start_ms => erlang:system_time(millisecond),
         %% The window asked for, or what was left of it (`end_wall_ms').
         duration_ms => Duration,

@@ -239,7 +239,12 @@ keep(S, Samples, OnSample) ->
     end.
 
 %% With `ready_after_ms', the report is due that long after the end of
-%% the window the agent says it runs (its start word).
+%% the window the agent says it runs (its start word): the common end it
+%% holds to (`end_wall_ms', a time of this node's clock, which set it),
+%% else its window from when the word came.
+due_after(G = #{ready_after := After, info := #{end_wall_ms := EndWall}}) when is_integer(After) ->
+    Now = erlang:monotonic_time(millisecond),
+    G#{ready_by := Now + max(0, EndWall - erlang:system_time(millisecond)) + After};
 due_after(G = #{ready_after := After, info := #{duration_ms := D}}) when is_integer(After) ->
     G#{ready_by := erlang:monotonic_time(millisecond) + D + After};
 due_after(G) ->
