@@ -35,7 +35,7 @@
 %%% '''
 -module(beamdiag_cluster_analysis).
 
--export([hosts/1, host_of/1, own_outliers/3]).
+-export([hosts/1, own_outliers/3]).
 
 -export_type([host/0]).
 
@@ -115,17 +115,13 @@ own_outliers(Outliers, Rows, Hosts) ->
               orelse lists:any(fun(#{figure := K}) -> not lists:member(K, ?HOST_FIGURES) end,
                                Figs)].
 
-%% @doc The host a summary row says its member runs on: its boot id when
-%% it read one, else its host name, else its node name's host part.
--spec host_of(map()) -> binary().
-host_of(Row) ->
-    key(Row).
-
 %%%===================================================================
 %%% Internal
 %%%===================================================================
 
 
+%% The host a summary row says its member runs on: its boot id when it
+%% read one, else its host name, else its node name's host part.
 key(#{host := #{id := Id}}) when is_binary(Id), Id =/= <<>> -> Id;
 key(#{host := #{name := Name}}) when is_binary(Name), Name =/= <<>> -> Name;
 key(#{node := Node}) -> node_host(Node).
