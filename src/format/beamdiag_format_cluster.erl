@@ -67,4 +67,4 @@ session_line(_) ->
     [].
 
 pct(X) ->
-    io_lib:format("~.1f%", [100 * float(X)]).
+    beamdiag_format_text:pct(float(X)).
