@@ -8,24 +8,35 @@
 %%% the agents remove their modules when they end, and every connection this
 %%% session opened is closed at its end.
 %%%
-%%% Two phases keep hundreds of members cheap and comparable. First, at
-%%% most `concurrency' members at a time are connected and given the
-%%% agent's modules (read once for all of them); a member not ready within
-%%% 5 s of its own start is given up, and when it runs on this host, what
-%%% this host's /proc shows of it over the window goes with its reason
-%%% (`beamdiag_host_glance'). Then every prepared member's agent is started at once,
-%%% and every window ends at the same moment (a late start samples the
-%%% rest of the window), so that all windows cover the same seconds; each member's window start
-%%% (its wall clock) is kept, and the report says how far apart the starts
-%%% were and how long all windows overlap. The report is due at the window
-%%% plus `slack' from the agents' start: a member whose agent has not
-%%% answered by then (and a few seconds of grace) is listed, with the reason
-%%% in words, and the rest of the report stands.
+%%% Hundreds of members stay cheap and comparable. First, at most
+%%% `concurrency' members at a time are connected and given the agent's
+%%% modules (read once for all of them); a member not ready within 5 s of
+%%% its own start is given up, and when it runs on this host, what this
+%%% host's /proc shows of it over the window goes with its reason
+%%% (`beamdiag_host_glance'). Each member prepared gets its collector at
+%%% once, whose agent sets itself up (its flags, the start walk) while the
+%%% others are prepared and then waits (the agent's `go'). The windows open
+%%% together when every agent is ready (or 2 s after the last member was
+%%% prepared: one ready later samples what is left), all with the same
+%%% wall-clock end, so that every window covers the same seconds and none
+%%% holds any member's start, hundreds of them on a few cores. Each
+%%% member's window start (its wall clock) is kept, and the report says
+%%% how far apart the starts were and how long all windows overlap. The
+%%% report is due `slack' after the common end: a member whose agent has
+%%% not sent two samples by then is reported from what it sent (a partial
+%%% capture), one that sent nothing (within a few seconds of grace) is
+%%% listed, with the reason in words, and the rest of the report stands.
+%%% Where the session's time went is in `timing' (`phases_ms').
 %%%
 %%% The analysis (`beamdiag_outliers:nodes/1') gives each figure's
 %%% distribution over the nodes and the outliers; each outlier gets a
 %%% finding of its own, `cluster_outlier', that says in figures how it
-%%% differs from the cluster's median.
+%%% differs from the cluster's median. Members that share a host (the
+%%% kernel's boot id each reads) are grouped (`hosts'), and the host's
+%%% contention is said once, for the host (`shared_host_contention'), not
+%%% on each member; on a contended shared host a member is an outlier only
+%%% when it stands out on a figure of its own demand
+%%% (`beamdiag_cluster_analysis').
 %%%
 %%% ```
 %%% 1> {ok, C} = beamdiag_cluster:diagnose("app@host1", #{duration => 5}).
