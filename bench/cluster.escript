@@ -52,7 +52,8 @@
 %%% other load on the host), BENCH_CLUSTER_CONCURRENCY (the command's
 %%% --concurrency; its default when unset), BENCH_CLUSTER_SHOW (set: print
 %%% each report's timing and hosts, and the other members' findings at
-%%% warning or above), BENCH_CLUSTER_BEFORE (the path of another build of the
+%%% warning or above; `text': run the command once more and print its text
+%%% report), BENCH_CLUSTER_BEFORE (the path of another build of the
 %%% escript: each run has it first, then this one, on the same nodes, one
 %%% line each, for figures side by side), BENCH_CLUSTER_ARGS and
 %%% BENCH_CLUSTER_BEFORE_ARGS (more arguments for the command, this build's
@@ -189,6 +190,11 @@ run(Build, Exe, Args, N, Window, Target, Busy) ->
                cut(hosts(Doc), 18), PeakKb / 1024, Load]),
     case env("BENCH_CLUSTER_SHOW", "") of
         "" -> ok;
+        "text" ->
+            %% One more run of the command, its text report as a user sees it.
+            io:format("~ts~n", [os:cmd(lists:flatten(io_lib:format(
+                "~s cluster ~s --cookie ~s --duration ~b~s ~s 2>/dev/null",
+                [Exe, Who, ?COOKIE, Window, Conc, Args])))]);
         _ ->
             Rows = maps:from_list([{Nd, R} || R = #{<<"node">> := Nd} <- maps:get(<<"nodes">>, Doc, [])]),
             Fs = maps:get(<<"findings">>, Doc, #{}),

@@ -477,9 +477,13 @@ cluster_host(H = #{name := Name, members := Ms}) ->
     ["  ", cut([safe(Name), Id, io_lib:format(": ~b members", [length(Ms)]), Cpus, Busy], ?WIDTH - 2),
      "\n",
      [block([string:uppercase(atom_to_list(S)), " ", atom_to_list(Id2), ": ",
-             io_lib:format("~b members waited for a CPU with work to do (median ~s, worst ~s of "
+             io_lib:format("~b ~s for a CPU with work to do (median ~s, worst ~s of "
                            "their schedulers' wall time)",
                            [maps:get(members_waiting, M, 0),
+                            case maps:get(members_waiting, M, 0) of
+                                1 -> "member waited";
+                                _ -> "members waited"
+                            end,
                             pct(maps:get(runq_share_median, M, 0.0)),
                             pct(maps:get(worst_runq_share, M, 0.0))])], 4)
       || #{id := Id2, severity := S, metrics := M} <- maps:get(findings, H, [])]].
