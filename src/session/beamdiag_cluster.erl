@@ -345,7 +345,9 @@ format_error(timeout) ->
 members(Seed, undefined, Remote, Before) when Seed =/= undefined ->
     case beamdiag_remote:connect(Seed, Remote) of
         {ok, Node} ->
-            try erpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
+            %% At high priority: on a busy seed a normal-priority call
+            %% waits behind every runnable process (beamdiag_rpc).
+            try beamdiag_rpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
                 Nodes when is_list(Nodes) -> {ok, Node, seed, lists:usort([Node | Nodes])}
             catch
                 Class:Reason ->
