@@ -19,8 +19,9 @@
 %%% - where that time went, in seconds (the phases add up to `wall s'):
 %%%   `vm' the VM's start and the command line, up to the session's start
 %%%   (from the report's wall clock); `list' the seed's members;
-%%%   `prep' connecting to every member and loading the agent; `start'
-%%%   the agents' start, up to the window's opening; `win' the window;
+%%%   `prep' connecting to every member and loading the agent (the agents
+%%%   get ready meanwhile); `start' agents still getting ready after the
+%%%   last member was prepared, up to the windows' opening; `win' the window;
 %%%   `coll' from the window's end to the last capture; `anal' from there to
 %%%   the last member's analysis; `rep' the cluster's analysis and closing
 %%%   the connections; `out' the JSON made, written, and the VM's exit;
@@ -47,7 +48,10 @@
 %%%   bench/cluster.escript
 %%% Environment: BENCH_CLUSTER_NS ("50 100 200", members, the busy one
 %%% included), BENCH_CLUSTER_WINDOWS ("5 10", seconds), BENCH_CLUSTER_TOPOLOGY
-%%% (mesh | list), BENCH_CLUSTER_HOGS (0: that many more spinning
+%%% (mesh | list), BENCH_CLUSTER_FLAGS (small | default: the nodes started
+%%% with OTP's default flags instead, two schedulers, ten dirty I/O
+%%% schedulers and busy-waiting, which at 150 to 200 nodes load this host by
+%%% themselves), BENCH_CLUSTER_HOGS (0: that many more spinning
 %%% schedulers on the host, in a node of their own, while the runs go:
 %%% other load on the host), BENCH_CLUSTER_CONCURRENCY (the command's
 %%% --concurrency; its default when unset), BENCH_CLUSTER_SHOW (set: print
