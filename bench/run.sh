@@ -2,7 +2,7 @@
 # Runs every bench/*.escript from the repository root and prints its figures.
 # Escripts take their settings from the environment (see each one's header),
 # not from arguments. Exit status: non-zero if any of them failed.
-# bench/cluster.escript starts up to 201 small nodes (about 30 MB each); it
+# bench/cluster.escript starts up to 200 small nodes (about 30 MB each); it
 # skips a size the host's available memory cannot hold and says so.
 set -u
 cd "$(dirname "$0")/.." || exit 2

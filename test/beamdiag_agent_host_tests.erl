@@ -32,6 +32,27 @@ cpu_by_process_test() ->
         os:cmd("rm -rf " ++ Root)
     end.
 
+%% The host as the node sees it: the kernel's boot id and the host name,
+%% each the first line of its file, blanks cut; a file missing or empty
+%% leaves its key out.
+placement_host_test() ->
+    Root = fake_root(),
+    try
+        Kernel = filename:join([Root, "sys", "kernel"]),
+        ok = filelib:ensure_dir(filename:join([Kernel, "random", "x"])),
+        ok = file:write_file(filename:join([Kernel, "random", "boot_id"]),
+                             <<"6f1c2d9e-0b1a-4c3d-9e8f-2a3b4c5d6e7f\n">>),
+        ok = file:write_file(filename:join(Kernel, "hostname"), <<"db1 \r\n">>),
+        ?assertEqual(#{cpus_allowed => <<"0-1">>, boot_id => <<"6f1c2d9e-0b1a-4c3d-9e8f-2a3b4c5d6e7f">>,
+                       hostname => <<"db1">>},
+                     beamdiag_agent_host:placement(Root)),
+        ok = file:write_file(filename:join(Kernel, "hostname"), <<"\n">>),
+        ?assertEqual([boot_id, cpus_allowed],
+                     lists:sort(maps:keys(beamdiag_agent_host:placement(Root))))
+    after
+        os:cmd("rm -rf " ++ Root)
+    end.
+
 missing_root_test() ->
     ?assertEqual(#{procs => #{}, truncated => false},
                  beamdiag_agent_host:cpu_by_process("/nonexistent_beamdiag", [], infinity)),

@@ -136,12 +136,16 @@ middle_tick_reads_idle_threads_once_test() ->
         ?assertEqual([1, 2], lists:sort(maps:keys(Mid))),
         ?assertEqual(900001000, maps:get(run_ns, maps:get(1, Mid))),
         ?assertEqual({2000, 20}, {maps:get(run_ns, maps:get(2, Mid)), maps:get(wait_ns, maps:get(2, Mid))}),
+        %% Kept, and marked so: its wait for a CPU may have grown.
+        ?assertEqual({true, false}, {maps:is_key(carried, maps:get(2, Mid)),
+                                     maps:is_key(carried, maps:get(1, Mid))}),
         %% The full read at the end lists the directory and reads every
         %% schedstat: thread 2's time below a clock tick is counted there.
         {{ok, Last, _}, _} = beamdiag_agent_procfs:tick_threads(Root, 77, #{status => true, previous => Mid},
                                                                 H2),
         ?assertEqual([1, 2, 4], lists:sort(maps:keys(Last))),
-        ?assertEqual(2500, maps:get(run_ns, maps:get(2, Last)))
+        ?assertEqual(2500, maps:get(run_ns, maps:get(2, Last))),
+        ?assertNot(maps:is_key(carried, maps:get(2, Last)))
     after
         file:del_dir_r(Root)
     end.
@@ -178,7 +182,7 @@ middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
         {{ok, A, 201}, H2} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H1),
         ?assertEqual(180, maps:get(utime, maps:get(1, A))),
         ?assertEqual(801000, maps:get(run_ns, maps:get(1, A))),
-        ?assertEqual(maps:get(2, First), maps:get(2, A)),
+        ?assertEqual((maps:get(2, First))#{carried => true}, maps:get(2, A)),
         %% Aux ran 30 ticks more: 30 of the process's are not accounted
         %% for, and aux is read.
         Proc(220, 11),

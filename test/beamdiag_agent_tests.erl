@@ -168,3 +168,67 @@ held_queue() ->
 
 bound(Sched, F) ->
     erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
+
+%% With `go', the agent gets ready (its start walk done), says so to the
+%% process named and sends nothing of a window until that process says
+%% when the window ends; then the window runs to that end, its start word
+%% carries it, and the start walk's report came before the window.
+go_test_() ->
+    {timeout, 30, [
+        {"the window waits for the word and ends at its end", fun go_window/0},
+        {"the word's process gone: the agent ends without a window", fun go_gone/0}
+    ]}.
+
+go_window() ->
+    Self = self(),
+    {ok, Agent, Ref} = beamdiag_agent:start(Self, #{duration_ms => 5000, interval_ms => 100,
+                                                    msacc => false, go => Self}),
+    receive {beamdiag_armed, Agent, Node} -> ?assertEqual(node(), Node)
+    after 10000 -> error(not_armed)
+    end,
+    Before = words(Ref, 300),
+    ?assertEqual([], [W || W <- Before, element(1, W) =:= start orelse element(1, W) =:= tick]),
+    %% The start walk's report (sent again with who waits on whom, when
+    %% that look is done) and the wait's deadline came while ready.
+    ?assertMatch([_ | _], [S || {procs_start, S} <- Before]),
+    ?assertMatch([_], [D || {deadline, D} <- Before]),
+    EndWall = erlang:system_time(millisecond) + 400,
+    Agent ! {beamdiag_go, EndWall},
+    Window = until_done(Ref, 10000),
+    [{start, Info} | _] = [W || W <- Window, element(1, W) =:= start],
+    #{end_wall_ms := EndWall, duration_ms := D} = Info,
+    %% What was left of the 400 ms, not the 5 s asked.
+    ?assert(D =< 400 andalso D >= 200),
+    Ticks = [T || {tick, T} <- Window],
+    ?assert(length(Ticks) >= 2),
+    #{t := T0} = hd(Ticks),
+    #{t := T1} = lists:last(Ticks),
+    ?assert((T1 - T0) div 1000000 =< 450),
+    ?assertMatch({done, _}, lists:last(Window)).
+
+go_gone() ->
+    Self = self(),
+    Go = spawn(fun() -> receive {beamdiag_armed, A, _} -> Self ! {armed, A} end end),
+    {ok, Agent, Ref} = beamdiag_agent:start(Self, #{duration_ms => 5000, interval_ms => 100,
+                                                    msacc => false, go => Go}),
+    receive {armed, Agent} -> ok after 10000 -> error(not_armed) end,
+    MRef = erlang:monitor(process, Agent),
+    %% Go has ended (it took the word and returned): the agent ends too,
+    %% without a tick, saying why.
+    receive {'DOWN', MRef, process, Agent, _} -> ok after 10000 -> error(agent_left) end,
+    Words = words(Ref, 100),
+    ?assertEqual([], [T || {tick, T} <- Words]),
+    ?assertMatch([{aborted, no_go}], [W || W = {aborted, _} <- Words]).
+
+%% The agent's words that come within Ms.
+words(Ref, Ms) ->
+    receive {beamdiag, Ref, W} -> [W | words(Ref, Ms)]
+    after Ms -> []
+    end.
+
+until_done(Ref, Ms) ->
+    receive
+        {beamdiag, Ref, W = {done, _}} -> [W];
+        {beamdiag, Ref, W} -> [W | until_done(Ref, Ms)]
+    after Ms -> error(no_done)
+    end.

@@ -68,7 +68,8 @@ odd_node_gets_a_finding_test() ->
 
 text_fits_one_screen_test() ->
     rand:seed(exsss, {7, 8, 9}),
-    Odd = [result(1000 + I, #{busy => 0.5 + I / 10, runq => 0.3}, [{cpu_starvation, critical}])
+    Odd = [result(1000 + I, #{busy => 0.5 + I / 10, on_cpu => 0.4 + I / 10, cpus_used => 0.5,
+                              runq => 0.3}, [{cpu_starvation, critical}])
            || I <- lists:seq(1, 4)],
     Results = [result(I, #{}, [{busy_wait, warning} || I rem 2 =:= 0]) || I <- lists:seq(1, 300)]
         ++ Odd,

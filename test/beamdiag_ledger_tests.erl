@@ -38,6 +38,31 @@ arithmetic_test() ->
     ?assert(abs(maps:get(spin, R) - 0.3) < 1.0e-9),
     ?assertEqual(0.0, maps:get(blocked, R)).
 
+%% A capture cut short ends on a middle tick, which kept an idle-looking
+%% scheduler thread's figures from the first sample (`carried'): the BEAM
+%% counts it busy 0.5 s of the second, the kernel's figures stop at the
+%% first sample. Its blocked time is not known, so no rule reads 0.5 s of
+%% blocking from it; a thread read afresh keeps its blocked time.
+carried_thread_is_not_blocked_test() ->
+    Settings = #{schedulers => 2, dirty_cpu_schedulers => 0, schedulers_online => 2,
+                 logical_processors_available => 2},
+    T = fun(Name, Run, Wait) -> #{name => Name, utime => 0, stime => 0, minflt => 0, majflt => 0,
+                                  run_ns => Run, wait_ns => Wait} end,
+    Sample = fun(Tns, Swt, Th) ->
+        #{t => Tns, threads => Th, host => {error, none}, cgroup => {error, none},
+          vm => #{swt => Swt, run_queues => [0, 0, 0], reductions => 0, gcs => 0,
+                  gc_words => 0, context_switches => 0, process_count => 1}}
+    end,
+    First = #{1 => T(<<"1_scheduler">>, 0, 0), 2 => T(<<"2_scheduler">>, 0, 0)},
+    Last = #{1 => (T(<<"1_scheduler">>, 0, 0))#{carried => true}, 2 => T(<<"2_scheduler">>, 0, 0)},
+    C = #{settings => Settings, notes => [],
+          samples => [Sample(0, [{1, 0, 0}, {2, 0, 0}], First),
+                      Sample(1000000000, [{1, 500, 1000}, {2, 500, 1000}], Last)]},
+    L = #{threads := [R1, R2]} = beamdiag_ledger:build(C),
+    ?assertEqual({0.5, undefined}, {maps:get(busy, R1), maps:get(blocked, R1)}),
+    ?assertEqual({0.5, 0.5}, {maps:get(busy, R2), maps:get(blocked, R2)}),
+    ?assertEqual(0.5, maps:get(blocked, maps:get(scheduler, maps:get(by_type, L)))).
+
 one_sample_gives_a_note_test() ->
     #{notes := [N | _], threads := []} =
         beamdiag_ledger:build(#{samples => [], settings => #{}, notes => []}),

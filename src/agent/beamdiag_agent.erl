@@ -84,7 +84,8 @@
     proc_root => file:filename(),
     exclude_pids => [integer()],
     host_scan => boolean(),
-    end_wall_ms => integer()
+    end_wall_ms => integer(),
+    go => pid()
 }.
 -type sample() :: #{
     t := integer(),
@@ -118,6 +119,12 @@
 %% The longest the end of a session waits for its helpers to put their
 %% flags back.
 -define(HELPERS_MS, 500).
+%% How long an agent started with `go' waits for the word that starts its
+%% window.
+-define(GO_MS, 30000).
+%% How long such an agent waits for its start walk before it says it is
+%% ready (the walk goes on beside the window past that).
+-define(GO_WALK_MS, 1000).
 
 %%%===================================================================
 %%% API
@@ -292,7 +299,6 @@ in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
 %% @private
 -spec init(pid(), reference(), opts(), pid()) -> no_return().
 init(Caller, Ref, Opts0, _Starter) ->
-    Opts = ends_at(Opts0),
     %% Started over erpc, the agent inherits the caller's group leader, and
     %% whatever it or its helpers print or log would reach the caller's
     %% terminal: it takes the target's own, that of init, before anything.
@@ -308,17 +314,15 @@ init(Caller, Ref, Opts0, _Starter) ->
     %% Best effort: a second session on the same node runs without it.
     _ = catch register(?MODULE, self()),
     MRef = erlang:monitor(process, Caller),
-    Root = maps:get(proc_root, Opts, "/proc"),
+    Root = maps:get(proc_root, Opts0, "/proc"),
     OsPid = os:getpid(),
-    #{duration_ms := Duration, interval_ms := Interval} = Opts,
+    Interval = maps:get(interval_ms, Opts0),
     %% The helper for calls every scheduler must answer; it owns the
     %% session's scheduler_wall_time reference and puts msacc back.
     Probe = beamdiag_agent_probe:start(self()),
     Swt = beamdiag_agent_probe:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
-    Restore0 = #{swt => Swt},
-    {Restore, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
-    Sysmon = case maps:get(long_schedules, Opts, true) of
+    Sysmon = case maps:get(long_schedules, Opts0, true) of
                  true -> beamdiag_agent_sysmon:start(self(), #{notify => {Caller, Ref}});
                  false -> undefined
              end,
@@ -327,12 +331,28 @@ init(Caller, Ref, Opts0, _Starter) ->
              {ok, L} -> L;
              {error, _} = E -> E
          end,
-    State = #{
-        caller => Caller, ref => Ref, mref => MRef, opts => Opts,
-        pid => OsPid, proc_root => Root, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom,
+    State0 = #{
+        caller => Caller, ref => Ref, mref => MRef, opts => Opts0,
+        pid => OsPid, proc_root => Root,
         probe => Probe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, memory_location => MemLoc, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
+    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon], is_pid(P)]],
+    %% What the start word says of the node, read before the window.
+    Facts = #{
+        agent => self(),
+        node => atom_to_binary(node()),
+        settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
+        cgroup_location => location_info(Cg),
+        %% Read once now too: a capture cut short still has it.
+        memory_room => maps:get(memory_room, memory_extras(State0), #{})
+    },
+    %% With `go', the window waits for the session's word (go/2).
+    {Opts, State1} = go(State0, Helpers),
+    #{duration_ms := Duration} = Opts,
+    Restore0 = #{swt => Swt},
+    {Restore, MsaccFrom} = msacc_plan(Opts, Restore0, Probe),
+    State = State1#{opts := Opts, msacc => MsaccFrom =:= 0, msacc_from => MsaccFrom},
     Start = erlang:monotonic_time(millisecond),
     End = Start + Duration,
     Hard = hard_deadline(End, 0),
@@ -343,13 +363,10 @@ init(Caller, Ref, Opts0, _Starter) ->
                 {ok, V} when is_boolean(V) -> #{msacc_was_on => V};
                 _ -> #{}
             end,
-    Caller ! {beamdiag, Ref, {start, WasOn#{
-        agent => self(),
-        node => atom_to_binary(node()),
-        settings => maps:merge(beamdiag_agent_vm:settings(), beamdiag_agent_host:placement(Root)),
-        cgroup_location => location_info(Cg),
-        %% Read once now too: a capture cut short still has it.
-        memory_room => maps:get(memory_room, memory_extras(State), #{}),
+    %% The common end the window holds to, when it has one (`end_wall_ms'),
+    %% in the session's own clock: the session's due time counts from it.
+    EndWall = maps:with([end_wall_ms], Opts),
+    Caller ! {beamdiag, Ref, {start, (maps:merge(maps:merge(Facts, WasOn), EndWall))#{
         wall_start_ms => erlang:system_time(millisecond),
         %% The window asked for, or what was left of it (`end_wall_ms').
         duration_ms => Duration,
@@ -358,16 +375,61 @@ init(Caller, Ref, Opts0, _Starter) ->
     Clock = #{start => Start, interval => Interval, 'end' => End, hard => Hard, worst => 0,
               costs => []},
     %% The start walk runs beside the first tick (which reads every
-    %% thread's files and on a starved host takes a second or more).
-    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon, HostScan], is_pid(P)]],
-    Procs = start_procs(Opts, Helpers, {Caller, Ref}),
+    %% thread's files and on a starved host takes a second or more),
+    %% unless it ran before the window (go/2).
+    Procs = case State of
+                #{procs := Early} -> Early;
+                _ -> start_procs(Opts, Helpers ++ [HostScan || is_pid(HostScan)], {Caller, Ref})
+            end,
     case take(State, Hard) of
-        {ok, First, State1} ->
+        {ok, First, State2} ->
             Caller ! {beamdiag, Ref, {tick, First}},
-            ticked(State1#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
+            ticked(State2#{procs => Procs, host_scan => HostScan}, First, 1, Clock);
         late ->
             finish(State#{procs => Procs, host_scan => HostScan}, {aborted, deadline})
     end.
+
+%% With `go' (a pid: a cluster session), the set-up and the start walk
+%% (waited for, ?GO_WALK_MS at most) are done before the window, so that
+%% none of it falls inside it: the agent tells that process it is ready
+%% (`{beamdiag_armed, Agent, Node}') and waits for `{beamdiag_go,
+%% EndWallMs}', the wall-clock end of the window every member shares; the
+%% window starts on that word. Meanwhile its caller is told how long it
+%% may wait (a `deadline' word). It ends without a window when its caller
+%% or that process goes away, when told to abort, or when no word comes
+%% within ?GO_MS. Without `go', the window starts now (and ends at
+%% `end_wall_ms' when given).
+go(State0 = #{opts := Opts = #{go := From}, caller := Caller, ref := Ref, mref := MRef}, Helpers)
+  when is_pid(From) ->
+    State = walked(State0#{procs => start_procs(Opts, Helpers, {Caller, Ref})}),
+    Caller ! {beamdiag, Ref, {deadline, ?GO_MS + maps:get(duration_ms, Opts) + ?GRACE_MS}},
+    From ! {beamdiag_armed, self(), node()},
+    GoRef = erlang:monitor(process, From),
+    receive
+        {beamdiag_go, EndWall} when is_integer(EndWall) ->
+            erlang:demonitor(GoRef, [flush]),
+            {ends_at(Opts#{end_wall_ms => EndWall}), State};
+        {'DOWN', MRef, process, Caller, Reason} ->
+            finish(State, {aborted, {caller_down, Reason}});
+        {'DOWN', GoRef, process, From, _} ->
+            finish(State, {aborted, no_go});
+        {beamdiag_abort, _} ->
+            finish(State, {aborted, caller_gave_up})
+    after ?GO_MS ->
+        finish(State, {aborted, no_go})
+    end;
+go(State = #{opts := Opts}, _Helpers) ->
+    {ends_at(Opts), State}.
+
+%% The start walk's report, waited for at most ?GO_WALK_MS.
+walked(State = #{procs := {walking, Walker}}) ->
+    receive
+        {beamdiag_walk, Walker, Result} -> walked(State, Walker, Result)
+    after ?GO_WALK_MS ->
+        State
+    end;
+walked(State) ->
+    State.
 
 %% After tick K-1's sample: counts its cost (every tick, the first and the
 %% last included), moves the hard deadline when ticks have grown costly and

@@ -109,19 +109,27 @@ cpu_by_process(Root, Exclude, Deadline) ->
     {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
-%% @doc The CPUs this node may run on (its affinity, set by a cpuset or
-%% taskset), from /proc/self/status.
--spec placement(file:filename()) -> #{cpus_allowed => binary()}.
+%% @doc Where this node runs: the CPUs it may run on (its affinity, set by
+%% a cpuset or taskset), from /proc/self/status, and its host as it sees
+%% it: the kernel's boot id (the same for every process of one running
+%% kernel, containers included) and the host name, from /proc/sys/kernel.
+%% A file that cannot be read leaves its key out.
+-spec placement(file:filename()) ->
+    #{cpus_allowed => binary(), boot_id => binary(), hostname => binary()}.
 placement(Root) ->
-    case prim_file:read_file(filename:join([Root, "self", "status"])) of
-        {ok, Bin} ->
-            case re:run(Bin, "^Cpus_allowed_list:\\s*(\\S+)", [multiline, {capture, [1], binary}]) of
-                {match, [L]} -> #{cpus_allowed => L};
-                nomatch -> #{}
-            end;
-        {error, _} ->
-            #{}
-    end.
+    Cpus = case prim_file:read_file(filename:join([Root, "self", "status"])) of
+               {ok, Bin} ->
+                   case re:run(Bin, "^Cpus_allowed_list:\\s*(\\S+)", [multiline, {capture, [1], binary}]) of
+                       {match, [L]} -> #{cpus_allowed => L};
+                       nomatch -> #{}
+                   end;
+               {error, _} ->
+                   #{}
+           end,
+    maps:merge(Cpus, maps:from_list(
+                       [{K, V} || {K, File} <- [{boot_id, ["sys", "kernel", "random", "boot_id"]},
+                                                {hostname, ["sys", "kernel", "hostname"]}],
+                                  V <- first_line(filename:join([Root | File]))])).
 
 %%%===================================================================
 %%% Internal
@@ -264,3 +272,26 @@ read_stat(File) ->
         {error, _} ->
             error
     end.
+
+%% The first line of a small file, trimmed and at most 255 bytes; none
+%% when it cannot be read or is empty.
+first_line(File) ->
+    case prim_file:read_file(File) of
+        {ok, Bin} ->
+            Line = hd(binary:split(Bin, <<"\n">>)),
+            case binary:part(Line, 0, min(255, trimmed(Line, byte_size(Line)))) of
+                <<>> -> [];
+                Part -> [Part]
+            end;
+        {error, _} ->
+            []
+    end.
+
+%% The length of a line less its trailing blanks.
+trimmed(Line, N) when N > 0 ->
+    case binary:at(Line, N - 1) of
+        C when C =:= $\s; C =:= $\t; C =:= $\r -> trimmed(Line, N - 1);
+        _ -> N
+    end;
+trimmed(_Line, 0) ->
+    0.

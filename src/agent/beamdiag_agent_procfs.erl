@@ -29,6 +29,8 @@
 
 %% Per-thread counters, cumulative since the thread started. CPU times in
 %% clock ticks (see clock_ticks/0), schedstat times in nanoseconds.
+%% `carried': a middle tick kept the schedstat figures (or all of them) of
+%% the sample before instead of reading them (tick_threads/4).
 -type thread() :: #{
     name := binary(),
     %% proc(5)'s state letter: R running, S sleeping, D uninterruptible
@@ -44,7 +46,8 @@
     run_ns => non_neg_integer(),
     wait_ns => non_neg_integer(),
     nvcsw => non_neg_integer(),
-    nivcsw => non_neg_integer()
+    nivcsw => non_neg_integer(),
+    carried => true
 }.
 %% Host-wide CPU times (clock ticks, summed over CPUs) and load.
 -type host() :: #{
@@ -390,12 +393,14 @@ read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, Acc0) ->
       end,
       Acc0, Tids).
 
-%% The threads not read keep their previous figures (their files stay held).
+%% The threads not read keep their previous figures (their files stay
+%% held), marked `carried': a thread that waited for a CPU without
+%% running may have more wait time than they say.
 carry(TaskDir, Tids, Previous, {Acc, Ps, H}) ->
     lists:foldl(
       fun(Tid, {A, P, H1}) ->
               Dir = filename:join(TaskDir, integer_to_list(Tid)),
-              {[{Tid, maps:remove(wait, maps:get(Tid, Previous))} | A],
+              {[{Tid, (maps:remove(wait, maps:get(Tid, Previous)))#{carried => true}} | A],
                [filename:join(Dir, "stat"), filename:join(Dir, "schedstat") | P], H1}
       end,
       {Acc, Ps, H}, Tids).
@@ -476,9 +481,10 @@ thread(Dir, Stat, Sched, WantStatus, Before, H0) ->
     end.
 
 %% A thread with no CPU time since the previous sample keeps that sample's
-%% schedstat figures.
+%% schedstat figures, marked `carried' (its wait for a CPU may have grown
+%% while it ran less than a clock tick).
 idle_since(#{utime := U, stime := S}, #{utime := U, stime := S, run_ns := R, wait_ns := W}) ->
-    {true, #{run_ns => R, wait_ns => W}};
+    {true, #{run_ns => R, wait_ns => W, carried => true}};
 idle_since(_, _) ->
     false.
 

@@ -643,6 +643,34 @@ written() ->
                 <<"A node with a role of its own (the one that runs the scheduler of "
                   "periodic jobs, the leader, the seed that every other node connects to) "
                   "is expected to differ; the finding then confirms its role.">>
+        },
+        #{
+            id => shared_host_contention,
+            area => cluster,
+            title => <<"Members of the cluster share a host whose CPUs are contended">>,
+            meaning =>
+                <<"Several members run on one host (the same kernel: they read the same boot "
+                  "id), and over the window their schedulers waited for a CPU while they had "
+                  "work, because the host's CPUs were busy with the other members, with the "
+                  "diagnosis itself, or with whatever else runs there. That wait is the "
+                  "host's, not any one member's: it is said once, for the host, with how many "
+                  "members waited and how long, instead of as a cpu_starvation finding on "
+                  "each of them. On such a host the BEAM counts a scheduler busy while the OS "
+                  "keeps it waiting, so a member whose schedulers mostly waited (ran less than "
+                  "a quarter of their busy time) has its scheduler_imbalance and "
+                  "scheduler_blocking said here too, and it is not called the odd one out for "
+                  "its busy, waiting or blocked shares alone.">>,
+            fix =>
+                <<"Give the members CPUs of their own: fewer members on the host, or each "
+                  "member's schedulers cut to its share of the host's CPUs (+S, +SDcpu), or "
+                  "the members placed on CPUs apart (cpusets, taskset, a container's CPU "
+                  "limit). Move other busy work off the host. Then diagnose a member alone "
+                  "to see what is left that is its own.">>,
+            when_not =>
+                <<"A test or staging host that runs many small nodes on purpose: the wait "
+                  "measures the packing, not the application. On a host whose CPUs were "
+                  "mostly idle the members waited for another reason, which their own "
+                  "findings show.">>
         }
     ].
 

@@ -10,7 +10,10 @@
 %%% <li>`off_cpu' = W - on_cpu - runq: asleep in the kernel;</li>
 %%% <li>`spin' = max(0, on_cpu - busy): on CPU but not busy: busy-waiting;</li>
 %%% <li>`blocked' = max(0, busy - on_cpu - runq): busy but neither running
-%%%     nor waiting for a CPU: lock waits, page faults, blocking calls.</li>
+%%%     nor waiting for a CPU: lock waits, page faults, blocking calls. Not
+%%%     known (`undefined') for a thread whose figures the last sample kept
+%%%     from an earlier tick (`carried': a capture cut short ends on a
+%%%     middle tick, which reads only the threads that ran).</li>
 %%% </ul>
 %%% A row's wall time also splits into five states that add up to it, the
 %%% one definition every view reads (`states/0', `state_name/1',
@@ -216,7 +219,17 @@ thread_row(Tid, A, B, {Type, Index}, Wall, Busy, Settings) ->
         nvcsw => delta(nvcsw, A, B), nivcsw => delta(nivcsw, A, B),
         minflt => delta(minflt, A, B), majflt => delta(majflt, A, B)
     },
-    derive(Base).
+    case B of
+        #{carried := true} when is_number(BusyS) ->
+            %% The window's last sample kept this thread's figures from an
+            %% earlier one (a capture cut short ends on a middle tick): the
+            %% BEAM's busy time is read to the end, the kernel's wait and
+            %% CPU time only to that earlier read, so busy time beyond
+            %% them is not known to be blocked.
+            (derive(Base))#{blocked := undefined};
+        _ ->
+            derive(Base)
+    end.
 
 %% Spinning and blocking are derived from busy; threads the BEAM does not
 %% account (aux, poll...) have neither.

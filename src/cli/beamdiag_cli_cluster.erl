@@ -33,8 +33,9 @@ spec() ->
               default => 64, metavar => "K",
               help => "members connected and loaded at once before the window"},
             duration, interval,
-            {slack, "the report is due SECONDS after the window, counted from the agents' "
-                    "start; members later than that are listed as not diagnosed"},
+            {slack, "the report is due SECONDS after the windows' common end; a member "
+                    "behind by then is reported from the samples it sent, one that sent none "
+                    "is listed as not diagnosed"},
             #{key => all, long => "--all", type => boolean, default => false,
               help => "also print a row per node"},
             {json, "print one JSON document (schema beamdiag.cluster/2)"},

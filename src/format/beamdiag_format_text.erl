@@ -21,6 +21,9 @@
 -define(CLUSTER_NAMED, 5).
 -define(CLUSTER_SHARED, 8).
 -define(CLUSTER_ERRORS, 4).
+-define(CLUSTER_HOSTS, 2).
+%% Lines the cluster report keeps to without --all.
+-define(CLUSTER_LINES, 50).
 
 %%%===================================================================
 %%% API
@@ -313,7 +316,15 @@ safe(Text) -> beamdiag_safe_text:safe(Text, 120).
 %% (false) adds a row per node. Fits 80 columns and, without `all', about
 %% 50 lines whatever the number of nodes.
 -spec cluster(beamdiag_cluster:cluster(), map()) -> binary().
-cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, Opts) ->
+cluster(C, Opts) ->
+    %% Fewer outliers in full (the others by name) when all would not fit.
+    Texts = [cluster(C, Opts, Full) || Full <- lists:seq(?CLUSTER_FULL, 1, -1)],
+    case [T || T <- Texts, length(binary:split(T, <<"\n">>, [global, trim])) =< ?CLUSTER_LINES] of
+        [T | _] -> T;
+        [] -> lists:last(Texts)
+    end.
+
+cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, Opts, Full) ->
     #{windows := #{start_spread_s := Spread, overlap_s := Overlap}, window_s := W} = C,
     Plain = iolist_to_binary([
         io_lib:format("beamdiag cluster: ~b members ~ts, ~b answered, ~b did not~n",
@@ -324,6 +335,8 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
                                 "all overlap for ~.1f s~n",
                                 [float(W), float(Spread), float(Overlap)]),
                   case C of
+                      #{timing := T = #{phases_ms := Ph}} ->
+                          [cluster_phases(Ph), per_member(T)];
                       #{prepare_s := P, total_s := T} ->
                           [io_lib:format("  connect and load: ~.1f s; report ready ~.1f s after the "
                                          "agents started~n",
@@ -333,8 +346,9 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
                   end]
         end,
         "\n",
-        cluster_outliers(Out, length(Nodes)),
+        cluster_outliers(Out, length(Nodes), Full),
         "\n",
+        cluster_hosts(maps:get(hosts, C, [])),
         cluster_rest(C),
         cluster_errors(Errs),
         case maps:get(all, Opts, false) of
@@ -350,12 +364,12 @@ source(#{source := list}) -> "(from the node list)".
 
 %% The outliers in full, at most ?CLUSTER_FULL of them; the next ones by
 %% name and headline.
-cluster_outliers(_Out, N) when N < 3 ->
+cluster_outliers(_Out, N, _Full) when N < 3 ->
     "OUTLIERS\n  none: it takes at least three answering nodes\n";
-cluster_outliers([], _N) ->
+cluster_outliers([], _N, _Full) ->
     "OUTLIERS\n  none: no node's figures stand out above the cluster's median (z < 3.5)\n";
-cluster_outliers(Out, _N) ->
-    {Full, Short} = lists:split(min(?CLUSTER_FULL, length(Out)), Out),
+cluster_outliers(Out, _N, InFull) ->
+    {Full, Short} = lists:split(min(InFull, length(Out)), Out),
     {Named, Unnamed} = lists:split(min(?CLUSTER_NAMED, length(Short)), Short),
     ["OUTLIERS (", integer_to_list(length(Out)), "; robust z above the cluster's median "
      ">= 3.5)\n",
@@ -421,6 +435,70 @@ figure_value(_, V) -> pct(V).
 rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
 rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
 rate(V) -> integer_to_list(round(V)).
+
+%% Where the session's time went, phase by phase.
+cluster_phases(Ph) ->
+    S = fun(K) -> io_lib:format("~.1f", [maps:get(K, Ph, 0) / 1000]) end,
+    Total = lists:sum([V || V <- maps:values(Ph), is_integer(V)]),
+    io_lib:format("  took ~.1f s: members ~s, connect and load ~s, agents' start ~s,~n"
+                  "  window ~s, collect ~s, analyse ~s, report ~s~n",
+                  [Total / 1000, S(members), S(prepare), S(start), S(window), S(collect),
+                   S(analyse), S(report)]).
+
+%% The hosts two members or more share: each with its members, its CPUs
+%% and, when the members waited for them, the finding that says so once
+%% for the host (at most ?CLUSTER_HOSTS of them; the rest counted).
+cluster_hosts(Hosts) ->
+    case [H || H = #{members := [_, _ | _]} <- Hosts] of
+        [] ->
+            "";
+        Shared ->
+            {Shown, More} = lists:split(min(?CLUSTER_HOSTS, length(Shared)), Shared),
+            [io_lib:format("HOSTS (~b shared by ~b members)~n",
+                           [length(Shared), lists:sum([length(Ms) || #{members := Ms} <- Shared])]),
+             [cluster_host(H) || H <- Shown],
+             case More of
+                 [] -> "";
+                 _ -> io_lib:format("  and ~b more (--json)~n", [length(More)])
+             end,
+             "\n"]
+    end.
+
+%% A host on one line, and its finding in words from its figures.
+cluster_host(H = #{name := Name, members := Ms}) ->
+    Id = case maps:get(boot_id, H, null) of
+             B when is_binary(B) -> [" (boot id ", binary:part(B, 0, min(8, byte_size(B))), ")"];
+             _ -> ""
+         end,
+    Cpus = case maps:get(cpus, H, null) of
+               null -> "";
+               N -> io_lib:format(", ~b CPUs", [round(N)])
+           end,
+    Busy = case maps:get(busy, H, null) of
+               #{median := B2} -> [" ", pct(B2), " busy"];
+               _ -> ""
+           end,
+    ["  ", cut([safe(Name), Id, io_lib:format(": ~b members", [length(Ms)]), Cpus, Busy], ?WIDTH - 2),
+     "\n",
+     [block([string:uppercase(atom_to_list(S)), " ", atom_to_list(Id2), ": ",
+             io_lib:format("~b ~s for a CPU with work to do (median ~s, worst ~s of "
+                           "their schedulers' wall time)",
+                           [maps:get(members_waiting, M, 0),
+                            case maps:get(members_waiting, M, 0) of
+                                1 -> "member waited";
+                                _ -> "members waited"
+                            end,
+                            pct(maps:get(runq_share_median, M, 0.0)),
+                            pct(maps:get(worst_runq_share, M, 0.0))])], 4)
+      || #{id := Id2, severity := S, metrics := M} <- maps:get(findings, H, [])]].
+
+%% A member's connect and load: the median and the slowest.
+per_member(#{connect_ms := #{median := CM, max := CX}, load_ms := #{median := LM, max := LX}})
+  when is_integer(CM), is_integer(LM) ->
+    io_lib:format("  per member, median (max): connect ~b ms (~b), load ~b ms (~b)~n",
+                  [CM, CX, LM, LX]);
+per_member(_) ->
+    "".
 
 %% Where the time went: a member's median and the slowest, then when the
 %% captures came and were analysed, from the agents' start.

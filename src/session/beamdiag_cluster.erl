@@ -8,24 +8,35 @@
 %%% the agents remove their modules when they end, and every connection this
 %%% session opened is closed at its end.
 %%%
-%%% Two phases keep hundreds of members cheap and comparable. First, at
-%%% most `concurrency' members at a time are connected and given the
-%%% agent's modules (read once for all of them); a member not ready within
-%%% 5 s of its own start is given up, and when it runs on this host, what
-%%% this host's /proc shows of it over the window goes with its reason
-%%% (`beamdiag_host_glance'). Then every prepared member's agent is started at once,
-%%% and every window ends at the same moment (a late start samples the
-%%% rest of the window), so that all windows cover the same seconds; each member's window start
-%%% (its wall clock) is kept, and the report says how far apart the starts
-%%% were and how long all windows overlap. The report is due at the window
-%%% plus `slack' from the agents' start: a member whose agent has not
-%%% answered by then (and a few seconds of grace) is listed, with the reason
-%%% in words, and the rest of the report stands.
+%%% Hundreds of members stay cheap and comparable. First, at most
+%%% `concurrency' members at a time are connected and given the agent's
+%%% modules (read once for all of them); a member not ready within 5 s of
+%%% its own start is given up, and when it runs on this host, what this
+%%% host's /proc shows of it over the window goes with its reason
+%%% (`beamdiag_host_glance'). Each member prepared gets its collector at
+%%% once, whose agent sets itself up (its flags, the start walk) while the
+%%% others are prepared and then waits (the agent's `go'). The windows open
+%%% together when every agent is ready (or 2 s after the last member was
+%%% prepared: one ready later samples what is left), all with the same
+%%% wall-clock end, so that every window covers the same seconds and none
+%%% holds any member's start, hundreds of them on a few cores. Each
+%%% member's window start (its wall clock) is kept, and the report says
+%%% how far apart the starts were and how long all windows overlap. The
+%%% report is due `slack' after the common end: a member whose agent has
+%%% not sent two samples by then is reported from what it sent (a partial
+%%% capture), one that sent nothing (within a few seconds of grace) is
+%%% listed, with the reason in words, and the rest of the report stands.
+%%% Where the session's time went is in `timing' (`phases_ms').
 %%%
 %%% The analysis (`beamdiag_outliers:nodes/1') gives each figure's
 %%% distribution over the nodes and the outliers; each outlier gets a
 %%% finding of its own, `cluster_outlier', that says in figures how it
-%%% differs from the cluster's median.
+%%% differs from the cluster's median. Members that share a host (the
+%%% kernel's boot id each reads) are grouped (`hosts'), and the host's
+%%% contention is said once, for the host (`shared_host_contention'), not
+%%% on each member; on a contended shared host a member is an outlier only
+%%% when it stands out on a figure of its own demand
+%%% (`beamdiag_cluster_analysis').
 %%%
 %%% ```
 %%% 1> {ok, C} = beamdiag_cluster:diagnose("app@host1", #{duration => 5}).
@@ -63,7 +74,8 @@
     outliers := [map()],
     rest := map(),
     errors := [map()],
-    findings := #{binary() => [beamdiag_finding:finding()]}
+    findings := #{binary() => [beamdiag_finding:finding()]},
+    hosts := [map()]
 }.
 
 -define(SCHEMA, <<"beamdiag.cluster/2">>).
@@ -83,6 +95,10 @@
 %% A member not connected and loaded within this long of its own start
 %% is given up (listed with the reason); the others do not wait for it.
 -define(PREPARE_MS, 5000).
+%% How long past the last member prepared the windows wait for agents
+%% still getting ready; one ready later samples what is left of the
+%% window.
+-define(ARM_MS, 2000).
 %% How long the session's end waits for the members given up on to remove
 %% what they loaded (their loader calls are bounded, each 10 s at most).
 -define(SETTLE_MS, 10000).
@@ -111,49 +127,58 @@ diagnose(Seed, Opts) when is_map(Opts) ->
         orelse erlang:error({badarg, perf}),
     Before = nodes([visible, hidden]),
     Remote = maps:with([cookie, cookie_file], DiagOpts),
+    T0 = erlang:monotonic_time(millisecond),
+    W0 = erlang:system_time(millisecond),
+    {Cpu0, _} = erlang:statistics(runtime),
     case members(Seed, List, Remote, Before) of
         {ok, SeedNode, _Source, Members} when length(Members) > Max ->
             disconnect_new([SeedNode], Before),
             {error, {?MODULE, {too_many_nodes, length(Members), Max}}};
         {ok, SeedNode, Source, Members} ->
-            try
-                T0 = erlang:monotonic_time(millisecond),
-                {Cpu0, _} = erlang:statistics(runtime),
-                {Prepared, Late, Times} = prepare(Members, Remote, K),
-                T1 = erlang:monotonic_time(millisecond),
-                Glances = glances([M || {M, {error, _}} <- Prepared]),
-                Run = run_all([{M, L} || {M, {ok, L}} <- Prepared], DiagOpts),
-                Seen = maps:from_list([{M, beamdiag_host_glance:finish(G)} || {M, G} <- Glances]),
-                T2 = erlang:monotonic_time(millisecond),
-                Errors = [{M, E} || {M, {error, E}} <- Prepared] ++
-                    [{M, E} || {M, {error, E}} <- Run],
-                Results = [{M, R} || {M, {ok, R}} <- Run],
-                C = build(SeedNode, Source, Members, Results, Errors, Seen,
-                          maps:get(duration, DiagOpts)),
-                T3 = erlang:monotonic_time(millisecond),
-                {Cpu3, _} = erlang:statistics(runtime),
-                settle(Late),
-                {ok, C#{prepare_s => (T1 - T0) / 1000,
-                        total_s => (T3 - T0) / 1000,
-                        timing => (timing(Times, Run, T1, T1 - T0, T2 - T1, T3 - T2))#{
-                                      cpu_ms => Cpu3 - Cpu0}}}
-            after
-                disconnect_new(Members, Before)
-            end;
+            Tm = erlang:monotonic_time(millisecond),
+            {C, Late, Marks} =
+                try
+                    session(SeedNode, Source, Members, Remote, K, DiagOpts, Cpu0)
+                after
+                    disconnect_new(Members, Before)
+                end,
+            settle(Late),
+            T4 = erlang:monotonic_time(millisecond),
+            {Cpu4, _} = erlang:statistics(runtime),
+            #{prepared := T1, built := T3} = Marks,
+            Timing = timing(Marks#{start => T0, members => Tm, closed => T4}),
+            {ok, C#{prepare_s => (T1 - T0) / 1000,
+                    total_s => (T3 - T0) / 1000,
+                    timing => Timing#{cpu_ms => Cpu4 - Cpu0,
+                                      started_wall_ms => W0,
+                                      done_wall_ms => W0 + T4 - T0}}};
         {error, _} = E ->
             E
     end.
 
-%% @doc The cluster's analysis over the members' results: each figure's
-%% spread, the outliers (each with its `cluster_outlier' finding added to
-%% its findings), and for the other nodes how many share each finding and
-%% the spread of their figures.
+%% @doc The cluster's analysis over the members' results: the hosts they
+%% share (a shared host's contention said once, for the host: see
+%% `beamdiag_cluster_analysis'), each figure's spread, the outliers (each
+%% with its `cluster_outlier' finding added to its findings), and for the
+%% other nodes how many share each finding and the spread of their
+%% figures.
+-ifdef(TEST).
 -spec analyse([member_result()]) ->
     #{nodes := [map()], spread := map(), outliers := [map()], rest := map(),
-      findings := #{binary() => [beamdiag_finding:finding()]}}.
+      hosts := [map()], findings := #{binary() => [beamdiag_finding:finding()]}}.
 analyse(Results) ->
+    analyse(Results, #{}).
+-endif.
+
+%% As analyse/1; Here: this session's host (`boot_id') and the CPU time
+%% its own process used (`cpu_s'), said with the host when it is one of
+%% the members'.
+analyse(Results0, Here) ->
+    {Hosts0, Results} = beamdiag_cluster_analysis:hosts(Results0),
+    Hosts = [host_entry(H, Here) || H <- Hosts0],
     Rows = [R || #{row := R} <- Results],
-    #{spread := Spread, outliers := Out0} = beamdiag_outliers:nodes(Rows),
+    #{spread := Spread, outliers := All} = beamdiag_outliers:nodes(Rows),
+    Out0 = beamdiag_cluster_analysis:own_outliers(All, Rows, Hosts0),
     Own = maps:from_list([{N, outlier_finding(O)} || O = #{node := N} <- Out0]),
     Findings = maps:from_list(
         [{N, beamdiag_finding:sort(case maps:find(N, Own) of
@@ -166,11 +191,45 @@ analyse(Results) ->
     Out = [O#{finding => maps:get(N, Own), findings => Brief(N)} || O = #{node := N} <- Out0],
     Odd = maps:keys(Own),
     Rest = [R || R = #{node := N} <- Nodes, not lists:member(N, Odd)],
-    #{nodes => Nodes, spread => Spread, outliers => Out, findings => Findings,
+    #{nodes => Nodes, spread => Spread, outliers => Out, findings => Findings, hosts => Hosts,
       rest => #{n => length(Rest),
                 shared => shared(Rest),
                 spread => maps:from_list([{K, beamdiag_outliers:spread([maps:get(K, R) || R <- Rest])}
                                           || K <- beamdiag_outliers:figures()])}}.
+
+%% A host of the report: its figures, this session's own CPU time when it
+%% ran there, and, when findings were taken off its members, the one
+%% finding that says its contention.
+host_entry(H = #{boot_id := Id, lifted := Lifted}, Here) ->
+    Session = case Here of
+                  #{boot_id := Id, cpu_s := S} when is_binary(Id) -> #{cpu_s => S};
+                  _ -> null
+              end,
+    H2 = H#{session => Session},
+    H2#{findings => [host_finding(H2) || Lifted =/= []]}.
+
+host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
+    [Worst | _] = beamdiag_finding:sort([#{severity => S} || #{severity := S} <- Lifted]),
+    Waiting = lists:usort(lists:append([Ns || #{nodes := Ns} <- Lifted])),
+    %% How long the members that waited did (the runnable-wait share of
+    %% their schedulers' wall time that cpu_starvation measured).
+    Share = lists:max([0.0 | [Max || #{runq_share := #{max := Max}} <- Lifted]]),
+    Median = lists:max([0.0 | [Med || #{runq_share := #{median := Med}} <- Lifted]]),
+    Busy = case maps:get(busy, H) of
+               #{median := B} -> [beamdiag_finding:figure(host_busy, B, share, #{scope => host})];
+               null -> []
+           end,
+    Metrics = maps:from_list([{members, length(Ms)}, {members_waiting, length(Waiting)},
+                              {worst_runq_share, Share}, {members_cpus, Used},
+                              {runq_share_median, Median}]
+                             ++ [{host_busy, B} || #{median := B} <- [maps:get(busy, H)]]),
+    beamdiag_finding:new(shared_host_contention, maps:get(severity, Worst),
+                         beamdiag_format_cluster:host_evidence(H), Metrics,
+                         #{figures => [beamdiag_finding:figure(members, length(Ms), count),
+                                       beamdiag_finding:figure(members_waiting, length(Waiting), count),
+                                       beamdiag_finding:figure(worst_runq_share, Share, share),
+                                       beamdiag_finding:figure(members_cpus, Used, cpus,
+                                                               #{scope => host})] ++ Busy}).
 
 %% @doc The summary figures of one diagnosis: the node's CPUs, the normal
 %% schedulers' shares of wall time, reductions per second, findings, and
@@ -194,8 +253,24 @@ summary_row(#{capture := C, ledger := L, findings := F}) ->
         blocked => Share(blocked),
         reductions_per_s => maps:get(reductions_per_s, maps:get(vm, L, #{}), 0.0),
         findings => [#{id => Id, severity => S} || #{id := Id, severity := S} <- F],
-        top_process => top_process(maps:get(extras, C, #{}))
+        top_process => top_process(maps:get(extras, C, #{})),
+        host => host_row(maps:get(settings, C, #{}), maps:get(host, L, #{}))
     }.
+
+%% The member's host as it sees it (its kernel's boot id and host name)
+%% and what its /proc/stat showed of it over the window.
+host_row(Settings, Host) ->
+    Get = fun(K, M) -> case maps:get(K, M, null) of
+                           V when is_binary(V); is_number(V) -> V;
+                           _ -> null
+                       end
+          end,
+    #{id => Get(boot_id, Settings), name => Get(hostname, Settings),
+      cpus => Get(ncpu, Host), busy => Get(busy, Host),
+      load => case maps:get(loadavg, Host, null) of
+                  [L1 | _] when is_number(L1) -> L1;
+                  _ -> null
+              end}.
 
 %% @doc Parses a list of node names, one a line: blank lines and lines
 %% starting with `#' (after blanks) are skipped, a `#' after a name starts
@@ -270,7 +345,9 @@ format_error(timeout) ->
 members(Seed, undefined, Remote, Before) when Seed =/= undefined ->
     case beamdiag_remote:connect(Seed, Remote) of
         {ok, Node} ->
-            try erpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
+            %% At high priority: on a busy seed a normal-priority call
+            %% waits behind every runnable process (beamdiag_rpc).
+            try beamdiag_rpc:call(Node, erlang, nodes, [], ?CALL_TIMEOUT) of
                 Nodes when is_list(Nodes) -> {ok, Node, seed, lists:usort([Node | Nodes])}
             catch
                 Class:Reason ->
@@ -322,8 +399,38 @@ disconnect_new(Nodes, Before) ->
     ok.
 
 %%%===================================================================
-%%% Internal: the two phases
+%%% Internal: the phases
 %%%===================================================================
+
+%% The session once the members are known: each member connected, given
+%% the agent's modules and its agent started and made ready (prepare/4),
+%% the windows opened at once (run_all/3), the report built (this node's
+%% CPU time from Cpu0 is what the session used, said with its host).
+%% Returns the report, the workers given up on, and the moments and
+%% figures timing/1 reads.
+session(SeedNode, Source, Members, Remote, K, Opts, Cpu0) ->
+    Starter = starter(),
+    try
+        Collect = collect_opts(Opts, Starter),
+        {Prepared, Late, Times, Collectors} = prepare(Members, Remote, K, Collect),
+        T1 = erlang:monotonic_time(millisecond),
+        Glances = glances([M || {M, {error, _}} <- Prepared]),
+        _ = spawn(fun beamdiag_loader:warm/0),
+        {Run, RunMarks} = run_all(Collectors, Starter, Opts),
+        Seen = maps:from_list([{M, beamdiag_host_glance:finish(G)} || {M, G} <- Glances]),
+        T2 = erlang:monotonic_time(millisecond),
+        Errors = [{M, E} || {M, {error, E}} <- Prepared] ++ [{M, E} || {M, {error, E}} <- Run],
+        Results = [{M, R} || {M, {ok, R}} <- Run],
+        {Cpu, _} = erlang:statistics(runtime),
+        Here = maps:merge(maps:with([boot_id], beamdiag_agent_host:placement("/proc")),
+                          #{cpu_s => (Cpu - Cpu0) / 1000}),
+        C = build(SeedNode, Source, Members, Results, Errors, Seen, maps:get(duration, Opts), Here),
+        T3 = erlang:monotonic_time(millisecond),
+        {C, Late, RunMarks#{prepared => T1, results => T2, built => T3, times => Times,
+                            run => Run}}
+    after
+        stop_starter(Starter)
+    end.
 
 %% Phase one: connect to each member and load the agent's modules, at most
 %% K members at a time; the code is read once, for every member. A member
@@ -331,15 +438,18 @@ disconnect_new(Nodes, Before) ->
 %% do not wait for it. Its worker goes on (a connection or a load cannot
 %% be cut halfway without leaving something behind) and removes whatever
 %% it loaded when it ends; settle/1 waits for those at the session's end.
-%% Returns {[{Member, {ok, Loaded} | {error, Reason}}] in member order,
-%% the late workers, and each prepared member's connect and load times}.
-prepare(Members, Remote, K) ->
+%% Each member prepared gets its collector at once, whose agent sets
+%% itself up while the other members are prepared, and then waits for
+%% the word that opens every window (run_all/3). Returns {[{Member, {ok,
+%% Loaded} | {error, Reason}}] in member order, the late workers, each
+%% prepared member's connect and load times, and the collectors}.
+prepare(Members, Remote, K, Collect) ->
     case beamdiag_loader:objects(beamdiag_agent:modules()) of
-        {ok, Code} -> prepare(Members, Remote, K, Code);
-        {error, _} = E -> {[{M, E} || M <- Members], [], #{}}
+        {ok, Code} -> prepare(Members, Remote, K, Code, Collect);
+        {error, _} = E -> {[{M, E} || M <- Members], [], #{}, []}
     end.
 
-prepare(Members, Remote, K, Code) ->
+prepare(Members, Remote, K, Code, Collect) ->
     Self = self(),
     Tag = make_ref(),
     Work = fun(M) ->
@@ -358,17 +468,23 @@ prepare(Members, Remote, K, Code) ->
                 {Pid, MRef} = spawn_monitor(fun() -> late_or_send(Self, Tag, Work(M)) end),
                 {Pid, {M, MRef, erlang:monotonic_time(millisecond) + ?PREPARE_MS}}
             end,
+    Crowded = crowded(Members),
+    Arm = fun(M, Node, Loaded) ->
+                  collector(M, Node, Collect#{unload => Loaded,
+                                              host_scan => not lists:member(host(M), Crowded)})
+          end,
     %% This node's distribution is started first, then every member is
     %% connected side by side (each under its own bound).
     _ = case Members of
             [M1 | _] -> beamdiag_remote:distribute(atom_to_list(M1));
             [] -> ok
         end,
-    P = #{tag => Tag, start => Start, k => K},
-    {Done, Late} = next(P, #{}, Members, #{}, []),
+    P = #{tag => Tag, start => Start, k => K, arm => Arm},
+    #{done := Done, late := Late, collectors := Collectors} =
+        next(P, #{running => #{}, queue => Members, done => #{}, late => [], collectors => []}),
     Result = [{M, element(1, maps:get(M, Done))} || M <- Members],
     Times = maps:from_list([{M, T} || {M, {{ok, _}, T, _}} <- maps:to_list(Done)]),
-    {Result, Late, Times}.
+    {Result, Late, Times, lists:reverse(Collectors)}.
 
 %% A worker given up on (told `late') removes what it loaded, then ends;
 %% else it sends its result and waits for the pool to take it (`ack'):
@@ -393,26 +509,33 @@ late_or_send(Pool, Tag, Result) ->
         end
     end.
 
-next(P = #{start := Start, k := K}, Running, [M | Queue], Done, Late) when map_size(Running) < K ->
+next(P = #{start := Start, k := K}, S = #{running := Running, queue := [M | Queue]})
+  when map_size(Running) < K ->
     {Pid, V} = Start(M),
-    next(P, Running#{Pid => V}, Queue, Done, Late);
-next(_P, Running, [], Done, Late) when map_size(Running) =:= 0 ->
-    {Done, Late};
-next(P, Running, Queue, Done, Late) ->
-    pool(P, Running, Queue, Done, Late).
+    next(P, S#{running := Running#{Pid => V}, queue := Queue});
+next(_P, S = #{running := Running, queue := []}) when map_size(Running) =:= 0 ->
+    S;
+next(P, S) ->
+    pool(P, S).
 
-pool(P = #{tag := Tag}, Running, Queue, Done, Late) ->
+pool(P = #{tag := Tag, arm := Arm}, S = #{running := Running, done := Done, late := Late}) ->
     Next = lists:min([D || {_, _, D} <- maps:values(Running)]),
     receive
         {Tag, Pid, Result} when is_map_key(Pid, Running) ->
             {M, MRef, _} = maps:get(Pid, Running),
             erlang:demonitor(MRef, [flush]),
             Pid ! {Tag, ack},
-            next(P, maps:remove(Pid, Running), Queue, Done#{M => Result}, Late);
+            S2 = case Result of
+                     {{ok, Loaded}, _, Node} ->
+                         S#{collectors := [Arm(M, Node, Loaded) | maps:get(collectors, S)]};
+                     _ ->
+                         S
+                 end,
+            next(P, S2#{running := maps:remove(Pid, Running), done := Done#{M => Result}});
         {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
             {M, MRef, _} = maps:get(Pid, Running),
-            next(P, maps:remove(Pid, Running), Queue,
-                 Done#{M => {{error, {?MODULE, {crashed, Why}}}, #{}, M}}, Late)
+            next(P, S#{running := maps:remove(Pid, Running),
+                       done := Done#{M => {{error, {?MODULE, {crashed, Why}}}, #{}, M}}})
     after max(0, Next - erlang:monotonic_time(millisecond)) ->
         %% Given up: told so, and kept (monitored) for settle/1. A result
         %% that crossed the word is never acknowledged: the worker removes
@@ -422,8 +545,8 @@ pool(P = #{tag := Tag}, Running, Queue, Done, Late) ->
         Done2 = lists:foldl(fun({_, M, _}, Acc) ->
                                 Acc#{M => {{error, {?MODULE, {prepare_timeout, ?PREPARE_MS}}}, #{}, M}}
                             end, Done, Over),
-        next(P, maps:without([Pid || {Pid, _, _} <- Over], Running), Queue, Done2,
-             [{Pid, MRef} || {Pid, _, MRef} <- Over] ++ Late)
+        next(P, S#{running := maps:without([Pid || {Pid, _, _} <- Over], Running), done := Done2,
+                   late := [{Pid, MRef} || {Pid, _, MRef} <- Over] ++ Late})
     end.
 
 %% Waits (at most ?SETTLE_MS in all) for the workers given up on to end,
@@ -440,46 +563,145 @@ settle(Late) ->
     _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _} <- Late],
     ok.
 
-%% Phase two: one collector per prepared member, all told to start at
-%% once, so that every window covers the same seconds. Each collector
-%% analyses its capture and keeps only the summary row and the findings.
-run_all([], _Opts) ->
-    [];
-run_all(Prepared, Opts = #{duration := D, slack := Slack}) ->
+%% One member's collector: it starts the agent, which gets ready and
+%% waits for the word (`go'), then gathers the window, analyses the
+%% capture and keeps only the summary row and the findings.
+collector(M, Node, Collect = #{tag := Tag}) ->
     Self = self(),
-    Tag = make_ref(),
-    Now = erlang:monotonic_time(millisecond),
-    EndAt = Now + round(D * 1000),
-    Procs = [{spawn_monitor(fun() -> receive {Tag, go, Collect} -> ok end,
-                                    Aligned = ends_at(Collect#{unload => L}, EndAt),
-                                    Self ! {Tag, self(), member(M, Aligned)}
-                            end), M}
-             || {M, L} <- Prepared],
-    Due = case Slack of
-              infinity -> infinity;
-              _ -> Now + round((D + Slack) * 1000)
-          end,
-    Collect = collect_opts(Opts, Due),
-    Crowded = crowded([M || {M, _} <- Prepared]),
-    _ = [Pid ! {Tag, go, Collect#{host_scan => not lists:member(host(M), Crowded)}}
-         || {{Pid, _}, M} <- Procs],
-    _ = spawn(fun beamdiag_loader:warm/0),
-    %% The collectors' own deadlines end them; this one is the backstop.
-    GiveUp = Now + round(D * 1000) + case Slack of
-                                         infinity -> 30000;
-                                         _ -> round(Slack * 1000)
-                                     end + ?GRACE_MS,
-    [wait(Tag, Pid, MRef, M, GiveUp, Now + round(D * 1000)) || {{Pid, MRef}, M} <- Procs].
+    {Pid, MRef} = spawn_monitor(fun() ->
+                                        Self ! {Tag, self(), member(Node, maps:remove(tag, Collect))}
+                                end),
+    #{pid => Pid, mref => MRef, member => M, node => Node, tag => Tag}.
 
-%% Every window ends at the same moment: an agent that starts late
-%% (hundreds of agents starting on a few busy cores spread their starts
-%% over seconds) samples the rest of the common window, at least two
-%% intervals, instead of ending as late as it started. The end is a wall
-%% clock time the agent itself holds to (`end_wall_ms'). The report gives
-%% the starts' spread and how long all windows overlapped.
-ends_at(Collect, EndAt) ->
-    Wall = erlang:system_time(millisecond) + EndAt - erlang:monotonic_time(millisecond),
-    Collect#{end_wall_ms => Wall}.
+%% The process the agents tell they are ready (the agent's option `go'):
+%% until the session opens the windows it passes each word on to the
+%% session; told to open them, it tells every agent ready, and then each
+%% that gets ready later, the same end. It ends with the session, and an
+%% agent still waiting for it then ends too. Being a process of its own,
+%% a word that comes after the session never reaches the session's
+%% caller.
+starter() ->
+    Session = self(),
+    Tag = make_ref(),
+    Pid = spawn_link(fun() -> starter(Session, Tag, #{}) end),
+    #{pid => Pid, tag => Tag}.
+
+starter(Session, Tag, Ready) ->
+    receive
+        {beamdiag_armed, Agent, Node} when is_pid(Agent) ->
+            Session ! {Tag, armed, Node},
+            starter(Session, Tag, Ready#{Agent => Node});
+        {Tag, go, EndWall} ->
+            _ = [Agent ! {beamdiag_go, EndWall} || Agent <- maps:keys(Ready)],
+            Session ! {Tag, gone},
+            started(EndWall)
+    end.
+
+started(EndWall) ->
+    receive
+        {beamdiag_armed, Agent, _} when is_pid(Agent) ->
+            Agent ! {beamdiag_go, EndWall},
+            started(EndWall)
+    end.
+
+stop_starter(#{pid := Pid, tag := Tag}) ->
+    unlink(Pid),
+    exit(Pid, kill),
+    flush_armed(Tag).
+
+flush_armed(Tag) ->
+    receive
+        {Tag, _, _} -> flush_armed(Tag);
+        {Tag, gone} -> flush_armed(Tag)
+    after 0 ->
+        ok
+    end.
+
+%% Phase two: the windows open together, once every collector's agent is
+%% ready (or has ended), or ?ARM_MS after the last member was prepared:
+%% every agent ready is told the same wall-clock end, as is each agent
+%% that gets ready later (it samples what is left of the window, at
+%% least two intervals). So none of the agents' own start (their flags,
+%% the start walk, hundreds of them at once on a few cores) falls inside
+%% any window. Returns each member's result, in member order, and when
+%% the windows opened and ended.
+run_all([], _Starter, _Opts) ->
+    Now = erlang:monotonic_time(millisecond),
+    {[], #{armed => Now, go => Now, window_end => Now, ready => 0}};
+run_all(Collectors, Starter = #{tag := STag}, #{duration := D, slack := Slack}) ->
+    Armed0 = erlang:monotonic_time(millisecond),
+    Waiting = maps:from_list([{N, Pid} || #{node := N, pid := Pid} <- Collectors]),
+    ByPid = maps:from_list([{Pid, C} || C = #{pid := Pid} <- Collectors]),
+    {Ready, Early} = arm(STag, Waiting, ByPid, Armed0 + ?ARM_MS),
+    Go = erlang:monotonic_time(millisecond),
+    EndAt = Go + round(D * 1000),
+    EndWall = erlang:system_time(millisecond) + round(D * 1000),
+    #{pid := SPid} = Starter,
+    SPid ! {STag, go, EndWall},
+    receive {STag, gone} -> ok end,
+    flush_armed(STag),
+    %% The collectors' own due times end them; this one is the backstop.
+    GiveUp = EndAt + case Slack of
+                         infinity -> 30000;
+                         _ -> round(Slack * 1000)
+                     end + ?GRACE_MS,
+    Results = gather(maps:without(maps:keys(Early), ByPid), Early, GiveUp, EndAt),
+    {[{M, maps:get(Pid, Results)} || #{pid := Pid, member := M} <- Collectors],
+     #{armed => Armed0, go => Go, window_end => EndAt, ready => Ready}}.
+
+%% Waits until every collector's agent is ready or its collector has
+%% ended (its result kept), or until the time given; returns how many
+%% were ready, and the results of those that ended.
+arm(STag, Waiting, ByPid, Until) ->
+    arm(STag, tag(ByPid), Waiting, ByPid, #{}, 0, Until).
+
+arm(_STag, _Tag, Waiting, _ByPid, Early, Ready, _Until) when map_size(Waiting) =:= 0 ->
+    {Ready, Early};
+arm(STag, Tag, Waiting, ByPid, Early, Ready, Until) ->
+    receive
+        {STag, armed, Node} when is_map_key(Node, Waiting) ->
+            arm(STag, Tag, maps:remove(Node, Waiting), ByPid, Early, Ready + 1, Until);
+        {Tag, Pid, Result} when is_map_key(Pid, ByPid) ->
+            #{node := N, mref := MRef} = maps:get(Pid, ByPid),
+            erlang:demonitor(MRef, [flush]),
+            arm(STag, Tag, maps:remove(N, Waiting), ByPid, Early#{Pid => Result}, Ready, Until);
+        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, ByPid) ->
+            #{node := N, mref := MRef} = maps:get(Pid, ByPid),
+            arm(STag, Tag, maps:remove(N, Waiting), ByPid,
+                Early#{Pid => {error, {?MODULE, {crashed, Why}}}}, Ready, Until)
+    after max(0, Until - erlang:monotonic_time(millisecond)) ->
+        {Ready, Early}
+    end.
+
+tag(ByPid) ->
+    [#{tag := Tag} | _] = maps:values(ByPid),
+    Tag.
+
+%% Each collector's result, by the backstop at most: one that has not
+%% answered by then is ended (the connection closes with the session,
+%% and the agent, which monitors the collector, ends and cleans up).
+gather(Running, Done, _GiveUp, _WindowEnd) when map_size(Running) =:= 0 ->
+    Done;
+gather(Running, Done, GiveUp, WindowEnd) ->
+    Tag = tag(Running),
+    receive
+        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
+            #{mref := MRef} = maps:get(Pid, Running),
+            erlang:demonitor(MRef, [flush]),
+            gather(maps:remove(Pid, Running), Done#{Pid => Result}, GiveUp, WindowEnd);
+        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
+            #{mref := MRef} = maps:get(Pid, Running),
+            gather(maps:remove(Pid, Running), Done#{Pid => {error, {?MODULE, {crashed, Why}}}},
+                   GiveUp, WindowEnd)
+    after max(0, GiveUp - erlang:monotonic_time(millisecond)) ->
+        Given = maps:from_list(
+                  [begin
+                       exit(Pid, kill),
+                       erlang:demonitor(MRef, [flush]),
+                       {Pid, {error, {?MODULE, {no_answer, GiveUp - WindowEnd}}}}
+                   end || {Pid, #{mref := MRef}} <- maps:to_list(Running)]),
+        maps:merge(Done, Given)
+    end.
 
 %% The hosts with more than ?CROWDED members. Each agent reads every
 %% process of its host at the window's start and end (to name what
@@ -497,9 +719,16 @@ host(Node) ->
         _ -> ""
     end.
 
-collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, procs := P}, Due) ->
-    #{duration_ms => max(1, round(D * 1000)), interval_ms => I, msacc => M,
-      msacc_ms => max(1, round(S * 1000)), procs => P, ready_by => Due}.
+%% The collectors' options: the agent waits for the starter's word, and
+%% the report is due the slack after the window the agent runs.
+collect_opts(#{duration := D, interval := I, msacc := M, msacc_span := S, procs := P,
+               slack := Slack}, #{pid := Starter}) ->
+    Due = case Slack of
+              infinity -> #{};
+              _ -> #{ready_after_ms => round(Slack * 1000)}
+          end,
+    Due#{duration_ms => max(1, round(D * 1000)), interval_ms => I, msacc => M,
+         msacc_ms => max(1, round(S * 1000)), procs => P, go => Starter, tag => make_ref()}.
 
 member(Node, Collect) ->
     case beamdiag_collect:run(Node, Collect) of
@@ -529,28 +758,12 @@ member(Node, Collect) ->
             E
     end.
 
-wait(Tag, Pid, MRef, M, GiveUp, WindowEnd) ->
-    Wait = max(0, GiveUp - erlang:monotonic_time(millisecond)),
-    receive
-        {Tag, Pid, Result} ->
-            erlang:demonitor(MRef, [flush]),
-            {M, Result};
-        {'DOWN', MRef, process, Pid, Why} ->
-            {M, {error, {?MODULE, {crashed, Why}}}}
-    after Wait ->
-        %% The collector is ended; the connection closes with the session,
-        %% and the agent, which monitors the collector, ends and cleans up.
-        exit(Pid, kill),
-        erlang:demonitor(MRef, [flush]),
-        {M, {error, {?MODULE, {no_answer, GiveUp - WindowEnd}}}}
-    end.
-
 %%%===================================================================
 %%% Internal: the report
 %%%===================================================================
 
-build(Seed, Source, Members, Results, Errors, Seen, Duration) ->
-    A = analyse([R || {_, R} <- Results]),
+build(Seed, Source, Members, Results, Errors, Seen, Duration, Here) ->
+    A = analyse([R || {_, R} <- Results], Here),
     #{
         schema => ?SCHEMA,
         seed => case Seed of null -> null; _ -> atom_to_binary(Seed) end,
@@ -563,6 +776,7 @@ build(Seed, Source, Members, Results, Errors, Seen, Duration) ->
         outliers => maps:get(outliers, A),
         rest => maps:get(rest, A),
         findings => maps:get(findings, A),
+        hosts => maps:get(hosts, A),
         errors => [error_entry(M, E, maps:find(M, Seen)) || {M, E} <- lists:keysort(1, Errors)]
     }.
 
@@ -584,13 +798,20 @@ glances(Failed) ->
                       {error, _} -> []
                   end || M <- Failed]).
 
-%% Where the session's time went, in milliseconds: the prepare phase
-%% (with each member's connect and load: median, max), from the agents'
-%% start to the last member's result (the collectors analyse each capture
-%% as it comes: each analysis's median and max, and their sum, CPU of this
-%% node), the cluster's analysis, and this node's CPU time over the
-%% session (`cpu_ms', all its schedulers).
-timing(Times, Run, RunStart, PrepareMs, RunMs, BuildMs) ->
+%% Where the session's time went, in milliseconds. `phases_ms', which add
+%% up to the session: `members' (listing them: the seed's nodes()),
+%% `prepare' (connecting to every member and loading the agent; the
+%% agents get ready meanwhile), `start' (from the last member prepared to
+%% the windows' opening: agents still getting ready), `window', `collect'
+%% (from the windows' end to the last capture), `analyse' (from there to
+%% the last member's analysis) and `report' (the cluster's analysis, and
+%% closing the connections). Then each member's connect and load
+%% (median, max, sum), the captures and their analyses from the windows'
+%% opening, how many agents were ready when they opened (`ready'), and
+%% the older totals (prepare, run from the last member prepared to the
+%% last result, the cluster's analysis).
+timing(#{start := T0, members := Tm, prepared := T1, go := Go, window_end := EndAt,
+         results := T2, built := T3, closed := T4, times := Times, run := Run, ready := Ready}) ->
     Dist = fun(L) ->
                    S = lists:sort(L),
                    case S of
@@ -599,14 +820,19 @@ timing(Times, Run, RunStart, PrepareMs, RunMs, BuildMs) ->
                               sum => lists:sum(S)}
                    end
            end,
-    #{prepare_ms => PrepareMs,
+    LastCapture = lists:max([EndAt | [A || {_, {ok, #{captured_at := A}}} <- Run]]),
+    #{phases_ms => #{members => Tm - T0, prepare => T1 - Tm, start => Go - T1,
+                     window => EndAt - Go, collect => max(0, min(T2, LastCapture) - EndAt),
+                     analyse => T2 - max(EndAt, min(T2, LastCapture)), report => T4 - T2},
+      ready => Ready,
+      prepare_ms => T1 - T0,
       connect_ms => Dist([C || #{connect_ms := C} <- maps:values(Times)]),
       load_ms => Dist([L || #{load_ms := L} <- maps:values(Times)]),
-      run_ms => RunMs,
+      run_ms => T2 - T1,
       analyse_ms => Dist([B - A || {_, {ok, #{captured_at := A, analysed_at := B}}} <- Run]),
-      captured_ms => Dist([A - RunStart || {_, {ok, #{captured_at := A}}} <- Run]),
-      analysed_ms => Dist([B - RunStart || {_, {ok, #{analysed_at := B}}} <- Run]),
-      cluster_analysis_ms => BuildMs}.
+      captured_ms => Dist([A - Go || {_, {ok, #{captured_at := A}}} <- Run]),
+      analysed_ms => Dist([B - Go || {_, {ok, #{analysed_at := B}}} <- Run]),
+      cluster_analysis_ms => T3 - T2}.
 
 %% How far apart the members' windows started (their wall clocks) and how
 %% long all of them overlapped.

@@ -64,6 +64,10 @@
 %% whole window), `unload' (modules the agent removes when done),
 %% `ready_by' (monotonic ms, default `infinity': when the capture is due;
 %% past it, two samples or more end the session as a partial capture),
+%% `ready_after_ms' (the capture is due that long after the end of the
+%% window the agent runs, from its start: for an agent whose window
+%% starts later, `go'), `go' (a pid: the agent gets ready, tells that
+%% process, and starts its window when it says so: beamdiag_agent),
 %% `fallback' (false; or, when the caller has a view of the node of its
 %% own to fall back on, the host's, a fun that says whether that view
 %% explains the node's slowness: asked once, when the report is due and
@@ -79,7 +83,7 @@ run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
                            maps:with([duration_ms, interval_ms, msacc, msacc_ms, procs, host_scan,
-                                      unload, proc_root, end_wall_ms], Opts)),
+                                      unload, proc_root, end_wall_ms, go], Opts)),
     Progress = maps:get(progress, Opts, fun(_, _) -> ok end),
     OnSample = maps:get(on_sample, Opts, undefined),
     case beamdiag_client:start(Node, AgentOpts) of
@@ -90,6 +94,7 @@ run(Node, Opts) ->
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
             Result = gather(#{client => Client, deadline => Deadline,
                               ready_by => maps:get(ready_by, Opts, infinity),
+                              ready_after => maps:get(ready_after_ms, Opts, undefined),
                               fallback => maps:get(fallback, Opts, false),
                               finishing => false,
                               progress => Progress, duration => D, info => undefined,
@@ -176,7 +181,7 @@ gather(G = #{client := Client, deadline := Deadline,
     Wait = max(0, Until - Now),
     case beamdiag_client:next(Client, Wait) of
         {event, {start, I}} ->
-            gather(moved(G#{info := I}, maps:get(deadline_in_ms, I, undefined)));
+            gather(moved(due_after(G#{info := I}), maps:get(deadline_in_ms, I, undefined)));
         {event, {deadline, InMs}} ->
             gather(moved(G, InMs));
         {event, {tick, S}} ->
@@ -251,6 +256,18 @@ keep(S, Samples, OnSample) ->
         [] -> [S];
         _ -> [S, lists:last(Samples)]
     end.
+
+%% With `ready_after_ms', the report is due that long after the end of
+%% the window the agent says it runs (its start word): the common end it
+%% holds to (`end_wall_ms', a time of this node's clock, which set it),
+%% else its window from when the word came.
+due_after(G = #{ready_after := After, info := #{end_wall_ms := EndWall}}) when is_integer(After) ->
+    Now = erlang:monotonic_time(millisecond),
+    G#{ready_by := Now + max(0, EndWall - erlang:system_time(millisecond)) + After};
+due_after(G = #{ready_after := After, info := #{duration_ms := D}}) when is_integer(After) ->
+    G#{ready_by := erlang:monotonic_time(millisecond) + D + After};
+due_after(G) ->
+    G.
 
 %% When the report is due.
 ready_by(#{ready_by := infinity}) ->

@@ -1,0 +1,215 @@
+%%% @doc The members of a cluster that share a host (pure): which they
+%%% are, what their host's CPUs did over the window, and which of the
+%%% members' findings measure that host rather than the member, so that
+%%% they are said once, for the host.
+%%%
+%%% A member's host is the one it sees itself (the agent reads it,
+%%% `beamdiag_agent_host:placement/1'): the kernel's boot id, the same for
+%%% every process of one running kernel, containers included, and the
+%%% host name; a member that read neither is placed by its node name's host
+%%% part. Members with the same boot id share the CPUs of one kernel, and
+%%% so each other's load and that of anything else the host runs.
+%%%
+%%% On a host with two members or more, a member's `cpu_starvation' at
+%%% warning or above (its schedulers waited for a CPU with work to do
+%%% while the rest of the host used the CPUs) is the host's contention:
+%%% the other members, the diagnosing session's own work, whatever else
+%%% runs there. It is taken off the member and kept with the host
+%%% (`lifted': which members, how much each waited), where the cluster
+%%% report says it once (`shared_host_contention'). When the host's CPUs
+%%% were contended (such a wait, or CPUs 90% busy or more), so are the
+%%% `scheduler_imbalance' and `scheduler_blocking' of a member whose
+%%% schedulers mostly waited (on a CPU less than a quarter of the time the
+%%% BEAM counted them busy, which counts the time the OS kept them
+%%% waiting): they read that wait. A member alone on its host keeps them
+%%% all: there they are that member's own.
+%%%
+%%% Outliers (`own_outliers/3'): on such a contended shared host, a member
+%%% must also stand out on a figure of its own demand, not only on the
+%%% busy, runnable-wait and blocked shares its wait makes up.
+%%%
+%%% ```
+%%% 1> {Hosts, Results2} = beamdiag_cluster_analysis:hosts(Results).
+%%% 2> [{N, length(Ms)} || #{name := N, members := Ms} <- Hosts].
+%%% [{<<"db1">>, 200}]
+%%% '''
+-module(beamdiag_cluster_analysis).
+
+-export([hosts/1, own_outliers/3]).
+
+-export_type([host/0]).
+
+%% One host and its members' figures over the window: the host's CPUs,
+%% how busy they were (from each member's /proc/stat over its own window:
+%% the median and the largest), its load average (median), the members'
+%% schedulers' runnable-wait shares and the CPUs they used in all; whether
+%% it is shared and its CPUs were contended; and the findings lifted from
+%% its members, each with the members it was taken from and how long they
+%% waited for a CPU (their `runq_share': median, largest).
+-type host() :: #{
+    key := binary(),
+    name := binary(),
+    boot_id := binary() | null,
+    members := [binary()],
+    cpus := number() | null,
+    busy := #{median := float(), max := float()} | null,
+    load := number() | null,
+    runq := #{median := float(), max := float()},
+    cpus_used := float(),
+    contended := boolean(),
+    lifted := [#{id := atom(), severity := beamdiag_finding:severity(), nodes := [binary()],
+                 runq_share := #{median := float(), max := float()}}]
+}.
+
+%% The severities of the findings lifted to a shared host.
+%% On a contended shared host, the findings read from busy time that a
+%% member whose schedulers mostly waited does not own, and what mostly
+%% waited means: on a CPU less than this share of its busy time.
+-define(WAIT_FINDINGS, [scheduler_imbalance, scheduler_blocking]).
+-define(RAN, 0.25).
+-define(HOST_SEVERITIES, [warning, critical]).
+%% The outlier figures a contended shared host makes up (own_outliers/3),
+%% and the host's CPU busy share from which it counts as contended.
+-define(HOST_FIGURES, [busy, runq, blocked]).
+-define(CONTENDED, 0.9).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The hosts of the members' results (`#{row := Row, findings :=
+%% Findings}', as `beamdiag_cluster' keeps them), most members first, and
+%% the results with the findings lifted to a shared host taken off (from
+%% the full findings and from the row's brief list).
+-spec hosts([#{row := map(), findings := [beamdiag_finding:finding()]}]) ->
+    {[host()], [#{row := map(), findings := [beamdiag_finding:finding()]}]}.
+hosts(Results) ->
+    Groups = maps:groups_from_list(fun(#{row := Row}) -> key(Row) end, Results),
+    %% Per host: whether it is shared, and whether its CPUs were contended.
+    How = maps:map(fun(_, Rs) -> {length(Rs) >= 2, contended_by(Rs)} end, Groups),
+    Taken = [{R, lift(R, maps:get(key(Row), How))} || R = #{row := Row} <- Results],
+    Hosts = [(host(Key, [{R, Gone} || {R = #{row := Row}, {_, Gone}} <- Taken, key(Row) =:= Key]))#{
+                 contended => Shared andalso Contended}
+             || {Key, {Shared, Contended}} <- maps:to_list(How)],
+    Sorted = lists:sort(fun(#{members := A, key := KA}, #{members := B, key := KB}) ->
+                                {length(A), KB} >= {length(B), KA}
+                        end, Hosts),
+    {Sorted, [R2 || {_, {R2, _}} <- Taken]}.
+
+%% @doc The outliers (`beamdiag_outliers:nodes/1') that stand out on
+%% their own. On a host two members or more share whose CPUs were
+%% contended (findings were lifted to it, or its CPUs were ?CONTENDED busy
+%% or more), a member's busy share counts the time the OS kept its
+%% schedulers waiting for a CPU, and its runnable-wait and blocked shares
+%% are that wait itself or follow from it (a lock holder descheduled): they
+%% measure the host, which says so once. Such a member is kept only when a
+%% figure of its own demand (CPUs used, on-CPU, spin, kernel time,
+%% reductions per second) also lies beyond the cluster's spread; its
+%% figures are kept whole. Other members are kept as they are.
+-spec own_outliers([map()], [map()], [host()]) -> [map()].
+own_outliers(Outliers, Rows, Hosts) ->
+    Contended = [K || #{key := K, contended := true} <- Hosts],
+    HostOf = maps:from_list([{maps:get(node, Row), key(Row)} || Row <- Rows]),
+    [O || O = #{node := N, figures := Figs} <- Outliers,
+          not lists:member(maps:get(N, HostOf, none), Contended)
+              orelse lists:any(fun(#{figure := K}) -> not lists:member(K, ?HOST_FIGURES) end,
+                               Figs)].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+
+%% The host a summary row says its member runs on: its boot id when it
+%% read one, else its host name, else its node name's host part.
+key(#{host := #{id := Id}}) when is_binary(Id), Id =/= <<>> -> Id;
+key(#{host := #{name := Name}}) when is_binary(Name), Name =/= <<>> -> Name;
+key(#{node := Node}) -> node_host(Node).
+
+node_host(Node) ->
+    case binary:split(Node, <<"@">>) of
+        [_, H] -> H;
+        _ -> <<>>
+    end.
+
+name(Rows) ->
+    case [N || #{host := #{name := N}} <- Rows, is_binary(N), N =/= <<>>] of
+        [N | _] -> N;
+        [] -> node_host(maps:get(node, hd(Rows)))
+    end.
+
+%% A member's result with the findings its shared host explains taken
+%% off, and those findings: its cpu_starvation at warning or above; on a
+%% contended host also its scheduler_imbalance and scheduler_blocking when
+%% its schedulers mostly waited (on a CPU less than ?RAN of the time the
+%% BEAM counted them busy: the busy time those findings read is the
+%% host's wait).
+lift(R, {false, _}) ->
+    {R, []};
+lift(R = #{row := Row, findings := Fs}, {true, Contended}) ->
+    Waited = Contended andalso waited(Row),
+    Gone = fun(F) -> lifted(F, Waited) end,
+    {R#{row := Row#{findings := [F || F <- maps:get(findings, Row, []), not Gone(F)]},
+        findings := [F || F <- Fs, not Gone(F)]},
+     [F || F <- Fs, Gone(F)]}.
+
+lifted(#{id := cpu_starvation, severity := S}, _Waited) ->
+    lists:member(S, ?HOST_SEVERITIES);
+lifted(#{id := Id, severity := S}, true) ->
+    lists:member(Id, ?WAIT_FINDINGS) andalso lists:member(S, ?HOST_SEVERITIES);
+lifted(_, false) ->
+    false.
+
+waited(#{busy := Busy, on_cpu := OnCpu}) when is_number(Busy), is_number(OnCpu), Busy > 0 ->
+    OnCpu < ?RAN * Busy;
+waited(_) ->
+    false.
+
+%% Whether a host's CPUs were contended over the window: a member there
+%% waited for a CPU with work to do (cpu_starvation at warning or above),
+%% or the CPUs were ?CONTENDED busy or more (the members' median).
+contended_by(Results) ->
+    Starved = [x || #{findings := Fs} <- Results,
+                    #{id := cpu_starvation, severity := S} <- Fs, lists:member(S, ?HOST_SEVERITIES)],
+    Busy = [B || #{row := #{host := #{busy := B}}} <- Results, is_number(B)],
+    Starved =/= [] orelse (Busy =/= [] andalso median(Busy) >= ?CONTENDED).
+
+host(Key, Taken) ->
+    Rows = [Row || {#{row := Row}, _} <- Taken],
+    HostFig = fun(K) -> [V || #{host := H} <- Rows, V <- [maps:get(K, H, null)], is_number(V)] end,
+    Busy = HostFig(busy),
+    Lifted = [{Id, S, maps:get(node, Row), maps:get(runq_share, M, 0.0)}
+              || {#{row := Row}, Gone} <- Taken, #{id := Id, severity := S, metrics := M} <- Gone],
+    #{key => Key,
+      name => name(Rows),
+      boot_id => case [Id || #{host := #{id := Id}} <- Rows, is_binary(Id)] of
+                     [Id | _] -> Id;
+                     [] -> null
+                 end,
+      members => lists:sort([maps:get(node, Row) || Row <- Rows]),
+      cpus => median_or_null(HostFig(cpus)),
+      busy => case Busy of
+                  [] -> null;
+                  _ -> #{median => median(Busy), max => lists:max(Busy)}
+              end,
+      load => median_or_null(HostFig(load)),
+      runq => dist([maps:get(runq, Row, 0.0) || Row <- Rows]),
+      cpus_used => float(lists:sum([maps:get(cpus_used, Row, 0.0) || Row <- Rows])),
+      lifted => [#{id => Id,
+                   severity => worst([S || {I, S, _, _} <- Lifted, I =:= Id]),
+                   nodes => lists:sort([N || {I, _, N, _} <- Lifted, I =:= Id]),
+                   runq_share => dist([Q || {I, _, _, Q} <- Lifted, I =:= Id])}
+                 || Id <- lists:usort([I || {I, _, _, _} <- Lifted])]}.
+
+worst(Severities) ->
+    hd(lists:sort(fun(A, B) -> beamdiag_finding:severity_rank(A) =< beamdiag_finding:severity_rank(B) end,
+                  Severities)).
+
+dist([]) -> #{median => 0.0, max => 0.0};
+dist(Vs) -> #{median => float(median(Vs)), max => float(lists:max(Vs))}.
+
+median_or_null([]) -> null;
+median_or_null(Vs) -> median(Vs).
+
+median(Vs) ->
+    beamdiag_stats:percentile(Vs, 50).
