@@ -13,7 +13,7 @@ perf_off_test() ->
     ?assertNot(beamdiag_host:armed(H)),
     D = beamdiag_host:held(H, #{capture => #{extras => #{}}}),
     ?assertEqual(#{capture => #{extras => #{}}}, D),
-    ?assertError({badarg, {held_perf, maybe}}, beamdiag:options(#{held_perf => maybe})),
+    ?assertError({badarg, {held_perf, 'maybe'}}, beamdiag:options(#{held_perf => 'maybe'})),
     ?assertMatch(#{held_perf := true}, beamdiag:options(#{})).
 
 nothing_held_test() ->

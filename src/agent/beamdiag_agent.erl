@@ -151,7 +151,7 @@ stop(Pid) ->
 %% @doc The modules the agent needs on the target.
 -spec modules() -> [module()].
 modules() ->
-    [?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
+    [beamdiag_agent_code, ?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
      beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
      beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_pinfo,
      beamdiag_agent_queues, beamdiag_agent_limits, beamdiag_agent_waits, beamdiag_agent_chains].
@@ -764,10 +764,7 @@ wait_down([MRef | More], Deadline) ->
 unload([]) ->
     ok;
 unload(Mods) ->
-    _ = [catch erlang:delete_module(M) || M <- Mods],
-    _ = [spawn(erlang, purge_module, [M]) || M <- Mods, M =/= ?MODULE],
-    _ = [spawn(erlang, purge_module, [?MODULE]) || lists:member(?MODULE, Mods)],
-    ok.
+    beamdiag_agent_code:unload(Mods).
 
 %% The scans of the host's other processes, beside the ticks (see
 %% beamdiag_agent_host), unless turned off.

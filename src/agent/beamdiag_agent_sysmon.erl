@@ -374,19 +374,50 @@ is_nif({M, F, A}) ->
 is_nif(_) ->
     false.
 
-%% The modules with NIFs loaded from outside the OTP installation (at most
-%% ?TOP), with their NIFs: the candidates when the runtime records only
-%% the Erlang function that called a NIF.
+%% The modules with NIFs that are not OTP's own (at most ?TOP), with their
+%% NIFs: the candidates when the runtime records only the Erlang function
+%% that called a NIF. Asked of the runtime alone: the code server, which
+%% knows each module's file, answers after every runnable process on a
+%% saturated node, and does not know modules loaded without it. OTP's
+%% modules are the preloaded ones and those compiled in the tree `lists'
+%% was compiled in (the source the compiler recorded; a build that records
+%% none leaves every module without one counted as OTP's).
 nif_modules() ->
-    Root = beamdiag_agent_vm:root_dir(),
-    Mods = [{M, Nifs} || {M, File} <- code:all_loaded(), is_list(File),
-                         not lists:prefix(Root, File),
+    Pre = erlang:pre_loaded(),
+    Tree = otp_tree(),
+    Mods = [{M, Nifs} || M <- lists:sort(erlang:loaded()), not lists:member(M, Pre),
                          Nifs <- [try erlang:get_module_info(M, nifs) catch _:_ -> [] end],
-                         Nifs =/= []],
+                         Nifs =/= [], not from_tree(M, Tree)],
     [iolist_to_binary([atom_to_binary(M, utf8), ": ",
                        lists:join(", ", [io_lib:format("~s/~b", [F, A])
                                          || {F, A} <- lists:sublist(Nifs, 8)])])
      || {M, Nifs} <- lists:sublist(Mods, ?TOP)].
+
+%% ".../lib/" of OTP's build, from where `lists' was compiled, or `none'.
+otp_tree() ->
+    case source(lists) of
+        none -> none;
+        Src -> filename:dirname(filename:dirname(filename:dirname(Src))) ++ "/"
+    end.
+
+from_tree(M, Tree) ->
+    case {source(M), Tree} of
+        {none, none} -> true;
+        {none, _} -> false;
+        {_, none} -> false;
+        {Src, _} -> lists:prefix(Tree, Src)
+    end.
+
+source(M) ->
+    case catch erlang:get_module_info(M, compile) of
+        L when is_list(L) ->
+            case lists:keyfind(source, 1, L) of
+                {source, Src} when is_list(Src) -> Src;
+                _ -> none
+            end;
+        _ ->
+            none
+    end.
 
 mfa({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
     iolist_to_binary([atom_to_binary(M, utf8), $:, atom_to_binary(F, utf8), $/,

@@ -57,9 +57,9 @@
     port => #{port := inet:port_number(), ip := inet:ip_address(), origin := origin(),
               confirmed := boolean() | tls},
     %% Reached at `port', without epmd: true when no epmd knows the node
-    %% (or --dist-port says so), maybe when no epmd answered here (the usual
+    %% (or --dist-port says so), if_usable when no epmd answered here (the usual
     %% way is tried unless this VM has beamdiag_epmd).
-    direct := boolean() | maybe,
+    direct := boolean() | if_usable,
     rows := [{binary(), binary(), binary()}],
     notes := [binary()]
 }.
@@ -472,7 +472,7 @@ port(P = #{settings := S}, Opts) ->
             P#{port => Found, direct => case Epmd of
                                            not_registered -> true;
                                            no_epmd -> true;
-                                           _ -> maybe
+                                           _ -> if_usable
                                        end};
         {none, Tried} -> note(P, ["no distribution port found among the node's: ",
                                   lists:join(", ", [integer_to_list(T) || T <- Tried])])

@@ -162,6 +162,8 @@ format_error({load, Release, Set, Failed}) ->
 format_error({stale_set, Dir, Mod}) ->
     io_lib:format("the code in ~ts was compiled from other code than this build's ~s "
                   "(rebuild: rebar3 compile)", [Dir, Mod]);
+format_error({not_in_set, Dir, Mod}) ->
+    io_lib:format("~s is not one of this build's modules, so ~ts does not hold it", [Mod, Dir]);
 format_error({no_such_set, Release}) ->
     io_lib:format("this build holds no code compiled by OTP ~p", [Release]);
 format_error({no_object_code, Mod}) ->
@@ -306,7 +308,13 @@ built_objects(Dir, Listed, [M | Ms], Acc) ->
                     {error, {?MODULE, {stale_set, Dir, M}}}
             end;
         {false, _} ->
-            {error, {?MODULE, {stale_set, Dir, M}}};
+            %% One of this build's modules left out is a stale set; a module
+            %% from elsewhere (a test's) is in no set but the code path's.
+            Ebin = filename:dirname(code:which(?MODULE)),
+            case lists:member(M, beam_names(Ebin)) of
+                true -> {error, {?MODULE, {stale_set, Dir, M}}};
+                false -> {error, {?MODULE, {not_in_set, Dir, M}}}
+            end;
         {_, error} ->
             {error, {?MODULE, {no_object_code, M}}}
     end.

@@ -54,6 +54,7 @@
 %% compiles them), and each set's beams as they go over (the code path's
 %% stripped of everything but what loading needs: a quarter of the bytes).
 -opaque objects() :: #{objects := [{module(), binary(), file:filename()}],
+                       requested := [module()],
                        sets := [{beamdiag_beams:release(),
                                  {ok, [{module(), binary(), file:filename()}]}
                                  | {error, {module(), term()}}}]}.
@@ -71,6 +72,10 @@
 -define(SETTLE_POLL_MS, 200).
 %% Compiling every agent module on a busy target: the bound of the whole.
 -define(COMPILE_TIMEOUT, 20000).
+%% The module that loads the others on the target in one commit (see
+%% atomic_load/2); it goes first, and goes again when the caller did not
+%% ask for it.
+-define(KIT, beamdiag_agent_code).
 
 %%%===================================================================
 %%% API
@@ -94,7 +99,8 @@ load(Target, Mods) ->
 %% (the code path's stripped of everything but what loading needs: a
 %% quarter of the bytes).
 -spec objects([module()]) -> {ok, objects()} | {error, {module(), term()}}.
-objects(Mods) ->
+objects(Requested) ->
+    Mods = [?KIT | lists:delete(?KIT, Requested)],
     case beamdiag_beams:code_path(Mods) of
         {ok, Objects} ->
             Built = built_on(element(2, hd(Objects))),
@@ -102,9 +108,14 @@ objects(Mods) ->
                             {ok, {M, S}} = beam_lib:strip(Bin),
                             {M, S, File}
                         end || {M, Bin, File} <- Objects],
-            Others = [{R, beamdiag_beams:objects(R, Mods)}
-                      || R <- beamdiag_beams:releases(), R =/= Built],
-            {ok, #{objects => Objects, sets => [{Built, {ok, Stripped}} | Others]}};
+            %% A set without one of the modules (not one of this build's)
+            %% is left out: the code path's set or the target's compiler
+            %% serves them.
+            Others = [{R, Set} || R <- beamdiag_beams:releases(), R =/= Built,
+                                  Set <- [beamdiag_beams:objects(R, Mods)],
+                                  not is_not_in_set(Set)],
+            {ok, #{objects => Objects, requested => Requested,
+                   sets => [{Built, {ok, Stripped}} | Others]}};
         {error, _} = E ->
             E
     end.
@@ -114,7 +125,21 @@ objects(Mods) ->
 load_objects(Node, #{objects := Objects}) when Node =:= node() ->
     _ = [code:ensure_loaded(M) || {M, _, _} <- Objects],
     {ok, []};
-load_objects(Target, #{objects := Objects, sets := Sets}) ->
+load_objects(Target, Code = #{requested := Requested}) ->
+    case load_plan(Target, Code) of
+        {ok, Loaded} ->
+            case lists:member(?KIT, Loaded) andalso not lists:member(?KIT, Requested) of
+                true ->
+                    unload(Target, [?KIT]),
+                    {ok, lists:delete(?KIT, Loaded)};
+                false ->
+                    {ok, Loaded}
+            end;
+        {error, _} = E ->
+            E
+    end.
+
+load_plan(Target, #{objects := Objects, sets := Sets}) ->
     Releases = [R || {R, _} <- Sets],
     case target_facts(Target, Releases) of
         {ok, Release, Compiler} ->
@@ -135,14 +160,26 @@ load_objects(Target, #{objects := Objects, sets := Sets}) ->
     end.
 
 %% @doc Removes modules this session loaded onto the target, with the
-%% BIFs the code server itself calls (see atomic_load/2).
+%% BIFs the code server itself calls (see atomic_load/2): through the
+%% kit (beamdiag_agent_code) when this session loaded it too, else one call
+%% a module.
 -spec unload(target(), [module()]) -> ok.
 unload(Node, _Mods) when Node =:= node() ->
     ok;
 unload(Target, Mods) ->
-    _ = [catch call(Target, erlang, delete_module, [M], ?CALL_TIMEOUT) || M <- Mods],
-    _ = [catch call(Target, erlang, purge_module, [M], ?CALL_TIMEOUT) || M <- Mods],
-    ok.
+    case lists:member(?KIT, Mods) of
+        true ->
+            %% The kit is ours to remove: it removes them all, in a process
+            %% of its own on the target (a removal waits for every
+            %% scheduler, seconds on a node with one held).
+            _ = (catch call(Target, erlang, spawn, [?KIT, unload, [[M || M <- Mods, M =/= ?KIT] ++ [?KIT]]],
+                            ?CALL_TIMEOUT)),
+            ok;
+        false ->
+            _ = [catch call(Target, erlang, delete_module, [M], ?CALL_TIMEOUT) || M <- Mods],
+            _ = [catch call(Target, erlang, purge_module, [M], ?CALL_TIMEOUT) || M <- Mods],
+            ok
+    end.
 
 %% @doc The version decision (pure). `sets': the releases whose compilers
 %% compiled this build's sets (`unknown' when it cannot be told);
@@ -479,33 +516,58 @@ settled(Target, Mods, Deadline) ->
             unknown
     end.
 
-%% The modules are loaded in one call with the BIF the code server itself
-%% loads with, erlang:load_module/2, in a process at high priority
-%% (beamdiag_rpc), not through the code server: the code server is a
-%% process at normal priority, and on a node with many runnable processes
-%% each of its requests waits behind all of them (measured on a saturated
+%% The modules are loaded without the code server, in two calls each run
+%% at high priority (beamdiag_rpc): the kit (beamdiag_agent_code) with
+%% `erlang:load_module/2', then every other module by the kit, prepared and
+%% committed at once (`erlang:finish_loading/1'). The code server is a
+%% process at normal priority: on a node with many runnable processes each
+%% of its requests waits behind all of them (measured on a saturated
 %% lock-counting node with 64 runnable writers on 2 schedulers: 18.8 s for
 %% code:load_binary/3 of one small module, 39 ms for erlang:load_module/2;
-%% 5.2 s for code:purge/1, 0.5 s for code:delete/1). The code server does
-%% not list modules loaded so (code:all_loaded/0 leaves them out;
-%% erlang:module_loaded/1 sees them), and beamdiag removes them the same
-%% way. A module that fails to load undoes the others.
+%% 5.2 s for code:purge/1, 0.5 s for code:delete/1). And each commit waits
+%% until every scheduler has passed through its loop: with one scheduler
+%% held by a NIF 200 ms at a time, 0.5 s a module one by one (11.4 s for
+%% twenty), 0.6 s for forty at once. The code server does not list modules
+%% loaded so (code:all_loaded/0 leaves them out; erlang:module_loaded/1
+%% sees them), and beamdiag removes them the same way. A module that fails
+%% to load undoes the others.
 atomic_load(_Target, []) ->
     {ok, []};
 atomic_load(Target, Missing) ->
-    Mods = [M || {M, _, _, _} <- Missing],
-    Bins = [Bin || {_, Bin, _, _} <- Missing],
-    Results = (catch call(Target, lists, zipwith, [fun erlang:load_module/2, Mods, Bins],
-                          ?CALL_TIMEOUT)),
-    case is_list(Results) andalso [{M, R} || {M, R} <- lists:zip(Mods, Results), R =/= {module, M}] of
-        [] ->
-            {ok, Mods};
-        [{M, What} | _] ->
-            unload(Target, [Mod || {Mod, {module, Mod}} <- lists:zip(Mods, Results)]),
-            {error, {?MODULE, {load_failed, name(Target), M, What}}};
-        false ->
-            {error, {?MODULE, {load_failed, name(Target), hd(Mods), Results}}}
+    {Kit, Others} = lists:partition(fun({M, _, _, _}) -> M =:= ?KIT end, Missing),
+    case load_kit(Target, Kit) of
+        ok ->
+            Mods = [M || {M, _, _, _} <- Others],
+            case kit_load(Target, Others) of
+                ok ->
+                    {ok, [M || {M, _, _, _} <- Kit] ++ Mods};
+                {error, {M, What}} ->
+                    unload(Target, [M1 || {M1, _, _, _} <- Kit]),
+                    {error, {?MODULE, {load_failed, name(Target), M, What}}};
+                Other ->
+                    unload(Target, [M1 || {M1, _, _, _} <- Kit]),
+                    {error, {?MODULE, {load_failed, name(Target), hd(Mods), Other}}}
+            end;
+        {error, _} = E ->
+            E
     end.
+
+kit_load(_Target, []) ->
+    ok;
+kit_load(Target, Others) ->
+    catch call(Target, ?KIT, load, [[{M, Bin} || {M, Bin, _, _} <- Others]], ?CALL_TIMEOUT).
+
+%% The kit, unless it is there already (checked by load_each/2).
+load_kit(_Target, []) ->
+    ok;
+load_kit(Target, [{?KIT, Bin, _, _}]) ->
+    case catch call(Target, erlang, load_module, [?KIT, Bin], ?CALL_TIMEOUT) of
+        {module, ?KIT} -> ok;
+        Other -> {error, {?MODULE, {load_failed, name(Target), ?KIT, Other}}}
+    end.
+
+is_not_in_set({error, {beamdiag_beams, {not_in_set, _, _}}}) -> true;
+is_not_in_set(_) -> false.
 
 load_one_by_one(_Target, [], Acc) ->
     {ok, lists:reverse(Acc)};

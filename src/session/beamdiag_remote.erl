@@ -278,7 +278,7 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
 %% Whether the node is reached at the plan's port, without epmd: when no
 %% epmd knows it, and, when no epmd answered, if this VM has beamdiag_epmd.
 direct(#{direct := true}) -> true;
-direct(#{direct := maybe, port := _}) -> beamdiag_epmd:use();
+direct(#{direct := if_usable, port := _}) -> beamdiag_epmd:use();
 direct(_) -> false.
 
 %% A name epmd does not know, of a node this host does not run: said so.
