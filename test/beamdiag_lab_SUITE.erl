@@ -283,7 +283,9 @@ diagnose(Config, Tries, NeedComplete) ->
     {ok, #{ledger := L, findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW}),
-    ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
+    ct:pal("findings ~p~ncomplete ~p; notes ~p~nledger rows ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], maps:get(complete, C),
+            maps:get(notes, C), maps:get(types, L, none)]),
     beamdiag_test_lib:agent_gone(Lab),
     case NeedComplete andalso not maps:get(complete, C) of
         false ->
