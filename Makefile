@@ -32,11 +32,14 @@ unit: build
 ct: build
 	$(REBAR) ct
 
-# Static checks: xref, the target boundary, the report's assets linted,
+# Static checks: xref, the target boundary, the layers called one way
+# (analysis/ never calls format/ or session/, format/ never session/,
+# session/ never the API module), the report's assets linted,
 # dialyzer, and the generated docs in step.
 check:
 	$(REBAR) xref
 	scripts/target-boundary.escript
+	scripts/layer-check.escript
 	scripts/lint-assets.sh
 	$(REBAR) dialyzer
 	$(BIN) catalogue | diff -u docs/FINDINGS.md - || (echo "docs/FINDINGS.md is stale: make docs" >&2; exit 1)

@@ -68,7 +68,7 @@ findings_side_by_side_test() ->
                   #{id => cpu_saturated, a => info, b => warning, change => worse},
                   #{id => cpu_starvation, a => none, b => info, change => new}],
                  maps:get(findings, C)),
-    Text = lists:flatten(io_lib:format("~ts", [beamdiag_compare:text(C)])),
+    Text = lists:flatten(io_lib:format("~ts", [beamdiag_format_compare:text(C)])),
     ?assertNotEqual(nomatch, string:find(Text, "busy_wait")),
     Json = iolist_to_binary(beamdiag_json:encode(beamdiag_compare:document(C))),
     ?assertMatch(<<"{", _/binary>>, Json).
@@ -85,7 +85,7 @@ text_invalid_utf8_test() ->
     Weird = DA#{capture => Capture#{node => Bad, settings => #{sbwt => Bad}},
                 findings => [#{id => Bad, severity => Bad}]},
     C = beamdiag_compare:compare(Weird, DB#{findings => [#{id => <<255>>, severity => info}]}),
-    Text = unicode:characters_to_binary(beamdiag_compare:text(C)),
+    Text = unicode:characters_to_binary(beamdiag_format_compare:text(C)),
     ?assert(is_binary(Text)),
     ?assertEqual(nomatch, binary:match(Text, [<<27>>, <<255>>, <<16#9b/utf8>>])),
     ?assertNotEqual(nomatch, binary:match(Text, <<"A: n??[2J?x, ">>)),

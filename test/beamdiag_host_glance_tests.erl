@@ -18,10 +18,10 @@ words_test_() ->
                          #{name => <<"aux">>, user => 0.05, sys => 0.0}],
              rss => 3 * 1024 * 1024 * 1024 div 2},
     [?_assertEqual(<<"on this host: pid 4242, stopped by a signal (state T: SIGSTOP, or job "
-                     "control); no thread above 1% of a CPU in 2.0 s; 45 MB resident">>,
+                     "control); no thread above 1% of a CPU in 2.0 s; 45 MiB resident">>,
                    iolist_to_binary(beamdiag_host_glance:words(Stopped))),
      ?_assertEqual(<<"on this host: pid 7, running (state R); 1_scheduler 98% user + 2% kernel, "
-                     "aux 5% user over 3.0 s; 1.5 GB resident">>,
+                     "aux 5% user over 3.0 s; 1.5 GiB resident">>,
                    iolist_to_binary(beamdiag_host_glance:words(Busy)))].
 
 %% A node of another host is not looked for here.

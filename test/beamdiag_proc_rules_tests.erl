@@ -139,14 +139,14 @@ compare_test() ->
     Same = entry(<<"<0.5.0>">>, <<"logger">>, 1000000, [0, 0], [5000, 5000], 0),
     A = procs([ServerA, Same], [], [], 100000000),
     B = procs([ServerB, Same#{reductions => 1000000}], [], [], 100000000),
-    [First | _] = Rows = beamdiag_format_procs:compare(A, B),
+    [First | _] = Rows = beamdiag_compare:processes(A, B),
     ?assertEqual(<<"my_server">>, maps:get(process, First)),
     ?assertEqual([0.01, 0.6], maps:get(share, First)),
     ?assertEqual([0, 400], maps:get(queue, First)),
     ?assertEqual([], [R || R = #{process := <<"logger">>} <- Rows]),
     Text = iolist_to_binary(beamdiag_format_procs:compare_text(Rows)),
     ?assertMatch({_, _}, binary:match(Text, <<"my_server">>)),
-    ?assertEqual([], beamdiag_format_procs:compare(undefined, undefined)).
+    ?assertEqual([], beamdiag_compare:processes(undefined, undefined)).
 
 %% A saved capture keeps the process data, and reads back whole.
 capture_round_trip_test() ->

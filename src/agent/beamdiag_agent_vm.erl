@@ -14,7 +14,7 @@
 -module(beamdiag_agent_vm).
 
 -export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1,
-         flags/0, root_dir/0]).
+         flags/0]).
 
 -export_type([settings/0, counters/0, flag/0]).
 
@@ -318,11 +318,10 @@ otp_version() ->
         {error, _} -> list_to_binary(Rel)
     end.
 
-%% @doc The OTP installation's root folder. ROOTDIR is set by erl and by
+%% The OTP installation's root folder. ROOTDIR is set by erl and by
 %% release start scripts; the code server (a process, like the file
 %% server, that may be busy or queued behind a held scheduler) is asked
 %% only when it is not.
--spec root_dir() -> file:filename().
 root_dir() ->
     case os:getenv("ROOTDIR") of
         R when is_list(R), R =/= "" -> R;

@@ -240,7 +240,7 @@ suspended(#{count := N} = Susp, {Before, BeforeSusp}, Span, T, Samples) when N >
               ++ case Pending of
                      [] -> [fmt("no distribution port has bytes pending: the busy port is "
                                 "another (a port driver that says it is busy); the node's "
-                                "dist_buf_busy_limit is ~ts", [beamdiag_proc_rules:bytes(Limit)])];
+                                "dist_buf_busy_limit is ~ts", [beamdiag_units:bytes(Limit)])];
                      _ -> []
                  end,
             Peer = case Pending of
@@ -287,9 +287,9 @@ dist_line(D = #{node := Node}, Limit) ->
         "~ts, the kernel's send buffer ~ts); sends to that node beyond the distribution buffer's "
         "busy limit (dist_buf_busy_limit, ~ts here) suspend the sender: ~ts reads more slowly "
         "than this node sends",
-        [maps:get(port, D, <<"?">>), Node, beamdiag_proc_rules:bytes(maps:get(send_pend, D, 0)),
-         beamdiag_proc_rules:bytes(maps:get(high_watermark, D, 0)),
-         beamdiag_proc_rules:bytes(maps:get(sndbuf, D, 0)), beamdiag_proc_rules:bytes(Limit),
+        [maps:get(port, D, <<"?">>), Node, beamdiag_units:bytes(maps:get(send_pend, D, 0)),
+         beamdiag_units:bytes(maps:get(high_watermark, D, 0)),
+         beamdiag_units:bytes(maps:get(sndbuf, D, 0)), beamdiag_units:bytes(Limit),
          Node]).
 
 busy_fix([], _Limit) ->
@@ -300,7 +300,7 @@ busy_fix([#{node := Node} | _], Limit) ->
     ["Find why ", Node, " reads slowly (diagnose it: it may be overloaded, starved or held), and "
      "send it less: fewer or smaller messages, bulk data out of band (a socket of its own, a "
      "file), replies batched. +zdbbl raises the distribution buffer's busy limit (this node's "
-     "is ", beamdiag_proc_rules:bytes(Limit), ") and only delays the suspension while the "
+     "is ", beamdiag_units:bytes(Limit), ") and only delays the suspension while the "
      "buffer holds the memory."].
 
 idle_text(true, Span) -> io_lib:format("; it did no work between the window's start and end "

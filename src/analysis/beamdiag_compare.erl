@@ -21,11 +21,15 @@
 %%% 3> C = beamdiag_compare:compare(A, B).
 %%% 4> [K || #{key := K, significant := true} <- maps:get(metrics, C)].
 %%% [<<"scheduler.spin">>, <<"scheduler.on_cpu">>, <<"totals.cpus_used">>]
-%%% 5> io:put_chars(beamdiag_compare:text(C)).
+%%% 5> io:put_chars(beamdiag_format_compare:text(C)).
 %%% '''
 -module(beamdiag_compare).
 
--export([compare/2, compare/3, text/1, document/1]).
+-export([compare/2, compare/3, document/1]).
+
+-ifdef(TEST).
+-export([processes/2]).
+-endif.
 
 -export_type([comparison/0]).
 -type comparison() :: #{
@@ -74,30 +78,21 @@ compare(A, B, Opts) when is_map(Opts) ->
         alpha => Alpha,
         metrics => Metrics,
         findings => findings(maps:get(findings, A), maps:get(findings, B)),
-        processes => beamdiag_format_procs:compare(procs(A), procs(B))
+        processes => processes(procs(A), procs(B))
     }.
 
-%% @doc The comparison as text, 80 columns.
--spec text(comparison()) -> iolist().
-text(Cmp = #{a := A, b := B, metrics := Ms, findings := Fs, alpha := Alpha}) ->
-    [
-        io_lib:format("beamdiag compare~n  A: ~ts~n  B: ~ts~n", [about_line(A), about_line(B)]),
-        io_lib:format("noise: Welch's t-test over per-tick values; a delta counts when p < ~ts~n"
-                      "and it exceeds the resolution floor (1 pt of wall time, 0.02 CPUs, 5%)~n~n",
-                      [float_to_list(float(Alpha), [short])]),
-        io_lib:format("~-22s ~8s ~8s ~9s ~19s ~7s~n",
-                      ["metric", "A", "B", "delta", "99% CI of delta", "p"]),
-        [metric_line(M) || M <- Ms],
-        "\nFINDINGS (A -> B)\n",
-        case Fs of
-            [] -> "  none in either\n";
-            _ -> [io_lib:format("  ~-24ts ~-8ts -> ~-8ts ~ts~n",
-                                [safe(Id), safe(SA), safe(SB), safe(C)])
-                  || #{id := Id, a := SA, b := SB, change := C} <- Fs]
-        end,
-        beamdiag_format_procs:compare_text(maps:get(processes, Cmp, [])),
-        summary(Ms)
-    ].
+%% @doc Which processes changed between two windows' process data: each
+%% process reported in either (matched by registered name, else by pid),
+%% with its share of the reductions, its queue at the end and its memory at
+%% the end in each; the largest changes first, at most 10.
+-spec processes(map() | undefined, map() | undefined) -> [map()].
+processes(A, B) ->
+    IA = index(A),
+    IB = index(B),
+    Keys = lists:usort(maps:keys(IA) ++ maps:keys(IB)),
+    Rows = [change(K, maps:get(K, IA, undefined), maps:get(K, IB, undefined)) || K <- Keys],
+    Sorted = lists:sort(fun(X, Y) -> weight(X) >= weight(Y) end, Rows),
+    lists:sublist([R || R <- Sorted, weight(R) > 0], 10).
 
 %% @doc The comparison as the map its JSON encodes.
 -spec document(comparison()) -> map().
@@ -122,9 +117,6 @@ about(#{capture := C, ledger := L, findings := F}) ->
         sbwt => maps:get(sbwt, S, null),
         findings => length(F)
     }.
-
-about_line(#{node := N, window_s := W, ticks := T, sbwt := Sbwt}) ->
-    io_lib:format("~ts, ~.1f s window, ~b ticks, +sbwt ~ts", [safe(N), float(W), T, safe(Sbwt)]).
 
 %% Every metric of a diagnosis: {Key, {Unit, Whole, PerTick}}.
 metrics(#{capture := C, ledger := L}) ->
@@ -219,48 +211,47 @@ change(A, B) ->
         false -> better
     end.
 
-metric_line(#{key := K, unit := U, a := A, b := B, delta := D, ci := CI, p := P,
-              significant := Sig}) ->
-    io_lib:format("~-22ts ~8s ~8s ~9s ~19s ~7s ~s~n",
-                  [safe(K), value(U, A), value(U, B), delta(U, D), ci(U, CI), p(P),
-                   case Sig of true -> "*"; false -> "" end]).
-
-summary(Ms) ->
-    case [K || #{key := K, significant := true} <- Ms] of
-        [] -> "\nno ledger delta stands out from the per-tick noise\n";
-        Ks -> ["\n* beyond noise: ", lists:join(", ", Ks), "\n"]
-    end.
-
-value(share, V) -> io_lib:format("~.1f%", [100 * V]);
-value(cpus, V) -> io_lib:format("~.2f", [float(V)]);
-value(rate, V) -> human(V).
-
-delta(share, V) -> [signed(100 * V, 1), " pt"];
-delta(cpus, V) -> signed(V, 2);
-delta(rate, V) -> [sign(V), human(abs(V))].
-
-ci(_, undefined) -> "-";
-ci(share, {L, H}) -> ["[", signed(100 * L, 1), ", ", signed(100 * H, 1), "]"];
-ci(cpus, {L, H}) -> ["[", signed(L, 2), ", ", signed(H, 2), "]"];
-ci(rate, {L, H}) -> ["[", sign(L), human(abs(L)), ", ", sign(H), human(abs(H)), "]"].
-
 ci_list(undefined) -> null;
 ci_list({L, H}) -> [L, H].
 
-p(undefined) -> "-";
-p(P) when P < 0.001 -> "<0.001";
-p(P) -> io_lib:format("~.3f", [P]).
+index(#{top_reductions := T} = P) ->
+    Total = maps:get(reductions, P, 0),
+    Es = T ++ maps:get(queues, P, []) ++ maps:get(heaps, P, []),
+    maps:from_list([{key(E), E#{share => reductions_share(E, Total)}} || E <- lists:reverse(Es)]);
+index(_) ->
+    #{}.
 
-signed(V, Prec) -> [sign(V), io_lib:format("~.*f", [Prec, abs(float(V))])].
+key(#{name := N}) when is_binary(N) -> N;
+key(#{pid := P}) -> P.
 
-sign(V) when V < 0 -> "-";
-sign(_) -> "+".
+reductions_share(#{reductions := R}, Total) when Total > 0 -> R / Total;
+reductions_share(_, _) -> 0.0.
 
-human(V) when V >= 1.0e9 -> io_lib:format("~.2fG", [V / 1.0e9]);
-human(V) when V >= 1.0e6 -> io_lib:format("~.2fM", [V / 1.0e6]);
-human(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
-human(V) -> io_lib:format("~.1f", [float(V)]).
+change(K, A, B) ->
+    #{process => K, share => [field(share, A), field(share, B)],
+      queue => [last(queue, A), last(queue, B)], memory => [last(memory, A), last(memory, B)]}.
 
-safe(null) -> "?";
-safe(T) -> beamdiag_safe_text:safe(T, 80).
+field(_, undefined) -> null;
+field(F, E) -> maps:get(F, E, null).
 
+last(_, undefined) -> null;
+last(F, E) ->
+    case maps:get(F, E, null) of
+        [_, V] -> V;
+        _ -> null
+    end.
+
+%% How much a row changed: share in points, queue and memory relative.
+weight(#{share := [SA, SB], queue := [QA, QB], memory := [MA, MB]}) ->
+    abs(num(SB) - num(SA)) * 100 + rel(QA, QB) + rel(MA, MB).
+
+rel(A, B) ->
+    X = num(A),
+    Y = num(B),
+    case max(X, Y) of
+        M when M < 1 -> 0.0;
+        M -> abs(Y - X) / M
+    end.
+
+num(null) -> 0;
+num(N) -> N.

@@ -202,11 +202,11 @@ held_finding(Top, Hot, Ledger, W, Native, Perf, Context) ->
         [fmt("~ts (thread ~b) wanted a CPU ~s of the ~.1f s window: on CPU ~.2f s (~s of it "
              "user time), runnable waiting for a CPU ~.2f s; ~b voluntary context switches: it "
              "never went back to its scheduler loop to sleep",
-             [Name, Tid, pct(Wanted), W, On, pct(UserShare), Q, Vol])] ++
+             [Name, Tid, beamdiag_units:whole_pct(Wanted), W, On, beamdiag_units:whole_pct(UserShare), Q, Vol])] ++
         [fmt("also held: ~ts", [lists:join(", ", [N || #{name := N} <- tl(Hot)])])
          || length(Hot) > 1] ++
         [fmt("the node's other normal scheduler thread~s wanted a CPU ~s of the window~s",
-             [plural(Others), pct(OthersShare), case Others of [_] -> ""; _ -> " on average" end])
+             [plural(Others), beamdiag_units:whole_pct(OthersShare), case Others of [_] -> ""; _ -> " on average" end])
          || Others =/= []] ++
         case Native of
             {yes, _} -> native_lines(Native, Perf);
@@ -235,8 +235,8 @@ held_finding(Top, Hot, Ledger, W, Native, Perf, Context) ->
                          #{figures => Figures, title => Title}).
 
 native_lines({yes, #{symbol := S, dso := D, share := Sh}}, {ok, #{samples := N, top := Top}}) ->
-    [fmt("perf, ~b samples of the held thread: ~s in ~ts (~ts)", [N, pct(Sh), S, D])] ++
-        [fmt("next: ~ts", [lists:join(", ", [[Sym, " ", pct(Share)]
+    [fmt("perf, ~b samples of the held thread: ~s in ~ts (~ts)", [N, beamdiag_units:whole_pct(Sh), S, D])] ++
+        [fmt("next: ~ts", [lists:join(", ", [[Sym, " ", beamdiag_units:whole_pct(Share)]
                                              || #{symbol := Sym, share := Share} <- tl(Top),
                                                 Share >= 0.01])])
          || length([x || #{share := Share} <- tl(Top), Share >= 0.01]) > 0];
@@ -270,7 +270,7 @@ host_memory(#{mem_total := Tot, mem_available := Av} = M, Limit) when Tot > 0 ->
     case Share < Limit of
         true ->
             [beamdiag_finding:new(host_memory_low, severity(Share, Limit),
-                [fmt("the host has ~s available of ~s (~s)", [gib(Av), gib(Tot), pct(Share)])] ++
+                [fmt("the host has ~s available of ~s (~s)", [beamdiag_units:memory(Av), beamdiag_units:memory(Tot), beamdiag_units:whole_pct(Share)])] ++
                     rss_line(M),
                 #{available_share => Share},
                 #{figures => [fig(available_share, Share, share, #{scope => host})]})];
@@ -287,7 +287,7 @@ cgroup_memory(#{cgroup_max := Max, cgroup_current := Cur} = M, Limit)
         true ->
             [beamdiag_finding:new(host_memory_low, severity(Share, Limit),
                 [fmt("the cgroup uses ~s of its ~s limit (memory.max); ~s left",
-                     [gib(Cur), gib(Max), pct(Share)])] ++ rss_line(M),
+                     [beamdiag_units:memory(Cur), beamdiag_units:memory(Max), beamdiag_units:whole_pct(Share)])] ++ rss_line(M),
                 #{available_share => Share},
                 #{figures => [fig(available_share, Share, share, #{scope => host})]})];
         false ->
@@ -296,7 +296,7 @@ cgroup_memory(#{cgroup_max := Max, cgroup_current := Cur} = M, Limit)
 cgroup_memory(_, _) ->
     [].
 
-rss_line(#{rss := R}) -> [fmt("the node's resident memory: ~s", [gib(R)])];
+rss_line(#{rss := R}) -> [fmt("the node's resident memory: ~s", [beamdiag_units:memory(R)])];
 rss_line(_) -> [].
 
 severity(Share, Limit) when Share < Limit / 2 -> critical;
@@ -375,7 +375,4 @@ fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).
 plural([_]) -> "";
 plural(_) -> "s".
 
-pct(X) -> [integer_to_list(round(100 * X)), "%"].
 
-gib(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
-gib(B) -> io_lib:format("~b MiB", [B div (1 bsl 20)]).

@@ -193,9 +193,8 @@ index_of(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
 thread_row(Tid, A, B, {Type, Index}, Wall, Busy, Settings) ->
     Name = maps:get(name, B),
     SchedId = beamdiag_threads:scheduler_id({Type, Index}, Settings),
-    Hz = beamdiag_agent_procfs:clock_ticks(),
-    DU = delta(utime, A, B) / Hz,
-    DS = delta(stime, A, B) / Hz,
+    DU = beamdiag_units:ticks_to_s(delta(utime, A, B)),
+    DS = beamdiag_units:ticks_to_s(delta(stime, A, B)),
     OnCpu =
         case maps:is_key(run_ns, A) andalso maps:is_key(run_ns, B) of
             true -> delta(run_ns, A, B) / 1.0e9;
@@ -330,7 +329,7 @@ others(_Capture, Host) ->
 %% between its own two readings, which must be half a second at least);
 %% those under 0.02 CPUs are left out.
 top_others(#{host_scan := #{first := A, last := B} = Scan}, Ncpu) when is_map(A), is_map(B) ->
-    Used = [#{pid => Pid, name => Comm, cpus => min(Ncpu, (TB - TA) / clock_hz() / ((MB - MA) / 1000))}
+    Used = [#{pid => Pid, name => Comm, cpus => min(Ncpu, beamdiag_units:ticks_to_s(TB - TA) / ((MB - MA) / 1000))}
             || {Pid, {Comm, TB, MB}} <- maps:to_list(B), is_integer(Pid), is_binary(Comm),
                is_integer(TB), is_integer(MB),
                {ok, {_, TA, MA}} <- [maps:find(Pid, A)], is_integer(TA), is_integer(MA),
@@ -341,7 +340,6 @@ top_others(#{host_scan := #{first := A, last := B} = Scan}, Ncpu) when is_map(A)
 top_others(_, _) ->
     {[], false}.
 
-clock_hz() -> beamdiag_agent_procfs:clock_ticks().
 
 cgroup(#{cgroup := A}, #{cgroup := B}, Window) when is_map(A), is_map(B) ->
     D = fun(K) -> max(0, maps:get(K, B, 0) - maps:get(K, A, 0)) end,

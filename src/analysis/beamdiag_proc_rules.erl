@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, bytes/1, duration/1, count/1]).
+-export([findings/3, named/1, annotate/3, who/1, duration/1, count/1]).
 
 %%%===================================================================
 %%% API
@@ -93,13 +93,6 @@ who(E = #{pid := Pid}) ->
            end,
     [Name, Pid, " (", maps:get(initial_call, E, <<"?">>), ")"].
 
-%% @doc A byte count as people read it.
--spec bytes(number()) -> iolist().
-bytes(B) when B >= 1.0e9 -> io_lib:format("~.2f GB", [B / 1.0e9]);
-bytes(B) when B >= 1.0e6 -> io_lib:format("~.1f MB", [B / 1.0e6]);
-bytes(B) when B >= 1.0e3 -> io_lib:format("~.1f kB", [B / 1.0e3]);
-bytes(B) -> io_lib:format("~b B", [round(B)]).
-
 %%%===================================================================
 %%% Internal
 %%%===================================================================
@@ -139,7 +132,7 @@ bottleneck(Procs = #{top_reductions := [Top | Rest]}, Ledger, Settings, T) ->
                   end,
             Evidence = [
                 fmt("~ts took ~s of the node's reductions over ~.1f s (~s reductions; the next "
-                    "process ~s)", [who(Top), pct(Share), Span, count(Reds), pct(Next)]),
+                    "process ~s)", [who(Top), beamdiag_units:pct(Share), Span, count(Reds), beamdiag_units:pct(Next)]),
                 fmt("that share of the schedulers' busy time is ~.2f of a scheduler: one process "
                     "runs on one scheduler at a time; ~.2f of ~b schedulers were idle",
                     [Cpus, max(0.0, Idle), Online]),
@@ -240,13 +233,13 @@ queue_memory(E = #{memory := [M0, M1]}, Growth, Rate) when is_integer(M1), is_in
     {Tilde, How} = estimated(E),
     {fmt("the process holds ~s~ts now (~s~ts at the start)~s: about ~ts a message, ~ts a second "
          "(~ts a minute) at this rate",
-         [Tilde, bytes(M1), Tilde, bytes(M0), How, bytes(PerMsg), bytes(PerMsg * Rate),
-          bytes(PerMsg * Rate * 60)]),
+         [Tilde, beamdiag_units:bytes(M1), Tilde, beamdiag_units:bytes(M0), How, beamdiag_units:bytes(PerMsg), beamdiag_units:bytes(PerMsg * Rate),
+          beamdiag_units:bytes(PerMsg * Rate * 60)]),
      #{memory_bytes => M1, memory_estimated => Tilde =/= "", bytes_per_s => round(PerMsg * Rate),
        bytes_per_minute => round(PerMsg * Rate * 60)}};
 queue_memory(E = #{memory := [_, M1]}, _, _) when is_integer(M1) ->
     {Tilde, How} = estimated(E),
-    {fmt("the process holds ~s~ts now~s", [Tilde, bytes(M1), How]),
+    {fmt("the process holds ~s~ts now~s", [Tilde, beamdiag_units:bytes(M1), How]),
      #{memory_bytes => M1, memory_estimated => Tilde =/= ""}};
 queue_memory(_, _, _) ->
     {"its memory was not read", #{}}.
@@ -264,12 +257,12 @@ exhaustion(M = #{bytes_per_s := Bps}, #{room := Room, bound_by := By} = R)
   when is_integer(Room), Bps > 0 ->
     Secs = Room / Bps,
     Bound = case By of
-                host -> fmt("the host's MemAvailable, ~ts", [bytes(Room)]);
+                host -> fmt("the host's MemAvailable, ~ts", [beamdiag_units:bytes(Room)]);
                 cgroup -> fmt("the cgroup's memory limit, ~ts, less the ~ts it uses",
-                              [bytes(maps:get(limit, R, 0)), bytes(maps:get(usage, R, 0))])
+                              [beamdiag_units:bytes(maps:get(limit, R, 0)), beamdiag_units:bytes(maps:get(usage, R, 0))])
             end,
     {[fmt("at this rate the node runs out of memory in ~~~ts: ~ts of room left (~ts)",
-          [duration(Secs), bytes(Room), Bound])],
+          [duration(Secs), beamdiag_units:bytes(Room), Bound])],
      M#{seconds_to_exhaustion => round(Secs), memory_room_bytes => Room,
         memory_bound_by => By}};
 exhaustion(M, _) ->
@@ -295,7 +288,7 @@ gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
                                   | Lines] ++
                    [iolist_to_binary(fmt("~b processes over 1 MB hold ~ts: shrink them (bound "
                                          "the queue, move data to ETS, split the process) "
-                                         "before tuning the allocator", [length(Big), bytes(Sum)]))],
+                                         "before tuning the allocator", [length(Big), beamdiag_units:bytes(Sum)]))],
                metrics => M#{largest_heap_bytes => hd_tl(maps:get(memory, hd(Top))),
                              largest_heap_pid => maps:get(pid, hd(Top))}}
     end;
@@ -305,13 +298,13 @@ gc_heaps(F, _) ->
 heap_line(E = #{memory := [M0, M1]}) ->
     Growth = case M0 of
                  null -> "";
-                 _ -> [", ", sign(M1 - M0), bytes(abs(M1 - M0)), " over the window"]
+                 _ -> [", ", sign(M1 - M0), beamdiag_units:bytes(abs(M1 - M0)), " over the window"]
              end,
     Like = case maps:get(like, E, null) of
                N when is_integer(N), N > 1 -> io_lib:format("; ~b processes with its initial call", [N]);
                _ -> ""
            end,
-    ["  ", who(E), ": ", bytes(M1), Growth, ", ", integer_to_list(hd_tl(maps:get(queue, E))),
+    ["  ", who(E), ": ", beamdiag_units:bytes(M1), Growth, ", ", integer_to_list(hd_tl(maps:get(queue, E))),
      " messages queued", Like].
 
 hd_tl([_, Q1]) -> Q1.
@@ -366,7 +359,6 @@ ratio(_, D) when D == 0 -> 0.0;
 ratio(N, D) -> N / D.
 
 round4(X) -> round(X * 10000) / 10000.
-pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).
 
 %% @doc A count as people read it (1.2M, 34.5k).

@@ -122,7 +122,7 @@ busy_wait(L, Settings, T) ->
         end,
     emit(busy_wait, Severity, [
         fmt("scheduler threads were on CPU ~.2f CPU-seconds but busy ~.2f s: ~.2f CPU-seconds "
-            "spinning (~s of their CPU time)", [OnCpu, Busy, Spin, pct(Share)]),
+            "spinning (~s of their CPU time)", [OnCpu, Busy, Spin, beamdiag_units:pct(Share)]),
         fmt("spinning burns ~.2f CPUs of the ~.2f the node uses", [SpinCpus, cpus_used(L)]),
         fmt("busy-wait flags in effect: +sbwt ~s +sbwtdcpu ~s +sbwtdio ~s", Flags)
     ] ++ msacc_spin(L), #{spin_s => Spin, on_cpu_s => OnCpu, busy_s => Busy, spin_share => Share,
@@ -157,11 +157,11 @@ cpu_starvation(L, Settings, T) ->
     WorstShare = ratio(maps:get(runq, Worst), maps:get(wall, Worst)),
     emit(cpu_starvation, Severity, [
         fmt("scheduler threads with work waited ~.2f s (wall time) for a CPU: ~s of their "
-            "~.2f s of wall time", [Runq, pct(Share), Wall]),
+            "~.2f s of wall time", [Runq, beamdiag_units:pct(Share), Wall]),
         fmt("worst thread ~s waited for a CPU ~s of the window while it had work",
-            [maps:get(name, Worst), pct(WorstShare)]),
+            [maps:get(name, Worst), beamdiag_units:pct(WorstShare)]),
         fmt("host: ~b CPUs, ~s busy, steal ~s, load ~s; the node used ~.2f CPUs, the rest of the host ~.2f",
-            [maps:get(ncpu, Host, 0), pct(maps:get(busy, Host, 0.0)), pct(Steal), load(Host), cpus_used(L), External])
+            [maps:get(ncpu, Host, 0), beamdiag_units:pct(maps:get(busy, Host, 0.0)), beamdiag_units:pct(Steal), load(Host), cpus_used(L), External])
     ] ++ [<<"little else runs on the host: the node's own busy threads (normal and dirty "
             "schedulers) outnumber its CPUs">> || Own]
       ++ competitors(L) ++ placement(Settings),
@@ -190,7 +190,7 @@ cpu_throttling(L, Settings, T) ->
     Bound = window(L) * Ncpu,
     emit(cpu_throttling, Severity, [
         fmt("~b of ~b CFS periods throttled (~s)",
-            [maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0), pct(Ratio)]),
+            [maps:get(throttled_periods, Cg, 0), maps:get(periods, Cg, 0), beamdiag_units:pct(Ratio)]),
         fmt("run queues throttled ~.2f s in all, of ~.2f s (a ~.1f s window on ~b CPUs; the "
             "kernel sums throttled time over the CPUs)", [ThrottledS, Bound, window(L), Ncpu]),
         fmt("quota ~s CPUs; the node used ~.2f CPUs", [num(maps:get(quota_cpus, Cg, unlimited)), cpus_used(L)])
@@ -215,7 +215,7 @@ scheduler_blocking(L, Settings, T) ->
     Vol = sum(nvcsw, Rows),
     emit(scheduler_blocking, Severity, [
         fmt("schedulers busy ~.2f s but on CPU or waiting for one only ~.2f s: ~.2f s blocked (~s of busy)",
-            [Busy, Busy - Blocked, Blocked, pct(Share)]),
+            [Busy, Busy - Blocked, Blocked, beamdiag_units:pct(Share)]),
         fmt("~b voluntary context switches, ~b major page faults on these threads over the window",
             [round(Vol), round(Maj)]),
         lock_hint(L)
@@ -235,7 +235,7 @@ high_system_cpu(L, Settings, T) ->
     Worst = worst(sys, maps:get(threads, L)),
     Faults = sum(minflt, maps:get(threads, L)) + sum(majflt, maps:get(threads, L)),
     emit(high_system_cpu, Severity, [
-        fmt("system time ~.2f CPU-seconds of ~.2f on CPU (~s)", [Sys, OnCpu, pct(Share)]),
+        fmt("system time ~.2f CPU-seconds of ~.2f on CPU (~s)", [Sys, OnCpu, beamdiag_units:pct(Share)]),
         fmt("most in ~s (~.2f CPU-seconds); ~b page faults over the window, ~b context switches/s on the node",
             [maps:get(name, Worst), maps:get(sys, Worst), round(Faults),
              round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
@@ -288,7 +288,7 @@ dirty_cpu_gc(L, Settings, T) ->
                 fmt("dirty CPU schedulers were in garbage collection ~.2f s of their ~.2f s of "
                     "wall time (msacc over the last ~.1f s, ~b threads; wall time, waiting for "
                     "a CPU included): ~s of their time awake",
-                    [GcWall, Span * N, Span, N, pct(GcShare)]),
+                    [GcWall, Span * N, Span, N, beamdiag_units:pct(GcShare)]),
                 fmt("they were on CPU ~.2f CPU-seconds in that span, so garbage collection "
                     "took about ~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used in that span",
                     [OnCpu, GcCpu, Cpus, SpanCpus]),
@@ -327,13 +327,13 @@ port_io(L, Settings, T) ->
             emit(port_io, Severity, [
                 fmt("schedulers were in port work ~.2f s of their ~.2f s of wall time (msacc "
                     "over the last ~.1f s, ~b threads; wall time, waiting for a CPU included): "
-                    "~s of their time awake", [PortWall, Span * N, Span, N, pct(Share)]),
+                    "~s of their time awake", [PortWall, Span * N, Span, N, beamdiag_units:pct(Share)]),
                 fmt("they were on CPU ~.2f CPU-seconds in that span, so port work took about "
                     "~.2f CPU-seconds: ~.2f CPUs of the ~.2f the node used in that span",
                     [OnCpu, Cpu, Cpus, SpanCpus]),
                 fmt("the kernel took ~s of the schedulers' CPU time over the window, with ~b "
                     "context switches/s on the node: a socket send is a system call",
-                    [pct(SysShare),
+                    [beamdiag_units:pct(SysShare),
                      round(maps:get(context_switches_per_s, maps:get(vm, L), 0.0))])
             ], #{port_cpu_s => Cpu, port_cpus => Cpus, msacc_span_s => Span,
                  port_wall_s => PortWall, port_share => Share},
@@ -367,7 +367,7 @@ scheduler_imbalance(L, Settings, T) ->
                 end,
             emit(scheduler_imbalance, Severity, [
                 fmt("normal schedulers busy from ~s to ~s (mean ~s) over ~b online",
-                    [pct(lists:min(Shares)), pct(lists:max(Shares)), pct(Mean), Online]),
+                    [beamdiag_units:pct(lists:min(Shares)), beamdiag_units:pct(lists:max(Shares)), beamdiag_units:pct(Mean), Online]),
                 fmt("run queue ~.1f on average, +scl ~s, +sub ~s",
                     [maps:get(run_queue_avg, maps:get(vm, L), 0.0),
                      beamdiag_flags:value(scl, Settings), beamdiag_flags:value(sub, Settings)])
@@ -401,7 +401,7 @@ cpu_saturated(L, Settings, T) ->
         end,
     Found = emit(cpu_saturated, Severity, [
         fmt("the node used ~.2f of ~.2f CPUs (~s); schedulers busy ~s, on CPU or waiting for "
-            "one with work ~s", [Used, float(Avail), pct(Share), pct(Busy), pct(OnCpu)]),
+            "one with work ~s", [Used, float(Avail), beamdiag_units:pct(Share), beamdiag_units:pct(Busy), beamdiag_units:pct(OnCpu)]),
         fmt("~.1f M reductions/s, run queue ~.1f on average",
             [maps:get(reductions_per_s, maps:get(vm, L), 0.0) / 1.0e6,
              maps:get(run_queue_avg, maps:get(vm, L), 0.0)])
@@ -439,10 +439,10 @@ msacc_spin(L = #{msacc := #{by_type := #{scheduler := #{shares := Shares}}, extr
     case Extra of
         true ->
             [fmt("msacc measured busy_wait ~s of scheduler time; the ledger's spin estimate is ~s",
-                 [pct(maps:get(busy_wait, Shares, 0.0)), pct(Ledger)])];
+                 [beamdiag_units:pct(maps:get(busy_wait, Shares, 0.0)), beamdiag_units:pct(Ledger)])];
         false ->
             [fmt("msacc 'other' (which holds busy_wait in this emulator) is ~s of scheduler time; "
-                 "the ledger's spin estimate is ~s", [pct(maps:get(other, Shares, 0.0)), pct(Ledger)])]
+                 "the ledger's spin estimate is ~s", [beamdiag_units:pct(maps:get(other, Shares, 0.0)), beamdiag_units:pct(Ledger)])]
     end;
 msacc_spin(_) ->
     [].
@@ -613,7 +613,6 @@ ratio(N, D) -> N / D.
 %% the raw ratio can pass 1 by that skew.
 part(N, D) -> min(1.0, ratio(N, D)).
 
-pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).
 num(unlimited) -> "unlimited";
 num(N) when is_number(N) -> io_lib:format("~.2f", [float(N)]).

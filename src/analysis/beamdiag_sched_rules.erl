@@ -158,7 +158,7 @@ finding(P = #{count := C, longest_ms := L, total_ms := Tot, native := N}, {Share
                     "in and out of ~ts for ~s of the ~s is in a NIF or BIF called from "
                     "there (the runtime records the calling Erlang function); NIF libraries "
                     "loaded from outside OTP: ~ts",
-                    [text(Fun), pct(Share), basis_text(Basis),
+                    [text(Fun), beamdiag_units:pct(Share), basis_text(Basis),
                      case maps:get(nif_modules, R, []) of
                          [] -> "none";
                          Ms -> lists:join("; ", Ms)
@@ -194,7 +194,7 @@ seen(P = #{count := C, longest_ms := L, total_ms := Tot}, R = #{source := sample
         "spacing, not the runtime's measure",
         [who(P), Where, C, maps:get(samples, P, C), maps:get(consecutive, P, C),
          maps:get(watched_ms, P, 0) / 1000, maps:get(held_ms, S, 10), L, Tot, Window,
-         pct(Share), basis_text(Basis),
+         beamdiag_units:pct(Share), basis_text(Basis),
          case maps:get(collected, P, 0) of
              0 -> "";
              K -> fmt(" (~b more late answers followed a garbage collection and are not "
@@ -204,7 +204,7 @@ seen(P = #{count := C, longest_ms := L, total_ms := Tot}, R = #{source := sample
 seen(#{count := C, longest_ms := L, total_ms := Tot} = P, R, Where, Window, {Share, _}) ->
     fmt("~ts held its scheduler ~b times for ~b ms or more in ~ts: longest ~b ms, "
         "~b ms in all over ~.1f s (~s of one scheduler's wall time)",
-        [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, pct(Share)]).
+        [who(P), C, maps:get(threshold_ms, R, 50), Where, L, Tot, Window, beamdiag_units:pct(Share)]).
 
 basis_text(watched) -> "time it was watched";
 basis_text(window) -> "window".
@@ -223,7 +223,7 @@ imbalance(#{threads := Rows}, Online) when is_integer(Online) ->
         [_, _ | _] ->
             [fmt("normal schedulers busy from ~s to ~s: the held scheduler, not the "
                  "balancing, makes the spread; no scheduler flag (+scl, +sub, +sbt) helps",
-                 [pct(lists:min(Shares)), pct(lists:max(Shares))])];
+                 [beamdiag_units:pct(lists:min(Shares)), beamdiag_units:pct(lists:max(Shares))])];
         _ ->
             []
     end;
@@ -247,5 +247,4 @@ name_or_pid(#{pid := P}) -> P.
 text(B) when is_binary(B) -> B;
 text(_) -> <<"?">>.
 
-pct(X) -> io_lib:format("~.1f%", [100 * X]).
 fmt(F, A) -> io_lib:format(F, A).

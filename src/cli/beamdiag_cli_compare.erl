@@ -39,7 +39,7 @@ run(#{a := FA, b := FB} = Opts, IO) ->
             C = beamdiag_compare:compare(A, B, #{alpha => maps:get(alpha, Opts)}),
             Text = case maps:get(json, Opts) of
                        true -> [beamdiag_json:encode(beamdiag_compare:document(C)), "\n"];
-                       false -> beamdiag_compare:text(C)
+                       false -> beamdiag_format_compare:text(C)
                    end,
             case beamdiag_cli:emit(Text, Opts, IO) of
                 0 -> beamdiag_cli:html(fun() -> beamdiag_format_html:compare(beamdiag_compare:document(C)) end, Opts, IO);

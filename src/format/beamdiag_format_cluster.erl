@@ -36,7 +36,7 @@ lifted_line(#{id := cpu_starvation, nodes := Nodes, runq_share := #{median := Me
     io_lib:format("~b of the ~b members on this host waited for a CPU while they had work: "
                   "median ~s, worst ~s of their schedulers' wall time (cpu_starvation, said "
                   "here once for the host instead of on each member)",
-                  [length(Nodes), N, pct(Med), pct(Max)]);
+                  [length(Nodes), N, beamdiag_units:pct(Med), beamdiag_units:pct(Max)]);
 lifted_line(#{id := Id, nodes := Nodes}, N) ->
     io_lib:format("~b of the ~b members on this host had ~s while their schedulers mostly "
                   "waited for a CPU (on one less than a quarter of their busy time): the wait "
@@ -52,7 +52,7 @@ host_line(#{cpus := Cpus, busy := Busy, load := Load}) ->
      case Busy of
          #{median := Med, max := Max} ->
              io_lib:format(", ~s busy over the window (as its members read /proc/stat; ~s at "
-                           "most)", [pct(Med), pct(Max)]);
+                           "most)", [beamdiag_units:pct(Med), beamdiag_units:pct(Max)]);
          null -> ""
      end,
      case Load of
@@ -66,5 +66,3 @@ session_line(#{cpu_s := S}) ->
 session_line(_) ->
     [].
 
-pct(X) ->
-    beamdiag_format_text:pct(float(X)).

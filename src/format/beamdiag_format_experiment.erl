@@ -21,7 +21,7 @@
 %% first.
 -spec text(beamdiag_experiment:result()) -> iolist().
 text(R = #{arms := Arms, runs := Runs, settings := S}) ->
-    #{arms := ArmStats, versus := Versus} = maps:get(summary, R, beamdiag_experiment:summarise(R)),
+    #{arms := ArmStats, versus := Versus} = maps:get(summary, R, beamdiag_experiment_stats:summarise(R)),
     Letter = fun(I) -> [$A + I - 1] end,
     [
         io_lib:format("beamdiag experiment: ~b arms x ~b runs (alternated), ~ts s windows "
@@ -36,7 +36,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
                       ["arm", "run", "units/s", "cpu us/u", "cpus", "sched", "p50 us",
                        "p99 us", "p99.9 us"]),
         [io_lib:format("  ~-4s ~3b ~10s ~9s ~6s ~6s ~9s ~9s ~9s~n",
-                       [Letter(A), N, num(T), num(Cu), num(Cpus), pct(Su), num(P50), num(P99),
+                       [Letter(A), N, num(T), num(Cu), num(Cpus), beamdiag_units:pct(Su), num(P50), num(P99),
                         num(P999)])
          || #{arm := A, run := N, throughput := T, cpu_us_per_unit := Cu, cpus_used := Cpus,
               sched_util := Su, p50_us := P50, p99_us := P99, p999_us := P999} <- Runs],
@@ -46,7 +46,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
         [io_lib:format("  ~-24s~ts~n",
                        [Label, [io_lib:format("~20s", [mean_sd(maps:get(K, St))])
                                 || #{stats := St} <- ArmStats]])
-         || {K, Label, _} <- beamdiag_experiment:metrics()],
+         || {K, Label, _} <- beamdiag_experiment_stats:metrics()],
         [[io_lib:format("~n~s vs ~s (paired bootstrap over runs, 95% CI of the relative change)~n",
                         [Letter(I), Letter(B)]),
           [io_lib:format("  ~-24s ~8s  ~-19s ~s~n",
@@ -63,7 +63,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
 -spec document(beamdiag_experiment:result()) -> map().
 document(R = #{runs := Runs}) ->
     Doc = maps:with([schema, started_ms, elapsed_s, settings, arms], R),
-    Summary = maps:get(summary, R, beamdiag_experiment:summarise(R)),
+    Summary = maps:get(summary, R, beamdiag_experiment_stats:summarise(R)),
     Doc#{
         runs => [maps:without([diagnosis], X) || X <- Runs],
         summary => Summary#{versus => [V#{metrics => [M#{ci => ci_list(maps:get(ci, M))}
@@ -77,7 +77,7 @@ document(R = #{runs := Runs}) ->
 
 mean_sd(#{mean := M, sd := Sd}) -> [num(M), " (", num(Sd), ")"].
 
-label(K) -> element(2, lists:keyfind(K, 1, beamdiag_experiment:metrics())).
+label(K) -> element(2, lists:keyfind(K, 1, beamdiag_experiment_stats:metrics())).
 
 verdict(better) -> "better";
 verdict(worse) -> "worse";
@@ -104,8 +104,6 @@ ci({L, H}) -> ["[", rel(L), ", ", rel(H), "]"].
 ci_list(undefined) -> null;
 ci_list({L, H}) -> [L, H].
 
-pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
-pct(_) -> "-".
 
 num(undefined) -> "-";
 num(X) when is_integer(X) -> num(float(X));

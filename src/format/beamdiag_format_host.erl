@@ -44,7 +44,7 @@ header(D = #{capture := C, ledger := L, host_view := V}) ->
         case H of
             #{ncpu := N} ->
                 io_lib:format("host ~b CPUs, ~s busy, steal ~s; node used ~.2f CPUs~n",
-                              [N, pct(maps:get(busy, H)), pct(maps:get(steal, H)),
+                              [N, beamdiag_units:pct(maps:get(busy, H)), beamdiag_units:pct(maps:get(steal, H)),
                                maps:get(cpus_used, T, 0.0)]);
             _ ->
                 ""
@@ -69,8 +69,8 @@ threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
         io_lib:format("  ~-16s ~8s ~10s ~7s ~6s ~6s ~6s ~9s~n",
                       ["thread", "tid", "type", "wanted", "on-cpu", "user", "runq", "vol. cs"]),
         [io_lib:format("  ~-16ts ~8b ~10s ~7s ~6s ~6s ~6s ~9b~n",
-                       [beamdiag_safe_text:safe(Name, 16), Tid, Type, pct(min(1.0, wanted(R) / W)),
-                        pct(min(1.0, On / W)), pct(min(1.0, U / W)), pct(min(1.0, Q / W)), Vol])
+                       [beamdiag_safe_text:safe(Name, 16), Tid, Type, beamdiag_units:pct(min(1.0, wanted(R) / W)),
+                        beamdiag_units:pct(min(1.0, On / W)), beamdiag_units:pct(min(1.0, U / W)), beamdiag_units:pct(min(1.0, Q / W)), Vol])
          || R = #{name := Name, tid := Tid, type := Type, on_cpu := On, user := U, runq := Q,
                   nvcsw := Vol} <- lists:sublist(Sorted, ?TOP_THREADS)],
         "\n"
@@ -144,18 +144,18 @@ memory(C) ->
     M = last_memory(C),
     Host = case M of
                #{mem_available := A, mem_total := Tot} ->
-                   io_lib:format("host ~ts available of ~ts", [bytes(A), bytes(Tot)]);
+                   io_lib:format("host ~ts available of ~ts", [beamdiag_units:memory(A), beamdiag_units:memory(Tot)]);
                _ -> "host: unknown"
            end,
     Rss = case M of
-              #{rss := R} -> io_lib:format("; node resident ~ts", [bytes(R)]);
+              #{rss := R} -> io_lib:format("; node resident ~ts", [beamdiag_units:memory(R)]);
               _ -> ""
           end,
     Cg = case M of
              #{cgroup_max := max, cgroup_current := Cur} ->
-                 io_lib:format("; cgroup uses ~ts, no limit", [bytes(Cur)]);
+                 io_lib:format("; cgroup uses ~ts, no limit", [beamdiag_units:memory(Cur)]);
              #{cgroup_max := Max, cgroup_current := Cur} ->
-                 io_lib:format("; cgroup uses ~ts of ~ts", [bytes(Cur), bytes(Max)]);
+                 io_lib:format("; cgroup uses ~ts of ~ts", [beamdiag_units:memory(Cur), beamdiag_units:memory(Max)]);
              _ -> ""
          end,
     ["memory: ", Host, Rss, Cg, "\n"].
@@ -169,7 +169,7 @@ perf({ok, #{samples := N, top := Top}}) ->
          [] -> "";
          _ -> [": ", lists:join(", ", [[beamdiag_safe_text:safe(S, 60), " (",
                                         beamdiag_safe_text:safe(filename:basename(D), 60), ") ",
-                                        pct(Sh)]
+                                        beamdiag_units:pct(Sh)]
                                        || #{symbol := S, dso := D, share := Sh} <-
                                               lists:sublist(Top, 3)])]
      end, "\n"];
@@ -180,9 +180,4 @@ perf(none) ->
 
 wanted(#{on_cpu := On, runq := Q}) -> On + Q.
 
-pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
-pct(_) -> "-".
 
-bytes(max) -> "no limit";
-bytes(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GiB", [B / (1 bsl 30)]);
-bytes(B) -> io_lib:format("~b MiB", [B div (1 bsl 20)]).

@@ -300,12 +300,12 @@ type_row(Type, Row) ->
     Parts = beamdiag_ledger:state_shares(Row),
     W = num(maps:get(wall, Row, 0)),
     Sh = fun(K) -> case maps:get(K, Row, undefined) of
-                       V when is_number(V), W > 0 -> pct(V / W);
+                       V when is_number(V), W > 0 -> beamdiag_units:pct(V / W, "&ndash;");
                        _ -> "&ndash;"
                    end
          end,
     ["<tr><th>", esc(Type), "</th><td>", integer_to_list(maps:get(n, Row, 0)), "</td>",
-     [["<td>", pct(maps:get(K, Parts)), "</td>"] || K <- beamdiag_ledger:states()],
+     [["<td>", beamdiag_units:pct(maps:get(K, Parts), "&ndash;"), "</td>"] || K <- beamdiag_ledger:states()],
      "<td>", Sh(user), "</td><td>", Sh(sys), "</td><td>", Sh(busy), "</td>",
      "<td class=\"bar\">", bar(Parts), "</td></tr>\n"].
 
@@ -345,7 +345,7 @@ thread_row(T) ->
     P = beamdiag_ledger:state_shares(T),
     ["<tr><th>", cell_text(maps:get(name, T, <<>>), 40), "</th><td>", esc(maps:get(type, T, <<>>)),
      "</td><td>", esc(maps:get(scheduler_id, T, <<>>)), "</td>",
-     [["<td>", pct(maps:get(K, P)), "</td>"] || K <- beamdiag_ledger:states()],
+     [["<td>", beamdiag_units:pct(maps:get(K, P), "&ndash;"), "</td>"] || K <- beamdiag_ledger:states()],
      "<td class=\"bar\">", bar(P), "</td></tr>\n"].
 
 cpu_section(#{threads := []}) ->
@@ -362,8 +362,8 @@ cpu_section(L) ->
         "<p>Over the window: node ", fmt("~.2f", [num(maps:get(cpus_used, T, 0))]), " CPUs of ",
         fmt("~.2f", [num(maps:get(cpus_available, T, 0))]), " available",
         case H of
-            #{ncpu := N, busy := B} -> [", host ", integer_to_list(N), " CPUs ", pct(B), " busy",
-                                        ", steal ", pct(num(maps:get(steal, H, 0)))];
+            #{ncpu := N, busy := B} -> [", host ", integer_to_list(N), " CPUs ", beamdiag_units:pct(B, "&ndash;"), " busy",
+                                        ", steal ", beamdiag_units:pct(num(maps:get(steal, H, 0)), "&ndash;")];
             _ -> ""
         end,
         ".</p>\n"
@@ -395,7 +395,7 @@ msacc_table(ByType) ->
     ["<table class=\"num\"><thead><tr><th>type</th>", [["<th>", esc(S), "</th>"] || S <- States],
      "</tr></thead><tbody>",
      [["<tr><th>", esc(T), "</th>",
-       [["<td>", pct(num(maps:get(S, maps:get(shares, V, #{}), 0))), "</td>"] || S <- States],
+       [["<td>", beamdiag_units:pct(num(maps:get(S, maps:get(shares, V, #{}), 0)), "&ndash;"), "</td>"] || S <- States],
        "</tr>\n"] || {T, V} <- lists:sort(maps:to_list(ByType)), is_map(V)],
      "</tbody></table>"].
 
@@ -817,8 +817,6 @@ list(X) -> [X].
 num(X) when is_number(X) -> float(X);
 num(_) -> 0.0.
 
-pct(X) when is_number(X) -> fmt("~.1f%", [100 * X]);
-pct(_) -> "&ndash;".
 
 round3(X) -> round(X * 1000) / 1000.
 round4(X) -> round(X * 10000) / 10000.

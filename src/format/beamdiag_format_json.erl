@@ -47,7 +47,7 @@ diagnosis(D) ->
 %% "beamdiag.cluster/2": everything it holds, every node's findings in full.
 -spec cluster(beamdiag_cluster:cluster()) -> iolist().
 cluster(C) ->
-    [beamdiag_json:encode(beamdiag_cluster:document(C)), "\n"].
+    [beamdiag_json:encode(C), "\n"].
 
 %% @doc The diagnosis as the map the JSON text encodes.
 -spec document(beamdiag:diagnosis()) -> map().

@@ -11,7 +11,7 @@
 %%% '''
 -module(beamdiag_format_procs).
 
--export([text/1, text/2, line/1, compare/2, compare_text/1]).
+-export([text/1, text/2, line/1, compare_text/1]).
 
 -define(ROWS, 5).
 
@@ -68,19 +68,6 @@ line(P = #{top_reductions := Top}) ->
 line(_) ->
     "".
 
-%% @doc Which processes changed between two windows' process data: each
-%% process reported in either (matched by registered name, else by pid),
-%% with its share of the reductions, its queue at the end and its memory at
-%% the end in each; the largest changes first, at most 10.
--spec compare(map() | undefined, map() | undefined) -> [map()].
-compare(A, B) ->
-    IA = index(A),
-    IB = index(B),
-    Keys = lists:usort(maps:keys(IA) ++ maps:keys(IB)),
-    Rows = [change(K, maps:get(K, IA, undefined), maps:get(K, IB, undefined)) || K <- Keys],
-    Sorted = lists:sort(fun(X, Y) -> weight(X) >= weight(Y) end, Rows),
-    lists:sublist([R || R <- Sorted, weight(R) > 0], 10).
-
 %% @doc The PROCESSES section of a comparison.
 -spec compare_text([map()]) -> iolist().
 compare_text([]) ->
@@ -88,7 +75,7 @@ compare_text([]) ->
 compare_text(Rows) ->
     ["\nPROCESSES (A -> B): share of reductions, queue and memory at the end\n",
      [io_lib:format("  ~-28ts ~6ts -> ~-6ts q ~ts -> ~ts  mem ~ts -> ~ts~n",
-                    [beamdiag_safe_text:safe(K, 28), opt_pct(SA), opt_pct(SB), opt(QA), opt(QB),
+                    [beamdiag_safe_text:safe(K, 28), beamdiag_units:pct(SA), beamdiag_units:pct(SB), opt(QA), opt(QB),
                      opt_bytes(MA), opt_bytes(MB)])
       || #{process := K, share := [SA, SB], queue := [QA, QB], memory := [MA, MB]} <- Rows]].
 
@@ -113,56 +100,11 @@ scope(P = #{mode := Mode, scanned := [S0, S1], process_count := [C0, C1]}) ->
 %%% Internal
 %%%===================================================================
 
-index(#{top_reductions := T} = P) ->
-    Total = maps:get(reductions, P, 0),
-    Es = T ++ maps:get(queues, P, []) ++ maps:get(heaps, P, []),
-    maps:from_list([{key(E), E#{share => share(E, Total)}} || E <- lists:reverse(Es)]);
-index(_) ->
-    #{}.
-
-key(#{name := N}) when is_binary(N) -> N;
-key(#{pid := P}) -> P.
-
-share(#{reductions := R}, Total) when Total > 0 -> R / Total;
-share(_, _) -> 0.0.
-
-change(K, A, B) ->
-    #{process => K, share => [field(share, A), field(share, B)],
-      queue => [last(queue, A), last(queue, B)], memory => [last(memory, A), last(memory, B)]}.
-
-field(_, undefined) -> null;
-field(F, E) -> maps:get(F, E, null).
-
-last(_, undefined) -> null;
-last(F, E) ->
-    case maps:get(F, E, null) of
-        [_, V] -> V;
-        _ -> null
-    end.
-
-%% How much a row changed: share in points, queue and memory relative.
-weight(#{share := [SA, SB], queue := [QA, QB], memory := [MA, MB]}) ->
-    abs(num(SB) - num(SA)) * 100 + rel(QA, QB) + rel(MA, MB).
-
-rel(A, B) ->
-    X = num(A),
-    Y = num(B),
-    case max(X, Y) of
-        M when M < 1 -> 0.0;
-        M -> abs(Y - X) / M
-    end.
-
-num(null) -> 0;
-num(N) -> N.
-
-opt_pct(null) -> "-";
-opt_pct(S) -> io_lib:format("~.1f%", [100 * S]).
-
 opt(null) -> "-";
 opt(N) -> count(N).
 
 opt_bytes(null) -> "-";
-opt_bytes(N) -> beamdiag_proc_rules:bytes(N).
+opt_bytes(N) -> beamdiag_units:bytes(N).
 
 hot_stacks(Top = #{pid := Pid}, ByProcess) ->
     case [B || B = #{pid := P} <- ByProcess, P =:= Pid] of
@@ -210,7 +152,7 @@ queues(Qs) ->
 %% The memory a long queue holds; "~" when estimated (the agent does not
 %% ask a process with a long queue for its memory).
 queue_memory(E = #{memory := [_, M1], queue := [_, Q1]}) when is_integer(M1), Q1 >= 10000 ->
-    [", ", tilde(E), beamdiag_proc_rules:bytes(M1), estimated(E)];
+    [", ", tilde(E), beamdiag_units:bytes(M1), estimated(E)];
 queue_memory(_) ->
     "".
 
@@ -225,12 +167,12 @@ heaps([]) ->
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
      [io_lib:format("  ~12ts ~10ts  ~ts~ts~ts~n",
-                    [[tilde(E), beamdiag_proc_rules:bytes(M1)], growth(M0, M1), who_short(E),
+                    [[tilde(E), beamdiag_units:bytes(M1)], growth(M0, M1), who_short(E),
                      like(E), estimated(E)])
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
 growth(M0, M1) when is_integer(M0) ->
-    [case M1 >= M0 of true -> "+"; false -> "-" end, beamdiag_proc_rules:bytes(abs(M1 - M0))];
+    [case M1 >= M0 of true -> "+"; false -> "-" end, beamdiag_units:bytes(abs(M1 - M0))];
 growth(_, _) ->
     "new".
 

@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_format_text).
 
--export([diagnosis/2, pct/1, ready/1, cluster/2, attach/1]).
+-export([diagnosis/2, ready/1, cluster/2, attach/1]).
 %% Called by scripts/ledger-table.escript.
 -ignore_xref([{pct, 1}]).
 
@@ -134,11 +134,6 @@ row(Setting, Value, <<>>) ->
 row(Setting, Value, From) ->
     [wrap([Setting, " ", Value, ", from ", From], 8, ?WIDTH), "\n"].
 
-%% @doc A share as a percentage with one decimal.
--spec pct(number() | undefined) -> iolist().
-pct(undefined) -> "-";
-pct(X) -> io_lib:format("~.1f%", [100 * X]).
-
 %% @doc Wraps text to the width, every line after the first indented.
 -spec wrap(iodata(), non_neg_integer(), pos_integer()) -> iolist().
 wrap(Text, Indent, Width) ->
@@ -185,7 +180,7 @@ header(#{node := Node, settings := S, samples := Samples} = C, L, Ready) ->
             #{ncpu := N} ->
                 io_lib:format("host ~b CPUs, ~s busy, steal ~s; node used ~.2f of ~.2f CPUs~n"
                               "cgroup quota: ~ts~n",
-                              [N, pct(maps:get(busy, H)), pct(maps:get(steal, H)),
+                              [N, beamdiag_units:pct(maps:get(busy, H)), beamdiag_units:pct(maps:get(steal, H)),
                                maps:get(cpus_used, T, 0.0),
                                float(maps:get(cpus_available, T, 0)),
                                quota(maps:get(quota_cpus, Cg, unlimited))]);
@@ -217,9 +212,9 @@ colourise(Text) ->
          {<<"INFO">>, <<"\e[36m">>}]).
 
 type_line(Type, Row = #{n := N, wall := Wall}) ->
-    Cells = [pct(share(K, Row, Wall)) || K <- [busy, on_cpu, user, sys, runq, off_cpu, spin]],
+    Cells = [beamdiag_units:pct(share(K, Row, Wall)) || K <- [busy, on_cpu, user, sys, runq, off_cpu, spin]],
     io_lib:format("~-10s ~4b ~6s ~6s ~6s ~6s ~6s ~6s ~6s ~7s~n",
-                  [atom_to_list(Type), N | Cells] ++ [pct(share(blocked, Row, Wall))]).
+                  [atom_to_list(Type), N | Cells] ++ [beamdiag_units:pct(share(blocked, Row, Wall))]).
 
 share(K, Row, Wall) ->
     case maps:get(K, Row) of
@@ -235,9 +230,9 @@ outliers(Threads) ->
         Top ->
             ["outliers:\n",
              [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
-                            [safe(Name), pct(share(busy, T, W)), pct(share(on_cpu, T, W)),
-                             pct(share(runq, T, W)), pct(share(spin, T, W)),
-                             pct(share(blocked, T, W))])
+                            [safe(Name), beamdiag_units:pct(share(busy, T, W)), beamdiag_units:pct(share(on_cpu, T, W)),
+                             beamdiag_units:pct(share(runq, T, W)), beamdiag_units:pct(share(spin, T, W)),
+                             beamdiag_units:pct(share(blocked, T, W))])
               || T = #{name := Name, wall := W} <- Top]]
     end.
 
@@ -271,7 +266,7 @@ msacc_line(Type, #{shares := Shares}) ->
     Top = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Shares))), 5),
     io_lib:format("  ~-10ts ~ts~n",
                   [beamdiag_safe_text:safe(Type, 20),
-                   lists:join("  ", [[beamdiag_safe_text:safe(S, 20), " ", pct(V)]
+                   lists:join("  ", [[beamdiag_safe_text:safe(S, 20), " ", beamdiag_units:pct(V)]
                                      || {S, V} <- Top, V > 0.0005])]).
 
 locks(#{extras := #{locks := Locks}}) when is_map(Locks) ->
@@ -429,12 +424,9 @@ figure_label(sys) -> "sched kernel (% wall)";
 figure_label(blocked) -> "sched blocked (% wall)".
 
 figure_value(cpus_used, V) -> io_lib:format("~.2f", [float(V)]);
-figure_value(reductions_per_s, V) -> rate(V);
-figure_value(_, V) -> pct(V).
+figure_value(reductions_per_s, V) -> beamdiag_units:rate(V);
+figure_value(_, V) -> beamdiag_units:pct(V).
 
-rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
-rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
-rate(V) -> integer_to_list(round(V)).
 
 %% Where the session's time went, phase by phase.
 cluster_phases(Ph) ->
@@ -475,7 +467,7 @@ cluster_host(H = #{name := Name, members := Ms}) ->
                N -> io_lib:format(", ~b CPUs", [round(N)])
            end,
     Busy = case maps:get(busy, H, null) of
-               #{median := B2} -> [" ", pct(B2), " busy"];
+               #{median := B2} -> [" ", beamdiag_units:pct(B2), " busy"];
                _ -> ""
            end,
     ["  ", cut([safe(Name), Id, io_lib:format(": ~b members", [length(Ms)]), Cpus, Busy], ?WIDTH - 2),
@@ -488,8 +480,8 @@ cluster_host(H = #{name := Name, members := Ms}) ->
                                 1 -> "member waited";
                                 _ -> "members waited"
                             end,
-                            pct(maps:get(runq_share_median, M, 0.0)),
-                            pct(maps:get(worst_runq_share, M, 0.0))])], 4)
+                            beamdiag_units:pct(maps:get(runq_share_median, M, 0.0)),
+                            beamdiag_units:pct(maps:get(worst_runq_share, M, 0.0))])], 4)
       || #{id := Id2, severity := S, metrics := M} <- maps:get(findings, H, [])]].
 
 %% A member's connect and load: the median and the slowest.
@@ -528,7 +520,7 @@ cluster_rows(Nodes) ->
     [io_lib:format("~-24s ~5s ~6s ~6s ~6s ~6s ~7s  ~s~n",
                    ["node", "cpus", "busy", "on-cpu", "spin", "runq", "red/s", "findings"]),
      [io_lib:format("~-24ts ~5.2f ~6s ~6s ~6s ~6s ~7s  ~ts~n",
-                    [safe(N), float(Cpus), pct(B), pct(O), pct(S), pct(R), rate(Red),
+                    [safe(N), float(Cpus), beamdiag_units:pct(B), beamdiag_units:pct(O), beamdiag_units:pct(S), beamdiag_units:pct(R), beamdiag_units:rate(Red),
                      case Fs of
                          [] -> "-";
                          _ -> cut(lists:join(",", [atom_to_list(Id) || #{id := Id} <- Fs]), 80)

@@ -99,8 +99,8 @@ finish(#{os_pid := P, sampler := S, root := Root}) ->
 %% @doc The view in words, for a line of its own.
 -spec words(view()) -> iolist().
 words(V = #{os_pid := P, state := State, threads := Threads, span_s := Span}) ->
-    Busy = [[Name, " ", pct(U), " user", case S >= ?FLOOR of
-                                             true -> [" + ", pct(S), " kernel"];
+    Busy = [[Name, " ", beamdiag_units:whole_pct(U), " user", case S >= ?FLOOR of
+                                             true -> [" + ", beamdiag_units:whole_pct(S), " kernel"];
                                              false -> ""
                                          end]
             || #{name := Name, user := U, sys := S} <- Threads],
@@ -110,7 +110,7 @@ words(V = #{os_pid := P, state := State, threads := Threads, span_s := Span}) ->
                   {_, true} -> [lists:join(", ", Busy), io_lib:format(" over ~.1f s", [Span])]
               end,
     Mem = case V of
-              #{rss := R} -> [bytes(R) ++ " resident"];
+              #{rss := R} -> [beamdiag_units:memory(R) ++ " resident"];
               _ -> []
           end,
     ["on this host: pid ", integer_to_list(P), ", ", state_words(State),
@@ -145,10 +145,9 @@ format_error({other_host, Host}) ->
 %% the wall time between them; the busiest first.
 spread(#{t := T0, threads := A}, #{t := T1, threads := B}, Base) ->
     Wall = (T1 - T0) / 1.0e9,
-    Hz = beamdiag_agent_procfs:clock_ticks(),
     Shares = [#{name => Name,
-                user => share(U1 - maps:get(utime, maps:get(Tid, A, #{}), U1), Hz, Wall),
-                sys => share(S1 - maps:get(stime, maps:get(Tid, A, #{}), S1), Hz, Wall)}
+                user => share(U1 - maps:get(utime, maps:get(Tid, A, #{}), U1), Wall),
+                sys => share(S1 - maps:get(stime, maps:get(Tid, A, #{}), S1), Wall)}
               || {Tid, #{name := Name, utime := U1, stime := S1}} <- maps:to_list(B)],
     Sorted = lists:sort(fun(#{user := U1, sys := S1}, #{user := U2, sys := S2}) ->
                                 U1 + S1 >= U2 + S2
@@ -156,8 +155,8 @@ spread(#{t := T0, threads := A}, #{t := T1, threads := B}, Base) ->
     Top = [X || X = #{user := U, sys := S} <- lists:sublist(Sorted, ?TOP), U + S >= ?FLOOR],
     Base#{span_s => Wall, threads => Top}.
 
-share(_Ticks, _Hz, Wall) when Wall =< 0 -> 0.0;
-share(Ticks, Hz, Wall) -> min(1.0, max(0.0, Ticks / Hz / Wall)).
+share(_Ticks, Wall) when Wall =< 0 -> 0.0;
+share(Ticks, Wall) -> min(1.0, max(0.0, beamdiag_units:ticks_to_s(Ticks) / Wall)).
 
 state_words(<<"T">>) -> "stopped by a signal (state T: SIGSTOP, or job control)";
 state_words(<<"t">>) -> "stopped by a debugger (state t)";
@@ -168,7 +167,4 @@ state_words(<<"S">>) -> "sleeping (state S)";
 state_words(unknown) -> "state unknown (it may have exited)";
 state_words(S) -> ["state ", S].
 
-pct(X) -> io_lib:format("~b%", [round(100 * X)]).
 
-bytes(B) when B >= 1 bsl 30 -> io_lib:format("~.1f GB", [B / (1 bsl 30)]);
-bytes(B) -> io_lib:format("~b MB", [B div (1 bsl 20)]).

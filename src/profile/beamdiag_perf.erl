@@ -24,6 +24,8 @@
 %%% '''
 -module(beamdiag_perf).
 
+-include_lib("kernel/include/file.hrl").
+
 -export([record/2, format_error/1, target/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -422,13 +424,40 @@ target(OsPid) ->
          || Dir =/= undefined] ++
         [filename:join([P, "root", "tmp", MapName]),
          "/tmp/perf-" ++ integer_to_list(OsPid) ++ ".map"],
-    Map = case [F || F <- Candidates, filelib:is_regular(F)] of
+    %% A map older than the process was left by another one with the same
+    %% pid (a container's pids start again at 1 each time): not its map.
+    Since = started_at(P),
+    Map = case [F || F <- Candidates, written_since(F, Since)] of
         [F | _] -> F;
         [] -> missing
     end,
     #{perf_flag => Flag, perf_directory => Dir, ns_pid => NsPid, perf_map => Map,
       frame_pointers => lists:member(Flag, [<<"true">>, <<"map">>, <<"fp">>]),
       native_names => native_names(P ++ "/exe")}.
+
+%% When the process started, in seconds since the epoch (the boot time
+%% from /proc/stat, and the start from /proc/PID/stat in clock ticks);
+%% 0 when either cannot be read.
+started_at(P) ->
+    try
+        {ok, Stat} = file:read_file(P ++ "/stat"),
+        [_, Fields] = string:split(Stat, <<")">>, trailing),
+        Start = binary_to_integer(lists:nth(20, string:lexemes(Fields, " "))),
+        {ok, Host} = file:read_file("/proc/stat"),
+        [_, After] = binary:split(Host, <<"\nbtime ">>),
+        [Btime | _] = binary:split(After, <<"\n">>),
+        binary_to_integer(Btime) + Start div beamdiag_agent_procfs:clock_ticks()
+    catch
+        _:_ -> 0
+    end.
+
+%% Whether a file is there, written at or after Since (seconds; the clock
+%% ticks' rounding allowed for).
+written_since(F, Since) ->
+    case file:read_file_info(F, [{time, posix}]) of
+        {ok, #file_info{type = regular, mtime = M}} -> M >= Since - 1;
+        _ -> false
+    end.
 
 %% Whether the emulator names its internal C functions (perf can name
 %% erts_atom_put): Debian's OTP 25 and 27 export about 4,800 functions,

@@ -261,7 +261,7 @@ content(File, #{format := ?VERSION, kind := diagnosis, body := #{capture := C}})
 ->
     case valid_capture(C) of
         true ->
-            try beamdiag:analyse(upgrade(C)) of
+            try beamdiag_diagnosis:analyse(upgrade(C)) of
                 D -> {ok, {diagnosis, D}}
             catch
                 Class:Reason ->
@@ -276,7 +276,7 @@ content(File, #{format := ?VERSION, kind := experiment, body := E}) when is_map(
     Runs = maps:get(runs, E, []),
     try
         E2 = E#{runs => [reanalyse(R) || R <- Runs]},
-        {ok, {experiment, E2#{summary => beamdiag_experiment:summarise(E2)}}}
+        {ok, {experiment, E2#{summary => beamdiag_experiment_stats:summarise(E2)}}}
     catch
         Class:Reason ->
             {error, {beamdiag_capture, {bad_content, File,
@@ -287,7 +287,7 @@ content(File, _) ->
 
 reanalyse(Run = #{diagnosis := #{capture := C}}) when is_map(C) ->
     true = valid_capture(C),
-    Run#{diagnosis => beamdiag:analyse(upgrade(C))};
+    Run#{diagnosis => beamdiag_diagnosis:analyse(upgrade(C))};
 reanalyse(Run) ->
     Run.
 

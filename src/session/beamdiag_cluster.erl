@@ -46,7 +46,7 @@
 %%% '''
 -module(beamdiag_cluster).
 
--export([diagnose/2, read_nodes/1, document/1,
+-export([diagnose/2, read_nodes/1,
          format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
@@ -122,7 +122,7 @@ diagnose(Seed, Opts) when is_map(Opts) ->
         maps:merge(?DEFAULTS, maps:with(?OWN_KEYS, Opts)),
     (is_integer(Max) andalso Max >= 1) orelse erlang:error({badarg, {max_nodes, Max}}),
     (is_integer(K) andalso K >= 1) orelse erlang:error({badarg, {concurrency, K}}),
-    DiagOpts = beamdiag:options(maps:without(?OWN_KEYS, Opts)),
+    DiagOpts = beamdiag_diagnose:options(maps:without(?OWN_KEYS, Opts)),
     (maps:get(perf, DiagOpts) =:= false andalso maps:get(erlang, DiagOpts) =:= false)
         orelse erlang:error({badarg, perf}),
     Before = nodes([visible, hidden]),
@@ -294,12 +294,6 @@ read_nodes(File) ->
         {error, Why} ->
             {error, {?MODULE, {nodes_file, File, Why}}}
     end.
-
-%% @doc The cluster report as the map its JSON encodes: everything, each
-%% node's findings in full.
--spec document(cluster()) -> map().
-document(C) ->
-    C.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -734,7 +728,7 @@ member(Node, Collect) ->
     case beamdiag_collect:run(Node, Collect) of
         {ok, Capture} ->
             T0 = erlang:monotonic_time(millisecond),
-            D = #{findings := F} = beamdiag:analyse(Capture),
+            D = #{findings := F} = beamdiag_diagnosis:analyse(Capture),
             {ok, #{row => summary_row(D), findings => F, captured_at => T0,
                    analysed_at => erlang:monotonic_time(millisecond)}};
         {error, {beamdiag_collect, {target_down, Why, Partial}}} ->
@@ -942,7 +936,7 @@ how_far(#{figure := K, value := V, median := Med}) ->
     case unit(K) of
         share -> io_lib:format("~s points ~s the cluster's median", [num(100 * abs(V - Med)), above(V, Med)]);
         cpus -> io_lib:format("~.2f CPUs ~s the cluster's median", [float(abs(V - Med)), above(V, Med)]);
-        per_s -> [rate(abs(V - Med)), "/s ", above(V, Med), " the cluster's median"]
+        per_s -> [beamdiag_units:rate(abs(V - Med)), "/s ", above(V, Med), " the cluster's median"]
     end.
 
 above(V, Med) when V >= Med -> "above";
@@ -960,7 +954,7 @@ spread_text(K, Mad) ->
     case unit(K) of
         share -> [num(100 * Mad), " points"];
         cpus -> io_lib:format("~.2f CPUs", [float(Mad)]);
-        per_s -> [rate(Mad), "/s"]
+        per_s -> [beamdiag_units:rate(Mad), "/s"]
     end.
 
 label(cpus_used) -> "CPUs used";
@@ -973,16 +967,13 @@ label(sys) -> "scheduler kernel time";
 label(blocked) -> "scheduler blocked".
 
 fig(cpus_used, V) -> io_lib:format("~.2f CPUs", [float(V)]);
-fig(reductions_per_s, V) -> [rate(V), "/s"];
+fig(reductions_per_s, V) -> [beamdiag_units:rate(V), "/s"];
 fig(_, V) -> [num(100 * V), "%"].
 
 num(X) when abs(X) >= 100 -> integer_to_list(round(X));
 num(X) when abs(X) >= 10 -> io_lib:format("~.1f", [float(X)]);
 num(X) -> io_lib:format("~.1f", [float(X)]).
 
-rate(V) when V >= 1.0e6 -> io_lib:format("~.1fM", [V / 1.0e6]);
-rate(V) when V >= 1.0e3 -> io_lib:format("~.1fk", [V / 1.0e3]);
-rate(V) -> integer_to_list(round(V)).
 
 %% An error of one member, in words (the node's name is on the line
 %% already).

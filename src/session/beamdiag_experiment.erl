@@ -34,8 +34,7 @@
 %%% '''
 -module(beamdiag_experiment).
 
--export([run/1, workload/1, summarise/1,
-         metrics/0, format_error/1]).
+-export([run/1, workload/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -59,17 +58,6 @@
 -define(MAX_VARIANT_ARGS, 40).
 %% The driver's own time to gather its workers' reservoirs.
 -define(STOP_TIMEOUT, 15000).
-%% Metrics: key, label, which way is better.
--define(METRICS, [
-    {throughput, "throughput (units/s)", higher},
-    {cpu_us_per_unit, "OS CPU per unit (us)", lower},
-    {cpus_used, "node CPUs used", lower},
-    {sched_util, "scheduler utilization", neutral},
-    {p50_us, "latency p50 (us)", lower},
-    {p99_us, "latency p99 (us)", lower},
-    {p999_us, "latency p99.9 (us)", lower}
-]).
-
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -101,7 +89,7 @@ run(Opts0) ->
                         arms => [maps:without([unit, code, emu_args], A) || A <- Arms],
                         runs => Runs
                     },
-                    {ok, Result#{summary => summarise(Result)}};
+                    {ok, Result#{summary => beamdiag_experiment_stats:summarise(Result)}};
                 {error, _} = E ->
                     E
             end;
@@ -167,35 +155,6 @@ lab_units() ->
       [{Name, #{unit => {lab, Mod, U}, concurrency => C, summary => Summary, emu_args => Args}}
        || #{name := Name, load := {Mod, _, _}, emu_args := Args,
             unit := #{name := U, concurrency := C, summary := Summary}} <- beamdiag_lab:scenarios()]).
-
-%% @doc The figures of a run an experiment compares: key, label, and which
-%% way is better (`neutral': neither).
--spec metrics() -> [{atom(), string(), higher | lower | neutral}].
-metrics() ->
-    ?METRICS.
-
-%% @doc Each arm against the first: means and standard deviations per arm,
-%% and per metric the relative change with its bootstrap interval and
-%% verdict.
--spec summarise(map()) -> map().
-summarise(#{arms := Arms, runs := Runs} = R) ->
-    Iters = maps:get(bootstrap, maps:get(settings, R, #{}), 2000),
-    ByArm = maps:groups_from_list(fun(#{arm := A}) -> A end, Runs),
-    Stats = fun(Idx) ->
-                Rs = maps:get(Idx, ByArm, []),
-                maps:from_list([{K, #{mean => beamdiag_stats:mean(vals(K, Rs)),
-                                      sd => math:sqrt(beamdiag_stats:variance(vals(K, Rs)))}}
-                                || {K, _, _} <- ?METRICS])
-            end,
-    [#{index := Base} | Others] = Arms,
-    BaseRuns = maps:get(Base, ByArm, []),
-    #{
-        arms => [#{index => I, stats => Stats(I)} || #{index := I} <- Arms],
-        versus => [#{index => I, against => Base,
-                     metrics => [versus(K, Dir, BaseRuns, maps:get(I, ByArm, []), Iters)
-                                 || {K, _, Dir} <- ?METRICS]}
-                   || #{index := I} <- Others]
-    }.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -350,7 +309,7 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
 measure(Lab = #{peer := Peer}, D) ->
     Node = beamdiag_lab:node(Lab),
     ok = peer:call(Peer, beamdiag_agent_workload, measure, [start], 20000),
-    Diag = beamdiag:diagnose(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => D,
+    Diag = beamdiag_diagnose:run_remote(Node, #{cookie => beamdiag_lab:cookie(Lab), duration => D,
                                      msacc => false, locks => false}),
     M = peer:call(Peer, beamdiag_agent_workload, measure, [stop], ?STOP_TIMEOUT + 10000),
     case Diag of
@@ -394,29 +353,3 @@ settings(Opts = #{workloads := Ws}) ->
 progress(#{progress := undefined}, _) -> ok;
 progress(#{progress := F}, Event) -> _ = F(Event), ok.
 
-vals(K, Runs) -> [V || #{K := V} <- Runs, is_number(V)].
-
-versus(K, Dir, BaseRuns, Runs, Iters) ->
-    Pairs = [{maps:get(K, A), maps:get(K, B)}
-             || {A, B} <- lists:zip(lists:sublist(sort_runs(BaseRuns), length(Runs)),
-                                    lists:sublist(sort_runs(Runs), length(BaseRuns))),
-                is_number(maps:get(K, A)), is_number(maps:get(K, B))],
-    case beamdiag_stats:bootstrap_ratio(Pairs, Iters, {17, 42, 4711}) of
-        undefined ->
-            #{key => K, better => Dir, estimate => null, ci => undefined,
-              verdict => no_data, pairs => 0};
-        #{estimate := Est, ci := {Lo, Hi} = CI} ->
-            Verdict = verdict_of(Dir, Lo, Hi),
-            #{key => K, better => Dir, estimate => Est, ci => CI, verdict => Verdict,
-              pairs => length(Pairs)}
-    end.
-
-verdict_of(higher, Lo, _) when Lo > 0 -> better;
-verdict_of(higher, _, Hi) when Hi < 0 -> worse;
-verdict_of(lower, Lo, _) when Lo > 0 -> worse;
-verdict_of(lower, _, Hi) when Hi < 0 -> better;
-verdict_of(neutral, Lo, _) when Lo > 0 -> higher;
-verdict_of(neutral, _, Hi) when Hi < 0 -> lower;
-verdict_of(_, _, _) -> no_difference.
-
-sort_runs(Runs) -> lists:sort(fun(#{run := A}, #{run := B}) -> A =< B end, Runs).

@@ -201,7 +201,7 @@ diagnosis(S = #{info := Info, samples := Samples, interval := I}) when is_map(In
                  #{procs := P} -> #{procs => P};
                  _ -> #{}
              end,
-    beamdiag:analyse(beamdiag_capture:new(Info, lists:reverse(Samples),
+    beamdiag_diagnosis:analyse(beamdiag_capture:new(Info, lists:reverse(Samples),
                                           #{interval_ms => I, extras => Extras}));
 diagnosis(_) ->
     undefined.
@@ -225,11 +225,11 @@ header(C, L, Opts) ->
 cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
     Host = case H of
                #{ncpu := N, busy := B} ->
-                   io_lib:format(", host ~b CPUs ~s busy, steal ~s", [N, pct(B), pct(maps:get(steal, H, 0.0))]);
+                   io_lib:format(", host ~b CPUs ~s busy, steal ~s", [N, beamdiag_units:pct(B), beamdiag_units:pct(maps:get(steal, H, 0.0))]);
                _ -> ""
            end,
     Throttle = case maps:get(throttled_ratio, Cg, undefined) of
-                   R when is_number(R), R > 0 -> [", throttled ", pct(R)];
+                   R when is_number(R), R > 0 -> [", throttled ", beamdiag_units:pct(R)];
                    _ -> ""
                end,
     io_lib:format("CPU: node ~.2f of ~.2f~ts~ts~n",
@@ -259,7 +259,7 @@ ledger(_, _) ->
 
 row(Label, N, P, Colour) ->
     [io_lib:format("~-15ts ~3b ~6s ~6s ~6s ~6s ~6s  ",
-                   [Label, N | [pct(maps:get(K, P)) || K <- beamdiag_ledger:states()]]),
+                   [Label, N | [beamdiag_units:pct(maps:get(K, P)) || K <- beamdiag_ledger:states()]]),
      bar(P, 20, Colour), "\n"].
 
 outliers(Threads, Colour) ->
@@ -313,8 +313,6 @@ colour(critical, Text, true) -> ["\e[1;31m", Text, "\e[0m"];
 colour(warning, Text, true) -> ["\e[1;33m", Text, "\e[0m"];
 colour(_, Text, true) -> ["\e[36m", Text, "\e[0m"].
 
-pct(X) when is_number(X) -> io_lib:format("~.1f%", [100 * X]);
-pct(_) -> "-".
 
 
 pad(Text, Width) ->
