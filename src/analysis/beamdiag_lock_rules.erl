@@ -151,7 +151,7 @@ ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, 
             "ETS table ~ts: threads waited ~s on its locks (~ts, ~b lock~s); "
             "~s of ~s lock attempts collided",
             [Name, wait_text(W), lists:join(", ", ClassList), Instances, plural(Instances),
-             pct_text(CP), count_text(T)]
+             pct_text(CP), beamdiag_units:rate(T)]
         ),
         OwnerLine
     ] ++ location_lines(Ls) ++ AdviceLines,
@@ -194,7 +194,7 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                         io_lib:format(
                             "allocator ~ts: threads waited ~s on its instance "
                             "locks; ~s of ~s lock attempts collided",
-                            [Id, wait_text(W), pct_text(CP), count_text(T)]
+                            [Id, wait_text(W), pct_text(CP), beamdiag_units:rate(T)]
                         )
                     ] ++ location_lines([L]) ++ [Advice],
                     %% The catalogue's fix fitted to the node: never +Mdai max
@@ -241,7 +241,7 @@ process_findings(Locks, Classes, Ctx) ->
                             "process ~ts: threads waited ~s on its locks "
                             "(~ts), ~s of all process-lock wait; ~s of ~s attempts collided",
                             [Id, wait_text(W), lists:join(", ", ClassList),
-                             pct_text(100 * Wait / TotalWait), pct_text(CP), count_text(T)]
+                             pct_text(100 * Wait / TotalWait), pct_text(CP), beamdiag_units:rate(T)]
                         )
                     ] ++ location_lines(Ls),
                     [beamdiag_finding:new(
@@ -306,7 +306,7 @@ class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
                 io_lib:format(
                     "lock class ~ts (~ts): threads waited ~s on ~b lock~s; "
                     "~s of ~s attempts collided",
-                    [Class, What, wait_text(W), Ids, plural(Ids), pct_text(CP), count_text(T)]
+                    [Class, What, wait_text(W), Ids, plural(Ids), pct_text(CP), beamdiag_units:rate(T)]
                 )
             ] ++
                 top_ids(Class, Data) ++
@@ -434,11 +434,6 @@ wait_text(P) -> [pct_text(P), " of the window (summed over the threads)"].
 -spec pct_text(number()) -> string().
 pct_text(P) when P >= 10 -> [integer_to_list(round(P)), "%"];
 pct_text(P) -> io_lib:format("~.1f%", [float(P)]).
-
--spec count_text(non_neg_integer()) -> string().
-count_text(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
-count_text(N) when N >= 1000 -> io_lib:format("~.1fk", [N / 1.0e3]);
-count_text(N) -> integer_to_list(N).
 
 -spec plural(integer()) -> string().
 plural(1) -> "";
