@@ -141,7 +141,7 @@ contended_host_end_to_end_test() ->
     Busy = result(200, H, #{busy => 0.6, on_cpu => 0.35, cpus_used => 0.4, runq => 0.3,
                             reductions_per_s => 3.0e7},
                   [{cpu_starvation, critical, 0.3}, {cpu_saturated, warning, 0.0}]),
-    A = beamdiag_cluster:analyse(Idle ++ [Busy]),
+    A = beamdiag_cluster_analysis:analyse(Idle ++ [Busy]),
     ?assertMatch([#{node := <<"m200@vm">>}], maps:get(outliers, A)),
     Loud = [{N, Id} || {N, Fs} <- maps:to_list(maps:get(findings, A)), N =/= <<"m200@vm">>,
                        #{id := Id, severity := S} <- Fs, S =/= info],
@@ -183,10 +183,10 @@ host_evidence_test() ->
           lifted => [#{id => cpu_starvation, severity => warning, nodes => [<<"a@h">>],
                        runq_share => #{median => 0.12, max => 0.12}}],
           session => #{cpu_s => 0.35}},
-    [L1, L2, L3, L4] = beamdiag_format_cluster:host_evidence(H),
+    [L1, L2, L3, L4] = beamdiag_cluster_evidence:host_evidence(H),
     ?assertMatch({match, _}, re:run(L1, "^1 of the 3 members .* median 12.0%, worst 12.0%")),
     ?assertEqual(<<"the host: 2 CPUs, 97.0% busy over the window (as its members read /proc/stat; "
                    "100.0% at most), load average 12.5">>, L2),
     ?assertEqual(<<"its 3 members used 0.42 CPUs in all over the window">>, L3),
     ?assertMatch({match, _}, re:run(L4, "0.35 CPU-seconds")),
-    ?assertEqual(3, length(beamdiag_format_cluster:host_evidence(H#{session => null}))).
+    ?assertEqual(3, length(beamdiag_cluster_evidence:host_evidence(H#{session => null}))).

@@ -18,7 +18,7 @@ result(I, Over, Findings) ->
       findings => [beamdiag_finding:new(Id, S, [<<"evidence">>], #{}) || {Id, S} <- Findings]}.
 
 cluster(Results) ->
-    A = beamdiag_cluster:analyse(Results),
+    A = beamdiag_cluster_analysis:analyse(Results),
     A#{schema => <<"beamdiag.cluster/2">>, seed => null, source => list,
        members => [N || #{node := N} <- maps:get(nodes, A)],
        window_s => 10.0,
@@ -44,7 +44,7 @@ stalled_error() ->
 homogeneous_cluster_has_no_outlier_test() ->
     rand:seed(exsss, {1, 2, 3}),
     Results = [result(I, #{}, [{busy_wait, warning} || I rem 3 =:= 0]) || I <- lists:seq(1, 300)],
-    #{outliers := Out, findings := F} = beamdiag_cluster:analyse(Results),
+    #{outliers := Out, findings := F} = beamdiag_cluster_analysis:analyse(Results),
     ?assertEqual([], Out),
     ?assertEqual([], [N || {N, Fs} <- maps:to_list(F), #{id := cluster_outlier} <- Fs]).
 
@@ -53,7 +53,7 @@ odd_node_gets_a_finding_test() ->
     Odd = result(77, #{busy => 0.82, on_cpu => 0.80, cpus_used => 0.9,
                        reductions_per_s => 4.0e7}, [{cpu_saturated, warning}]),
     Results = [result(I, #{}, []) || I <- lists:seq(1, 199)] ++ [Odd],
-    #{outliers := [First | _], findings := F} = beamdiag_cluster:analyse(Results),
+    #{outliers := [First | _], findings := F} = beamdiag_cluster_analysis:analyse(Results),
     ?assertMatch(#{node := <<"n77@h">>}, First),
     [Finding] = [X || X = #{id := cluster_outlier} <- maps:get(<<"n77@h">>, F)],
     ?assertMatch(#{severity := warning}, Finding),

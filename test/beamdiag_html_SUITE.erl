@@ -96,7 +96,7 @@ cluster_report(Config) ->
     Evil = <<"<img src=x onerror=\"document.body.dataset.pwned=1\">@h">>,
     Results = [Row(iolist_to_binary(["n", integer_to_list(I), "@h"]), 0.0) || I <- lists:seq(1, 198)]
         ++ [Row(Evil, 0.0), Row(<<"busy@h">>, 1.0)],
-    A = beamdiag_cluster:analyse(Results),
+    A = beamdiag_cluster_analysis:analyse(Results),
     C = A#{schema => <<"beamdiag.cluster/2">>, seed => null, source => list,
            members => [N || #{node := N} <- maps:get(nodes, A)], window_s => 4.0,
            windows => #{first_start_ms => 0, start_spread_s => 0.3, overlap_s => 3.7},

@@ -93,7 +93,7 @@ fits_80_columns_with_128_schedulers(_Config) ->
                         dirty_cpu_schedulers_online => 128, sbwt => <<"medium">>}},
     F = [beamdiag_finding:new(Id, warning, [binary:copy(<<"long evidence ">>, 20)], #{})
          || Id <- [busy_wait, cpu_starvation, scheduler_imbalance, cpu_saturated, dirty_cpu_gc]],
-    Frame = iolist_to_binary(beamdiag_watch:frame(#{capture => C, ledger => L, findings => F},
+    Frame = iolist_to_binary(beamdiag_format_watch:frame(#{capture => C, ledger => L, findings => F},
                                                   #{colour => false, tick => 12345,
                                                     clock => "12:34:56"})),
     ct:log("~ts", [Frame]),

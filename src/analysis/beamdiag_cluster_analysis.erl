@@ -1,7 +1,11 @@
-%%% @doc The members of a cluster that share a host (pure): which they
-%%% are, what their host's CPUs did over the window, and which of the
+%%% @doc The cluster's analysis over its members' diagnoses (pure): each
+%%% member's summary row (`summary_row/1'), the figures' spread, the
+%%% outliers with their `cluster_outlier' finding, the findings the other
+%%% nodes share (`analyse/2'), and the members that share a host: which
+%%% they are, what their host's CPUs did over the window, and which of the
 %%% members' findings measure that host rather than the member, so that
-%%% they are said once, for the host.
+%%% they are said once, for the host. The running of the cluster is
+%%% beamdiag_cluster's; the evidence's words beamdiag_cluster_evidence's.
 %%%
 %%% A member's host is the one it sees itself (the agent reads it,
 %%% `beamdiag_agent_host:placement/1'): the kernel's boot id, the same for
@@ -29,13 +33,19 @@
 %%% busy, runnable-wait and blocked shares its wait makes up.
 %%%
 %%% ```
-%%% 1> {Hosts, Results2} = beamdiag_cluster_analysis:hosts(Results).
-%%% 2> [{N, length(Ms)} || #{name := N, members := Ms} <- Hosts].
+%%% 1> Rows = [#{row => beamdiag_cluster_analysis:summary_row(D), findings => F}
+%%%        || D = #{findings := F} <- Diagnoses].
+%%% 2> #{outliers := Out, hosts := Hosts} = beamdiag_cluster_analysis:analyse(Rows, #{}).
+%%% 3> [{N, length(Ms)} || #{name := N, members := Ms} <- Hosts].
 %%% [{<<"db1">>, 200}]
 %%% '''
 -module(beamdiag_cluster_analysis).
 
--export([hosts/1, own_outliers/3]).
+-export([analyse/2, summary_row/1]).
+
+-ifdef(TEST).
+-export([analyse/1, hosts/1, own_outliers/3]).
+-endif.
 
 -export_type([host/0]).
 
@@ -114,6 +124,123 @@ own_outliers(Outliers, Rows, Hosts) ->
           not lists:member(maps:get(N, HostOf, none), Contended)
               orelse lists:any(fun(#{figure := K}) -> not lists:member(K, ?HOST_FIGURES) end,
                                Figs)].
+
+%% @doc The cluster's analysis over the members' results: the hosts they
+%% share (a shared host's contention said once, for the host: see
+%% `beamdiag_cluster_analysis'), each figure's spread, the outliers (each
+%% with its `cluster_outlier' finding added to its findings), and for the
+%% other nodes how many share each finding and the spread of their
+%% figures.
+-ifdef(TEST).
+-spec analyse([beamdiag_cluster:member_result()]) ->
+    #{nodes := [map()], spread := map(), outliers := [map()], rest := map(),
+      hosts := [map()], findings := #{binary() => [beamdiag_finding:finding()]}}.
+analyse(Results) ->
+    analyse(Results, #{}).
+-endif.
+
+%% @doc As analyse/1; Here: this session's host (`boot_id') and the CPU time
+%% its own process used (`cpu_s'), said with the host when it is one of
+%% the members'.
+-spec analyse([beamdiag_cluster:member_result()], map()) -> map().
+analyse(Results0, Here) ->
+    {Hosts0, Results} = hosts(Results0),
+    Hosts = [host_entry(H, Here) || H <- Hosts0],
+    Rows = [R || #{row := R} <- Results],
+    #{spread := Spread, outliers := All} = beamdiag_outliers:nodes(Rows),
+    Out0 = own_outliers(All, Rows, Hosts0),
+    Own = maps:from_list([{N, beamdiag_cluster_evidence:outlier_finding(O)} || O = #{node := N} <- Out0]),
+    Findings = maps:from_list(
+        [{N, beamdiag_finding:sort(case maps:find(N, Own) of
+                                       {ok, F} -> [F | Fs];
+                                       error -> Fs
+                                   end)}
+         || #{row := #{node := N}, findings := Fs} <- Results]),
+    Brief = fun(N) -> [#{id => Id, severity => S} || #{id := Id, severity := S} <- maps:get(N, Findings)] end,
+    Nodes = [R#{findings => Brief(N)} || R = #{node := N} <- Rows],
+    Out = [O#{finding => maps:get(N, Own), findings => Brief(N)} || O = #{node := N} <- Out0],
+    Odd = maps:keys(Own),
+    Rest = [R || R = #{node := N} <- Nodes, not lists:member(N, Odd)],
+    #{nodes => Nodes, spread => Spread, outliers => Out, findings => Findings, hosts => Hosts,
+      rest => #{n => length(Rest),
+                shared => shared(Rest),
+                spread => maps:from_list([{K, beamdiag_outliers:spread([maps:get(K, R) || R <- Rest])}
+                                          || K <- beamdiag_outliers:figures()])}}.
+
+%% A host of the report: its figures, this session's own CPU time when it
+%% ran there, and, when findings were taken off its members, the one
+%% finding that says its contention.
+host_entry(H = #{boot_id := Id, lifted := Lifted}, Here) ->
+    Session = case Here of
+                  #{boot_id := Id, cpu_s := S} when is_binary(Id) -> #{cpu_s => S};
+                  _ -> null
+              end,
+    H2 = H#{session => Session},
+    H2#{findings => [host_finding(H2) || Lifted =/= []]}.
+
+host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
+    [Worst | _] = beamdiag_finding:sort([#{severity => S} || #{severity := S} <- Lifted]),
+    Waiting = lists:usort(lists:append([Ns || #{nodes := Ns} <- Lifted])),
+    %% How long the members that waited did (the runnable-wait share of
+    %% their schedulers' wall time that cpu_starvation measured).
+    Share = lists:max([0.0 | [Max || #{runq_share := #{max := Max}} <- Lifted]]),
+    Median = lists:max([0.0 | [Med || #{runq_share := #{median := Med}} <- Lifted]]),
+    Busy = case maps:get(busy, H) of
+               #{median := B} -> [beamdiag_finding:figure(host_busy, B, share, #{scope => host})];
+               null -> []
+           end,
+    Metrics = maps:from_list([{members, length(Ms)}, {members_waiting, length(Waiting)},
+                              {worst_runq_share, Share}, {members_cpus, Used},
+                              {runq_share_median, Median}]
+                             ++ [{host_busy, B} || #{median := B} <- [maps:get(busy, H)]]),
+    beamdiag_finding:new(shared_host_contention, maps:get(severity, Worst),
+                         beamdiag_cluster_evidence:host_evidence(H), Metrics,
+                         #{figures => [beamdiag_finding:figure(members, length(Ms), count),
+                                       beamdiag_finding:figure(members_waiting, length(Waiting), count),
+                                       beamdiag_finding:figure(worst_runq_share, Share, share),
+                                       beamdiag_finding:figure(members_cpus, Used, cpus,
+                                                               #{scope => host})] ++ Busy}).
+
+%% @doc The summary figures of one diagnosis: the node's CPUs, the normal
+%% schedulers' shares of wall time, reductions per second, findings, and
+%% its window (wall-clock start in ms and length in s).
+-spec summary_row(beamdiag:diagnosis()) -> map().
+summary_row(#{capture := C, ledger := L, findings := F}) ->
+    Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
+    Wall = maps:get(wall, Sched, 0.0),
+    Share = fun(K) -> beamdiag_ledger:share(K, Sched, Wall) end,
+    #{
+        node => maps:get(node, C),
+        window_start_ms => maps:get(wall_start_ms, C, 0),
+        window_s => maps:get(window_s, L, 0.0),
+        complete => maps:get(complete, C, true),
+        cpus_used => maps:get(cpus_used, maps:get(totals, L, #{}), 0.0),
+        busy => Share(busy),
+        on_cpu => Share(on_cpu),
+        spin => Share(spin),
+        runq => Share(runq),
+        sys => Share(sys),
+        blocked => Share(blocked),
+        reductions_per_s => maps:get(reductions_per_s, maps:get(vm, L, #{}), 0.0),
+        findings => [#{id => Id, severity => S} || #{id := Id, severity := S} <- F],
+        top_process => top_process(maps:get(extras, C, #{})),
+        host => host_row(maps:get(settings, C, #{}), maps:get(host, L, #{}))
+    }.
+
+%% The member's host as it sees it (its kernel's boot id and host name)
+%% and what its /proc/stat showed of it over the window.
+host_row(Settings, Host) ->
+    Get = fun(K, M) -> case maps:get(K, M, null) of
+                           V when is_binary(V); is_number(V) -> V;
+                           _ -> null
+                       end
+          end,
+    #{id => Get(boot_id, Settings), name => Get(hostname, Settings),
+      cpus => Get(ncpu, Host), busy => Get(busy, Host),
+      load => case maps:get(loadavg, Host, null) of
+                  [L1 | _] when is_number(L1) -> L1;
+                  _ -> null
+              end}.
 
 %%%===================================================================
 %%% Internal
@@ -213,3 +340,40 @@ median_or_null(Vs) -> median(Vs).
 
 median(Vs) ->
     beamdiag_stats:percentile(Vs, 50).
+
+%% How many of the nodes share each finding, most shared first.
+shared(Rows) ->
+    Counts = lists:foldl(
+        fun(#{findings := Fs}, Acc) ->
+            lists:foldl(fun(#{id := Id, severity := S}, A) ->
+                                maps:update_with(Id, fun(X = #{nodes := K}) -> X#{nodes := K + 1} end,
+                                                 #{id => Id, severity => S, nodes => 1}, A)
+                        end, Acc, uniq_findings(Fs))
+        end, #{}, Rows),
+    None = length([R || R = #{findings := []} <- Rows]),
+    Sorted = lists:sort(fun(#{nodes := A}, #{nodes := B}) -> A >= B end, maps:values(Counts)),
+    #{by_finding => Sorted, without_findings => None}.
+
+uniq_findings(Fs) ->
+    maps:values(maps:from_list([{Id, F} || F = #{id := Id} <- Fs])).
+
+%% The process with the largest share of a node's reductions, and the
+%% longest mailbox at the end, from the process walks.
+top_process(#{procs := P = #{top_reductions := Top}}) ->
+    Total = maps:get(reductions, P, 0),
+    Reds = case Top of
+               [E | _] when Total > 0 ->
+                   #{process => proc_key(E), share => maps:get(reductions, E) / Total};
+               _ -> null
+           end,
+    Queue = case maps:get(queues, P, []) of
+                [Q = #{queue := [_, QEnd]} | _] -> #{process => proc_key(Q), queue => QEnd};
+                _ -> null
+            end,
+    #{reductions => Reds, mailbox => Queue};
+top_process(_) ->
+    null.
+
+proc_key(#{name := N}) when is_binary(N) -> N;
+proc_key(#{pid := P}) -> P.
+

@@ -73,7 +73,7 @@ loop(Session, Opts = #{interval := I}, IO = #{out := Out, err := Err}, Tty, Tick
         none ->
             case beamdiag_watch:next(Session, min(I, 250)) of
                 {ok, S2, D} ->
-                    Frame = beamdiag_watch:frame(D, #{colour => colour(IO, Tty),
+                    Frame = beamdiag_format_watch:frame(D, #{colour => colour(IO, Tty),
                                                       tick => Tick + 1, clock => clock()}),
                     Out(screen(Frame, Tty)),
                     loop(S2, Opts, IO, Tty, Tick + 1);

@@ -52,7 +52,7 @@
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([analyse/1, parse_nodes/1]).
+-export([parse_nodes/1]).
 -endif.
 
 -export_type([cluster/0, member_result/0]).
@@ -85,10 +85,6 @@
 %% How long past the report's due time a member's agent may still take to
 %% send what it has (the collector's own grace) before it is given up.
 -define(GRACE_MS, 4000).
-%% A figure stands out as a ratio only against a median at least this
-%% large (a share of 0.5%, 0.01 CPUs, 1000 reductions per second).
--define(RATIO_FLOOR, #{cpus_used => 0.01, reductions_per_s => 1000.0}).
--define(SHARE_RATIO_FLOOR, 0.005).
 %% Members on one host past which their agents do not scan the host's
 %% processes (see crowded/1).
 -define(CROWDED, 16).
@@ -155,122 +151,6 @@ diagnose(Seed, Opts) when is_map(Opts) ->
         {error, _} = E ->
             E
     end.
-
-%% @doc The cluster's analysis over the members' results: the hosts they
-%% share (a shared host's contention said once, for the host: see
-%% `beamdiag_cluster_analysis'), each figure's spread, the outliers (each
-%% with its `cluster_outlier' finding added to its findings), and for the
-%% other nodes how many share each finding and the spread of their
-%% figures.
--ifdef(TEST).
--spec analyse([member_result()]) ->
-    #{nodes := [map()], spread := map(), outliers := [map()], rest := map(),
-      hosts := [map()], findings := #{binary() => [beamdiag_finding:finding()]}}.
-analyse(Results) ->
-    analyse(Results, #{}).
--endif.
-
-%% As analyse/1; Here: this session's host (`boot_id') and the CPU time
-%% its own process used (`cpu_s'), said with the host when it is one of
-%% the members'.
-analyse(Results0, Here) ->
-    {Hosts0, Results} = beamdiag_cluster_analysis:hosts(Results0),
-    Hosts = [host_entry(H, Here) || H <- Hosts0],
-    Rows = [R || #{row := R} <- Results],
-    #{spread := Spread, outliers := All} = beamdiag_outliers:nodes(Rows),
-    Out0 = beamdiag_cluster_analysis:own_outliers(All, Rows, Hosts0),
-    Own = maps:from_list([{N, outlier_finding(O)} || O = #{node := N} <- Out0]),
-    Findings = maps:from_list(
-        [{N, beamdiag_finding:sort(case maps:find(N, Own) of
-                                       {ok, F} -> [F | Fs];
-                                       error -> Fs
-                                   end)}
-         || #{row := #{node := N}, findings := Fs} <- Results]),
-    Brief = fun(N) -> [#{id => Id, severity => S} || #{id := Id, severity := S} <- maps:get(N, Findings)] end,
-    Nodes = [R#{findings => Brief(N)} || R = #{node := N} <- Rows],
-    Out = [O#{finding => maps:get(N, Own), findings => Brief(N)} || O = #{node := N} <- Out0],
-    Odd = maps:keys(Own),
-    Rest = [R || R = #{node := N} <- Nodes, not lists:member(N, Odd)],
-    #{nodes => Nodes, spread => Spread, outliers => Out, findings => Findings, hosts => Hosts,
-      rest => #{n => length(Rest),
-                shared => shared(Rest),
-                spread => maps:from_list([{K, beamdiag_outliers:spread([maps:get(K, R) || R <- Rest])}
-                                          || K <- beamdiag_outliers:figures()])}}.
-
-%% A host of the report: its figures, this session's own CPU time when it
-%% ran there, and, when findings were taken off its members, the one
-%% finding that says its contention.
-host_entry(H = #{boot_id := Id, lifted := Lifted}, Here) ->
-    Session = case Here of
-                  #{boot_id := Id, cpu_s := S} when is_binary(Id) -> #{cpu_s => S};
-                  _ -> null
-              end,
-    H2 = H#{session => Session},
-    H2#{findings => [host_finding(H2) || Lifted =/= []]}.
-
-host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
-    [Worst | _] = beamdiag_finding:sort([#{severity => S} || #{severity := S} <- Lifted]),
-    Waiting = lists:usort(lists:append([Ns || #{nodes := Ns} <- Lifted])),
-    %% How long the members that waited did (the runnable-wait share of
-    %% their schedulers' wall time that cpu_starvation measured).
-    Share = lists:max([0.0 | [Max || #{runq_share := #{max := Max}} <- Lifted]]),
-    Median = lists:max([0.0 | [Med || #{runq_share := #{median := Med}} <- Lifted]]),
-    Busy = case maps:get(busy, H) of
-               #{median := B} -> [beamdiag_finding:figure(host_busy, B, share, #{scope => host})];
-               null -> []
-           end,
-    Metrics = maps:from_list([{members, length(Ms)}, {members_waiting, length(Waiting)},
-                              {worst_runq_share, Share}, {members_cpus, Used},
-                              {runq_share_median, Median}]
-                             ++ [{host_busy, B} || #{median := B} <- [maps:get(busy, H)]]),
-    beamdiag_finding:new(shared_host_contention, maps:get(severity, Worst),
-                         beamdiag_format_cluster:host_evidence(H), Metrics,
-                         #{figures => [beamdiag_finding:figure(members, length(Ms), count),
-                                       beamdiag_finding:figure(members_waiting, length(Waiting), count),
-                                       beamdiag_finding:figure(worst_runq_share, Share, share),
-                                       beamdiag_finding:figure(members_cpus, Used, cpus,
-                                                               #{scope => host})] ++ Busy}).
-
-%% @doc The summary figures of one diagnosis: the node's CPUs, the normal
-%% schedulers' shares of wall time, reductions per second, findings, and
-%% its window (wall-clock start in ms and length in s).
--spec summary_row(beamdiag:diagnosis()) -> map().
-summary_row(#{capture := C, ledger := L, findings := F}) ->
-    Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
-    Wall = maps:get(wall, Sched, 0.0),
-    Share = fun(K) -> beamdiag_ledger:share(K, Sched, Wall) end,
-    #{
-        node => maps:get(node, C),
-        window_start_ms => maps:get(wall_start_ms, C, 0),
-        window_s => maps:get(window_s, L, 0.0),
-        complete => maps:get(complete, C, true),
-        cpus_used => maps:get(cpus_used, maps:get(totals, L, #{}), 0.0),
-        busy => Share(busy),
-        on_cpu => Share(on_cpu),
-        spin => Share(spin),
-        runq => Share(runq),
-        sys => Share(sys),
-        blocked => Share(blocked),
-        reductions_per_s => maps:get(reductions_per_s, maps:get(vm, L, #{}), 0.0),
-        findings => [#{id => Id, severity => S} || #{id := Id, severity := S} <- F],
-        top_process => top_process(maps:get(extras, C, #{})),
-        host => host_row(maps:get(settings, C, #{}), maps:get(host, L, #{}))
-    }.
-
-%% The member's host as it sees it (its kernel's boot id and host name)
-%% and what its /proc/stat showed of it over the window.
-host_row(Settings, Host) ->
-    Get = fun(K, M) -> case maps:get(K, M, null) of
-                           V when is_binary(V); is_number(V) -> V;
-                           _ -> null
-                       end
-          end,
-    #{id => Get(boot_id, Settings), name => Get(hostname, Settings),
-      cpus => Get(ncpu, Host), busy => Get(busy, Host),
-      load => case maps:get(loadavg, Host, null) of
-                  [L1 | _] when is_number(L1) -> L1;
-                  _ -> null
-              end}.
 
 %% @doc Parses a list of node names, one a line: blank lines and lines
 %% starting with `#' (after blanks) are skipped, a `#' after a name starts
@@ -729,7 +609,7 @@ member(Node, Collect) ->
         {ok, Capture} ->
             T0 = erlang:monotonic_time(millisecond),
             D = #{findings := F} = beamdiag_diagnosis:analyse(Capture),
-            {ok, #{row => summary_row(D), findings => F, captured_at => T0,
+            {ok, #{row => beamdiag_cluster_analysis:summary_row(D), findings => F, captured_at => T0,
                    analysed_at => erlang:monotonic_time(millisecond)}};
         {error, {beamdiag_collect, {target_down, Why, Partial}}} ->
             N = case Partial of
@@ -757,7 +637,7 @@ member(Node, Collect) ->
 %%%===================================================================
 
 build(Seed, Source, Members, Results, Errors, Seen, Duration, Here) ->
-    A = analyse([R || {_, R} <- Results], Here),
+    A = beamdiag_cluster_analysis:analyse([R || {_, R} <- Results], Here),
     #{
         schema => ?SCHEMA,
         seed => case Seed of null -> null; _ -> atom_to_binary(Seed) end,
@@ -839,142 +719,6 @@ windows(Rows) ->
       start_spread_s => (lists:max(Starts) - lists:min(Starts)) / 1000,
       overlap_s => max(0.0, (lists:min(Ends) - lists:max(Starts)) / 1000)}.
 
-%% How many of the nodes share each finding, most shared first.
-shared(Rows) ->
-    Counts = lists:foldl(
-        fun(#{findings := Fs}, Acc) ->
-            lists:foldl(fun(#{id := Id, severity := S}, A) ->
-                                maps:update_with(Id, fun(X = #{nodes := K}) -> X#{nodes := K + 1} end,
-                                                 #{id => Id, severity => S, nodes => 1}, A)
-                        end, Acc, uniq_findings(Fs))
-        end, #{}, Rows),
-    None = length([R || R = #{findings := []} <- Rows]),
-    Sorted = lists:sort(fun(#{nodes := A}, #{nodes := B}) -> A >= B end, maps:values(Counts)),
-    #{by_finding => Sorted, without_findings => None}.
-
-uniq_findings(Fs) ->
-    maps:values(maps:from_list([{Id, F} || F = #{id := Id} <- Fs])).
-
-%% The finding that says a node is the odd one out, with the figures.
-outlier_finding(#{figures := Figs}) ->
-    {Top, More} = lead(Figs),
-    Evidence = [headline(Top) | [line(F) || F <- lists:sublist(More, 3)]],
-    Metrics = maps:from_list(
-        lists:append([[{metric(K, value), V}, {metric(K, median), Med}, {metric(K, mad), Mad},
-                       {metric(K, z), Z}]
-                      || #{figure := K, value := V, median := Med, mad := Mad, z := Z}
-                             <- [Top | More]])),
-    Figures = [beamdiag_finding:figure(K, V, unit(K))
-               || #{figure := K, value := V} <- [Top | More]],
-    beamdiag_finding:new(cluster_outlier, warning, Evidence, Metrics, #{figures => Figures}).
-
-metric(K, Part) -> list_to_atom(atom_to_list(K) ++ "_" ++ atom_to_list(Part)).
-
-unit(cpus_used) -> cpus;
-unit(reductions_per_s) -> per_s;
-unit(_) -> share.
-
-%% "this node's schedulers are 3.4x busier than the cluster's median (82%
-%% of scheduler wall time vs median 24%, spread 3 points)"
-headline(F) ->
-    [compared(F), " (", value_text(F), ")"].
-
-line(F = #{figure := K}) ->
-    [label(K), ": ", value_text(F), ", ", how_far(F)].
-
-%% The figure the finding leads with: the first that stands out, in the
-%% order a reader weighs them.
-lead(Figs) ->
-    Order = [busy, cpus_used, on_cpu, runq, spin, sys, blocked, reductions_per_s],
-    [Lead | _] = lists:sort(fun(#{figure := A}, #{figure := B}) ->
-                                    index(A, Order) =< index(B, Order)
-                            end, Figs),
-    {Lead, Figs -- [Lead]}.
-
-index(X, L) -> length(lists:takewhile(fun(Y) -> Y =/= X end, L)).
-
-compared(F = #{figure := K, value := V, median := Med}) ->
-    Up = V >= Med,
-    case ratio(K, V, Med) of
-        {ok, R} -> ratio_words(K, Up, io_lib:format("~sx", [num(R)]));
-        none -> [points_subject(K), " ", how_far(F)]
-    end.
-
-ratio(K, V, Med) ->
-    Floor = maps:get(K, ?RATIO_FLOOR, ?SHARE_RATIO_FLOOR),
-    case Med >= Floor andalso V >= Floor of
-        true when V >= Med -> {ok, V / Med};
-        true -> {ok, Med / V};
-        false -> none
-    end.
-
-ratio_words(busy, true, R) -> ["this node's schedulers are ", R, " busier than the cluster's median"];
-ratio_words(busy, false, R) -> ["this node's schedulers are ", R, " less busy than the cluster's median"];
-ratio_words(cpus_used, true, R) -> ["this node uses ", R, " the CPU of the cluster's median node"];
-ratio_words(cpus_used, false, R) -> ["this node uses ", R, " less CPU than the cluster's median node"];
-ratio_words(reductions_per_s, true, R) ->
-    ["this node runs ", R, " the reductions per second of the cluster's median node"];
-ratio_words(reductions_per_s, false, R) ->
-    ["this node runs ", R, " fewer reductions per second than the cluster's median node"];
-ratio_words(K, true, R) ->
-    ["this node's schedulers spend ", R, " more time ", state_words(K), " than the cluster's median"];
-ratio_words(K, false, R) ->
-    ["this node's schedulers spend ", R, " less time ", state_words(K), " than the cluster's median"].
-
-points_subject(cpus_used) -> "this node's CPU use is";
-points_subject(reductions_per_s) -> "this node's reductions per second are";
-points_subject(K) -> ["this node's schedulers' time ", state_words(K), " is"].
-
-state_words(on_cpu) -> "on a CPU";
-state_words(spin) -> "spinning";
-state_words(runq) -> "waiting for a CPU";
-state_words(sys) -> "in the kernel";
-state_words(blocked) -> "blocked";
-state_words(busy) -> "busy".
-
-how_far(#{figure := K, value := V, median := Med}) ->
-    case unit(K) of
-        share -> io_lib:format("~s points ~s the cluster's median", [num(100 * abs(V - Med)), above(V, Med)]);
-        cpus -> io_lib:format("~.2f CPUs ~s the cluster's median", [float(abs(V - Med)), above(V, Med)]);
-        per_s -> [beamdiag_units:rate(abs(V - Med)), "/s ", above(V, Med), " the cluster's median"]
-    end.
-
-above(V, Med) when V >= Med -> "above";
-above(_, _) -> "below".
-
-value_text(#{figure := K, value := V, median := Med, mad := Mad, p10 := P10, p90 := P90}) ->
-    [fig(K, V), vs(K), " vs median ", fig(K, Med), "; spread: MAD ", spread_text(K, Mad),
-     ", p10-p90 ", fig(K, P10), " to ", fig(K, P90)].
-
-vs(cpus_used) -> "";
-vs(reductions_per_s) -> "";
-vs(_) -> " of scheduler wall time".
-
-spread_text(K, Mad) ->
-    case unit(K) of
-        share -> [num(100 * Mad), " points"];
-        cpus -> io_lib:format("~.2f CPUs", [float(Mad)]);
-        per_s -> [beamdiag_units:rate(Mad), "/s"]
-    end.
-
-label(cpus_used) -> "CPUs used";
-label(reductions_per_s) -> "reductions";
-label(busy) -> "scheduler busy";
-label(on_cpu) -> "scheduler on CPU";
-label(spin) -> "scheduler spin";
-label(runq) -> "scheduler runq wait";
-label(sys) -> "scheduler kernel time";
-label(blocked) -> "scheduler blocked".
-
-fig(cpus_used, V) -> io_lib:format("~.2f CPUs", [float(V)]);
-fig(reductions_per_s, V) -> [beamdiag_units:rate(V), "/s"];
-fig(_, V) -> [num(100 * V), "%"].
-
-num(X) when abs(X) >= 100 -> integer_to_list(round(X));
-num(X) when abs(X) >= 10 -> io_lib:format("~.1f", [float(X)]);
-num(X) -> io_lib:format("~.1f", [float(X)]).
-
-
 %% An error of one member, in words (the node's name is on the line
 %% already).
 words({beamdiag_remote, {unreachable, _, not_registered, _}}) ->
@@ -996,25 +740,5 @@ erpc_words({error, {erpc, Other}}) -> io_lib:format("the call failed (~0P)", [Ot
 erpc_words({error, undef}) -> "a module it needs is missing there";
 erpc_words({Class, Reason}) when is_atom(Class) -> io_lib:format("~s: ~0P", [Class, Reason, 6]);
 erpc_words(Other) -> io_lib:format("~0P", [Other, 6]).
-
-%% The process with the largest share of a node's reductions, and the
-%% longest mailbox at the end, from the process walks.
-top_process(#{procs := P = #{top_reductions := Top}}) ->
-    Total = maps:get(reductions, P, 0),
-    Reds = case Top of
-               [E | _] when Total > 0 ->
-                   #{process => proc_key(E), share => maps:get(reductions, E) / Total};
-               _ -> null
-           end,
-    Queue = case maps:get(queues, P, []) of
-                [Q = #{queue := [_, QEnd]} | _] -> #{process => proc_key(Q), queue => QEnd};
-                _ -> null
-            end,
-    #{reductions => Reds, mailbox => Queue};
-top_process(_) ->
-    null.
-
-proc_key(#{name := N}) when is_binary(N) -> N;
-proc_key(#{pid := P}) -> P.
 
 safe(B) -> beamdiag_safe_text:safe(B, 120).
