@@ -18,20 +18,12 @@
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/3]).
+-export([findings/3, thresholds/0]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([findings/2]).
 -endif.
 
--define(INFO_PCT, 1.0).
--define(WARNING_PCT, 5.0).
--define(CRITICAL_PCT, 25.0).
--define(MIN_COLLISIONS, 100).
--define(INFO_COLLISION_PCT, 1.0).
-%% A process whose locks carry this share of all process-lock wait is the
-%% bottleneck rather than one of many.
--define(SINGLE_PROCESS_SHARE, 0.5).
 %% The locks of an ordered_set with write_concurrency (a contention-adapting
 %% tree) are counted as db_hash_slot with the table's name when counting
 %% starts after the table was made, and as erl_db_catree_* with no name
@@ -47,6 +39,16 @@
 %%%===================================================================
 %%% API
 %%%===================================================================
+
+%% @doc The thresholds the lock rules use, as fractions: the waits summed
+%% over the threads against the window (`wait_*'), below `min_collisions'
+%% collisions nothing is said; `collision_info', the share of tries that
+%% collided; a process whose locks carry `single_process' of all
+%% process-lock wait is the bottleneck rather than one of many.
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{wait_info => 0.01, wait_warning => 0.05, wait_critical => 0.25,
+      min_collisions => 100, collision_info => 0.01, single_process => 0.5}.
 
 -ifdef(TEST).
 %% @doc The findings for a window of lock data, most severe first.
@@ -223,7 +225,7 @@ process_findings(Locks, Classes, Ctx) ->
      || {Id, Ls} <- maps:to_list(ByProc)
     ])),
     case Ranked of
-        [{Wait, Id, Ls} | _] when TotalWait > 0, Wait >= ?SINGLE_PROCESS_SHARE * TotalWait ->
+        [{Wait, Id, Ls} | _] when TotalWait > 0, Wait >= map_get(single_process, thresholds()) * TotalWait ->
             Sum = sum(Ls, Ctx),
             case severity(Sum) of
                 none ->
@@ -231,7 +233,7 @@ process_findings(Locks, Classes, Ctx) ->
                 %% A bottleneck is a process others wait for: collisions
                 %% with short waits (0.2% of the window seen on a caller)
                 %% do not make one.
-                _ when map_get(wait_pct, Sum) < ?INFO_PCT ->
+                _ when map_get(wait_pct, Sum) / 100 < map_get(wait_info, thresholds()) ->
                     [];
                 Sev ->
                     #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
@@ -386,13 +388,18 @@ sum(Ls, #{window_ns := WindowNs}) ->
     }.
 
 -spec severity(map()) -> beamdiag_finding:severity() | none.
-severity(#{collisions := C}) when C < ?MIN_COLLISIONS -> none;
-severity(#{wait_pct := W}) when W >= ?CRITICAL_PCT -> critical;
-severity(#{wait_pct := W}) when W >= ?WARNING_PCT -> warning;
-severity(#{wait_pct := W}) when W >= ?INFO_PCT -> info;
+severity(Sum) ->
+    severity(Sum, thresholds()).
+
+%% The summary's figures are percent (wait_pct, collision_pct: the lock
+%% data's own unit); the thresholds fractions.
+severity(#{collisions := C}, #{min_collisions := Min}) when C < Min -> none;
+severity(#{wait_pct := W}, #{wait_critical := Crit}) when W / 100 >= Crit -> critical;
+severity(#{wait_pct := W}, #{wait_warning := Warn}) when W / 100 >= Warn -> warning;
+severity(#{wait_pct := W}, #{wait_info := Info}) when W / 100 >= Info -> info;
 %% Frequent collisions with short waits still cost throughput.
-severity(#{collision_pct := CP}) when CP >= ?INFO_COLLISION_PCT -> info;
-severity(_) -> none.
+severity(#{collision_pct := CP}, #{collision_info := Info}) when CP / 100 >= Info -> info;
+severity(_, _) -> none.
 
 -spec metrics(map()) -> #{atom() => number()}.
 metrics(#{tries := T, collisions := C, wait_ns := W, wait_pct := WP, collision_pct := CP}) ->

@@ -17,7 +17,7 @@
 %%% '''
 -module(beamdiag_profile_rules).
 
--export([findings/2]).
+-export([findings/2, thresholds/0]).
 
 -export_type([family/0]).
 
@@ -40,14 +40,18 @@
     by_name_only => #{title := binary(), label := binary(), advice := binary()}
 }.
 
--define(INFO, 0.05).
--define(WARN, 0.15).
--define(CRIT, 0.35).
--define(HOT_SELF, 0.15).
 
 %%%===================================================================
 %%% API
 %%%===================================================================
+
+%% @doc The thresholds the profile rules use: a family of costs is said
+%% from `info' of the profile's samples, a warning from `warning', critical
+%% from `critical'; a hot frame is named when its own samples are
+%% `hot_self' of all (fractions).
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{info => 0.05, warning => 0.15, critical => 0.35, hot_self => 0.15}.
 
 %% @doc The known costs, most specific first.
 -spec families() -> [family()].
@@ -249,11 +253,11 @@ findings(P = #{samples := N}, Opts) ->
         true ->
             [];
         false ->
-            Fired = [{F, S, Frames} || {F, S, Frames} <- family_shares(P), S >= ?INFO],
+            Fired = [{F, S, Frames} || {F, S, Frames} <- family_shares(P), S >= map_get(info, thresholds())],
             Fam = [family_finding(F, S, Frames, P) || {F, S, Frames} <- Fired],
             Hot = [hot_finding(R, P) || R = #{name := Name, self_share := S, kind := K}
                                         <- beamdiag_fold:top(P, #{limit => 5}),
-                                        S >= ?HOT_SELF,
+                                        S >= map_get(hot_self, thresholds()),
                                         %% A frame without a name is no function
                                         %% to point at.
                                         K =:= erlang orelse K =:= native orelse K =:= kernel,
@@ -406,9 +410,12 @@ hot_finding(#{name := Name, self_share := S, total_share := T, kind := K}, #{sam
 capped(critical, warning) -> warning;
 capped(Severity, _Max) -> Severity.
 
-severity(S) when S >= ?CRIT -> critical;
-severity(S) when S >= ?WARN -> warning;
-severity(_) -> info.
+severity(S) ->
+    case thresholds() of
+        #{critical := C} when S >= C -> critical;
+        #{warning := W} when S >= W -> warning;
+        _ -> info
+    end.
 
 share(_, 0) -> 0.0;
 share(A, B) -> A / B.
