@@ -224,8 +224,9 @@ process_findings(Locks, Classes, Ctx) ->
         {maps:get(wait_ns, sum(Ls, Ctx)), Id, Ls}
      || {Id, Ls} <- maps:to_list(ByProc)
     ])),
+    #{single_process := Single, wait_info := WaitInfo} = thresholds(),
     case Ranked of
-        [{Wait, Id, Ls} | _] when TotalWait > 0, Wait >= map_get(single_process, thresholds()) * TotalWait ->
+        [{Wait, Id, Ls} | _] when TotalWait > 0, Wait >= Single * TotalWait ->
             Sum = sum(Ls, Ctx),
             case severity(Sum) of
                 none ->
@@ -233,7 +234,7 @@ process_findings(Locks, Classes, Ctx) ->
                 %% A bottleneck is a process others wait for: collisions
                 %% with short waits (0.2% of the window seen on a caller)
                 %% do not make one.
-                _ when map_get(wait_pct, Sum) / 100 < map_get(wait_info, thresholds()) ->
+                _ when map_get(wait_pct, Sum) / 100 < WaitInfo ->
                     [];
                 Sev ->
                     #{wait_pct := W, collision_pct := CP, tries := T} = Sum,
