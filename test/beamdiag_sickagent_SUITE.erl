@@ -318,11 +318,11 @@ sysmon_back_when_killed(Config) ->
     %% Both are put back within 500 ms: the system monitor free and the
     %% msacc counters still (read without touching the flag), then the
     %% flag itself.
-    _ = beamdiag_test_lib:wait_until(
-          fun() ->
-              erpc:call(Node, erlang, system_monitor, []) =:= undefined andalso
-                  not beamdiag_test_lib:msacc_on(Node)
-          end, 500),
+    ok = beamdiag_test_lib:wait_until(
+           fun() ->
+               erpc:call(Node, erlang, system_monitor, []) =:= undefined andalso
+                   not beamdiag_test_lib:msacc_on(Node)
+           end, 500),
     ?assertEqual(undefined, erpc:call(Node, erlang, system_monitor, [])),
     ?assertNot(erpc:call(Node, erlang, system_flag, [microstate_accounting, false])),
     beamdiag_loader:unload(Node, Loaded).
