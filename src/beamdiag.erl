@@ -43,7 +43,7 @@
     ssl_dist_optfile => file:filename(),
     dist_port => inet:port_number(),
     plan => beamdiag_attach:plan(),
-    progress => fun((non_neg_integer(), pos_integer()) -> term()),
+    progress => fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
     perf => boolean() | perf_options(),
     erlang => boolean(),
     slack => number() | infinity,
@@ -123,7 +123,7 @@ analyse(Capture) ->
 
 %% @doc Validates options and fills in defaults; raises `badarg' with the
 %% offending keys on unknown options or bad values.
--spec options(map()) -> map().
+-spec options(options()) -> options().
 options(Opts) ->
     beamdiag_diagnose:options(Opts).
 

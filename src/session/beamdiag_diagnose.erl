@@ -81,7 +81,7 @@ run_remote(NodeStr, Opts) ->
 
 %% @doc Validates options and fills in defaults; raises `badarg' with the
 %% offending keys on unknown options or bad values.
--spec options(map()) -> map().
+-spec options(beamdiag:options()) -> beamdiag:options().
 options(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, [started | ?REMOTE_KEYS]),
     #{duration := D, interval := I, msacc_span := S} = O,
