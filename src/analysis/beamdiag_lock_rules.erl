@@ -18,7 +18,7 @@
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/3, thresholds/0]).
+-export([findings/3]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([findings/2]).
@@ -40,7 +40,7 @@
 %%% API
 %%%===================================================================
 
-%% @doc The thresholds the lock rules use, as fractions: the waits summed
+%% The thresholds the lock rules use, as fractions: the waits summed
 %% over the threads against the window (`wait_*'), below `min_collisions'
 %% collisions nothing is said; `collision_info', the share of tries that
 %% collided; a process whose locks carry `single_process' of all

@@ -17,7 +17,7 @@
 %%% '''
 -module(beamdiag_profile_rules).
 
--export([findings/2, thresholds/0]).
+-export([findings/2]).
 
 -export_type([family/0]).
 
@@ -45,7 +45,7 @@
 %%% API
 %%%===================================================================
 
-%% @doc The thresholds the profile rules use: a family of costs is said
+%% The thresholds the profile rules use: a family of costs is said
 %% from `info' of the profile's samples, a warning from `warning', critical
 %% from `critical'; a hot frame is named when its own samples are
 %% `hot_self' of all (fractions).
