@@ -87,7 +87,7 @@ compare_idle_captures(Config) ->
         {ok, L1} = beamdiag_capture:load(F1),
         {ok, L2} = beamdiag_capture:load(F2),
         C = beamdiag_compare:compare(L1, L2),
-        ct:pal("~ts", [beamdiag_compare:text(C)]),
+        ct:pal("~ts", [beamdiag_format_compare:text(C)]),
         ?assert(length(maps:get(metrics, C)) >= 10),
         ?assertEqual([], [K || #{key := K, significant := true} <- maps:get(metrics, C)]),
         {0, Out} = cli(["compare", F1, F2]),
