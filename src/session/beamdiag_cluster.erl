@@ -132,13 +132,15 @@ diagnose(Seed, Opts) when is_map(Opts) ->
             {error, {?MODULE, {too_many_nodes, length(Members), Max}}};
         {ok, SeedNode, Source, Members} ->
             Tm = erlang:monotonic_time(millisecond),
-            {C, Late, Marks} =
+            {C, _Late, Marks} =
                 try
-                    session(SeedNode, Source, Members, Remote, K, DiagOpts, Cpu0)
+                    R = {_, Late, _} = session(SeedNode, Source, Members, Remote, K, DiagOpts,
+                                               Cpu0),
+                    settle(Late),
+                    R
                 after
                     disconnect_new(Members, Before)
                 end,
-            settle(Late),
             T4 = erlang:monotonic_time(millisecond),
             {Cpu4, _} = erlang:statistics(runtime),
             #{prepared := T1, built := T3} = Marks,
@@ -420,21 +422,30 @@ pool(P = #{tag := Tag, arm := Arm}, S = #{running := Running, done := Done, late
                                 Acc#{M => {{error, {?MODULE, {prepare_timeout, ?PREPARE_MS}}}, #{}, M}}
                             end, Done, Over),
         next(P, S#{running := maps:without([Pid || {Pid, _, _} <- Over], Running), done := Done2,
-                   late := [{Pid, MRef} || {Pid, _, MRef} <- Over] ++ Late})
+                   late := [{Pid, MRef, M} || {Pid, M, MRef} <- Over] ++ Late})
     end.
 
 %% Waits (at most ?SETTLE_MS in all) for the workers given up on to end,
-%% so that what they loaded is gone before the connections close.
+%% so that what they loaded is gone before the connections close. A
+%% worker whose member is not connected has loaded nothing there (it is
+%% still connecting: to a stopped node, until the handshake's own timeout,
+%% seconds later): it is ended at once, not waited for.
 settle(Late) ->
+    Connected = nodes([visible, hidden]),
+    {Wait, Stop} = lists:partition(fun({_, _, M}) -> lists:member(M, Connected) end, Late),
+    _ = [begin
+             exit(Pid, kill),
+             erlang:demonitor(MRef, [flush])
+         end || {Pid, MRef, _} <- Stop],
     Until = erlang:monotonic_time(millisecond) + ?SETTLE_MS,
     _ = [receive
              {'DOWN', MRef, process, Pid, _} -> ok
          after max(0, Until - erlang:monotonic_time(millisecond)) ->
              exit(Pid, kill),
              erlang:demonitor(MRef, [flush])
-         end || {Pid, MRef} <- Late],
+         end || {Pid, MRef, _} <- Wait],
     %% A result that crossed the word `late' is not left in the mailbox.
-    _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _} <- Late],
+    _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _, _} <- Late],
     ok.
 
 %% One member's collector: it starts the agent, which gets ready and
