@@ -244,11 +244,21 @@ name_unknown(Config) ->
 %%% Cases: no node given
 %%%===================================================================
 
-%% This host runs several VMs (this one, the shared nodes of the other
-%% groups at least): they are listed, with how to pick one, and exit 2.
+%% This host runs several VMs (this one, and a peer started here so that
+%% the case does not depend on what else the host runs): they are listed,
+%% with how to pick one, and exit 2.
 no_node_several(Config) ->
+    {ok, Peer, _} = peer:start_link(#{name => peer:random_name(), connection => standard_io}),
+    try
+        no_node_several(Config, list_to_integer(peer:call(Peer, os, getpid, [])))
+    after
+        peer:stop(Peer)
+    end.
+
+no_node_several(Config, PeerPid) ->
     %% The raw fact: the beams this host runs, from /proc.
     Beams = [P || {P, _} <- beamdiag_host_locate:beams("/proc")],
+    ?assert(lists:member(PeerPid, Beams)),
     ?assert(length(Beams) >= 2),
     {Code, Out, Err} = escript(Config, ["diagnose", "--duration", ?WINDOW], []),
     ct:pal("exit ~b~n~ts", [Code, Err]),
