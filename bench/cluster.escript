@@ -86,6 +86,8 @@ main(_) ->
                B -> [{"before", B, env("BENCH_CLUSTER_BEFORE_ARGS", "")}, This]
            end,
     json_reader(),
+    %% The lab nodes register with epmd, as nodes do: started if need be.
+    _ = os:cmd("epmd -daemon"),
     {ok, _} = net_kernel:start(list_to_atom("bdc_bench_" ++ os:getpid()),
                                #{name_domain => shortnames}),
     erlang:set_cookie(list_to_atom(?COOKIE)),

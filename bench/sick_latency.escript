@@ -42,9 +42,12 @@
 %%% default: the first case of each scenario), BENCH_SICK_OTP (the release
 %%% the lab nodes run: this VM's, or 27 or 29 from the Debian roots
 %%% scripts/otp-root.sh builds), BENCH_SICK_MAX_LOAD (none: before each
-%%% try, wait up to 15 minutes for the host's one-minute load average to
-%%% fall to it; on a shared host a burst of other work, a load of 40 to
-%%% 160 on 2 CPUs, makes every VM on it seconds late). Each try prints the
+%%% try, wait up to 15 minutes for the host's other work to fall to it:
+%%% the runnable threads of every process but this VM and the lab node,
+%%% averaged over a second; on a shared host a burst of other work, a
+%%% load of 40 to 160 on 2 CPUs, makes every VM on it seconds late. The
+%%% load average would count the lab node itself: a saturated node keeps
+%%% it above 3 on its own). Each try prints the
 %%% load average when it started; a try whose load average at its end is
 %%% beyond four times the CPUs (the rule the Common Test cases use for a
 %%% starved host) is marked STARVED and counted apart. BENCH_SICK_HOST_LOAD
@@ -118,6 +121,8 @@ main(_) ->
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
     true = code:add_patha(filename:absname("_build/default/lib/beamdiag/ebin")),
     Cases = selected(env("BENCH_SICK_SCENARIOS", ""), [C#{label => label(C)} || C <- cases()]),
+    %% The lab nodes register with epmd, as nodes do: started if need be.
+    _ = os:cmd("epmd -daemon"),
     {ok, _} = net_kernel:start(list_to_atom("bds_bench_" ++ os:getpid()), #{name_domain => shortnames}),
     {BootMs, _} = run(Exe ++ " --help"),
     io:format("beamdiag sick-node latency: lab nodes on OTP ~s, window ~b s, target ~b s from the "
@@ -193,7 +198,7 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
                 _ -> LabOpts#{duration => 600}
             end,
     Opts = Opts0#{vary => maps:get(vary, C, #{})},
-    _ = quiet(),
+    _ = quiet([]),
     case beamdiag_lab:start(Name, Opts) of
         {ok, Lab} ->
             try
@@ -217,26 +222,27 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
     end.
 
 one(C = #{label := Label}, K, Window, Exe, Times, Lab, Node, Cookie) ->
+    %% Tries back to back wait for a quiet host here (the lab node's own
+    %% threads not counted); a fresh node waited before it started (a
+    %% flood left to run grows to its cap meanwhile).
+    Load = case maps:get(fresh, C, false) of
+               true -> load();
+               false -> quiet([maps:get(os_pid, Lab, "")])
+           end,
     case maps:find(signal, C) of
         {ok, Signal} ->
             case Signal(maps:get(peer, Lab)) of
-                {ok, _Text} = S -> try_(C, K, Window, Exe, Times, Node, Cookie, S);
+                {ok, _Text} = S -> try_(C, K, Window, Exe, Times, Node, Cookie, S, Load);
                 {no, Text} ->
                     io:format("~-62s ~4b no raw signal: ~ts~n", [Label, K, Text]),
                     no_signal
             end;
         error ->
-            try_(C, K, Window, Exe, Times, Node, Cookie, none)
+            try_(C, K, Window, Exe, Times, Node, Cookie, none, Load)
     end.
 
 try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}, Node, Cookie,
-     Raw) ->
-    %% A fresh node waited for a quiet host before it started (a flood left
-    %% to run grows to its cap meanwhile); tries back to back wait here.
-    Load = case maps:get(fresh, C, false) of
-               true -> load();
-               false -> quiet()
-           end,
+     Raw, Load) ->
     Cmd = lists:flatten(io_lib:format("BEAMDIAG_COOKIE=~s ~s diagnose ~s --json --duration ~b "
                                       "2>/dev/null; echo \"exit=$?\"",
                                       [Cookie, Exe, Node, Window])),
@@ -381,25 +387,37 @@ load() ->
     end.
 
 %% With BENCH_SICK_MAX_LOAD, waits (polling every 5 s, 15 minutes at the
-%% most) for the one-minute load average to fall to it; the load then.
-quiet() ->
+%% most) for the host's other work to fall to it: the runnable threads of
+%% every process but this VM and the OS processes Skip (the lab node),
+%% averaged over a second. Returns the load average then, as printed.
+quiet(Skip) ->
     case env("BENCH_SICK_MAX_LOAD", "") of
         "" -> load();
         Max -> quiet(list_to_float(Max ++ case lists:member($., Max) of true -> ""; false -> ".0" end),
-                     erlang:monotonic_time(millisecond) + 900000)
+                     [os:getpid() | Skip], erlang:monotonic_time(millisecond) + 900000)
     end.
 
-quiet(Max, Until) ->
-    L = load(),
-    case catch list_to_float(L) of
-        F when is_float(F), F > Max ->
-            case erlang:monotonic_time(millisecond) < Until of
-                true -> timer:sleep(5000), quiet(Max, Until);
-                false -> L
-            end;
-        _ ->
-            L
+quiet(Max, Skip, Until) ->
+    case others_running(Skip) > Max andalso erlang:monotonic_time(millisecond) < Until of
+        true -> timer:sleep(5000), quiet(Max, Skip, Until);
+        false -> load()
     end.
+
+%% Runnable threads of the host's processes but Skip, the mean of ten
+%% looks 100 ms apart.
+others_running(Skip) ->
+    Look = fun() ->
+               lists:sum([running(P) || P <- filelib:wildcard("[0-9]*", "/proc"),
+                                        not lists:member(P, Skip)])
+           end,
+    lists:sum([begin timer:sleep(100), Look() end || _ <- lists:seq(1, 10)]) / 10.
+
+running(Pid) ->
+    length([1 || T <- filelib:wildcard("/proc/" ++ Pid ++ "/task/[0-9]*/stat"),
+                 {ok, B} <- [file:read_file(T)],
+                 %% The state is the first field after the command's ")".
+                 [_, After] <- [string:split(B, ")", trailing)],
+                 binary:at(After, 1) =:= $R]).
 
 env(Name, Default) ->
     case os:getenv(Name) of
