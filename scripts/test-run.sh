@@ -7,7 +7,8 @@
 # that need a root; last, once the emulators are there, the lock-counting
 # suites. On a warm cache both jobs end at once. Each phase's wall time is
 # printed at the end, after the per-suite tables that the CT hook
-# (test/beamdiag_cth.erl) prints. A phase that fails fails the run.
+# (test/beamdiag_cth.erl) prints, and last what failed, by phase (the tail
+# of a long log is what a CI run shows). A phase that fails fails the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REBAR=${REBAR:-rebar3}
@@ -63,9 +64,16 @@ await() {
     fi
 }
 
+# Runs one phase, its output kept in $logs/phase-N.log beside the screen.
 status=0
+phase=0
+run_phase() {
+    phase=$((phase + 1))
+    "$@" 2>&1 | tee "$logs/phase-$phase.log" || status=1
+}
+: > "$logs/phase-1.log"; : > "$logs/phase-2.log"; : > "$logs/phase-3.log"
 t1=$(date +%s)
-$REBAR do eunit, ct --cover=false --suite="$(IFS=,; echo "${early[*]}")" || status=1
+run_phase $REBAR do eunit, ct --cover=false --suite="$(IFS=,; echo "${early[*]}")"
 t2=$(date +%s)
 await "$prep_roots" "OTP 27 and 29 roots" "$roots_log"
 # The escript holds OTP 27's code (for OTP 27 to 29) only when the OTP 27
@@ -77,11 +85,11 @@ if [ ! -f _build/default/lib/beamdiag/otp27/beamdiag.set ]; then
     $REBAR escriptize || status=1
 fi
 t3=$(date +%s)
-$REBAR ct --cover=false --suite="${roots_paths%,}" || status=1
+run_phase $REBAR ct --cover=false --suite="${roots_paths%,}"
 t4=$(date +%s)
 await "$prep_lcnt" "lock-counting emulators" "$lcnt_log"
 t5=$(date +%s)
-$REBAR ct --cover=false --suite="${lcnt_paths%,}" || status=1
+run_phase $REBAR ct --cover=false --suite="${lcnt_paths%,}"
 t6=$(date +%s)
 # The PLT is built long before this; only its verdict is left to make check.
 wait "$prep_dialyzer" || true
@@ -95,4 +103,14 @@ make test phases (wall time, s):
   suites needing them                                $((t6 - t5))
   total                                              $((t6 - t0))
 TIMES
+if [ "$status" != 0 ]; then
+    echo
+    echo "make test FAILED; what failed, by phase (logs: $logs/phase-N.log, $logs/ct_run.*):"
+    for n in 1 2 3; do
+        # EUnit's failing tests, Common Test's failing cases and its tallies.
+        sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" |
+            grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit))' |
+            head -40 | sed "s/^/  phase $n: /"
+    done
+fi
 exit $status
