@@ -21,7 +21,7 @@
 -export_type([diagnosis/0, options/0]).
 
 -type diagnosis() :: #{
-    capture := beamdiag_collect:capture(),
+    capture := beamdiag_capture:capture(),
     ledger := beamdiag_ledger:ledger(),
     findings := [beamdiag_finding:finding()],
     %% Seen from the host alone (beamdiag_host), and how.
@@ -117,7 +117,7 @@ diagnose(Node, Opts) ->
     beamdiag_diagnose:run_remote(Node, Opts).
 
 %% @doc Ledger and findings for a capture (pure).
--spec analyse(beamdiag_collect:capture()) -> diagnosis().
+-spec analyse(beamdiag_capture:capture()) -> diagnosis().
 analyse(Capture) ->
     beamdiag_diagnosis:analyse(Capture).
 

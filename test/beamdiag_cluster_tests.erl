@@ -135,5 +135,12 @@ thread_outliers_test() ->
                            blocked => 0.0}
         end,
     Threads = [T(I, 0.2) || I <- lists:seq(1, 7)] ++ [T(8, 0.9)],
-    ?assertMatch([#{tid := 8} | _], beamdiag_outliers:threads(Threads, 3)),
-    ?assertEqual([], beamdiag_outliers:threads([T(I, 0.2) || I <- lists:seq(1, 8)], 3)).
+    ?assertMatch([#{tid := 8} | _], beamdiag_outliers:threads(Threads)),
+    ?assertEqual([], beamdiag_outliers:threads([T(I, 0.2) || I <- lists:seq(1, 8)])),
+    %% The ledger keeps them ranked; each report takes as many as it shows.
+    %% (The mean of 22 is 0.245: the twenty at 0.2 lie within 5 points.)
+    Two = [T(I, 0.2) || I <- lists:seq(1, 20)] ++ [T(21, 0.5), T(22, 0.9)],
+    Ledger = #{outliers => beamdiag_outliers:threads(Two)},
+    ?assertMatch([#{tid := 22}, #{tid := 21}], beamdiag_ledger:outliers(Ledger, 3)),
+    ?assertMatch([#{tid := 22}], beamdiag_ledger:outliers(Ledger, 1)),
+    ?assertEqual([], beamdiag_ledger:outliers(Ledger, 0)).

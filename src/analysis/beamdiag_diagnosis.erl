@@ -9,7 +9,7 @@
 -export([analyse/1]).
 
 %% @doc Ledger and findings for a capture.
--spec analyse(beamdiag_collect:capture()) -> beamdiag:diagnosis().
+-spec analyse(beamdiag_capture:capture()) -> beamdiag:diagnosis().
 analyse(Capture = #{extras := #{host_only := true, host_view := Context}}) ->
     %% Seen from the host alone (beamdiag_host).
     beamdiag_host_rules:analyse(Capture, Context);

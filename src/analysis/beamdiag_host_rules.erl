@@ -79,7 +79,7 @@ thresholds() ->
 %% `extras.memory'). Context: `unresponsive' (the
 %% node did not answer), `perf' (`{ok, perf_top()}', `{error, Text}' or
 %% `none').
--spec analyse(beamdiag_collect:capture(), map()) -> beamdiag:diagnosis().
+-spec analyse(beamdiag_capture:capture(), map()) -> beamdiag:diagnosis().
 analyse(Capture, Context) ->
     Ledger = beamdiag_ledger:build(Capture),
     Settings = maps:get(settings, Capture),

@@ -29,7 +29,7 @@
 %%% '''
 -module(beamdiag_ledger).
 
--export([build/1, ticks/2, share/3, states/0, state_name/1, state_shares/1]).
+-export([build/1, outliers/2, ticks/2, share/3, states/0, state_name/1, state_shares/1]).
 
 -export_type([ledger/0, row/0, state/0]).
 
@@ -37,6 +37,9 @@
 -type ledger() :: #{
     window_s := float(),
     threads := [row()],
+    %% The scheduler threads that stand out from their type, most first
+    %% (beamdiag_outliers:threads/1).
+    outliers := [row()],
     by_type := #{beamdiag_threads:type() => row()},
     totals := row(),
     host := map(),
@@ -60,7 +63,7 @@
 
 %% @doc The ledger of a capture; a capture with fewer than two samples gives
 %% an empty ledger with a note.
--spec build(beamdiag_collect:capture()) -> ledger().
+-spec build(beamdiag_capture:capture()) -> ledger().
 build(#{samples := Samples, settings := Settings} = Capture) when length(Samples) >= 2 ->
     First = hd(Samples),
     Last = lists:last(Samples),
@@ -75,6 +78,7 @@ build(#{samples := Samples, settings := Settings} = Capture) when length(Samples
     #{
         window_s => Window,
         threads => Threads,
+        outliers => beamdiag_outliers:threads(Threads),
         by_type => ByType,
         totals => totals(Threads, Window, Settings, Host, Cgroup),
         host => Host,
@@ -86,16 +90,22 @@ build(#{samples := Samples, settings := Settings} = Capture) when length(Samples
     };
 build(Capture) ->
     #{
-        window_s => 0.0, threads => [], by_type => #{}, totals => #{}, host => #{},
+        window_s => 0.0, threads => [], outliers => [], by_type => #{}, totals => #{}, host => #{},
         cgroup => #{}, vm => #{}, msacc => #{}, series => [],
         notes => [<<"fewer than two samples: no ledger">> | notes(Capture, #{})]
     }.
+
+%% @doc The N scheduler threads of a ledger that stand out most from their
+%% type, most first: each report shows as many as it has room for.
+-spec outliers(ledger(), non_neg_integer()) -> [row()].
+outliers(Ledger, N) ->
+    lists:sublist(maps:get(outliers, Ledger, []), N).
 
 %% @doc Tick by tick, for the threads Tids: the interval's length in
 %% seconds (`t'), the host's CPU figures (`host') and those threads' rows
 %% (`threads'), each as `build/1' gives it over that one interval. One pass
 %% over the samples, for the views that chart threads over time.
--spec ticks(beamdiag_collect:capture(), [term()]) ->
+-spec ticks(beamdiag_capture:capture(), [term()]) ->
     [#{t := float(), host := map(), threads := [row()]}].
 ticks(#{samples := Samples = [_, _ | _], settings := Settings}, Tids) ->
     [#{t => seconds(A, B), host => host(A, B),

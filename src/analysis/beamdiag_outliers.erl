@@ -1,6 +1,6 @@
 %%% @doc What stands out, in one place: the scheduler threads of one node
-%%% that differ most from their type's mean (the text, watch and HTML
-%%% reports show them), and the nodes of a cluster whose figures lie far
+%%% that differ most from their type's mean (the ledger keeps them, ranked,
+%%% and the text, watch and HTML reports show as many as each fits), and the nodes of a cluster whose figures lie far
 %%% from the cluster's median (the cluster report). Pure.
 %%%
 %%% Threads: each scheduler thread's shares of wall time (run, spin,
@@ -21,13 +21,13 @@
 %%% than its neighbours).
 %%%
 %%% ```
-%%% 1> beamdiag_outliers:threads(maps:get(threads, Ledger), 3).
+%%% 1> beamdiag_outliers:threads(maps:get(threads, Ledger)).
 %%% [#{name => <<"1_scheduler">>, ...}]
 %%% 2> #{outliers := [#{node := N} | _]} = beamdiag_outliers:nodes(Rows).
 %%% '''
 -module(beamdiag_outliers).
 
--export([threads/2, nodes/1, figures/0, spread/1]).
+-export([threads/1, nodes/1, figures/0, spread/1]).
 
 -export_type([node_outlier/0, spread/0]).
 
@@ -78,18 +78,17 @@
 %%%===================================================================
 
 %% @doc The scheduler threads (of a ledger's `threads') that differ most
-%% from their type's mean on run, spin, blocked or runq, at most Max of
-%% them, most different first; none within 5 points of the mean.
--spec threads([map()], non_neg_integer()) -> [map()].
-threads(Threads, Max) ->
+%% from their type's mean on run, spin, blocked or runq, most different
+%% first; none within 5 points of the mean.
+-spec threads([beamdiag_ledger:row()]) -> [beamdiag_ledger:row()].
+threads(Threads) ->
     Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty),
                   is_number(maps:get(busy, T, undefined))],
     Means = maps:map(fun(_, Rows) -> mean_shares(Rows) end,
                      maps:groups_from_list(fun(#{type := Ty}) -> Ty end, Sched)),
     Scored = [{thread_score(beamdiag_ledger:state_shares(T), maps:get(Ty, Means)), T}
               || T = #{type := Ty} <- Sched],
-    [T || {S, T} <- lists:sublist(lists:reverse(lists:keysort(1, Scored)), Max),
-          S > ?THREAD_CUT].
+    [T || {S, T} <- lists:reverse(lists:keysort(1, Scored)), S > ?THREAD_CUT].
 
 %% @doc The cluster analysis of summary rows (maps with `node', the
 %% figures of `figures/0' and `findings'): the distribution of every figure

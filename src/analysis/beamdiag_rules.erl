@@ -23,7 +23,7 @@
 %%%===================================================================
 
 %% @doc Every finding for a capture and its ledger, most severe first.
--spec findings(beamdiag_collect:capture(), beamdiag_ledger:ledger()) ->
+-spec findings(beamdiag_capture:capture(), beamdiag_ledger:ledger()) ->
     [beamdiag_finding:finding()].
 findings(Capture, Ledger = #{threads := Threads}) when Threads =/= [] ->
     Settings = maps:get(settings, Capture),

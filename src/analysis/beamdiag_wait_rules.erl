@@ -77,7 +77,7 @@ thresholds() ->
 
 %% @doc The findings of an agent's capture: `dirty_io_blocked'. Context:
 %% as `host_findings/3'.
--spec findings(beamdiag_collect:capture(), beamdiag_ledger:ledger(), map()) ->
+-spec findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(), map()) ->
     [beamdiag_finding:finding()].
 findings(Capture, Ledger, Context) ->
     dirty_io(Capture, Ledger, spans(Capture), Context).
@@ -87,7 +87,7 @@ findings(Capture, Ledger, Context) ->
 %% in one call for most of the window (the host has no busy time to see
 %% the agent's kind). Context: `unresponsive', `waited_ms' and
 %% `distribution' (the node did not answer, and what distribution saw).
--spec host_findings(beamdiag_collect:capture(), beamdiag_ledger:ledger(), map()) ->
+-spec host_findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(), map()) ->
     [beamdiag_finding:finding()].
 host_findings(Capture, Ledger, Context) ->
     Spans = spans(Capture),
@@ -96,7 +96,7 @@ host_findings(Capture, Ledger, Context) ->
 %% @doc The agent's `scheduler_blocking' (and every other finding as it
 %% is), with the calls its normal and dirty CPU scheduler threads were
 %% seen blocked in at the samples that read their waits.
--spec annotate([beamdiag_finding:finding()], beamdiag_collect:capture(),
+-spec annotate([beamdiag_finding:finding()], beamdiag_capture:capture(),
                beamdiag_ledger:ledger()) -> [beamdiag_finding:finding()].
 annotate(Findings, Capture, Ledger) ->
     case [F || F = #{id := scheduler_blocking} <- Findings] of
@@ -114,7 +114,7 @@ annotate(Findings, Capture, Ledger) ->
 
 %% @doc Each thread's longest stretch in one blocking call, by thread id
 %% (threads never seen blocked are left out).
--spec spans(beamdiag_collect:capture()) -> #{integer() => span()}.
+-spec spans(beamdiag_capture:capture()) -> #{integer() => span()}.
 spans(#{samples := Samples = [_, _ | _]}) ->
     Seq = [{T, Th} || #{t := T, threads := Th} <- Samples, is_map(Th)],
     Tids = case Seq of

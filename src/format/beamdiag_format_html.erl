@@ -536,7 +536,7 @@ chart_data(C, L) ->
     Series = maps:get(series, L, []),
     Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
     Ends = ends(Series),
-    Outliers = beamdiag_outliers:threads(maps:get(threads, L, []), ?OUTLIERS),
+    Outliers = beamdiag_ledger:outliers(L, ?OUTLIERS),
     Ticks = beamdiag_ledger:ticks(C, [Tid || #{tid := Tid} <- Outliers]),
     #{
         kind => diagnosis,

@@ -87,7 +87,7 @@ findings(Findings, Opts) ->
 -spec ledger_table(beamdiag_ledger:ledger(), map()) -> iolist().
 ledger_table(#{threads := []}, _Opts) ->
     "TIME LEDGER\n  no per-thread figures (see notes)\n";
-ledger_table(#{by_type := ByType, threads := Threads}, _Opts) ->
+ledger_table(L = #{by_type := ByType}, _Opts) ->
     Head = io_lib:format("~-10s ~4s ~6s ~6s ~6s ~6s ~6s ~6s ~6s ~7s~n",
                          ["type", "n", "busy", "on-cpu", "user", "sys", "runq", "off", "spin",
                           "blocked"]),
@@ -97,7 +97,7 @@ ledger_table(#{by_type := ByType, threads := Threads}, _Opts) ->
         "TIME LEDGER (share of wall time per thread, summed by type)\n",
         Head,
         Rows,
-        outliers(Threads)
+        outliers(beamdiag_ledger:outliers(L, ?OUTLIERS))
     ].
 
 %% @doc How long after the call a diagnosis made now was ready, for a
@@ -223,18 +223,16 @@ share(K, Row, Wall) ->
     end.
 
 %% The scheduler threads that stand out most from their type (see
-%% beamdiag_outliers:threads/2).
-outliers(Threads) ->
-    case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
-        [] -> "";
-        Top ->
-            ["outliers:\n",
-             [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
-                            [safe(Name), beamdiag_units:pct(share(busy, T, W)), beamdiag_units:pct(share(on_cpu, T, W)),
-                             beamdiag_units:pct(share(runq, T, W)), beamdiag_units:pct(share(spin, T, W)),
-                             beamdiag_units:pct(share(blocked, T, W))])
-              || T = #{name := Name, wall := W} <- Top]]
-    end.
+%% beamdiag_outliers:threads/1).
+outliers([]) ->
+    "";
+outliers(Top) ->
+    ["outliers:\n",
+     [io_lib:format("  ~-15ts busy ~6s on-cpu ~6s runq ~6s spin ~6s blocked ~6s~n",
+                    [safe(Name), beamdiag_units:pct(share(busy, T, W)), beamdiag_units:pct(share(on_cpu, T, W)),
+                     beamdiag_units:pct(share(runq, T, W)), beamdiag_units:pct(share(spin, T, W)),
+                     beamdiag_units:pct(share(blocked, T, W))])
+      || T = #{name := Name, wall := W} <- Top]].
 
 msacc(L = #{msacc := M = #{by_type := ByType, extra := Extra}}, Settings) ->
     Types = [T || T <- [scheduler, dirty_cpu, dirty_io, aux, poll], maps:is_key(T, ByType)],

@@ -31,7 +31,7 @@ frame(#{capture := C, ledger := L, findings := F}, Opts) ->
         procs_line(C),
         "\n",
         ledger(L, Colour),
-        outliers(maps:get(threads, L, []), Colour),
+        outliers(beamdiag_ledger:outliers(L, ?OUTLIERS), Colour),
         "\n",
         findings(F, Colour)
     ].
@@ -92,13 +92,12 @@ row(Label, N, P, Colour) ->
                    [Label, N | [beamdiag_units:pct(maps:get(K, P)) || K <- beamdiag_ledger:states()]]),
      bar(P, 20, Colour), "\n"].
 
-outliers(Threads, Colour) ->
-    case beamdiag_outliers:threads(Threads, ?OUTLIERS) of
-        [] -> "";
-        Top -> ["outliers:\n",
-                [row(beamdiag_safe_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
-                 || T = #{name := Name} <- Top]]
-    end.
+outliers([], _Colour) ->
+    "";
+outliers(Top, Colour) ->
+    ["outliers:\n",
+     [row(beamdiag_safe_text:safe(Name, 15), 1, beamdiag_ledger:state_shares(T), Colour)
+      || T = #{name := Name} <- Top]].
 
 findings([], _Colour) ->
     "FINDINGS: none\n";

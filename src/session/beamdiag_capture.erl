@@ -35,7 +35,24 @@
 -export([encode/1, decode/1]).
 -endif.
 
--export_type([content/0]).
+-export_type([capture/0, content/0]).
+
+%% A capture: what one window on a node gave. samples and settings are
+%% all the ledger needs; the rest describes the run.
+-type capture() :: #{
+    samples := [beamdiag_agent:sample()],
+    settings := map(),
+    schema => binary(),
+    node => binary(),
+    interval_ms => non_neg_integer(),
+    duration_ms => non_neg_integer(),
+    wall_start_ms => integer(),
+    extras => map(),
+    complete => boolean(),
+    notes => [binary()],
+    cgroup_location => map(),
+    msacc_was_on => boolean()
+}.
 
 -type content() :: {diagnosis, beamdiag:diagnosis()} | {experiment, map()}.
 
@@ -59,7 +76,7 @@
 %% `duration_ms' (default: the samples' span), `extras' (none), `complete'
 %% (true) and `notes' (none). Every session that makes a capture makes it
 %% here.
--spec new(map(), [beamdiag_agent:sample()], map()) -> beamdiag_collect:capture().
+-spec new(map(), [beamdiag_agent:sample()], map()) -> capture().
 new(Info = #{settings := Settings}, Samples, Fields) ->
     Base = #{
         schema => ?SCHEMA,

@@ -24,24 +24,6 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([capture/0]).
-
-%% samples and settings are all the ledger needs; the rest describes the run.
--type capture() :: #{
-    samples := [beamdiag_agent:sample()],
-    settings := map(),
-    schema => binary(),
-    node => binary(),
-    interval_ms => non_neg_integer(),
-    duration_ms => non_neg_integer(),
-    wall_start_ms => integer(),
-    extras => map(),
-    complete => boolean(),
-    notes => [binary()],
-    cgroup_location => map(),
-    msacc_was_on => boolean()
-}.
-
 %% How long past the agent's own deadline we wait for its last word.
 -define(LATE_MS, 2000).
 %% The agent's least grace time past the window (beamdiag_agent).
@@ -78,7 +60,7 @@
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
--spec run(node(), map()) -> {ok, capture()} | {error, {beamdiag_collect, term()}}.
+-spec run(node(), map()) -> {ok, beamdiag_capture:capture()} | {error, {beamdiag_collect, term()}}.
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},
