@@ -126,9 +126,12 @@ scanner_fed_by_ticks_test_() ->
             %% host 50 clock ticks busier (the node's own unchanged) starts
             %% the scans.
             ok = beamdiag_agent_host:usage(S, {Now - 1000, Busy, 18}),
-            timer:sleep(50),
+            %% Taken from the queue, and the scanner waits on.
+            ok = beamdiag_test_lib:await(
+                   fun() -> process_info(S, message_queue_len) =:= {message_queue_len, 0} end, 5000),
             ?assertEqual({current_function, {beamdiag_agent_host, probed, 6}},
                          process_info(S, current_function)),
+            ?assertEqual({status, waiting}, process_info(S, status)),
             ok = beamdiag_agent_host:usage(S, {Now, Busy + 50, 18}),
             ok = beamdiag_test_lib:await(
                    fun() -> process_info(S, current_function) =/=

@@ -49,8 +49,16 @@ seventy_one_members(_Config) ->
         %% its reductions, read on the node.
         ok = beamdiag_test_lib:await(fun() -> reductions(BusyPeer, Spinner) >= ?SPIN_REDUCTIONS end,
                                      30000),
+        %% The idle nodes' wait for a CPU over the session, from the kernel
+        %% (schedstat), apart from what the tool measures.
+        Idle = [peer:call(P, os, getpid, []) || {P, _} <- lists:droplast(Peers)],
+        Waits0 = [sched_waits(Pid) || Pid <- Idle],
+        T0 = erlang:monotonic_time(nanosecond),
         {ok, C} = beamdiag_cluster:diagnose(Seed, #{cookie => list_to_atom(?COOKIE),
                                                     duration => 4, msacc => false}),
+        WallNs = erlang:monotonic_time(nanosecond) - T0,
+        RunqWait = median([(W1 - W0) / WallNs
+                           || {W0, W1} <- lists:zip(Waits0, [sched_waits(Pid) || Pid <- Idle])]),
         Text = beamdiag_format_text:cluster(C, #{}),
         ct:pal("~ts", [Text]),
         ?assertEqual(71, length(maps:get(members, C))),
@@ -61,17 +69,22 @@ seventy_one_members(_Config) ->
         BusyB = atom_to_binary(Busy),
         [Row] = [R || R = #{node := N} <- maps:get(nodes, C), N =:= BusyB],
         #{busy := #{p50 := Median}} = maps:get(spread, C),
-        ct:pal("busy node: busy ~.3f, CPUs ~.2f; cluster median busy ~.3f; windows ~p",
-               [maps:get(busy, Row), maps:get(cpus_used, Row), Median, maps:get(windows, C)]),
+        ct:pal("busy node: busy ~.3f, CPUs ~.2f; cluster median busy ~.3f; windows ~p; idle "
+               "nodes' scheduler waiting for a CPU (kernel run queue), median ~.3f of the session",
+               [maps:get(busy, Row), maps:get(cpus_used, Row), Median, maps:get(windows, C),
+                RunqWait]),
         ?assert(maps:get(busy, Row) > 0.5),
-        case Median > 0.5 of
+        %% An idle node's scheduler that waits for a CPU is busy to the BEAM
+        %% (its clock runs on): when the kernel says they waited a quarter of
+        %% the session, this host cannot show the difference now.
+        case RunqWait > 0.25 of
             true ->
-                %% The idle nodes wait for a CPU so long that the BEAM counts
-                %% them busy too: this host cannot show the difference now.
                 ok = nothing_left(Peers, 5000),
                 %% A starved skip, which the CI hook counts.
-                beamdiag_test_lib:starved("idle nodes' median busy ~.2f, busy node ~.2f",
-                                          [Median, maps:get(busy, Row)]);
+                beamdiag_test_lib:starved("idle nodes' schedulers waited ~.2f of the session for a "
+                                          "CPU (kernel run queue, median); their median busy ~.2f, "
+                                          "busy node ~.2f",
+                                          [RunqWait, Median, maps:get(busy, Row)]);
             false ->
                 ?assert(maps:get(busy, Row) > Median + 0.25),
                 %% Then the diagnosis: it is the first outlier, and its
@@ -188,6 +201,9 @@ stalled_member(_Config) ->
         %% the clock of this call (not waiting for the stopped member's
         %% handshake to give up: 17 s in all before, 10 of them that wait).
         ?assert(Took < PrepareMs + 2000 + 3000),
+        %% On this call's clock alone: the bound on preparing, the window and
+        %% the rest.
+        ?assert(Took < 6500 + 2000 + 3000),
         ok = nothing_left(Peers, 10000)
     after
         os:cmd("kill -CONT " ++ OsPid),
@@ -214,6 +230,20 @@ ping_within(Node, Ms) ->
 %%%===================================================================
 %%% Helpers
 %%%===================================================================
+
+%% The nanoseconds the node's scheduler threads (not the dirty ones) have
+%% waited on the kernel's run queue (/proc/PID/task/TID/schedstat, second
+%% field), summed.
+sched_waits(OsPid) ->
+    Dir = "/proc/" ++ OsPid ++ "/task/",
+    lists:sum([binary_to_integer(lists:nth(2, binary:split(S, [<<" ">>, <<"\n">>], [global])))
+               || Tid <- filelib:wildcard("[0-9]*", Dir),
+                  {ok, Comm} <- [file:read_file(Dir ++ Tid ++ "/comm")],
+                  {match, _} <- [re:run(Comm, "^[0-9]+_scheduler")],
+                  {ok, S} <- [file:read_file(Dir ++ Tid ++ "/schedstat")]]).
+
+median(Xs) ->
+    lists:nth((length(Xs) + 1) div 2, lists:sort(Xs)).
 
 name(I) ->
     list_to_atom(lists:concat(["beamdiag_cluster_", I, "_", os:getpid()])).

@@ -1,10 +1,13 @@
 %%% @doc The Common Test hook of the project's runs (rebar.config's
 %%% ct_opts): it times every suite and prints a table of the wall times at
 %%% the end of the run (also written to `suite_times.txt' in the log
-%%% folder), and it counts the cases skipped because the host starved them
-%%% (a skip whose reason starts with "starved:", see
-%%% beamdiag_test_lib:starved/2). One such skip is allowed; in CI
-%%% (CI=true) a second one fails that case, and so the run: a host that
+%%% folder), and it counts two kinds of skips: the cases skipped because
+%%% the host starved them (a reason that starts with "starved:", see
+%%% beamdiag_test_lib:starved/2) and those whose pathology the host did not
+%%% produce (a reason that starts with "not produced on this host:",
+%%% beamdiag_test_lib:not_produced/2). Both are listed at the end of the
+%%% run. One starved skip is allowed and two not produced; in CI (CI=true)
+%%% one more of either kind fails that case, and so the run: a host that
 %%% cannot produce the pathologies is not a green run.
 -module(beamdiag_cth).
 
@@ -41,24 +44,25 @@ post_end_per_testcase(Suite, Case, _Config, Return = {skip, Why}, S = #state{sta
     %% line each.
     Text = [case C of $\n -> $\s; _ -> C end
             || C <- lists:flatten(io_lib:format("~ts", [reason_text(Why)]))],
-    case lists:prefix("starved:", Text) of
-        false ->
+    case kind(Text) of
+        none ->
             {Return, S};
-        true ->
-            Starved = [{Suite, Case, Text} | Sv],
-            S1 = S#state{starved = Starved},
+        {Kind, Allowed} ->
+            Counted = [{Suite, Case, Text} | Sv],
+            S1 = S#state{starved = Counted},
             %% Earlier CT runs of the same `make test' (scripts/test-run.sh)
             %% count too.
-            Total = case recorded() of
-                        undefined -> length(Starved);
+            Total = case recorded(Kind) of
+                        undefined -> length([1 || {_, _, T} <- Counted, lists:prefix(Kind, T)]);
                         Before -> Before + 1
                     end,
             record(Suite, Case, Text),
-            case os:getenv("CI") =:= "true" andalso Total > 1 of
+            case os:getenv("CI") =:= "true" andalso Total > Allowed of
                 true ->
                     {{fail, lists:flatten(io_lib:format(
-                        "CI: ~b cases skipped because the host starved them (one is allowed): "
-                        "~p", [Total, [{Su, C} || {Su, C, _} <- Starved]]))},
+                        "CI: ~b cases skipped as \"~s\" (~b allowed): ~p",
+                        [Total, Kind, Allowed,
+                         [{Su, C} || {Su, C, T} <- Counted, lists:prefix(Kind, T)]]))},
                      S1};
                 false ->
                     {Return, S1}
@@ -66,6 +70,15 @@ post_end_per_testcase(Suite, Case, _Config, Return = {skip, Why}, S = #state{sta
     end;
 post_end_per_testcase(_Suite, _Case, _Config, Return, S) ->
     {Return, S}.
+
+%% The skips counted, by the start of their reason, and how many of each
+%% a CI run allows.
+kind(Text) ->
+    case [K || K = {P, _} <- [{"starved:", 1}, {"not produced on this host:", 2}],
+               lists:prefix(P, Text)] of
+        [K] -> K;
+        [] -> none
+    end.
 
 -spec terminate(#state{}) -> ok.
 terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
@@ -76,7 +89,8 @@ terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
              io_lib:format("  ~-34s ~8.1f~n", ["all suites (this run)", Total / 1000]),
              case Sv of
                  [] -> [];
-                 _ -> ["Skipped because the host starved them:\n",
+                 _ -> ["Skipped because the host starved them or did not produce their "
+                       "pathology:\n",
                        [io_lib:format("  ~s:~s  ~ts~n", [Su, C, Why])
                         || {Su, C, Why} <- lists:reverse(Sv)]]
              end],
@@ -84,15 +98,18 @@ terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
     _ = file:write_file(filename:join(logdir(), "suite_times.txt"), Table),
     ok.
 
-%% Starved skips recorded so far by every CT run of this `make test', one
-%% line each in $BEAMDIAG_STARVED_FILE (scripts/test-run.sh empties it
-%% first); `undefined' outside `make test'.
-recorded() ->
+%% Skips of a kind (the start of their reason) recorded so far by every
+%% CT run of this `make test', one line each in $BEAMDIAG_STARVED_FILE
+%% (scripts/test-run.sh empties it first); `undefined' outside `make test'.
+recorded(Kind) ->
     case os:getenv("BEAMDIAG_STARVED_FILE") of
         false -> undefined;
         File ->
             case file:read_file(File) of
-                {ok, B} -> length(binary:split(B, <<"\n">>, [global, trim_all]));
+                {ok, B} ->
+                    length([1 || Line <- binary:split(B, <<"\n">>, [global, trim_all]),
+                                 [_, Why] <- [binary:split(Line, <<" ">>)],
+                                 lists:prefix(Kind, binary_to_list(Why))]);
                 {error, _} -> 0
             end
     end.

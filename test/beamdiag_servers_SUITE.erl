@@ -17,6 +17,9 @@
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2]).
 -export([rabbitmq_idle/1, rabbitmq_paced/1, rabbitmq_backlog/1, yaws_paced/1, yaws_flat_out/1]).
 
+%% Thread names (OTP 25, and OTP 26 and later).
+-define(DIRTY_CPU, "^([0-9]+_dirty_cpu_|erts_dcpus_[0-9])").
+-define(SCHED_OR_DIRTY_CPU, "^([0-9]+_(scheduler|dirty_cpu_)|erts_(sched|dcpus)_[0-9])").
 -define(WINDOW, 4).
 -define(PORT, 5699).
 %% Queues that back up: a few, not dozens (the machine is shared).
@@ -103,8 +106,8 @@ end_per_group(rabbitmq, Config) ->
 rabbitmq_idle(Config) ->
     %% Raw signal: no messages anywhere, the node nearly idle.
     ?assertEqual(0, lists:sum([N || {_, N} <- depths(Config)])),
-    {L, F, #{settings := S}} = diagnose3(Config, rabbitmq_idle),
-    Used = cpus_used(L),
+    {L, F, Cap = #{settings := S}} = diagnose3(Config, rabbitmq_idle),
+    Used = node_cpus(Cap),
     ct:pal("idle: node ~.3f CPUs", [Used]),
     ?assert(Used < 0.3),
     %% RabbitMQ 3.10 as Debian ships it: busy waiting off, schedulers bound.
@@ -118,7 +121,7 @@ rabbitmq_idle(Config) ->
     %% schedulers waited for a CPU while the rest of the host used 0.3 CPUs
     %% or more (the bound lab_SUITE's cpu_saturated holds it to).
     Starved = [X || X = #{id := cpu_starvation} <- F, beamdiag_finding:at_least(X, warning)],
-    {Runq, Rest} = {runq_share(L), external_cpus(L)},
+    {Runq, Rest} = {runq_share(Cap), external_cpus(Cap)},
     ct:pal("idle: run-queue wait ~.3f of the schedulers' wall time; rest of the host ~.2f CPUs; "
            "starvation said: ~p", [Runq, Rest, Starved =/= []]),
     Starved =:= [] orelse ?assert(Runq >= 0.02 andalso Rest >= 0.30),
@@ -142,16 +145,18 @@ rabbitmq_paced(Config) ->
     ok = beamdiag_test_lib:await(fun() -> counters:get(Received, 1) >= 3000 * ?MSG_SIZE end,
                                  30000),
     {L, F, S} = diagnose3(Config, rabbitmq_paced),
+    #{vm := #{reductions := Reds0}, t := T0} = hd(maps:get(samples, S)),
+    #{vm := #{reductions := Reds1}, t := T1} = lists:last(maps:get(samples, S)),
+    RedsPerS = (Reds1 - Reds0) / (erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6),
     Pub ! stop,
     receive {paced, done} -> ok after 30000 -> ct:fail(publisher_stuck) end,
     %% Raw signal: the consumer kept up (the queue did not back up) and the
     %% node worked more than when idle.
     Depth = proplists:get_value(Q, depths(Config)),
-    Used = cpus_used(L),
-    ct:pal("paced: depth ~p, node ~.3f CPUs, ~b reductions/s",
-           [Depth, Used, round(maps:get(reductions_per_s, maps:get(vm, L)))]),
+    Used = node_cpus(S),
+    ct:pal("paced: depth ~p, node ~.3f CPUs, ~b reductions/s", [Depth, Used, round(RedsPerS)]),
     ?assert(Depth < 30000),
-    ?assert(maps:get(reductions_per_s, maps:get(vm, L)) > 100000),
+    ?assert(RedsPerS > 100000),
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
     nothing_the_node_has(F, maps:get(settings, S)),
     within_bounds(L, F),
@@ -178,7 +183,7 @@ rabbitmq_backlog(Config) ->
     %% The raw signal before the window: the queues take more than their
     %% backlog.
     wait_depth(Config, ?BACKLOG_QUEUES, ?BACKLOG_MSGS + 1, 60000),
-    {L, F, #{settings := S}} = diagnose3(Config, rabbitmq_backlog),
+    {L, F, Cap = #{settings := S}} = diagnose3(Config, rabbitmq_backlog),
     [Pub ! stop || Pub <- Pubs],
     [receive {published, Q} -> ok after 60000 -> ct:fail(publisher_stuck) end
      || Q <- ?BACKLOG_QUEUES],
@@ -186,15 +191,16 @@ rabbitmq_backlog(Config) ->
     %% schedulers collected garbage (msacc) while the node took page faults.
     Depths = depths(Config),
     [?assert(proplists:get_value(Q, Depths) >= ?BACKLOG_MSGS) || Q <- ?BACKLOG_QUEUES],
-    #{msacc := #{by_type := #{dirty_cpu := #{seconds := Secs}}, span_s := Span}} = L,
-    GcWall = maps:get(gc, Secs, 0) + maps:get(gc_full, Secs, 0),
-    Faults = lists:sum([maps:get(minflt, T) + maps:get(majflt, T) || T <- maps:get(threads, L)]),
-    Used = cpus_used(L),
-    ct:pal("backlog: depths ~p; node ~.3f CPUs; dirty gc ~.3f s wall in ~.1f s; ~b page faults",
-           [Depths, Used, GcWall, Span, round(Faults)]),
+    %% (From the capture's raw counters, apart from the ledger.)
+    GcWall = beamdiag_test_lib:raw_msacc(Cap, dirty_cpu_scheduler, [gc, gc_full]),
+    #{minflt := MinFlt, majflt := MajFlt} = beamdiag_test_lib:raw_threads(Cap, "."),
+    Faults = MinFlt + MajFlt,
+    Used = node_cpus(Cap),
+    ct:pal("backlog: depths ~p; node ~.3f CPUs; dirty gc ~.3f s wall; ~b page faults",
+           [Depths, Used, GcWall, Faults]),
     %% No dirty GC in the slice: a skip only if the dirty schedulers were
     %% starved of CPU (their run-queue wait), a failure otherwise.
-    GcWall > 0.05 orelse dirty_starved(L, F),
+    GcWall > 0.05 orelse dirty_starved(Cap, F),
     ?assert(GcWall > 0.05),
     ?assert(Faults > 1000),
     %% The diagnosis names dirty GC, within the node's CPU. A host that
@@ -202,7 +208,7 @@ rabbitmq_backlog(Config) ->
     %% counters say) cannot show it: a skip with those numbers.
     Figs = case [Fg || #{id := dirty_cpu_gc, figures := Fg} <- F] of
                [Fg] -> Fg;
-               [] -> dirty_starved(L, F)
+               [] -> dirty_starved(Cap, F)
            end,
     ct:pal("dirty_cpu_gc figures ~p", [Figs]),
     %% Within the node's CPUs over the same span (msacc's slice).
@@ -218,16 +224,16 @@ rabbitmq_backlog(Config) ->
 %% flags, so busy-wait advice may be given, but never a flag it has.
 yaws_paced(Config) ->
     Load = http_load(4, 40),
-    {L, F, #{settings := S}} = diagnose3(Config, yaws_paced, yaws_node, yaws_cookie),
+    {L, F, Cap = #{settings := S}} = diagnose3(Config, yaws_paced, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     ct:pal("yaws paced: ~b served, ~b failed; node ~.3f CPUs; flags ~p",
-           [Served, Failed, cpus_used(L), maps:with([sbwt, sbwtdcpu, sbwtdio], S)]),
+           [Served, Failed, node_cpus(Cap), maps:with([sbwt, sbwtdcpu, sbwtdio], S)]),
     ?assert(Served >= 100),
     ?assertEqual(0, Failed),
     ?assertEqual(<<"medium">>, maps:get(sbwt, S)),
     nothing_the_node_has(F, S),
     within_bounds(L, F),
-    {save_config, [{paced, {Served, cpus_used(L)}}]}.
+    {save_config, [{paced, {Served, node_cpus(Cap)}}]}.
 
 %% Yaws under as many requests as its clients can send: more requests and
 %% more CPU than at the pace before it, measured side by side (the clients
@@ -236,15 +242,15 @@ yaws_paced(Config) ->
 %% saturation headline must say which.
 yaws_flat_out(Config) ->
     Load = http_load(8, 0),
-    {L, F, #{settings := S}} = diagnose3(Config, yaws_flat_out, yaws_node, yaws_cookie),
+    {L, F, Cap = #{settings := S}} = diagnose3(Config, yaws_flat_out, yaws_node, yaws_cookie),
     {Served, Failed} = http_done(Load),
     #{by_type := #{scheduler := Sched}} = L,
     Busy = beamdiag_ledger:share(busy, Sched, maps:get(wall, Sched)),
     {yaws_paced, [{paced, {PacedServed, PacedCpus}}]} = ?config(saved_config, Config),
     ct:pal("yaws flat out: ~b served (paced: ~b), ~b failed; node ~.3f CPUs (paced: ~.3f), "
-           "schedulers busy ~.3f", [Served, PacedServed, Failed, cpus_used(L), PacedCpus, Busy]),
+           "schedulers busy ~.3f", [Served, PacedServed, Failed, node_cpus(Cap), PacedCpus, Busy]),
     ?assert(Served >= 2 * PacedServed),
-    ?assert(cpus_used(L) >= 1.5 * PacedCpus),
+    ?assert(node_cpus(Cap) >= 1.5 * PacedCpus),
     %% Flat out the node either gets all its CPUs (saturated) or waits for
     %% them (starved): one of the two is said. A saturation headline says
     %% which: "uses all the CPU it has" at 90% of its CPUs and more, the
@@ -419,24 +425,30 @@ within_bounds(#{totals := #{cpus_used := Used, on_cpu := On}, host := #{ncpu := 
          ?assert(V >= 0)
      end || #{figures := Figs} <- F, Fig = #{name := Name, value := V} <- Figs].
 
-cpus_used(#{totals := #{cpus_used := U}}) -> U.
+%% The raw signals below come from the capture's own counters (the
+%% threads' schedstat and clock ticks, /proc/stat, msacc), apart from the
+%% ledger the diagnosis is made of.
+
+%% CPUs the node's threads used over the window.
+node_cpus(Cap) ->
+    maps:get(node_cpus, beamdiag_test_lib:raw_host(Cap)).
 
 %% The normal and dirty CPU schedulers' run-queue wait, share of their
 %% wall time.
-runq_share(L) ->
-    Rows = [R || {T, R} <- maps:to_list(maps:get(by_type, L)), lists:member(T, [scheduler, dirty_cpu])],
-    lists:sum([maps:get(runq, R, 0.0) || R <- Rows]) /
-        max(1.0e-9, lists:sum([maps:get(wall, R, 0.0) || R <- Rows])).
+runq_share(Cap) ->
+    #{wait_ns := W, wall_ns := Wall} = beamdiag_test_lib:raw_threads(Cap, ?SCHED_OR_DIRTY_CPU),
+    W / max(1, Wall).
 
 %% CPUs the rest of the host used over the window.
-external_cpus(#{host := #{busy := B, ncpu := N}, totals := #{cpus_used := U}}) ->
-    B * N - U.
+external_cpus(Cap) ->
+    #{cpus := Host, node_cpus := Node} = beamdiag_test_lib:raw_host(Cap),
+    Host - Node.
 
 %% dirty_cpu_gc not named: a skip when the dirty CPU schedulers waited for
 %% a CPU a quarter of their time or more, a failure otherwise.
-dirty_starved(#{by_type := ByType}, F) ->
-    Row = maps:get(dirty_cpu, ByType, #{}),
-    Runq = maps:get(runq, Row, 0.0) / max(1.0e-9, maps:get(wall, Row, 0.0)),
+dirty_starved(Cap, F) ->
+    #{wait_ns := W, wall_ns := Wall} = beamdiag_test_lib:raw_threads(Cap, ?DIRTY_CPU),
+    Runq = W / max(1, Wall),
     case Runq >= 0.25 of
         true ->
             beamdiag_test_lib:starved("dirty_cpu_gc not named (findings ~p): the dirty CPU "

@@ -22,7 +22,7 @@
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
 -export([agent_gone/1, agent_gone/2, beamdiag_modules/1, msacc_on/1]).
--export([read_capture/1, raw_shares/1, starved/2, not_produced/2, png_colours/1, sentence/1]).
+-export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %%%===================================================================
 %%% Folders, fixtures, the escript
@@ -611,6 +611,56 @@ raw_shares(#{samples := Samples, settings := Settings}) ->
       spin => max(0.0, OnCpu - Busy), blocked => max(0.0, Busy - OnCpu - Runq), schedulers => N,
       reductions_per_s => Reds / max(1.0e-9, WallNs / 1.0e9),
       host_busy => host_busy(maps:get(host, First), maps:get(host, Last))}.
+
+%% @doc The threads of a capture whose name matches Re (a regular
+%% expression), from its raw counters only: summed over them between the
+%% first and the last sample, `run_ns' (on a CPU), `wait_ns' (runnable,
+%% waiting for one), `minflt', `majflt', their CPU time in clock ticks
+%% (`ticks', utime plus stime), `n' (threads) and `wall_ns' (the capture's
+%% span times n).
+-spec raw_threads(map(), iodata()) -> #{atom() => number()}.
+raw_threads(#{samples := Samples}, Re) ->
+    First = hd(Samples),
+    Last = lists:last(Samples),
+    WallNs = erlang:convert_time_unit(maps:get(t, Last) - maps:get(t, First), native, nanosecond),
+    Pick = fun(S) -> maps:filter(fun(_, #{name := Name}) -> re:run(Name, Re) =/= nomatch end,
+                                 maps:get(threads, S)) end,
+    T0s = Pick(First),
+    Pairs = [{maps:get(Tid, T0s), T1} || {Tid, T1} <- maps:to_list(Pick(Last)), maps:is_key(Tid, T0s)],
+    Delta = fun(K) -> lists:sum([maps:get(K, T1, 0) - maps:get(K, T0, 0) || {T0, T1} <- Pairs]) end,
+    #{run_ns => Delta(run_ns), wait_ns => Delta(wait_ns), minflt => Delta(minflt),
+      majflt => Delta(majflt), ticks => Delta(utime) + Delta(stime), n => length(Pairs),
+      wall_ns => WallNs * length(Pairs)}.
+
+%% @doc The host over a capture, from /proc/stat's counters and the node's
+%% own process CPU time (the first and last samples): `ncpu', `busy' (the
+%% share of the host's CPU time not idle), `cpus' (CPUs in use, all of the
+%% host) and `node_cpus' (the node's threads' CPU time over the span).
+-spec raw_host(map()) -> #{atom() => number()}.
+raw_host(C = #{samples := Samples}) ->
+    First = hd(Samples),
+    Last = lists:last(Samples),
+    WallS = erlang:convert_time_unit(maps:get(t, Last) - maps:get(t, First), native, nanosecond) / 1.0e9,
+    #{ncpu := N} = maps:get(host, Last),
+    Busy = host_busy(maps:get(host, First), maps:get(host, Last)),
+    #{ticks := Ticks} = raw_threads(C, "."),
+    %% USER_HZ: 100 clock ticks a second on every Linux.
+    #{ncpu => N, busy => Busy, cpus => Busy * N, node_cpus => Ticks / 100 / max(1.0e-9, WallS)}.
+
+%% @doc Microstate accounting's seconds in the States of the threads of
+%% Type (`dirty_cpu_scheduler', ...) between the first and the last sample
+%% that carry it, from the raw counters (perf_counter units).
+-spec raw_msacc(map(), atom(), [atom()]) -> float().
+raw_msacc(#{samples := Samples}, Type, States) ->
+    case [M || #{vm := #{msacc := M = [_ | _]}} <- Samples] of
+        [MA | Rest = [_ | _]] ->
+            MB = lists:last(Rest),
+            Sum = fun(M) -> lists:sum([maps:get(St, Cs, 0) || #{type := T, counters := Cs} <- M,
+                                                              T =:= Type, St <- States]) end,
+            (Sum(MB) - Sum(MA)) / erlang:convert_time_unit(1, second, perf_counter);
+        _ ->
+            0.0
+    end.
 
 %% The share of the host's CPU time not idle (nor waiting for I/O), from
 %% /proc/stat's counters.

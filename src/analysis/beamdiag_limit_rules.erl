@@ -126,15 +126,15 @@ finding(F = #{resource := R, count := C, start := C0, limit := L, growth := G, r
                ets_tables ->
                    fmt("~s ETS tables at the end of the window; the node's ets_limit (~s) is "
                        "not enforced since OTP 21: tables are bounded by memory only",
-                       [count(C), count(L)]);
+                       [beamdiag_units:count(C), beamdiag_units:count(L)]);
                _ ->
                    fmt("~ts: ~s of ~s (~.1f%) at the end of the window",
-                       [what(R), count(C), count(L), 100 * Used])
+                       [what(R), beamdiag_units:count(C), beamdiag_units:count(L), 100 * Used])
            end,
     Growth = case G of
                  0 -> fmt("no change over ~.1f s", [Span]);
                  _ -> fmt("~s from ~s over ~.1f s (~s a second)~ts",
-                          [signed(G), count(C0), Span, rate(Rate),
+                          [signed(G), beamdiag_units:count(C0), Span, rate(Rate),
                            case Steady of
                                true -> ", rising steadily";
                                false -> ""
@@ -182,15 +182,15 @@ fix(atoms, L) ->
      "use existing atoms only: binary_to_term(Bin, [safe]) refuses new atoms, "
      "list_to_existing_atom/1 and binary_to_existing_atom/2 fail on unknown names, or keep such "
      "keys as binaries. Atoms are never freed: restart the node before the table fills. +t "
-     "raises the limit (this node's is ", count(L), ") and only postpones the crash."];
+     "raises the limit (this node's is ", beamdiag_units:count(L), ") and only postpones the crash."];
 fix(processes, L) ->
     ["Find who spawns them (the process walks' largest counts by initial call) and bound it: a "
      "pool, processes that end when their work is done, a supervisor that gives up. +P raises "
-     "the limit (this node's is ", count(L), "), but each process holds memory."];
+     "the limit (this node's is ", beamdiag_units:count(L), "), but each process holds memory."];
 fix(ports, L) ->
     ["Close every port and socket when done (a socket closes when its owner process dies), and "
      "bound connection counts (a pool, a limit on accepted connections). +Q raises the limit "
-     "(this node's is ", count(L), "); each socket or file also takes a file descriptor, "
+     "(this node's is ", beamdiag_units:count(L), "); each socket or file also takes a file descriptor, "
      "bounded by the process's open-file limit (ulimit -n)."];
 fix(ets_tables, _L) ->
     "Delete tables when done, or give each an owner that ends with its work (a table dies with "
@@ -202,10 +202,10 @@ sources(atoms, #{processes := Ps, rounds := N, atoms := [A0, A1]}) ->
     case Ranked of
         [] ->
             [fmt("no process was caught running in ~b looks while the atom table grew (from ~s "
-                 "to ~s): the atoms come in bursts", [N, count(A0), count(A1)])];
+                 "to ~s): the atoms come in bursts", [N, beamdiag_units:count(A0), beamdiag_units:count(A1)])];
         _ ->
             [fmt("caught running in ~b looks while the atom table grew from ~s to ~s:",
-                 [N, count(A0), count(A1)])
+                 [N, beamdiag_units:count(A0), beamdiag_units:count(A1)])
              | [source_line(P, N) || P <- lists:sublist(Ranked, 3)]]
     end;
 sources(atoms, none) ->
@@ -229,9 +229,8 @@ source_line(P = #{samples := K, functions := Fs, makes_atoms := Makes}, N) ->
 rate(R) when abs(R) >= 10 -> io_lib:format("~b", [round(R)]);
 rate(R) -> io_lib:format("~.1f", [R]).
 
-signed(G) when G >= 0 -> ["+", count(G)];
-signed(G) -> ["-", count(-G)].
+signed(G) when G >= 0 -> ["+", beamdiag_units:count(G)];
+signed(G) -> ["-", beamdiag_units:count(-G)].
 
-count(N) -> beamdiag_proc_rules:count(N).
 round4(X) -> round(X * 10000) / 10000.
 fmt(F, A) -> io_lib:format(F, A).

@@ -439,9 +439,11 @@ wait_text(P) when P >= 100 -> io_lib:format("~.1f times the window (summed over 
                                             [P / 100]);
 wait_text(P) -> [pct_text(P), " of the window (summed over the threads)"].
 
+%% A figure of the lock data (percent, its own unit) as text: whole from
+%% 10%, with one decimal below.
 -spec pct_text(number()) -> string().
-pct_text(P) when P >= 10 -> [integer_to_list(round(P)), "%"];
-pct_text(P) -> io_lib:format("~.1f%", [float(P)]).
+pct_text(P) when P >= 10 -> beamdiag_units:whole_pct(P / 100);
+pct_text(P) -> beamdiag_units:pct(P / 100).
 
 -spec plural(integer()) -> string().
 plural(1) -> "";

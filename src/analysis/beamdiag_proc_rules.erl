@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, duration/1, count/1]).
+-export([findings/3, named/1, annotate/3, who/1, duration/1]).
 
 %%%===================================================================
 %%% API
@@ -132,7 +132,8 @@ bottleneck(Procs = #{top_reductions := [Top | Rest]}, Ledger, Settings, T) ->
                   end,
             Evidence = [
                 fmt("~ts took ~s of the node's reductions over ~.1f s (~s reductions; the next "
-                    "process ~s)", [who(Top), beamdiag_units:pct(Share), Span, count(Reds), beamdiag_units:pct(Next)]),
+                    "process ~s)", [who(Top), beamdiag_units:pct(Share), Span,
+                                    beamdiag_units:count(Reds), beamdiag_units:pct(Next)]),
                 fmt("that share of the schedulers' busy time is ~.2f of a scheduler: one process "
                     "runs on one scheduler at a time; ~.2f of ~b schedulers were idle",
                     [Cpus, max(0.0, Idle), Online]),
@@ -190,18 +191,19 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial, Stalled) when is
                 case {Partial, maps:get(answered, E, true)} of
                     {_, false} ->
                         fmt("at this rate the queue holds ~s messages in ten minutes",
-                            [count(round(Q1 + Rate * 600))]);
+                            [beamdiag_units:count(round(Q1 + Rate * 600))]);
                     {false, _} ->
                         fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
                             "rate the queue holds ~s messages in ten minutes",
-                            [count(maps:get(reductions, E)), maps:get(current, E, <<"?">>),
-                             maps:get(status, E, <<"?">>), count(round(Q1 + Rate * 600))]);
+                            [beamdiag_units:count(maps:get(reductions, E)),
+                             maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
+                             beamdiag_units:count(round(Q1 + Rate * 600))]);
                     {true, _} ->
                         fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
                             "holds ~s messages in ten minutes (the capture was cut short: the "
                             "queue lengths are the start walk's and the last tick's)",
                             [maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
-                             count(round(Q1 + Rate * 600))])
+                             beamdiag_units:count(round(Q1 + Rate * 600))])
                 end
             ],
             [beamdiag_finding:new(message_queue_growth, Sev, Evidence, Metrics#{
@@ -362,7 +364,3 @@ round4(X) -> round(X * 10000) / 10000.
 fmt(F, A) -> io_lib:format(F, A).
 
 %% @doc A count as people read it (1.2M, 34.5k).
--spec count(integer()) -> iolist().
-count(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
-count(N) when N >= 10000 -> io_lib:format("~.1fk", [N / 1.0e3]);
-count(N) -> integer_to_list(N).

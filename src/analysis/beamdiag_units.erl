@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_units).
 
--export([pct/1, pct/2, whole_pct/1, bytes/1, memory/1, rate/1, ticks_to_s/1]).
+-export([pct/1, pct/2, whole_pct/1, bytes/1, memory/1, rate/1, count/1, ticks_to_s/1]).
 
 %%%===================================================================
 %%% API
@@ -64,6 +64,12 @@ rate(V) when V >= 1.0e9 -> lists:flatten(io_lib:format("~.1fG", [V / 1.0e9]));
 rate(V) when V >= 1.0e6 -> lists:flatten(io_lib:format("~.1fM", [V / 1.0e6]));
 rate(V) when V >= 1.0e3 -> lists:flatten(io_lib:format("~.1fk", [V / 1.0e3]));
 rate(V) -> integer_to_list(round(V)).
+
+%% @doc A count, shortened from ten thousand: "9999", "12.3k", "4.5M".
+-spec count(integer()) -> string().
+count(N) when N >= 1000000 -> lists:flatten(io_lib:format("~.1fM", [N / 1.0e6]));
+count(N) when N >= 10000 -> lists:flatten(io_lib:format("~.1fk", [N / 1.0e3]));
+count(N) -> integer_to_list(N).
 
 %% @doc Clock ticks (USER_HZ, /proc's unit, as the agent reads it) as
 %% seconds.

@@ -61,7 +61,7 @@ line(P = #{top_reductions := Top}) ->
                _ -> "top -"
            end,
     Q = case [E || E = #{queue := [_, Q1]} <- maps:get(queues, P, []), Q1 >= 100] of
-            [QE = #{queue := [_, QL]} | _] -> io_lib:format("; mailbox ~ts ~ts", [who_short(QE), count(QL)]);
+            [QE = #{queue := [_, QL]} | _] -> io_lib:format("; mailbox ~ts ~ts", [who_short(QE), beamdiag_units:count(QL)]);
             [] -> ""
         end,
     ["processes: ", Reds, Q];
@@ -101,7 +101,7 @@ scope(P = #{mode := Mode, scanned := [S0, S1], process_count := [C0, C1]}) ->
 %%%===================================================================
 
 opt(null) -> "-";
-opt(N) -> count(N).
+opt(N) -> beamdiag_units:count(N).
 
 opt_bytes(null) -> "-";
 opt_bytes(N) -> beamdiag_units:bytes(N).
@@ -135,7 +135,7 @@ reds_line(E, Total) ->
                 _ -> maps:get(reductions, E) / Total
             end,
     [io_lib:format("  ~12ts  ~6.1f%  ~ts~n",
-                   [count(maps:get(reductions, E)), 100 * Share, who(E, 56)]),
+                   [beamdiag_units:count(maps:get(reductions, E)), 100 * Share, who(E, 56)]),
      where(E)].
 
 queues(Qs) ->
@@ -145,7 +145,7 @@ queues(Qs) ->
         Rows ->
             ["  mailboxes (messages at start -> end)\n",
              [io_lib:format("  ~12ts -> ~-9ts  ~ts~ts~n",
-                            [qstart(Q0), count(Q1), who(E, 52), queue_memory(E)])
+                            [qstart(Q0), beamdiag_units:count(Q1), who(E, 52), queue_memory(E)])
               || E = #{queue := [Q0, Q1]} <- lists:sublist(Rows, ?ROWS)]]
     end.
 
@@ -198,8 +198,5 @@ who(E, Max) ->
     beamdiag_safe_text:safe(beamdiag_proc_rules:who(E), Max).
 
 qstart(null) -> "new";
-qstart(N) -> count(N).
+qstart(N) -> beamdiag_units:count(N).
 
-count(N) when N >= 1000000 -> io_lib:format("~.1fM", [N / 1.0e6]);
-count(N) when N >= 10000 -> io_lib:format("~.1fk", [N / 1.0e3]);
-count(N) -> integer_to_list(N).
