@@ -123,7 +123,7 @@ tick_pairs(Pairs, Ms, Sink) ->
     Init = fun() ->
                #{pid => Pid, proc_root => "/proc", msacc => false, cgroup_location => Cg,
                  status => false, held => beamdiag_agent_file:new(beamdiag_agent_file:budget("/proc")),
-                 probe => beamdiag_agent_probe:start(self()), interval_ms => 1000}
+                 probe => beamdiag_agent_bounded_call:start(self()), interval_ms => 1000}
            end,
     %% A middle tick of a 1 s session reads the threads that ran in the
     %% interval before (and the others when the process's CPU time says

@@ -31,6 +31,10 @@
     ready_ms => non_neg_integer()
 }.
 -type options() :: #{
+    %% Seconds and milliseconds, as their names say; `duration' and
+    %% `interval' are the same options by their older names.
+    duration_s => number(),
+    interval_ms => pos_integer(),
     duration => number(),
     interval => pos_integer(),
     msacc => boolean(),
@@ -71,8 +75,9 @@
 %%% API
 %%%===================================================================
 
-%% @doc Diagnoses the node this runs on. Options (defaults): `duration'
-%% seconds (10), `interval' ms between samples (1000), `msacc' (true),
+%% @doc Diagnoses the node this runs on. Options (defaults): `duration_s'
+%% (10, also `duration'), `interval_ms' between samples (1000, also
+%% `interval'), `msacc' (true),
 %% `msacc_span' seconds at the end of the window that microstate
 %% accounting covers (2; it slows every thread while on, so the default
 %% keeps it on for a fifth of the default window),

@@ -30,7 +30,7 @@ fix_is_the_catalogue_text_test() ->
                                              <- beamdiag_flags:table()]),
     Node = Defaults#{otp_release => <<"27">>, bind_type => <<"unbound">>},
     [?assertEqual({Id, maps:get(fix, beamdiag_catalogue:entry(Id))},
-                  {Id, beamdiag_fix:fix(Id, Node)})
+                  {Id, beamdiag_fix_text:fix(Id, Node)})
      || Id <- beamdiag_catalogue:ids()],
     Fitted = [Id || Id <- beamdiag_catalogue:ids(),
                     maps:is_key(fitted, beamdiag_catalogue:entry(Id))],
@@ -44,7 +44,7 @@ fitted_fix_keeps_the_catalogue_words_test() ->
                sbwtdio => <<"none">>, bind_type => <<"thread_no_node_processor_spread">>},
     [begin
          #{fitted := Parts} = beamdiag_catalogue:entry(Id),
-         Fix = beamdiag_fix:fix(Id, Rabbit),
+         Fix = beamdiag_fix_text:fix(Id, Rabbit),
          [?assertMatch({Id, {_, _}}, {Id, binary:match(Fix, B)}) || B <- Parts, is_binary(B)]
      end || Id <- [busy_wait, cpu_starvation, cpu_throttling, high_system_cpu, dirty_cpu_gc,
                    scheduler_imbalance, allocator_contention]].

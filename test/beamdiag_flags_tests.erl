@@ -45,13 +45,13 @@ busy_wait_rule_defaults_from_the_table_test() ->
 fix_defaults_from_the_table_test() ->
     Defaults = maps:from_list([{K, D} || #{key := K, default := D, read := true}
                                              <- beamdiag_flags:table()]),
-    [?assertEqual({Id, beamdiag_fix:fix(Id, Defaults#{otp_release => <<"27">>})},
-                  {Id, beamdiag_fix:fix(Id, #{otp_release => <<"27">>})})
+    [?assertEqual({Id, beamdiag_fix_text:fix(Id, Defaults#{otp_release => <<"27">>})},
+                  {Id, beamdiag_fix_text:fix(Id, #{otp_release => <<"27">>})})
      || Id <- beamdiag_catalogue:ids()].
 
 %% The fixes advise only flags of the table, with the values it lists.
 advised_flags_are_the_table_test() ->
-    Advised = [F || #{flag := F} <- beamdiag_fix:advised_flags()],
+    Advised = [F || #{flag := F} <- beamdiag_fix_text:advised_flags()],
     Options = [O || #{option := O} <- beamdiag_flags:table()],
     ?assertEqual([], Advised -- Options),
     [?assert(lists:member(F, Advised))

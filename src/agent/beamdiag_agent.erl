@@ -151,10 +151,11 @@ stop(Pid) ->
 %% @doc The modules the agent needs on the target.
 -spec modules() -> [module()].
 modules() ->
-    [beamdiag_agent_code, ?MODULE, beamdiag_agent_file, beamdiag_agent_procfs, beamdiag_agent_cgroup, beamdiag_agent_vm,
-     beamdiag_agent_host, beamdiag_agent_processes, beamdiag_agent_walker,
-     beamdiag_agent_probe, beamdiag_agent_sysmon, beamdiag_agent_held, beamdiag_agent_pinfo,
-     beamdiag_agent_queues, beamdiag_agent_limits, beamdiag_agent_waits, beamdiag_agent_chains].
+    [beamdiag_agent_code, ?MODULE, beamdiag_agent_file, beamdiag_agent_procfs,
+     beamdiag_agent_cgroup, beamdiag_agent_vm, beamdiag_agent_host, beamdiag_agent_processes,
+     beamdiag_agent_walker, beamdiag_agent_bounded_call, beamdiag_agent_sysmon,
+     beamdiag_agent_held_sampler, beamdiag_agent_pinfo, beamdiag_agent_queues,
+     beamdiag_agent_limits, beamdiag_agent_waits, beamdiag_agent_chains].
 
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
@@ -250,7 +251,7 @@ active(Before, Now) ->
 vm(#{probe := Probe, interval_ms := Interval}, Msacc) ->
     Vm0 = beamdiag_agent_vm:counters(#{msacc => false, swt => false}),
     Fun = fun() -> beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}) end,
-    case beamdiag_agent_probe:call(Probe, Fun, slow_ms(Interval)) of
+    case beamdiag_agent_bounded_call:call(Probe, Fun, slow_ms(Interval)) of
         {ok, M} ->
             maps:merge(Vm0, M);
         Why ->
@@ -319,8 +320,8 @@ init(Caller, Ref, Opts0, _Starter) ->
     Interval = maps:get(interval_ms, Opts0),
     %% The helper for calls every scheduler must answer; it owns the
     %% session's scheduler_wall_time reference and puts msacc back.
-    Probe = beamdiag_agent_probe:start(self()),
-    Swt = beamdiag_agent_probe:call(
+    Probe = beamdiag_agent_bounded_call:start(self()),
+    Swt = beamdiag_agent_bounded_call:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
     Sysmon = case maps:get(long_schedules, Opts0, true) of
                  true -> beamdiag_agent_sysmon:start(self(), #{notify => {Caller, Ref}});
@@ -337,7 +338,7 @@ init(Caller, Ref, Opts0, _Starter) ->
         probe => Probe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, memory_location => MemLoc, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
-    Helpers = [beamdiag_agent_probe:pid(Probe) | [P || P <- [Sysmon], is_pid(P)]],
+    Helpers = [beamdiag_agent_bounded_call:pid(Probe) | [P || P <- [Sysmon], is_pid(P)]],
     %% What the start word says of the node, read before the window.
     Facts = #{
         agent => self(),
@@ -517,7 +518,7 @@ msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, 
             %% In the helper, under a deadline (every thread must answer);
             %% the helper puts the flag back when the session ends, also
             %% when the answer came too late for the agent.
-            case beamdiag_agent_probe:call(Probe, fun msacc_on/0, ?FLAG_MS) of
+            case beamdiag_agent_bounded_call:call(Probe, fun msacc_on/0, ?FLAG_MS) of
                 {ok, Was} -> {Restore#{msacc => Was}, 0};
                 _ -> {Restore#{msacc_missing => true}, never}
             end
@@ -528,7 +529,7 @@ msacc_plan(Opts = #{duration_ms := Duration, interval_ms := Interval}, Restore, 
 %% back the value the flag had when the session ends.
 msacc_slice(State = #{msacc := false, msacc_from := From, probe := Probe}, K)
   when is_integer(From), K >= From ->
-    beamdiag_agent_probe:cast(Probe, fun msacc_on/0),
+    beamdiag_agent_bounded_call:cast(Probe, fun msacc_on/0),
     State#{msacc := true};
 msacc_slice(State, _K) ->
     State.
@@ -725,10 +726,10 @@ restore(State) ->
              end,
     Probe = case maps:find(probe, State) of
                 {ok, P} ->
-                    beamdiag_agent_probe:cast(
+                    beamdiag_agent_bounded_call:cast(
                       P, fun() -> erlang:system_flag(scheduler_wall_time, false) end),
-                    beamdiag_agent_probe:stop(P),
-                    [erlang:monitor(process, beamdiag_agent_probe:pid(P))];
+                    beamdiag_agent_bounded_call:stop(P),
+                    [erlang:monitor(process, beamdiag_agent_bounded_call:pid(P))];
                 error ->
                     []
             end,

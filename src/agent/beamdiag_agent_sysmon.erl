@@ -12,7 +12,7 @@
 %%% The system monitor is one slot per node, and servers use it (RabbitMQ's
 %%% sysmon handler does): it is read first, and when it is taken it is left
 %%% alone and the report says so (`state => taken', with the monitoring
-%%% process). A sampler then stands in (`beamdiag_agent_held'; option
+%%% process). A sampler then stands in (`beamdiag_agent_held_sampler'; option
 %%% `sampler', default true): up to 4 processes bound one to a normal
 %%% scheduler look for a held scheduler twice a second (one that wakes
 %%% 10 ms late was on it); at such a sign an on-time one walks the table
@@ -88,7 +88,7 @@ start(Owner, Opts) ->
 report(Pid, TimeoutMs) ->
     Alias = alias([reply]),
     Pid ! {report, Alias},
-    beamdiag_agent_probe:reply(Alias, TimeoutMs, undefined).
+    beamdiag_agent_bounded_call:reply(Alias, TimeoutMs, undefined).
 
 %% @doc Frees the system monitor (when it is this watcher's) and ends.
 -spec stop(pid()) -> ok.
@@ -121,12 +121,12 @@ init(Owner, Opts) ->
     loop(MRef, St#{set_ms => erlang:monotonic_time(millisecond) - T0}).
 
 %% The slot is somebody else's: left alone, and the sampler stands in
-%% (beamdiag_agent_held) unless turned off.
+%% (beamdiag_agent_held_sampler) unless turned off.
 taken(Holder, Owner, Opts, St0) ->
     St = St0#{state => taken, by => holder(Holder)},
     case maps:get(sampler, Opts, true) of
-        true -> St#{samplers => beamdiag_agent_held:start(self(), [Owner]),
-                    held => beamdiag_agent_held:new()};
+        true -> St#{samplers => beamdiag_agent_held_sampler:start(self(), [Owner]),
+                    held => beamdiag_agent_held_sampler:new()};
         false -> St
     end.
 
@@ -171,14 +171,15 @@ loop(MRef, St) ->
 %% A sampler's message: folded in; new candidates go to every sampler,
 %% and samples that found a process held count as new events.
 held(Msg, St = #{held := Agg, samplers := Samplers}) ->
-    Agg2 = beamdiag_agent_held:add(Msg, Agg),
+    Agg2 = beamdiag_agent_held_sampler:add(Msg, Agg),
     St2 = St#{held := Agg2},
     case Msg of
         {walked, _, [_ | _]} ->
-            beamdiag_agent_held:share(Samplers, beamdiag_agent_held:candidates(Agg2)),
+            beamdiag_agent_held_sampler:share(Samplers,
+                                              beamdiag_agent_held_sampler:candidates(Agg2)),
             St2;
         _ ->
-            case beamdiag_agent_held:found(Msg) of
+            case beamdiag_agent_held_sampler:found(Msg) of
                 true -> notify(St2);
                 false -> St2
             end
@@ -323,9 +324,9 @@ summary(St = #{state := State, threshold_ms := Ms, pids := Pids, others := Other
 
 %% The sampler's findings in the events' shape (`source => sampler').
 sampled(R, Agg, N) ->
-    Ps = [held_entry(E) || E <- lists:sublist(beamdiag_agent_held:entries(Agg), ?TOP)],
+    Ps = [held_entry(E) || E <- lists:sublist(beamdiag_agent_held_sampler:entries(Agg), ?TOP)],
     R#{source => sampler,
-       sampler => (beamdiag_agent_held:info(Agg))#{samplers => N},
+       sampler => (beamdiag_agent_held_sampler:info(Agg))#{samplers => N},
        events => lists:sum([C || #{count := C} <- Ps]),
        process_count => length(Ps),
        processes => Ps,

@@ -114,7 +114,7 @@ counters(Opts = #{msacc := WantMsacc}) ->
 %% garbage collection (OTP sums it from a request to every scheduler) and,
 %% when wanted, microstate accounting. A scheduler held by a NIF
 %% answers only when the NIF returns, so callers that must not stall run
-%% this with a deadline (see beamdiag_agent_probe).
+%% this with a deadline (see beamdiag_agent_bounded_call).
 -spec all_schedulers(#{msacc := boolean()}) ->
     #{swt := list() | undefined, gcs := non_neg_integer(), gc_words := non_neg_integer(),
       msacc => [map()]}.

@@ -32,7 +32,7 @@
 }.
 
 %% A fix that depends on the node is written as parts: text, and the
-%% places `beamdiag_fix' fits to the node's settings.
+%% places `beamdiag_fix_text' fits to the node's settings.
 %% <ul>
 %% <li>`{flags, Wanted, Todo, Done}': flags to advise. When the node lacks
 %%   some (of those its release documents), `Todo', where `flags' stands for

@@ -2,7 +2,7 @@
 %%%
 %%% Rules build findings with `new/4' or `new/5'; the title, fix and caveat
 %%% come from `beamdiag_catalogue' (the fix fitted to the node by
-%%% `beamdiag_fix' when the rule passes one), the evidence, metrics and
+%%% `beamdiag_fix_text' when the rule passes one), the evidence, metrics and
 %%% figures from the rule. A figure is a number with its unit and, when it
 %%% is a part of another figure, the name of that whole: the property test
 %%% over recorded captures checks every figure against its physical bound

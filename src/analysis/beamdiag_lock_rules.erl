@@ -204,7 +204,7 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
                     [beamdiag_finding:new(
                         allocator_contention, Sev, Evidence,
                         (metrics(Sum))#{allocator => Id},
-                        #{fix => beamdiag_fix:fix(allocator_contention,
+                        #{fix => beamdiag_fix_text:fix(allocator_contention,
                                                   with_instances(Dirty, Settings))}
                     )]
             end

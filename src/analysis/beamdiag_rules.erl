@@ -518,7 +518,7 @@ lock_hint(L) ->
 emit(_Id, none, _Evidence, _Metrics, _Figures, _Settings) -> [];
 emit(Id, Severity, Evidence, Metrics, Figures, Settings) ->
     [beamdiag_finding:new(Id, Severity, Evidence, Metrics,
-                          #{figures => Figures, fix => beamdiag_fix:fix(Id, Settings)})].
+                          #{figures => Figures, fix => beamdiag_fix_text:fix(Id, Settings)})].
 
 fig(Name, V, Unit) -> beamdiag_finding:figure(Name, V, Unit).
 fig(Name, V, Unit, Opts) when is_map(Opts) -> beamdiag_finding:figure(Name, V, Unit, Opts);

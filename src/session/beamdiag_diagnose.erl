@@ -79,10 +79,24 @@ run_remote(NodeStr, Opts) ->
                       end
               end).
 
+%% The names that carry their unit, `duration_s' and `interval_ms', for
+%% the older `duration' (seconds) and `interval' (milliseconds); both
+%% spellings of one option must agree.
+unit_names(Opts) ->
+    lists:foldl(fun({Named, Old}, O) ->
+                        case {maps:take(Named, O), maps:find(Old, O)} of
+                            {error, _} -> O;
+                            {{V, O1}, error} -> O1#{Old => V};
+                            {{V, O1}, {ok, V}} -> O1;
+                            {{V, _}, {ok, W}} -> erlang:error({badarg, {Named, V, Old, W}})
+                        end
+                end, Opts, [{duration_s, duration}, {interval_ms, interval}]).
+
 %% @doc Validates options and fills in defaults; raises `badarg' with the
 %% offending keys on unknown options or bad values.
 -spec options(beamdiag:options()) -> beamdiag:options().
-options(Opts) ->
+options(Opts0) ->
+    Opts = unit_names(Opts0),
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, [started | ?REMOTE_KEYS]),
     #{duration := D, interval := I, msacc_span := S} = O,
     (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),

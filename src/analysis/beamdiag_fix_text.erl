@@ -9,11 +9,11 @@
 %%% erl(1) of every OTP release it can find.
 %%%
 %%% ```
-%%% 1> beamdiag_fix:fix(busy_wait, #{sbwt => <<"none">>, otp_release => <<"25">>}).
+%%% 1> beamdiag_fix_text:fix(busy_wait, #{sbwt => <<"none">>, otp_release => <<"25">>}).
 %%% <<"Start the node with +sbwtdcpu none +sbwtdio none (in vm.args, or ERL_FLAGS) "
 %%%   "(+sbwt none is already set). Prove it with ...">>
 %%% '''
--module(beamdiag_fix).
+-module(beamdiag_fix_text).
 
 -export([fix/2]).
 %% Called by the tests only.

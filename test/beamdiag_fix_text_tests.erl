@@ -1,4 +1,4 @@
--module(beamdiag_fix_tests).
+-module(beamdiag_fix_text_tests).
 -include_lib("eunit/include/eunit.hrl").
 
 %% RabbitMQ 3.10 as Debian starts it.
@@ -14,45 +14,46 @@ defaults() ->
 
 %% The field case: +sbwt none on the node, "+sbwt none, +swt low" advised.
 high_system_cpu_on_rabbitmq_test() ->
-    Fix = beamdiag_fix:fix(high_system_cpu, rabbit()),
+    Fix = beamdiag_fix_text:fix(high_system_cpu, rabbit()),
     ?assertEqual(nomatch, re:run(Fix, "\\+swt (very_)?low")),
     ?assertMatch({match, _}, re:run(Fix, "busy waiting is already off")),
     ?assertMatch({match, _}, re:run(Fix, "\\+swt high")).
 
 high_system_cpu_with_swt_high_already_test() ->
-    Fix = beamdiag_fix:fix(high_system_cpu, (defaults())#{swt => <<"high">>}),
+    Fix = beamdiag_fix_text:fix(high_system_cpu, (defaults())#{swt => <<"high">>}),
     ?assertMatch({match, _}, re:run(Fix, "\\+swt is already high")).
 
 busy_wait_names_only_missing_flags_test() ->
-    Fix = beamdiag_fix:fix(busy_wait, (defaults())#{sbwt => <<"none">>}),
+    Fix = beamdiag_fix_text:fix(busy_wait, (defaults())#{sbwt => <<"none">>}),
     ?assertMatch({match, _}, re:run(Fix, "Start the node with \\+sbwtdcpu none \\+sbwtdio none "
                                          "\\(in vm.args, or ERL_FLAGS\\) \\(\\+sbwt none is already set\\)")).
 
 throttling_with_busy_wait_off_test() ->
-    Fix = beamdiag_fix:fix(cpu_throttling, rabbit()),
+    Fix = beamdiag_fix_text:fix(cpu_throttling, rabbit()),
     ?assertEqual(nomatch, re:run(Fix, "turn busy waiting off")),
     ?assertMatch({match, _}, re:run(Fix, "already off")).
 
 mdai_in_place_test() ->
-    Fix = beamdiag_fix:fix(dirty_cpu_gc, (defaults())#{mdai => <<"max">>}),
+    Fix = beamdiag_fix_text:fix(dirty_cpu_gc, (defaults())#{mdai => <<"max">>}),
     ?assertEqual(nomatch, re:run(Fix, "with \\+Mdai max")),
     ?assertMatch({match, _}, re:run(Fix, "already have allocator instances")).
 
 imbalance_flags_in_place_test() ->
-    Fix = beamdiag_fix:fix(scheduler_imbalance, (defaults())#{scl => <<"false">>, sub => <<"true">>}),
+    Fix = beamdiag_fix_text:fix(scheduler_imbalance,
+                                (defaults())#{scl => <<"false">>, sub => <<"true">>}),
     ?assertEqual(nomatch, re:run(Fix, "try \\+")).
 
 starvation_names_binding_test() ->
-    ?assertMatch({match, _}, re:run(beamdiag_fix:fix(cpu_starvation, rabbit()), "\\+sbt u")),
-    ?assertEqual(nomatch, re:run(beamdiag_fix:fix(cpu_starvation, defaults()), "\\+sbt")).
+    ?assertMatch({match, _}, re:run(beamdiag_fix_text:fix(cpu_starvation, rabbit()), "\\+sbt u")),
+    ?assertEqual(nomatch, re:run(beamdiag_fix_text:fix(cpu_starvation, defaults()), "\\+sbt")).
 
 %% Every flag any fix advises, on any of these nodes, is one of the
 %% advised flags with a value the table lists; none is a flag the node has.
 advice_only_from_the_table_test() ->
-    Table = [{F, V} || #{flag := F, values := Vs} <- beamdiag_fix:advised_flags(), V <- Vs],
+    Table = [{F, V} || #{flag := F, values := Vs} <- beamdiag_fix_text:advised_flags(), V <- Vs],
     Flags = [F || {F, _} <- Table],
     [begin
-         Fix = beamdiag_fix:fix(Id, S),
+         Fix = beamdiag_fix_text:fix(Id, S),
          {match, Ms} = case re:run(Fix, "\\+([A-Za-z]+) ([A-Za-z_0-9:]+)",
                                    [global, {capture, all_but_first, binary}]) of
                            nomatch -> {match, []};
@@ -90,7 +91,7 @@ flags_in(Page) ->
                               || [L] <- Lines]),
          [?assert({F, V, lists:member(V, Alts)} =:= {F, V, true}) || V <- Vs, V =/= <<"N:N">>,
                                                                      F =/= <<"sbt">>]
-     end || #{flag := F, values := Vs, doc := erl} <- beamdiag_fix:advised_flags()],
+     end || #{flag := F, values := Vs, doc := erl} <- beamdiag_fix_text:advised_flags()],
     %% +sbt lists its bind types in a table: u is unbound.
     [?assertMatch({B, {match, _}}, {B, re:run(Text, ["\\n", B, "(:?\\s*\\n(\\.[^\\n]*\\n|\\s*\\n)*| - )",
                                                       Name, " - "])})
@@ -98,8 +99,8 @@ flags_in(Page) ->
 
 %% Flags advised only where the node's release documents them.
 release_gates_advice_test() ->
-    ?assert(beamdiag_fix:documented(<<"Mdai">>, #{otp_release => <<"25">>})),
-    ?assertNot(beamdiag_fix:documented(<<"Mdai">>, #{otp_release => <<"23">>})),
-    ?assertNot(beamdiag_fix:documented(<<"swt_low">>, #{otp_release => <<"27">>})),
-    Fix = beamdiag_fix:fix(dirty_cpu_gc, (defaults())#{otp_release => <<"23">>}),
+    ?assert(beamdiag_fix_text:documented(<<"Mdai">>, #{otp_release => <<"25">>})),
+    ?assertNot(beamdiag_fix_text:documented(<<"Mdai">>, #{otp_release => <<"23">>})),
+    ?assertNot(beamdiag_fix_text:documented(<<"swt_low">>, #{otp_release => <<"27">>})),
+    Fix = beamdiag_fix_text:fix(dirty_cpu_gc, (defaults())#{otp_release => <<"23">>}),
     ?assertEqual(nomatch, re:run(Fix, "with \\+Mdai max")).

@@ -59,10 +59,10 @@
 %%% where the schedulers do not sleep and a look costs microseconds.
 %%%
 %%% ```
-%%% 1> Samplers = beamdiag_agent_held:start(self(), []).
-%%% 2> receive {beamdiag_held, M} -> beamdiag_agent_held:add(M, beamdiag_agent_held:new()) end.
+%%% 1> Samplers = beamdiag_agent_held_sampler:start(self(), []).
+%%% 2> receive {beamdiag_held, M} -> beamdiag_agent_held_sampler:add(M, beamdiag_agent_held_sampler:new()) end.
 %%% '''
--module(beamdiag_agent_held).
+-module(beamdiag_agent_held_sampler).
 
 -export([start/2, share/2, new/0, add/2, found/1, candidates/1, entries/1, info/1]).
 

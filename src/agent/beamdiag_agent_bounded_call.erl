@@ -22,13 +22,13 @@
 %%% happened to the agent.
 %%%
 %%% ```
-%%% 1> P = beamdiag_agent_probe:start(self()).
-%%% 2> beamdiag_agent_probe:call(P, fun() -> erlang:statistics(run_queue) end, 200).
+%%% 1> P = beamdiag_agent_bounded_call:start(self()).
+%%% 2> beamdiag_agent_bounded_call:call(P, fun() -> erlang:statistics(run_queue) end, 200).
 %%% {ok, 0}
-%%% 3> beamdiag_agent_probe:stop(P).
+%%% 3> beamdiag_agent_bounded_call:stop(P).
 %%% ok
 %%% '''
--module(beamdiag_agent_probe).
+-module(beamdiag_agent_bounded_call).
 
 -export([start/1, call/3, cast/2, stop/1, pid/1, reply/3]).
 
