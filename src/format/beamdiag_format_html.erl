@@ -284,9 +284,7 @@ ledger_section(#{by_type := ByType}) ->
         "<th>user</th><th>sys</th><th>busy (BEAM)</th><th>share of wall</th></tr></thead><tbody>\n",
         [type_row(T, maps:get(T, ByType)) || T <- beamdiag_threads:types(), maps:is_key(T, ByType)],
         "</tbody></table>\n"
-    ];
-ledger_section(_) ->
-    "".
+    ].
 
 legend() ->
     ["<div class=\"legend\">",
