@@ -26,7 +26,7 @@
     findings := [beamdiag_finding:finding()],
     %% Seen from the host alone (beamdiag_host), and how.
     host_only => true,
-    host_view => map(),
+    host_view => beamdiag_host_rules:host_view(),
     %% Milliseconds of wall time from the call to the diagnosis (diagnose/1,2).
     ready_ms => non_neg_integer()
 }.

@@ -70,7 +70,7 @@
 -export([next_tick/5, hard_deadline/2, msacc_tick/3, queues/2]).
 -endif.
 
--export_type([sample/0, opts/0]).
+-export_type([sample/0, opts/0, tick_state/0]).
 
 -type opts() :: #{
     duration_ms := pos_integer(),
@@ -86,6 +86,24 @@
     host_scan => boolean(),
     end_wall_ms => integer(),
     go => pid()
+}.
+%% What take/1 reads a sample with: the node's OS pid, the proc root,
+%% whether to read microstate accounting, where the node's cgroup is; and
+%% what it keeps for the next sample (the open files, the threads seen).
+%% The agent's own state is one too, with keys of its own (probe,
+%% interval_ms, ...).
+-type tick_state() :: #{
+    pid := string() | integer(),
+    proc_root := file:filename(),
+    msacc := boolean(),
+    cgroup_location := beamdiag_agent_cgroup:location() | {error, term()},
+    held => beamdiag_agent_file:held(),
+    status => boolean(),
+    previous => #{integer() => beamdiag_agent_procfs:thread()},
+    cgroup_before => beamdiag_agent_cgroup:stat() | {error, term()},
+    active => [integer()],
+    process_cpu => non_neg_integer() | undefined,
+    atom() => term()
 }.
 -type sample() :: #{
     t := integer(),
@@ -160,7 +178,7 @@ modules() ->
 %% @doc One sample, and the state to take the next one with: the state's
 %% `held' (a `beamdiag_agent_file:held()') keeps the /proc and cgroup files open
 %% between samples, which costs a fraction of reading them whole.
--spec take(map()) -> {sample(), map()}.
+-spec take(tick_state()) -> {sample(), tick_state()}.
 take(State) ->
     {ok, Sample, State2} = take(State, infinity),
     {Sample, State2}.

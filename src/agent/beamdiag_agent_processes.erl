@@ -379,7 +379,12 @@ pids(#{base := Base}) ->
 %% did not answer the walk, its first reading; `queue_ms' is the time
 %% between the two. Samples of earlier agents carry plain lengths
 %% (`queues'), read at the sample's time.
--spec forward(report(), [map()]) -> report().
+%% (Samples: beamdiag_agent:sample(), or an earlier agent's, which had
+%% `queues' instead of `queue_reads'.)
+-spec forward(report(), [#{t := integer(),
+                           queue_reads => #{binary() => beamdiag_agent_queues:reading()},
+                           queues => #{binary() => non_neg_integer()},
+                           atom() => term()}]) -> report().
 forward(R = #{queues := Qs}, Samples = [_ | _]) ->
     T0 = case R of
              #{t_ns := TN} when is_integer(TN), TN =/= 0 -> TN;

@@ -36,7 +36,7 @@
 %% (and bench/sampler_overhead.escript).
 -ignore_xref([{run, 1}]).
 
--export_type([options/0, result/0]).
+-export_type([options/0, result/0, process_stacks/0]).
 
 -type options() :: #{
     duration => pos_integer(),
@@ -57,9 +57,11 @@
     skipped_ticks := non_neg_integer(),
     process_count := non_neg_integer(),
     duration_ms := non_neg_integer(),
-    processes := [#{pid := binary(), samples := pos_integer(),
-                    stacks := [#{stack := [binary()], count := pos_integer()}]}]
+    processes := [process_stacks()]
 }.
+%% One process's hot stacks: how often it was seen running, and where.
+-type process_stacks() :: #{pid := binary(), samples := pos_integer(),
+                            stacks := [#{stack := [binary()], count := pos_integer()}]}.
 
 -define(HOT_MAX, 64).
 %% Stacks kept per process, for at most ?PROCS_MAX processes: the hot

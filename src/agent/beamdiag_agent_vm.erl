@@ -16,9 +16,45 @@
 -export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1,
          flags/0]).
 
--export_type([settings/0, counters/0, flag/0]).
+-export_type([settings/0, counters/0, flag/0, msacc_thread/0]).
 
--type settings() :: #{atom() => term()}.
+%% The settings in effect on a node, as settings/0 reads them. Every key is
+%% optional: a report seen from the host alone (beamdiag_host_view) knows
+%% only the scheduler counts, and a saved capture has what its agent read.
+%% Beside the keys below: the flags of flags/0 marked `read' (`sbwt' =>
+%% <<"none">>, binaries), and what the session adds (the placement of
+%% beamdiag_agent_host:placement/1, the host's view of the node's flags).
+-type settings() :: #{
+    otp_release => binary(),
+    otp_version => binary(),
+    erts_version => binary(),
+    emu_flavor => binary(),
+    build_type => binary(),
+    lock_counting => boolean(),
+    lcnt_emulator_installed => boolean(),
+    os_pid => binary(),
+    os => binary(),
+    schedulers => pos_integer(),
+    schedulers_online => pos_integer(),
+    dirty_cpu_schedulers => non_neg_integer(),
+    dirty_cpu_schedulers_online => non_neg_integer(),
+    dirty_io_schedulers => non_neg_integer(),
+    logical_processors => pos_integer() | null,
+    logical_processors_available => pos_integer() | null,
+    logical_processors_online => pos_integer() | null,
+    bind_type => binary(),
+    thread_pool_size => non_neg_integer(),
+    process_limit => pos_integer(),
+    atom_count => non_neg_integer(),
+    atom_limit => pos_integer(),
+    eheap_alloc_instances => non_neg_integer(),
+    elixir => boolean(),
+    atom() => term()
+}.
+%% One thread's microstate accounting counters
+%% (erlang:statistics(microstate_accounting)).
+-type msacc_thread() :: #{type := atom(), id := non_neg_integer(),
+                          counters := #{atom() => integer()}}.
 -type flag() :: #{key := atom(), option := binary(), default := binary() | undefined,
                   meaning := binary(), since := pos_integer(), doc := erl | erts_alloc,
                   read := boolean(), advise := [binary()], note => binary()}.
@@ -30,7 +66,7 @@
     gc_words := non_neg_integer() | undefined,
     context_switches := non_neg_integer(),
     process_count := non_neg_integer(),
-    msacc => [map()]
+    msacc => [msacc_thread()]
 }.
 
 %% Only the flags in the table marked `read' are taken from the argument
@@ -117,7 +153,7 @@ counters(Opts = #{msacc := WantMsacc}) ->
 %% this with a deadline (see beamdiag_agent_bounded_call).
 -spec all_schedulers(#{msacc := boolean()}) ->
     #{swt := list() | undefined, gcs := non_neg_integer(), gc_words := non_neg_integer(),
-      msacc => [map()]}.
+      msacc => [msacc_thread()]}.
 all_schedulers(#{msacc := WantMsacc}) ->
     {GCs, Words, _} = erlang:statistics(garbage_collection),
     C = #{swt => swt(), gcs => GCs, gc_words => Words},
@@ -127,7 +163,7 @@ all_schedulers(#{msacc := WantMsacc}) ->
     end.
 
 %% @doc Microstate accounting counters per thread, or [] when off.
--spec msacc() -> [#{type := atom(), id := non_neg_integer(), counters := #{atom() => integer()}}].
+-spec msacc() -> [msacc_thread()].
 msacc() ->
     case erlang:statistics(microstate_accounting) of
         L when is_list(L) -> L;
@@ -136,7 +172,7 @@ msacc() ->
 
 %% @doc True when the counters carry the extra states of an emulator built
 %% with --with-microstate-accounting=extra.
--spec msacc_extra([map()]) -> boolean().
+-spec msacc_extra([msacc_thread()]) -> boolean().
 msacc_extra([#{counters := C} | _]) -> maps:is_key(busy_wait, C);
 msacc_extra(_) -> false.
 

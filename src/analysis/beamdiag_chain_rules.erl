@@ -31,7 +31,7 @@
 %%%===================================================================
 
 %% @doc The wait findings of a window's process data.
--spec findings(map()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_agent_processes:report()) -> [beamdiag_finding:finding()].
 findings(#{waits := Waits}) ->
     T = thresholds(),
     Last = maps:get('end', Waits, maps:get(start, Waits, #{})),

@@ -47,7 +47,54 @@
 -export([analyse/1, hosts/1, own_outliers/3]).
 -endif.
 
--export_type([host/0]).
+-export_type([host/0, summary_row/0, analysis/0, here/0]).
+
+%% One diagnosis in the cluster's terms (summary_row/1): the node, its
+%% window, its CPUs and normal schedulers' shares of wall time, its
+%% findings in brief, its busiest process and longest mailbox, its host.
+-type summary_row() :: #{
+    node := binary(),
+    window_start_ms := integer(),
+    window_s := float(),
+    complete := boolean(),
+    cpus_used := number(),
+    busy := float(),
+    on_cpu := float(),
+    spin := float(),
+    runq := float(),
+    sys := float(),
+    blocked := float(),
+    reductions_per_s := number(),
+    findings := [brief()],
+    top_process := #{reductions := #{process := binary(), share := float()} | null,
+                     mailbox := #{process := binary(), queue := term()} | null} | null,
+    host := #{id := binary() | number() | null, name := binary() | number() | null,
+              cpus := binary() | number() | null, busy := binary() | number() | null,
+              load := number() | null}
+}.
+-type brief() :: #{id := beamdiag_catalogue:id(), severity := beamdiag_finding:severity()}.
+%% An outlier with its cluster_outlier finding and its findings in brief.
+-type outlier() :: #{
+    node := binary(),
+    figures := [beamdiag_outliers:figure_outlier()],
+    own_findings := [atom()],
+    score := float(),
+    finding := beamdiag_finding:finding(),
+    findings := [brief()]
+}.
+%% This session's host and the CPU time its own process used (analyse/2).
+-type here() :: #{boot_id => binary(), cpu_s => number()}.
+%% The cluster's analysis (analyse/2): every member's row, each figure's
+%% spread, the outliers, the rest's shared findings and spread, the hosts.
+-type analysis() :: #{
+    nodes := [summary_row()],
+    spread := #{atom() => beamdiag_outliers:spread()},
+    outliers := [outlier()],
+    findings := #{binary() => [beamdiag_finding:finding()]},
+    hosts := [host()],
+    rest := #{n := non_neg_integer(), shared := term(),
+              spread := #{atom() => beamdiag_outliers:spread()}}
+}.
 
 %% One host and its members' figures over the window: the host's CPUs,
 %% how busy they were (from each member's /proc/stat over its own window:
@@ -91,8 +138,8 @@
 %% Findings}', as `beamdiag_cluster' keeps them), most members first, and
 %% the results with the findings lifted to a shared host taken off (from
 %% the full findings and from the row's brief list).
--spec hosts([#{row := map(), findings := [beamdiag_finding:finding()]}]) ->
-    {[host()], [#{row := map(), findings := [beamdiag_finding:finding()]}]}.
+-spec hosts([#{row := summary_row(), findings := [beamdiag_finding:finding()]}]) ->
+    {[host()], [#{row := summary_row(), findings := [beamdiag_finding:finding()]}]}.
 hosts(Results) ->
     Groups = maps:groups_from_list(fun(#{row := Row}) -> key(Row) end, Results),
     %% Per host: whether it is shared, and whether its CPUs were contended.
@@ -116,7 +163,8 @@ hosts(Results) ->
 %% figure of its own demand (CPUs used, on-CPU, spin, kernel time,
 %% reductions per second) also lies beyond the cluster's spread; its
 %% figures are kept whole. Other members are kept as they are.
--spec own_outliers([map()], [map()], [host()]) -> [map()].
+-spec own_outliers([beamdiag_outliers:node_outlier()], [summary_row()], [host()]) ->
+    [beamdiag_outliers:node_outlier()].
 own_outliers(Outliers, Rows, Hosts) ->
     Contended = [K || #{key := K, contended := true} <- Hosts],
     HostOf = maps:from_list([{maps:get(node, Row), key(Row)} || Row <- Rows]),
@@ -142,7 +190,7 @@ analyse(Results) ->
 %% @doc As analyse/1; Here: this session's host (`boot_id') and the CPU time
 %% its own process used (`cpu_s'), said with the host when it is one of
 %% the members'.
--spec analyse([beamdiag_cluster:member_result()], map()) -> map().
+-spec analyse([beamdiag_cluster:member_result()], here()) -> analysis().
 analyse(Results0, Here) ->
     {Hosts0, Results} = hosts(Results0),
     Hosts = [host_entry(H, Here) || H <- Hosts0],
@@ -204,7 +252,7 @@ host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
 %% @doc The summary figures of one diagnosis: the node's CPUs, the normal
 %% schedulers' shares of wall time, reductions per second, findings, and
 %% its window (wall-clock start in ms and length in s).
--spec summary_row(beamdiag:diagnosis()) -> map().
+-spec summary_row(beamdiag:diagnosis()) -> summary_row().
 summary_row(#{capture := C, ledger := L, findings := F}) ->
     Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
     Wall = maps:get(wall, Sched, 0.0),

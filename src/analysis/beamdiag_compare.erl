@@ -31,16 +31,63 @@
 -export([processes/2]).
 -endif.
 
--export_type([comparison/0]).
+-export_type([comparison/0, options/0, about/0, metric/0, finding_change/0, process_change/0,
+              document/0]).
 -type comparison() :: #{
     schema := binary(),
-    a := map(),
-    b := map(),
+    a := about(),
+    b := about(),
     method := binary(),
     alpha := float(),
-    metrics := [map()],
-    findings := [map()],
-    processes => [map()]
+    metrics := [metric()],
+    findings := [finding_change()],
+    processes => [process_change()]
+}.
+%% compare/3's options.
+-type options() :: #{alpha => float()}.
+%% What a comparison says of each diagnosis.
+-type about() :: #{node := binary(), wall_start_ms := integer(), window_s := float(),
+                   ticks := non_neg_integer(), sbwt := binary() | null,
+                   findings := non_neg_integer()}.
+%% One metric in both: the whole window's values, Welch's test over the
+%% ticks (the delta's confidence interval `ci', `undefined' with too few
+%% ticks) and whether the change counts.
+-type metric() :: #{
+    key := binary(),
+    unit := share | cpus | rate,
+    a := number(),
+    b := number(),
+    delta := number(),
+    tick_delta := number() | undefined,
+    ci := {number(), number()} | undefined,
+    p := number() | undefined,
+    df := number() | undefined,
+    ticks_a := non_neg_integer(),
+    ticks_b := non_neg_integer(),
+    floor := number(),
+    significant := boolean()
+}.
+%% A finding's severity in each (`none' where it was not made).
+-type finding_change() :: #{id := atom(),
+                            a := beamdiag_finding:severity() | none,
+                            b := beamdiag_finding:severity() | none,
+                            change := same | new | gone | worse | better}.
+%% A process in either window: its share of the reductions, its queue and
+%% its memory at the end, in A and B (`null' where it was not reported).
+-type process_change() :: #{process := binary(),
+                            share := [number() | null],
+                            queue := [non_neg_integer() | null],
+                            memory := [non_neg_integer() | null]}.
+%% The comparison as its JSON encodes it: each metric's `ci' a list.
+-type document() :: #{
+    schema := binary(),
+    a := about(),
+    b := about(),
+    method := binary(),
+    alpha := float(),
+    metrics := [#{ci := [number()] | null, atom() => term()}],
+    findings := [finding_change()],
+    processes => [process_change()]
 }.
 
 -define(SCHEMA, <<"beamdiag.compare/1">>).
@@ -62,7 +109,7 @@ compare(A, B) ->
 
 %% @doc Compares two diagnoses. Options: `alpha' (0.01), the significance
 %% level of each test. Unknown options raise `badarg'.
--spec compare(beamdiag:diagnosis(), beamdiag:diagnosis(), map()) -> comparison().
+-spec compare(beamdiag:diagnosis(), beamdiag:diagnosis(), options()) -> comparison().
 compare(A, B, Opts) when is_map(Opts) ->
     #{alpha := Alpha} = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     MA = metrics(A),
@@ -85,7 +132,8 @@ compare(A, B, Opts) when is_map(Opts) ->
 %% process reported in either (matched by registered name, else by pid),
 %% with its share of the reductions, its queue at the end and its memory at
 %% the end in each; the largest changes first, at most 10.
--spec processes(map() | undefined, map() | undefined) -> [map()].
+-spec processes(beamdiag_agent_processes:report() | undefined,
+                beamdiag_agent_processes:report() | undefined) -> [process_change()].
 processes(A, B) ->
     IA = index(A),
     IB = index(B),
@@ -95,7 +143,7 @@ processes(A, B) ->
     lists:sublist([R || R <- Sorted, weight(R) > 0], 10).
 
 %% @doc The comparison as the map its JSON encodes.
--spec document(comparison()) -> map().
+-spec document(comparison()) -> document().
 document(C = #{metrics := Ms}) ->
     C#{metrics => [M#{ci => ci_list(maps:get(ci, M))} || M <- Ms]}.
 

@@ -42,14 +42,14 @@ advised_flags() ->
 
 %% @doc True when the node's OTP release documents the flag (the table's
 %% `since'); a node whose release is unknown is taken to have it.
--spec documented(binary(), map()) -> boolean().
+-spec documented(binary(), beamdiag_agent_vm:settings()) -> boolean().
 documented(Flag, S) ->
     beamdiag_flags:documented(Flag, S).
 
 %% @doc The fix for a finding on a node with these settings: the
 %% catalogue's text, with the parts it marks fitted to the node (flags the
 %% node already has left out, and said to be set).
--spec fix(beamdiag_catalogue:id(), map()) -> binary().
+-spec fix(beamdiag_catalogue:id(), beamdiag_agent_vm:settings()) -> binary().
 fix(Id, S) ->
     case beamdiag_catalogue:entry(Id) of
         #{fitted := Parts} -> iolist_to_binary(fit(Parts, S, <<>>));

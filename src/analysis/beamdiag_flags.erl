@@ -43,7 +43,7 @@ default(Key) ->
 %% @doc The node's value of a flag as the agent reported it, or the
 %% documented default when the settings lack it (or hold something other
 %% than a binary).
--spec value(atom(), map()) -> binary() | undefined.
+-spec value(atom(), beamdiag_agent_vm:settings()) -> binary() | undefined.
 value(Key, Settings) ->
     case maps:get(Key, Settings, undefined) of
         V when is_binary(V) -> V;
@@ -53,7 +53,7 @@ value(Key, Settings) ->
 %% @doc True when the node's OTP release documents the flag (the table's
 %% `since'); a node whose release is unknown is taken to have it. The flag
 %% is named as written after `+' (`<<"Mdai">>').
--spec documented(binary(), map()) -> boolean().
+-spec documented(binary(), beamdiag_agent_vm:settings()) -> boolean().
 documented(Option, Settings) ->
     Release = case maps:get(otp_release, Settings, <<"0">>) of
                   R when is_binary(R) ->
@@ -71,7 +71,7 @@ busy_wait_keys() ->
     [sbwt, sbwtdcpu, sbwtdio].
 
 %% @doc True when busy waiting is off on every scheduler type.
--spec busy_wait_off(map()) -> boolean().
+-spec busy_wait_off(beamdiag_agent_vm:settings()) -> boolean().
 busy_wait_off(Settings) ->
     lists:all(fun(K) -> value(K, Settings) =:= <<"none">> end, busy_wait_keys()).
 

@@ -29,13 +29,57 @@
 
 -export([analyse/2, hot_threads/1, perf_top/2, held_findings/1]).
 
--export_type([perf_top/0]).
+-export_type([perf_top/0, context/0, host_view/0]).
 
 -type perf_top() :: #{
     samples := non_neg_integer(),
     top := [#{symbol := binary(), dso := binary(), samples := pos_integer(),
               share := float(), native := boolean()}]
 }.
+
+%% What the host view says beside its capture (beamdiag_host puts it
+%% together, and in the capture's extras as `host_view'): why the report
+%% came from the host, how long the node was given, what distribution saw,
+%% perf's result. `attach' is what the session resolved of how to reach
+%% the node (beamdiag_attach:public/2), shown as it is.
+-type context() :: #{
+    unresponsive => boolean(),
+    reason => requested | unresponsive | unreachable | slow,
+    perf => {ok, perf_top()} | {error, binary()} | none,
+    perf_skipped => binary(),
+    waited_ms => integer(),
+    distribution => binary(),
+    attach => #{atom() => term()},
+    why => binary(),
+    os_pid => pos_integer(),
+    node => binary(),
+    located => given | epmd_port | cmdline | ns_pid,
+    window_s => number(),
+    process_state => running | sleeping | stopped | zombie | gone | unknown,
+    atom() => term()
+}.
+%% The diagnosis' `host_view': the context, the threads found held and the
+%% settings the host saw.
+-type host_view() :: #{
+    hot := [beamdiag_ledger:row()],
+    settings := beamdiag_agent_vm:settings(),
+    unresponsive => boolean(),
+    reason => requested | unresponsive | unreachable | slow,
+    perf => {ok, perf_top()} | {error, binary()} | none,
+    perf_skipped => binary(),
+    waited_ms => integer(),
+    distribution => binary(),
+    attach => #{atom() => term()},
+    why => binary(),
+    os_pid => pos_integer(),
+    node => binary(),
+    located => given | epmd_port | cmdline | ns_pid,
+    window_s => number(),
+    process_state => running | sleeping | stopped | zombie | gone | unknown,
+    atom() => term()
+}.
+%% A ledger, or a host view's scheduler rows over the window.
+-type rows() :: #{threads := [beamdiag_ledger:row()], window_s := number(), atom() => term()}.
 
 %% The findings of beamdiag_rules that read nothing but host figures.
 -define(HOST_RULES, [cpu_throttling, high_system_cpu]).
@@ -79,7 +123,7 @@ thresholds() ->
 %% `extras.memory'). Context: `unresponsive' (the
 %% node did not answer), `perf' (`{ok, perf_top()}', `{error, Text}' or
 %% `none').
--spec analyse(beamdiag_capture:capture(), map()) -> beamdiag:diagnosis().
+-spec analyse(beamdiag_capture:capture(), context()) -> beamdiag:diagnosis().
 analyse(Capture, Context) ->
     Ledger = beamdiag_ledger:build(Capture),
     Settings = maps:get(settings, Capture),
@@ -103,7 +147,7 @@ analyse(Capture, Context) ->
 %% them in the capture. Named only when perf shows a held thread in a
 %% native library for nearly all its samples: a scheduler busy with Erlang
 %% code looks the same from /proc.
--spec held_findings(#{threads := [map()], window_s := float(),
+-spec held_findings(#{threads := [beamdiag_ledger:row()], window_s := float(),
                       perf := {ok, perf_top()} | {error, binary()}, atom() => term()}) ->
     [beamdiag_finding:finding()].
 held_findings(#{threads := Rows, window_s := W, perf := Perf}) ->
@@ -113,7 +157,7 @@ held_findings(#{threads := Rows, window_s := W, perf := Perf}) ->
 %% one) for nearly the whole window, mostly in user mode, and never went
 %% to sleep, hottest first.
 %% A ledger, or its scheduler rows alone (`held_findings/1').
--spec hot_threads(#{threads := [map()], window_s := number(), atom() => term()}) -> [map()].
+-spec hot_threads(rows()) -> [beamdiag_ledger:row()].
 hot_threads(#{threads := Rows, window_s := W}) when W > 0 ->
     #{held_wanted_share := WantedMin, held_user_share := UserMin,
       held_sleeps_per_s := SleepsMax} = thresholds(),

@@ -28,7 +28,7 @@
 %%%===================================================================
 
 %% @doc The limit findings of a capture.
--spec findings(map()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_capture:capture()) -> [beamdiag_finding:finding()].
 findings(Capture) ->
     case [S || S = #{limits := _, t := _} <- maps:get(samples, Capture, [])] of
         [First | _] = Samples when length(Samples) >= 2 ->

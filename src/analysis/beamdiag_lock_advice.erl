@@ -92,13 +92,14 @@ class(_) ->
 %% (`unknown' when the lock data does not say) and to the allocator flags
 %% the node already has: a super carrier (+MMscs) or dirty allocator
 %% instances (+Mdai).
--spec class(binary(), non_neg_integer() | unknown, map(), binary()) -> binary().
+-spec class(binary(), non_neg_integer() | unknown, beamdiag_agent_vm:settings(), binary()) ->
+    binary().
 class(Class, Release, Settings, Fix) ->
     fitted(Class, Settings, release_fix(Class, Release, Fix)).
 
 %% @doc The fix for a contended ETS table that fits the table's options
 %% (`ets:info/1' values as the agent reports them).
--spec ets(map()) -> binary().
+-spec ets(beamdiag_lock_data:table() | #{}) -> binary().
 ets(#{write_concurrency := <<"false">>}) ->
     <<"fix: create the table with {write_concurrency, true} (or auto) and "
       "{decentralized_counters, true}; if it stays hot, use one table per scheduler">>;
@@ -114,7 +115,7 @@ ets(_) ->
 %% @doc The fix for a contended allocator, from the dirty allocator
 %% instances the lock data counted (`unknown' when it could not) or else
 %% from the node's +Mdai.
--spec allocator(non_neg_integer() | unknown, map()) -> binary().
+-spec allocator(non_neg_integer() | unknown, beamdiag_agent_vm:settings()) -> binary().
 allocator(0, _Settings) ->
     <<"the dirty schedulers share one instance (+Mdai 0): start the node with +Mdai max">>;
 allocator(N, _Settings) when is_integer(N) ->
@@ -131,7 +132,7 @@ allocator(_, Settings) ->
 %% from the node's settings (`beamdiag_agent_vm:settings/0'): the exact OTP
 %% source it needs, the command, and the restart. The build must run where
 %% the node's Erlang is installed, by a beamdiag that this OTP can run.
--spec emulator(map()) -> binary().
+-spec emulator(beamdiag_agent_vm:settings()) -> binary().
 emulator(Settings = #{lcnt_emulator_installed := true}) ->
     Otp = version(maps:get(otp_version, Settings, undefined), <<"?">>),
     iolist_to_binary([
@@ -170,7 +171,7 @@ version(_, Default) ->
 
 %% @doc The end of the microstate note of the text report when the
 %% emulator records only the default states: how to get the extra states.
--spec msacc_split(map()) -> iolist().
+-spec msacc_split(beamdiag_agent_vm:settings()) -> iolist().
 msacc_split(Settings) ->
     case maps:get(lcnt_emulator_installed, Settings, false) of
         true -> "restart the\n  node with -emu_type lcnt (installed beside this "
@@ -192,7 +193,7 @@ session() ->
 
 %% The advice for a contended lock class, fitted to the allocator flags the node already
 %% has: a super carrier (+MMscs) or dirty allocator instances (+Mdai).
--spec fitted(binary(), map(), binary()) -> binary().
+-spec fitted(binary(), beamdiag_agent_vm:settings(), binary()) -> binary().
 fitted(Class, Settings, Fix) when Class =:= <<"erts_mmap">>; Class =:= <<"mseg">> ->
     case safe_setting(mmscs, Settings) of
         undefined ->

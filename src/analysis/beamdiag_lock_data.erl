@@ -28,7 +28,8 @@
 
 -export([summarise/3, table_names/1, unnamed_trees/1, with_node/2, table/2]).
 
--export_type([raw/0, lock_data/0, node_facts/0]).
+-export_type([raw/0, lock_data/0, node_facts/0, lock_entry/0, location/0, class_total/0,
+              table/0]).
 
 %% The ETS lock classes whose id is a table's name; those of an ordered_set's
 %% tree nodes, which have no name when made while lcnt counts (`[]').
@@ -47,7 +48,68 @@
      tuple()}
     | {{atom(), non_neg_integer()}, {non_neg_integer(), non_neg_integer(),
                                      {non_neg_integer(), non_neg_integer(), non_neg_integer()}}}.
--type lock_data() :: #{atom() => number() | binary() | [map()]}.
+%% summarise/3 makes the first keys; with_node/2 adds the optional ones.
+%% Percentages are percent (wait_pct: of the window, collision_pct: of the
+%% tries).
+-type lock_data() :: #{
+    window_ns := pos_integer(),
+    window_s := float(),
+    since := binary(),
+    lock_count := non_neg_integer(),
+    contended_count := non_neg_integer(),
+    classes := [class_total()],
+    locks := [lock_entry()],
+    tables => [table()],
+    trees => [table()],
+    schedulers_online => pos_integer(),
+    dirty_cpu_schedulers_online => non_neg_integer(),
+    dirty_alloc_instances => non_neg_integer(),
+    otp_release => binary(),
+    erts_version => binary()
+}.
+%% One lock class and id over the window, summed over its instances.
+-type lock_entry() :: #{
+    class := binary(),
+    id := binary(),
+    type := binary(),
+    instances := pos_integer(),
+    tries := non_neg_integer(),
+    collisions := non_neg_integer(),
+    collision_pct := float(),
+    wait_ns := non_neg_integer(),
+    wait_pct := float(),
+    waits := non_neg_integer(),
+    p50_wait_ns := non_neg_integer(),
+    p90_wait_ns := non_neg_integer(),
+    locations := [location()]
+}.
+%% One of a lock entry's source locations with the most wait.
+-type location() :: #{location := binary(), tries := non_neg_integer(),
+                      collisions := non_neg_integer(), wait_ns := non_neg_integer()}.
+%% One lock class's totals over its ids.
+-type class_total() :: #{
+    class := binary(),
+    ids := pos_integer(),
+    locks := pos_integer(),
+    tries := non_neg_integer(),
+    collisions := non_neg_integer(),
+    collision_pct := float(),
+    wait_ns := non_neg_integer(),
+    wait_pct := float()
+}.
+%% An ETS table's owner and options (table/2): the ets:info/1 values as
+%% text, none of them when the table is gone.
+-type table() :: #{
+    name := binary(),
+    owner := binary(),
+    tables_with_name := 0 | 1,
+    type => binary(),
+    protection => binary(),
+    write_concurrency => binary(),
+    read_concurrency => binary(),
+    decentralized_counters => binary(),
+    named_table => binary()
+}.
 %% What the node says of itself beside the readings.
 -type node_facts() :: #{schedulers := pos_integer(),
                         schedulers_online := pos_integer(),
@@ -69,7 +131,7 @@
 %% @doc The lock data of the span between two readings (`Start' is
 %% `none' to take `End' whole, since the counters' last clear), ranked
 %% and bounded. Options: `top' (default 50).
--spec summarise(raw(), raw() | none, map()) -> lock_data().
+-spec summarise(raw(), raw() | none, #{top => non_neg_integer()}) -> lock_data().
 summarise(End, Start, Opts) ->
     Top = maps:get(top, Opts, 50),
     EndGroups = groups(End),
@@ -118,7 +180,7 @@ unnamed_trees(Data) ->
 %% owners and options (see `table/2') and, when tree-node locks have no
 %% table's name, the node's ordered_set tables with write_concurrency
 %% (`trees').
--spec with_node(lock_data(), #{facts := node_facts(), tables := [map()], trees => [map()]}) ->
+-spec with_node(lock_data(), #{facts := node_facts(), tables := [table()], trees => [table()]}) ->
     lock_data().
 with_node(Data, N = #{facts := F, tables := Tables}) ->
     Trees = case maps:get(trees, N, []) of
@@ -138,7 +200,7 @@ with_node(Data, N = #{facts := F, tables := Tables}) ->
 %% @doc A table's entry from `ets:info/1' (a property list, or `undefined'
 %% when no table has that name) and its owner's registered name (`[]' or
 %% `undefined' when it has none).
--spec table(binary(), {[{atom(), term()}] | undefined, term()}) -> map().
+-spec table(binary(), {[{atom(), term()}] | undefined, term()}) -> table().
 table(Name, {Info, OwnerName}) when is_list(Info) ->
     Keys = [type, protection, write_concurrency, read_concurrency, decentralized_counters,
             named_table],
@@ -224,7 +286,7 @@ zip(_F, H, []) -> H;
 zip(F, H1, H2) when length(H1) =:= length(H2) -> lists:zipwith(F, H1, H2);
 zip(_F, H1, _H2) -> H1.
 
--spec lock_entry({binary(), binary()}, group(), pos_integer()) -> map().
+-spec lock_entry({binary(), binary()}, group(), pos_integer()) -> lock_entry().
 lock_entry({Class, Id}, {Type, Instances, Locs}, WindowNs) ->
     PerLoc = [{Loc, T, C, W, N, H} || {Loc, {T, C, W, N, H}} <- maps:to_list(Locs)],
     Tries = lists:sum([T || {_, T, _, _, _, _} <- PerLoc]),
@@ -280,7 +342,7 @@ quantile_bucket([N | Rest], Target, Seen, I) ->
         false -> quantile_bucket(Rest, Target, Seen + N, I + 1)
     end.
 
--spec class_totals([map()], pos_integer()) -> [map()].
+-spec class_totals([lock_entry()], pos_integer()) -> [class_total()].
 class_totals(Entries, WindowNs) ->
     ByClass = maps:groups_from_list(fun(#{class := C}) -> C end, Entries),
     Totals = [
@@ -303,7 +365,7 @@ class_totals(Entries, WindowNs) ->
     ],
     lists:sort(fun rank/2, [T || T = #{tries := N} <- Totals, N > 0]).
 
--spec rank(map(), map()) -> boolean().
+-spec rank(lock_entry() | class_total(), lock_entry() | class_total()) -> boolean().
 rank(#{wait_ns := W1, collisions := C1} = A, #{wait_ns := W2, collisions := C2} = B) ->
     {W1, C1, maps:get(id, B, <<>>)} >= {W2, C2, maps:get(id, A, <<>>)}.
 

@@ -36,6 +36,21 @@
     <<"proc_trace">>, <<"proc_sig_queue_buffer">>
 ]).
 
+%% What the rules work with: the window, the lock data and the node's
+%% settings (none when only asking whether a process finding is made).
+-type ctx() :: #{window_ns := number(),
+                 data := beamdiag_lock_data:lock_data(),
+                 settings => beamdiag_agent_vm:settings()}.
+%% Lock entries or class totals summed: wait and collisions, with the
+%% wait in percent of the window and the collisions in percent of the
+%% tries.
+-type summary() :: #{tries := non_neg_integer(), collisions := non_neg_integer(),
+                     wait_ns := non_neg_integer(), wait_pct := number(),
+                     collision_pct := number()}.
+-type lock_entry() :: beamdiag_lock_data:lock_entry().
+-type class_total() :: beamdiag_lock_data:class_total().
+-type table() :: beamdiag_lock_data:table().
+
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -61,7 +76,8 @@ findings(Data, WindowS) ->
 
 %% @doc As `findings/2', with the node's settings (`beamdiag_agent_vm:settings/0'):
 %% a fix never advises an allocator flag the node already has.
--spec findings(beamdiag_lock_data:lock_data(), number(), map()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_lock_data:lock_data(), number(), beamdiag_agent_vm:settings()) ->
+    [beamdiag_finding:finding()].
 findings(Data, WindowS, Settings) ->
     WindowNs =
         case WindowS of
@@ -83,7 +99,7 @@ findings(Data, WindowS, Settings) ->
 %%%===================================================================
 
 %% One finding per ETS table whose locks are contended.
--spec ets_findings([map()], map()) -> [beamdiag_finding:finding()].
+-spec ets_findings([lock_entry()], ctx()) -> [beamdiag_finding:finding()].
 ets_findings(Locks, Ctx = #{data := Data}) ->
     DbLocks = [L || L = #{class := C} <- Locks, lists:member(C, ?DB_CLASSES)],
     %% Tree-node locks lcnt names no table for belong to the node's one
@@ -109,7 +125,8 @@ ets_findings(Locks, Ctx = #{data := Data}) ->
         maps:to_list(ByTable)
     ).
 
--spec ets_finding(binary(), [map()], map(), [map()], [map()], beamdiag_finding:severity()) ->
+-spec ets_finding(binary(), [lock_entry()], summary(), [table()], [table()],
+                  beamdiag_finding:severity()) ->
     beamdiag_finding:finding().
 ets_finding(Name0, Ls, Sum = #{wait_pct := W, collision_pct := CP, tries := T}, Info, Trees, Sev) ->
     ClassList = lists:usort([C || #{class := C} <- Ls]),
@@ -170,7 +187,7 @@ fix_text(<<"fix: ", Rest/binary>>) ->
 fix_text(Advice) ->
     Advice.
 
--spec table_options(map()) -> iolist().
+-spec table_options(table()) -> iolist().
 table_options(I) ->
     lists:join(", ", [
         [atom_to_binary(K), "=", V]
@@ -179,7 +196,7 @@ table_options(I) ->
     ]).
 
 %% One finding per contended allocator (alcu_allocator ids are allocator names).
--spec allocator_findings([map()], map()) -> [beamdiag_finding:finding()].
+-spec allocator_findings([lock_entry()], ctx()) -> [beamdiag_finding:finding()].
 allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
     Alloc = [L || L = #{class := <<"alcu_allocator">>} <- Locks],
     lists:flatmap(
@@ -214,7 +231,7 @@ allocator_findings(Locks, Ctx = #{data := Data, settings := Settings}) ->
 
 %% Process locks: one process carrying most of the wait is a bottleneck;
 %% wait spread over many processes is generic contention.
--spec process_findings([map()], [map()], map()) -> [beamdiag_finding:finding()].
+-spec process_findings([lock_entry()], [class_total()], ctx()) -> [beamdiag_finding:finding()].
 process_findings(Locks, Classes, Ctx) ->
     ProcLocks = [L || L = #{class := C} <- Locks, lists:member(C, ?PROC_CLASSES)],
     ByProc = maps:groups_from_list(fun(#{id := Id}) -> Id end, ProcLocks),
@@ -258,7 +275,7 @@ process_findings(Locks, Classes, Ctx) ->
 
 %% Findings from the per-class totals for the classes the rules above do
 %% not cover (and for process classes spread over many processes).
--spec class_findings([map()], map()) -> [beamdiag_finding:finding()].
+-spec class_findings([class_total()], ctx()) -> [beamdiag_finding:finding()].
 class_findings(Classes, Ctx) ->
     Covered = ?DB_CLASSES ++ [<<"alcu_allocator">>],
     lists:flatmap(
@@ -273,7 +290,7 @@ class_findings(Classes, Ctx) ->
         Classes
     ).
 
--spec class_finding(binary(), map(), map(), beamdiag_finding:severity(), map()) ->
+-spec class_finding(binary(), class_total(), summary(), beamdiag_finding:severity(), ctx()) ->
     [beamdiag_finding:finding()].
 class_finding(Class, C, Sum, Sev, #{data := Data, settings := Settings}) ->
     IsProc = lists:member(Class, ?PROC_CLASSES),
@@ -338,7 +355,7 @@ with_instances(_, Settings) ->
     Settings.
 
 %% The node's OTP major release from the lock data, when it says.
--spec release(map()) -> non_neg_integer() | unknown.
+-spec release(beamdiag_lock_data:lock_data()) -> non_neg_integer() | unknown.
 release(Data) ->
     case maps:get(otp_release, Data, undefined) of
         B when is_binary(B), byte_size(B) =< 4 ->
@@ -350,7 +367,7 @@ release(Data) ->
             unknown
     end.
 
--spec single_process_reported(map()) -> boolean().
+-spec single_process_reported(beamdiag_lock_data:lock_data()) -> boolean().
 single_process_reported(Data) ->
     Locks = maps:get(locks, Data, []),
     Classes = maps:get(classes, Data, []),
@@ -358,7 +375,7 @@ single_process_reported(Data) ->
     process_findings(Locks, Classes, Ctx) =/= [].
 
 %% The ids of the class that rank highest, with their share.
--spec top_ids(binary(), map()) -> [iolist()].
+-spec top_ids(binary(), beamdiag_lock_data:lock_data()) -> [iolist()].
 top_ids(Class, Data) ->
     case [L || L = #{class := C} <- maps:get(locks, Data, []), C =:= Class] of
         [] ->
@@ -371,7 +388,7 @@ top_ids(Class, Data) ->
 
 %% Wait, collisions and tries summed over lock entries, with percentages
 %% against the window.
--spec sum([map()], map()) -> map().
+-spec sum([lock_entry() | class_total()], ctx()) -> summary().
 sum(Ls, #{window_ns := WindowNs}) ->
     Tries = lists:sum([maps:get(tries, L, 0) || L <- Ls]),
     Colls = lists:sum([maps:get(collisions, L, 0) || L <- Ls]),
@@ -388,7 +405,7 @@ sum(Ls, #{window_ns := WindowNs}) ->
             end
     }.
 
--spec severity(map()) -> beamdiag_finding:severity() | none.
+-spec severity(summary()) -> beamdiag_finding:severity() | none.
 severity(Sum) ->
     severity(Sum, thresholds()).
 
@@ -402,7 +419,7 @@ severity(#{wait_pct := W}, #{wait_info := Info}) when W / 100 >= Info -> info;
 severity(#{collision_pct := CP}, #{collision_info := Info}) when CP / 100 >= Info -> info;
 severity(_, _) -> none.
 
--spec metrics(map()) -> #{atom() => number()}.
+-spec metrics(summary()) -> #{atom() => number()}.
 metrics(#{tries := T, collisions := C, wait_ns := W, wait_pct := WP, collision_pct := CP}) ->
     #{
         tries => T,
@@ -413,7 +430,7 @@ metrics(#{tries := T, collisions := C, wait_ns := W, wait_pct := WP, collision_p
     }.
 
 %% The source locations with the most wait, over the given lock entries.
--spec location_lines([map()]) -> [iolist()].
+-spec location_lines([lock_entry()]) -> [iolist()].
 location_lines(Ls) ->
     Locs = lists:foldl(
         fun(#{location := Loc, wait_ns := W}, Acc) -> Acc#{Loc => W + maps:get(Loc, Acc, 0)} end,

@@ -29,7 +29,7 @@
 
 -export([threads/1, nodes/1, figures/0, spread/1]).
 
--export_type([node_outlier/0, spread/0]).
+-export_type([node_outlier/0, spread/0, figure_outlier/0]).
 
 %% One figure of one node that lies far from the cluster's median.
 -type figure_outlier() :: #{
@@ -94,7 +94,7 @@ threads(Threads) ->
 %% figures of `figures/0' and `findings'): the distribution of every figure
 %% and the outlier nodes, highest score (largest z) first, each with the
 %% figures that stand out and the findings fewer than half the nodes share.
--spec nodes([map()]) -> #{spread := #{atom() => spread()}, outliers := [node_outlier()]}.
+-spec nodes([beamdiag_cluster_analysis:summary_row()]) -> #{spread := #{atom() => spread()}, outliers := [node_outlier()]}.
 nodes(Rows) ->
     Spread = maps:from_list([{K, spread([maps:get(K, R) || R <- Rows])} || K <- figures()]),
     #{spread => Spread, outliers => node_outliers(Rows, Spread)}.

@@ -33,7 +33,8 @@
 %%%===================================================================
 
 %% @doc The process findings for a window's process data.
--spec findings(map(), beamdiag_ledger:ledger(), map()) -> [beamdiag_finding:finding()].
+-spec findings(beamdiag_agent_processes:report(), beamdiag_ledger:ledger(),
+               beamdiag_agent_vm:settings()) -> [beamdiag_finding:finding()].
 findings(Procs = #{top_reductions := _}, Ledger, Settings) ->
     T = thresholds(),
     bottleneck(Procs, Ledger, Settings, T) ++ queue_growth(Procs, T) ++
@@ -44,7 +45,7 @@ findings(_, _, _) ->
 %% @doc Whether the process data alone, without a ledger, makes a finding
 %% (a mailbox's growth, a wait chain, a busy port): what a report from the
 %% host's view can still say of a node whose ticks came too slowly.
--spec named(map()) -> boolean().
+-spec named(beamdiag_agent_processes:report()) -> boolean().
 named(Procs = #{queues := _}) ->
     queue_growth(Procs, thresholds()) ++ beamdiag_chain_rules:findings(Procs) =/= [];
 named(_) ->
@@ -75,7 +76,8 @@ thresholds() ->
 %% @doc Adds process evidence to other rules' findings: the largest heaps
 %% to `dirty_cpu_gc', and a lock-counting `single_process_bottleneck'
 %% merged into the process one when both name the same process.
--spec annotate([beamdiag_finding:finding()], map(), beamdiag_ledger:ledger()) ->
+-spec annotate([beamdiag_finding:finding()], beamdiag_agent_processes:report(),
+               beamdiag_ledger:ledger()) ->
     [beamdiag_finding:finding()].
 annotate(Findings, Procs = #{heaps := _}, _Ledger) ->
     merge_bottlenecks([gc_heaps(F, Procs) || F <- Findings]);
@@ -84,7 +86,7 @@ annotate(Findings, _, _) ->
 
 %% @doc How a process is named to a person: registered name or label, then
 %% its initial call, then its pid.
--spec who(map()) -> iolist().
+-spec who(beamdiag_agent_processes:entry()) -> iolist().
 who(E = #{pid := Pid}) ->
     Name = case {maps:get(name, E, null), maps:get(label, E, null)} of
                {N, _} when is_binary(N) -> [N, " "];

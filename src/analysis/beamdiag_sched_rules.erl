@@ -28,7 +28,10 @@
 
 %% @doc The long-schedule findings for a window's report, set against the
 %% ledger (with the capture's `settings' added by the caller).
--spec findings(map(), map()) -> [beamdiag_finding:finding()].
+%% (Ledger: a beamdiag_ledger:ledger() with the capture's settings added.)
+-spec findings(beamdiag_agent_sysmon:report(),
+               #{settings := beamdiag_agent_vm:settings(), window_s := float(), atom() => term()}) ->
+    [beamdiag_finding:finding()].
 findings(#{state := State, processes := Ps} = R, Ledger)
   when State =:= watching; State =:= taken ->
     T = thresholds(),
@@ -87,7 +90,7 @@ thresholds() ->
 
 %% @doc What a report says when the system monitor could not be used, for
 %% the capture's notes; `none' otherwise.
--spec note(map()) -> binary() | none.
+-spec note(beamdiag_agent_sysmon:report()) -> binary() | none.
 note(#{state := taken, source := sampler} = R) ->
     S = maps:get(sampler, R, #{}),
     iolist_to_binary(

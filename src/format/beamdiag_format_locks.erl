@@ -47,7 +47,7 @@ text(Data) ->
 %%% Internal
 %%%===================================================================
 
--spec class_table([map()]) -> iolist().
+-spec class_table([beamdiag_lock_data:class_total()]) -> iolist().
 class_table([]) ->
     "No lock was taken in the window.\n";
 class_table(Classes) ->
@@ -63,7 +63,7 @@ class_table(Classes) ->
         ]
     ].
 
--spec lock_table([map()]) -> iolist().
+-spec lock_table([beamdiag_lock_data:lock_entry()]) -> iolist().
 lock_table([]) ->
     "No lock was contended in the window.\n";
 lock_table(Locks) ->
@@ -85,11 +85,11 @@ lock_table(Locks) ->
         ]
     ].
 
--spec instances(map()) -> iolist().
+-spec instances(beamdiag_lock_data:lock_entry()) -> iolist().
 instances(#{instances := N}) when N > 1 -> io_lib:format(" (~b locks)", [N]);
 instances(_) -> "".
 
--spec table_lines([map()]) -> iolist().
+-spec table_lines([beamdiag_lock_data:table()]) -> iolist().
 table_lines([]) ->
     "";
 table_lines(Tables) ->

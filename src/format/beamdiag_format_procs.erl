@@ -20,14 +20,15 @@
 %%%===================================================================
 
 %% @doc The section, or a line saying why it is missing.
--spec text(map()) -> iolist().
+-spec text(beamdiag_agent_processes:report()) -> iolist().
 text(P) ->
     text(P, []).
 
 %% @doc The section with the Erlang sampler's hot stacks of the top
 %% process, when the sampler ran (`--erlang'): its stacks per process, as
 %% `beamdiag_agent_sampler' returns them.
--spec text(map(), [map()]) -> iolist().
+-spec text(beamdiag_agent_processes:report(), [beamdiag_agent_sampler:process_stacks()]) ->
+    iolist().
 text(P = #{top_reductions := [Top | _]}, ByProcess) when ByProcess =/= [] ->
     [text(P, []), hot_stacks(Top, ByProcess)];
 text(#{error := E}, _) ->
@@ -50,7 +51,7 @@ text(_, _) ->
 
 %% @doc One line: the process with the largest share of the reductions
 %% and the longest mailbox (watch's frame).
--spec line(map()) -> iolist().
+-spec line(beamdiag_agent_processes:report()) -> iolist().
 line(#{error := _}) ->
     "processes: not collected";
 line(P = #{top_reductions := Top}) ->
@@ -69,7 +70,7 @@ line(_) ->
     "".
 
 %% @doc The PROCESSES section of a comparison.
--spec compare_text([map()]) -> iolist().
+-spec compare_text([beamdiag_compare:process_change()]) -> iolist().
 compare_text([]) ->
     "\nPROCESSES (A -> B)\n  no process data in either, or nothing changed\n";
 compare_text(Rows) ->
@@ -80,7 +81,7 @@ compare_text(Rows) ->
       || #{process := K, share := [SA, SB], queue := [QA, QB], memory := [MA, MB]} <- Rows]].
 
 %% @doc Which processes the walks covered, in words.
--spec scope(map()) -> iolist().
+-spec scope(beamdiag_agent_processes:report()) -> iolist().
 scope(P = #{mode := Mode, scanned := [S0, S1], process_count := [C0, C1]}) ->
     Span = maps:get(span_ms, P, 0) / 1000,
     What = case Mode of

@@ -25,7 +25,31 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([handle/0]).
+-export_type([handle/0, options/0, context/0]).
+
+%% The options of diagnose/2 and start/2.
+-type options() :: #{
+    duration => number(),
+    interval => pos_integer(),
+    perf => boolean(),
+    progress => fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
+    ready_by => integer() | infinity,
+    proc_root => file:filename(),
+    node => iodata()
+}.
+%% What the session says when it finishes the window from the host
+%% (finish/2, unreached/2, late/2): how long the node was given, what
+%% distribution saw, how the node was to be reached (shown as it is), why
+%% the agent was late, what the agent sent and what else the session read
+%% (the capture's extras: the lock data).
+-type context() :: #{
+    waited_ms => integer(),
+    distribution => binary(),
+    attach => #{atom() => term()},
+    why => binary(),
+    agent => #{info := term(), extras := map()},
+    extras => map()
+}.
 
 -opaque handle() :: #{
     sampler := pid(),
@@ -63,7 +87,7 @@
 %% Options: `duration' (seconds, 10), `interval' (ms between samples,
 %% 1000), `perf' (true: perf samples the node when it can), `progress',
 %% `ready_by' (monotonic ms by which the report is due), `proc_root'.
--spec diagnose(string() | binary() | integer(), map()) ->
+-spec diagnose(string() | binary() | integer(), options()) ->
     {ok, beamdiag:diagnosis()} | {error, {module(), term()}}.
 diagnose(Target, Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
@@ -83,7 +107,7 @@ diagnose(Target, Opts) ->
 
 %% @doc Starts the host view of a located node now. Options as
 %% `diagnose/2', and `node' (its name, for the report).
--spec start(beamdiag_host_locate:located(), map()) -> handle().
+-spec start(beamdiag_host_locate:located(), options()) -> handle().
 start(Located = #{os_pid := OsPid}, Opts) ->
     Interval = maps:get(interval, Opts, 1000),
     Root = maps:get(proc_root, Opts, "/proc"),
@@ -148,7 +172,7 @@ armed(H) ->
 %% (what the distribution layer saw, in words), `extras' (what the session
 %% read besides, for the capture's extras: the lock data). perf samples the hot
 %% threads for what is left of the window, unless `arm/1' started it.
--spec finish(handle(), map()) -> beamdiag:diagnosis().
+-spec finish(handle(), context()) -> beamdiag:diagnosis().
 finish(H, Context) ->
     window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
 
@@ -158,7 +182,7 @@ finish(H, Context) ->
 %% `waited_ms', `distribution' (why, in words), `attach' (what was
 %% resolved of how to reach it). perf samples the hot threads for what is
 %% left of the window.
--spec unreached(handle(), map()) -> beamdiag:diagnosis().
+-spec unreached(handle(), context()) -> beamdiag:diagnosis().
 unreached(H, Context) ->
     window(arm(H), Context#{unresponsive => false, reason => unreachable}).
 
@@ -169,7 +193,7 @@ unreached(H, Context) ->
 %% (what the agent sent, if anything: `#{info, extras}'), `extras' (as for
 %% `finish/2'). perf runs only if
 %% `arm/1' started it.
--spec late(handle(), map()) -> beamdiag:diagnosis().
+-spec late(handle(), context()) -> beamdiag:diagnosis().
 late(H, Context) ->
     window(H, Context#{reason => slow}).
 

@@ -41,7 +41,7 @@
 %% all the ledger needs; the rest describes the run.
 -type capture() :: #{
     samples := [beamdiag_agent:sample()],
-    settings := map(),
+    settings := beamdiag_agent_vm:settings(),
     schema => binary(),
     node => binary(),
     interval_ms => non_neg_integer(),

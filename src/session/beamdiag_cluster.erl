@@ -58,7 +58,8 @@
 -export_type([cluster/0, member_result/0]).
 
 %% What one member gave: its summary row and its findings in full.
--type member_result() :: #{row := map(), findings := [beamdiag_finding:finding()]}.
+-type member_result() :: #{row := beamdiag_cluster_analysis:summary_row(),
+                          findings := [beamdiag_finding:finding()]}.
 -type cluster() :: #{
     schema := binary(),
     seed := binary() | null,

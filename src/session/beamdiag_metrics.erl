@@ -51,6 +51,40 @@
 %% cgroup runs a few periods a second).
 -define(MIN_PERIODS, 10).
 
+-export_type([options/0]).
+
+%% The options start/1 takes; all optional (?DEFAULTS).
+-type options() :: #{
+    port => inet:port_number(),
+    interval => 100..60000,
+    ip => loopback | any | inet:ip_address(),
+    path => string(),
+    msacc => boolean()
+}.
+%% The options with the defaults filled in (options/1).
+-type config() :: #{
+    port := inet:port_number(),
+    interval := 100..60000,
+    ip := loopback | any | inet:ip_address(),
+    path := string(),
+    msacc := boolean()
+}.
+%% The sampler's state: its options, the responder, the text it serves,
+%% the flags to put back, the agent's tick state and the last sample.
+-type state() :: #{
+    port := inet:port_number(),
+    interval := 100..60000,
+    ip := loopback | any | inet:ip_address(),
+    path := string(),
+    msacc := boolean(),
+    http := pid(),
+    text := binary(),
+    swt_was := boolean(),
+    msacc_was := {was, boolean()} | untouched,
+    sampler := beamdiag_agent:tick_state(),
+    last := beamdiag_agent:sample() | undefined
+}.
+
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -60,12 +94,12 @@
 %% an address tuple to listen elsewhere), `path' ("/metrics"), `interval'
 %% ms between samples (1000), `msacc' (false). Unknown options raise
 %% `badarg'; a port in use gives `{error, {beamdiag_metrics, _}}'.
--spec start(map()) -> {ok, pid()} | {error, {beamdiag_metrics, term()}}.
+-spec start(options()) -> {ok, pid()} | {error, {beamdiag_metrics, term()}}.
 start(Opts) ->
     gen_server:start(?MODULE, options(Opts), []).
 
 %% @doc As `start/1', linked to the caller (for a supervisor).
--spec start_link(map()) -> {ok, pid()} | {error, {beamdiag_metrics, term()}}.
+-spec start_link(options()) -> {ok, pid()} | {error, {beamdiag_metrics, term()}}.
 start_link(Opts) ->
     gen_server:start_link(?MODULE, options(Opts), []).
 
@@ -75,7 +109,7 @@ stop(Pid) ->
     gen_server:stop(Pid).
 
 %% @doc A child specification for a supervisor.
--spec child_spec(map()) -> supervisor:child_spec().
+-spec child_spec(options()) -> supervisor:child_spec().
 child_spec(Opts) ->
     #{id => {?MODULE, maps:get(port, options(Opts))},
       start => {?MODULE, start_link, [Opts]},
@@ -85,7 +119,7 @@ child_spec(Opts) ->
       modules => [?MODULE]}.
 
 %% @doc Validates options and fills in defaults; raises `badarg'.
--spec options(map()) -> map().
+-spec options(options()) -> config().
 options(Opts) when is_map(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     #{port := P, interval := I, ip := Ip, path := Path, msacc := M} = O,
@@ -175,7 +209,8 @@ warming_up() ->
 
 %% @doc The exposition text between two samples of a node, with the cost
 %% of the later one (pure but for reading the build's settings map).
--spec exposition(beamdiag_agent:sample(), beamdiag_agent:sample(), map()) -> iolist().
+-spec exposition(beamdiag_agent:sample(), beamdiag_agent:sample(), beamdiag_agent_vm:settings()) ->
+    iolist().
 exposition(Last, Sample, Settings) ->
     Capture = beamdiag_capture:new(#{settings => Settings}, [Last, Sample], #{}),
     [text(beamdiag_ledger:build(Capture)),
@@ -184,7 +219,7 @@ exposition(Last, Sample, Settings) ->
 
 %% @doc Fetches the endpoint over HTTP/1.0 on a real socket and returns the
 %% body (for tests and for a quick look from a shell).
--spec scrape(map()) -> {ok, binary()} | {error, {beamdiag_metrics, term()}}.
+-spec scrape(options()) -> {ok, binary()} | {error, {beamdiag_metrics, term()}}.
 scrape(Opts) ->
     #{port := Port, path := Path} = options(Opts),
     case gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}], 5000) of
@@ -219,7 +254,7 @@ format_error({http_status, Line}) ->
 %%%===================================================================
 
 %% @private
--spec init(map()) -> {ok, map()} | {stop, {beamdiag_metrics, term()}}.
+-spec init(config()) -> {ok, state()} | {stop, {beamdiag_metrics, term()}}.
 init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Path}) ->
     process_flag(trap_exit, true),
     case beamdiag_agent_http:start_link(#{owner => self(), port => Port, ip => Ip, path => Path}) of
@@ -247,19 +282,19 @@ init(O = #{port := Port, ip := Ip, interval := I, msacc := WantMsacc, path := Pa
     end.
 
 %% @private
--spec handle_call(term(), gen_server:from(), map()) -> {reply, term(), map()}.
+-spec handle_call(term(), gen_server:from(), state()) -> {reply, term(), state()}.
 handle_call(text, _From, S = #{text := T}) ->
     {reply, T, S};
 handle_call(_, _From, S) ->
     {reply, {error, unknown_call}, S}.
 
 %% @private
--spec handle_cast(term(), map()) -> {noreply, map()}.
+-spec handle_cast(term(), state()) -> {noreply, state()}.
 handle_cast(_, S) ->
     {noreply, S}.
 
 %% @private
--spec handle_info(term(), map()) -> {noreply, map()} | {stop, term(), map()}.
+-spec handle_info(term(), state()) -> {noreply, state()} | {stop, term(), state()}.
 handle_info(tick, S = #{sampler := Sampler0, last := Last, http := Http, interval := I}) ->
     erlang:send_after(I, self(), tick),
     {Sample, Sampler} = beamdiag_agent:take(Sampler0),
@@ -279,7 +314,7 @@ handle_info(_, S) ->
 
 %% @private
 %% Puts back what init changed.
--spec terminate(term(), map()) -> ok.
+-spec terminate(term(), state()) -> ok.
 terminate(_Why, #{http := Http, msacc_was := MsaccWas}) ->
     %% The responder is gone, and its port closed, when this returns.
     ok = beamdiag_agent_http:stop(Http),
