@@ -233,7 +233,7 @@ cookie_hash(C) ->
 %% distribution set-up in words. This VM is left out, and so is the
 %% beamdiag escript that started it, when it was started again
 %% (`relaunch_flags/1'). Options: `proc_root'.
--spec candidates(map()) -> [#{os_pid := pos_integer(), name := binary() | none,
+-spec candidates(#{proc_root => file:filename()}) -> [#{os_pid := pos_integer(), name := binary() | none,
                               otp := pos_integer() | undefined, distribution := binary()}].
 candidates(Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
