@@ -16,6 +16,8 @@
 
 %% @doc The options over the defaults. `Extra' lists keys that are allowed
 %% without a default.
+%% (Left open: every module's options come through here, each of its own
+%% type; the caller's spec names the result's.)
 -spec merge(map(), map(), [atom()]) -> map().
 merge(Opts, Defaults, Extra) when is_map(Opts), is_map(Defaults), is_list(Extra) ->
     Allowed = lists:usort(maps:keys(Defaults) ++ Extra),

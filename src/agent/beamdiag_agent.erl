@@ -586,7 +586,8 @@ msacc_tick(_State, _K, K2) ->
 last_tick(Start, Interval, End) ->
     (End - Start + Interval - 1) div Interval.
 
--spec finish(map(), done | {aborted, term()}) -> no_return().
+%% (State: the agent's own, a tick_state() with its caller and ref.)
+-spec finish(tick_state(), done | {aborted, term()}) -> no_return().
 finish(State = #{caller := Caller, ref := Ref}, How) ->
     %% The end walk starts, in a process of its own.
     Walk = end_walk(State, How),

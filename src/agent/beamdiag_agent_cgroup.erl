@@ -19,7 +19,7 @@
 -export([locate/3, parse_proc_cgroup/1, parse_mountinfo/1, parse_cpu_max/1, parse_cpu_stat/2]).
 -endif.
 
--export_type([location/0, memory_location/0, stat/0]).
+-export_type([location/0, memory_location/0, stat/0, room/0]).
 
 -type location() :: #{version := 1 | 2, dir := file:filename()}.
 %% The memory cgroup's limit and usage files, or none.
@@ -32,6 +32,24 @@
     nr_throttled => non_neg_integer(),
     throttled_ns => non_neg_integer(),
     usage_ns => non_neg_integer()
+}.
+
+%% cpu.stat's counters, in common keys (nanoseconds).
+-type cpu_counters() :: #{
+    nr_periods => integer(),
+    nr_throttled => integer(),
+    throttled_ns => integer(),
+    usage_ns => integer()
+}.
+%% memory_room/2: the host's memory (bytes), the memory cgroup's limit and
+%% usage when it has a limit, and the smaller room with what bounds it.
+-type room() :: #{
+    mem_total => non_neg_integer(),
+    mem_available => non_neg_integer(),
+    limit => integer(),
+    usage => integer(),
+    room => non_neg_integer(),
+    bound_by => host | cgroup
 }.
 
 %% Larger numbers in cgroup files are junk; dividing them would overflow.
@@ -167,7 +185,7 @@ parse_cpu_max(Bin) ->
     end.
 
 %% @doc Parses cpu.stat of either version into common keys (nanoseconds).
--spec parse_cpu_stat(1 | 2, binary()) -> map().
+-spec parse_cpu_stat(1 | 2, binary()) -> cpu_counters().
 parse_cpu_stat(Version, Bin) ->
     lists:foldl(
         fun(Line, Acc) ->
@@ -197,7 +215,7 @@ format_error({unreadable, Dir}) -> io_lib:format("cannot read the cgroup's cpu.s
 %% limit, the limit less the cgroup's usage (v2: memory.max and
 %% memory.current; v1: memory.limit_in_bytes and memory.usage_in_bytes);
 %% `room' is the smaller, `bound_by' says which. Bytes.
--spec memory_room(file:filename(), memory_location()) -> map().
+-spec memory_room(file:filename(), memory_location()) -> room().
 memory_room(ProcRoot, MemLoc) ->
     Host = case read_file(filename:join(ProcRoot, "meminfo")) of
                {ok, Mi} -> parse_meminfo(Mi);

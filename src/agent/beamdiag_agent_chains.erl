@@ -36,6 +36,53 @@
 
 -export([look/1, candidates/2]).
 
+-export_type([look/0, chain/0, hop/0, caller/0]).
+
+%% One look: the chains from the candidates, and the suspended processes
+%% with the distribution ports.
+-type look() :: #{
+    t_ns := integer(),
+    chains := [chain()],
+    suspended := #{count := non_neg_integer(),
+                   read := [caller()],
+                   %% One per distribution channel: its node and its port's
+                   %% figures, or its controller when that is a process
+                   %% (the keys read from the driver vary).
+                   dist := [#{node := binary(), atom() => term()}],
+                   dist_buf_busy_limit := non_neg_integer()}
+}.
+-type chain() :: #{
+    server := hop(),
+    callers := #{count := non_neg_integer(), read := [caller()]},
+    waits_on := [hop()]
+}.
+%% A process on a chain, with `ends' when the chain ends there; a chain
+%% that ends in calls to other nodes ends in a hop of `ends => remote' and
+%% the nodes alone.
+-type hop() :: #{
+    pid => binary(),
+    name => binary() | null,
+    initial_call => binary() | null,
+    status => binary(),
+    current => binary() | null,
+    stack => [binary()],
+    queue => non_neg_integer(),
+    reductions => non_neg_integer(),
+    monitored_by => non_neg_integer(),
+    kind => binary(),
+    ends => nif | suspended | port | running | 'receive' | cycle | remote,
+    nodes => [binary()]
+}.
+%% A process waiting on a candidate, or a suspended one (which has `name').
+-type caller() :: #{
+    pid := binary(),
+    name => binary() | null,
+    status := binary(),
+    current := binary() | null,
+    site := binary(),
+    reductions := non_neg_integer()
+}.
+
 -define(SERVERS, 4).
 -define(HOPS, 5).
 -define(CALLERS, 8).
@@ -58,7 +105,9 @@
 %% @doc The candidates among a walk report's entries: those with monitors
 %% on them or a queue, most first, at most ?SERVERS; `Also' (pids of an
 %% earlier look) first, to be looked at again.
--spec candidates([map()], [pid()]) -> [pid()].
+%% (Entries: beamdiag_agent_processes:entry(); only the keys read here.)
+-spec candidates([#{pid := binary(), monitored_by := term(), queue := term(), atom() => term()}],
+                 [pid()]) -> [pid()].
 candidates(Entries, Also) ->
     Scored = lists:usort([{-(M + Q), P}
                           || #{pid := PT, monitored_by := M, queue := [_, Q]} <- Entries,
@@ -72,7 +121,7 @@ candidates(Entries, Also) ->
 %% count) and the distribution ports.
 %% Its reads stop at ?LOOK_MS.
 -spec look(#{servers := [pid()], suspended := [pid()], suspended_count => non_neg_integer()}) ->
-    map().
+    look().
 look(Opts = #{servers := Servers, suspended := Susp}) ->
     T = erlang:monotonic_time(nanosecond),
     Names = names(),

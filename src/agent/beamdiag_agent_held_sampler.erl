@@ -66,10 +66,31 @@
 
 -export([start/2, share/2, new/0, add/2, found/1, candidates/1, entries/1, info/1]).
 
--export_type([aggregate/0, raw_entry/0]).
+-export_type([aggregate/0, raw_entry/0, info/0, walk/0]).
 
 -type aggregate() :: #{atom() => term()}.
 -type raw_entry() :: #{atom() => term()}.
+%% What info/1 says of the samplers (the watcher adds their number,
+%% `samplers').
+-type info() :: #{
+    samples := non_neg_integer(),
+    signs := non_neg_integer(),
+    walks := [walk()],
+    candidates := non_neg_integer(),
+    rate_hz := pos_integer(),
+    held_ms := pos_integer(),
+    bounds := #{samplers | candidates | walks | walk_max | walk_ms => pos_integer()},
+    samplers => non_neg_integer()
+}.
+%% One walk of the table at a sign: skipped above the bound, else how many
+%% processes it read, how many were slow, and whether it stopped early.
+-type walk() :: #{
+    walk_us := non_neg_integer(),
+    skipped => too_many_processes,
+    read => non_neg_integer(),
+    slow => non_neg_integer(),
+    truncated => boolean()
+}.
 
 %% An answer this slow (ms) means the process held its scheduler.
 -define(HELD_MS, 10).
@@ -164,7 +185,7 @@ entries(#{pids := Pids}) ->
      || {_, E} <- lists:reverse(lists:keysort(1, [{maps:get(total_ms, E), E} || E <- Held]))].
 
 %% @doc What the samplers did: for the report's `sampler' entry.
--spec info(aggregate()) -> map().
+-spec info(aggregate()) -> info().
 info(#{samples := N, signs := S, walks := Ws, candidates := Cs}) ->
     #{samples => N, signs => S, walks => Ws, candidates => length(Cs),
       rate_hz => 1000 div ?TICK_MS, held_ms => ?HELD_MS,

@@ -22,9 +22,26 @@
 
 -export([counts/0, sources/2]).
 
--export_type([counts/0]).
+-export_type([counts/0, sources/0, source/0]).
 
 -type counts() :: #{atoms | processes | ports | ets_tables => [non_neg_integer()]}.
+%% sources/2: the atom count before and after, and the processes caught
+%% running meanwhile.
+-type sources() :: #{
+    atoms := [non_neg_integer()],
+    span_ms := integer(),
+    rounds := pos_integer(),
+    processes := [source()]
+}.
+%% A process caught running: the samples it was in, its functions (most
+%% seen first) and those of them that make atoms.
+-type source() :: #{
+    pid := binary(),
+    name := binary() | null,
+    samples := pos_integer(),
+    functions := [binary()],
+    makes_atoms := [binary()]
+}.
 
 %% Samples of the running processes, and the time between them.
 -define(ROUNDS, 5).
@@ -53,7 +70,7 @@ counts() ->
 %% ?GAP_MS apart, with the atom count before and after. Entries: the pid,
 %% its registered name, the samples it was caught running in, its
 %% functions (most seen first) and whether one of them makes atoms.
--spec sources([pid()], #{deadline => integer()}) -> map().
+-spec sources([pid()], #{deadline => integer()}) -> sources().
 sources(Pids, Opts) ->
     A0 = erlang:system_info(atom_count),
     T0 = erlang:monotonic_time(millisecond),

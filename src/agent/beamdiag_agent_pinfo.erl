@@ -32,10 +32,14 @@
 
 -export([fold/5, read/3]).
 
--export_type([stalled/0]).
+-export_type([stalled/0, options/0]).
 
 %% A process that did not answer, and how long it was waited for (ms).
 -type stalled() :: {pid(), non_neg_integer()}.
+%% How long a process may take to answer (ms), the processes a reader
+%% reads before it sends them, and when the fold stops (monotonic us).
+-type options() :: #{stall_ms => pos_integer(), chunk => pos_integer(),
+                     deadline => integer() | infinity}.
 
 %% How long one process may take to answer.
 -define(STALL_MS, 100).
@@ -52,7 +56,7 @@
 %% or `infinity': past it the fold stops and says so). Returns the
 %% accumulator, the processes that did not answer in time, and whether
 %% the deadline cut the fold short.
--spec fold(fun((pid(), list(), Acc) -> Acc), Acc, [pid()], [atom() | tuple()], map()) ->
+-spec fold(fun((pid(), list(), Acc) -> Acc), Acc, [pid()], [atom() | tuple()], options()) ->
     {Acc, [stalled()], boolean()}.
 fold(Fun, Acc0, Pids, Items, Opts) ->
     Cfg = #{stall => maps:get(stall_ms, Opts, ?STALL_MS),
@@ -64,7 +68,7 @@ fold(Fun, Acc0, Pids, Items, Opts) ->
 
 %% @doc The answers of a few processes, by pid, and those that did not
 %% answer in time.
--spec read([pid()], [atom() | tuple()], map()) -> {#{pid() => list()}, [stalled()]}.
+-spec read([pid()], [atom() | tuple()], options()) -> {#{pid() => list()}, [stalled()]}.
 read(Pids, Items, Opts) ->
     {Map, Stalled, _} = fold(fun(P, Info, M) -> M#{P => Info} end, #{}, Pids, Items, Opts),
     {Map, Stalled}.

@@ -71,7 +71,7 @@
 
 -export([start/1, finish/2, next/1, snapshot/1, watch/1, forward/2, pids/1, look/2]).
 
--export_type([state/0, report/0, entry/0]).
+-export_type([state/0, report/0, entry/0, stalled_entry/0, options/0]).
 
 -type state() :: #{
     mode := all | sampled | registered,
@@ -89,11 +89,67 @@
     estimated := #{pid() => true},
     stalled := [beamdiag_agent_pinfo:stalled()],
     suspended := {non_neg_integer(), [pid()]},
-    look0 => map(),
+    look0 => beamdiag_agent_chains:look(),
     t0_ns := integer()
 }.
--type entry() :: #{atom() => term()}.
--type report() :: #{atom() => term()}.
+%% One process in a report: its figures over the window (the start's
+%% value `null' when the start walk did not read it) and its identity
+%% (`answered => false' and `waited_ms' for one that did not answer;
+%% `spawn_call', `label' and `like' are absent from a snapshot's entries
+%% for the watched processes that did not answer the start walk).
+%% `current' is always set here but left optional: readers allow for
+%% entries without it (beamdiag_format_procs' where/1).
+-type entry() :: #{
+    pid := binary(),
+    name := binary() | null,
+    reductions := integer(),
+    queue := [non_neg_integer() | null],
+    memory := [non_neg_integer() | null],
+    memory_estimated := boolean(),
+    heap_words := non_neg_integer() | null,
+    born := boolean(),
+    queue_ms => non_neg_integer(),
+    initial_call := binary() | null,
+    current => binary() | null,
+    monitored_by := non_neg_integer(),
+    status := binary(),
+    spawn_call => binary() | null,
+    label => binary() | null,
+    like => pos_integer() | null,
+    answered => false,
+    waited_ms => non_neg_integer()
+}.
+%% A process that did not answer a read in time.
+-type stalled_entry() :: #{pid := binary(), name := binary() | null,
+                           waited_ms := non_neg_integer()}.
+%% What finish/2, next/1 and snapshot/1 build (pairs: start and end).
+%% A snapshot has `t_ns', `word_bytes' and `partial'; an end report
+%% `identify_us'; look/2 and the end walk add `waits'.
+-type report() :: #{
+    mode := all | sampled | registered,
+    limit := pos_integer(),
+    span_ms := integer(),
+    reductions := non_neg_integer(),
+    process_count := [non_neg_integer()],
+    scanned := [non_neg_integer()],
+    walk_us := [integer()],
+    truncated := boolean(),
+    top_reductions := [entry()],
+    queues := [entry()],
+    heaps := [entry()],
+    heap_growth := [entry()],
+    stalled := [stalled_entry()],
+    identify_us => integer(),
+    waits => #{start => beamdiag_agent_chains:look(), 'end' => beamdiag_agent_chains:look()},
+    t_ns => integer(),
+    word_bytes => pos_integer(),
+    partial => start | start_and_ticks,
+    %% Added by the agent and the collector at the window's end.
+    memory_room => beamdiag_agent_cgroup:room()
+}.
+%% start/1's options: pids left out (the agent's own), and the walk's
+%% bound (tests only).
+-type options() :: #{skip => [pid()], walk_max => non_neg_integer()}.
 
 %% Above this many processes the table is not listed.
 -define(WALK_MAX, 50000).
@@ -129,7 +185,7 @@
 
 %% @doc The walk at the window's start. Options: `skip', pids left out
 %% (the agent's own; `self()' always is), `walk_max' (tests only).
--spec start(map()) -> state().
+-spec start(options()) -> state().
 start(Opts) ->
     Skip = [self() | maps:get(skip, Opts, [])],
     Count = erlang:system_info(process_count),

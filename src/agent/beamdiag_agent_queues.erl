@@ -46,7 +46,7 @@
 
 %% @doc Starts a reader for each process (at most a few: the caller
 %% bounds the list). Options: `period_ms' (default 100).
--spec start([pid()], map()) -> watch().
+-spec start([pid()], #{period_ms => pos_integer()}) -> watch().
 start(Pids0, Opts) ->
     Pids = lists:usort(Pids0),
     Period = maps:get(period_ms, Opts, ?PERIOD_MS),

@@ -59,9 +59,55 @@
 %% Spawned by start/2 through proc_lib:spawn_opt/4.
 -ignore_xref([{init, 2}]).
 
--export_type([report/0]).
+-export_type([report/0, options/0, process/0, long_queue/0]).
 
--type report() :: #{atom() => term()}.
+%% What summary/1 builds: the events' counts, or with `source => sampler'
+%% the held sampler's in the same shape (beamdiag_agent_held_sampler).
+-type report() :: #{
+    state := watching | taken,
+    threshold_ms := pos_integer(),
+    span_ms := integer(),
+    set_ms := integer(),
+    events := non_neg_integer(),
+    process_count := non_neg_integer(),
+    processes := [process()],
+    long_queues := [long_queue()],
+    nif_modules := [binary()],
+    taken_by => #{pid := binary() | null, name := binary() | null},
+    source => sampler,
+    sampler => beamdiag_agent_held_sampler:info()
+}.
+%% A process (or port) that held its scheduler: from the events, or with
+%% the sampler's extra keys (samples, consecutive, collected, watched_ms).
+-type process() :: #{
+    pid := binary() | null,
+    name := binary() | null,
+    initial_call := binary() | null,
+    count := non_neg_integer(),
+    longest_ms := non_neg_integer(),
+    total_ms := non_neg_integer(),
+    in := binary() | null,
+    out := binary() | null,
+    native := nif | bif | erlang | mixed,
+    samples => non_neg_integer(),
+    consecutive => non_neg_integer(),
+    collected => non_neg_integer(),
+    watched_ms => integer()
+}.
+%% A process the runtime reported with a long message queue (OTP 27+).
+-type long_queue() :: #{
+    pid := binary() | null,
+    name := binary() | null,
+    initial_call := binary() | null,
+    long := term()
+}.
+%% start/2's options: the threshold (ms), where to send reports as they
+%% come, and whether the held sampler stands in when the slot is taken.
+-type options() :: #{
+    threshold_ms => pos_integer(),
+    notify => {pid(), reference()},
+    sampler => boolean()
+}.
 
 %% A schedule at least this long (ms) is reported by the runtime.
 -define(LONG_MS, 50).
@@ -78,7 +124,7 @@
 %%%===================================================================
 
 %% @doc Starts the watcher for Owner (the agent). Options: `threshold_ms'.
--spec start(pid(), map()) -> pid().
+-spec start(pid(), options()) -> pid().
 start(Owner, Opts) ->
     proc_lib:spawn_opt(?MODULE, init, [Owner, Opts], [{priority, high}]).
 
@@ -101,7 +147,7 @@ stop(Pid) ->
 %%%===================================================================
 
 %% @private
--spec init(pid(), map()) -> ok.
+-spec init(pid(), options()) -> ok.
 init(Owner, Opts) ->
     MRef = erlang:monitor(process, Owner),
     Ms = maps:get(threshold_ms, Opts, ?LONG_MS),

@@ -29,9 +29,17 @@
 %% load MFA, measure/1 through peer:call/5.
 -ignore_xref([{start, 1}, {measure, 1}]).
 
--export_type([unit/0]).
+-export_type([unit/0, measured/0]).
 
 -type unit() :: {lab, module(), atom()} | {mfa, module(), atom()}.
+%% measure(stop): the units done in the window, its length, and the
+%% latency percentiles (us; `undefined' with no samples).
+-type measured() :: #{
+    units := integer(),
+    elapsed_s := float(),
+    latency_us := #{n := non_neg_integer(), p50 := float() | undefined,
+                    p99 := float() | undefined, p999 := float() | undefined}
+}.
 
 -define(DRIVER, beamdiag_experiment_driver).
 -define(STOP_TIMEOUT, 15000).
@@ -59,7 +67,7 @@ start(#{unit := Unit, concurrency := C, bound_ms := Bound, reservoir := Res}) ->
 
 %% @doc `start' opens the measured window, `stop' closes it and returns
 %% the units done, the seconds between and the latency percentiles.
--spec measure(start | stop) -> ok | map().
+-spec measure(start | stop) -> ok | measured().
 measure(What) ->
     Ref = make_ref(),
     case whereis(?DRIVER) of

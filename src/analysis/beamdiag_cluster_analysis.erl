@@ -115,7 +115,11 @@
     cpus_used := float(),
     contended := boolean(),
     lifted := [#{id := atom(), severity := beamdiag_finding:severity(), nodes := [binary()],
-                 runq_share := #{median := float(), max := float()}}]
+                 runq_share := #{median := float(), max := float()}}],
+    %% Added by host_entry/2 for the report: this session's CPU time when
+    %% it ran there, and the finding of the host's contention.
+    session => #{cpu_s := number()} | null,
+    findings => [beamdiag_finding:finding()]
 }.
 
 %% The severities of the findings lifted to a shared host.

@@ -26,7 +26,7 @@
 %% were taken off how many of its members and how long they waited, what
 %% the host's CPUs did, what its members used, and what this session
 %% used there when it ran there (`session': `#{cpu_s := CPU seconds}').
--spec host_evidence(beamdiag_cluster_analysis:host() | map()) -> [binary()].
+-spec host_evidence(beamdiag_cluster_analysis:host()) -> [binary()].
 host_evidence(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
     N = length(Ms),
     [iolist_to_binary(L) || L <- [lifted_line(Lf, N) || Lf <- Lifted] ++

@@ -9,6 +9,25 @@
 
 -export([metrics/0, summarise/1]).
 
+-export_type([summary/0, versus/0]).
+
+%% summarise/1: each arm's mean and standard deviation per metric, and
+%% each arm after the first against it.
+-type summary() :: #{
+    arms := [#{index := term(), stats := #{atom() => #{mean := float(), sd := float()}}}],
+    versus := [#{index := term(), against := term(), metrics := [versus()]}]
+}.
+%% One metric of an arm against the first: the relative change's estimate
+%% and bootstrap interval (`null' and `undefined' with no pairs).
+-type versus() :: #{
+    key := atom(),
+    better := higher | lower | neutral,
+    estimate := float() | null,
+    ci := {float(), float()} | undefined,
+    verdict := better | worse | higher | lower | no_difference | no_data,
+    pairs := non_neg_integer()
+}.
+
 %% Metrics: key, label, which way is better.
 -define(METRICS, [
     {throughput, "throughput (units/s)", higher},
@@ -33,7 +52,9 @@ metrics() ->
 %% @doc Each arm against the first: means and standard deviations per arm,
 %% and per metric the relative change with its bootstrap interval and
 %% verdict.
--spec summarise(map()) -> map().
+%% (R: an experiment's result, beamdiag_experiment:result(): its arms, runs
+%% and settings.)
+-spec summarise(beamdiag_experiment:result()) -> summary().
 summarise(#{arms := Arms, runs := Runs} = R) ->
     Iters = maps:get(bootstrap, maps:get(settings, R, #{}), 2000),
     ByArm = maps:groups_from_list(fun(#{arm := A}) -> A end, Runs),

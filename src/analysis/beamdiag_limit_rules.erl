@@ -42,7 +42,18 @@ findings(Capture) ->
     end.
 
 %% The thresholds, by resource where they differ.
--spec thresholds() -> map().
+-type resource() :: atoms | processes | ports | ets_tables.
+-type thresholds() :: #{
+    used_warn := float(),
+    used_crit := float(),
+    rise_share := float(),
+    fall_share := float(),
+    growth_min := #{resource() => pos_integer()},
+    left_warn_s := #{resource() => pos_integer()},
+    left_crit_s := #{resource() => pos_integer()},
+    ets_rate_min := float()
+}.
+-spec thresholds() -> thresholds().
 thresholds() ->
     #{
         %% Share of the limit in use.

@@ -69,7 +69,9 @@ classify(Name) ->
 %% name, except that a numbered VM thread (scheduler, dirty, aux, poll,
 %% async) whose number is out of the node's range or taken by a lower
 %% thread id is `{other, 0}'. Counts not in `Settings' are not checked.
--spec classify_all([{integer(), binary()}], map()) -> #{integer() => {type(), non_neg_integer()}}.
+%% (Settings: a capture's, beamdiag_agent_vm:settings(); #{} checks no count.)
+-spec classify_all([{integer(), binary()}], beamdiag_agent_vm:settings() | #{}) ->
+    #{integer() => {type(), non_neg_integer()}}.
 classify_all(Threads, Settings) ->
     {Map, _} = lists:foldl(
         fun({Tid, Name}, {Acc, Seen}) ->

@@ -76,8 +76,9 @@ thresholds() ->
     }.
 
 %% @doc The findings of an agent's capture: `dirty_io_blocked'. Context:
-%% as `host_findings/3'.
--spec findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(), map()) ->
+%% as `host_findings/3' (#{} for an agent's).
+-spec findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(),
+               beamdiag_host_rules:context()) ->
     [beamdiag_finding:finding()].
 findings(Capture, Ledger, Context) ->
     dirty_io(Capture, Ledger, spans(Capture), Context).
@@ -86,8 +87,10 @@ findings(Capture, Ledger, Context) ->
 %% `scheduler_blocking' for normal and dirty CPU scheduler threads blocked
 %% in one call for most of the window (the host has no busy time to see
 %% the agent's kind). Context: `unresponsive', `waited_ms' and
-%% `distribution' (the node did not answer, and what distribution saw).
--spec host_findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(), map()) ->
+%% `distribution' (the node did not answer, and what distribution saw):
+%% the host view's context (beamdiag_host_rules).
+-spec host_findings(beamdiag_capture:capture(), beamdiag_ledger:ledger(),
+                    beamdiag_host_rules:context()) ->
     [beamdiag_finding:finding()].
 host_findings(Capture, Ledger, Context) ->
     Spans = spans(Capture),

@@ -36,7 +36,7 @@
 -export([parse/2, usage/1, commands/0, exit_code/1]).
 -endif.
 
--export_type([spec/0, option/0, io/0, result/0, exit_code/0]).
+-export_type([spec/0, option/0, io/0, result/0, exit_code/0, opts/0]).
 
 -define(EXIT_OK, 0).
 -define(EXIT_FINDINGS, 1).
@@ -86,13 +86,17 @@
 %% streams, and returns its exit code.
 -type io() :: #{out := fun((iodata()) -> ok), err := fun((iodata()) -> ok), colour := boolean(),
                 tty => boolean(), relaunch => fun(([string()]) -> exit_code())}.
+%% The parsed options parse/2 returns, every default filled in. Open: its
+%% keys are the command spec's option and positional keys (each
+%% command's own) and its values of their types (type()).
+-type opts() :: #{atom() => term()}.
 %% What a command returns: the exit code; everything it printed went through io().
 -type result() :: exit_code().
 %% 0 done, 1 a finding at or above --fail-on, 2 usage, 3 unreachable, 4 failed.
 -type exit_code() :: 0..4.
 
 -callback spec() -> spec().
--callback run(Opts :: map(), IO :: io()) -> result().
+-callback run(Opts :: opts(), IO :: io()) -> result().
 
 %%%===================================================================
 %%% API
@@ -214,7 +218,7 @@ aliases() ->
 
 %% @doc Parses arguments against a command spec: `{ok, Opts}' with every
 %% default filled in, or `{error, Reason}' for `format_error/1'.
--spec parse(spec(), [string()]) -> {ok, map()} | {error, term()}.
+-spec parse(spec(), [string()]) -> {ok, opts()} | {error, term()}.
 parse(#{options := Options, positional := Positional}, Args) ->
     Defaults = maps:from_list([{K, D} || #{key := K, default := D} <- Options]),
     %% Defaults go in after parsing, so a repeatable option given on the
@@ -306,7 +310,7 @@ usage_error(Text, #{err := Err}) ->
 
 %% @doc The exit code of a finished run: 1 when a finding is at or above
 %% the options' `fail_on' level, 0 otherwise.
--spec findings_code([beamdiag_finding:finding()], map()) -> exit_code().
+-spec findings_code([beamdiag_finding:finding()], opts()) -> exit_code().
 findings_code(Findings, Opts) ->
     case maps:get(fail_on, Opts, undefined) of
         L when L =:= undefined; L =:= none -> ?EXIT_OK;
@@ -323,7 +327,7 @@ findings_code(Findings, Opts) ->
 %% (`beamdiag_safe_text:report/2'): control characters and bytes that are
 %% not UTF-8 become `?', newlines stay, and on a terminal that wants colour
 %% so do the formatter's colour codes.
--spec emit(unicode:chardata() | iodata(), map(), io()) -> result().
+-spec emit(unicode:chardata() | iodata(), opts(), io()) -> result().
 emit(Text, Opts, IO = #{out := Out}) ->
     case maps:find(out, Opts) of
         {ok, File} ->
@@ -339,7 +343,7 @@ emit(Text, Opts, IO = #{out := Out}) ->
 %% @doc Writes an HTML report to the options' `html' file when there is
 %% one (the fun renders it) and says so on standard error; returns 0, or 4
 %% when the file cannot be written.
--spec html(fun(() -> iodata()), map(), io()) -> exit_code().
+-spec html(fun(() -> iodata()), opts(), io()) -> exit_code().
 html(Render, #{html := File}, IO) ->
     write(File, Render(), "HTML report ", IO);
 html(_Render, _Opts, _IO) ->

@@ -19,7 +19,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(_Opts, #{out := Out}) ->
     Out(beamdiag_catalogue:markdown()),
     0.

@@ -48,7 +48,7 @@ spec() ->
 
 %% @doc Runs the command. Also takes the options of `diagnose' (those it
 %% does not use are ignored), so that `diagnose --cluster' can call it.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts, IO) ->
     case {maps:get(node, Opts, undefined), maps:get(nodes, Opts, undefined)} of
         {undefined, undefined} ->

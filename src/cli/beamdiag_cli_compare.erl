@@ -32,7 +32,7 @@ spec() ->
     }.
 
 %% @doc Runs the command. Exit code 0 whatever the deltas.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{a := FA, b := FB} = Opts, IO) ->
     case {beamdiag_capture:load(FA), beamdiag_capture:load(FB)} of
         {{ok, A}, {ok, B}} ->

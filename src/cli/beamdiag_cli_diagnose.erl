@@ -72,7 +72,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{cluster := true}, IO) ->
     beamdiag_cli_cluster:run(Opts, IO);
 run(Opts = #{os_pid := Pid}, IO) when not is_map_key(node, Opts) ->
@@ -139,7 +139,7 @@ diagnose(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err
 
 %% @doc Prints or writes a diagnosis as the options ask; returns the exit
 %% code (1 when a finding reaches --fail-on).
--spec output(beamdiag:diagnosis(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec output(beamdiag:diagnosis(), beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 output(Diagnosis = #{findings := Findings}, Opts, IO = #{colour := Colour}) ->
     Text =
         case maps:get(json, Opts, false) of

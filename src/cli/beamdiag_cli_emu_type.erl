@@ -74,7 +74,7 @@ spec() ->
     }.
 
 %% @doc Runs `emu-type build' or `emu-type status'.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{action := "status"}, #{out := Out}) ->
     #{erts_version := V, otp_version := O, bin_dir := D, installed := I, working := W} =
         beamdiag_emu_type:status(),

@@ -48,7 +48,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{workload := []}, IO) ->
     beamdiag_cli:usage_error("experiment: give at least one --workload", IO);
 run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
@@ -78,7 +78,8 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
 
 %% @doc Prints or writes experiment results as the options ask (`json',
 %% `out', `save', `html'); returns the exit code, the first failure's.
--spec output(map(), map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec output(beamdiag_experiment:result(), beamdiag_cli:opts(), beamdiag_cli:io()) ->
+    beamdiag_cli:result().
 output(Result, Opts, IO = #{err := Err}) ->
     Text = case maps:get(json, Opts, false) of
                true -> [beamdiag_json:encode(beamdiag_format_experiment:document(Result)), "\n"];

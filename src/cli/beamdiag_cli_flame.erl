@@ -66,7 +66,7 @@ spec() ->
     }.
 
 %% @doc Connects, profiles, writes the files, prints the summary.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
     RemoteOpts = maps:with([cookie, cookie_file], Opts),
     case beamdiag_remote:connect(NodeStr, RemoteOpts) of
@@ -89,7 +89,7 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
 
 %% @doc The printed summary of a profile result, as terminal-safe UTF-8
 %% (control characters and invalid UTF-8 from names as `?').
--spec report(map(), map()) -> binary().
+-spec report(beamdiag_profile:result(), beamdiag_cli:opts()) -> binary().
 report(Result = #{profile := P, findings := Findings}, _Opts) ->
     beamdiag_safe_text:report([
         beamdiag_profile:header(Result),

@@ -38,7 +38,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{scenario := "list"}, #{out := Out}) ->
     Out([[io_lib:format("~-22s ~ts~n", [N, S]),
           [io_lib:format("~-22s   --vary ~s=~ts (default ~ts): ~ts~n",

@@ -34,7 +34,7 @@ spec() ->
     }.
 
 %% @doc Runs the command: serves until the duration ends.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{node := Node, port := Port, interval := I, duration := D}, IO = #{err := Err}) ->
     Ip = case maps:get(any, Opts) of true -> any; false -> loopback end,
     Started = fun(Bound) ->

@@ -24,7 +24,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{file := File}, IO) ->
     case beamdiag_capture:read(File) of
         {ok, {diagnosis, D}} ->

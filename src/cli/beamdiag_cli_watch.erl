@@ -40,7 +40,7 @@ spec() ->
     }.
 
 %% @doc Runs the command.
--spec run(map(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{node := Node, interval := I, window := W}, IO = #{err := Err}) ->
     LibOpts = maps:merge(maps:with([cookie, cookie_file, msacc], Opts),
                          #{interval => I, window => W,

@@ -108,7 +108,7 @@ fix(Text) ->
 %% @doc A diagnosis for the text and HTML formats: its function names the
 %% Elixir way (top processes, profile frames, findings' evidence), and on
 %% a node that runs Elixir its fixes in Elixir's terms.
--spec diagnosis(map()) -> map().
+-spec diagnosis(beamdiag:diagnosis()) -> beamdiag:diagnosis().
 diagnosis(D = #{capture := C}) ->
     Elixir = maps:get(elixir, maps:get(settings, C, #{}), false) =:= true,
     D#{capture := capture(C),
@@ -117,7 +117,7 @@ diagnosis(D) ->
     D.
 
 %% @doc A folded profile (`beamdiag_fold') with its frames the Elixir way.
--spec profile(map()) -> map().
+-spec profile(beamdiag_fold:profile()) -> beamdiag_fold:profile().
 profile(P = #{stacks := Stacks}) ->
     P#{stacks := maps:fold(fun(K, V, Acc) ->
                                    K2 = frames(K),
@@ -128,7 +128,7 @@ profile(P) ->
 
 %% @doc A profile as `beamdiag_profile:profile/3' returns it, for `flame':
 %% its frames and its findings' evidence the Elixir way.
--spec flame(map()) -> map().
+-spec flame(beamdiag_profile:result()) -> beamdiag_profile:result().
 flame(R) ->
     R1 = profile_result(R),
     case R1 of

@@ -13,6 +13,23 @@
 
 -export([text/1, document/1]).
 
+-export_type([document/0]).
+
+%% What document/1 builds: the result's own keys it has (the session's
+%% settings and arms, shown as they are), its runs without their
+%% diagnoses, and the summary with each interval as a list (`null': none).
+-type document() :: #{
+    schema => binary(),
+    started_ms => integer(),
+    elapsed_s => number(),
+    settings => term(),
+    arms => term(),
+    runs := [map()],
+    summary := #{arms := list(),
+                 versus := [#{metrics := [#{ci := [float()] | null, atom() => term()}],
+                              atom() => term()}]}
+}.
+
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -60,7 +77,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
 
 %% @doc The results as the map their JSON encodes (without the raw
 %% captures).
--spec document(beamdiag_experiment:result()) -> map().
+-spec document(beamdiag_experiment:result()) -> document().
 document(R = #{runs := Runs}) ->
     Doc = maps:with([schema, started_ms, elapsed_s, settings, arms], R),
     Summary = maps:get(summary, R, beamdiag_experiment_stats:summarise(R)),

@@ -14,6 +14,28 @@
 
 -export([header/1, threads/1, summary/1, none/0]).
 
+-export_type([summary/0]).
+
+%% summary/1: the host view's context keys it has (beamdiag_host_rules),
+%% the reason as a line, the held threads, perf's result or why there is
+%% none, and the node's memory as the host saw it.
+-type summary() :: #{
+    reason => requested | unresponsive | unreachable | slow,
+    why => binary(),
+    waited_ms => integer(),
+    distribution => binary(),
+    os_pid => pos_integer(),
+    node => binary(),
+    located => given | epmd_port | cmdline | ns_pid,
+    window_s => number(),
+    process_state => running | sleeping | stopped | zombie | gone | unknown,
+    attach => beamdiag_attach:public() | #{},
+    header := binary(),
+    hot_threads := [beamdiag_ledger:row()],
+    perf := beamdiag_host_rules:perf_top() | #{error := binary()},
+    memory := beamdiag_host_view:memory()
+}.
+
 %% Threads listed in the hot-threads table.
 -define(TOP_THREADS, 6).
 
@@ -87,7 +109,7 @@ none() ->
       "cannot be seen from the host)">>.
 
 %% @doc What the JSON report carries about the host-only view.
--spec summary(beamdiag:diagnosis()) -> map().
+-spec summary(beamdiag:diagnosis()) -> summary().
 summary(#{capture := C, host_view := V}) ->
     Base = maps:with([reason, why, waited_ms, distribution, os_pid, node, located, window_s,
                       process_state, attach], V),

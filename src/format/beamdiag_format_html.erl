@@ -135,13 +135,13 @@ host_only_section(D = #{host_only := true}) ->
 host_only_section(_) ->
     [].
 
-%% @doc A compare result (any map) as one HTML document.
--spec compare(map()) -> iodata().
+%% @doc A compare result (its JSON document) as one HTML document.
+-spec compare(beamdiag_compare:document()) -> iodata().
 compare(Result) ->
     result_page(<<"beamdiag compare">>, Result).
 
-%% @doc An experiment result (any map) as one HTML document.
--spec experiment(map()) -> iodata().
+%% @doc An experiment result (its JSON document) as one HTML document.
+-spec experiment(beamdiag_format_experiment:document()) -> iodata().
 experiment(Result) ->
     result_page(<<"beamdiag experiment">>, Result).
 
@@ -149,7 +149,7 @@ experiment(Result) ->
 %% @doc Any JSON-able term (maps, lists, numbers, binaries, atoms) as HTML
 %% tables, nested up to a depth; other terms are printed bounded. Option:
 %% `depth' (0).
--spec generic(term(), map()) -> iodata().
+-spec generic(term(), #{depth => non_neg_integer()}) -> iodata().
 generic(Term, Opts) ->
     value(Term, maps:get(depth, Opts, 0)).
 -endif.

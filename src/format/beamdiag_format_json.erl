@@ -34,6 +34,40 @@
 
 -define(SCHEMA, <<"beamdiag.diagnosis/1">>).
 
+%% The document the JSON text encodes: the capture's and the ledger's
+%% parts as they are (host, cgroup, vm and msacc are the ledger's maps),
+%% the threads and findings with their listed keys; from the node, the VM
+%% figures and what the capture's extras hold; from the host, its summary.
+-type document() :: #{
+    schema := binary(),
+    node := binary(),
+    window_s := float(),
+    samples := non_neg_integer(),
+    complete := boolean(),
+    settings := beamdiag_agent_vm:settings(),
+    threads := [beamdiag_ledger:row()],
+    by_type := #{beamdiag_threads:type() => beamdiag_ledger:row()},
+    totals := beamdiag_ledger:row(),
+    host := map(),
+    cgroup := map(),
+    findings := [beamdiag_finding:finding()],
+    notes := [binary()],
+    ready_s => float(),
+    host_only => true,
+    host_view => beamdiag_format_host:summary(),
+    otp_release => term(),
+    vm => map(),
+    msacc => map(),
+    processes => beamdiag_agent_processes:report() | #{error := binary()},
+    attach => beamdiag_attach:public() | #{},
+    locks => beamdiag_lock_data:lock_data(),
+    profile => #{method := erlang | perf,
+                 summary := #{atom() => number()},
+                 top := [beamdiag_fold:top_row()],
+                 perf => #{os_pid := term(), ns_pid := term(), call_graph := term(),
+                           perf_map := boolean()}}
+}.
+
 %%%===================================================================
 %%% API
 %%%===================================================================
@@ -50,7 +84,7 @@ cluster(C) ->
     [beamdiag_json:encode(C), "\n"].
 
 %% @doc The diagnosis as the map the JSON text encodes.
--spec document(beamdiag:diagnosis()) -> map().
+-spec document(beamdiag:diagnosis()) -> document().
 document(D = #{ready_ms := Ms}) ->
     %% Wall seconds from the call to the diagnosis (a diagnosis made now).
     (document(maps:remove(ready_ms, D)))#{ready_s => Ms / 1000};

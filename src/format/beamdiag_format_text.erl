@@ -13,6 +13,12 @@
 %% Called by scripts/ledger-table.escript.
 -ignore_xref([{pct, 1}]).
 
+-export_type([options/0]).
+
+%% `colour': ANSI colours (false); `all': the cluster report's row per
+%% node (false).
+-type options() :: #{colour => boolean(), all => boolean()}.
+
 -define(WIDTH, 80).
 -define(OUTLIERS, 3).
 %% The cluster report's bounds: outliers in full, outliers named, findings
@@ -31,7 +37,7 @@
 
 %% @doc The whole report. Options: `colour' (false). Elixir's functions
 %% are named the Elixir way (beamdiag_elixir_names).
--spec diagnosis(beamdiag:diagnosis(), map()) -> binary().
+-spec diagnosis(beamdiag:diagnosis(), options()) -> binary().
 diagnosis(D, Opts) ->
     report(beamdiag_elixir_names:diagnosis(D), Opts).
 
@@ -77,14 +83,14 @@ finish(Plain, Opts) ->
     end.
 
 %% @doc The findings section.
--spec findings([beamdiag_finding:finding()], map()) -> iolist().
+-spec findings([beamdiag_finding:finding()], options()) -> iolist().
 findings([], _Opts) ->
     "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation\n";
 findings(Findings, Opts) ->
     ["FINDINGS\n", [finding(F, Opts) || F <- Findings]].
 
 %% @doc The ledger table: one line per thread type, then the outliers.
--spec ledger_table(beamdiag_ledger:ledger(), map()) -> iolist().
+-spec ledger_table(beamdiag_ledger:ledger(), options()) -> iolist().
 ledger_table(#{threads := []}, _Opts) ->
     "TIME LEDGER\n  no per-thread figures (see notes)\n";
 ledger_table(L = #{by_type := ByType}, _Opts) ->
@@ -109,7 +115,8 @@ ready(_) -> "".
 %% @doc How the node was reached, or tried: each setting resolved with
 %% where it came from, the cookie only as its origin and a short hash
 %% ("" when the diagnosis does not say).
--spec attach(map()) -> iolist().
+%% (#{}: a session that had no plan to show.)
+-spec attach(beamdiag_attach:public() | #{}) -> iolist().
 attach(#{settings := Rows} = A) ->
     Cookie = case A of
                  #{cookie := #{from := From, hash := H}} ->
@@ -308,7 +315,7 @@ safe(Text) -> beamdiag_safe_text:safe(Text, 120).
 %% each figure), then the members that did not answer. Option `all'
 %% (false) adds a row per node. Fits 80 columns and, without `all', about
 %% 50 lines whatever the number of nodes.
--spec cluster(beamdiag_cluster:cluster(), map()) -> binary().
+-spec cluster(beamdiag_cluster:cluster(), options()) -> binary().
 cluster(C, Opts) ->
     %% Fewer outliers in full (the others by name) when all would not fit.
     Texts = [cluster(C, Opts, Full) || Full <- lists:seq(?CLUSTER_FULL, 1, -1)],

@@ -11,6 +11,13 @@
 
 -export([frame/2]).
 
+-export_type([options/0]).
+
+%% frame/2's options: `colour' (false), `tick' (0), `clock' (""), and
+%% `interval' (ms), which the @doc names but the header does not show.
+-type options() :: #{colour => boolean(), tick => non_neg_integer(), clock => iodata(),
+                     interval => pos_integer()}.
+
 -define(WIDTH, 80).
 -define(OUTLIERS, 3).
 -define(FINDINGS, 4).
@@ -22,7 +29,7 @@
 %% @doc One screen for a diagnosis, at most 80 columns wide. Options:
 %% `colour' (false), `tick' (a counter shown in the header), `interval'
 %% (ms, shown in the header), `clock' (a time text for the header).
--spec frame(beamdiag:diagnosis(), map()) -> iolist().
+-spec frame(beamdiag:diagnosis(), options()) -> iolist().
 frame(#{capture := C, ledger := L, findings := F}, Opts) ->
     Colour = maps:get(colour, Opts, false),
     [

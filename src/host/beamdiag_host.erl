@@ -45,7 +45,7 @@
 -type context() :: #{
     waited_ms => integer(),
     distribution => binary(),
-    attach => #{atom() => term()},
+    attach => beamdiag_attach:public() | #{},
     why => binary(),
     agent => #{info := term(), extras := map()},
     extras => map()

@@ -21,16 +21,35 @@
 
 -export([start/2, snapshot/1, pause/1, stop/1, settings/1, tell/3, told/1]).
 
--export_type([sample/0]).
+-export_type([sample/0, memory/0, settings/0]).
 
 -type sample() :: #{
     t := integer(),
     threads := #{integer() => beamdiag_agent_procfs:thread()} | {error, term()},
     host := beamdiag_agent_procfs:host() | {error, term()},
     cgroup := beamdiag_agent_cgroup:stat() | {error, term()},
-    memory := #{atom() => non_neg_integer() | max},
+    memory := memory(),
     vm := beamdiag_agent_vm:counters(),
     tick_cost_us := non_neg_integer()
+}.
+
+%% The node's memory as the host sees it (bytes): the host's total and
+%% available, the node's resident set, and on cgroup v2 its memory
+%% cgroup's limit and usage (`max': no limit).
+-type memory() :: #{
+    mem_total => non_neg_integer(),
+    mem_available => non_neg_integer(),
+    rss => non_neg_integer(),
+    cgroup_max => integer() | max,
+    cgroup_current => integer() | max
+}.
+%% settings/1: the schedulers the threads' names show, and the host's CPUs.
+-type settings() :: #{
+    schedulers := pos_integer(),
+    schedulers_online := pos_integer(),
+    dirty_cpu_schedulers := non_neg_integer(),
+    dirty_io_schedulers := non_neg_integer(),
+    logical_processors_available := pos_integer()
 }.
 
 %% At most this many samples are kept (an hour at one a second).
@@ -118,7 +137,7 @@ sample(Root, OsPid, Cg) ->
 
 %% @doc The node's settings as its threads' names show them: its
 %% schedulers, dirty CPU and dirty IO schedulers, and the host's CPUs.
--spec settings([sample()]) -> map().
+-spec settings([sample()]) -> settings().
 settings(Samples) ->
     Names = case [T || #{threads := T} <- lists:reverse(Samples), is_map(T)] of
                 [T | _] -> [{Tid, N} || {Tid, #{name := N}} <- maps:to_list(T)];

@@ -70,7 +70,8 @@
 
 %% @doc What the node found at OsPid was started with. Options:
 %% `proc_root' ("/proc").
--spec read(beamdiag_host_locate:located() | pos_integer(), map()) -> settings().
+-spec read(beamdiag_host_locate:located() | pos_integer(), #{proc_root => file:filename()}) ->
+    settings().
 read(Pid, Opts) when is_integer(Pid) ->
     read_pid(Pid, #{}, Opts);
 read(Located = #{os_pid := Pid}, Opts) ->

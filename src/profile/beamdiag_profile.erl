@@ -13,6 +13,59 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
+-export_type([options/0, result/0, kept/0, perf/0]).
+
+%% profile/3's options (see there). Open: the flame command passes its
+%% whole options map, whose other keys are not read.
+-type options() :: #{
+    duration => pos_integer(),
+    frequency => pos_integer(),
+    erlang => boolean(),
+    call_graph => auto | dwarf | fp | none,
+    prefer => native | erlang,
+    out => file:filename(),
+    perf => string() | undefined,
+    rules => boolean(),
+    atom() => term()
+}.
+%% profile/3's result: the folded profile and how it was taken; with
+%% perf, perf's record, and the Erlang sampler's stacks beside it
+%% (`callers'); with the Erlang sampler, its result without its stacks
+%% (beamdiag_agent_sampler:result()); the profile rules' findings unless
+%% the caller runs them.
+-type result() :: #{
+    profile := beamdiag_fold:profile(),
+    method := erlang | perf,
+    node := node(),
+    perf => perf(),
+    callers => beamdiag_fold:profile(),
+    sampler => #{processes := [beamdiag_agent_sampler:process_stacks()], atom() => term()},
+    findings => [beamdiag_finding:finding()]
+}.
+%% What a diagnosis keeps of a result in its capture's extras (`profile'):
+%% the sampler's stacks per process as `by_process'.
+-type kept() :: #{
+    profile := beamdiag_fold:profile(),
+    method := erlang | perf,
+    perf => perf(),
+    callers => beamdiag_fold:profile(),
+    by_process := [beamdiag_agent_sampler:process_stacks()]
+}.
+%% perf's record (beamdiag_perf:result() without the script and perf's
+%% output), with the fold's wall time.
+-type perf() :: #{
+    call_graph := dwarf | fp | none,
+    call_graph_reason := binary(),
+    perf_map := file:filename() | missing,
+    duration := pos_integer(),
+    frequency := pos_integer(),
+    script_bytes := non_neg_integer(),
+    script_truncated := boolean(),
+    target := beamdiag_perf:target(),
+    ospid := pos_integer(),
+    wall_ms := #{record := non_neg_integer(), script := non_neg_integer(), fold := integer()}
+}.
+
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
 %% Erlang sampler instead of perf), `call_graph' (auto | dwarf | fp |
@@ -23,8 +76,8 @@
 %% (true: the profile rules read the profile, once, and their findings
 %% come with it; false when a diagnosis runs them with its other rules).
 %% Progress and warnings go to `Log'.
--spec profile(node(), map(), fun((iodata()) -> term())) ->
-    {ok, map()} | {error, {module(), term()}}.
+-spec profile(node(), options(), fun((iodata()) -> term())) ->
+    {ok, result()} | {error, {module(), term()}}.
 profile(Node, Opts = #{erlang := true}, Err) ->
     D = maps:get(duration, Opts, 10),
     Hz = min(maps:get(frequency, Opts, 97), 199),
@@ -154,7 +207,7 @@ with_findings(R = #{profile := P}, Opts) ->
 %% @doc The profile's header: its figures, counted from the folded stacks
 %% it writes (`beamdiag_fold:summary/1'), then what the call-graph mode
 %% lost and how to get more.
--spec header(map()) -> iolist().
+-spec header(result() | kept()) -> iolist().
 header(R = #{profile := P, method := M}) ->
     S = beamdiag_fold:summary(P),
     Pct = fun(K) -> io_lib:format("~.1f%", [100 * maps:get(K, S)]) end,

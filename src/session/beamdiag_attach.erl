@@ -35,7 +35,7 @@
          format_error/1]).
 -ignore_xref([{format_error, 1}]).
 
--export_type([plan/0, options/0]).
+-export_type([plan/0, options/0, public/0]).
 
 -type origin() :: beamdiag_node_args:origin() | {cli, string()} | {passwd, integer()} | epmd
                   | {listen, registered | not_registered | no_epmd | no_answer}
@@ -62,6 +62,19 @@
     direct := boolean() | if_usable,
     rows := [{binary(), binary(), binary()}],
     notes := [binary()]
+}.
+%% What public/2 shows of a plan: every setting as {setting, value, where
+%% from} in words, the cookies tried (their origin and a short hash), the
+%% one that worked, and the port when the plan has one.
+-type public() :: #{
+    node := binary(),
+    mode := binary(),
+    settings := [#{setting := binary(), value := binary(), from := binary()}],
+    notes := [binary()],
+    cookies_tried := [#{from := binary(), hash := binary()}],
+    cookie => #{from := binary(), hash := binary()},
+    port => #{port := inet:port_number(), address := binary(), from := binary(),
+              confirmed := boolean(), epmd := boolean()}
 }.
 -type options() :: #{
     cookie => atom() | binary() | string(),
@@ -174,7 +187,7 @@ relaunch_flags(Plan) ->
 %% @doc What a report may show of the plan, the cookie tried as the
 %% Used'th (1-based; 0: none worked): every setting with its value and
 %% origin in words, the cookie only as its origin and a short hash.
--spec public(plan(), non_neg_integer()) -> map().
+-spec public(plan(), non_neg_integer()) -> public().
 public(Plan = #{node := Node, mode := Mode, rows := Rows, notes := Notes}, Used) ->
     Cookies = maps:get(cookies, Plan),
     Base = #{node => atom_to_binary(Node),
@@ -220,7 +233,7 @@ cookie_hash(C) ->
 %% distribution set-up in words. This VM is left out, and so is the
 %% beamdiag escript that started it, when it was started again
 %% (`relaunch_flags/1'). Options: `proc_root'.
--spec candidates(map()) -> [#{os_pid := pos_integer(), name := binary() | none,
+-spec candidates(#{proc_root => file:filename()}) -> [#{os_pid := pos_integer(), name := binary() | none,
                               otp := pos_integer() | undefined, distribution := binary()}].
 candidates(Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),

@@ -35,7 +35,7 @@
 -export([encode/1, decode/1]).
 -endif.
 
--export_type([capture/0, content/0]).
+-export_type([capture/0, content/0, info/0, fields/0]).
 
 %% A capture: what one window on a node gave. samples and settings are
 %% all the ledger needs; the rest describes the run.
@@ -55,6 +55,25 @@
 }.
 
 -type content() :: {diagnosis, beamdiag:diagnosis()} | {experiment, map()}.
+%% What the agent said at its start, as new/3 reads it (other keys are
+%% not read).
+-type info() :: #{
+    settings := beamdiag_agent_vm:settings(),
+    node => binary(),
+    wall_start_ms => integer(),
+    cgroup_location => map(),
+    msacc_was_on => boolean(),
+    atom() => term()
+}.
+%% The fields new/3 takes from the caller (others are not read).
+-type fields() :: #{
+    interval_ms => non_neg_integer(),
+    duration_ms => non_neg_integer(),
+    extras => map(),
+    complete => boolean(),
+    notes => [binary()],
+    atom() => term()
+}.
 
 -define(SCHEMA, <<"beamdiag.capture/1">>).
 -define(MAGIC, "beamdiag-capture ").
@@ -76,7 +95,7 @@
 %% `duration_ms' (default: the samples' span), `extras' (none), `complete'
 %% (true) and `notes' (none). Every session that makes a capture makes it
 %% here.
--spec new(map(), [beamdiag_agent:sample()], map()) -> capture().
+-spec new(info(), [beamdiag_agent:sample()], fields()) -> capture().
 new(Info = #{settings := Settings}, Samples, Fields) ->
     Base = #{
         schema => ?SCHEMA,
@@ -96,7 +115,7 @@ new(Info = #{settings := Settings}, Samples, Fields) ->
 %% @doc Writes a diagnosis, or an experiment's results (a map with
 %% `kind => experiment'), to File. The file is written whole to a temporary
 %% name and renamed, so a reader never sees half a capture.
--spec save(file:filename(), beamdiag:diagnosis() | map()) ->
+-spec save(file:filename(), beamdiag:diagnosis() | beamdiag_experiment:result()) ->
     ok | {error, {beamdiag_capture, term()}}.
 save(File, Content) when is_map(Content) ->
     Kind = kind(Content),

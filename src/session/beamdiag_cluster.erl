@@ -55,7 +55,7 @@
 -export([parse_nodes/1]).
 -endif.
 
--export_type([cluster/0, member_result/0]).
+-export_type([cluster/0, member_result/0, options/0]).
 
 %% What one member gave: its summary row and its findings in full.
 -type member_result() :: #{row := beamdiag_cluster_analysis:summary_row(),
@@ -80,6 +80,15 @@
 }.
 
 -define(SCHEMA, <<"beamdiag.cluster/2">>).
+%% diagnose/2's own options; the others are beamdiag:diagnose/2's
+%% (beamdiag:options()), except `progress', `perf' and `erlang'.
+-type options() :: #{
+    max_nodes => pos_integer(),
+    concurrency => pos_integer(),
+    nodes => [node() | string() | binary()] | undefined,
+    atom() => term()
+}.
+
 -define(DEFAULTS, #{max_nodes => 500, concurrency => 64, nodes => undefined}).
 -define(OWN_KEYS, [max_nodes, concurrency, nodes]).
 -define(CALL_TIMEOUT, 5000).
@@ -110,7 +119,7 @@
 %% `perf' and `erlang'; `max_nodes' (500: more members is an error, not a
 %% storm of connections), `concurrency' (64: members connected and loaded
 %% at once), `nodes' (a list of node names).
--spec diagnose(node() | string() | binary() | undefined, map()) ->
+-spec diagnose(node() | string() | binary() | undefined, options()) ->
     {ok, cluster()} | {error, {module(), term()}}.
 diagnose(Node, Opts) when is_atom(Node), Node =/= undefined ->
     diagnose(atom_to_list(Node), Opts);

@@ -24,6 +24,30 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
+-export_type([options/0]).
+
+%% run/2's options (see there): the agent's (beamdiag_agent:opts()) and
+%% the session's own. Open: callers' other keys (`locks', `tag') are not
+%% read.
+-type options() :: #{
+    duration_ms := pos_integer(),
+    interval_ms => pos_integer(),
+    msacc => boolean(),
+    msacc_ms => pos_integer(),
+    procs => boolean(),
+    host_scan => boolean(),
+    unload => [module()],
+    proc_root => file:filename(),
+    end_wall_ms => integer(),
+    go => pid(),
+    ready_by => integer() | infinity,
+    ready_after_ms => non_neg_integer() | undefined,
+    fallback => false | fun(() -> boolean()),
+    progress => fun((non_neg_integer(), pos_integer()) -> term()),
+    on_sample => fun((beamdiag_agent:sample()) -> term()) | undefined,
+    atom() => term()
+}.
+
 %% How long past the agent's own deadline we wait for its last word.
 -define(LATE_MS, 2000).
 %% The agent's least grace time past the window (beamdiag_agent).
@@ -60,7 +84,7 @@
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
--spec run(node(), map()) -> {ok, beamdiag_capture:capture()} | {error, {beamdiag_collect, term()}}.
+-spec run(node(), options()) -> {ok, beamdiag_capture:capture()} | {error, {beamdiag_collect, term()}}.
 run(Node, Opts) ->
     %% beamdiag's own OS process is not one of the node's competitors.
     AgentOpts = maps:merge(#{exclude_pids => [list_to_integer(os:getpid())]},

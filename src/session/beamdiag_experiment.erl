@@ -38,10 +38,38 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([workload/0, result/0]).
+-export_type([workload/0, result/0, options/0, settled/0]).
 
 -type workload() :: {lab, atom()} | {mfa, module(), atom()}.
 -type result() :: #{kind := experiment, _ => _}.
+%% What `progress' is called with: a run starts (its number k of total,
+%% the run and arm) or is done (with its result).
+-type progress_event() :: #{event := run_start | run_done, k := pos_integer(),
+                            total := pos_integer(), atom() => term()}.
+%% run/1's options (see there).
+-type options() :: #{
+    workloads := [workload()],
+    variants => [string()],
+    runs => 1..100,
+    duration => number(),
+    warmup => number(),
+    concurrency => 1..100000 | undefined,
+    reservoir => 100..1000000,
+    bootstrap => 100..100000,
+    progress => fun((progress_event()) -> term()) | undefined
+}.
+%% The options with the defaults filled in (options/1).
+-type settled() :: #{
+    workloads := [workload()],
+    variants := [string()],
+    runs := 1..100,
+    duration := number(),
+    warmup := number(),
+    concurrency := 1..100000 | undefined,
+    reservoir := 100..1000000,
+    bootstrap := 100..100000,
+    progress := fun((progress_event()) -> term()) | undefined
+}.
 
 -define(SCHEMA, <<"beamdiag.experiment/1">>).
 -define(DEFAULTS, #{
@@ -69,7 +97,7 @@
 %% run (20000), `bootstrap' resamples (2000), `progress' a fun of one event
 %% map. Arms are every workload with every variant; the first is the
 %% baseline.
--spec run(map()) -> {ok, result()} | {error, {beamdiag_experiment, term()}}.
+-spec run(options()) -> {ok, result()} | {error, {beamdiag_experiment, term()}}.
 run(Opts0) ->
     Opts = options(Opts0),
     case arms(Opts) of
@@ -99,7 +127,8 @@ run(Opts0) ->
 
 %% @doc Validates options and fills in defaults; raises `badarg' on unknown
 %% keys or bad values.
--spec options(map()) -> map().
+%% (Anything else than a map raises `badarg' too.)
+-spec options(options()) -> settled().
 options(Opts) when is_map(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     #{workloads := Ws, variants := Vs, runs := N, duration := D, warmup := Wu,

@@ -21,6 +21,31 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
+-export_type([options/0, settled/0]).
+
+%% run/2's options (see there).
+-type options() :: #{
+    port => inet:port_number(),
+    ip => loopback | any | inet:ip_address(),
+    path => string(),
+    interval => 100..60000,
+    duration => number(),
+    started => fun((inet:port_number()) -> term()) | undefined,
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename()
+}.
+%% The options with the defaults filled in (options/1).
+-type settled() :: #{
+    port := inet:port_number(),
+    ip := loopback | any | inet:ip_address(),
+    path := string(),
+    interval := 100..60000,
+    duration := number(),
+    started := fun((inet:port_number()) -> term()) | undefined,
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename()
+}.
+
 -define(DEFAULTS, #{port => 9568, ip => loopback, path => "/metrics", interval => 1000,
                     duration => 3600, started => undefined}).
 -define(REMOTE_KEYS, [cookie, cookie_file]).
@@ -35,7 +60,7 @@
 %% port), `ip' (`loopback', `any' or an address tuple), `path'
 %% ("/metrics"), `interval' ms (1000), `cookie' or `cookie_file', and
 %% `started', a fun called with the port once the endpoint listens.
--spec run(node() | string() | binary(), map()) ->
+-spec run(node() | string() | binary(), options()) ->
     {ok, #{port := inet:port_number(), samples := non_neg_integer()}} |
     {error, {module(), term()}}.
 run(Node, Opts) when is_atom(Node) ->
@@ -57,7 +82,8 @@ run(NodeStr, Opts0) ->
     end.
 
 %% @doc Validates options and fills in defaults; raises `badarg'.
--spec options(map()) -> map().
+%% (Anything else than a map raises `badarg' too.)
+-spec options(options()) -> settled().
 options(Opts) when is_map(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
     #{port := P, ip := Ip, path := Path, interval := I, duration := D} = O,

@@ -36,6 +36,26 @@
 %% handshake; a wrong cookie or a missing node answers at once.
 -define(CONNECT_TIMEOUT, 10000).
 %% The options a plan is made from (beamdiag_attach:plan/2).
+-export_type([options/0]).
+
+%% connect/2's and attach/2's options: those a plan is made from
+%% (beamdiag_attach:options()), or the plan itself, and the bound on the
+%% whole attempt (ms). Open: callers pass their own options, whose other
+%% keys are not read.
+-type options() :: #{
+    plan => beamdiag_attach:plan(),
+    timeout => timeout(),
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename(),
+    proto_dist => atom() | string(),
+    ssl_dist_optfile => file:filename(),
+    dist_port => inet:port_number(),
+    proc_root => file:filename(),
+    located => {ok, beamdiag_host_locate:located()} | {error, term()},
+    host => boolean(),
+    atom() => term()
+}.
+
 -define(PLAN_KEYS, [cookie, cookie_file, proto_dist, ssl_dist_optfile, dist_port, proc_root,
                     located, host]).
 
@@ -53,7 +73,7 @@
 %% tried the plain way, without reading its host (many nodes at once, as
 %% `beamdiag cluster' connects them, cost a walk of /proc each otherwise);
 %% a node of this host that refuses is then tried by its own settings.
--spec connect(string() | binary(), map()) -> {ok, node()} | {error, {module(), term()}}.
+-spec connect(string() | binary(), options()) -> {ok, node()} | {error, {module(), term()}}.
 connect(NodeStr, Opts) when is_binary(NodeStr) ->
     connect(unicode:characters_to_list(NodeStr), Opts);
 connect(NodeStr, Opts) ->
@@ -94,7 +114,7 @@ full_retry(_) -> false.
 %% options `beamdiag_attach:plan/2' takes): `{ok, Node, #{cookie =>
 %% Index}}', the plan's cookie that worked, or why it cannot be reached.
 %% `timeout' (10 s) bounds the whole attempt.
--spec attach(string() | binary(), map()) ->
+-spec attach(string() | binary(), options()) ->
     {ok, node(), #{cookie := pos_integer(), plan := beamdiag_attach:plan()}} |
     {error, {module(), term()}}.
 attach(NodeStr, Opts) when is_binary(NodeStr) ->

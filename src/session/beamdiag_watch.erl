@@ -25,7 +25,7 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([session/0]).
+-export_type([session/0, options/0, settled/0]).
 
 -opaque session() :: #{
     node := node(),
@@ -37,6 +37,27 @@
     ticks := non_neg_integer(),
     interval := pos_integer(),
     procs => map()
+}.
+
+%% start/2's and options/1's options (see options/1).
+-type options() :: #{
+    interval => 100..60000,
+    duration => number() | infinity,
+    window => 2..600,
+    msacc => boolean(),
+    procs => boolean(),
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename()
+}.
+%% The options with the defaults filled in (options/1).
+-type settled() :: #{
+    interval := 100..60000,
+    duration := number() | infinity,
+    window := 2..600,
+    msacc := boolean(),
+    procs := boolean(),
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename()
 }.
 
 -define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false,
@@ -58,7 +79,7 @@
 %% microstate accounting costs a little on every state change, so a
 %% long-running view leaves it off unless asked), `cookie', `cookie_file'.
 %% Unknown options raise `badarg'.
--spec options(map()) -> map().
+-spec options(options()) -> settled().
 options(Opts) when is_map(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
     #{interval := I, duration := D, window := W} = O,
@@ -69,7 +90,7 @@ options(Opts) when is_map(Opts) ->
 
 %% @doc Connects to the node (this node when given `node()'), loads the
 %% agent there and starts it.
--spec start(node() | string() | binary(), map()) ->
+-spec start(node() | string() | binary(), options()) ->
     {ok, session()} | {error, {module(), term()}}.
 start(Node, Opts) when Node =:= node() ->
     start_agent(Node, [], options(Opts));
