@@ -14,6 +14,9 @@
 -export([deb822/1, has_deb_src/2, one_line_debs/1]).
 -endif.
 
+%% A deb822 stanza: its fields, each on one line.
+-type stanza() :: #{string() => string()}.
+
 -define(DEB_SRC_FILE, "/etc/apt/sources.list.d/beamdiag-deb-src.sources").
 
 %%%===================================================================
@@ -26,7 +29,7 @@ deb_src_file() ->
     ?DEB_SRC_FILE.
 
 %% @doc Makes sure apt knows a deb-src entry; adds one only when asked to.
--spec ensure_deb_src(map()) -> ok.
+-spec ensure_deb_src(beamdiag_emu_type:settled()) -> ok.
 ensure_deb_src(#{add_deb_src := Add, progress := P}) ->
     case has_deb_src() of
         true ->
@@ -142,14 +145,14 @@ deb822_mirrors(Files) ->
 
 %% deb822 stanzas as maps of single-line fields (comments dropped,
 %% continuation lines appended).
--spec deb822(binary()) -> [#{string() => string()}].
+-spec deb822(binary()) -> [stanza()].
 deb822(B) ->
     Lines = string:split(binary_to_list(B), "\n", all),
     {Stanzas, Last, _} = lists:foldl(fun deb822_line/2, {[], #{}, undefined}, Lines),
     lists:reverse([S || S <- [Last | Stanzas], map_size(S) > 0]).
 
--spec deb822_line(string(), {[map()], map(), string() | undefined}) ->
-    {[map()], map(), string() | undefined}.
+-spec deb822_line(string(), {[stanza()], stanza(), string() | undefined}) ->
+    {[stanza()], stanza(), string() | undefined}.
 deb822_line(Line, {Acc, Cur, LastKey}) ->
     case Line of
         "#" ++ _ ->

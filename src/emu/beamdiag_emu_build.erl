@@ -32,7 +32,8 @@ configure_args() ->
 %% @doc Gets the source into Tmp, checks its version, configures and builds;
 %% returns the directory holding the built files and what to add to the
 %% source's description.
--spec build_in(string(), beamdiag_emu_source:source(), map(), string()) -> {string(), string()}.
+-spec build_in(string(), beamdiag_emu_source:source(), beamdiag_emu_type:settled(), string()) ->
+    {string(), string()}.
 build_in(Tmp, Source, Opts = #{progress := P, jobs := Jobs}, Vsn) ->
     {Src, Note} = beamdiag_emu_source:fetch_source(Tmp, Source, Opts),
     ok = beamdiag_emu_source:check_version(Src, Vsn),

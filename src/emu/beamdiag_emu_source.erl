@@ -23,7 +23,7 @@
 %%%===================================================================
 
 %% @doc The source the build options name, and how to describe it.
--spec source(map()) -> {source(), string()}.
+-spec source(beamdiag_emu_type:settled()) -> {source(), string()}.
 source(#{otp_src := undefined}) ->
     {debian, "Debian source package"};
 source(#{otp_src := Path}) ->
@@ -35,7 +35,7 @@ source(#{otp_src := Path}) ->
 
 %% @doc Gets the source into Tmp: the directory of its OTP tree and what to
 %% add to the source's description.
--spec fetch_source(string(), source(), map()) -> {string(), string()}.
+-spec fetch_source(string(), source(), beamdiag_emu_type:settled()) -> {string(), string()}.
 fetch_source(Tmp, {dir, Dir}, #{progress := P}) ->
     %% Configure and make write into the tree: build in a copy.
     Root = otp_root(Dir),

@@ -39,7 +39,7 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([options/0, report/0]).
+-export_type([options/0, settled/0, report/0]).
 
 -type options() :: #{
     otp_src => string() | undefined,
@@ -48,6 +48,16 @@
     cache => string() | undefined,
     progress => fun((iodata()) -> ok),
     jobs => pos_integer()
+}.
+%% The options with their defaults merged in (build/1): the steps'
+%% modules take them.
+-type settled() :: #{
+    otp_src := string() | undefined,
+    install := boolean(),
+    add_deb_src := boolean(),
+    cache := string() | undefined,
+    progress := fun((iodata()) -> ok),
+    jobs := pos_integer()
 }.
 -type report() :: #{
     action := already_installed | installed_from_cache | built | from_cache,
@@ -59,6 +69,8 @@
     source => binary()
 }.
 -type source() :: beamdiag_emu_source:source().
+%% What every report holds, before the action is known.
+-type base() :: #{erts_version := binary(), bin_dir := binary()}.
 
 %%%===================================================================
 %%% API
@@ -124,7 +136,7 @@ missing_packages(Source) ->
 -ifdef(TEST).
 %% @doc What to give `emu-type build' for a node that does not count locks
 %% (`beamdiag_lock_advice:emulator/1').
--spec advice(map()) -> binary().
+-spec advice(beamdiag_agent_vm:settings()) -> binary().
 advice(Settings) ->
     beamdiag_lock_advice:emulator(Settings).
 -endif.
@@ -177,7 +189,7 @@ format_error(Other) ->
 %%% Internal
 %%%===================================================================
 
--spec build_checked(map()) -> {ok, report()} | {error, {beamdiag_emu_type, term()}}.
+-spec build_checked(settled()) -> {ok, report()} | {error, {beamdiag_emu_type, term()}}.
 build_checked(Opts = #{install := Install, cache := Cache0, progress := P}) ->
     Vsn = beamdiag_emu_install:erts_version(),
     Base = #{erts_version => list_to_binary(Vsn),
@@ -206,7 +218,7 @@ build_checked(Opts = #{install := Install, cache := Cache0, progress := P}) ->
         throw:{?MODULE, _} = Error -> {error, Error}
     end.
 
--spec build_or_reuse(map(), string(), string() | undefined, map()) -> {ok, report()}.
+-spec build_or_reuse(settled(), string(), string() | undefined, base()) -> {ok, report()}.
 build_or_reuse(Opts = #{install := Install, progress := P}, Vsn, CacheDir, Base) ->
     case CacheDir =/= undefined andalso beamdiag_emu_cache:cache_ok(CacheDir, Vsn) of
         true ->
@@ -254,7 +266,7 @@ build_or_reuse(Opts = #{install := Install, progress := P}, Vsn, CacheDir, Base)
             end
     end.
 
--spec with_cache(map(), string() | undefined) -> report().
+-spec with_cache(report(), string() | undefined) -> report().
 with_cache(Report, undefined) -> Report;
 with_cache(Report, CacheDir) -> Report#{cache_dir => list_to_binary(CacheDir)}.
 

@@ -20,7 +20,7 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([scenario/0, lab/0, vary_spec/0]).
+-export_type([scenario/0, lab/0, vary_spec/0, options/0, params/0]).
 
 -type scenario() :: #{
     name := atom(),
@@ -54,7 +54,18 @@
     %% The variation's defaults: the atom '$params' in the load's arguments
     %% stands for them, with the `params' of start/2 merged over them and
     %% checked by the load module's `params/1' (`{ok, Params}' or an error).
-    params => map()
+    params => params()
+}.
+%% A scenario's parameters. Open here: each load module has its own
+%% (beamdiag_lab_flood:params(), ...) and checks them in its params/1.
+-type params() :: #{atom() => term()}.
+%% The options of start/2.
+-type options() :: #{
+    duration => pos_integer(),
+    extra_args => [string()],
+    vary => #{atom() => term()},
+    exec => peer:exec(),
+    params => params()
 }.
 -type vary_spec() :: #{values := [atom() | {integer, pos_integer(), pos_integer()}],
                        default := atom() | pos_integer(),
@@ -102,7 +113,7 @@ scenario(Name) ->
 %% OTP release's `erl' in its own root; default: this machine's `erl'),
 %% `params' (the variation of a scenario that has parameters, checked
 %% before any node starts).
--spec start(atom() | string() | scenario(), map()) -> {ok, lab()} | {error, {module(), term()}}.
+-spec start(atom() | string() | scenario(), options()) -> {ok, lab()} | {error, {module(), term()}}.
 start(Name, Opts) when is_atom(Name); is_list(Name) ->
     case scenario(Name) of
         {ok, S} -> start(S, Opts);

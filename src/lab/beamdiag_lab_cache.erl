@@ -47,7 +47,7 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
--export_type([scenario/0, redis/0]).
+-export_type([scenario/0, redis/0, options/0]).
 
 -type scenario() :: #{
     name := atom(),
@@ -57,6 +57,14 @@
     modules => [module()]
 }.
 -type name() :: redis_cache | atom_decode | erlang_cpu.
+%% The options of start/2.
+-type options() :: #{
+    duration => 1..600,
+    workers => pos_integer(),
+    atoms => pos_integer(),
+    keys => pos_integer(),
+    owner => pid() | undefined
+}.
 -type redis() :: #{port := inet:port_number(), os_pid := non_neg_integer(), erl_port := port()}.
 
 -define(MAX_DURATION, 600).
@@ -109,7 +117,7 @@ scenarios() ->
 %% online schedulers), `atoms' (distinct atoms per term, default 20000),
 %% `keys' (Redis keys, default 8), `owner' (a pid; the workload stops when
 %% it dies; default the caller's group leader).
--spec start(name(), map() | pos_integer()) ->
+-spec start(name(), options() | pos_integer()) ->
     {ok, pid()} | {error, {?MODULE, term()}}.
 start(Name, DurationMs) when is_integer(DurationMs) ->
     start(Name, #{duration => max(1, min(?MAX_DURATION, (DurationMs + 999) div 1000))});

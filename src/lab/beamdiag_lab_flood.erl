@@ -87,7 +87,7 @@ scenarios() ->
 
 %% @doc The variation with the defaults filled in; unknown keys or values
 %% are an error value.
--spec params(map()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
+-spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
 params(P) when is_map(P) ->
     All = maps:merge(defaults(), P),
     case [K || {K, V} <- maps:to_list(All), not valid(K, V)] of
@@ -96,13 +96,13 @@ params(P) when is_map(P) ->
     end.
 
 %% @doc A short name for a variation, for tables: `p8-small-sleep1ms'.
--spec label(map()) -> string().
+-spec label(params()) -> string().
 label(P) ->
     #{producers := N, message := M, work := W} = maps:merge(defaults(), P),
     lists:flatten(io_lib:format("p~b-~s-~s", [N, message_label(M), work_label(W)])).
 
 %% @doc A registered consumer and its producers, for Ms milliseconds.
--spec flood(pos_integer(), map()) -> ok.
+-spec flood(pos_integer(), params()) -> ok.
 flood(Ms, P0) ->
     {ok, P} = params(P0),
     #{producers := N, message := Msg, work := Work, cap_bytes := CapBytes, fill_s := FillS} = P,

@@ -33,6 +33,16 @@
 %% Called as Module:params/1 by beamdiag_lab.
 -ignore_xref([{params, 1}]).
 
+-export_type([params/0]).
+
+%% The variation, merged over the scenario's defaults (which give `rate'
+%% and `stop_at'; `how' is the atom leak's).
+-type params() :: #{
+    rate => 1..100000,
+    how => binary_to_term | list_to_atom,
+    stop_at => float()
+}.
+
 %% Batches a second.
 -define(TICKS, 20).
 -define(ETS_STOP, 20000).
@@ -69,7 +79,7 @@ scenarios() ->
 
 %% @doc The variation checked: a rate from 1 to 100,000 a second, `how'
 %% one of binary_to_term and list_to_atom, `stop_at' a share of the limit.
--spec params(map()) -> {ok, map()} | {error, {beamdiag_lab, term()}}.
+-spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
 params(P) ->
     Bad = maps:filter(fun(rate, R) -> not (is_integer(R) andalso R >= 1 andalso R =< 100000);
                          (how, H) -> not lists:member(H, [binary_to_term, list_to_atom]);
@@ -82,7 +92,7 @@ params(P) ->
     end.
 
 %% @doc One leaking process for Ms milliseconds.
--spec leak(pos_integer(), atoms | processes | ports | ets_tables, map()) -> ok.
+-spec leak(pos_integer(), atoms | processes | ports | ets_tables, params()) -> ok.
 leak(Ms, What, P) ->
     Rate = maps:get(rate, P),
     Stop = case What of

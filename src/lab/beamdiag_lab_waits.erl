@@ -31,6 +31,11 @@
 -ignore_xref([{fifo_open, 2}, {unblock_fifo, 0}, {busy_dist, 3}, {peer_os_pid, 0}, {params, 1},
               {release_fifo, 1}, {release_peer, 1}]).
 
+-export_type([params/0]).
+
+%% The variation, merged over the scenario's defaults (which give each key).
+-type params() :: #{callers => 1..1000, senders => 1..100, bytes => 64..16777216}.
+
 -define(PEER_KEEPER, beamdiag_lab_peer_keeper).
 
 %%%===================================================================
@@ -61,7 +66,7 @@ scenarios() ->
        expect => [busy_port]}].
 
 %% @doc The variation checked.
--spec params(map()) -> {ok, map()} | {error, {beamdiag_lab, term()}}.
+-spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
 params(P) ->
     Bad = maps:filter(fun(callers, N) -> not (is_integer(N) andalso N >= 1 andalso N =< 1000);
                          (senders, N) -> not (is_integer(N) andalso N >= 1 andalso N =< 100);
@@ -104,7 +109,7 @@ release_peer(#{peer := Peer}) ->
     end.
 
 %% @doc The FIFO, its opener and the callers, for Ms milliseconds.
--spec fifo_open(pos_integer(), map()) -> ok.
+-spec fifo_open(pos_integer(), params()) -> ok.
 fifo_open(Ms, P) ->
     Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
                         "beamdiag_lab_fifo_" ++ os:getpid() ++ "_" ++
@@ -120,7 +125,7 @@ fifo_open(Ms, P) ->
 
 %% @doc The peer, the senders and the controller that stops the peer, for
 %% Ms milliseconds.
--spec busy_dist(pos_integer(), map(), atom()) -> ok.
+-spec busy_dist(pos_integer(), params(), atom()) -> ok.
 busy_dist(Ms, P, Cookie) ->
     Erl = os:find_executable("erl"),
     Timeout = os:find_executable("timeout"),
