@@ -184,9 +184,7 @@ own_outliers(Outliers, Rows, Hosts) ->
 %% other nodes how many share each finding and the spread of their
 %% figures.
 -ifdef(TEST).
--spec analyse([beamdiag_cluster:member_result()]) ->
-    #{nodes := [map()], spread := map(), outliers := [map()], rest := map(),
-      hosts := [map()], findings := #{binary() => [beamdiag_finding:finding()]}}.
+-spec analyse([beamdiag_cluster:member_result()]) -> analysis().
 analyse(Results) ->
     analyse(Results, #{}).
 -endif.

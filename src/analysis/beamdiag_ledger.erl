@@ -31,7 +31,7 @@
 
 -export([build/1, outliers/2, ticks/2, share/3, states/0, state_name/1, state_shares/1]).
 
--export_type([ledger/0, row/0, state/0]).
+-export_type([ledger/0, row/0, state/0, tick/0]).
 
 -type row() :: #{atom() => number() | binary() | atom() | undefined}.
 -type ledger() :: #{
@@ -48,6 +48,20 @@
     msacc := map(),
     series := [map()],
     notes := [binary()]
+}.
+
+%% One interval between two samples (ticks/2): its length in seconds, the
+%% host's CPU shares over it (empty without the host's figures) and the
+%% threads' rows.
+-type tick() :: #{t := float(), host := tick_host(), threads := [row()]}.
+-type tick_host() :: #{
+    ncpu => pos_integer(),
+    busy => float(),
+    user => float(),
+    system => float(),
+    iowait => float(),
+    steal => float(),
+    loadavg => [number()] | null
 }.
 
 %% The states a row's wall time splits into, in chart order.
@@ -105,8 +119,7 @@ outliers(Ledger, N) ->
 %% seconds (`t'), the host's CPU figures (`host') and those threads' rows
 %% (`threads'), each as `build/1' gives it over that one interval. One pass
 %% over the samples, for the views that chart threads over time.
--spec ticks(beamdiag_capture:capture(), [term()]) ->
-    [#{t := float(), host := map(), threads := [row()]}].
+-spec ticks(beamdiag_capture:capture(), [term()]) -> [tick()].
 ticks(#{samples := Samples = [_, _ | _], settings := Settings}, Tids) ->
     [#{t => seconds(A, B), host => host(A, B),
        threads => thread_rows(only(Tids, A), B, Settings)}

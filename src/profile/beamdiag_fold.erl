@@ -53,7 +53,7 @@
 -export([thread_type/1]).
 -endif.
 
--export_type([profile/0, stack/0, options/0, top_row/0, frame_kind/0]).
+-export_type([profile/0, stack/0, options/0, settled/0, top_row/0, frame_kind/0]).
 
 %% Root-first list of frames; the first element is the thread type.
 -type stack() :: [binary()].
@@ -75,6 +75,19 @@
     unknown => keep | cut,
     perf_map => file:filename_all() | undefined,
     thread_types => all | [binary()]
+}.
+%% The options as options/1 settles them (every key, the worker count
+%% decided, the perf map read), for beamdiag_fold_chunks and its workers;
+%% `heap' is the chunks' choice for input of one chunk or less.
+-type settled() :: #{
+    workers := pos_integer(),
+    chunk_size := pos_integer(),
+    max_stacks := pos_integer(),
+    max_line := pos_integer(),
+    unknown := keep | cut,
+    perf_map := beamdiag_fold_perf_map:entries() | undefined,
+    thread_types := all | [binary()],
+    heap => small
 }.
 -type frame_kind() :: erlang | native | kernel | unnamed_jit | unnamed_native | unknown.
 -type top_row() :: #{
@@ -190,6 +203,7 @@ format_error(not_perf_output) ->
 
 %% The options with their defaults, the worker count settled and the perf
 %% map read.
+-spec options(options()) -> {ok, settled()} | {error, {?MODULE, term()}}.
 options(Opts) when is_map(Opts) ->
     case maps:keys(maps:without(maps:keys(?DEFAULTS), Opts)) of
         [K | _] ->

@@ -49,7 +49,7 @@
 %%%===================================================================
 
 %% @doc Folds a `perf script' text file, streaming it in large chunks.
--spec file(file:filename_all(), map()) ->
+-spec file(file:filename_all(), beamdiag_fold:settled()) ->
     {ok, beamdiag_fold:profile()} | {error, {beamdiag_fold, term()}}.
 file(Path, Opts) ->
     case file:open(Path, [read, raw, binary]) of
@@ -64,7 +64,8 @@ file(Path, Opts) ->
     end.
 
 %% @doc Folds `perf script' text held in memory.
--spec binary(binary(), map()) -> {ok, beamdiag_fold:profile()} | {error, {beamdiag_fold, term()}}.
+-spec binary(binary(), beamdiag_fold:settled()) ->
+    {ok, beamdiag_fold:profile()} | {error, {beamdiag_fold, term()}}.
 binary(Bin, Opts) ->
     run(binary_reader(Bin), small(byte_size(Bin), Opts)).
 

@@ -133,7 +133,7 @@
 
 %% @doc Starts a worker for `Parent', monitored, with the folder's checked
 %% options (`beamdiag_fold') and extra spawn options (its heap).
--spec start(pid(), map(), [erlang:spawn_opt_option()]) -> {pid(), reference()}.
+-spec start(pid(), beamdiag_fold:settled(), [erlang:spawn_opt_option()]) -> {pid(), reference()}.
 start(Parent, Opts, SpawnOpts) ->
     Ctx = ctx(Opts),
     St = #st{stacks = beamdiag_fold_stacks:new(Opts)},
@@ -143,7 +143,7 @@ start(Parent, Opts, SpawnOpts) ->
 %% @doc Folds text line by line, in this process, without the caches of
 %% samples' headers and callers: what the fast paths must agree with on
 %% perf script text.
--spec fold_line_by_line(binary(), map()) -> beamdiag_fold:profile().
+-spec fold_line_by_line(binary(), beamdiag_fold:settled()) -> beamdiag_fold:profile().
 fold_line_by_line(Text, Opts) ->
     Ctx = #ctx{nl = NL} = ctx(Opts),
     St = #st{stacks = beamdiag_fold_stacks:new(Opts)},
