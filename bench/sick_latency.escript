@@ -12,8 +12,9 @@
 %%% optionally the raw signal read from the lab node just before each try
 %%% (a flood's queue growth over half a second; a lock scenario's table
 %%% waiting over a second, read from the node's lock counters apart from
-%%% beamdiag): a try without it is
-%%% printed, and left out of the tally as no case at all. For each case
+%%% beamdiag), and again after the try where the case can say it lasted
+%%% (a flood's queue holds more after the try than before it): a try
+%%% without it is printed, and left out of the tally as no case at all. For each case
 %%% a lab node is started on this host and left to settle (2 s, or the
 %%% case's `settle_ms'), then the
 %%% built escript runs `beamdiag diagnose NODE --json --duration W' as a
@@ -80,13 +81,16 @@ cases() ->
                  #{schedulers => host, writers => 64, table => bag},
                  #{schedulers => 4, writers => 8, table => bag}]]
     ++ [#{scenario => mailbox_flood, params => P, expect => [message_queue_growth], fresh => true,
-          signal => fun queue_growth/1}
+          signal => fun queue_growth/1, signal_after => fun queue_grew/2}
         || P <- [#{},
                  #{producers => 1},
                  #{producers => 1, work => {busy_us, 100}},
                  %% Paced to fill the cap in 8 s: a consumer with no work (or
                  %% 100 us a message of 10 kB) keeps up with the default pace.
-                 #{producers => 16, work => none, fill_s => 8},
+                 %% A consumer with no work keeps up with 16 producers paced
+                 %% to fill the default cap in 8 s (the queue drained to 0 in
+                 %% half the tries): paced past what the consumer takes.
+                 #{producers => 16, work => none, cap_bytes => 3500000000, fill_s => 10},
                  #{producers => 8, message => {binary, 10240}, work => {busy_us, 100}, fill_s => 8},
                  #{producers => 2, message => {binary, 10240}},
                  #{producers => 8, message => {tuple, 1000}},
@@ -98,7 +102,7 @@ cases() ->
     %% reached the cap before the window: no growth to name.)
     ++ [#{scenario => mailbox_flood, params => #{cap_bytes => 3500000000, fill_s => 30},
           settle_ms => 10000, expect => [message_queue_growth], fresh => true,
-          signal => fun queue_growth/1}]
+          signal => fun queue_growth/1, signal_after => fun queue_grew/2}]
     ++ [#{scenario => fifo_open, expect => [wait_chain]},
         #{scenario => busy_dist, expect => [busy_port]},
         %% These reach their stop count within minutes: a node per try.
@@ -231,8 +235,24 @@ one(C = #{label := Label}, K, Window, Exe, Times, Lab, Node, Cookie) ->
            end,
     case maps:find(signal, C) of
         {ok, Signal} ->
-            case Signal(maps:get(peer, Lab)) of
-                {ok, _Text} = S -> try_(C, K, Window, Exe, Times, Node, Cookie, S, Load);
+            Peer = maps:get(peer, Lab),
+            case Signal(Peer) of
+                {ok, _} = S ->
+                    R = try_(C, K, Window, Exe, Times, Node, Cookie, S, Load),
+                    %% And the pathology lasted the try: read again after it,
+                    %% where the case says how.
+                    case maps:find(signal_after, C) of
+                        {ok, After} ->
+                            case After(Peer, S) of
+                                ok -> R;
+                                {no, Text} ->
+                                    io:format("~-62s ~4b left out, the raw signal did not last "
+                                              "the try: ~ts~n", [Label, K, Text]),
+                                    no_signal
+                            end;
+                        error ->
+                            R
+                    end;
                 {no, Text} ->
                     io:format("~-62s ~4b no raw signal: ~ts~n", [Label, K, Text]),
                     no_signal
@@ -272,7 +292,11 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                case Ready of none -> "-"; _ -> io_lib:format("~.2f", [Ready]) end,
                Window + 2, Code, Kind, yes_no(Right andalso OnTime),
                lists:join(",", case Found of [] -> ["none"]; _ -> Found end),
-               case Raw of {ok, T} -> ["  (raw: ", T, ")"]; none -> "" end,
+               case Raw of
+                   {ok, {_, T}} -> ["  (raw: ", T, ")"];
+                   {ok, T} -> ["  (raw: ", T, ")"];
+                   none -> ""
+               end,
                case Starved of
                    true -> ["  STARVED: load ", LoadEnd, " at the end"];
                    false -> ""
@@ -299,8 +323,19 @@ queue_growth(Peer) ->
     Rate = (Q1 - Q0) * 1000 / max(1, T1 - T0),
     Text = io_lib:format("queue ~b -> ~b, ~b/s", [Q0, Q1, round(Rate)]),
     case Q1 - Q0 >= 1000 of
-        true -> {ok, Text};
+        true -> {ok, {Q1, Text}};
         false -> {no, Text}
+    end.
+
+%% After the try: the queue holds more than before it (by a thousand
+%% messages at least), or the flood did not last the window.
+queue_grew(Peer, {ok, {Before, _}}) ->
+    Consumer = peer:call(Peer, erlang, whereis, [beamdiag_lab_flooded], 10000),
+    {message_queue_len, Q} = peer:call(Peer, erlang, process_info, [Consumer, message_queue_len],
+                                       30000),
+    case Q - Before >= 1000 of
+        true -> ok;
+        false -> {no, io_lib:format("queue ~b before the try, ~b after it", [Before, Q])}
     end.
 
 %% A lock scenario's raw signal: the hot table's lock wait over a second,
