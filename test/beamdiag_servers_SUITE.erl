@@ -145,9 +145,7 @@ rabbitmq_paced(Config) ->
     ok = beamdiag_test_lib:await(fun() -> counters:get(Received, 1) >= 3000 * ?MSG_SIZE end,
                                  30000),
     {L, F, S} = diagnose3(Config, rabbitmq_paced),
-    #{vm := #{reductions := Reds0}, t := T0} = hd(maps:get(samples, S)),
-    #{vm := #{reductions := Reds1}, t := T1} = lists:last(maps:get(samples, S)),
-    RedsPerS = (Reds1 - Reds0) / (erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6),
+    #{reductions_per_s := RedsPerS} = beamdiag_test_lib:raw_shares(S),
     Pub ! stop,
     receive {paced, done} -> ok after 30000 -> ct:fail(publisher_stuck) end,
     %% Raw signal: the consumer kept up (the queue did not back up) and the
