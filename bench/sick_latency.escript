@@ -13,8 +13,11 @@
 %%% (a flood's queue growth over half a second; a lock scenario's table
 %%% waiting over a second, read from the node's lock counters apart from
 %%% beamdiag), and again after the try where the case can say it lasted
-%%% (a flood's queue holds more after the try than before it): a try
-%%% without it is printed, and left out of the tally as no case at all. For each case
+%%% (a flood's queue holds more after the try than before it; the table
+%%% waited at least the finding's bound over the whole try): a try
+%%% without it is printed, and left out of the tally as no case at all;
+%%% such a case is tried until BENCH_SICK_TRIES tries count, three times
+%%% that at the most. For each case
 %%% a lab node is started on this host and left to settle (2 s, or the
 %%% case's `settle_ms'), then the
 %%% built escript runs `beamdiag diagnose NODE --json --duration W' as a
@@ -54,7 +57,8 @@
 %%% starved host) is marked STARVED and counted apart. BENCH_SICK_HOST_LOAD
 %%% (0): CPUs that other processes of the host keep busy, shell loops at
 %%% normal priority, for the whole run (the host's other load, as a
-%%% variation of every case).
+%%% variation of every case). BENCH_SICK_KEEP (none): a directory where
+%%% each try's JSON report is kept.
 -mode(compile).
 
 %% The cases: scenario, variation, what must be named, a fresh node per
@@ -71,7 +75,8 @@ cases() ->
     %% counter of a plain set table, the default scheduler count), varied
     %% one way at a time, and the lab's default.
     ++ [#{scenario => ets_hot, vary => V, expect => [ets_contention],
-          text => "beamdiag_hot_table", signal => fun table_wait/1}
+          text => "beamdiag_hot_table", signal => fun table_wait/1,
+          signal_after => fun table_waited/2}
         || V <- [#{},
                  #{schedulers => host, writers => 64, write_concurrency => false},
                  #{schedulers => host, writers => 8, write_concurrency => false},
@@ -192,11 +197,32 @@ lab_opts(Rel) ->
 
 %% A fresh node per try, or the tries back to back on one node.
 case_(C = #{fresh := true}, Window, Tries, Exe, BootMs, LabOpts) ->
-    lists:append([case_(C, Window, Tries, Exe, BootMs, LabOpts, [K]) || K <- lists:seq(1, Tries)]);
+    counted(C, Tries, fun(K) -> on_node(C, Window, Exe, BootMs, LabOpts, fun(One) -> [One(K)] end) end);
 case_(C, Window, Tries, Exe, BootMs, LabOpts) ->
-    case_(C, Window, Tries, Exe, BootMs, LabOpts, lists:seq(1, Tries)).
+    on_node(C, Window, Exe, BootMs, LabOpts, fun(One) -> counted(C, Tries, fun(K) -> [One(K)] end) end).
 
-case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabOpts, Ks) ->
+%% Tries numbered from 1 until Tries of them are counted, where the case
+%% reads a raw signal (a try without it is no case at all: at most three
+%% times Tries are made); Tries tries otherwise.
+counted(C, Tries, Try) ->
+    case maps:is_key(signal, C) of
+        true -> counted(Try, 1, 3 * Tries, Tries, []);
+        false -> lists:append([Try(K) || K <- lists:seq(1, Tries)])
+    end.
+
+counted(_Try, K, Max, Need, Acc) when K > Max; Need =< 0 ->
+    lists:append(lists:reverse(Acc));
+counted(Try, K, Max, Need, Acc) ->
+    Rs = Try(K),
+    Counted = length([R || R <- Rs, R =/= no_signal, R =/= skipped]),
+    case lists:member(skipped, Rs) of
+        true -> lists:append(lists:reverse([Rs | Acc]));
+        false -> counted(Try, K + 1, Max, Need - Counted, [Rs | Acc])
+    end.
+
+%% One lab node for the case, and Tries run on it (given the function of
+%% a try's number).
+on_node(C = #{scenario := Name, label := Label}, Window, Exe, BootMs, LabOpts, Tries) ->
     Opts0 = case maps:find(params, C) of
                 {ok, P} when map_size(P) > 0 -> LabOpts#{duration => 600, params => P};
                 _ -> LabOpts#{duration => 600}
@@ -216,7 +242,7 @@ case_(C = #{scenario := Name, label := Label}, Window, _Tries, Exe, BootMs, LabO
                                                   || _ <- [1, 2, 3]])),
                 %% Back to back, as a user would retry: a session waits for
                 %% the previous one's agent to remove its modules.
-                [one(C, K, Window, Exe, {BootMs, Loaded}, Lab, Node, Cookie) || K <- Ks]
+                Tries(fun(K) -> one(C, K, Window, Exe, {BootMs, Loaded}, Lab, Node, Cookie) end)
             after
                 beamdiag_lab:stop(Lab)
             end;
@@ -244,7 +270,9 @@ one(C = #{label := Label}, K, Window, Exe, Times, Lab, Node, Cookie) ->
                     case maps:find(signal_after, C) of
                         {ok, After} ->
                             case After(Peer, S) of
-                                ok -> R;
+                                {ok, {_, Text}} ->
+                                    io:format("~-62s ~4b   and ~ts~n", [Label, K, Text]),
+                                    R;
                                 {no, Text} ->
                                     io:format("~-62s ~4b left out, the raw signal did not last "
                                               "the try: ~ts~n", [Label, K, Text]),
@@ -268,6 +296,7 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                                       [Cookie, Exe, Node, Window])),
     {Ms, Out} = run(Cmd),
     [Json | _] = string:split(Out, "exit=", trailing),
+    keep(Label, K, Json),
     Code = lists:last(string:lexemes(Out, "=\n")),
     Kind = case {string:find(Json, "\"host_only\":true"), string:find(Json, "\"complete\":false")} of
                {nomatch, nomatch} -> "complete";
@@ -333,31 +362,44 @@ queue_grew(Peer, {ok, {Before, _}}) ->
     Consumer = peer:call(Peer, erlang, whereis, [beamdiag_lab_flooded], 10000),
     {message_queue_len, Q} = peer:call(Peer, erlang, process_info, [Consumer, message_queue_len],
                                        30000),
+    Text = io_lib:format("queue ~b before the try, ~b after it", [Before, Q]),
     case Q - Before >= 1000 of
-        true -> ok;
-        false -> {no, io_lib:format("queue ~b before the try, ~b after it", [Before, Q])}
+        true -> {ok, {Q, Text}};
+        false -> {no, Text}
     end.
 
 %% A lock scenario's raw signal: the hot table's lock wait over a second,
 %% read from the node's lock counters (erts_debug:lcnt_collect/0 over the
 %% lab's control channel, at max priority, as any tool may read them).
 table_wait(Peer) ->
-    Read = fun() -> peer:call(Peer, erts_debug, lcnt_collect, [], 30000) end,
-    Sum = fun(R) ->
-              {S, Ns} = proplists:get_value(duration, R),
-              {S * 1000000000 + Ns,
-               lists:sum([WS * 1000000000 + WNs
-                          || {_, beamdiag_hot_table, _, Stats} <- proplists:get_value(locks, R),
-                             {_, {_, _, {WS, WNs, _}}, _} <- Stats])}
-          end,
-    {D0, W0} = Sum(Read()),
+    R0 = table_reading(Peer),
     timer:sleep(1000),
-    {D1, W1} = Sum(Read()),
+    R1 = table_reading(Peer),
+    table_share(R0, R1, "in the second before the try", R1).
+
+%% After the try: the same share from the end of that second to now, the
+%% span of the whole try (beamdiag reads the counters and clears nothing):
+%% a table that waited less over the try than the finding's bound was not
+%% the pathology the try was to name, whatever the second before said.
+table_waited(Peer, {ok, {R1, _}}) ->
+    R2 = table_reading(Peer),
+    table_share(R1, R2, "over the try", R2).
+
+%% Lock-counting time and the hot table's summed lock wait so far, in ns.
+table_reading(Peer) ->
+    R = peer:call(Peer, erts_debug, lcnt_collect, [], 30000),
+    {S, Ns} = proplists:get_value(duration, R),
+    {S * 1000000000 + Ns,
+     lists:sum([WS * 1000000000 + WNs
+                || {_, beamdiag_hot_table, _, Stats} <- proplists:get_value(locks, R),
+                   {_, {_, _, {WS, WNs, _}}, _} <- Stats])}.
+
+table_share({D0, W0}, {D1, W1}, Over, State) ->
     Pct = 100 * (W1 - W0) / max(1, D1 - D0),
-    Text = io_lib:format("beamdiag_hot_table waited ~.1f% of a second", [Pct]),
-    %% The finding's warning bound (lock_rules: 5% of the window).
+    Text = io_lib:format("beamdiag_hot_table waited ~.1f% ~s (~.1f s)", [Pct, Over, (D1 - D0) / 1.0e9]),
+    %% The finding's warning bound (lock_rules: 5% of the span counted).
     case Pct >= 5.0 of
-        true -> {ok, Text};
+        true -> {ok, {State, Text}};
         false -> {no, Text}
     end.
 
@@ -408,6 +450,18 @@ serious(Json) ->
                 [global, {capture, [1], list}]) of
         {match, Ids} -> lists:usort([Id || [Id] <- Ids]);
         nomatch -> []
+    end.
+
+%% With BENCH_SICK_KEEP=DIR, each try's JSON report is kept as
+%% DIR/LABEL-TRY.json, to trace a wrong try afterwards.
+keep(Label, K, Json) ->
+    case env("BENCH_SICK_KEEP", "") of
+        "" -> ok;
+        Dir ->
+            Name = [case C of $: -> $_; $, -> $_; $= -> $-; _ -> C end || C <- Label],
+            File = filename:join(Dir, io_lib:format("~s-~b.json", [Name, K])),
+            ok = filelib:ensure_dir(File),
+            ok = file:write_file(File, Json)
     end.
 
 run(Cmd) ->

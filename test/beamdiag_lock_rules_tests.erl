@@ -101,7 +101,7 @@ fitted_to_settings_test() ->
         %% Lock data that does not say how many instances the dirty
         %% schedulers have: the settings decide.
         D = maps:remove(dirty_alloc_instances, data([lock(Class, <<"1">>, 10000, 1000, 8)])),
-        [F] = beamdiag_lock_rules:findings(D, maps:get(window_s, D), Settings),
+        [F] = beamdiag_lock_rules:findings(D, Settings),
         iolist_to_binary([maps:get(evidence, F), maps:get(fix, F)])
     end,
     Has = fun(T, W) -> binary:match(T, W) =/= nomatch end,
@@ -173,18 +173,23 @@ allocator_with_mdai_test() ->
     [F] = findings(D),
     ?assertEqual(nomatch, binary:match(iolist_to_binary(maps:get(evidence, F)), <<"+Mdai max">>)).
 
-window_argument_test() ->
+own_span_test() ->
     D = data([lock(<<"run_queue">>, <<"1">>, 10000, 1000, 10)]),
-    %% The same wait over a window ten times longer is a tenth of the share.
-    ?assertMatch([#{severity := info}], beamdiag_lock_rules:findings(D, 10.0)).
+    %% The same wait over a reading ten times longer is a tenth of the share.
+    ?assertMatch([#{severity := info}],
+                 beamdiag_lock_rules:findings(D#{window_ns := 10000000000, window_s := 10.0}, #{})),
+    %% A reading over half the report's window (an earlier reading standing
+    %% in for a late last one) keeps its share of what it covers: the
+    %% report's window plays no part.
+    ?assertMatch([#{severity := warning}], beamdiag_lock_rules:findings(D, #{})).
 
 empty_test() ->
-    ?assertEqual([], beamdiag_lock_rules:findings(#{}, 1.0)).
+    ?assertEqual([], beamdiag_lock_rules:findings(#{}, #{})).
 
 %%% Helpers
 
 findings(D) ->
-    beamdiag_lock_rules:findings(D, maps:get(window_s, D)).
+    beamdiag_lock_rules:findings(D, #{}).
 
 %% A one-second window.
 data(Locks) ->

@@ -68,7 +68,7 @@ ets_hot(_Config) ->
     ct:pal("ets_hot: beamdiag_hot_table wait ~.2f% of the window, collisions ~.2f%",
            [Hot, table_coll_pct(Data, <<"beamdiag_hot_table">>)]),
     ?assert(Hot >= 10.0),
-    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    Findings = beamdiag_lock_rules:findings(Data, #{}),
     [F] = [F || F = #{id := ets_contention} <- Findings],
     ?assertMatch(#{metrics := #{table := <<"beamdiag_hot_table">>}}, F),
     ?assert(beamdiag_finding:at_least(F, warning)),
@@ -94,7 +94,7 @@ ets_sharded(_Config) ->
            "in total", [Tries, Wait]),
     ?assert(Tries > 10000),
     ?assert(Wait < 2.0),
-    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    Findings = beamdiag_lock_rules:findings(Data, #{}),
     ?assertEqual([], [F || F = #{id := ets_contention} <- Findings,
                            beamdiag_finding:at_least(F, warning)]),
     ok.
@@ -112,7 +112,7 @@ dirty_gc_alloc(_Config) ->
         ct:pal("dirty_gc_alloc: eheap_alloc ~b lock(s), ~b collisions (~.2f%), wait ~.2f%",
                [N, C, CP, W]),
         ?assertEqual(0, maps:get(dirty_alloc_instances, Data)),
-        Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+        Findings = beamdiag_lock_rules:findings(Data, #{}),
         Found = [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
                           <- Findings],
         %% Raw signal first: a window whose one shared eheap_alloc lock
@@ -149,7 +149,7 @@ dirty_gc_alloc_mdai(_Config) ->
         %% A window in which no dirty GC took an eheap_alloc lock lists
         %% none (a starved host): measured again, as a quiet window is.
         N =:= 0 orelse ?assertEqual(5, N),
-        Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+        Findings = beamdiag_lock_rules:findings(Data, #{}),
         Found = [F || F = #{id := allocator_contention, metrics := #{allocator := <<"eheap_alloc">>}}
                           <- Findings],
         %% Raw signal first, as in dirty_gc_alloc: a window whose
@@ -181,7 +181,7 @@ get_list(K) ->
 %% An idle node gets no lock finding above info.
 healthy_node(_Config) ->
     Data = measure(idle, []),
-    Findings = beamdiag_lock_rules:findings(Data, maps:get(window_s, Data)),
+    Findings = beamdiag_lock_rules:findings(Data, #{}),
     ct:pal("healthy: ~p", [[{I, S} || #{id := I, severity := S} <- Findings]]),
     ?assertEqual([], [F || F <- Findings, beamdiag_finding:at_least(F, warning)]),
     ok.

@@ -110,7 +110,7 @@ single_server_lcnt(Config, Tries, Quiet) ->
     ?assertEqual(<<"beamdiag_lab_server">>, maps:get(name, M)),
     %% The lock rules on the raw lock data alone.
     LockOnly = [X || X = #{id := single_process_bottleneck, metrics := #{process := Id}}
-                         <- beamdiag_lock_rules:findings(Locks, window_s(Locks)),
+                         <- beamdiag_lock_rules:findings(Locks, #{}),
                      Id =:= Pid orelse Id =:= <<"beamdiag_lab_server">>],
     case LockOnly of
         [#{metrics := #{process := LockId}}] ->
@@ -129,8 +129,6 @@ single_server_lcnt(Config, Tries, Quiet) ->
               "the server's own locks never carried most of the process-lock wait in 3 "
               "windows (their wait, % of each window: ~p)", [lists:reverse([OwnWait | Quiet])])
     end.
-
-window_s(#{window_ns := Ns}) -> Ns / 1.0e9.
 
 %% diagnose --erlang: the Erlang sampler runs over the same window and the
 %% server's hot stacks are printed under TOP PROCESSES.

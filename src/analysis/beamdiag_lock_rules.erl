@@ -13,16 +13,12 @@
 %%%
 %%% ```
 %%% 1> {ok, Data} = beamdiag_lock_session:data(Session, 2000).
-%%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, 10, #{})].
+%%% 2> [maps:get(id, F) || F <- beamdiag_lock_rules:findings(Data, #{})].
 %%% [ets_contention]
 %%% '''
 -module(beamdiag_lock_rules).
 
--export([findings/3]).
-%% Called by the tests only.
--ifdef(TEST).
 -export([findings/2]).
--endif.
 
 %% The locks of an ordered_set with write_concurrency (a contention-adapting
 %% tree) are counted as db_hash_slot with the table's name when counting
@@ -65,25 +61,17 @@ thresholds() ->
     #{wait_info => 0.01, wait_warning => 0.05, wait_critical => 0.25,
       min_collisions => 100, collision_info => 0.01, single_process => 0.5}.
 
--ifdef(TEST).
-%% @doc The findings for a window of lock data, most severe first.
-%% `WindowS' is the window's length in seconds (the lock data's own
-%% `window_ns' is used when `WindowS' is not positive).
--spec findings(beamdiag_lock_data:lock_data(), number()) -> [beamdiag_finding:finding()].
-findings(Data, WindowS) ->
-    findings(Data, WindowS, #{}).
--endif.
-
-%% @doc As `findings/2', with the node's settings (`beamdiag_agent_vm:settings/0'):
-%% a fix never advises an allocator flag the node already has.
--spec findings(beamdiag_lock_data:lock_data(), number(), beamdiag_agent_vm:settings()) ->
+%% @doc The findings of a reading of lock data, most severe first, with
+%% the node's settings (`beamdiag_agent_vm:settings/0'): a fix never
+%% advises an allocator flag the node already has. Each wait is a share of
+%% the reading's own span (`window_ns'), the time between the two readings
+%% it was taken from, not of the report's window: an earlier reading that
+%% stands in for a late last one covers less of the window, and its waits
+%% keep their share of what it covers.
+-spec findings(beamdiag_lock_data:lock_data(), beamdiag_agent_vm:settings()) ->
     [beamdiag_finding:finding()].
-findings(Data, WindowS, Settings) ->
-    WindowNs =
-        case WindowS of
-            W when is_number(W), W > 0 -> W * 1.0e9;
-            _ -> maps:get(window_ns, Data, 1)
-        end,
+findings(Data, Settings) ->
+    WindowNs = max(1, maps:get(window_ns, Data, 1)),
     Locks = maps:get(locks, Data, []),
     Classes = maps:get(classes, Data, []),
     Ctx = #{window_ns => WindowNs, data => Data, settings => Settings},

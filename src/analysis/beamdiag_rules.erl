@@ -467,10 +467,9 @@ explains() ->
 %% Findings from lock counting and profiles, when the capture has them.
 extras(Capture, Ledger) ->
     Extras = maps:get(extras, Capture, #{}),
-    W = maps:get(window_s, Ledger, 0.0),
     Locks = case maps:find(locks, Extras) of
                 {ok, LockData = #{}} when not is_map_key(error, LockData) ->
-                    beamdiag_lock_rules:findings(LockData, W, maps:get(settings, Capture, #{}));
+                    beamdiag_lock_rules:findings(LockData, maps:get(settings, Capture, #{}));
                 _ -> []
             end,
     Profile = case maps:find(profile, Extras) of
