@@ -436,13 +436,12 @@ target(OsPid) ->
       native_names => native_names(P ++ "/exe")}.
 
 %% When the process started, in seconds since the epoch (the boot time
-%% from /proc/stat, and the start from /proc/PID/stat in clock ticks);
-%% 0 when either cannot be read.
+%% from /proc/stat, and the start from /proc/PID/stat in clock ticks,
+%% beamdiag_host_pid:start_ticks/1); 0 when either cannot be read.
 started_at(P) ->
     try
         {ok, Stat} = file:read_file(P ++ "/stat"),
-        [_, Fields] = string:split(Stat, <<")">>, trailing),
-        Start = binary_to_integer(lists:nth(20, string:lexemes(Fields, " "))),
+        {ok, Start} = beamdiag_host_pid:start_ticks(Stat),
         {ok, Host} = file:read_file("/proc/stat"),
         [_, After] = binary:split(Host, <<"\nbtime ">>),
         [Btime | _] = binary:split(After, <<"\n">>),
