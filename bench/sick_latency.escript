@@ -76,7 +76,7 @@ cases() ->
     %% one way at a time, and the lab's default.
     ++ [#{scenario => ets_hot, vary => V, expect => [ets_contention],
           text => "beamdiag_hot_table", signal => fun table_wait/1,
-          signal_after => fun table_waited/2}
+          signal_after => fun table_waited/2, reported => fun table_reported/1}
         || V <- [#{},
                  #{schedulers => host, writers => 64, write_concurrency => false},
                  #{schedulers => host, writers => 8, write_concurrency => false},
@@ -316,7 +316,7 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                   F when is_float(F) -> F > 4 * erlang:system_info(logical_processors);
                   _ -> false
               end,
-    io:format("~-62s ~4b ~5s ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~ts~ts~n",
+    io:format("~-62s ~4b ~5s ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~ts~ts~ts~n",
               [Label, K, Load, Ms / 1000, (Ms - BootMs) / 1000, (Ms - LoadedMs) / 1000,
                case Ready of none -> "-"; _ -> io_lib:format("~.2f", [Ready]) end,
                Window + 2, Code, Kind, yes_no(Right andalso OnTime),
@@ -325,6 +325,10 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                    {ok, {_, T}} -> ["  (raw: ", T, ")"];
                    {ok, T} -> ["  (raw: ", T, ")"];
                    none -> ""
+               end,
+               case maps:find(reported, C) of
+                   {ok, Reported} -> ["  (the report's own: ", Reported(Json), ")"];
+                   error -> ""
                end,
                case Starved of
                    true -> ["  STARVED: load ", LoadEnd, " at the end"];
@@ -384,6 +388,22 @@ table_wait(Peer) ->
 table_waited(Peer, {ok, {R1, _}}) ->
     R2 = table_reading(Peer),
     table_share(R1, R2, "over the try", R2).
+
+%% The hot table's lock wait in the report's own lock data (its share of
+%% the reading's span, summed over the table's lock classes), to tell a
+%% wrong try's rule from its reading.
+table_reported(Json) ->
+    case re:run(Json, "\"id\":\"beamdiag_hot_table\",\"instances\":[0-9]+,\"locations\":"
+                      "\\[[^\\]]*\\],[^{}]*\"wait_pct\":([0-9.]+)",
+                [global, {capture, [1], list}]) of
+        {match, Ps} ->
+            io_lib:format("beamdiag_hot_table waited ~.1f%",
+                          [lists:sum([list_to_float(P) || [P] <- Ps, lists:member($., P)])
+                           + lists:sum([list_to_integer(P) || [P] <- Ps,
+                                                              not lists:member($., P)])]);
+        nomatch ->
+            "no lock data on beamdiag_hot_table"
+    end.
 
 %% Lock-counting time and the hot table's summed lock wait so far, in ns.
 table_reading(Peer) ->
