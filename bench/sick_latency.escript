@@ -61,6 +61,12 @@
 %%% each try's JSON report is kept.
 -mode(compile).
 
+%% How long a lab node's load runs, at most: the node is stopped after its
+%% case, and a case of 30 tries of 40 s each (a saturated node on a loaded
+%% host) must not outlive its load (600 s did: its last 21 tries read a
+%% node whose load had ended, and were left out as without the signal).
+-define(LAB_S, 3600).
+
 %% The cases: scenario, variation, what must be named, a fresh node per
 %% try. The first case of a scenario is its default run.
 cases() ->
@@ -224,8 +230,8 @@ counted(Try, K, Max, Need, Acc) ->
 %% a try's number).
 on_node(C = #{scenario := Name, label := Label}, Window, Exe, BootMs, LabOpts, Tries) ->
     Opts0 = case maps:find(params, C) of
-                {ok, P} when map_size(P) > 0 -> LabOpts#{duration => 600, params => P};
-                _ -> LabOpts#{duration => 600}
+                {ok, P} when map_size(P) > 0 -> LabOpts#{duration => ?LAB_S, params => P};
+                _ -> LabOpts#{duration => ?LAB_S}
             end,
     Opts = Opts0#{vary => maps:get(vary, C, #{})},
     _ = quiet([]),
@@ -373,8 +379,11 @@ queue_grew(Peer, {ok, {Before, _}}) ->
     end.
 
 %% A lock scenario's raw signal: the hot table's lock wait over a second,
-%% read from the node's lock counters (erts_debug:lcnt_collect/0 over the
-%% lab's control channel, at max priority, as any tool may read them).
+%% read from the node's lock counters (erts_debug:lcnt_collect/0, over
+%% distribution from this VM in a process at max priority on the node, as
+%% beamdiag's own lock session reads them: at normal priority, over the
+%% lab's control channel, a reading on a saturated node with 4 schedulers
+%% on 2 busy cores waited 10 to 20 s behind the writers).
 table_wait(Peer) ->
     R0 = table_reading(Peer),
     timer:sleep(1000),
@@ -407,13 +416,19 @@ table_reported(Json) ->
 
 %% Lock-counting time and the hot table's summed lock wait so far, in ns.
 table_reading(Peer) ->
-    R = peer:call(Peer, erts_debug, lcnt_collect, [], 30000),
+    Node = peer:call(Peer, erlang, node, [], 30000),
+    true = erlang:set_cookie(Node, peer:call(Peer, erlang, get_cookie, [], 30000)),
+    R = beamdiag_rpc:call(Node, erts_debug, lcnt_collect, [], 30000, max),
     {S, Ns} = proplists:get_value(duration, R),
     {S * 1000000000 + Ns,
      lists:sum([WS * 1000000000 + WNs
                 || {_, beamdiag_hot_table, _, Stats} <- proplists:get_value(locks, R),
                    {_, {_, _, {WS, WNs, _}}, _} <- Stats])}.
 
+%% The counters only grow while the load runs: less wait at the later
+%% reading means the table is gone (the lab's load ended).
+table_share({_, W0}, {_, W1}, _Over, _State) when W1 < W0 ->
+    {no, "beamdiag_hot_table is gone: its lock counters went back (the lab's load ended)"};
 table_share({D0, W0}, {D1, W1}, Over, State) ->
     Pct = 100 * (W1 - W0) / max(1, D1 - D0),
     Text = io_lib:format("beamdiag_hot_table waited ~.1f% ~s (~.1f s)", [Pct, Over, (D1 - D0) / 1.0e9]),
