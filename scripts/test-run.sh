@@ -74,7 +74,15 @@ run_phase() {
 }
 : > "$logs/phase-1.log"; : > "$logs/phase-2.log"; : > "$logs/phase-3.log"
 t1=$(date +%s)
-run_phase $REBAR do eunit, ct --cover=false --suite="$(IFS=,; echo "${early[*]}")"
+# EUnit, then the early suites whatever EUnit said (`rebar3 do' would stop
+# at a failed EUnit and leave those suites unrun, their state unknown).
+early_phase() {
+    local s=0
+    $REBAR eunit || s=1
+    $REBAR ct --cover=false --suite="$(IFS=,; echo "${early[*]}")" || s=1
+    return $s
+}
+run_phase early_phase
 t2=$(date +%s)
 await "$prep_roots" "OTP 27 and 29 roots" "$roots_log"
 # The escript holds OTP 27's code (for OTP 27 to 29) only when the OTP 27
@@ -113,9 +121,11 @@ if [ "$status" != 0 ]; then
     echo
     echo "make test FAILED; what failed, by phase (logs: $logs/phase-N.log, $logs/ct_run.*):"
     for n in 1 2 3; do
-        # EUnit's failing tests, Common Test's failing cases and its tallies.
+        # EUnit's failing tests and tally, Common Test's failing cases and
+        # its tallies, and rebar3's own errors (a compile, a run that
+        # stopped: the phase's later suites did not run).
         sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" |
-            grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit))' |
+            grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit)|[0-9]+\) [a-z_0-9]+:[a-z_0-9]+/[0-9]+$|[0-9]+ tests, [1-9][0-9]* failures|===> .*Error)' |
             head -40 | sed "s/^/  phase $n: /"
     done
 fi

@@ -13,14 +13,20 @@ fifo() ->
     ok = file:make_dir(Dir),
     Fifo = filename:join(Dir, "fifo"),
     "ok\n" = os:cmd("mkfifo '" ++ Fifo ++ "' && echo ok"),
-    Opener = spawn(fun() -> _ = file:open(Fifo, [read]) end),
-    Callers = [spawn(fun() -> _ = file:read_file_info(Dir) end) || _ <- lists:seq(1, 5)],
     FS = whereis(file_server_2),
+    Opener = spawn(fun() -> _ = file:open(Fifo, [read]) end),
+    %% The callers come once the file server is held in the open: spawned
+    %% beside the opener, they may run first and be served (a run's
+    %% queue never reached 5 in 2.5 s).
+    Held = fun() -> erlang:process_info(FS, current_function) =:=
+                        {current_function, {file_io_server, do_start, 4}} end,
+    HeldFirst = wait_until(Held),
+    Callers = [spawn(fun() -> _ = file:read_file_info(Dir) end) || _ <- lists:seq(1, 5)],
     try
         %% Raw signal: the file server waits with the callers queued on it.
+        ok = HeldFirst,
         ok = wait_until(fun() -> element(2, erlang:process_info(FS, message_queue_len)) >= 5 end),
-        {current_function, {file_io_server, do_start, 4}} =
-            erlang:process_info(FS, current_function),
+        true = Held(),
         [S] = beamdiag_agent_chains:candidates(
                 [#{pid => list_to_binary(pid_to_list(FS)), monitored_by => 6, queue => [0, 5]},
                  #{pid => list_to_binary(pid_to_list(self())), monitored_by => 0,
