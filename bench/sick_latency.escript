@@ -406,10 +406,12 @@ table_reported(Json) ->
                       "\\[[^\\]]*\\],[^{}]*\"wait_pct\":([0-9.]+)",
                 [global, {capture, [1], list}]) of
         {match, Ps} ->
-            io_lib:format("beamdiag_hot_table waited ~.1f%",
-                          [lists:sum([list_to_float(P) || [P] <- Ps, lists:member($., P)])
-                           + lists:sum([list_to_integer(P) || [P] <- Ps,
-                                                              not lists:member($., P)])]);
+            %% JSON numbers: 9.6, or 0 with no fraction.
+            Number = fun(P) -> case string:to_float(P) of
+                                   {F, []} -> F;
+                                   {error, _} -> list_to_integer(P)
+                               end end,
+            io_lib:format("beamdiag_hot_table waited ~.1f%", [lists:sum([Number(P) || [P] <- Ps])]);
         nomatch ->
             "no lock data on beamdiag_hot_table"
     end.

@@ -71,10 +71,9 @@ thresholds() ->
 -spec findings(beamdiag_lock_data:lock_data(), beamdiag_agent_vm:settings()) ->
     [beamdiag_finding:finding()].
 findings(Data, Settings) ->
-    WindowNs = max(1, maps:get(window_ns, Data, 1)),
     Locks = maps:get(locks, Data, []),
     Classes = maps:get(classes, Data, []),
-    Ctx = #{window_ns => WindowNs, data => Data, settings => Settings},
+    Ctx = #{window_ns => span_ns(Data), data => Data, settings => Settings},
     Findings =
         ets_findings(Locks, Ctx) ++
             allocator_findings(Locks, Ctx) ++
@@ -359,7 +358,7 @@ release(Data) ->
 single_process_reported(Data) ->
     Locks = maps:get(locks, Data, []),
     Classes = maps:get(classes, Data, []),
-    Ctx = #{window_ns => maps:get(window_ns, Data, 1), data => Data},
+    Ctx = #{window_ns => span_ns(Data), data => Data},
     process_findings(Locks, Classes, Ctx) =/= [].
 
 %% The ids of the class that rank highest, with their share.
@@ -373,6 +372,11 @@ top_ids(Class, Data) ->
             [["most wait on: ",
               lists:join(", ", [[Id, " (", pct_text(P), ")"] || #{id := Id, wait_pct := P} <- Top])]]
     end.
+
+%% The reading's own span, in ns: what every share is of.
+-spec span_ns(beamdiag_lock_data:lock_data()) -> pos_integer().
+span_ns(Data) ->
+    max(1, maps:get(window_ns, Data, 1)).
 
 %% Wait, collisions and tries summed over lock entries, with percentages
 %% against the window.
