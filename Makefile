@@ -32,10 +32,10 @@ unit: build
 ct: build
 	$(REBAR) ct
 
-# Static checks: xref, the target boundary, the layers called one way
-# (analysis/ never calls format/ or session/, format/ never session/,
-# session/ never the API module), the report's assets linted,
-# dialyzer, and the generated docs in step.
+# Static checks: xref, the target boundary, the layers (every call and
+# remote type between folders allowed by scripts/layers.eterm, read from
+# the beams), the report's assets linted, dialyzer, and the generated
+# docs in step.
 check:
 	$(REBAR) xref
 	scripts/target-boundary.escript

@@ -35,7 +35,7 @@
 %%%     ticks' wall time, the CPU of the threads besides the schedulers).
 %%% 2. Tick cost against thread count: peers with +S N:N (N up to 1024) and
 %%%    one dirty scheduler of each kind; the wall and CPU time of one
-%%%    beamdiag_agent:take/1, with and without the per-thread status file.
+%%%    beamdiag_agent_tick:sample/1, with and without the per-thread status file.
 %%% 3. The agent's peak memory during a run.
 %%%
 %%% Run from the repository root after `rebar3 compile' (bench/run.sh does):

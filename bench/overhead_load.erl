@@ -133,7 +133,7 @@ tick_pairs(Pairs, Ms, Sink) ->
     %% ran at all in the slice is read whole on every later tick (more
     %% reads than 1 s ticks make, not fewer).
     Tick = fun(State) ->
-               {Sample, State2} = beamdiag_agent:take(State),
+               {Sample, State2} = beamdiag_agent_tick:sample(State),
                Sink ! {tick, Sample},
                case State of
                    #{previous := First, process_cpu := FirstCpu} ->
@@ -334,11 +334,11 @@ measure(State0, N, Gap) ->
                 cpu_us() - C0
             end || _ <- lists:seq(1, N)],
     %% One sample first opens the files the state holds.
-    {_, State1} = beamdiag_agent:take(State0),
+    {_, State1} = beamdiag_agent_tick:sample(State0),
     {Runs, _} = lists:mapfoldl(
         fun(_, St) ->
             C0 = cpu_us(),
-            {#{tick_cost_us := Us}, St2} = beamdiag_agent:take(St),
+            {#{tick_cost_us := Us}, St2} = beamdiag_agent_tick:sample(St),
             receive after Gap -> ok end,
             {{Us, cpu_us() - C0}, St2}
         end,

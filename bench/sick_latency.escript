@@ -122,7 +122,17 @@ cases() ->
           fresh => true},
         #{scenario => process_leak, expect => [node_limit], fresh => true},
         #{scenario => port_leak, expect => [node_limit], fresh => true},
-        #{scenario => ets_leak, expect => [node_limit], fresh => true}].
+        #{scenario => ets_leak, expect => [node_limit], fresh => true}]
+    %% The memory ledger: each leak stops at 1,500 MiB, a node per try;
+    %% varied in payload size and rate, one grower in each.
+    ++ [#{scenario => binary_leak, params => P, expect => [memory_growth], fresh => true,
+          text => "reference-counted binaries"}
+        || P <- [#{}, #{bytes => 65536, rate => 400}, #{bytes => 4194304, rate => 5}]]
+    ++ [#{scenario => heap_leak, params => P, expect => [memory_growth], fresh => true}
+        || P <- [#{}, #{bytes => 16384, rate => 1000}]]
+    ++ [#{scenario => ets_leak_rows, params => P, expect => [memory_growth], fresh => true}
+        || P <- [#{}, #{table => bag}]]
+    ++ [#{scenario => native_leak, expect => [native_memory], fresh => true}].
 
 main(_) ->
     HostLoad = list_to_integer(env("BENCH_SICK_HOST_LOAD", "0")),

@@ -5,9 +5,14 @@
  * spin_yield/1: the same total work done the right way: in slices of about
  * 100 microseconds, each reported with enif_consume_timeslice, rescheduling
  * itself with enif_schedule_nif when the timeslice is used up.
+ * leak_malloc/1: allocates the given bytes with malloc, touches every page
+ * and never frees them, as a NIF that leaks does: the resident memory
+ * grows, the VM's own accounts do not.
  *
  * Built by the lab at scenario start with gcc against the running OTP's
  * erl_nif.h; not stripped, so perf names beamdiag_lab_spin_slice. */
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <erl_nif.h>
 
@@ -65,9 +70,30 @@ static ERL_NIF_TERM spin_yield(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     return spin_until(env, 1, &until);
 }
 
+/* The leaked blocks, chained (so that the compiler cannot drop the
+ * allocation as unused). Only leak_malloc touches it, from one process. */
+static void *volatile leaked = NULL;
+
+static ERL_NIF_TERM leak_malloc(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    int bytes;
+    if (argc != 1 || !enif_get_int(env, argv[0], &bytes) || bytes < 1 || bytes > (64 << 20))
+        return enif_make_badarg(env);
+    char *p = malloc((size_t)bytes);
+    if (p == NULL)
+        return enif_make_atom(env, "enomem");
+    memset(p, 1, (size_t)bytes);
+    if ((size_t)bytes >= sizeof(void *)) {
+        *(void **)p = leaked;
+        leaked = p;
+    }
+    return enif_make_atom(env, "ok");
+}
+
 static ErlNifFunc funcs[] = {
     {"spin", 1, spin, 0},
-    {"spin_yield", 1, spin_yield, 0}
+    {"spin_yield", 1, spin_yield, 0},
+    {"leak_malloc", 1, leak_malloc, 0}
 };
 
 ERL_NIF_INIT(beamdiag_lab_nif, funcs, NULL, NULL, NULL, NULL)

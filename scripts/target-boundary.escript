@@ -16,8 +16,11 @@
      "the experiment's driver calls the workload module it was given"},
     {{beamdiag_agent_workload, unit_context, 1},
      "the experiment's driver calls the workload module it was given"},
-    {{beamdiag_agent_processes, dynamic, 3},
-     "calls a BIF only after erlang:function_exported/3 found it on the node's release"}
+    {{beamdiag_agent_proc_walk, dynamic, 3},
+     "calls a BIF only after erlang:function_exported/3 found it on the node's release"},
+    {{beamdiag_agent_proc_identity, dynamic, 3},
+     "calls erlang:process_info/2 with an item of OTP 26.2 and later, catching its badarg "
+     "on earlier releases"}
 ]).
 
 main(Args) ->

@@ -114,8 +114,12 @@ make test phases (wall time, s):
 TIMES
 if [ -s "$BEAMDIAG_STARVED_FILE" ]; then
     echo
-    echo "skips counted (one starved and two not produced allowed in CI):"
+    echo "every skip of this run (CI allows one starved and two not produced; a broken one, whose"
+    echo "configuration function failed so that it never ran, fails the run):"
     sed 's/^/  /' "$BEAMDIAG_STARVED_FILE"
+    if grep -q '^[^ ]* broken: ' "$BEAMDIAG_STARVED_FILE"; then
+        status=1
+    fi
 fi
 if [ "$status" != 0 ]; then
     echo
@@ -125,8 +129,23 @@ if [ "$status" != 0 ]; then
         # its tallies, and rebar3's own errors (a compile, a run that
         # stopped: the phase's later suites did not run).
         sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" |
-            grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit)|[0-9]+\) [a-z_0-9]+:[a-z_0-9]+/[0-9]+$|[0-9]+ tests, [1-9][0-9]* failures|===> .*Error)' |
+            grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit)|[0-9]+\) [a-z_0-9]+:[a-z_0-9]+/[0-9]+$|[0-9]+ tests, [1-9][0-9]* failures|[0-9]+ tests, [0-9]+ failures, [1-9][0-9]* cancelled|.*\{(setup|cleanup)_failed,|.*\[\{beamdiag_[a-z_0-9]+_tests,[a-z_0-9]+,[0-9]+,|===> .*Error)' |
             head -40 | sed "s/^/  phase $n: /"
+        # Where each failed case failed: the assertion's line and expression
+        # (or the reason's first line), so that the run's last lines say why.
+        sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" | awk -v phase="$n" '
+            /==> .*: FAILED$/ { if (c != "") print_it(); c = $0; sub(/^%%% /, "", c); sub(/: FAILED$/, "", c); k = 0; l = ""; e = ""; r = ""; next }
+            c != "" && k < 25 {
+                k++
+                if (l == "" && match($0, /\{line,[0-9]+\}/)) l = substr($0, RSTART + 6, RLENGTH - 7)
+                if (e == "" && match($0, /\{expression,".*"\}/)) e = substr($0, RSTART + 12, RLENGTH - 13)
+                # The reason: its first three lines, joined, whatever their form.
+                if (k <= 3) { t = $0; sub(/^%%% [^ ]* ==> ?/, "", t); gsub(/[ \t]+/, " ", t); r = substr(r t, 1, 200) }
+                if (k == 25) print_it()
+            }
+            function print_it() { printf "  phase %s: %s failed%s%s\n", phase, c, (l != "" ? " at line " l : ""), (e != "" ? ": " e : (r != "" ? ": " r : "")); c = "" }
+            END { if (c != "") print_it() }'
     done
+    grep '^[^ ]* broken: ' "$BEAMDIAG_STARVED_FILE" 2>/dev/null | cut -c1-300 | sed 's/^/  never ran: /'
 fi
 exit $status

@@ -20,56 +20,10 @@
 
 -export_type([diagnosis/0, options/0]).
 
--type diagnosis() :: #{
-    capture := beamdiag_capture:capture(),
-    ledger := beamdiag_ledger:ledger(),
-    findings := [beamdiag_finding:finding()],
-    %% Seen from the host alone (beamdiag_host), and how.
-    host_only => true,
-    host_view => beamdiag_host_rules:host_view(),
-    %% Milliseconds of wall time from the call to the diagnosis (diagnose/1,2).
-    ready_ms => non_neg_integer()
-}.
--type options() :: #{
-    %% Seconds and milliseconds, as their names say; `duration' and
-    %% `interval' are the same options by their older names.
-    duration_s => number(),
-    interval_ms => pos_integer(),
-    duration => number(),
-    interval => pos_integer(),
-    msacc => boolean(),
-    msacc_span => number(),
-    locks => boolean(),
-    procs => boolean(),
-    cookie => atom() | binary() | string(),
-    cookie_file => file:filename(),
-    proto_dist => inet_tcp | inet6_tcp | inet_tls | inet6_tls,
-    ssl_dist_optfile => file:filename(),
-    dist_port => inet:port_number(),
-    plan => beamdiag_attach:plan(),
-    progress => fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
-    perf => boolean() | perf_options(),
-    erlang => boolean(),
-    slack => number() | infinity,
-    host_only => boolean(),
-    os_pid => pos_integer() | undefined,
-    answer_timeout => number() | auto,
-    %% When the call started (os:system_time(millisecond)), for a caller
-    %% that began it in another OS process (the escript started again):
-    %% the report is due, and said ready, from then.
-    started => integer(),
-    held_perf => boolean()
-}.
-%% With `perf', a perf profile of the node's OS process over the same
-%% window (this must run on the node's host): `call_graph' (auto | dwarf |
-%% fp | none), `frequency' (Hz, 97), `perf' (the executable), `dir' (the
-%% working directory; a temporary one, removed afterwards, by default).
--type perf_options() :: #{
-    call_graph => auto | dwarf | fp | none,
-    frequency => pos_integer(),
-    perf => string(),
-    dir => file:filename()
-}.
+%% A diagnosis: beamdiag_diagnosis:diagnosis(), named here for callers.
+-type diagnosis() :: beamdiag_diagnosis:diagnosis().
+%% diagnose/1,2's options (beamdiag_diagnose:options(), which says each).
+-type options() :: beamdiag_diagnose:options().
 
 %%%===================================================================
 %%% API
@@ -103,7 +57,7 @@ diagnose(Opts) ->
 %% `{error, {beamdiag, {partial, Reason, Diagnosis}}}' with what was gathered.
 %%
 %% A node on this host is also watched from the host from the call's start
-%% (`beamdiag_host'): when it has not finished the handshake within a
+%% (`beamdiag_host_session'): when it has not finished the handshake within a
 %% second, or has not let the agent load within `answer_timeout' seconds
 %% (auto: half the window, 2 to 5 s), perf starts on the threads the host
 %% sees held; if it still has not let the agent load by the window's end,

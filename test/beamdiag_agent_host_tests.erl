@@ -76,8 +76,14 @@ real_proc() ->
 %% process that burns CPU meanwhile shows, in its own interval.
 scanner_test_() ->
     {timeout, 30, fun() ->
-        %% A CPU burner of this test's own, ended by pid below.
-        BPid = list_to_integer(string:trim(os:cmd("yes >/dev/null 2>&1 & echo $!"))),
+        %% A CPU burner of this test's own. Its shell ends it when the port
+        %% closes, so a test cut short (a timeout, a cancelled run) leaves
+        %% no burner behind on the host.
+        Burner = open_port({spawn, "sh -c 'yes >/dev/null 2>&1 & echo $!; read _; kill $!'"},
+                           [{line, 64}, binary]),
+        BPid = receive {Burner, {data, {eol, PidText}}} -> binary_to_integer(PidText)
+               after 5000 -> error(no_burner)
+               end,
         try
             End = erlang:monotonic_time(millisecond) + 1500,
             S = beamdiag_agent_host:start("/proc", [], End),
@@ -96,7 +102,7 @@ scanner_test_() ->
             ?assert(MB - MA >= 500),
             ?assert(TB > TA)
         after
-            os:cmd("kill " ++ integer_to_list(BPid))
+            port_close(Burner)
         end
     end}.
 

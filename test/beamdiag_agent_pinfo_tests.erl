@@ -10,7 +10,7 @@ stalled_test_() ->
     {timeout, 60, fun stalled/0}.
 
 stalled() ->
-    with_held(fun(Held) ->
+    with_held(fun(Held, Clock) ->
         %% Raw signal: plain reads of it wait for its holds.
         Waits = [begin
                      timer:sleep(97),
@@ -21,9 +21,9 @@ stalled() ->
         A = spawn(fun() -> receive stop -> ok end end),
         B = spawn(fun() -> receive stop -> ok end end),
         A ! hello,
-        %% (The last plain read was answered in a gap between two holds:
-        %% the next hold has begun 100 ms on.)
-        timer:sleep(100),
+        %% The fold starts as a hold begins, so that it meets the hold
+        %% whatever the host's load (a fold begun in a gap reads it).
+        ok = hold_begun(Clock),
         T0 = erlang:monotonic_time(millisecond),
         {Read, Stalled, Trunc} =
             beamdiag_agent_pinfo:fold(fun(P, [{message_queue_len, Q}], Acc) -> [{P, Q} | Acc] end,
@@ -40,7 +40,7 @@ stalled() ->
                                                  #{deadline => erlang:monotonic_time(microsecond)
                                                                    + 20000}),
         %% The start walk: done without it, it is stalled and watched.
-        timer:sleep(100),
+        ok = hold_begun(Clock),
         {WalkUs, S} = timer:tc(beamdiag_agent_processes, start, [#{}]),
         ?debugFmt("start walk ~b us, stalled ~p", [WalkUs, maps:get(stalled, S)]),
         ?assert(lists:keymember(Held, 1, maps:get(stalled, S))),
@@ -58,30 +58,6 @@ bad_items_test() ->
                  beamdiag_agent_pinfo:fold(fun(_, _, Acc) -> Acc end, [], [self()], [no_such_item],
                                            #{})).
 
-%% A start report brought forward with the watch's readings: the walk's
-%% start length and the latest reading, over the time between them; a
-%% process the walk could not read takes its first reading as its start.
-forward_test() ->
-    T0 = 1000000000,
-    Snap = #{span_ms => 0, t_ns => T0, word_bytes => 8, partial => start,
-             queues => [#{pid => <<"<0.1.0>">>, queue => [100, 100], memory => [11200, 11200],
-                          memory_estimated => true},
-                        #{pid => <<"<0.2.0>">>, queue => [null, null], memory => [null, null],
-                          memory_estimated => true, answered => false}]},
-    Reads = #{<<"<0.1.0>">> => #{queue => 5100, heap_words => 10, t => T0 + 2000000000,
-                                 first => 200, first_t => T0 + 100000000},
-              <<"<0.2.0>">> => #{queue => 9000, heap_words => 1000, t => T0 + 3000000000,
-                                 first => 1000, first_t => T0 + 1000000000}},
-    Samples = [#{t => T0 + 3000000000, queue_reads => Reads}, #{t => T0}],
-    #{queues := [A, B], span_ms := 3000, partial := start_and_ticks} =
-        beamdiag_agent_processes:forward(Snap, Samples),
-    ?assertMatch(#{queue := [100, 5100], queue_ms := 2000, memory := [11200, 571200]}, A),
-    ?assertMatch(#{queue := [1000, 9000], queue_ms := 2000, memory := [null, 1016000]}, B),
-    %% Samples of an earlier agent: plain lengths at the sample's time.
-    Old = [#{t => T0 + 2000000000, queues => #{<<"<0.1.0>">> => 300}}, #{t => T0}],
-    #{queues := [A2, _]} = beamdiag_agent_processes:forward(Snap, Old),
-    ?assertMatch(#{queue := [100, 300]}, A2).
-
 %%% Helpers
 
 with_held(Fun) ->
@@ -93,11 +69,15 @@ with_held(Fun) ->
             %% Loaded first: the code server may be queued on the held
             %% scheduler.
             _ = [{module, M} = code:ensure_loaded(M)
-                 || M <- [beamdiag_agent_pinfo, beamdiag_agent_processes, beamdiag_agent_queues,
-                          timer, atomics]],
+                 || M <- [beamdiag_agent_pinfo, beamdiag_agent_processes, beamdiag_agent_proc_walk,
+                          beamdiag_agent_top, beamdiag_agent_proc_memory,
+                          beamdiag_agent_proc_identity, beamdiag_agent_queues, timer, atomics]],
             _ = beamdiag_agent_processes:snapshot(beamdiag_agent_processes:start(#{})),
+            %% When the latest hold began (monotonic ms), for the reader.
+            Clock = atomics:new(1, []),
             Held = erlang:apply(erlang, spawn_opt,
                                 [fun Loop() ->
+                                     ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
                                      _ = erts_debug:set_internal_state(sleep, 800),
                                      receive after 1 -> ok end,
                                      Loop()
@@ -108,7 +88,7 @@ with_held(Fun) ->
             Self = self(),
             Ref = make_ref(),
             _ = erlang:apply(erlang, spawn_opt,
-                             [fun() -> Self ! {Ref, catch Fun(Held)} end, [{scheduler, 2}]]),
+                             [fun() -> Self ! {Ref, catch Fun(Held, Clock)} end, [{scheduler, 2}]]),
             try
                 receive
                     {Ref, {'EXIT', Why}} -> erlang:error(Why);
@@ -118,4 +98,14 @@ with_held(Fun) ->
             after
                 exit(Held, kill)
             end
+    end.
+
+%% Returns once a new hold has begun (within a millisecond or two of it).
+hold_begun(Clock) ->
+    hold_begun(Clock, atomics:get(Clock, 1)).
+
+hold_begun(Clock, Last) ->
+    case atomics:get(Clock, 1) of
+        Last -> timer:sleep(1), hold_begun(Clock, Last);
+        _ -> ok
     end.

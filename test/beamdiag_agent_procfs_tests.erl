@@ -163,9 +163,9 @@ middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
         Put(T(1), "schedstat", "1000 10 1\n"),
         Put(T(2), "stat", Stat("aux", 3, 1)),
         Put(T(2), "schedstat", "2000 20 1\n"),
-        ?assertMatch({{ok, 120}, _},
-                     beamdiag_agent_procfs:process_cpu(Root, 78, beamdiag_agent_file:none())),
-        {{ok, First, 120}, H1} = beamdiag_agent_procfs:tick_threads(Root, 78, #{status => true},
+        ?assertMatch({{ok, #{cpu := 120}}, _},
+                     beamdiag_agent_procfs:process_stat(Root, 78, beamdiag_agent_file:none())),
+        {{ok, First, #{cpu := 120, rss_pages := 0}}, H1} = beamdiag_agent_procfs:tick_threads(Root, 78, #{status => true},
                                                                    beamdiag_agent_file:none()),
         %% The scheduler ran 80 ticks, aux 1: the process's 81 are
         %% accounted for within 3, so aux is not read.
@@ -175,7 +175,7 @@ middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
         Put(T(2), "stat", Stat("aux", 4, 1)),
         Put(T(2), "schedstat", "12000 20 2\n"),
         Mid = #{status => false, previous => First, active => [1], process => 120},
-        {{ok, A, 201}, H2} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H1),
+        {{ok, A, #{cpu := 201}}, H2} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H1),
         ?assertEqual(180, maps:get(utime, maps:get(1, A))),
         ?assertEqual(801000, maps:get(run_ns, maps:get(1, A))),
         ?assertEqual((maps:get(2, First))#{carried => true}, maps:get(2, A)),
@@ -183,7 +183,7 @@ middle_tick_reads_idle_threads_when_the_process_says_so_test() ->
         %% for, and aux is read.
         Proc(220, 11),
         Put(T(2), "stat", Stat("aux", 34, 1)),
-        {{ok, B, 231}, _} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H2),
+        {{ok, B, #{cpu := 231}}, _} = beamdiag_agent_procfs:tick_threads(Root, 78, Mid, H2),
         ?assertEqual(34, maps:get(utime, maps:get(2, B))),
         ?assertEqual(12000, maps:get(run_ns, maps:get(2, B)))
     after
@@ -202,3 +202,27 @@ stat_line(Name, U, S) ->
 put_file(Dir, File, Text) ->
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     ok = file:write_file(filename:join(Dir, File), Text).
+
+%% The one reading of a stat line: fields from the last closing
+%% parenthesis, so a name holding ") " (which a process may give itself)
+%% does not shift them.
+stat_fields_test_() ->
+    [?_assertEqual({ok, <<"beam.smp">>, [<<"S">>, <<"1">>, <<"42">>]},
+                   beamdiag_agent_procfs:stat_fields(<<"4242 (beam.smp) S 1 42\n">>)),
+     ?_assertEqual({ok, <<"a) b (c">>, [<<"R">>, <<"7">>]},
+                   beamdiag_agent_procfs:stat_fields(<<"9 (a) b (c) R 7">>)),
+     ?_assertEqual(error, beamdiag_agent_procfs:stat_fields(<<"no name here">>)),
+     ?_assertEqual(error, beamdiag_agent_procfs:stat_fields(<<"9 ) (x">>))].
+
+%% The process's resident memory from its stat (field 24, pages), with its
+%% CPU time, from one read.
+process_stat_rss_test() ->
+    Root = scratch_root(),
+    try
+        put_file(filename:join(Root, "79"), "stat",
+                 "79 (beam.smp) S 1 1 1 0 -1 0 7 0 3 0 40 2 0 0 20 0 30 0 5 900000 12345 0\n"),
+        ?assertMatch({{ok, #{cpu := 42, rss_pages := 12345}}, _},
+                     beamdiag_agent_procfs:process_stat(Root, 79, beamdiag_agent_file:none()))
+    after
+        file:del_dir_r(Root)
+    end.

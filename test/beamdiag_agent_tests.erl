@@ -1,6 +1,9 @@
 %%% EUnit tests of the agent on this node: microstate accounting stays off
 %%% until the slice at the end of the window, only the slice's samples carry
-%%% its counters, and the flag is back as it was found afterwards.
+%%% its counters, and the flag is back as it was found afterwards; an agent
+%%% started with `go' waits for the word before its window. (The clock's
+%%% arithmetic: beamdiag_agent_clock_tests; a tick's sample:
+%%% beamdiag_agent_tick_tests; the end: beamdiag_agent_cleanup_tests.)
 -module(beamdiag_agent_tests).
 
 -include_lib("eunit/include/eunit.hrl").
@@ -75,100 +78,6 @@ watch(Acc) ->
         _ = erlang:system_flag(microstate_accounting, Was),
         watch([Was | Acc])
     end.
-
-%% The hard deadline: 5 s past the window, twice the costliest tick when
-%% ticks cost more (a throttled node: 2 to 3 s a tick), 30 s at most.
-hard_deadline_test() ->
-    ?assertEqual(15000, beamdiag_agent:hard_deadline(10000, 0)),
-    ?assertEqual(15000, beamdiag_agent:hard_deadline(10000, 2500)),
-    ?assertEqual(16000, beamdiag_agent:hard_deadline(10000, 3000)),
-    ?assertEqual(40000, beamdiag_agent:hard_deadline(10000, 60000)).
-
-%% Every tick counted: cheap ticks come one after the other; a 1 s tick
-%% waits three of its costs, and a tick that would crowd the last one (at
-%% the window's end) is skipped, so the last tick comes next.
-next_tick_test() ->
-    Start = erlang:monotonic_time(millisecond),
-    End = Start + 5000,
-    ?assertEqual(1, beamdiag_agent:next_tick(1000, Start, 1, 1000, End)),
-    ?assertEqual(5, beamdiag_agent:next_tick(1000000, Start, 1, 1000, End)),
-    %% 300 ms ticks: the next may come at 1 s, but one at 4 s would leave
-    %% the last one 1 s < 4 x 300 ms of rest: skipped to the last.
-    ?assertEqual(1, beamdiag_agent:next_tick(300000, Start, 1, 1000, End)),
-    ?assertEqual(5, beamdiag_agent:next_tick(300000, Start, 4, 1000, End)).
-
-%% The tick that starts the msacc slice is never skipped.
-msacc_tick_test() ->
-    Pending = #{msacc => false, msacc_from => 3},
-    ?assertEqual(3, beamdiag_agent:msacc_tick(Pending, 2, 5)),
-    ?assertEqual(2, beamdiag_agent:msacc_tick(Pending, 2, 2)),
-    ?assertEqual(5, beamdiag_agent:msacc_tick(Pending#{msacc => true}, 2, 5)),
-    ?assertEqual(5, beamdiag_agent:msacc_tick(#{msacc => false, msacc_from => never}, 2, 5)).
-
-%% A process with messages waiting (so its queue is watched each tick) that
-%% holds its scheduler 800 ms at a time, as a NIF would: the raw signal
-%% first, a read of its queue length waits for it; then no tick of a
-%% session waits with it (the ticks read the queue watch, whose reader
-%% waits for the answers), and the ticks after its first answer carry it.
-held_queue_test_() ->
-    {timeout, 60, fun held_queue/0}.
-
-held_queue() ->
-    case erlang:system_info(schedulers_online) >= 2 of
-        false ->
-            %% The held process would hold the only scheduler: this case
-            %% needs two, as every host the tests run on has.
-            error({needs_two_schedulers, erlang:system_info(schedulers_online)});
-        true ->
-            _ = erts_debug:set_internal_state(available_internal_state, true),
-            %% Bound to scheduler 1 (the `scheduler' spawn option, as the
-            %% agent's sampler uses it), its reader to scheduler 2: a reader
-            %% on the held scheduler runs only in the holder's gaps.
-            Held = bound(1, fun Loop() ->
-                                _ = erts_debug:set_internal_state(sleep, 800),
-                                receive after 1 -> ok end,
-                                Loop()
-                            end),
-            [Held ! {msg, I} || I <- lists:seq(1, 50)],
-            try
-                Self = self(),
-                _ = bound(2, fun() ->
-                                 Self ! {waits, [begin
-                                                     timer:sleep(97),
-                                                     element(1, timer:tc(erlang, process_info,
-                                                                         [Held, message_queue_len]))
-                                                 end || _ <- lists:seq(1, 5)]}
-                             end),
-                Waits = receive {waits, W} -> W after 10000 -> [] end,
-                ?assert(lists:max([0 | Waits]) > 100000),
-                %% The ticks' reads of the watched queue, from scheduler 2 as
-                %% the raw reads, 200 ms apart for 2 s.
-                Watch = beamdiag_agent_queues:start([Held], #{}),
-                State = #{watch => Watch, interval_ms => 200},
-                _ = bound(2, fun() ->
-                                 Self ! {ticks, [begin
-                                                     timer:sleep(200),
-                                                     timer:tc(beamdiag_agent, queues, [State, #{}])
-                                                 end || _ <- lists:seq(1, 10)]}
-                             end),
-                Ticks = receive {ticks, T} -> T after 10000 -> [] end,
-                beamdiag_agent_queues:stop(Watch),
-                Read = [Us || {Us, #{queue_reads := _}} <- Ticks],
-                ?debugFmt("raw reads waited ~p us; the ticks' reads ~p",
-                          [Waits, [{Us, maps:get(queue_reads, S, none)} || {Us, S} <- Ticks]]),
-                ?assertEqual(10, length(Ticks)),
-                ?assert(lists:max([Us || {Us, _} <- Ticks]) < 5000),
-                %% It answered at least once in 2 s: the later ticks have it.
-                ?assert(length(Read) >= 5),
-                [{_, #{queue_reads := R}} | _] = lists:reverse(Ticks),
-                ?assertMatch([#{queue := Q}] when Q >= 50, maps:values(R))
-            after
-                exit(Held, kill)
-            end
-    end.
-
-bound(Sched, F) ->
-    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
 
 %% With `go', the agent gets ready (its start walk done), says so to the
 %% process named and sends nothing of a window until that process says

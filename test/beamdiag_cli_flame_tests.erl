@@ -65,7 +65,7 @@ header_never_advises_a_flag_the_node_has_test() ->
     Target = fun(Flag, Map) -> #{perf_flag => Flag, frame_pointers => Flag =/= none,
                                  perf_map => Map, native_names => true} end,
     Header = fun(Perf) ->
-                 iolist_to_binary(beamdiag_profile:header(#{profile => P, method => perf,
+                 iolist_to_binary(beamdiag_format_profile:header(#{profile => P, method => perf,
                                                            perf => Perf}))
              end,
     Has = Header(#{call_graph => dwarf, perf_map => "/tmp/m", target => Target(<<"true">>, "/tmp/m")}),
@@ -79,7 +79,7 @@ header_never_advises_a_flag_the_node_has_test() ->
     ?assertEqual(nomatch, binary:match(NoMap, <<"restart it with +JPperf true">>)),
     ?assertMatch({_, _}, binary:match(NoMap, <<"although the node runs +JPperf true">>)),
     {ok, C} = beamdiag_fold:fold_file(beamdiag_test_lib:fixture("perf/dwarf_atom_decode.txt"), #{}),
-    Sampled = iolist_to_binary(beamdiag_profile:header(
+    Sampled = iolist_to_binary(beamdiag_format_profile:header(
                                  #{profile => P, method => perf, callers => C,
                                    perf => #{call_graph => dwarf, perf_map => "/tmp/m",
                                              target => Target(<<"true">>, "/tmp/m")}})),

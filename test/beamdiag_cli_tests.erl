@@ -84,7 +84,7 @@ compare_html_test() ->
     Dir = filename:join(["/tmp", "beamdiag_cli_tests_" ++ os:getpid()]),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     A = filename:join(Dir, "a.capture"),
-    ok = beamdiag_capture:save(A, beamdiag:analyse(C)),
+    ok = beamdiag_capture_file:save(A, beamdiag:analyse(C)),
     Html = filename:join(Dir, "c.html"),
     try
         {0, Out, Err} = run(["compare", A, A, "--html", Html]),

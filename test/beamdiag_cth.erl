@@ -1,22 +1,32 @@
 %%% @doc The Common Test hook of the project's runs (rebar.config's
 %%% ct_opts): it times every suite and prints a table of the wall times at
 %%% the end of the run (also written to `suite_times.txt' in the log
-%%% folder), and it counts two kinds of skips: the cases skipped because
-%%% the host starved them (a reason that starts with "starved:", see
-%%% beamdiag_test_lib:starved/2) and those whose pathology the host did not
-%%% produce (a reason that starts with "not produced on this host:",
-%%% beamdiag_test_lib:not_produced/2). Both are listed at the end of the
-%%% run. One starved skip is allowed and two not produced; in CI (CI=true)
-%%% one more of either kind fails that case, and so the run: a host that
-%%% cannot produce the pathologies is not a green run.
+%%% folder), and it lists every skip of the run, one line each in
+%%% $BEAMDIAG_STARVED_FILE: a case's own skip, a configuration function's
+%%% (once per suite and reason), and the automatic skips after a
+%%% configuration function crashed, as "broken:" (scripts/test-run.sh
+%%% fails the run on those). Two kinds are counted against a quota: the
+%%% cases skipped because the host starved them (a reason that starts with
+%%% "starved:", see beamdiag_test_lib:starved/2) and those whose pathology
+%%% the host did not produce ("not produced on this host:",
+%%% beamdiag_test_lib:not_produced/2). One starved skip is allowed and two
+%%% not produced; in CI (CI=true) one more of either kind fails that case,
+%%% and so the run: a host that cannot produce the pathologies is not a
+%%% green run.
 -module(beamdiag_cth).
 
 -export([id/1, init/2, pre_init_per_suite/3, post_end_per_suite/4,
-         post_end_per_testcase/5, terminate/1]).
+         post_end_per_testcase/5, on_tc_skip/4, terminate/1]).
+%% The one writer of the run's skip list, for the test lib's retries too.
+-export([record/3]).
 
 -record(state, {started = #{} :: #{atom() => integer()},
                 times = [] :: [{atom(), integer()}],
                 starved = [] :: [{atom(), atom(), string()}],
+                %% The cases whose own skip was counted, and the skips of
+                %% configuration functions (a suite's, a group's, a case's
+                %% init) already counted, by suite and reason.
+                seen = #{} :: #{{atom(), term()} => true},
                 t0 :: integer()}).
 
 -spec id(term()) -> atom().
@@ -39,16 +49,16 @@ post_end_per_suite(Suite, _Config, Return, S = #state{started = St, times = Ts})
     end.
 
 -spec post_end_per_testcase(atom(), atom(), term(), term(), #state{}) -> {term(), #state{}}.
-post_end_per_testcase(Suite, Case, _Config, Return = {skip, Why}, S = #state{starved = Sv}) ->
-    %% One line per skip: the file that counts them across runs has a
-    %% line each.
-    Text = [case C of $\n -> $\s; _ -> C end
-            || C <- lists:flatten(io_lib:format("~ts", [reason_text(Why)]))],
+post_end_per_testcase(Suite, Case0, _Config, Return = {skip, Why}, S0 = #state{seen = Seen}) ->
+    Case = case_name(Case0),
+    S = S0#state{seen = Seen#{{Suite, Case} => true}},
+    Text = one_line(Why),
     case kind(Text) of
         none ->
-            {Return, S};
+            record(Suite, Case, Text),
+            {Return, S#state{starved = [{Suite, Case, Text} | S#state.starved]}};
         {Kind, Allowed} ->
-            Counted = [{Suite, Case, Text} | Sv],
+            Counted = [{Suite, Case, Text} | S#state.starved],
             S1 = S#state{starved = Counted},
             %% Earlier CT runs of the same `make test' (scripts/test-run.sh)
             %% count too.
@@ -71,6 +81,47 @@ post_end_per_testcase(Suite, Case, _Config, Return = {skip, Why}, S = #state{sta
 post_end_per_testcase(_Suite, _Case, _Config, Return, S) ->
     {Return, S}.
 
+%% @doc Every other skip: the cases a configuration function skipped (an
+%% init_per_suite or init_per_group returning `{skip, Why}', counted once
+%% by suite and reason), and the automatic skips, which follow a
+%% configuration function that crashed or failed: those are recorded as
+%% "broken:", and scripts/test-run.sh fails the run on them (a case that
+%% never ran is not green).
+-spec on_tc_skip(atom(), term(), term(), #state{}) -> #state{}.
+on_tc_skip(Suite, Name, {Kind, Why}, S = #state{seen = Seen, starved = Sv}) ->
+    Case = case_name(Name),
+    case maps:is_key({Suite, Case}, Seen) of
+        true ->
+            %% Its own skip, counted when it ended.
+            S;
+        false ->
+            Text = case Kind of
+                       tc_auto_skip -> "broken: " ++ one_line(Why);
+                       _ -> one_line(Why)
+                   end,
+            Key = {Suite, {reason, Text}},
+            case maps:is_key(Key, Seen) of
+                true ->
+                    S;
+                false ->
+                    record(Suite, Case, Text),
+                    S#state{seen = Seen#{Key => true}, starved = [{Suite, Case, Text} | Sv]}
+            end
+    end;
+on_tc_skip(_Suite, _Name, _Why, S) ->
+    S.
+
+case_name({Case, Group}) when is_atom(Case), is_atom(Group) -> Case;
+case_name({init_per_group, _} = C) -> C;
+case_name({end_per_group, _} = C) -> C;
+case_name(C) -> C.
+
+%% A reason on one line: the file that counts skips across runs has a
+%% line each.
+one_line(Why) ->
+    [case C of $\n -> $\s; _ -> C end
+     || C <- lists:flatten(io_lib:format("~ts", [reason_text(Why)]))].
+
 %% The skips counted, by the start of their reason, and how many of each
 %% a CI run allows.
 kind(Text) ->
@@ -89,9 +140,10 @@ terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
              io_lib:format("  ~-34s ~8.1f~n", ["all suites (this run)", Total / 1000]),
              case Sv of
                  [] -> [];
-                 _ -> ["Skipped because the host starved them or did not produce their "
-                       "pathology:\n",
-                       [io_lib:format("  ~s:~s  ~ts~n", [Su, C, Why])
+                 _ -> ["Skipped (starved: the host starved them; not produced: the host "
+                       "did not produce their pathology; broken: a configuration function "
+                       "failed, so they never ran):\n",
+                       [io_lib:format("  ~s:~w  ~ts~n", [Su, C, Why])
                         || {Su, C, Why} <- lists:reverse(Sv)]]
              end],
     io:format(user, "~ts", [Table]),
@@ -114,10 +166,13 @@ recorded(Kind) ->
             end
     end.
 
+%% @doc Appends a line to the run's list (nothing outside `make test'):
+%% the suite, the case and the reason, on one line.
+-spec record(atom(), term(), iodata()) -> ok.
 record(Suite, Case, Why) ->
     case os:getenv("BEAMDIAG_STARVED_FILE") of
         false -> ok;
-        File -> _ = file:write_file(File, io_lib:format("~s:~s ~ts~n", [Suite, Case, Why]),
+        File -> _ = file:write_file(File, io_lib:format("~s:~w ~ts~n", [Suite, Case, one_line(Why)]),
                                     [append]),
                 ok
     end.

@@ -38,7 +38,8 @@ has_deb_src_test_() ->
     ].
 
 unknown_option_test() ->
-    ?assertMatch({error, {beamdiag_emu_type, {unknown_options, [bogus]}}},
+    %% Options are checked as every entry point checks them (beamdiag_opts).
+    ?assertError({badarg, {unknown_options, [bogus], allowed, _}},
                  beamdiag_emu_type:build(#{bogus => true})).
 
 missing_source_test() ->
@@ -118,3 +119,9 @@ advice_hostile_settings_test() ->
     ?assertEqual(nomatch, binary:match(A, <<"rm -rf">>)),
     ?assertNotEqual(nomatch, binary:match(A, <<"--otp-src otp_src_27.tar.gz">>)),
     ?assertNotEqual(nomatch, binary:match(A, <<"(ERTS ?)">>)).
+
+%% The VM's own nice value, which a build's programs get for their session
+%% (beamdiag_emu_os:keep_nice/1), read as ps reads it.
+own_nice_test() ->
+    Ps = string:trim(os:cmd("ps -o ni= -p " ++ os:getpid())),
+    ?assertEqual(list_to_integer(Ps), beamdiag_emu_os:own_nice()).

@@ -364,17 +364,17 @@ perf_script(Config) ->
 
 -spec capture_files(list()) -> term().
 capture_files(Config) ->
-    case code:ensure_loaded(beamdiag_capture) of
+    case code:ensure_loaded(beamdiag_capture_file) of
         {module, _} ->
             Seeds = capture_seeds(Config),
             File = filename:join(?config(priv_dir, Config), "fuzz.capture"),
             no_new_atoms(fun() ->
                 Input = capture_input(Seeds),
                 ok = file:write_file(File, Input),
-                case catch_call(fun beamdiag_capture:load/1, [File]) of
+                case catch_call(fun beamdiag_capture_file:load/1, [File]) of
                     {ok, {ok, D}} when is_map(D) -> ok;
-                    {ok, {error, {beamdiag_capture, R}}} ->
-                        _ = iolist_to_binary(beamdiag_capture:format_error(R)),
+                    {ok, {error, {beamdiag_capture_file, R}}} ->
+                        _ = iolist_to_binary(beamdiag_capture_file:format_error(R)),
                         ok;
                     Other ->
                         Keep = filename:join(?config(priv_dir, Config),
@@ -384,7 +384,7 @@ capture_files(Config) ->
                 end
             end);
         _ ->
-            ct:fail("beamdiag_capture is part of every build")
+            ct:fail("beamdiag_capture_file is part of every build")
     end.
 
 %% Captures are compressed terms after a header: mutate the header, the
@@ -547,7 +547,7 @@ capture_seeds(Config) ->
             {ok, C} = beamdiag_collect:run(node(), #{duration_ms => 600, interval_ms => 200,
                                                      msacc => true, locks => false, unload => []}),
             File = filename:join(?config(priv_dir, Config), "seed.capture"),
-            ok = beamdiag_capture:save(File, beamdiag:analyse(C)),
+            ok = beamdiag_capture_file:save(File, beamdiag:analyse(C)),
             {ok, B} = file:read_file(File),
             [B];
         Files ->

@@ -184,3 +184,42 @@ reports_test() ->
     ?assertMatch(#{<<"host_only">> := true}, Decoded),
     Html = iolist_to_binary(beamdiag_format_html:diagnosis(D)),
     ?assertMatch({_, _}, binary:match(Html, <<"host-side only">>)).
+
+%% A node that uses its two CPUs, seen from the host alone (a node started
+%% without distribution): both scheduler threads on a CPU the whole second,
+%% sleeping often (not held). cpu_saturated, with the host's figures and
+%% perf's unnamed JIT frame explained with the flag that names it; at half
+%% the CPUs, no such finding.
+saturated_from_host_test() ->
+    Perf = {ok, #{samples => 200,
+                  top => [#{symbol => <<"[unknown]">>, dso => <<"[unknown]">>, samples => 172,
+                            share => 0.86, native => false}]}},
+    D = beamdiag_host_rules:analyse(two_schedulers(1000000000), #{reason => requested,
+                                                                  perf => Perf}),
+    ?assertEqual([cpu_saturated], ids(D)),
+    [F] = maps:get(findings, D),
+    ?assertEqual(<<"The node uses 2.00 of its 2.00 CPUs (seen from the host)">>,
+                 maps:get(title, F)),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    [?assertMatch({_, _}, binary:match(Ev, S))
+     || S <- [<<"used 2.00 of the 2.00 CPUs it may use (100%)">>,
+              <<"2 scheduler threads wanted a CPU 100% of the window">>,
+              <<"work and busy-waiting look the same">>,
+              <<"the top frame [unknown] in [unknown] (86%)">>, <<"+JPperf true">>]],
+    Half = beamdiag_host_rules:analyse(two_schedulers(500000000), #{reason => requested}),
+    ?assertEqual([], ids(Half)).
+
+two_schedulers(RunNs) ->
+    T = fun(Name, Run, Sw) -> #{name => Name, utime => Run div 10000000, stime => 0, minflt => 0,
+                                majflt => 0, run_ns => Run, wait_ns => 0, nvcsw => Sw,
+                                nivcsw => 0} end,
+    Sample = fun(Tns, Run, Sw) ->
+        #{t => Tns, threads => #{1 => T(<<"1_scheduler">>, Run, Sw), 2 => T(<<"2_scheduler">>, Run, Sw)},
+          host => {error, none}, cgroup => {error, none},
+          vm => #{context_switches => 0, gc_words => 0, gcs => 0, process_count => 0,
+                  reductions => 0, run_queues => [], swt => undefined}}
+    end,
+    Samples = [Sample(0, 0, 0), Sample(1000000000, RunNs, 500)],
+    #{samples => Samples, settings => (beamdiag_host_view:settings(Samples))#{
+                                          logical_processors_available => 2},
+      node => <<"n@h">>}.

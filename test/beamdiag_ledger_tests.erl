@@ -188,3 +188,25 @@ ticks_are_the_intervals_ledgers_test() ->
           end || {{A, B}, #{t := T, threads := Rows, host := H}} <- lists:zip(Pairs, Ticks)]
      end || Name <- ["busy_wait", "cpu_throttling", "dirty_cpu_gc"]],
     ?assertEqual([], beamdiag_ledger:ticks(#{samples => [], settings => #{}}, [1])).
+
+%% Three threads whose counters, each read at its own instant, sum to 2.06
+%% CPUs over the window of a node that may use 2: the node used 2.00, the
+%% bound, not more.
+cpus_used_within_bound_test() ->
+    Settings = #{schedulers => 2, dirty_cpu_schedulers => 0, schedulers_online => 2,
+                 logical_processors_available => 2},
+    T = fun(Name, Run) -> #{name => Name, utime => 0, stime => 0, minflt => 0, majflt => 0,
+                            run_ns => Run, wait_ns => 0} end,
+    Sample = fun(Tns, Th) ->
+        #{t => Tns, threads => Th, host => {error, none}, cgroup => {error, none},
+          vm => #{swt => [{1, 0, 0}, {2, 0, 0}], run_queues => [0, 0, 0], reductions => 0,
+                  gcs => 0, gc_words => 0, context_switches => 0, process_count => 1}}
+    end,
+    Zero = #{1 => T(<<"1_scheduler">>, 0), 2 => T(<<"2_scheduler">>, 0), 3 => T(<<"aux">>, 0)},
+    End = #{1 => T(<<"1_scheduler">>, 1000000000), 2 => T(<<"2_scheduler">>, 1000000000),
+            3 => T(<<"aux">>, 60000000)},
+    C = #{settings => Settings, notes => [],
+          samples => [Sample(0, Zero), Sample(1000000000, End)]},
+    #{totals := Tot} = beamdiag_ledger:build(C),
+    ?assertEqual(2.0, maps:get(cpus_available, Tot)),
+    ?assertEqual(2.0, maps:get(cpus_used, Tot)).

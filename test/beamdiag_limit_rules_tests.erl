@@ -128,3 +128,46 @@ no_counts_test() ->
     ?assertEqual([], beamdiag_limit_rules:findings(#{samples => [#{t => 0}]})),
     ?assertEqual([], beamdiag_limit_rules:findings(
                        #{samples => [#{t => 0, limits => #{atoms => [1000000, 1000000]}}]})).
+
+%% Processes piling up: the spawner the walks read (the newborn's groups,
+%% beamdiag_agent_proc_born) is named with what its children run and where
+%% it was; a capture whose walks did not read the newborn says why.
+processes_spawner_named_test() ->
+    L = 32768,
+    Spawner = #{pid => <<"<0.96.0>">>, name => null, initial_call => <<"lab:leak/3">>,
+                current => <<"lab:leak_loop/2">>},
+    Born = #{read => 200, groups => [#{count => 180, initial_call => <<"erlang:apply/2">>,
+                                       current => <<"lab:wait/0">>, parent => Spawner},
+                                     #{count => 18, initial_call => <<"erlang:apply/2">>,
+                                       parent => null},
+                                     #{count => 2, initial_call => <<"erlang:apply/2">>,
+                                       parent => null}]},
+    C = capture(processes, growing(1000, 500), L, #{procs => #{born => Born}}),
+    [#{evidence := Ev}] = beamdiag_limit_rules:findings(C),
+    Text = iolist_to_binary(lists:join("\n", Ev)),
+    [?assertMatch({_, _}, binary:match(Text, S), S)
+     || S <- [<<"of 200 processes born during the window">>,
+              <<"180 run erlang:apply/2 (most in lab:wait/0), spawned by <0.96.0> (lab:leak/3), "
+                "which was in lab:leak_loop/2">>,
+              <<"18 run erlang:apply/2, spawned by a process that is gone">>]],
+    %% A group under a tenth of the largest is left out.
+    ?assertEqual(nomatch, binary:match(Text, <<"  2 run">>)),
+    C2 = capture(processes, growing(1000, 500), L, #{procs => #{born => #{}}}),
+    [#{evidence := Ev2}] = beamdiag_limit_rules:findings(C2),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev2), <<"who spawns them was not read">>)).
+
+%% Ports piling up: the owner of the most ports (beamdiag_agent_ports:owners/2)
+%% is named with the driver; none read says why.
+ports_owner_named_test() ->
+    L = 4096,
+    Owner = #{pid => <<"<0.97.0>">>, name => <<"opener">>, initial_call => <<"lab:open/1">>,
+              current => <<"lab:open_loop/2">>},
+    Groups = [#{count => 480, name => <<"udp_inet">>, owner => Owner}],
+    C = capture(ports, growing(100, 80), L, #{procs => #{port_owners => Groups}}),
+    [#{evidence := Ev}] = beamdiag_limit_rules:findings(C),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev),
+                                      <<"480 udp_inet ports held by opener <0.97.0> (lab:open/1), "
+                                        "which was in lab:open_loop/2">>)),
+    C2 = capture(ports, growing(100, 80), L, #{procs => #{port_owners => []}}),
+    [#{evidence := Ev2}] = beamdiag_limit_rules:findings(C2),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev2), <<"who holds them was not read">>)).

@@ -384,6 +384,7 @@ session(Scenario, Config) ->
 session(Scenario, Config, Tries) ->
     Exec = ?config(exec, Config),
     {ok, Lab} = beamdiag_test_lib:start_lab(Scenario, #{duration => 60, exec => Exec}),
+    Cpu0 = beamdiag_test_lib:host_cpu(),
     Result =
         try
             beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
@@ -395,18 +396,19 @@ session(Scenario, Config, Tries) ->
         {ok, #{capture := #{extras := #{locks_missing := _}} = C}} when Tries > 1 ->
             %% The report came on time, without the lock data: the node
             %% read its counters too late for it.
-            ct:pal("~s: the lock data came too late on a loaded host (~p); again",
-                   [Scenario, maps:get(notes, C)]),
-            session(Scenario, Config, Tries - 1);
+            case beamdiag_test_lib:retry_on_loaded_host(
+                   Cpu0, "~s: the lock data came too late (~p)", [Scenario, maps:get(notes, C)]) of
+                true -> session(Scenario, Config, Tries - 1);
+                false -> ct:fail({locks_missing, Scenario, maps:get(notes, C)})
+            end;
         {ok, #{capture := C, findings := F}} ->
             ct:pal("findings ~p", [[{Id, S} || #{id := Id, severity := S} <- F]]),
             #{locks := Locks} = maps:get(extras, C),
             {Locks, F};
         {error, Reason} when Tries > 1 ->
-            case host_too_slow(Reason) of
+            case host_too_slow(Reason) andalso beamdiag_test_lib:retry_on_loaded_host(
+                   Cpu0, "~s: the node did not answer in time (~p)", [Scenario, Reason]) of
                 true ->
-                    ct:pal("~s: the node did not answer in time on a loaded host (~p); again",
-                           [Scenario, Reason]),
                     session(Scenario, Config, Tries - 1);
                 false ->
                     ct:fail({session, Scenario, Reason})

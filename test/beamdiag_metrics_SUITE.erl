@@ -171,9 +171,11 @@ remote_endpoint(_Config) ->
         HasShare = [V || {<<"beamdiag_busy_wait_share">>, L, V} <- M,
                          lists:member({<<"type">>, <<"scheduler">>}, L)] =/= [],
         %% The idle peer's schedulers are on CPU for a few thousandths of a
-        %% CPU: the share is left out (the answer written out, not derived
-        %% from the exposition's own bound).
-        ?assert(OnCpus < 0.02),
+        %% CPU (its agent's ticks; a loaded host's cache misses make them
+        %% dearer, so the bound has room), under the exposition's 0.05: the
+        %% share is left out (the answer written out, not derived from the
+        %% exposition's own bound).
+        ?assert(OnCpus < 0.04),
         ?assertNot(HasShare),
         ?assertEqual({ok, 0}, wait_down(MRef, Runner, 30000)),
         closed(Port, 2000),

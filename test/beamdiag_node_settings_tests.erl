@@ -1,6 +1,6 @@
 %%% EUnit tests of the host-side reading of a node's settings
 %%% (beamdiag_node_settings, beamdiag_host_locate's status and sockets) and
-%%% of the plan made from them (beamdiag_attach), on a recorded /proc tree:
+%%% of the plan made from them (beamdiag_attach_plan), on a recorded /proc tree:
 %%% test/fixtures/attach/proc/4242 is an OTP 25 node in a mount and PID
 %%% namespace of its own (its ns/mnt differs from self's; NSpid 4242 7),
 %%% running as user 1000, whose files are read through its `root'.
@@ -76,14 +76,14 @@ plan_test() ->
     {ok, Here} = inet:gethostname(),
     Given = "app@localhost",
     Located = {ok, #{os_pid => 4242, how => cmdline, comm => <<"beam.smp">>, epmd => no_answer}},
-    {ok, P} = beamdiag_attach:plan(Given, #{located => Located, proc_root => root(),
+    {ok, P} = beamdiag_attach_plan:plan(Given, #{located => Located, proc_root => root(),
                                             probe_timeout => 1}),
     ?assertEqual(list_to_atom("app@" ++ hd(string:split(Here, "."))), maps:get(node, P)),
     ?assertMatch(#{mode := shortnames, proto := inet_tls, local := true}, P),
     ?assertMatch(#{tls := #{client := [{verify, verify_none}]}}, P),
     [{C1, {release_file, _}}, {C2, {home_file, _}} | _] = maps:get(cookies, P),
     ?assertEqual({app_release_cookie, app_home_cookie}, {C1, C2}),
-    Pub = beamdiag_attach:public(P, 2),
+    Pub = beamdiag_attach_plan:public(P, 2),
     Text = iolist_to_binary(io_lib:format("~p", [Pub])),
     ?assertEqual(nomatch, binary:match(Text, <<"app_release_cookie">>)),
     ?assertEqual(nomatch, binary:match(Text, <<"app_home_cookie">>)),
@@ -96,18 +96,18 @@ plan_test() ->
                  [F || #{setting := <<"inet_dist_use_interface">>, from := F} <- Rows]),
     %% The text report says the same.
     Lines = iolist_to_binary(beamdiag_format_text:attach(Pub)),
-    ?assertMatch({_, _}, binary:match(Lines, <<"cookie ", (beamdiag_attach:cookie_hash(C2))/binary>>)),
+    ?assertMatch({_, _}, binary:match(Lines, <<"cookie ", (beamdiag_attach_plan:cookie_hash(C2))/binary>>)),
     ?assertEqual(nomatch, binary:match(Lines, <<"app_home_cookie">>)).
 
 %% What this VM lacks to follow a TLS plan, and the flags to start it with.
 missing_test() ->
     Located = {ok, #{os_pid => 4242, how => cmdline, comm => <<"beam.smp">>, epmd => no_answer}},
-    {ok, P} = beamdiag_attach:plan("app@localhost", #{located => Located, proc_root => root(),
+    {ok, P} = beamdiag_attach_plan:plan("app@localhost", #{located => Located, proc_root => root(),
                                                       probe_timeout => 1}),
-    Missing = beamdiag_attach:missing(P),
+    Missing = beamdiag_attach_relaunch:missing(P),
     ?assertEqual({"-proto_dist", ["inet_tls"]}, lists:keyfind("-proto_dist", 1, Missing)),
     ?assert(lists:keymember("-ssl_dist_optfile", 1, Missing)),
-    {ok, Flags, Dir} = beamdiag_attach:relaunch_flags(P),
+    {ok, Flags, Dir} = beamdiag_attach_relaunch:relaunch_flags(P),
     try
         [File] = [F || {"-ssl_dist_optfile", F} <- pairs(Flags)],
         ?assertEqual({ok, [[{client, [{verify, verify_none}]}]]}, file:consult(File)),
@@ -121,12 +121,12 @@ pairs([F, V | T]) -> [{F, V} | pairs(T)];
 pairs(_) -> [].
 
 cookie_hash_test_() ->
-    [?_assertMatch(<<"sha256:", _:8/binary>>, beamdiag_attach:cookie_hash(<<"c">>)),
-     ?_assertEqual(beamdiag_attach:cookie_hash(c), beamdiag_attach:cookie_hash(<<"c">>)),
-     ?_assertNotEqual(beamdiag_attach:cookie_hash(a), beamdiag_attach:cookie_hash(b))].
+    [?_assertMatch(<<"sha256:", _:8/binary>>, beamdiag_attach_plan:cookie_hash(<<"c">>)),
+     ?_assertEqual(beamdiag_attach_plan:cookie_hash(c), beamdiag_attach_plan:cookie_hash(<<"c">>)),
+     ?_assertNotEqual(beamdiag_attach_plan:cookie_hash(a), beamdiag_attach_plan:cookie_hash(b))].
 
 format_error_test_() ->
-    [?_test(beamdiag_test_lib:sentence(beamdiag_attach:format_error(R)))
+    [?_test(beamdiag_test_lib:sentence(beamdiag_attach_plan:format_error(R)))
      || R <- [{unreadable_optfile, "/o", eacces}, {bad_optfile, "/o", not_a_list},
               {unreadable_tls_file, keyfile, "/k", enoent}, no_tls_options,
               {unknown_proto, "quic"}]] ++

@@ -152,8 +152,8 @@ compare_test() ->
 capture_round_trip_test() ->
     Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
     P = procs([Server], [], [Server], 100000000),
-    Bin = term_to_binary(beamdiag_capture:encode(#{procs => P})),
-    #{procs := P2} = beamdiag_capture:decode(binary_to_term(Bin, [safe])),
+    Bin = term_to_binary(beamdiag_capture_file:encode(#{procs => P})),
+    #{procs := P2} = beamdiag_capture_file:decode(binary_to_term(Bin, [safe])),
     ?assertEqual(P, P2),
     Text = iolist_to_binary(beamdiag_format_procs:text(P2#{mode => <<"unknown_mode">>})),
     ?assertMatch({_, _}, binary:match(Text, <<"unknown_mode: 1000 of 1000 processes">>)).

@@ -134,8 +134,10 @@ redis_cache_perf(Config) ->
 
 erlang_sampler(Config) ->
     Peer = ?config(peer, Config),
-    {Mod, Bin, File} = code:get_object_code(beamdiag_agent_sampler),
-    {module, Mod} = peer:call(Peer, code, load_binary, [Mod, File, Bin]),
+    _ = [begin
+             {Mod, Bin, File} = code:get_object_code(M),
+             {module, Mod} = peer:call(Peer, code, load_binary, [Mod, File, Bin])
+         end || M <- beamdiag_agent_sampler:modules()],
     R = peer:call(Peer, beamdiag_agent_sampler, run, [#{duration => 3, frequency => 97}], 60000),
     #{stacks := Stacks, samples := N, ticks := Ticks, looked_at := Looked} = R,
     ct:pal("sampler: ~b samples in ~b ticks, ~b processes looked at", [N, Ticks, Looked]),
@@ -348,7 +350,7 @@ header(Release, Flag, Config) ->
         %% figures.
         Recount = beamdiag_fold_tests:recount(Folded),
         S = beamdiag_fold:summary(P),
-        Header = iolist_to_binary(beamdiag_profile:header(
+        Header = iolist_to_binary(beamdiag_format_profile:header(
                      #{profile => P, method => perf, perf => R})),
         ct:pal("recount ~p~nheader ~s", [Recount, Header]),
         ?assert(maps:get(samples, Recount) >= 20),
@@ -479,6 +481,9 @@ cli_perf(Release, _Config) ->
         ?assertEqual(0, Code),
         J = beamdiag_test_json:decode(Out),
         Findings = maps:get(<<"findings">>, J),
+        ct:pal("findings: ~p~nprofile: ~p",
+               [[{maps:get(<<"id">>, X), maps:get(<<"metrics">>, X, #{})} || X <- Findings],
+                maps:without([<<"folded">>, <<"stacks">>], maps:get(<<"profile">>, J, #{}))]),
         [F] = [X || X = #{<<"id">> := <<"hot_function">>,
                           <<"metrics">> := #{<<"family">> := <<"atom_decode">>}} <- Findings],
         #{<<"title">> := Title, <<"evidence">> := Ev} = F,
@@ -498,7 +503,7 @@ cli_perf(Release, _Config) ->
         end
     end).
 
-header(R) -> beamdiag_profile:header(R).
+header(R) -> beamdiag_format_profile:header(R).
 
 %% A workload compiled on the target from source, so that it runs on any
 %% OTP: one process decodes an atom-heavy term, one does list and map work.

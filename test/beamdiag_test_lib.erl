@@ -12,7 +12,7 @@
 
 -include_lib("stdlib/include/assert.hrl").
 
--export([missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
+-export([perf_usable/0, retry_on_loaded_host/3, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
          script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
 -export([start_peers/3, stop_peers/1]).
@@ -705,6 +705,93 @@ starved(Fmt, Args) ->
     Why = lists:flatten(io_lib:format("starved: " ++ Fmt, Args)),
     ct:pal("~ts", [Why]),
     throw({skip, Why}).
+
+%% @doc The host's CPU counters, read by the test from /proc/stat (the
+%% first line): `#{all, idle}' in clock ticks, idle counting I/O wait.
+-spec host_cpu() -> #{all := non_neg_integer(), idle := non_neg_integer()}.
+host_cpu() ->
+    {ok, B} = file:read_file("/proc/stat"),
+    [<<"cpu">> | Fields] = binary:split(hd(binary:split(B, <<"\n">>)), <<" ">>, [global, trim_all]),
+    [User, Nice, Sys, Idle, Iowait, Irq, Softirq, Steal | _] =
+        [binary_to_integer(F) || F <- Fields] ++ [0, 0, 0, 0, 0, 0, 0, 0],
+    #{all => User + Nice + Sys + Idle + Iowait + Irq + Softirq + Steal, idle => Idle + Iowait}.
+
+%% @doc The share of the host's CPU time not idle since a `host_cpu/0'
+%% reading (0.0 to 1.0).
+-spec host_busy_since(#{all := non_neg_integer(), idle := non_neg_integer()}) -> float().
+host_busy_since(#{all := A0, idle := I0}) ->
+    #{all := A1, idle := I1} = host_cpu(),
+    case A1 - A0 of
+        0 -> 0.0;
+        All -> 1 - (I1 - I0) / All
+    end.
+
+%% @doc Whether a case may measure again after a result its host spoiled
+%% (a partial capture, lock data too late): only when the host's CPUs were
+%% 0.85 busy or more since Cpu0 (`host_cpu/0', read by the test). A retry
+%% allowed is recorded beside the run's skips ("retried:", listed at the
+%% end of `make test') with its measured reason; on a host with CPU to
+%% spare it is not, and the case fails on what it got.
+-spec retry_on_loaded_host(#{all := non_neg_integer(), idle := non_neg_integer()},
+                           io:format(), [term()]) -> boolean().
+retry_on_loaded_host(Cpu0, Fmt, Args) ->
+    Busy = host_busy_since(Cpu0),
+    Why = lists:flatten(io_lib:format(Fmt, Args)),
+    case Busy >= 0.85 of
+        true ->
+            Line = lists:flatten(io_lib:format("retried: ~ts; the host's CPUs ~.2f busy", [Why, Busy])),
+            ct:pal("~ts", [Line]),
+            {Suite, Case} = current_case(),
+            ok = beamdiag_cth:record(Suite, Case, Line),
+            true;
+        false ->
+            ct:pal("no retry: ~ts, on a host whose CPUs were only ~.2f busy", [Why, Busy]),
+            false
+    end.
+
+current_case() ->
+    case catch ct:get_status() of
+        L when is_list(L) ->
+            case proplists:get_value(current, L) of
+                {Su, C} -> {Su, C};
+                [{Su, C} | _] -> {Su, C};
+                _ -> {'?', '?'}
+            end;
+        _ -> {'?', '?'}
+    end.
+
+%% @doc Whether perf can sample on this host, measured by the test itself
+%% and not by beamdiag: `perf record -e cpu-clock' of a short sleep, then
+%% `perf script' of its file, must give samples. `ok', or the skip a case
+%% that needs perf returns, with what perf said. Measured once per VM.
+-spec perf_usable() -> ok | {skip, string()}.
+perf_usable() ->
+    case persistent_term:get({?MODULE, perf_usable}, undefined) of
+        undefined ->
+            R = measure_perf(),
+            persistent_term:put({?MODULE, perf_usable}, R),
+            R;
+        R ->
+            R
+    end.
+
+measure_perf() ->
+    case os:find_executable("perf") of
+        false ->
+            {skip, "perf is not usable on this host: no perf on the PATH"};
+        Perf ->
+            File = filename:join(os:getenv("TMPDIR", "/tmp"),
+                                 "beamdiag_test_perf_" ++ os:getpid() ++ ".data"),
+            Rec = os:cmd(Perf ++ " record -q -e cpu-clock -F 999 -o " ++ File ++
+                         " -- sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done' 2>&1; echo rc=$?"),
+            Script = os:cmd(Perf ++ " script -i " ++ File ++ " 2>/dev/null | head -5"),
+            _ = file:delete(File),
+            case {lists:suffix("rc=0\n", Rec), Script} of
+                {true, [_ | _]} -> ok;
+                _ -> {skip, lists:flatten(io_lib:format("perf is not usable on this host: perf "
+                                                        "record said ~ts", [string:trim(Rec)]))}
+            end
+    end.
 
 %% @doc The lab cannot produce the pathology on a host of this size even
 %% when the host is quiet (two cores do not contend a lock as hard as the

@@ -1,7 +1,10 @@
 %%% The node that waits instead of burning, and the node that runs out of
 %%% a limit, on OTP 25 and 29: a plain file:open of a FIFO nobody writes
 %%% (wait_chain), senders suspended on a busy distribution port to a peer
-%%% that reads slowly (busy_port), an atom leak (node_limit). Each case
+%%% that reads slowly (busy_port), loggers suspended on a port program that
+%%% never reads its input (busy_port, the port named), an atom leak and a
+%%% process leak, a port leak and a table leak
+%%% (node_limit, the leak's source named). Each case
 %%% checks the raw signal on the node first, then the diagnosis (4 s
 %%% window) and its latency from the call.
 -module(beamdiag_waits_SUITE).
@@ -10,7 +13,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
          end_per_testcase/2]).
--export([fifo_open/1, busy_dist/1, atom_leak/1]).
+-export([fifo_open/1, busy_dist/1, busy_pipe/1, atom_leak/1, process_leak/1, port_leak/1,
+         ets_leak/1]).
 
 -define(WINDOW, 4).
 
@@ -23,7 +27,7 @@ all() ->
 
 -spec groups() -> [term()].
 groups() ->
-    Cases = [fifo_open, busy_dist, atom_leak],
+    Cases = [fifo_open, busy_dist, busy_pipe, atom_leak, process_leak, port_leak, ets_leak],
     [{otp25, [], Cases}, {otp29, [], Cases}].
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
@@ -86,15 +90,26 @@ fifo_open(Config) ->
 busy_dist(Config) ->
     Lab = ?config(lab, Config),
     Peer = maps:get(peer, Lab),
-    {Suspended, Pend} = beamdiag_test_lib:eval(Peer,
-        "Ss = [P || P <- erlang:processes(),"
-        "           {status, suspended} =:= erlang:process_info(P, status)],"
-        "[{_, Port}] = erlang:system_info(dist_ctrl),"
-        "{ok, [{send_pend, Pend}]} = prim_inet:getstat(Port, [send_pend]),"
-        "{length(Ss), Pend}."),
+    Read = fun() ->
+                   beamdiag_test_lib:eval(Peer,
+                       "Ss = [P || P <- erlang:processes(),"
+                       "           {status, suspended} =:= erlang:process_info(P, status)],"
+                       "[{_, Port}] = erlang:system_info(dist_ctrl),"
+                       "{ok, [{send_pend, Pend}]} = prim_inet:getstat(Port, [send_pend]),"
+                       "{length(Ss), Pend}.")
+           end,
+    %% The peer drains its socket 100 ms of each second, when the senders
+    %% are resumed: the signal is read until it shows (a few seconds at
+    %% most), not at one instant that may fall in a drain.
+    {_, {Suspended, Pend}} =
+        beamdiag_test_lib:poll(fun() ->
+                                   R = {S, P} = Read(),
+                                   {S >= 6 andalso P > 0, R}
+                               end, 10000),
     ct:pal("~b processes suspended, ~b bytes pending on the distribution port",
            [Suspended, Pend]),
     ?assert(Suspended >= 6),
+    ?assert(Pend > 0),
     {D, Took} = timed_diagnose(Lab),
     F = findings(D, Took),
     [B] = [X || X = #{id := busy_port} <- F],
@@ -102,6 +117,7 @@ busy_dist(Config) ->
     ?assert(maps:get(suspended, M) >= 6),
     ?assertMatch(<<"beamdiag_lab_slow_peer_", _/binary>>, maps:get(peer, M)),
     ?assertMatch(<<"#Port<", _/binary>>, maps:get(port, M)),
+    ?assert(maps:get(send_pend_bytes, M) > 0),
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, B))),
     ?assertMatch({_, _}, binary:match(Ev, <<"dist_buf_busy_limit">>)),
     %% The walker's status samples come with the end walk: a capture cut
@@ -110,6 +126,36 @@ busy_dist(Config) ->
         true -> ?assertMatch({_, _}, binary:match(Ev, <<"samples">>));
         false -> ok
     end,
+    on_time(Took).
+
+%% The raw signal, on the node: the eight loggers are suspended and the
+%% program's port has bytes queued in its driver; then busy_port names the
+%% port, its program and OS pid, its owner and what the program does.
+-spec busy_pipe(list()) -> term().
+busy_pipe(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    {Suspended, Ports} = beamdiag_test_lib:eval(
+                           Peer, "{length([P || P <- erlang:processes(), "
+                                 "process_info(P, status) =:= {status, suspended}]), "
+                                 "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
+                                 "[erlang:port_info(P, queue_size)], Q > 0, "
+                                 "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
+    ct:pal("~b processes suspended; ports with bytes queued (bytes, OS pid): ~p",
+           [Suspended, Ports]),
+    ?assertEqual(8, Suspended),
+    [{Queued, OsPid}] = Ports,
+    ?assert(Queued > 0),
+    {D, Took} = timed_diagnose(Lab),
+    F = findings(D, Took),
+    [B] = [X || X = #{id := busy_port} <- F],
+    ?assertMatch(<<"Processes are suspended on a busy port: sleep ", _/binary>>,
+                 iolist_to_binary(maps:get(title, B))),
+    ?assertEqual(OsPid, maps:get(os_pid, maps:get(metrics, B))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, B))),
+    ct:log("~ts", [Ev]),
+    ?assertMatch({_, _}, binary:match(Ev, iolist_to_binary(io_lib:format("OS pid ~b,", [OsPid])))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"its program is not reading it: it sleeps in the kernel">>)),
     on_time(Took).
 
 %% The raw signal: the atom count grows by more than 1,000 a second; then
@@ -135,6 +181,86 @@ atom_leak(Config) ->
     ct:log("~ts", [Ev]),
     ?assertMatch({_, _}, binary:match(Ev, <<"beamdiag_lab_leaker">>)),
     ?assertMatch({_, _}, binary:match(Ev, <<"makes atoms">>)),
+    on_time(Took).
+
+%% The raw signal: the process count grows by more than 200 a second, and
+%% the newest processes' parent (read here with process_info/2) is the
+%% leaker; then node_limit for processes, with the time left, and the
+%% newborn's spawner named with where it was.
+-spec process_leak(list()) -> term().
+process_leak(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    C0 = peer:call(Peer, erlang, system_info, [process_count]),
+    timer:sleep(500),
+    C1 = peer:call(Peer, erlang, system_info, [process_count]),
+    Leaker = peer:call(Peer, erlang, whereis, [beamdiag_lab_leaker]),
+    Parents = lists:usort(beamdiag_test_lib:eval(
+                            Peer, "[Pa || P <- lists:sublist(lists:reverse(erlang:processes()), 20), "
+                                  "{parent, Pa} <- [erlang:process_info(P, parent)]].")),
+    ct:pal("processes ~b -> ~b in 0.5 s; the leaker ~p; the newest 20's parents ~p",
+           [C0, C1, Leaker, Parents]),
+    ?assert(C1 - C0 > 100),
+    ?assert(lists:member(Leaker, Parents)),
+    {D, Took} = timed_diagnose(Lab),
+    F = findings(D, Took),
+    [L] = [X || X = #{id := node_limit} <- F],
+    M = maps:get(metrics, L),
+    ?assertEqual(<<"processes">>, maps:get(resource, M)),
+    ?assert(maps:get(rate_per_s, M) > 200),
+    ?assert(is_integer(maps:get(seconds_left, M))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
+    ct:log("~ts", [Ev]),
+    ?assertMatch({_, _}, binary:match(Ev, <<"processes born during the window">>)),
+    ?assertMatch({match, _}, re:run(Ev, "spawned by beamdiag_lab_leaker <[0-9.]+> \\(erlang:apply/2\\), "
+                                        "which was in beamdiag_lab_limits:loop/6")),
+    on_time(Took).
+
+%% The raw signal: the port count grows, and the leaker holds most of the
+%% ports (read on the node); then node_limit for ports names it.
+-spec port_leak(list()) -> term().
+port_leak(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    P0 = peer:call(Peer, erlang, system_info, [port_count]),
+    timer:sleep(500),
+    {P1, Held} = beamdiag_test_lib:eval(
+                   Peer, "L = whereis(beamdiag_lab_leaker), {erlang:system_info(port_count), "
+                         "length([P || P <- erlang:ports(), "
+                         "erlang:port_info(P, connected) =:= {connected, L}])}."),
+    ct:pal("ports ~b -> ~b in 0.5 s; the leaker holds ~b", [P0, P1, Held]),
+    ?assert(P1 - P0 > 20),
+    ?assert(2 * Held > P1),
+    {D, Took} = timed_diagnose(Lab),
+    F = findings(D, Took),
+    [L] = [X || X = #{id := node_limit} <- F],
+    ?assertEqual(<<"ports">>, maps:get(resource, maps:get(metrics, L))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
+    ct:log("~ts", [Ev]),
+    ?assertMatch({match, _}, re:run(Ev, "[0-9]+ udp_inet ports held by beamdiag_lab_leaker <")),
+    on_time(Took).
+
+%% The raw signal: the table count grows by more than 50 in 0.5 s (read on
+%% the node); then node_limit for ETS tables, a leak without a limit (the
+%% runtime enforces none since OTP 21).
+-spec ets_leak(list()) -> term().
+ets_leak(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    T0 = peer:call(Peer, erlang, system_info, [ets_count]),
+    timer:sleep(500),
+    T1 = peer:call(Peer, erlang, system_info, [ets_count]),
+    ct:pal("tables ~b -> ~b in 0.5 s", [T0, T1]),
+    ?assert(T1 - T0 > 50),
+    {D, Took} = timed_diagnose(Lab),
+    F = findings(D, Took),
+    [L] = [X || X = #{id := node_limit} <- F],
+    M = maps:get(metrics, L),
+    ?assertEqual(<<"ets_tables">>, maps:get(resource, M)),
+    ?assert(maps:get(rate_per_s, M) > 100),
+    ?assertNot(maps:is_key(seconds_left, M)),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, L)),
+                                      <<"not enforced since OTP 21">>)),
     on_time(Took).
 
 %%% Helpers

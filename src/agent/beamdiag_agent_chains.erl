@@ -49,6 +49,7 @@
                    %% figures, or its controller when that is a process
                    %% (the keys read from the driver vary).
                    dist := [#{node := binary(), atom() => term()}],
+                   ports => [beamdiag_agent_ports:port_entry()],
                    dist_buf_busy_limit := non_neg_integer()}
 }.
 -type chain() :: #{
@@ -277,6 +278,12 @@ suspended(Pids, Count, Names, R) ->
                  reductions => proplists:get_value(reductions, I, 0)}
                || {P, I} <- maps:to_list(Read)],
       dist => dist_ports(),
+      %% The other ports with the most queued (beamdiag_agent_ports), when
+      %% processes are suspended.
+      ports => case Count > 0 of
+                   true -> beamdiag_agent_ports:busiest(Names);
+                   false -> []
+               end,
       dist_buf_busy_limit => erlang:system_info(dist_buf_busy_limit)}.
 
 %% Each distribution connection: its node and, for a port, what is
@@ -284,21 +291,15 @@ suspended(Pids, Count, Names, R) ->
 %% call waits for the port).
 dist_ports() ->
     Ctrl = erlang:system_info(dist_ctrl),
-    Self = self(),
-    Ref = make_ref(),
-    {Pid, MRef} = spawn_monitor(fun() -> Self ! {Ref, [dist_port(N, C) || {N, C} <- Ctrl]} end),
-    receive
-        {Ref, R} ->
-            erlang:demonitor(MRef, [flush]),
+    case beamdiag_agent_deadline:within(fun() -> [dist_port(N, C) || {N, C} <- Ctrl] end,
+                                        ?PORT_MS) of
+        {ok, R} ->
             R;
-        {'DOWN', MRef, process, Pid, _} ->
-            []
-    after ?PORT_MS ->
-        exit(Pid, kill),
-        erlang:demonitor(MRef, [flush]),
-        receive {Ref, _} -> ok after 0 -> ok end,
-        [#{node => atom_to_binary(N, utf8), error => <<"the port did not answer">>}
-         || {N, _} <- Ctrl]
+        {error, _} ->
+            [];
+        timeout ->
+            [#{node => atom_to_binary(N, utf8), error => <<"the port did not answer">>}
+             || {N, _} <- Ctrl]
     end.
 
 dist_port(Node, Port) when is_port(Port) ->

@@ -273,7 +273,7 @@ walk(Skip) ->
             Pids = erlang:processes() -- Skip,
             {Slow, Read, Cut} = walk(Pids, T0, T0 + ?WALK_MS * 1000, [], 0),
             T1 = erlang:monotonic_time(microsecond),
-            Found = [P || {_, P} <- lists:sublist(lists:reverse(lists:sort(Slow)), ?CANDIDATES)],
+            Found = [P || {_, P} <- beamdiag_agent_top:largest(?CANDIDATES, Slow)],
             {#{read => Read, slow => length(Slow), walk_us => T1 - T0, truncated => Cut}, Found}
     end.
 

@@ -158,7 +158,7 @@ probed(Owner, Root, Exclude, End, U0, U1) ->
         Rest when is_float(Rest), Rest >= ?BUSY_CPUS ->
             scan(Owner, Root, Exclude, End);
         _ ->
-            Left = End - erlang:monotonic_time(millisecond) >= ?SCAN_MIN_MS + ?PROBE_MS,
+            Left = beamdiag_agent_deadline:left(End) >= ?SCAN_MIN_MS + ?PROBE_MS,
             receive
                 {result, From, Ref, _} ->
                     From ! {Ref, #{first => #{}, last => #{}, truncated => false}};
@@ -197,7 +197,7 @@ scan(Owner, Root, Exclude, End) ->
     Took = erlang:monotonic_time(millisecond) - T0,
     %% The last scan starts so as to end with the window, as long as the
     %% first one took.
-    Wait = max(0, End - Took - erlang:monotonic_time(millisecond)),
+    Wait = beamdiag_agent_deadline:left(End - Took),
     receive
         {result, From, Ref, _} ->
             From ! {Ref, #{first => First, last => #{}, truncated => true}}
@@ -247,25 +247,18 @@ pid(Name) ->
     catch error:badarg -> []
     end.
 
-%% /proc/PID/stat: "pid (comm) state ppid ..."; utime and stime are the
-%% 11th and 12th fields after the state that follows the comm.
+%% /proc/PID/stat: the comm, and utime plus stime (fields 14 and 15 of
+%% proc(5), the 12th and 13th after the comm).
 read_stat(File) ->
     case prim_file:read_file(File) of
         {ok, Bin} ->
-            case {binary:match(Bin, <<"(">>), binary:matches(Bin, <<")">>)} of
-                {{Open, 1}, [_ | _] = Closes} ->
-                    {Close, 1} = lists:last(Closes),
-                    Comm = binary:part(Bin, Open + 1, Close - Open - 1),
-                    Rest = binary:part(Bin, Close + 1, byte_size(Bin) - Close - 1),
-                    case binary:split(Rest, <<" ">>, [global, trim_all]) of
-                        [_State | Fields] when length(Fields) >= 12 ->
-                            try
-                                U = binary_to_integer(lists:nth(11, Fields)),
-                                S = binary_to_integer(lists:nth(12, Fields)),
-                                {ok, {Comm, U + S}}
-                            catch error:badarg -> error
-                            end;
-                        _ -> error
+            case beamdiag_agent_procfs:stat_fields(Bin) of
+                {ok, Comm, Fields} when length(Fields) >= 13 ->
+                    try
+                        U = binary_to_integer(lists:nth(12, Fields)),
+                        S = binary_to_integer(lists:nth(13, Fields)),
+                        {ok, {Comm, U + S}}
+                    catch error:badarg -> error
                     end;
                 _ -> error
             end;

@@ -76,8 +76,7 @@ sources(Pids, Opts) ->
     T0 = erlang:monotonic_time(millisecond),
     Seen = rounds(?ROUNDS, Pids, Opts, #{}),
     A1 = erlang:system_info(atom_count),
-    Entries = lists:sublist(lists:reverse(lists:keysort(2, [{P, N, Fs} || {P, {N, Fs}} <- maps:to_list(Seen)])),
-                            ?TOP),
+    Entries = beamdiag_agent_top:largest(?TOP, 2, [{P, N, Fs} || {P, {N, Fs}} <- maps:to_list(Seen)]),
     %% Names from the runtime's table: no process is asked.
     Names = maps:from_list([{P, N} || N <- erlang:registered(), P <- [erlang:whereis(N)],
                                       is_pid(P)]),

@@ -80,7 +80,7 @@ read(Pids, Items, Opts) ->
 chunks(_Fun, Acc, [], _Cfg, Stalled) ->
     {Acc, lists:reverse(Stalled), false};
 chunks(Fun, Acc, Pids, Cfg = #{chunk := N, deadline := Deadline}, Stalled) ->
-    case past(Deadline) of
+    case not beamdiag_agent_deadline:in_time(Deadline, microsecond) of
         true ->
             {Acc, lists:reverse(Stalled), true};
         false ->
@@ -119,7 +119,7 @@ wait(Reader, MRef, Ref, Cfg = #{stall := Stall, deadline := Deadline, progress :
      Index, Since) ->
     Timeout = case Deadline of
                   infinity -> Stall;
-                  _ -> max(0, min(Stall, (Deadline - erlang:monotonic_time(microsecond)) div 1000))
+                  _ -> max(0, min(Stall, beamdiag_agent_deadline:left(Deadline, microsecond) div 1000))
               end,
     receive
         {Ref, {error, Why}} ->
@@ -170,5 +170,3 @@ take(0, Rest, Acc) -> {lists:reverse(Acc), Rest};
 take(_, [], Acc) -> {lists:reverse(Acc), []};
 take(N, [P | Ps], Acc) -> take(N - 1, Ps, [P | Acc]).
 
-past(infinity) -> false;
-past(Deadline) -> erlang:monotonic_time(microsecond) >= Deadline.

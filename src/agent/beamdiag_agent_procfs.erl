@@ -15,12 +15,12 @@
 -module(beamdiag_agent_procfs).
 
 -export([threads/3, tick_threads/4, host/1, host/3, cpu_times/1, clock_ticks/0]).
--export([trim/1, format_error/1]).
+-export([stat_fields/1, trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([threads/2, threads/4, process_cpu/3, parse_stat/1, parse_schedstat/1, parse_status/1,
+-export([threads/2, threads/4, process_stat/3, parse_stat/1, parse_schedstat/1, parse_status/1,
          parse_host_stat/1,
          parse_loadavg/1]).
 -endif.
@@ -116,7 +116,7 @@ threads(Root, Pid, Opts, Held) ->
 
 %% @doc A tick's threads, as threads/4 (`waits' on a tick that reads the
 %% status file only), and the whole process's CPU time
-%% (utime plus stime, clock ticks: `process_cpu/3') read right after the
+%% (utime plus stime, clock ticks: `process_stat/3') read right after the
 %% threads that run most.
 %%
 %% With `previous' (the threads of the sample before, on a tick that does
@@ -144,7 +144,8 @@ threads(Root, Pid, Opts, Held) ->
                      previous => #{integer() => thread()}, active => [integer()],
                      process => non_neg_integer(), waits => boolean()},
                    beamdiag_agent_file:held()) ->
-    {{ok, #{integer() => thread()}, non_neg_integer() | undefined}
+    {{ok, #{integer() => thread()}, #{cpu := non_neg_integer(), rss_pages => non_neg_integer()}
+                                    | undefined}
      | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
 tick_threads(Root, Pid, Opts, Held) ->
     TaskDir = filename:join([Root, to_list(Pid), "task"]),
@@ -161,8 +162,9 @@ tick_threads(Root, Pid, Opts, Held) ->
                 A1 = read_threads(TaskDir, Read, WantStatus, Previous, Deadline, {[], [], Held}),
                 {Now, H1} = process_cpu_or_undefined(Root, Pid, element(3, A1)),
                 A2 = setelement(3, A1, H1),
-                A3 = case is_integer(Now) andalso
-                              Now - Before - ran(element(1, A2), Previous) < ?UNACCOUNTED_TICKS of
+                A3 = case is_map(Now) andalso
+                              maps:get(cpu, Now) - Before - ran(element(1, A2), Previous)
+                                  < ?UNACCOUNTED_TICKS of
                          true -> carry(TaskDir, Rest, Previous, A2);
                          false -> read_threads(TaskDir, Rest, WantStatus, Previous, Deadline, A2)
                      end,
@@ -183,20 +185,43 @@ tick_threads(Root, Pid, Opts, Held) ->
             end
     end.
 
-%% @doc The whole process's CPU time (utime plus stime, clock ticks, all its
-%% threads, those gone included) from /proc/PID/stat: one read.
--spec process_cpu(file:filename(), string() | integer(), beamdiag_agent_file:held()) ->
-    {{ok, non_neg_integer()} | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
-process_cpu(Root, Pid, Held) ->
+%% @doc The whole process's CPU time (`cpu': utime plus stime, clock
+%% ticks, all its threads, those gone included) and its resident memory in
+%% pages (proc(5)'s field 24, `rss_pages') from /proc/PID/stat: one read.
+-spec process_stat(file:filename(), string() | integer(), beamdiag_agent_file:held()) ->
+    {{ok, #{cpu := non_neg_integer(), rss_pages => non_neg_integer()}}
+     | {error, {beamdiag_agent_procfs, term()}}, beamdiag_agent_file:held()}.
+process_stat(Root, Pid, Held) ->
     case read(filename:join([Root, to_list(Pid), "stat"]), ?MAX_SMALL, Held) of
         {{ok, Bin}, H1} ->
-            case parse_stat(Bin) of
-                {ok, #{utime := U, stime := S}} -> {{ok, U + S}, H1};
-                Error -> {Error, H1}
+            %% The line split once, for the CPU time and the resident memory.
+            case stat_fields(Bin) of
+                {ok, Name, Fields} ->
+                    case stat_map(Name, Fields) of
+                        {ok, #{utime := U, stime := S}} ->
+                            Stat = #{cpu => U + S},
+                            {{ok, case rss_pages(Fields) of
+                                      {ok, R} -> Stat#{rss_pages => R};
+                                      error -> Stat
+                                  end}, H1};
+                        Error ->
+                            {Error, H1}
+                    end;
+                error ->
+                    {{error, {beamdiag_agent_procfs, {bad_stat, no_name}}}, H1}
             end;
         {Error, H1} ->
             {Error, H1}
     end.
+
+%% Field 24 of proc(5), rss: the 22nd after the name.
+rss_pages(Fields) when length(Fields) >= 22 ->
+    case string:to_integer(lists:nth(22, Fields)) of
+        {R, <<>>} when is_integer(R), R >= 0 -> {ok, R};
+        _ -> error
+    end;
+rss_pages(_) ->
+    error.
 
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
 -spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.
@@ -243,31 +268,47 @@ cpu_times(Root, Held) ->
 clock_ticks() ->
     100.
 
-%% @doc Parses /proc/PID/task/TID/stat. The thread name sits in parentheses
-%% and may itself hold spaces and parentheses, so the fields are counted from
-%% the last closing parenthesis.
--spec parse_stat(binary()) -> {ok, thread()} | {error, {beamdiag_agent_procfs, term()}}.
-parse_stat(Bin) when is_binary(Bin) ->
+%% @doc The name and the fields of a /proc/PID/stat or
+%% /proc/PID/task/TID/stat line, the one reading of that format for every
+%% module: the name sits in parentheses and may itself hold spaces and
+%% parentheses, so the fields are counted from the last closing
+%% parenthesis. The fields start with the state (field 3 of proc(5)).
+-spec stat_fields(binary()) -> {ok, binary(), [binary()]} | error.
+stat_fields(Bin) when is_binary(Bin) ->
     case {binary:match(Bin, <<"(">>), last_paren(Bin)} of
         {{Open, 1}, Close} when is_integer(Close), Close > Open ->
             Name = binary:part(Bin, Open + 1, Close - Open - 1),
             Rest = binary:part(Bin, Close + 1, byte_size(Bin) - Close - 1),
-            case binary:split(Rest, [<<" ">>, <<"\n">>], [global, trim_all]) of
-                %% Fields 3.. of proc(5): state ppid pgrp session tty tpgid flags
-                %% minflt cminflt majflt cmajflt utime stime ...
-                [State, _, _, _, _, _, _, MinFlt, _, MajFlt, _, UTime, STime | _] ->
-                    case ints([MinFlt, MajFlt, UTime, STime]) of
-                        {ok, [Mi, Ma, U, S]} ->
-                            {ok, #{name => sanitize_name(Name), state => state_letter(State),
-                                   utime => U, stime => S, minflt => Mi, majflt => Ma}};
-                        error ->
-                            {error, {beamdiag_agent_procfs, {bad_stat, non_numeric}}}
-                    end;
-                _ ->
-                    {error, {beamdiag_agent_procfs, {bad_stat, too_few_fields}}}
+            {ok, Name, binary:split(Rest, [<<" ">>, <<"\n">>], [global, trim_all])};
+        _ ->
+            error
+    end.
+
+%% @doc Parses /proc/PID/task/TID/stat (`stat_fields/1').
+-spec parse_stat(binary()) -> {ok, thread()} | {error, {beamdiag_agent_procfs, term()}}.
+parse_stat(Bin) when is_binary(Bin) ->
+    case stat_fields(Bin) of
+        {ok, Name, Fields} ->
+            stat_map(Name, Fields);
+        error ->
+            {error, {beamdiag_agent_procfs, {bad_stat, no_name}}}
+    end.
+
+%% A stat line's fields after the name, as parse_stat/1 returns them.
+stat_map(Name, Fields) ->
+    case Fields of
+        %% Fields 3.. of proc(5): state ppid pgrp session tty tpgid flags
+        %% minflt cminflt majflt cmajflt utime stime ...
+        [State, _, _, _, _, _, _, MinFlt, _, MajFlt, _, UTime, STime | _] ->
+            case ints([MinFlt, MajFlt, UTime, STime]) of
+                {ok, [Mi, Ma, U, S]} ->
+                    {ok, #{name => sanitize_name(Name), state => state_letter(State),
+                           utime => U, stime => S, minflt => Mi, majflt => Ma}};
+                error ->
+                    {error, {beamdiag_agent_procfs, {bad_stat, non_numeric}}}
             end;
         _ ->
-            {error, {beamdiag_agent_procfs, {bad_stat, no_name}}}
+            {error, {beamdiag_agent_procfs, {bad_stat, too_few_fields}}}
     end.
 
 %% @doc Parses /proc/PID/task/TID/schedstat: nanoseconds on CPU, nanoseconds
@@ -381,7 +422,7 @@ state_letter(_) -> <<"?">>.
 read_threads(TaskDir, Tids, WantStatus, Previous, Deadline, Acc0) ->
     lists:foldl(
       fun(Tid, {Acc, Ps, H}) ->
-              in_time(Deadline) orelse throw({deadline, H}),
+              beamdiag_agent_deadline:in_time(Deadline) orelse throw({deadline, H}),
               Dir = filename:join(TaskDir, integer_to_list(Tid)),
               Stat = filename:join(Dir, "stat"),
               Sched = filename:join(Dir, "schedstat"),
@@ -430,8 +471,8 @@ busiest_last(Tids, Previous) ->
     [T || {_, T} <- lists:sort([{Cpu(T), T} || T <- Tids])].
 
 process_cpu_or_undefined(Root, Pid, H) ->
-    case process_cpu(Root, Pid, H) of
-        {{ok, C}, H1} -> {C, H1};
+    case process_stat(Root, Pid, H) of
+        {{ok, Stat}, H1} -> {Stat, H1};
         {{error, _}, H1} -> {undefined, H1}
     end.
 
@@ -561,5 +602,3 @@ sanitize_name(Name) ->
 to_list(P) when is_integer(P) -> integer_to_list(P);
 to_list(P) when is_list(P) -> P.
 
-in_time(infinity) -> true;
-in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.

@@ -31,7 +31,7 @@
 %%% '''
 -module(beamdiag_agent_sampler).
 
--export([run/1, defaults/0]).
+-export([run/1, defaults/0, modules/0]).
 %% Called on the target through erpc:call/5 by beamdiag_profile
 %% (and bench/sampler_overhead.escript).
 -ignore_xref([{run, 1}]).
@@ -91,6 +91,14 @@ defaults() ->
         max_stacks => 50000,
         askers => 4
     }.
+
+%% @doc The modules the sampler needs on the target: itself alone. It is
+%% shipped beside a running agent (`diagnose --perf'), whose modules the
+%% loader will not reuse while that agent may still delete them, so it
+%% calls none of them.
+-spec modules() -> [module()].
+modules() ->
+    [?MODULE].
 
 %% @doc Samples this node; returns when `duration' has passed.
 -spec run(options()) -> result().
@@ -158,7 +166,7 @@ loop(Now, St0 = #{interval := I}) ->
 
 %% Takes the askers' answers until the next tick is due.
 results(Next, St) ->
-    Wait = max(0, (Next - erlang:monotonic_time(microsecond)) div 1000),
+    Wait = max(0, Next - erlang:monotonic_time(microsecond)) div 1000,
     receive
         {found, Asker, Found} ->
             results(Next, found(Asker, Found, St))
@@ -297,12 +305,10 @@ count_pid(Pid, Key, St = #{by_pid := By}) ->
     end.
 
 top_processes(By) ->
-    Ranked = lists:sublist(lists:reverse(lists:keysort(2, [{P, N, S} || {P, {N, S}} <- maps:to_list(By)])),
-                           ?PROCS_TOP),
+    Ranked = largest(?PROCS_TOP, [{P, N, S} || {P, {N, S}} <- maps:to_list(By)]),
     [#{pid => list_to_binary(pid_to_list(P)), samples => N,
        stacks => [#{stack => K, count => C}
-                  || {K, C} <- lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(S))),
-                                             ?STACKS_TOP)]}
+                  || {K, C} <- largest(?STACKS_TOP, maps:to_list(S))]}
      || {P, N, S} <- Ranked].
 
 frame({M, F, A, _}) when is_list(A) ->
@@ -316,3 +322,8 @@ frame({M, F, A, _}) ->
     end;
 frame(_) ->
     <<"[unknown]">>.
+
+%% The N pairs with the largest second element (beamdiag_agent_top's
+%% largest/3, here so that the sampler ships alone; see modules/0).
+largest(N, Pairs) ->
+    lists:sublist(lists:reverse(lists:keysort(2, Pairs)), N).

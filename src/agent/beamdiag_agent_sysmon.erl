@@ -343,8 +343,8 @@ proc_lib_initial_call(_, Init) ->
 
 summary(St = #{state := State, threshold_ms := Ms, pids := Pids, others := Others,
                queues := Qs, t0 := T0}) ->
-    Top = lists:sublist(lists:reverse(lists:keysort(1, [{maps:get(total_ms, E), E}
-                                                        || E <- maps:values(Pids)])), ?TOP),
+    Top = beamdiag_agent_top:largest(?TOP, 1, [{maps:get(total_ms, E), E}
+                                                        || E <- maps:values(Pids)]),
     Base = #{
         state => State,
         threshold_ms => Ms,

@@ -77,12 +77,12 @@ read(Root, Pid, Tids, Opts) ->
     Deadline = maps:get(deadline, Opts, infinity),
     %% Within the deadline: the threads not read by then are left out.
     Waits = lists:foldl(fun(Tid, Acc) ->
-                                case in_time(Deadline) of
+                                case beamdiag_agent_deadline:in_time(Deadline) of
                                     true -> read_one(P, Tid, Arch, Acc);
                                     false -> Acc
                                 end
                         end, #{}, lists:sublist(Tids, ?MAX_THREADS)),
-    case Resolve andalso in_time(Deadline) of
+    case Resolve andalso beamdiag_agent_deadline:in_time(Deadline) of
         true -> resolve(P, Waits, Arch);
         false -> Waits
     end.
@@ -167,8 +167,6 @@ syscall(Arch, Nr) ->
         false -> {iolist_to_binary(["syscall ", integer_to_list(Nr)]), none}
     end.
 
-in_time(infinity) -> true;
-in_time(Deadline) -> erlang:monotonic_time(millisecond) < Deadline.
 
 %% This VM's system architecture.
 arch() ->

@@ -105,7 +105,7 @@ init(Agent, Skip, To) ->
             Agent ! {beamdiag_walk, self(), {started, Snapshot, Watch}},
             %% Who waits on whom at the start: the start report again,
             %% with it (a few guarded reads, after the report has gone).
-            {S2, Susp} = case attempt(fun() -> beamdiag_agent_processes:look(S, Snapshot) end) of
+            {S2, Susp} = case attempt(fun() -> beamdiag_agent_processes:wait_chains(S, Snapshot) end) of
                              {ok, {Snapshot2, S1}} ->
                                  tell(To, {procs_start, Snapshot2}),
                                  {S1, suspended_pids(Snapshot2)};

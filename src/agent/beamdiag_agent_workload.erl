@@ -24,7 +24,7 @@
 %%% '''
 -module(beamdiag_agent_workload).
 
--export([start/1, measure/1]).
+-export([start/1, measure/1, modules/0]).
 %% Called on the lab node by beamdiag_experiment: start/1 as the scenario's
 %% load MFA, measure/1 through peer:call/5.
 -ignore_xref([{start, 1}, {measure, 1}]).
@@ -47,6 +47,11 @@
 %%%===================================================================
 %%% API
 %%%===================================================================
+
+%% @doc The modules the driver needs on the lab node, itself first.
+-spec modules() -> [module()].
+modules() ->
+    [?MODULE, beamdiag_agent_deadline].
 
 %% @doc Starts the closed-loop driver on this node (the workload's module
 %% is loaded already, shipped with the driver), starts `concurrency'
@@ -135,7 +140,7 @@ driver_loop(Workers, Count, Phase, Start) ->
 gather([], _Deadline, Acc) ->
     Acc;
 gather(Workers, Deadline, Acc) ->
-    Wait = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    Wait = beamdiag_agent_deadline:left(Deadline),
     receive
         {reservoir, W, Seen, Samples} ->
             gather(lists:delete(W, Workers), Deadline, [{Seen, Samples} | Acc])

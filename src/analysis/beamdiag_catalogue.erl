@@ -23,7 +23,7 @@
 -type id() :: atom().
 -type entry() :: #{
     id := id(),
-    area := ledger | locks | processes | node | profile | cluster,
+    area := ledger | locks | processes | memory | node | profile | cluster,
     title := binary(),
     meaning := binary(),
     fix := binary(),
@@ -345,7 +345,10 @@ written() ->
             title => <<"The node uses all the CPU it has">>,
             meaning =>
                 <<"Schedulers are busy and on CPU nearly all the time and the OS confirms "
-                  "it: the node is CPU bound, not blocked and not spinning.">>,
+                  "it: the node is CPU bound, not blocked and not spinning. From the host "
+                  "alone (a node that does not answer, or has no distribution) the node's "
+                  "threads use nearly all the CPUs it may use; the host cannot tell work "
+                  "from busy-waiting.">>,
             fix =>
                 <<"Find what burns the CPU with `beamdiag flame` and optimise it, or add "
                   "capacity (more cores, more nodes).">>,
@@ -567,6 +570,42 @@ written() ->
             when_not =>
                 <<"A burst that drains within the window: a process suspended for a moment "
                   "while a large message goes out is the back-pressure working.">>
+        },
+        #{
+            id => memory_growth,
+            area => memory,
+            title => <<"The node's memory grows">>,
+            meaning =>
+                <<"One of the VM's parts (binaries, process heaps, ETS, atoms, code) rose "
+                  "steadily over the window, not in a burst and not in the saw of garbage "
+                  "collection: at that rate the node runs out of the memory it may use, and "
+                  "the OOM killer or the cgroup ends it. The evidence sets the OS's account "
+                  "(resident memory) beside the VM's, gives the time until the tightest limit "
+                  "and names the processes whose memory grew.">>,
+            fix =>
+                <<"Bound what grows: drop references to binaries once passed on, evict from "
+                  "state and tables, apply backpressure to producers. The finding's fix names "
+                  "the part.">>,
+            when_not =>
+                <<"A node warming a cache or loading data at start-up grows until it is full; "
+                  "watch it over a longer window (beamdiag watch) to see it level off.">>
+        },
+        #{
+            id => native_memory,
+            area => memory,
+            title => <<"Memory grows outside the VM's allocators">>,
+            meaning =>
+                <<"The node's resident memory rose steadily while erlang:memory/0 stayed "
+                  "flat: the VM's allocators do not hold the growth. A NIF, a driver or a "
+                  "library allocates with malloc or mmap and does not free.">>,
+            fix =>
+                <<"Find the native code that allocates: the NIFs and drivers the node loads "
+                  "(their resources must have destructors, enif_alloc memory must be freed, "
+                  "or use enif_alloc_binary so the VM accounts for it); on a test node, perf "
+                  "or heaptrack on malloc shows the caller.">>,
+            when_not =>
+                <<"A NIF library that keeps a large cache on purpose (a database engine's "
+                  "block cache) grows until it reaches its configured size.">>
         },
         #{
             id => node_limit,

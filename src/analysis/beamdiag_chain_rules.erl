@@ -240,7 +240,8 @@ suspended(#{count := N} = Susp, {Before, BeforeSusp}, Span, T, Samples) when N >
               ++ case Pending of
                      [] -> [fmt("no distribution port has bytes pending: the busy port is "
                                 "another (a port driver that says it is busy); the node's "
-                                "dist_buf_busy_limit is ~ts", [beamdiag_units:bytes(Limit)])];
+                                "dist_buf_busy_limit is ~ts", [beamdiag_units:bytes(Limit)])
+                            | port_lines(maps:get(ports, Susp, []))];
                      _ -> []
                  end,
             Peer = case Pending of
@@ -254,15 +255,61 @@ suspended(#{count := N} = Susp, {Before, BeforeSusp}, Span, T, Samples) when N >
                                                send_pend_bytes => maps:get(send_pend, D, 0)};
                           [] -> Metrics0
                       end,
-            Title = case Pending of
-                        [] -> "Processes are suspended on a busy port";
+            Ports = maps:get(ports, Susp, []),
+            Title = case {Pending, Ports} of
+                        {[], [#{name := Busiest} | _]} ->
+                            ["Processes are suspended on a busy port: ", Busiest];
+                        {[], []} -> "Processes are suspended on a busy port";
                         _ -> ["Processes are suspended on a busy distribution port to ", Peer]
                     end,
-            [beamdiag_finding:new(busy_port, Sev, Evidence, Metrics,
+            Metrics1 = case {Pending, Ports} of
+                           {[], [#{port := PId, name := PN, queue_size := PQ} = P0 | _]} ->
+                               Metrics#{port => PId, port_name => PN, queue_bytes => PQ,
+                                        os_pid => maps:get(os_pid, P0, null)};
+                           _ -> Metrics
+                       end,
+            [beamdiag_finding:new(busy_port, Sev, Evidence, Metrics1,
                                   #{title => Title, fix => busy_fix(Pending, Limit)})]
     end;
 suspended(_, _, _, _, _) ->
     [].
+
+%% The other ports with the most queued in their drivers at the end: what
+%% each is, its program and what that program does by the kernel's account.
+port_lines([]) ->
+    [<<"no other port had anything queued in its driver at the end">>];
+port_lines(Ports) ->
+    [fmt("port ~ts (~ts)~ts has ~ts queued in its driver; its owner ~ts~ts",
+         [Id, Name, case P of
+                        #{os_pid := OsPid} -> io_lib:format(", OS pid ~b,", [OsPid]);
+                        _ -> ""
+                    end,
+          beamdiag_units:bytes(Q), owner(P), program(P)])
+     || P = #{port := Id, name := Name, queue_size := Q} <- Ports].
+
+owner(#{owner := null}) -> "is gone";
+owner(#{owner := O, owner_name := null}) -> ["is ", O];
+owner(#{owner := O, owner_name := N}) -> ["is ", N, " ", O].
+
+%% What the port's program does: the kernel function it sleeps in and its
+%% system call (beamdiag_agent_waits).
+program(#{program := #{call := running}}) ->
+    "; its program is running, not waiting: it reads the pipe slower than the senders write";
+program(#{program := #{wchan := W, call := Call} = Wait}) ->
+    CallText = case Call of
+                   #{name := CName} -> [", in the system call ", CName,
+                                        case Wait of
+                                            #{file := F} -> [" on ", F];
+                                            _ -> ""
+                                        end];
+                   _ -> ""
+               end,
+    ["; its program is not reading it: it sleeps in the kernel in ",
+     case W of <<>> -> "?"; <<"0">> -> "?"; _ -> W end, CallText];
+program(#{os_pid := _}) ->
+    "; what its program does could not be read from /proc";
+program(_) ->
+    "".
 
 %% How much of the window the start's suspended processes spent suspended,
 %% from the walker's status reads every half second.
@@ -293,9 +340,12 @@ dist_line(D = #{node := Node}, Limit) ->
          Node]).
 
 busy_fix([], _Limit) ->
-    "Find the port the processes send to (their functions above) and why it applies "
-    "back-pressure: a port program that reads slowly, a socket whose peer reads slowly. Send less "
-    "or in bigger batches, or move the work off the critical path.";
+    "Find the port the processes send to (the ports above, with the most queued in their "
+    "drivers) and why it applies back-pressure: a port program that stopped reading or reads "
+    "slowly (what it sleeps in says why: a pipe or a socket of its own, a lock, a disk), a "
+    "socket whose peer reads slowly. Fix or restart that program, send less or in bigger "
+    "batches, or move the work off the critical path (a process that buffers and drops when "
+    "the port is busy).";
 busy_fix([#{node := Node} | _], Limit) ->
     ["Find why ", Node, " reads slowly (diagnose it: it may be overloaded, starved or held), and "
      "send it less: fewer or smaller messages, bulk data out of band (a socket of its own, a "

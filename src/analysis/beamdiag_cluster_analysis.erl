@@ -47,7 +47,31 @@
 -export([analyse/1, hosts/1, own_outliers/3]).
 -endif.
 
--export_type([host/0, summary_row/0, analysis/0, here/0]).
+-export_type([host/0, summary_row/0, analysis/0, here/0, cluster/0, member_result/0]).
+
+%% A cluster's report, as beamdiag_cluster:diagnose/2 gives it.
+%% What one member gave: its summary row and its findings in full.
+-type member_result() :: #{row := summary_row(),
+                          findings := [beamdiag_finding:finding()]}.
+-type cluster() :: #{
+    schema := binary(),
+    seed := binary() | null,
+    source := seed | list,
+    members := [binary()],
+    window_s := float(),
+    windows := map(),
+    prepare_s => float(),
+    total_s => float(),
+    timing => map(),
+    nodes := [map()],
+    spread := #{atom() => beamdiag_outliers:spread()},
+    outliers := [map()],
+    rest := map(),
+    errors := [map()],
+    findings := #{binary() => [beamdiag_finding:finding()]},
+    hosts := [map()]
+}.
+
 
 %% One diagnosis in the cluster's terms (summary_row/1): the node, its
 %% window, its CPUs and normal schedulers' shares of wall time, its
@@ -184,7 +208,7 @@ own_outliers(Outliers, Rows, Hosts) ->
 %% other nodes how many share each finding and the spread of their
 %% figures.
 -ifdef(TEST).
--spec analyse([beamdiag_cluster:member_result()]) -> analysis().
+-spec analyse([member_result()]) -> analysis().
 analyse(Results) ->
     analyse(Results, #{}).
 -endif.
@@ -192,7 +216,7 @@ analyse(Results) ->
 %% @doc As analyse/1; Here: this session's host (`boot_id') and the CPU time
 %% its own process used (`cpu_s'), said with the host when it is one of
 %% the members'.
--spec analyse([beamdiag_cluster:member_result()], here()) -> analysis().
+-spec analyse([member_result()], here()) -> analysis().
 analyse(Results0, Here) ->
     {Hosts0, Results} = hosts(Results0),
     Hosts = [host_entry(H, Here) || H <- Hosts0],
@@ -254,7 +278,7 @@ host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
 %% @doc The summary figures of one diagnosis: the node's CPUs, the normal
 %% schedulers' shares of wall time, reductions per second, findings, and
 %% its window (wall-clock start in ms and length in s).
--spec summary_row(beamdiag:diagnosis()) -> summary_row().
+-spec summary_row(beamdiag_diagnosis:diagnosis()) -> summary_row().
 summary_row(#{capture := C, ledger := L, findings := F}) ->
     Sched = maps:get(scheduler, maps:get(by_type, L, #{}), #{}),
     Wall = maps:get(wall, Sched, 0.0),
@@ -301,18 +325,12 @@ host_row(Settings, Host) ->
 %% read one, else its host name, else its node name's host part.
 key(#{host := #{id := Id}}) when is_binary(Id), Id =/= <<>> -> Id;
 key(#{host := #{name := Name}}) when is_binary(Name), Name =/= <<>> -> Name;
-key(#{node := Node}) -> node_host(Node).
-
-node_host(Node) ->
-    case binary:split(Node, <<"@">>) of
-        [_, H] -> H;
-        _ -> <<>>
-    end.
+key(#{node := Node}) -> beamdiag_node_name:host(Node).
 
 name(Rows) ->
     case [N || #{host := #{name := N}} <- Rows, is_binary(N), N =/= <<>>] of
         [N | _] -> N;
-        [] -> node_host(maps:get(node, hd(Rows)))
+        [] -> beamdiag_node_name:host(maps:get(node, hd(Rows)))
     end.
 
 %% A member's result with the findings its shared host explains taken

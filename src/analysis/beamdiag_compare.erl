@@ -16,8 +16,8 @@
 %%% which makes the test somewhat optimistic; the floor guards against that.
 %%%
 %%% ```
-%%% 1> {ok, A} = beamdiag_capture:load("before.capture").
-%%% 2> {ok, B} = beamdiag_capture:load("after.capture").
+%%% 1> {ok, A} = beamdiag_capture_file:load("before.capture").
+%%% 2> {ok, B} = beamdiag_capture_file:load("after.capture").
 %%% 3> C = beamdiag_compare:compare(A, B).
 %%% 4> [K || #{key := K, significant := true} <- maps:get(metrics, C)].
 %%% [<<"scheduler.spin">>, <<"scheduler.on_cpu">>, <<"totals.cpus_used">>]
@@ -103,13 +103,13 @@
 %%%===================================================================
 
 %% @doc Compares two diagnoses with the default options.
--spec compare(beamdiag:diagnosis(), beamdiag:diagnosis()) -> comparison().
+-spec compare(beamdiag_diagnosis:diagnosis(), beamdiag_diagnosis:diagnosis()) -> comparison().
 compare(A, B) ->
     compare(A, B, #{}).
 
 %% @doc Compares two diagnoses. Options: `alpha' (0.01), the significance
 %% level of each test. Unknown options raise `badarg'.
--spec compare(beamdiag:diagnosis(), beamdiag:diagnosis(), options()) -> comparison().
+-spec compare(beamdiag_diagnosis:diagnosis(), beamdiag_diagnosis:diagnosis(), options()) -> comparison().
 compare(A, B, Opts) when is_map(Opts) ->
     #{alpha := Alpha} = beamdiag_opts:merge(Opts, ?DEFAULTS, []),
     MA = metrics(A),

@@ -9,7 +9,10 @@
 
 -export([metrics/0, summarise/1]).
 
--export_type([summary/0, versus/0]).
+-export_type([result/0, summary/0, versus/0]).
+
+%% An experiment's result, as beamdiag_experiment:run/1 gives it.
+-type result() :: #{kind := experiment, _ => _}.
 
 %% summarise/1: each arm's mean and standard deviation per metric, and
 %% each arm after the first against it.
@@ -52,9 +55,9 @@ metrics() ->
 %% @doc Each arm against the first: means and standard deviations per arm,
 %% and per metric the relative change with its bootstrap interval and
 %% verdict.
-%% (R: an experiment's result, beamdiag_experiment:result(): its arms, runs
+%% (R: an experiment's result, result(): its arms, runs
 %% and settings.)
--spec summarise(beamdiag_experiment:result()) -> summary().
+-spec summarise(result()) -> summary().
 summarise(#{arms := Arms, runs := Runs} = R) ->
     Iters = maps:get(bootstrap, maps:get(settings, R, #{}), 2000),
     ByArm = maps:groups_from_list(fun(#{arm := A}) -> A end, Runs),

@@ -15,6 +15,12 @@
 %%%     answer (a scheduler running Erlang code is preempted and the node
 %%%     answers);</li>
 %%% <li>`host_memory_low': the host's or the cgroup's memory nearly used up;</li>
+%%% <li>`cpu_saturated', as the host sees it: the node's threads used
+%%%     nearly all the CPUs it may use (affinity, cgroup quota) and its
+%%%     scheduler threads wanted a CPU nearly all the window. The host
+%%%     cannot tell work from busy-waiting, and says so; perf's top frame,
+%%%     when perf ran, is named, an unnamed JIT frame with the flag that
+%%%     names it;</li>
 %%% <li>`dirty_io_blocked', and `scheduler_blocking' for a scheduler thread
 %%%     blocked in one system call for most of the window
 %%%     (`beamdiag_wait_rules', from what the threads wait on).</li>
@@ -37,11 +43,11 @@
               share := float(), native := boolean()}]
 }.
 
-%% What the host view says beside its capture (beamdiag_host puts it
+%% What the host view says beside its capture (beamdiag_host_session puts it
 %% together, and in the capture's extras as `host_view'): why the report
 %% came from the host, how long the node was given, what distribution saw,
 %% perf's result. `attach' is what the session resolved of how to reach
-%% the node (beamdiag_attach:public/2), shown as it is.
+%% the node (beamdiag_attach_plan:public/2), shown as it is.
 -type context() :: #{
     unresponsive => boolean(),
     reason => requested | unresponsive | unreachable | slow,
@@ -49,7 +55,7 @@
     perf_skipped => binary(),
     waited_ms => integer(),
     distribution => binary(),
-    attach => beamdiag_attach:public() | #{},
+    attach => beamdiag_attach_plan:public() | #{},
     why => binary(),
     os_pid => pos_integer(),
     node => binary(),
@@ -69,7 +75,7 @@
     perf_skipped => binary(),
     waited_ms => integer(),
     distribution => binary(),
-    attach => beamdiag_attach:public() | #{},
+    attach => beamdiag_attach_plan:public() | #{},
     why => binary(),
     os_pid => pos_integer(),
     node => binary(),
@@ -114,6 +120,11 @@ thresholds() ->
         %% (Wilson's lower bound: 30 of 30 gives 0.917, 177 of 183 0.936,
         %% 90 of 100 0.840).
         native_share_asked => 0.90,
+        %% The node's CPUs used / the CPUs it may use, and its scheduler
+        %% threads' time on a CPU or runnable / their wall time, at least,
+        %% for `cpu_saturated' from the host (the ledger rule's share).
+        saturated_share => 0.90,
+        saturated_wanted => 0.85,
         %% Memory available / total, below which memory is low (crit below half).
         memory_available_warn => 0.10
     }.
@@ -123,7 +134,7 @@ thresholds() ->
 %% `extras.memory'). Context: `unresponsive' (the
 %% node did not answer), `perf' (`{ok, perf_top()}', `{error, Text}' or
 %% `none').
--spec analyse(beamdiag_capture:capture(), context()) -> beamdiag:diagnosis().
+-spec analyse(beamdiag_capture:capture(), context()) -> beamdiag_diagnosis:diagnosis().
 analyse(Capture, Context) ->
     Ledger = beamdiag_ledger:build(Capture),
     Settings = maps:get(settings, Capture),
@@ -134,7 +145,12 @@ analyse(Capture, Context) ->
     Kept = [F || F = #{id := Id} <- beamdiag_rules:findings(Capture, Ledger),
                  lists:member(Id, ?HOST_RULES)] ++
         beamdiag_rules:findings(Capture, Ledger#{threads := []}),
-    Findings = held(Ledger, Context, T) ++ memory(Capture, T) ++
+    Held = held(Ledger, Context, T),
+    Saturated = case Held of
+                    [] -> saturated(Ledger, Context, T);
+                    _ -> []
+                end,
+    Findings = Held ++ memory(Capture, T) ++ Saturated ++
         beamdiag_wait_rules:host_findings(Capture, Ledger, Context) ++ Kept,
     #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)},
       findings => beamdiag_finding:sort(Findings), host_only => true,
@@ -143,7 +159,7 @@ analyse(Capture, Context) ->
 %% @doc `scheduler_held_native' for a node that answered: the host view's
 %% figures of its scheduler threads over the window (`threads',
 %% `window_s') and perf's samples of the threads it saw held (`perf':
-%% `{ok, perf_top()}' or `{error, Why}'), as `beamdiag_host:held/2' puts
+%% `{ok, perf_top()}' or `{error, Why}'), as `beamdiag_host_session:held/2' puts
 %% them in the capture. Named only when perf shows a held thread in a
 %% native library for nearly all its samples: a scheduler busy with Erlang
 %% code looks the same from /proc.
@@ -175,7 +191,7 @@ hot_threads(_) ->
 perf_top(Script, Tids) ->
     Counts = lists:foldl(
         fun(Line, Acc) ->
-            case sample(Line) of
+            case beamdiag_fold_header:frame(Line) of
                 {Tid, Sym, Dso} ->
                     case Tids =:= [] orelse lists:member(Tid, Tids) of
                         true -> maps:update_with({Sym, Dso}, fun(C) -> C + 1 end, 1, Acc);
@@ -278,6 +294,55 @@ held_finding(Top, Hot, Ledger, W, Native, Perf, Context) ->
     beamdiag_finding:new(scheduler_held_native, Severity, Evidence, Metrics,
                          #{figures => Figures, title => Title}).
 
+%% The node used nearly all the CPUs it may use, its schedulers wanting
+%% them: the host's own `cpu_saturated' (the ledger rule needs the BEAM's
+%% busy time, which the host does not have). Not when a held scheduler is
+%% named: that finding says more.
+saturated(L = #{totals := #{cpus_used := Used, cpus_available := Avail}, window_s := W},
+          Context, T) when W > 0, Avail > 0 ->
+    Sched = [R || R = #{type := scheduler} <- maps:get(threads, L)],
+    Wall = W * length(Sched),
+    Wanted = case Wall > 0 of
+                 true -> min(1.0, lists:sum([On + Q || #{on_cpu := On, runq := Q} <- Sched]) / Wall);
+                 false -> 0.0
+             end,
+    Share = min(1.0, Used / Avail),
+    case Share >= map_get(saturated_share, T) andalso Wanted >= map_get(saturated_wanted, T) of
+        false ->
+            [];
+        true ->
+            Evidence =
+                [fmt("the node's threads used ~.2f of the ~.2f CPUs it may use (~s) over the "
+                     "~.1f s window", [Used, float(Avail), beamdiag_units:whole_pct(Share), W]),
+                 fmt("its ~b scheduler thread~s wanted a CPU ~s of the window (on one, or "
+                     "runnable waiting for one)", [length(Sched), plural(Sched),
+                                                   beamdiag_units:whole_pct(Wanted)]),
+                 <<"seen from the host, work and busy-waiting look the same: the VM's own "
+                   "figures (beamdiag diagnose with the node answering) tell them apart">>] ++
+                perf_lines(maps:get(perf, Context, none)),
+            Metrics = #{cpus_used => Used, cpus_available => float(Avail), used_share => Share,
+                        scheduler_wanted_share => Wanted},
+            Figures = [fig(cpus_used, Used, cpus), fig(cpus_available, float(Avail), cpus,
+                                                       #{scope => host}),
+                       fig(used_share, Share, share), fig(scheduler_wanted_share, Wanted, share)],
+            [beamdiag_finding:new(cpu_saturated, warning, Evidence, Metrics,
+                                  #{figures => Figures,
+                                    title => fmt("The node uses ~.2f of its ~.2f CPUs (seen "
+                                                 "from the host)", [Used, float(Avail)])})]
+    end;
+saturated(_, _, _) ->
+    [].
+
+%% perf's top frames of the hot threads, an unnamed JIT frame explained.
+perf_lines({ok, #{samples := N, top := [#{symbol := S, dso := D, share := Sh} | _]}}) when N > 0 ->
+    [fmt("perf, ~b samples: the top frame ~ts in ~ts (~s)", [N, S, D, beamdiag_units:whole_pct(Sh)])] ++
+        [<<"[unknown] in the emulator's memory is JIT code that perf names only from a perf "
+           "map: the node writes one when started with +JPperf true (then `beamdiag diagnose "
+           "--perf` names the Erlang functions)">>
+         || S =:= <<"[unknown]">>, D =:= <<"[unknown]">> orelse emulator(D)];
+perf_lines(_) ->
+    [].
+
 native_lines({yes, #{symbol := S, dso := D, share := Sh}}, {ok, #{samples := N, top := Top}}) ->
     [fmt("perf, ~b samples of the held thread: ~s in ~ts (~ts)", [N, beamdiag_units:whole_pct(Sh), S, D])] ++
         [fmt("next: ~ts", [lists:join(", ", [[Sym, " ", beamdiag_units:whole_pct(Share)]
@@ -349,50 +414,6 @@ severity(_, _) -> warning.
 %% The ledger's notes, less the one every host-only ledger has.
 host_notes(#{notes := Notes}) ->
     [N || N <- Notes, N =/= <<"scheduler_wall_time unavailable">>].
-
-%% One `perf script' sample line without a call graph:
-%% "  comm  TID  TIME:  PERIOD  EVENT:  IP  SYM+OFF (DSO)".
-sample(Line) ->
-    case binary:split(Line, <<" (">>, [global]) of
-        [_] ->
-            skip;
-        Parts ->
-            Dso0 = lists:last(Parts),
-            Head = iolist_to_binary(lists:join(<<" (">>, lists:droplast(Parts))),
-            Dso = case binary:last(Dso0) of
-                      $) -> binary:part(Dso0, 0, byte_size(Dso0) - 1);
-                      _ -> Dso0
-                  end,
-            case binary:split(Head, <<":">>, [global]) of
-                [Pre | Rest = [_ | _]] ->
-                    %% After "EVENT:" come the address and the symbol.
-                    AfterEvent = lists:last(Rest),
-                    case {tid(Pre), string:lexemes(AfterEvent, " ")} of
-                        {{ok, Tid}, [_Ip | SymParts = [_ | _]]} ->
-                            Sym = strip_offset(iolist_to_binary(lists:join(<<" ">>, SymParts))),
-                            {Tid, Sym, Dso};
-                        _ ->
-                            skip
-                    end;
-                _ ->
-                    skip
-            end
-    end.
-
-%% "  comm-with spaces  TID  TIME" -> the TID (the field before the time).
-tid(Pre) ->
-    case lists:reverse(string:lexemes(Pre, " ")) of
-        [_Time, TidB | _] ->
-            try {ok, binary_to_integer(TidB)} catch error:badarg -> error end;
-        _ ->
-            error
-    end.
-
-strip_offset(Sym) ->
-    case binary:split(Sym, <<"+0x">>) of
-        [S, _] -> S;
-        [S] -> S
-    end.
 
 %% A library of its own: not the emulator, the kernel, the vDSO or libc.
 native(Dso) ->

@@ -303,7 +303,11 @@ totals(Threads, Window, Settings, Host, Cgroup) ->
     #{
         on_cpu => OnCpu,
         sys => Sys,
-        cpus_used => case OnCpu of undefined -> 0.0; _ -> OnCpu / Window end,
+        %% At most the CPUs it can use: each thread's counter is read at
+        %% its own instant inside a sample, so on a saturated node the
+        %% sum over a window can pass them by the reading's skew (2.06 of
+        %% 2.00 was seen), which no node can use.
+        cpus_used => case OnCpu of undefined -> 0.0; _ -> min(OnCpu / Window, Cpus) end,
         cpus_available => Cpus,
         threads => length(Threads)
     }.

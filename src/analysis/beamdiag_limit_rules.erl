@@ -34,8 +34,12 @@ findings(Capture) ->
         [First | _] = Samples when length(Samples) >= 2 ->
             Last = lists:last(Samples),
             Span = (maps:get(t, Last) - maps:get(t, First)) / 1.0e9,
-            Sources = maps:get(atom_sources, maps:get(extras, Capture, #{}), none),
-            lists:append([resource(R, Samples, Span, Sources, thresholds())
+            Extras = maps:get(extras, Capture, #{}),
+            Procs = maps:get(procs, Extras, #{}),
+            Sources = #{atoms => maps:get(atom_sources, Extras, none),
+                        processes => maps:get(born, Procs, none),
+                        ports => maps:get(port_owners, Procs, none)},
+            lists:append([resource(R, Samples, Span, maps:get(R, Sources, none), thresholds())
                           || R <- ?RESOURCES, Span > 0]);
         _ ->
             []
@@ -139,8 +143,8 @@ finding(F = #{resource := R, count := C, start := C0, limit := L, growth := G, r
                        "not enforced since OTP 21: tables are bounded by memory only",
                        [beamdiag_units:count(C), beamdiag_units:count(L)]);
                _ ->
-                   fmt("~ts: ~s of ~s (~.1f%) at the end of the window",
-                       [what(R), beamdiag_units:count(C), beamdiag_units:count(L), 100 * Used])
+                   fmt("~ts: ~s of ~s (~s) at the end of the window",
+                       [what(R), beamdiag_units:count(C), beamdiag_units:count(L), beamdiag_units:pct(Used)])
            end,
     Growth = case G of
                  0 -> fmt("no change over ~.1f s", [Span]);
@@ -195,7 +199,7 @@ fix(atoms, L) ->
      "keys as binaries. Atoms are never freed: restart the node before the table fills. +t "
      "raises the limit (this node's is ", beamdiag_units:count(L), ") and only postpones the crash."];
 fix(processes, L) ->
-    ["Find who spawns them (the process walks' largest counts by initial call) and bound it: a "
+    ["Bound who spawns them (named above when the walks could read the newborn): a "
      "pool, processes that end when their work is done, a supervisor that gives up. +P raises "
      "the limit (this node's is ", beamdiag_units:count(L), "), but each process holds memory."];
 fix(ports, L) ->
@@ -222,8 +226,42 @@ sources(atoms, #{processes := Ps, rounds := N, atoms := [A0, A1]}) ->
 sources(atoms, none) ->
     ["the processes making them were not sampled (the walker looks when the table has grown by "
      "100 atoms or more during the window)"];
+sources(processes, #{read := Read, groups := [#{count := Most} | _] = Groups0}) ->
+    %% The groups of a tenth of the largest or more.
+    Groups = [G || G = #{count := N} <- Groups0, 10 * N >= Most],
+    [fmt("of ~b processes born during the window (read of the newest):", [Read])
+     | [fmt("  ~b run ~ts~ts, spawned by ~ts",
+            [N, Ic, case maps:get(current, G, null) of
+                        null -> "";
+                        Ic -> "";
+                        Cur -> [" (most in ", Cur, ")"]
+                    end, spawner(P)])
+        || G = #{count := N, initial_call := Ic, parent := P} <- Groups]];
+sources(processes, #{read := Read, groups := []}) ->
+    [fmt("none of the ~b newest processes read at the window's end answered: they ended, or "
+         "were too busy to answer", [Read])];
+sources(processes, #{}) ->
+    [<<"who spawns them was not read: the walks cover a sample of the processes on a node "
+       "this large, or the count grew by less than 100 over the window">>];
+sources(processes, none) ->
+    [];
+sources(ports, [#{count := Most} | _] = Groups) ->
+    [<<"who holds the most ports at the end:">>
+     | [fmt("  ~b ~ts ports held by ~ts", [N, Name, spawner(O)])
+        || #{count := N, name := Name, owner := O} <- Groups, 10 * N >= Most]];
+sources(ports, []) ->
+    [<<"who holds them was not read: the node has more than 20,000 ports, or their count "
+       "grew by less than 50 over the window">>];
 sources(_, _) ->
     [].
+
+spawner(null) ->
+    "a process that is gone";
+spawner(P) ->
+    [beamdiag_proc_rules:who(P), case maps:get(current, P, null) of
+                                     null -> "";
+                                     Cur -> [", which was in ", Cur]
+                                 end].
 
 source_line(P = #{samples := K, functions := Fs, makes_atoms := Makes}, N) ->
     Who = case maps:get(name, P, null) of

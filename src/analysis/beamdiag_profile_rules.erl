@@ -19,7 +19,52 @@
 
 -export([findings/2]).
 
--export_type([family/0]).
+-export_type([family/0, result/0, kept/0, perf/0]).
+
+%% The shape of a CPU profile as `beamdiag_profile:profile/3' gives it,
+%% and of what a diagnosis keeps of it: the types the session, these
+%% rules and the formats share.
+%% profile/3's result: the folded profile and how it was taken; with
+%% perf, perf's record, and the Erlang sampler's stacks beside it
+%% (`callers'); with the Erlang sampler, its result without its stacks
+%% (beamdiag_agent_sampler:result()); the profile rules' findings unless
+%% the caller runs them.
+-type result() :: #{
+    profile := beamdiag_fold:profile(),
+    method := erlang | perf,
+    node := node(),
+    perf => perf(),
+    callers => beamdiag_fold:profile(),
+    %% Why the Erlang-level sampler beside perf gave no callers.
+    callers_error => binary(),
+    sampler => #{processes := [beamdiag_agent_sampler:process_stacks()], atom() => term()},
+    findings => [beamdiag_finding:finding()]
+}.
+%% What a diagnosis keeps of a result in its capture's extras (`profile'):
+%% the sampler's stacks per process as `by_process'.
+-type kept() :: #{
+    profile := beamdiag_fold:profile(),
+    method := erlang | perf,
+    perf => perf(),
+    callers => beamdiag_fold:profile(),
+    callers_error => binary(),
+    by_process := [beamdiag_agent_sampler:process_stacks()]
+}.
+%% perf's record (beamdiag_perf:result() without the script and perf's
+%% output), with the fold's wall time.
+-type perf() :: #{
+    call_graph := dwarf | fp | none,
+    call_graph_reason := binary(),
+    perf_map := file:filename() | missing,
+    duration := pos_integer(),
+    frequency := pos_integer(),
+    script_bytes := non_neg_integer(),
+    script_truncated := boolean(),
+    target := beamdiag_perf:target(),
+    ospid := pos_integer(),
+    wall_ms := #{record := non_neg_integer(), script := non_neg_integer(), fold := integer()}
+}.
+
 
 -type family() :: #{
     key := atom(),
@@ -331,9 +376,9 @@ family_finding2(Fam = #{key := Key, label := Label, advice := Advice, title := T
                         max_severity := Max}, Share, Frames, P = #{samples := N}) ->
     Severity = capped(severity(Share), Max),
     Top = lists:sublist(Frames, 4),
-    E1 = io_lib:format("~ts: ~.1f% of samples (~ts)",
-                       [Label, 100 * Share,
-                        lists:join(", ", [io_lib:format("~ts ~.1f%", [Fr, 100 * S]) || {Fr, S} <- Top])]),
+    E1 = io_lib:format("~ts: ~s of samples (~ts)",
+                       [Label, beamdiag_units:pct(Share),
+                        lists:join(", ", [io_lib:format("~ts ~s", [Fr, beamdiag_units:pct(S)]) || {Fr, S} <- Top])]),
     {TopFrame, TopShare} = case Top of [T | _] -> T; [] -> {<<>>, 0.0} end,
     Capped = case Severity =/= severity(Share) of
         true -> [<<"Rated warning, not critical: this is work many nodes exist to do; it is "
@@ -343,9 +388,9 @@ family_finding2(Fam = #{key := Key, label := Label, advice := Advice, title := T
     Callers = case callers(Fam, P) of
         [] -> [];
         Cs -> [io_lib:format("Called from ~ts",
-                             [lists:join(", ", [io_lib:format("~ts (~.1f% of samples; on the stack "
-                                                              "in ~.1f% in all)",
-                                                              [C, 100 * S, 100 * T])
+                             [lists:join(", ", [io_lib:format("~ts (~s of samples; on the stack "
+                                                              "in ~s in all)",
+                                                              [C, beamdiag_units:pct(S), beamdiag_units:pct(T)])
                                                 || {C, S, T} <- lists:sublist(Cs, 3)])])]
     end,
     F = beamdiag_finding:new(hot_function, Severity, [E1 | Callers ++ Capped],
@@ -397,8 +442,8 @@ add_caller(none, _C, Acc) -> Acc;
 add_caller(F, C, Acc) -> maps:update_with(F, fun(X) -> X + C end, C, Acc).
 
 hot_finding(#{name := Name, self_share := S, total_share := T, kind := K}, #{samples := N}) ->
-    E = io_lib:format("~ts (~s) is the leaf of ~.1f% of samples, on the stack in ~.1f%",
-                      [Name, K, 100 * S, 100 * T]),
+    E = io_lib:format("~ts (~s) is the leaf of ~s of samples, on the stack in ~s",
+                      [Name, K, beamdiag_units:pct(S), beamdiag_units:pct(T)]),
     %% Not in the knowledge base: it may well be the node's job, so at
     %% most a warning.
     F = beamdiag_finding:new(hot_function, capped(severity(S), warning), [E],

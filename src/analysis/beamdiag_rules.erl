@@ -484,7 +484,7 @@ extras(Capture, Ledger) ->
                     _ -> []
                 end,
     %% perf's samples of the scheduler threads the host saw held while the
-    %% node answered (beamdiag_host:held/2).
+    %% node answered (beamdiag_host_session:held/2).
     Held = case maps:find(held_perf, Extras) of
                {ok, HeldPerf = #{perf := _}} -> beamdiag_host_rules:held_findings(HeldPerf);
                _ -> []

@@ -261,15 +261,16 @@ usage(Spec = #{name := Name, summary := Summary, example := Example, positional 
 -spec exit_code({module(), term()}) -> exit_code().
 exit_code({?MODULE, {write, _, _}}) -> ?EXIT_FAILED;
 exit_code({?MODULE, _}) -> ?EXIT_USAGE;
-exit_code({beamdiag_remote, {bad_node, _}}) -> ?EXIT_USAGE;
+exit_code({beamdiag_node_name, {bad_node, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, no_cookie}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {bad_cookie, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {cookie_file, _, _}}) -> ?EXIT_USAGE;
 exit_code({beamdiag_remote, {no_distribution, _}}) -> ?EXIT_UNREACHABLE;
-exit_code({beamdiag_remote, {unreachable, _, _}}) -> ?EXIT_UNREACHABLE;
-exit_code({beamdiag_remote, {unreachable, _, _, _}}) -> ?EXIT_UNREACHABLE;
-exit_code({beamdiag_remote, {own_dist, _, _}}) -> ?EXIT_UNREACHABLE;
-exit_code({beamdiag_remote, {own_mode, _, _}}) -> ?EXIT_UNREACHABLE;
+exit_code(E = {beamdiag_remote, _}) ->
+    case beamdiag_remote:unreachable(E) of
+        true -> ?EXIT_UNREACHABLE;
+        false -> ?EXIT_FAILED
+    end;
 exit_code({beamdiag, {host_only, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_cluster, {members, _, _}}) -> ?EXIT_UNREACHABLE;
 exit_code({beamdiag_cluster, {too_many_nodes, _, _}}) -> ?EXIT_USAGE;

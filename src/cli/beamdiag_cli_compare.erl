@@ -34,7 +34,7 @@ spec() ->
 %% @doc Runs the command. Exit code 0 whatever the deltas.
 -spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(#{a := FA, b := FB} = Opts, IO) ->
-    case {beamdiag_capture:load(FA), beamdiag_capture:load(FB)} of
+    case {beamdiag_capture_file:load(FA), beamdiag_capture_file:load(FB)} of
         {{ok, A}, {ok, B}} ->
             C = beamdiag_compare:compare(A, B, #{alpha => maps:get(alpha, Opts)}),
             Text = case maps:get(json, Opts) of

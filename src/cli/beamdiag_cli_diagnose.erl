@@ -34,7 +34,8 @@ spec() ->
             erlang,
             #{key => no_msacc, long => "--no-msacc", type => boolean, default => false,
               help => "do not turn on microstate accounting"},
-            #{key => msacc_span, long => "--msacc-span", type => {float, 0.1, 3600.0},
+            #{key => msacc_span, long => "--msacc-span",
+              type => {float, 0.1, float(beamdiag_opts:max_seconds(window))},
               default => 2.0, metavar => "SECONDS",
               help => "keep microstate accounting on for the last SECONDS of the window only "
                       "(it slows every thread while on)"},
@@ -63,7 +64,8 @@ spec() ->
               metavar => "PORT",
               help => "the node's distribution port, reached without epmd (default: epmd's, "
                       "else found on this host)"},
-            #{key => answer_timeout, long => "--answer-timeout", type => {float, 0.1, 3600.0},
+            #{key => answer_timeout, long => "--answer-timeout",
+              type => {float, 0.1, float(beamdiag_opts:max_seconds(window))},
               metavar => "SECONDS",
               help => "a node on this host that has not let the agent load within SECONDS "
                       "is sampled with perf from the host, and diagnosed from the host alone "
@@ -87,7 +89,7 @@ run(Opts = #{node := Node}, IO) ->
     %% started again with the flags it needs.
     case plan(Node, Opts) of
         {ok, Plan} ->
-            case {beamdiag_attach:missing(Plan), maps:find(relaunch, IO)} of
+            case {beamdiag_attach_relaunch:missing(Plan), maps:find(relaunch, IO)} of
                 {[_ | _], {ok, Relaunch}} -> relaunch(Plan, Relaunch, Opts, IO);
                 _ -> diagnose(Opts#{plan => Plan}, IO)
             end;
@@ -139,7 +141,7 @@ diagnose(Opts = #{node := Node, duration := D, interval := I}, IO = #{err := Err
 
 %% @doc Prints or writes a diagnosis as the options ask; returns the exit
 %% code (1 when a finding reaches --fail-on).
--spec output(beamdiag:diagnosis(), beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
+-spec output(beamdiag_diagnosis:diagnosis(), beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 output(Diagnosis = #{findings := Findings}, Opts, IO = #{colour := Colour}) ->
     Text =
         case maps:get(json, Opts, false) of
@@ -200,7 +202,7 @@ plan(Node, Opts) ->
         element(1, beamdiag_host_locate:target(Node)) =:= os_pid of
         true -> none;
         false ->
-            case beamdiag_attach:plan(Node, maps:with([cookie, cookie_file, proto_dist,
+            case beamdiag_attach_plan:plan(Node, maps:with([cookie, cookie_file, proto_dist,
                                                        ssl_dist_optfile, dist_port], Opts)) of
                 {ok, Plan} -> {ok, Plan};
                 {error, _} -> none
@@ -210,7 +212,7 @@ plan(Node, Opts) ->
 %% This escript again, with the distribution flags the plan needs; its
 %% exit code. The TLS options written for it are removed after.
 relaunch(Plan, Relaunch, Opts, IO) ->
-    case beamdiag_attach:relaunch_flags(Plan) of
+    case beamdiag_attach_relaunch:relaunch_flags(Plan) of
         {ok, Flags, Dir} ->
             try
                 Relaunch(Flags)
@@ -226,7 +228,7 @@ relaunch(Plan, Relaunch, Opts, IO) ->
 %% `beamdiag diagnose' without a node: the only Erlang VM of this host,
 %% or the list of them to pick from.
 only_node(Opts, IO = #{err := Err}) ->
-    case beamdiag_attach:candidates(#{}) of
+    case beamdiag_host_vms:list(#{}) of
         [] ->
             beamdiag_cli:usage_error("diagnose: no Erlang VM runs on this host (give NODE, "
                                      "name@host, for a node elsewhere)", IO);
@@ -268,7 +270,7 @@ profile_error(_, _) ->
     ok.
 
 save(Diagnosis, #{save := File}, IO = #{err := Err}) ->
-    case beamdiag_capture:save(File, Diagnosis) of
+    case beamdiag_capture_file:save(File, Diagnosis) of
         ok -> Err(["beamdiag: capture saved to ", File, "\n"]), ok;
         {error, E} -> {error, beamdiag_cli:fail(E, IO)}
     end;

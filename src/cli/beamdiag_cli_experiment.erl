@@ -31,7 +31,7 @@ spec() ->
                       "default) adds none"},
             #{key => runs, long => "--runs", type => {integer, 1, 100}, default => 3,
               help => "runs per arm"},
-            {duration, #{type => {float, 1.0, 3600.0}, default => 5.0,
+            {duration, #{type => {float, 1.0, float(beamdiag_opts:max_seconds(window))}, default => 5.0,
                          help => "measured window per run"}},
             #{key => warmup, long => "--warmup", type => {float, 0.0, 600.0}, default => 2.0,
               metavar => "SECONDS", help => "load before the window opens"},
@@ -78,7 +78,7 @@ run(Opts = #{workload := Ws}, IO = #{err := Err}) ->
 
 %% @doc Prints or writes experiment results as the options ask (`json',
 %% `out', `save', `html'); returns the exit code, the first failure's.
--spec output(beamdiag_experiment:result(), beamdiag_cli:opts(), beamdiag_cli:io()) ->
+-spec output(beamdiag_experiment_stats:result(), beamdiag_cli:opts(), beamdiag_cli:io()) ->
     beamdiag_cli:result().
 output(Result, Opts, IO = #{err := Err}) ->
     Text = case maps:get(json, Opts, false) of
@@ -88,7 +88,7 @@ output(Result, Opts, IO = #{err := Err}) ->
     Written = beamdiag_cli:emit(Text, Opts, IO),
     Saved = case maps:find(save, Opts) of
                 {ok, SaveFile} ->
-                    case beamdiag_capture:save(SaveFile, Result) of
+                    case beamdiag_capture_file:save(SaveFile, Result) of
                         ok ->
                             Err(["beamdiag: results saved to ", SaveFile, "\n"]),
                             0;

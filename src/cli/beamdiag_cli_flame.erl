@@ -89,10 +89,10 @@ run(Opts = #{node := NodeStr}, IO = #{err := Err}) ->
 
 %% @doc The printed summary of a profile result, as terminal-safe UTF-8
 %% (control characters and invalid UTF-8 from names as `?').
--spec report(beamdiag_profile:result(), beamdiag_cli:opts()) -> binary().
+-spec report(beamdiag_profile_rules:result(), beamdiag_cli:opts()) -> binary().
 report(Result = #{profile := P, findings := Findings}, _Opts) ->
     beamdiag_safe_text:report([
-        beamdiag_profile:header(Result),
+        beamdiag_format_profile:header(Result),
         "\n",
         beamdiag_fold:format_top("Erlang functions", beamdiag_fold:top(P, #{kind => erlang, limit => 15})),
         "\n",
@@ -168,11 +168,11 @@ write_all(Dir, Files) ->
 
 subtitle(#{profile := P, method := Method}) ->
     S = beamdiag_fold:summary(P),
-    io_lib:format("~s profile, ~b samples; Erlang function on the stack ~.1f%, unnamed JIT "
-                  "frame ~.1f%, unnamed native frame ~.1f%, cut short ~.1f%",
-                  [Method, maps:get(samples, S), 100 * maps:get(erlang_share, S),
-                   100 * maps:get(unnamed_jit_share, S), 100 * maps:get(unnamed_native_share, S),
-                   100 * maps:get(cut_short_share, S)]).
+    io_lib:format("~s profile, ~b samples; Erlang function on the stack ~s, unnamed JIT "
+                  "frame ~s, unnamed native frame ~s, cut short ~s",
+                  [Method, maps:get(samples, S)
+                   | [beamdiag_units:pct(maps:get(K, S))
+                      || K <- [erlang_share, unnamed_jit_share, unnamed_native_share, cut_short_share]]]).
 
 %% Titles and evidence one line each; the fix may span lines.
 finding_text(#{severity := Sev, title := T, evidence := Ev, fix := Fix}) ->

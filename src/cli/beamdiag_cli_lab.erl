@@ -21,7 +21,7 @@ spec() ->
         positional => [#{key => scenario, metavar => "SCENARIO", required => true,
                          help => "a scenario name, or 'list'"}],
         options => beamdiag_cli_options:pick([
-            {duration, #{type => {integer, 1, 3600}, default => 60,
+            {duration, #{type => {integer, 1, beamdiag_opts:max_seconds(window)}, default => 60,
                          help => "how long the node and its load run"}},
             #{key => diagnose, long => "--diagnose", type => boolean, default => false,
               help => "diagnose the node once it runs, then stop it"},

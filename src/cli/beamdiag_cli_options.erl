@@ -52,13 +52,13 @@ option(cookie_file) ->
     #{key => cookie_file, long => "--cookie-file", type => string, metavar => "FILE",
       help => "file holding the cookie (default ~/.erlang.cookie)"};
 option(duration) ->
-    #{key => duration, long => "--duration", type => {float, 0.2, 3600.0}, default => 10.0,
+    #{key => duration, long => "--duration", type => {float, 0.2, float(beamdiag_opts:max_seconds(window))}, default => 10.0,
       metavar => "SECONDS", help => "length of the window"};
 option(interval) ->
     #{key => interval, long => "--interval", type => {integer, 10, 60000}, default => 1000,
       metavar => "MS", help => "time between samples"};
 option(slack) ->
-    #{key => slack, long => "--slack", type => {float, 0.0, 3600.0}, default => 1.5,
+    #{key => slack, long => "--slack", type => {float, 0.0, float(beamdiag_opts:max_seconds(window))}, default => 1.5,
       metavar => "SECONDS",
       help => "the report is due SECONDS after the window, counted from the start; "
               "a node whose ticks come later (throttled, overloaded) is reported on "

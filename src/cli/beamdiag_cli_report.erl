@@ -26,7 +26,7 @@ spec() ->
 %% @doc Runs the command.
 -spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
 run(Opts = #{file := File}, IO) ->
-    case beamdiag_capture:read(File) of
+    case beamdiag_capture_file:read(File) of
         {ok, {diagnosis, D}} ->
             beamdiag_cli_diagnose:output(D, maps:remove(save, Opts), IO);
         {ok, {experiment, E}} ->

@@ -32,7 +32,7 @@ spec() ->
             {interval, #{type => {integer, 100, 60000}, help => "time between refreshes"}},
             #{key => duration, long => "--duration", type => {float, 0.5, 86400.0},
               metavar => "SECONDS", help => "stop after this long (default: until q or Ctrl-C)"},
-            #{key => window, long => "--window", type => {integer, 2, 600}, default => 2,
+            #{key => samples, long => "--samples", type => {integer, 2, 600}, default => 2,
               metavar => "SAMPLES", help => "samples per ledger (2: the last interval)"},
             #{key => msacc, long => "--msacc", type => boolean, default => false,
               help => "turn on microstate accounting while watching (costs a little)"}
@@ -41,9 +41,9 @@ spec() ->
 
 %% @doc Runs the command.
 -spec run(beamdiag_cli:opts(), beamdiag_cli:io()) -> beamdiag_cli:result().
-run(Opts = #{node := Node, interval := I, window := W}, IO = #{err := Err}) ->
+run(Opts = #{node := Node, interval := I, samples := W}, IO = #{err := Err}) ->
     LibOpts = maps:merge(maps:with([cookie, cookie_file, msacc], Opts),
-                         #{interval => I, window => W,
+                         #{interval => I, samples => W,
                            duration => maps:get(duration, Opts, infinity)}),
     Err(["beamdiag: connecting to ", Node, "\n"]),
     case beamdiag_watch:start(Node, LibOpts) of

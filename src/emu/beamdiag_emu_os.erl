@@ -13,6 +13,10 @@
 -export([exe/1, run/5, run/6, run_output/2]).
 -export([copy_exec/2, mkdir_p/1, write_file/2, file_op/3, make_temp_dir/0]).
 
+-ifdef(TEST).
+-export([own_nice/0]).
+-endif.
+
 %%%===================================================================
 %%% Running programs
 %%%===================================================================
@@ -44,12 +48,48 @@ run(Exe, Args, Dir, Env, P, nothrow) ->
         [{args, Args}, {cd, Dir}, {env, Env}, {line, 4096}, binary, exit_status,
          stderr_to_stdout, use_stdio, hide]
     ),
+    ok = keep_nice(Port),
     case collect_lines(Port, P, []) of
         {0, _} ->
             ok;
         {Status, Tail} ->
             Cmd = lists:join(" ", [filename:basename(Exe) | Args]),
             {error, {command_failed, Cmd, Status, lists:join("\n", lists:reverse(Tail))}}
+    end.
+
+%% A program the VM spawns runs in a session of its own (erl_child_setup
+%% calls setsid), and with the kernel's autogroups (sched_autogroup_enabled)
+%% a session is scheduled as one group whatever its members' nice values:
+%% a build started under `nice -n 19' would take as much CPU as any other
+%% session. So a niced VM gives its program's session its own nice value
+%% (/proc/PID/autogroup; raising it needs no privilege). Where the file is
+%% missing (no autogroups) nothing changes.
+-spec keep_nice(port()) -> ok.
+keep_nice(Port) ->
+    case {own_nice(), erlang:port_info(Port, os_pid)} of
+        {N, {os_pid, OsPid}} when is_integer(N), N > 0, is_integer(OsPid) ->
+            _ = file:write_file("/proc/" ++ integer_to_list(OsPid) ++ "/autogroup",
+                                integer_to_list(N)),
+            ok;
+        _ ->
+            ok
+    end.
+
+%% This VM's nice value (/proc/self/stat, field 19), or undefined.
+own_nice() ->
+    case file:read_file("/proc/self/stat") of
+        {ok, Stat} ->
+            case beamdiag_agent_procfs:stat_fields(Stat) of
+                %% The fields after the name start at field 3.
+                {ok, _, Fields} when length(Fields) >= 17 ->
+                    try binary_to_integer(lists:nth(17, Fields))
+                    catch error:badarg -> undefined
+                    end;
+                _ ->
+                    undefined
+            end;
+        {error, _} ->
+            undefined
     end.
 
 -spec collect_lines(port(), fun((iodata()) -> ok), [binary()]) -> {integer(), [binary()]}.
@@ -100,17 +140,7 @@ file_op(Op, Path, {error, Why}) -> throw({beamdiag_emu_type, {file, Op, Path, Wh
 %% @doc Makes a new directory under TMPDIR (or /tmp).
 -spec make_temp_dir() -> string().
 make_temp_dir() ->
-    Base =
-        case os:getenv("TMPDIR") of
-            false -> "/tmp";
-            "" -> "/tmp";
-            T -> T
-        end,
-    Dir = filename:join(
-        Base,
-        "beamdiag-emu-type-" ++ os:getpid() ++ "-" ++
-            integer_to_list(erlang:unique_integer([positive]))
-    ),
+    Dir = beamdiag_tmp:path("beamdiag-emu-type"),
     ok = file_op("create", Dir, file:make_dir(Dir)),
     Dir.
 

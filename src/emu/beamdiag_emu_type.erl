@@ -81,7 +81,8 @@
 %% Debian source package), `install', `add_deb_src', `cache' (a directory),
 %% `progress' (receives build output line by line), `jobs' (parallel make
 %% jobs, default the number of logical processors). Without `install' or
-%% `cache' the binaries are kept in the user cache directory.
+%% `cache' the binaries are kept in the user cache directory. Unknown
+%% options raise `badarg' (beamdiag_opts).
 -spec build(options()) -> {ok, report()} | {error, {beamdiag_emu_type, term()}}.
 build(Opts0) when is_map(Opts0) ->
     Defaults = #{
@@ -92,10 +93,7 @@ build(Opts0) when is_map(Opts0) ->
         progress => fun(_) -> ok end,
         jobs => beamdiag_emu_build:jobs()
     },
-    case maps:keys(maps:without(maps:keys(Defaults), Opts0)) of
-        [] -> build_checked(maps:merge(Defaults, Opts0));
-        Unknown -> {error, {?MODULE, {unknown_options, Unknown}}}
-    end.
+    build_checked(beamdiag_opts:merge(Opts0, Defaults, [])).
 
 %% @doc Whether the lock-counting emulator is installed for the running
 %% ERTS, and whether it starts and counts locks.
@@ -143,8 +141,6 @@ advice(Settings) ->
 
 %% @doc Turns an error reason from this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({unknown_options, Keys}) ->
-    io_lib:format("unknown options: ~p", [Keys]);
 format_error({missing_packages, Pkgs}) ->
     [
         "missing build packages: ", lists:join(" ", Pkgs), "\n",

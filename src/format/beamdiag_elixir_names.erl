@@ -108,7 +108,7 @@ fix(Text) ->
 %% @doc A diagnosis for the text and HTML formats: its function names the
 %% Elixir way (top processes, profile frames, findings' evidence), and on
 %% a node that runs Elixir its fixes in Elixir's terms.
--spec diagnosis(beamdiag:diagnosis()) -> beamdiag:diagnosis().
+-spec diagnosis(beamdiag_diagnosis:diagnosis()) -> beamdiag_diagnosis:diagnosis().
 diagnosis(D = #{capture := C}) ->
     Elixir = maps:get(elixir, maps:get(settings, C, #{}), false) =:= true,
     D#{capture := capture(C),
@@ -128,7 +128,7 @@ profile(P) ->
 
 %% @doc A profile as `beamdiag_profile:profile/3' returns it, for `flame':
 %% its frames and its findings' evidence the Elixir way.
--spec flame(beamdiag_profile:result()) -> beamdiag_profile:result().
+-spec flame(beamdiag_profile_rules:result()) -> beamdiag_profile_rules:result().
 flame(R) ->
     R1 = profile_result(R),
     case R1 of

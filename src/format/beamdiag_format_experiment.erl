@@ -36,7 +36,7 @@
 
 %% @doc The results as text: arms, per-run figures, each arm against the
 %% first.
--spec text(beamdiag_experiment:result()) -> iolist().
+-spec text(beamdiag_experiment_stats:result()) -> iolist().
 text(R = #{arms := Arms, runs := Runs, settings := S}) ->
     #{arms := ArmStats, versus := Versus} = maps:get(summary, R, beamdiag_experiment_stats:summarise(R)),
     Letter = fun(I) -> [$A + I - 1] end,
@@ -77,7 +77,7 @@ text(R = #{arms := Arms, runs := Runs, settings := S}) ->
 
 %% @doc The results as the map their JSON encodes (without the raw
 %% captures).
--spec document(beamdiag_experiment:result()) -> document().
+-spec document(beamdiag_experiment_stats:result()) -> document().
 document(R = #{runs := Runs}) ->
     Doc = maps:with([schema, started_ms, elapsed_s, settings, arms], R),
     Summary = maps:get(summary, R, beamdiag_experiment_stats:summarise(R)),
@@ -113,7 +113,7 @@ plain(Ms) ->
     lists:join("; ", Parts).
 
 rel(null) -> "-";
-rel(X) -> [case X < 0 of true -> "-"; false -> "+" end, io_lib:format("~.1f%", [abs(100 * X)])].
+rel(X) -> [case X < 0 of true -> "-"; false -> "+" end, beamdiag_units:pct(abs(X))].
 
 ci(undefined) -> "-";
 ci({L, H}) -> ["[", rel(L), ", ", rel(H), "]"].

@@ -1,5 +1,5 @@
 %%% @doc The parts of a report that only a host-only diagnosis has
-%%% (`beamdiag_host'): the header saying why the report is host-side only
+%%% (`beamdiag_host_session'): the header saying why the report is host-side only
 %%% and what the distribution layer saw, the threads that wanted a CPU
 %%% most, memory, and perf's view of the held threads. The text, JSON and
 %%% HTML reports put these where the agent's sections would be.
@@ -29,7 +29,7 @@
     located => given | epmd_port | cmdline | ns_pid,
     window_s => number(),
     process_state => running | sleeping | stopped | zombie | gone | unknown,
-    attach => beamdiag_attach:public() | #{},
+    attach => beamdiag_attach_plan:public() | #{},
     header := binary(),
     hot_threads := [beamdiag_ledger:row()],
     perf := beamdiag_host_rules:perf_top() | #{error := binary()},
@@ -45,7 +45,7 @@
 
 %% @doc The report's header: the node, why host-side only, what
 %% distribution saw, the window, the host's CPUs, cgroup and memory, perf.
--spec header(beamdiag:diagnosis()) -> iolist().
+-spec header(beamdiag_diagnosis:diagnosis()) -> iolist().
 header(D = #{capture := C, ledger := L, host_view := V}) ->
     S = maps:get(settings, C),
     H = maps:get(host, L, #{}),
@@ -83,7 +83,7 @@ header(D = #{capture := C, ledger := L, host_view := V}) ->
 
 %% @doc The threads that wanted a CPU most (on it, or runnable waiting for
 %% it), as shares of the window.
--spec threads(beamdiag:diagnosis()) -> iolist().
+-spec threads(beamdiag_diagnosis:diagnosis()) -> iolist().
 threads(#{ledger := #{threads := Rows, window_s := W}}) when W > 0 ->
     Sorted = lists:sort(fun(A, B) -> wanted(A) >= wanted(B) end, Rows),
     [
@@ -105,11 +105,11 @@ threads(_) ->
 -spec none() -> binary().
 none() ->
     <<"none from the host: no scheduler thread held or blocked in the kernel, no CPU "
-      "throttling, no memory shortage (busy-waiting, lock waits and the VM's own figures "
+      "saturation or throttling, no memory shortage (busy-waiting, lock waits and the VM's own figures "
       "cannot be seen from the host)">>.
 
 %% @doc What the JSON report carries about the host-only view.
--spec summary(beamdiag:diagnosis()) -> summary().
+-spec summary(beamdiag_diagnosis:diagnosis()) -> summary().
 summary(#{capture := C, host_view := V}) ->
     Base = maps:with([reason, why, waited_ms, distribution, os_pid, node, located, window_s,
                       process_state, attach], V),

@@ -2,16 +2,23 @@
 %%%
 %%% Everything is inline: the style sheet, the data (one JSON document in a
 %%% `<script type="application/json">' element) and a small script that
-%%% draws the charts as SVG. The tables are rendered here, so the findings,
-%%% ledger, settings and lock tables read fine even with scripts off.
+%%% draws the charts as SVG. The tables are rendered on the server side, so
+%%% the findings, ledger, settings and lock tables read fine even with
+%%% scripts off.
+%%%
+%%% This module lays out the report's sections; the rest has a module each:
+%%% the page around them (beamdiag_html_page), the charts' data
+%%% (beamdiag_html_chart_data), the tables for terms with no layout of
+%%% their own (beamdiag_html_table) and escaped, bounded text
+%%% (beamdiag_html_text).
 %%%
 %%% Every string that came from the target (node, thread, process, table and
-%%% lock names, evidence, flag values) is HTML-escaped here, and the charts
-%%% set text with `textContent' only. The embedded JSON escapes `<', `>' and
-%%% `&', so no string can close the script element. The flamegraph, drawn
-%%% here from the folded stacks in the capture (`extras.profile.profile'), is
-%%% shown in a sandboxed frame, where its own script can run but cannot
-%%% reach the report.
+%%% lock names, evidence, flag values) is HTML-escaped (beamdiag_html_text),
+%%% and the charts set text with `textContent' only. The embedded JSON
+%%% escapes `<', `>' and `&', so no string can close the script element.
+%%% The flamegraph, drawn here from the folded stacks in the capture
+%%% (`extras.profile.profile'), is shown in a sandboxed frame, where its own
+%%% script can run but cannot reach the report.
 %%%
 %%% The script writes `data-rendered="N"' on the body when it has drawn N
 %%% charts, and `data-errors' when a chart failed; tests read them back.
@@ -33,29 +40,20 @@
 -export([generic/2, escape/1]).
 -endif.
 
-%% Layers of the ledger charts, bottom to top.
--define(OUTLIERS, 4).
--define(MAX_ROWS, 500).
--define(MAX_COLS, 40).
--define(MAX_DEPTH, 6).
--define(MAX_TEXT, 4000).
-%% Columns that name a row go first in generic tables.
--define(ID_KEYS, ["key", "name", "id", "type", "metric", "label", "variant", "workload"]).
-
 %%%===================================================================
 %%% API
 %%%===================================================================
 
 %% @doc The whole diagnosis as one HTML document, Elixir's functions named
 %% the Elixir way (beamdiag_elixir_names).
--spec diagnosis(beamdiag:diagnosis()) -> iodata().
+-spec diagnosis(beamdiag_diagnosis:diagnosis()) -> iodata().
 diagnosis(D) ->
     document(beamdiag_elixir_names:diagnosis(D)).
 
 document(D = #{capture := C, ledger := L, findings := F}) ->
     Node = maps:get(node, C, <<"?">>),
     Extras = maps:get(extras, C, #{}),
-    Data = chart_data(C, L),
+    Data = beamdiag_html_chart_data:diagnosis(C, L),
     Sections = host_only_section(D) ++ [
         {"findings", "Findings", case D of
                                      #{host_only := true, findings := []} ->
@@ -71,13 +69,14 @@ document(D = #{capture := C, ledger := L, findings := F}) ->
         {"settings", "VM and host", settings_section(C, L)},
         {"notes", "Notes", notes_section(L, C)}
     ],
-    page(["beamdiag: ", esc(lists:sublist(to_chars(Node), 200))], header(C, L, F), Sections, Data).
+    Title = ["beamdiag: ", esc(lists:sublist(beamdiag_html_text:chars(Node), 200))],
+    beamdiag_html_page:document(Title, header(C, L, F), Sections, Data).
 
 %% @doc A cluster report (see `beamdiag_cluster') as one HTML document: the
 %% outliers with their findings, a chart per figure across the nodes (each
 %% node a bar, sorted, the outliers marked, the median drawn), the rest of
 %% the nodes in summary, the members not diagnosed, and a row per node.
--spec cluster(beamdiag_cluster:cluster()) -> iodata().
+-spec cluster(beamdiag_cluster_analysis:cluster()) -> iodata().
 cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) ->
     Findings = maps:get(findings, C, #{}),
     #{windows := #{start_spread_s := Spread, overlap_s := Overlap}, window_s := W} = C,
@@ -121,12 +120,13 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) -
             [["<td>", cluster_value(K, maps:get(K, R)), "</td>"] || K <- beamdiag_outliers:figures()],
             "<td class=\"t\">", esc(lists:join(", ", [atom_to_list(Id) || #{id := Id} <- Fs])),
             "</td></tr>\n"]
-           || R = #{node := N, findings := Fs} <- lists:sublist(Nodes, ?MAX_ROWS * 4)],
+           || R = #{node := N, findings := Fs} <- lists:sublist(Nodes, max_rows() * 4)],
           "</tbody></table>\n</details>\n"]}
     ],
-    page("beamdiag cluster", Header, Sections, cluster_data(C)).
+    beamdiag_html_page:document("beamdiag cluster", Header, Sections,
+                                beamdiag_html_chart_data:cluster(C)).
 
-%% A diagnosis from the host alone (beamdiag_host): why, what distribution
+%% A diagnosis from the host alone (beamdiag_host_session): why, what distribution
 %% saw, and the threads, first; the VM's sections below stay empty.
 host_only_section(D = #{host_only := true}) ->
     [{"host", "Host-side only",
@@ -151,7 +151,7 @@ experiment(Result) ->
 %% `depth' (0).
 -spec generic(term(), #{depth => non_neg_integer()}) -> iodata().
 generic(Term, Opts) ->
-    value(Term, maps:get(depth, Opts, 0)).
+    beamdiag_html_table:render(Term, maps:get(depth, Opts, 0)).
 -endif.
 
 -ifdef(TEST).
@@ -160,31 +160,12 @@ generic(Term, Opts) ->
 %% tab become U+FFFD as well.
 -spec escape(iodata() | atom() | number()) -> binary().
 escape(X) ->
-    iolist_to_binary(esc(X)).
+    iolist_to_binary(beamdiag_html_text:escape(X)).
 -endif.
 
 %%%===================================================================
-%%% Internal: page
+%%% Internal: page header and result pages
 %%%===================================================================
-
-page(Title, Header, Sections, Data) ->
-    [
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
-        "frame-src 'self' about:\">\n",
-        "<title>", Title, "</title>\n<style>", css(), "</style>\n</head>\n<body>\n",
-        Header,
-        "<nav>", [["<a href=\"#", Id, "\">", Name, "</a>"] || {Id, Name, _} <- Sections], "</nav>\n",
-        "<main>\n",
-        [["<section id=\"", Id, "\">\n<h2>", Name, "</h2>\n", Body, "</section>\n"]
-         || {Id, Name, Body} <- Sections],
-        "</main>\n<footer>beamdiag ", vsn(), " &middot; this file is self-contained and "
-        "opens offline</footer>\n",
-        "<script type=\"application/json\" id=\"beamdiag-data\">", json(Data), "</script>\n",
-        "<script>", js(), "</script>\n</body>\n</html>\n"
-    ].
 
 result_page(Title, Result) ->
     {Findings, Rest} =
@@ -199,8 +180,13 @@ result_page(Title, Result) ->
         end,
     Header = ["<header><h1>", esc(Title), "</h1><p class=\"meta\">generated ",
               esc(now_text()), "</p></header>\n"],
-    page(esc(Title), Header, Findings ++ [{"result", "Result", value(Rest, 0)}],
-         #{kind => result}).
+    beamdiag_html_page:document(esc(Title), Header,
+                                Findings ++ [{"result", "Result", value(Rest, 0)}],
+                                #{kind => result}).
+
+is_finding(F) ->
+    is_map(F) andalso is_map_key(severity, F) andalso is_map_key(title, F) andalso
+        is_map_key(evidence, F).
 
 header(C, L, F) ->
     S = maps:get(settings, C, #{}),
@@ -315,7 +301,7 @@ bar(Parts) ->
 
 scheduler_section(#{threads := Threads}, #{outliers := Outliers}) when Threads =/= [] ->
     Sched = [T || T = #{type := Ty} <- Threads, beamdiag_threads:is_scheduler(Ty)],
-    Shown = lists:sublist(Sched, ?MAX_ROWS),
+    Shown = lists:sublist(Sched, max_rows()),
     [
         case Outliers of
             [] -> "<p class=\"help\">No scheduler thread stands out from its type.</p>\n";
@@ -329,8 +315,8 @@ scheduler_section(#{threads := Threads}, #{outliers := Outliers}) when Threads =
         "<th>share of wall</th></tr></thead><tbody>\n",
         [thread_row(T) || T <- Shown],
         "</tbody></table>\n",
-        case length(Sched) > ?MAX_ROWS of
-            true -> ["<p class=\"help\">", integer_to_list(length(Sched) - ?MAX_ROWS),
+        case length(Sched) > max_rows() of
+            true -> ["<p class=\"help\">", integer_to_list(length(Sched) - max_rows()),
                      " more not shown.</p>"];
             false -> ""
         end,
@@ -502,322 +488,32 @@ cluster_rest(#{n := N, shared := #{by_finding := By, without_findings := None}, 
 cluster_rest(_) ->
     "".
 
-%% One series per figure: every node's value, sorted, and which nodes are
-%% outliers on that figure.
-cluster_data(#{nodes := Nodes, outliers := Out, spread := Spread}) ->
-    #{kind => cluster,
-      figures => [#{key => K, unit => cluster_unit(K), median => maps:get(p50, maps:get(K, Spread)),
-                    outliers => [N || #{node := N, figures := Fs} <- Out,
-                                      lists:any(fun(#{figure := F}) -> F =:= K end, Fs)],
-                    values => [[N, V] || {V, N} <- lists:reverse(lists:sort(
-                                                      [{float(maps:get(K, R)), N}
-                                                       || R = #{node := N} <- Nodes]))]}
-                  || K <- beamdiag_outliers:figures()]}.
-
 cluster_value(cpus_used, V) -> fmt("~.2f", [float(V)]);
 cluster_value(reductions_per_s, V) when V >= 1.0e6 -> fmt("~.1fM", [V / 1.0e6]);
 cluster_value(reductions_per_s, V) when V >= 1.0e3 -> fmt("~.1fk", [V / 1.0e3]);
 cluster_value(reductions_per_s, V) -> integer_to_list(round(V));
-cluster_value(_, V) -> fmt("~.1f%", [100 * V]).
-
-cluster_unit(cpus_used) -> <<"CPUs">>;
-cluster_unit(reductions_per_s) -> <<"reductions/s">>;
-cluster_unit(_) -> <<"share of scheduler wall time">>.
+cluster_value(_, V) -> beamdiag_units:pct(V).
 
 %%%===================================================================
-%%% Internal: chart data
+%%% Internal: small helpers
 %%%===================================================================
 
-%% The data the charts draw: the ledger series per thread type, the
-%% outlier schedulers tick by tick, CPU per tick and msacc shares.
-chart_data(C, L) ->
-    Series = maps:get(series, L, []),
-    Types = [T || T <- beamdiag_threads:types(), shown_type(T, Series)],
-    Ends = ends(Series),
-    Outliers = beamdiag_ledger:outliers(L, ?OUTLIERS),
-    Ticks = beamdiag_ledger:ticks(C, [Tid || #{tid := Tid} <- Outliers]),
-    #{
-        kind => diagnosis,
-        states => [[S, beamdiag_ledger:state_name(S)] || S <- beamdiag_ledger:states()],
-        t => Ends,
-        ledger => [#{type => T, n => type_n(T, Series),
-                     points => [point(maps:get(T, maps:get(by_type, S), #{})) || S <- Series]}
-                   || T <- Types],
-        outliers => [#{name => Name, type => Ty,
-                       points => [point(thread_in(Tid, Tick)) || Tick <- Ticks]}
-                     || #{tid := Tid, name := Name, type := Ty} <- Outliers],
-        outlier_t => ends(Ticks),
-        cpu => cpu_data(Series, Ticks, L),
-        msacc => msacc_data(maps:get(msacc, L, #{}))
-    }.
+%% Escaping and bounded text have one home (beamdiag_html_text).
+esc(X) -> beamdiag_html_text:escape(X).
 
-ends(Series) ->
-    {_, Rev} = lists:foldl(fun(#{t := T}, {Acc, R}) -> {Acc + T, [Acc + T | R]} end, {0.0, []},
-                           Series),
-    [round3(X) || X <- lists:reverse(Rev)].
+cell_text(T, Max) -> beamdiag_html_text:bounded(T, Max).
 
-shown_type(T, Series) ->
-    Rows = [R || #{by_type := B} <- Series, R <- [maps:get(T, B, undefined)], is_map(R)],
-    Rows =/= [] andalso
-        (beamdiag_threads:is_scheduler(T) orelse
-         lists:any(fun(R) -> num(maps:get(on_cpu, R, 0)) > 0.001 end, Rows)).
+value(Term, Depth) -> beamdiag_html_table:render(Term, Depth).
 
-type_n(T, [#{by_type := B} | _]) -> maps:get(n, maps:get(T, B, #{}), 0);
-type_n(_, []) -> 0.
+kv_table(Pairs) -> beamdiag_html_table:kv_table(Pairs).
 
-point(Row) ->
-    P = beamdiag_ledger:state_shares(Row),
-    [round4(maps:get(K, P)) || K <- beamdiag_ledger:states()].
-
-thread_in(Tid, #{threads := Threads}) ->
-    case [T || T = #{tid := X} <- Threads, X =:= Tid] of
-        [T | _] -> T;
-        [] -> #{}
-    end.
-
-cpu_data(Series, Ticks, L) ->
-    Sum = fun(B, Types, K) ->
-              lists:sum([num(maps:get(K, maps:get(T, B, #{}), 0)) || T <- Types])
-          end,
-    All = beamdiag_threads:types(),
-    HostBusy = case length(Ticks) =:= length(Series) of
-                   true -> [case H of
-                                #{busy := Bu, ncpu := N} -> round3(Bu * N);
-                                _ -> null
-                            end || #{host := H} <- Ticks];
-                   false -> []
-               end,
-    #{
-        node_cpus => [round3(Sum(B, All, on_cpu) / max(1.0e-9, T)) || #{by_type := B, t := T} <- Series],
-        sched_busy => [round3(Sum(B, [scheduler, dirty_cpu], busy) / max(1.0e-9, T))
-                       || #{by_type := B, t := T} <- Series],
-        host_busy => HostBusy,
-        available => num(maps:get(cpus_available, maps:get(totals, L, #{}), 0))
-    }.
-
-msacc_data(#{by_type := ByType}) ->
-    Order = [scheduler, dirty_cpu, dirty_io, aux, poll, async],
-    Types = [T || T <- Order, maps:is_key(T, ByType)] ++
-            lists:sort([T || T <- maps:keys(ByType), not lists:member(T, Order)]),
-    [#{type => T, n => maps:get(n, V, 0),
-       shares => maps:map(fun(_, X) -> round4(num(X)) end, maps:get(shares, V, #{}))}
-     || T <- Types, V <- [maps:get(T, ByType)], is_map(V)];
-msacc_data(_) ->
-    [].
-
-%% JSON for a script element: < and > are escaped by the encoder; & too.
-json(Data) ->
-    binary:replace(iolist_to_binary(beamdiag_json:encode(Data)), <<"&">>, <<"\\u0026">>, [global]).
-
-%%%===================================================================
-%%% Internal: generic tables
-%%%===================================================================
-
-value(#{capture := C, ledger := L, findings := F}, _Depth) when is_map(C), is_map(L), is_list(F) ->
-    %% A whole diagnosis inside a result: its gist, not its samples.
-    kv_table([{node, maps:get(node, C, null)}, {window_s, maps:get(window_s, L, null)},
-              {cpus_used, maps:get(cpus_used, maps:get(totals, L, #{}), null)},
-              {findings, iolist_to_binary(lists:join(", ", [[atom_to_binary(S), " ", to_bin(Id)]
-                                                          || #{id := Id, severity := S} <- F]))}]);
-value(V, Depth) when Depth > ?MAX_DEPTH ->
-    ["<code>", cell_text(compact(V), 200), "</code>"];
-value(M, Depth) when is_map(M), map_size(M) =:= 0 ->
-    _ = Depth,
-    "<p class=\"none\">empty</p>";
-value(M, Depth) when is_map(M) ->
-    Pairs = sorted_pairs(M),
-    case table_of_maps(Pairs) of
-        true ->
-            rows_table([{K, V} || {K, V} <- Pairs], Depth);
-        false ->
-            {Scalars, Nested} = lists:partition(fun({_, V}) -> scalar(V) end, Pairs),
-            [
-                case Scalars of
-                    [] -> "";
-                    _ -> kv_table(Scalars)
-                end,
-                [["<details open class=\"nested\"><summary>", cell_text(key_text(K), 120),
-                  "</summary>", value(V, Depth + 1), "</details>\n"]
-                 || {K, V} <- lists:sublist(Nested, ?MAX_ROWS)]
-            ]
-    end;
-value([], _Depth) ->
-    "<p class=\"none\">none</p>";
-value(L, Depth) when is_list(L) ->
-    case io_lib:printable_unicode_list(L) of
-        true ->
-            ["<p>", cell_text(L, ?MAX_TEXT), "</p>"];
-        false ->
-            case lists:all(fun is_map/1, L) of
-                true ->
-                    rows_table([{I, M} || {I, M} <- lists:enumerate(L)], Depth, false);
-                false ->
-                    case lists:all(fun scalar/1, L) of
-                        true -> ["<p>", scalar_list(L), "</p>"];
-                        false -> ["<ol>", [["<li>", value(E, Depth + 1), "</li>"]
-                                           || E <- lists:sublist(L, ?MAX_ROWS)], "</ol>"]
-                    end
-            end
-    end;
-value(V, _Depth) ->
-    ["<p>", cell(V), "</p>"].
-
-%% A map whose values are all maps (of mostly scalars): one row per key.
-table_of_maps(Pairs) ->
-    length(Pairs) > 1 andalso
-        lists:all(fun({_, V}) -> is_map(V) andalso map_size(V) > 0 andalso
-                                     map_size(V) =< ?MAX_COLS end, Pairs) andalso
-        lists:all(fun({_, V}) -> lists:any(fun scalar/1, maps:values(V)) end, Pairs).
-
-rows_table(Rows, Depth) ->
-    rows_table(Rows, Depth, true).
-
-rows_table(Rows0, Depth, ShowKey) ->
-    Rows = lists:sublist(Rows0, ?MAX_ROWS),
-    Cols = columns([M || {_, M} <- Rows]),
-    [
-        "<table class=\"num\"><thead><tr>",
-        case ShowKey of true -> "<th></th>"; false -> "" end,
-        [["<th>", cell_text(key_text(C), 60), "</th>"] || C <- Cols],
-        "</tr></thead><tbody>\n",
-        [["<tr", case maps:get(significant, M, false) of true -> " class=\"sig\""; _ -> "" end, ">",
-          case ShowKey of true -> ["<th>", cell_text(key_text(K), 80), "</th>"]; false -> "" end,
-          [[td(V), nested_cell(V, Depth), "</td>"] || C <- Cols, V <- [maps:get(C, M, undefined)]],
-          "</tr>\n"] || {K, M} <- Rows],
-        "</tbody></table>\n",
-        case length(Rows0) > ?MAX_ROWS of
-            true -> ["<p class=\"help\">", integer_to_list(length(Rows0) - ?MAX_ROWS),
-                     " more rows not shown.</p>"];
-            false -> ""
-        end
-    ].
-
-%% The union of the rows' keys: those with scalar values first, in the
-%% order of first appearance, bounded.
-columns(Maps) ->
-    Keys = lists:foldl(fun(M, Acc) ->
-                           Acc ++ [K || {K, _} <- sorted_pairs(M), not lists:member(K, Acc)]
-                       end, [], lists:sublist(Maps, 50)),
-    IsScalar = fun(K) -> lists:all(fun(M) -> scalar(maps:get(K, M, null)) end, Maps) end,
-    {S, N} = lists:partition(IsScalar, Keys),
-    {Ids, Rest} = lists:partition(fun(K) -> lists:member(key_text(K), ?ID_KEYS) end, S),
-    lists:sublist(Ids ++ Rest ++ N, ?MAX_COLS).
-
-%% Numbers right-aligned, text left.
-td(V) when is_number(V) -> "<td>";
-td({A, B}) when is_number(A), is_number(B) -> "<td>";
-td(_) -> "<td class=\"t\">".
-
-nested_cell(undefined, _) -> "";
-nested_cell(V, Depth) ->
-    case scalar(V) of
-        true -> cell(V);
-        false when Depth < 2 -> ["<div class=\"inner\">", value(V, Depth + 2), "</div>"];
-        false -> ["<code>", cell_text(compact(V), 300), "</code>"]
-    end.
-
-kv_table(Pairs) ->
-    ["<table class=\"kv\"><tbody>",
-     [["<tr><th>", cell_text(key_text(K), 80), "</th><td>", cell(V), "</td></tr>\n"]
-      || {K, V} <- lists:sublist(Pairs, ?MAX_ROWS)],
-     "</tbody></table>\n"].
-
-sorted_pairs(M) ->
-    lists:sort(fun({A, _}, {B, _}) -> key_text(A) =< key_text(B) end, maps:to_list(M)).
-
-scalar(V) ->
-    is_number(V) orelse is_atom(V) orelse is_binary(V) orelse
-        (is_list(V) andalso V =/= [] andalso io_lib:printable_unicode_list(V)) orelse
-        (is_list(V) andalso length(V) =< 8 andalso lists:all(fun is_number/1, V)) orelse
-        (is_tuple(V) andalso tuple_size(V) =:= 2 andalso is_number(element(1, V)) andalso
-         is_number(element(2, V))).
-
-scalar_list(L) ->
-    Shown = lists:sublist(L, 50),
-    [lists:join(", ", [cell(E) || E <- Shown]),
-     case length(L) > 50 of true -> [" &hellip; (", integer_to_list(length(L)), ")"]; false -> "" end].
-
-cell(V) when is_float(V) -> ["<span class=\"n\">", float_text(V), "</span>"];
-cell(V) when is_integer(V) -> ["<span class=\"n\">", integer_to_list(V), "</span>"];
-cell(true) -> "true";
-cell(false) -> "false";
-cell(null) -> "&ndash;";
-cell(undefined) -> "&ndash;";
-cell(V) when is_atom(V) -> cell_text(atom_to_binary(V), 200);
-cell(V) when is_binary(V) -> cell_text(V, ?MAX_TEXT);
-cell(V) when is_list(V) ->
-    case io_lib:printable_unicode_list(V) of
-        true -> cell_text(V, ?MAX_TEXT);
-        false when V =/= [] -> case lists:all(fun is_number/1, V) of
-                                   true -> lists:join(", ", [cell(E) || E <- V]);
-                                   false -> ["<code>", cell_text(compact(V), 300), "</code>"]
-                               end;
-        false -> ""
-    end;
-cell({Lo, Hi}) when is_number(Lo), is_number(Hi) -> ["[", cell(Lo), ", ", cell(Hi), "]"];
-cell(V) -> ["<code>", cell_text(compact(V), 300), "</code>"].
-
-is_finding(F) ->
-    is_map(F) andalso is_map_key(severity, F) andalso is_map_key(title, F) andalso
-        is_map_key(evidence, F).
-
-to_bin(X) when is_atom(X) -> atom_to_binary(X);
-to_bin(X) -> unicode:characters_to_binary(to_chars(X)).
-
-%% Text bounded to Max characters; the full text (bounded) in a tooltip.
-cell_text(T, Max) ->
-    S = to_chars(T),
-    case length(S) > Max of
-        true -> ["<span title=\"", esc(lists:sublist(S, ?MAX_TEXT)), "\">",
-                 esc(lists:sublist(S, Max)), "&hellip;</span>"];
-        false -> esc(S)
-    end.
-
-key_text(K) when is_atom(K) -> atom_to_list(K);
-key_text(K) when is_binary(K) -> to_chars(K);
-key_text(K) when is_integer(K) -> integer_to_list(K);
-key_text(K) when is_list(K) -> to_chars(K);
-key_text(K) -> compact(K).
-
-compact(V) ->
-    lists:flatten(io_lib:format("~0tp", [V], [{chars_limit, 1000}])).
-
-float_text(F) when F == 0 -> "0";
-float_text(F) when abs(F) < 0.001 -> fmt("~.2e", [F]);
-float_text(F) when abs(F) >= 1.0e6 -> fmt("~.4e", [F]);
-float_text(F) -> float_to_list(F, [{decimals, 4}, compact]).
-
-%%%===================================================================
-%%% Internal: escaping and small helpers
-%%%===================================================================
-
-esc(X) when is_atom(X) -> esc(atom_to_binary(X));
-esc(X) when is_integer(X) -> integer_to_list(X);
-esc(X) when is_float(X) -> float_text(X);
-esc(X) -> beamdiag_safe_text:xml(to_chars(X)).
-
-%% Characters from binaries (UTF-8, invalid bytes replaced), lists, atoms.
-to_chars(B) when is_binary(B) -> beamdiag_safe_text:chars(B, 16#FFFD);
-to_chars(A) when is_atom(A) -> atom_to_list(A);
-to_chars(N) when is_number(N) -> esc(N);
-to_chars(L) when is_list(L) ->
-    try unicode:characters_to_list(L) of
-        R when is_list(R) -> R;
-        _ -> compact(L)
-    catch
-        _:_ -> compact(L)
-    end;
-to_chars(Other) -> compact(Other).
+max_rows() -> beamdiag_html_table:max_rows().
 
 list(L) when is_list(L) -> L;
 list(X) -> [X].
 
 num(X) when is_number(X) -> float(X);
 num(_) -> 0.0.
-
-
-round3(X) -> round(X * 1000) / 1000.
-round4(X) -> round(X * 10000) / 10000.
 
 fmt(F, A) -> lists:flatten(io_lib:format(F, A)).
 
@@ -827,35 +523,3 @@ start_text(_) -> "?".
 
 now_text() ->
     calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]).
-
-vsn() ->
-    case application:get_key(beamdiag, vsn) of
-        {ok, V} -> esc(V);
-        _ -> ""
-    end.
-
-%%%===================================================================
-%%% Internal: style and script
-%%%===================================================================
-
-%% The report's style sheet and script are files of their own in priv/
-%% (linted by `make check'), read when a report is made: from the
-%% application's priv directory, or from inside the escript's archive,
-%% which `rebar3 escriptize' packs priv into.
-css() -> asset("report.css").
-
-js() -> asset("report.js").
-
-asset(Name) ->
-    Path = filename:join(priv_dir(), Name),
-    case erl_prim_loader:get_file(Path) of
-        {ok, Bin, _} -> Bin;
-        error -> erlang:error({missing_asset, Path})
-    end.
-
-priv_dir() ->
-    case code:priv_dir(beamdiag) of
-        Dir when is_list(Dir) -> Dir;
-        {error, bad_name} -> filename:join(filename:dirname(filename:dirname(code:which(?MODULE))), "priv")
-    end.
-

@@ -12,7 +12,7 @@
 %%% JIT code; names as the node gives them, Elixir's too)
 %%% and, for a diagnosis made now (not one re-read from a capture),
 %%% `ready_s': wall seconds from the call to the diagnosis.
-%%% A diagnosis from the host alone (beamdiag_host) carries `host_only'
+%%% A diagnosis from the host alone (beamdiag_host_session) carries `host_only'
 %%% (true) and `host_view' (why, what distribution saw, the held threads,
 %%% perf's top native functions, memory), and no VM figures.
 %%% `attach' (in `host_view' for those) says how the node was reached or
@@ -59,8 +59,9 @@
     vm => map(),
     msacc => map(),
     processes => beamdiag_agent_processes:report() | #{error := binary()},
-    attach => beamdiag_attach:public() | #{},
+    attach => beamdiag_attach_plan:public() | #{},
     locks => beamdiag_lock_data:lock_data(),
+    memory => beamdiag_memory_ledger:memory(),
     profile => #{method := erlang | perf,
                  summary := #{atom() => number()},
                  top := [beamdiag_fold:top_row()],
@@ -73,30 +74,30 @@
 %%%===================================================================
 
 %% @doc The diagnosis as JSON text, one document, newline-terminated.
--spec diagnosis(beamdiag:diagnosis()) -> iolist().
+-spec diagnosis(beamdiag_diagnosis:diagnosis()) -> iolist().
 diagnosis(D) ->
     [beamdiag_json:encode(document(D)), "\n"].
 
 %% @doc A cluster report (see `beamdiag_cluster') as JSON text, schema
 %% "beamdiag.cluster/2": everything it holds, every node's findings in full.
--spec cluster(beamdiag_cluster:cluster()) -> iolist().
+-spec cluster(beamdiag_cluster_analysis:cluster()) -> iolist().
 cluster(C) ->
     [beamdiag_json:encode(C), "\n"].
 
 %% @doc The diagnosis as the map the JSON text encodes.
--spec document(beamdiag:diagnosis()) -> document().
+-spec document(beamdiag_diagnosis:diagnosis()) -> document().
 document(D = #{ready_ms := Ms}) ->
     %% Wall seconds from the call to the diagnosis (a diagnosis made now).
     (document(maps:remove(ready_ms, D)))#{ready_s => Ms / 1000};
 document(D = #{host_only := true, capture := C, ledger := L, findings := F}) ->
-    %% Seen from the host alone (beamdiag_host): no VM figures; the lock
+    %% Seen from the host alone (beamdiag_host_session): no VM figures; the lock
     %% data, read apart from the agent, when the node counts locks.
     Doc = (common(C, L, F))#{
         host_only => true,
         host_view => beamdiag_format_host:summary(D)
     },
     with_locks(Doc, maps:get(extras, C, #{}));
-document(#{capture := C, ledger := L, findings := F}) ->
+document(D = #{capture := C, ledger := L, findings := F}) ->
     Doc = (common(C, L, F))#{
         otp_release => maps:get(otp_release, maps:get(settings, C)),
         vm => maps:get(vm, L),
@@ -111,7 +112,7 @@ document(#{capture := C, ledger := L, findings := F}) ->
                 #{attach := Attach} -> Doc0#{attach => Attach};
                 _ -> Doc0
             end,
-    Doc1 = with_locks(Doc00, Extras),
+    Doc1 = with_memory(with_locks(Doc00, Extras), D),
     case Extras of
         #{profile := R = #{method := M, profile := P}} ->
             Profile = #{method => M, summary => beamdiag_fold:summary(P),
@@ -134,6 +135,9 @@ document(#{capture := C, ledger := L, findings := F}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+with_memory(Doc, #{memory := M}) -> Doc#{memory => M};
+with_memory(Doc, _D) -> Doc.
 
 with_locks(Doc, #{locks := Locks}) -> Doc#{locks => Locks};
 with_locks(Doc, _Extras) -> Doc.

@@ -58,7 +58,7 @@ line(P = #{top_reductions := Top}) ->
     Total = maps:get(reductions, P, 0),
     Reds = case Top of
                [E | _] when Total > 0 ->
-                   io_lib:format("top ~ts ~.1f%", [who_short(E), 100 * maps:get(reductions, E) / Total]);
+                   io_lib:format("top ~ts ~s", [who_short(E), beamdiag_units:pct(maps:get(reductions, E) / Total)]);
                _ -> "top -"
            end,
     Q = case [E || E = #{queue := [_, Q1]} <- maps:get(queues, P, []), Q1 >= 100] of

@@ -10,6 +10,10 @@
 -module(beamdiag_format_text).
 
 -export([diagnosis/2, ready/1, cluster/2, attach/1]).
+
+-ifdef(TEST).
+-export([memory/1]).
+-endif.
 %% Called by scripts/ledger-table.escript.
 -ignore_xref([{pct, 1}]).
 
@@ -17,7 +21,9 @@
 
 %% `colour': ANSI colours (false); `all': the cluster report's row per
 %% node (false).
--type options() :: #{colour => boolean(), all => boolean()}.
+%% `memory': the report's memory ledger had accounts, so the all-clear
+%% may say memory was looked at (set by report/2).
+-type options() :: #{colour => boolean(), all => boolean(), memory => boolean()}.
 
 -define(WIDTH, 80).
 -define(OUTLIERS, 3).
@@ -37,12 +43,12 @@
 
 %% @doc The whole report. Options: `colour' (false). Elixir's functions
 %% are named the Elixir way (beamdiag_elixir_names).
--spec diagnosis(beamdiag:diagnosis(), options()) -> binary().
+-spec diagnosis(beamdiag_diagnosis:diagnosis(), options()) -> binary().
 diagnosis(D, Opts) ->
     report(beamdiag_elixir_names:diagnosis(D), Opts).
 
 report(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts) ->
-    %% Seen from the host alone (beamdiag_host): no VM figures; the lock
+    %% Seen from the host alone (beamdiag_host_session): no VM figures; the lock
     %% counters, read apart from the agent, when the node counts locks.
     finish(iolist_to_binary([
         beamdiag_format_host:header(D),
@@ -62,10 +68,11 @@ report(D = #{capture := C, ledger := L, findings := F}, Opts) ->
         header(C, L, ready(D)),
         attach(maps:get(attach, maps:get(extras, C, #{}), #{})),
         "\n",
-        findings(F, Opts#{colour => false}),
+        findings(F, Opts#{colour => false, memory => memory_measured(D)}),
         "\n",
         processes(C),
         ledger_table(L, Opts),
+        memory(maps:get(memory, D, undefined)),
         msacc(L, maps:get(settings, C, #{})),
         locks(C),
         profile(C),
@@ -84,10 +91,66 @@ finish(Plain, Opts) ->
 
 %% @doc The findings section.
 -spec findings([beamdiag_finding:finding()], options()) -> iolist().
+findings([], #{memory := true}) ->
+    "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation,\n"
+    "  and no part of the memory grew steadily\n";
 findings([], _Opts) ->
-    "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation\n";
+    "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation\n"
+    "  (memory not measured: no memory readings in the capture)\n";
 findings(Findings, Opts) ->
     ["FINDINGS\n", [finding(F, Opts) || F <- Findings]].
+
+%% The allocator types with the most free space in their carriers at the
+%% window's end, three at most, each with the share of its carriers in use.
+allocators([]) ->
+    [];
+allocators(Rows) ->
+    ["  free in carriers at the end, most first:\n",
+     [io_lib:format("    ~-14s ~10s free of ~10s (~s in use)~n",
+                    [T, beamdiag_units:bytes(C - B), beamdiag_units:bytes(C),
+                     beamdiag_units:whole_pct(B / C)])
+      || #{type := T, carriers := C, blocks := B} <- lists:sublist(Rows, 3), C > 0]].
+
+memory_measured(#{memory := #{accounts := Acc}}) -> map_size(Acc) > 0;
+memory_measured(_) -> false.
+
+%% @doc The memory ledger: each account at the window's ends, its change
+%% and rate, whether it rose steadily; the room left and its time.
+-spec memory(beamdiag_memory_ledger:memory() | undefined) -> iolist().
+memory(#{accounts := Acc, span_s := Span} = M) when map_size(Acc) > 0 ->
+    Names = #{rss => "resident (OS)", anon => "  anonymous", native => "  beyond the VM",
+              outside => "  beyond carriers", total => "VM total", processes => "  processes",
+              binary => "  binary", ets => "  ets", atom => "  atom", code => "  code",
+              other => "  other", carriers => "VM carriers", blocks => "  in use (blocks)"},
+    Rows = [io_lib:format("  ~-18s ~10s ~10s ~11s ~11s~s~n",
+                          [maps:get(K, Names), beamdiag_units:bytes(F), beamdiag_units:bytes(L),
+                           beamdiag_units:signed_bytes(Ch), beamdiag_units:signed_bytes(R),
+                           case St of true -> "  steady"; false -> "" end])
+            || K <- beamdiag_memory_ledger:accounts(),
+               #{first := F, last := L, change := Ch, rate := R, steady := St} <- [maps:get(K, Acc, none)]],
+    Room = case M of
+               #{room := Room0, bound_by := By, time_left_s := Left} ->
+                   io_lib:format("  room at the end: ~s (~s); ~s~n",
+                                 [beamdiag_units:bytes(Room0),
+                                  case By of host -> "the host's MemAvailable";
+                                             cgroup -> "below the cgroup's limit" end,
+                                  case Left of
+                                      infinity -> "the resident memory did not grow";
+                                      _ -> io_lib:format("at the resident memory's rate, gone in ~b s",
+                                                         [round(Left)])
+                                  end]);
+               _ ->
+                   "  room at the end: not read\n"
+           end,
+    [io_lib:format("MEMORY (the OS's account beside the VM's, bytes, ~b readings over ~.1f s)~n",
+                   [maps:get(readings, M), Span]),
+     io_lib:format("  ~-18s ~10s ~10s ~11s ~11s~n", ["account", "start", "end", "change", "per s"]),
+     Rows, allocators(maps:get(allocators, M, [])), Room];
+memory(#{notes := [Note | _]}) ->
+    ["MEMORY\n  ", Note, "\n"];
+memory(_) ->
+    "".
+
 
 %% @doc The ledger table: one line per thread type, then the outliers.
 -spec ledger_table(beamdiag_ledger:ledger(), options()) -> iolist().
@@ -108,7 +171,7 @@ ledger_table(L = #{by_type := ByType}, _Opts) ->
 
 %% @doc How long after the call a diagnosis made now was ready, for a
 %% header line ("" for one re-read from a capture).
--spec ready(beamdiag:diagnosis()) -> iolist().
+-spec ready(beamdiag_diagnosis:diagnosis()) -> iolist().
 ready(#{ready_ms := Ms}) -> io_lib:format(", ready ~.1f s after the call", [Ms / 1000]);
 ready(_) -> "".
 
@@ -116,7 +179,7 @@ ready(_) -> "".
 %% where it came from, the cookie only as its origin and a short hash
 %% ("" when the diagnosis does not say).
 %% (#{}: a session that had no plan to show.)
--spec attach(beamdiag_attach:public() | #{}) -> iolist().
+-spec attach(beamdiag_attach_plan:public() | #{}) -> iolist().
 attach(#{settings := Rows} = A) ->
     Cookie = case A of
                  #{cookie := #{from := From, hash := H}} ->
@@ -268,7 +331,7 @@ msacc_span(_, _) ->
 %% A saved capture read back keeps as binaries the state names this VM has
 %% no atom for (the lock-counting emulator's extra states: alloc, timers).
 msacc_line(Type, #{shares := Shares}) ->
-    Top = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Shares))), 5),
+    Top = beamdiag_agent_top:largest(5, 2, maps:to_list(Shares)),
     io_lib:format("  ~-10ts ~ts~n",
                   [beamdiag_safe_text:safe(Type, 20),
                    lists:join("  ", [[beamdiag_safe_text:safe(S, 20), " ", beamdiag_units:pct(V)]
@@ -290,7 +353,7 @@ processes(_) ->
 
 profile(#{extras := #{profile := R = #{profile := P}}}) ->
     [
-        "\nPROFILE: ", beamdiag_profile:header(R),
+        "\nPROFILE: ", beamdiag_format_profile:header(R),
         beamdiag_fold:format_top("top functions", beamdiag_fold:top(P, #{kind => all, limit => 8}))
     ];
 profile(_) ->
@@ -315,7 +378,7 @@ safe(Text) -> beamdiag_safe_text:safe(Text, 120).
 %% each figure), then the members that did not answer. Option `all'
 %% (false) adds a row per node. Fits 80 columns and, without `all', about
 %% 50 lines whatever the number of nodes.
--spec cluster(beamdiag_cluster:cluster(), options()) -> binary().
+-spec cluster(beamdiag_cluster_analysis:cluster(), options()) -> binary().
 cluster(C, Opts) ->
     %% Fewer outliers in full (the others by name) when all would not fit.
     Texts = [cluster(C, Opts, Full) || Full <- lists:seq(?CLUSTER_FULL, 1, -1)],

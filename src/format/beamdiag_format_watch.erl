@@ -1,6 +1,6 @@
 %%% @doc The live view's screen (beamdiag_watch): a diagnosis of the
 %%% sliding window as one screen that fits 80 columns whatever the number
-%%% of schedulers: the header, the CPU line, the busiest process and
+%%% of schedulers: the header, the CPU line, the memory line, the busiest process and
 %%% longest mailbox of the last walk, the ledger by thread type with the
 %%% outlier threads, and the findings.
 %%%
@@ -29,12 +29,13 @@
 %% @doc One screen for a diagnosis, at most 80 columns wide. Options:
 %% `colour' (false), `tick' (a counter shown in the header), `interval'
 %% (ms, shown in the header), `clock' (a time text for the header).
--spec frame(beamdiag:diagnosis(), options()) -> iolist().
-frame(#{capture := C, ledger := L, findings := F}, Opts) ->
+-spec frame(beamdiag_diagnosis:diagnosis(), options()) -> iolist().
+frame(D = #{capture := C, ledger := L, findings := F}, Opts) ->
     Colour = maps:get(colour, Opts, false),
     [
         header(C, L, Opts),
         cpu_line(L),
+        memory_line(maps:get(memory, D, #{})),
         procs_line(C),
         "\n",
         ledger(L, Colour),
@@ -74,6 +75,22 @@ cpu_line(#{totals := T, host := H, cgroup := Cg}) when map_size(T) > 0 ->
                    Host, Throttle]);
 cpu_line(_) ->
     "CPU: no per-thread figures\n".
+
+%% The memory ledger in a line: the resident memory and its rate, the VM's
+%% total, and the VM's part that changed fastest.
+memory_line(#{accounts := #{rss := #{last := R, rate := RR}, total := #{last := V}} = Acc}) ->
+    Parts = [{abs(Rate), P, Rate} || P <- [processes, binary, ets, atom, code, other],
+                                     #{rate := Rate} <- [maps:get(P, Acc, none)]],
+    Fastest = case lists:reverse(lists:sort(Parts)) of
+                  [{_, P, Rate} | _] -> io_lib:format("; fastest ~s ~s/s", [P, beamdiag_units:signed_bytes(Rate)]);
+                  [] -> ""
+              end,
+    [cut(io_lib:format("memory: resident ~s (~s/s), VM ~s~ts",
+                       [beamdiag_units:bytes(R), beamdiag_units:signed_bytes(RR), beamdiag_units:bytes(V), Fastest]),
+         ?WIDTH), "\n"];
+memory_line(_) ->
+    "".
+
 
 %% The top process and the longest mailbox from the latest process walk.
 procs_line(#{extras := #{procs := P}}) ->

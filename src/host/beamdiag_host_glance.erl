@@ -56,8 +56,8 @@
 start(Node, Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
     Name = atom_to_list(Node),
-    case string:split(Name, "@") of
-        [_, Host] when Host =/= "" ->
+    case beamdiag_node_name:split(Name) of
+        {_, Host} when Host =/= "" ->
             case beamdiag_host_locate:is_local_host(Host) of
                 true ->
                     case beamdiag_host_locate:locate(Name, #{timeout => 1000, proc_root => Root}) of
@@ -120,14 +120,9 @@ words(V = #{os_pid := P, state := State, threads := Threads, span_s := Span}) ->
 %% name, which may hold spaces and parentheses).
 -spec parse_state(binary()) -> binary() | unknown.
 parse_state(Stat) ->
-    case string:split(Stat, ")", trailing) of
-        [_, Rest] ->
-            case string:lexemes(Rest, " ") of
-                [S | _] -> iolist_to_binary(S);
-                [] -> unknown
-            end;
-        _ ->
-            unknown
+    case beamdiag_agent_procfs:stat_fields(Stat) of
+        {ok, _, [S | _]} -> S;
+        _ -> unknown
     end.
 
 %% @doc Turns an error reason of this module into a sentence.

@@ -238,8 +238,8 @@ format_error({bad_node, S}) ->
 %%%===================================================================
 
 by_name(Root, Str, Opts) ->
-    case string:split(Str, "@") of
-        [Name, Host] when Name =/= "", Host =/= "" ->
+    case beamdiag_node_name:split(Str) of
+        {Name, Host} when Name =/= "", Host =/= "" ->
             case is_local_host(Host) of
                 true -> by_local_name(Root, Name, Host, Opts);
                 false -> {error, {?MODULE, {other_host, Host}}}
@@ -394,12 +394,12 @@ by_ns_pid(Root, Pid, Error) ->
 cmd_names(Root, Pid, Host) ->
     case read(filename:join([Root, integer_to_list(Pid), "cmdline"])) of
         {ok, Bin} ->
-            lists:usort([case string:split(N, "@") of
-                             [Nm, H] -> case H =:= Host orelse is_local_host(H) of
+            lists:usort([case beamdiag_node_name:split(N) of
+                             {Nm, H} -> case H =:= Host orelse is_local_host(H) of
                                             true -> Nm;
                                             false -> ""
                                         end;
-                             [Nm] -> Nm
+                             error -> N
                          end || N <- parse_cmdline(Bin)]);
         {error, _} ->
             []

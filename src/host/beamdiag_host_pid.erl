@@ -72,20 +72,13 @@ host_pid(Root, NsPid, Opts) ->
 %% parentheses).
 -spec start_ticks(binary()) -> {ok, non_neg_integer()} | error.
 start_ticks(Stat) ->
-    case binary:matches(Stat, <<")">>) of
-        [] ->
-            error;
-        Ms ->
-            {Close, 1} = lists:last(Ms),
-            Rest = binary:part(Stat, Close + 1, byte_size(Stat) - Close - 1),
-            case binary:split(Rest, [<<" ">>, <<"\n">>], [global, trim_all]) of
-                Fields when length(Fields) >= 20 ->
-                    try {ok, binary_to_integer(lists:nth(20, Fields))}
-                    catch error:badarg -> error
-                    end;
-                _ ->
-                    error
-            end
+    case beamdiag_agent_procfs:stat_fields(Stat) of
+        {ok, _, Fields} when length(Fields) >= 20 ->
+            try {ok, binary_to_integer(lists:nth(20, Fields))}
+            catch error:badarg -> error
+            end;
+        _ ->
+            error
     end.
 
 %% @doc Turns an error reason of this module into a sentence.

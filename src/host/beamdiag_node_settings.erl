@@ -35,7 +35,7 @@
 %% How to reach a path of the node's file system from here.
 -type fs() :: #{root := binary(), cwd := binary(), proc_root := file:filename()}.
 %% A cookie the node may use, with where it was found (a secret: never
-%% printed; see beamdiag_attach:public/1).
+%% printed; see beamdiag_attach_plan:public/1).
 -type cookie() :: {binary(), beamdiag_node_args:origin()}.
 -type settings() :: #{
     os_pid := pos_integer(),

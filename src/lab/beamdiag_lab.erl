@@ -94,7 +94,8 @@ scenarios() ->
     beamdiag_lab_ledger:scenarios() ++ beamdiag_lab_locks:scenarios() ++
         beamdiag_lab_cache:scenarios() ++ beamdiag_lab_procs:scenarios() ++
         beamdiag_lab_sick:scenarios() ++ beamdiag_lab_flood:scenarios() ++
-        beamdiag_lab_limits:scenarios() ++ beamdiag_lab_waits:scenarios().
+        beamdiag_lab_limits:scenarios() ++ beamdiag_lab_waits:scenarios() ++
+        beamdiag_lab_memory:scenarios().
 
 %% @doc One scenario by name (atom or string); unknown names are an error value.
 -spec scenario(atom() | string()) -> {ok, scenario()} | {error, {beamdiag_lab, term()}}.

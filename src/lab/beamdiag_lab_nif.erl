@@ -10,9 +10,9 @@
 %%% '''
 -module(beamdiag_lab_nif).
 
--export([load/1, spin/1, spin_yield/1]).
+-export([load/1, spin/1, spin_yield/1, leak_malloc/1]).
 %% NIFs, called as beamdiag_lab_nif:Fun/1 by beamdiag_lab_sick:nif_loop/5.
--ignore_xref([{spin, 1}, {spin_yield, 1}]).
+-ignore_xref([{spin, 1}, {spin_yield, 1}, {leak_malloc, 1}]).
 
 %% @doc Loads the library (its path without the extension).
 -spec load(file:filename()) -> ok | {error, {atom(), string()}}.
@@ -28,4 +28,9 @@ spin(_Ms) ->
 %% @doc The same work in slices that yield the scheduler.
 -spec spin_yield(non_neg_integer()) -> ok.
 spin_yield(_Ms) ->
+    erlang:nif_error(not_loaded).
+
+%% @doc Allocates Bytes with malloc, touches them and never frees them.
+-spec leak_malloc(pos_integer()) -> ok | enomem.
+leak_malloc(_Bytes) ->
     erlang:nif_error(not_loaded).

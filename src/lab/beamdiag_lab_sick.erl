@@ -31,10 +31,10 @@
 
 -export([scenarios/0, prepare/0, release/1, format_error/1]).
 %% Workloads, called on the lab node.
--export([nif_loop/5, nif_bound/4, fifo_open/3]).
+-export([nif_loop/5, nif_bound/4, fifo_open/3, native_leak/4]).
 %% Called on the lab node from the scenarios' prepare, release and load MFAs.
 -ignore_xref([{prepare, 0}, {release, 1}, {nif_loop, 5}, {nif_bound, 4},
-              {fifo_open, 3}]).
+              {fifo_open, 3}, {native_leak, 4}]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -70,6 +70,13 @@ scenarios() ->
                              "other schedulers are free and the node answers">>,
                 load => {?MODULE, nif_bound, ['$duration_ms', '$prepared', spin, 200]},
                 expect => [scheduler_held_native]},
+        Common#{name => native_leak,
+                summary => <<"a NIF that mallocs 2 MiB fifteen times a second and never frees: "
+                             "the resident memory grows by 30 MiB/s, the VM's accounts stay "
+                             "flat (stops at 1,500 MiB)">>,
+                load => {?MODULE, native_leak, ['$duration_ms', '$prepared', 2097152, 15]},
+                warmup_ms => 1000,
+                expect => [native_memory]},
         Common#{name => nif_yield,
                 summary => <<"the same work in a NIF that yields (enif_consume_timeslice, "
                              "enif_schedule_nif): negative control">>,
@@ -212,9 +219,30 @@ nif_bound(Ms, So, Fun, CallMs) ->
             E
     end.
 
+%% @doc Loads the NIF and calls its leak_malloc/1 with Bytes PerS times a
+%% second, from one process, for Ms milliseconds, up to 1,500 MiB.
+-spec native_leak(pos_integer(), binary(), pos_integer(), pos_integer()) -> ok | {error, term()}.
+native_leak(Ms, So, Bytes, PerS) ->
+    Path = write_nif(So),
+    case beamdiag_lab_nif:load(Path) of
+        ok ->
+            beamdiag_lab_ledger:owner(Ms, fun() ->
+                [spawn_link(fun() -> malloc_loop(Bytes, PerS, (1500 bsl 20) div Bytes) end)]
+            end);
+        {error, _} = E ->
+            E
+    end.
+
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+malloc_loop(_Bytes, _PerS, 0) ->
+    receive stop -> ok end;
+malloc_loop(Bytes, PerS, Left) ->
+    ok = beamdiag_lab_nif:leak_malloc(Bytes),
+    receive after 1000 div PerS -> ok end,
+    malloc_loop(Bytes, PerS, Left - 1).
 
 %% The library's bytes written into the node's temporary folder: its path
 %% without the extension.
@@ -288,8 +316,7 @@ waker() ->
     waker().
 
 build(Gcc, Include, Src) ->
-    Tmp = filename:join(tmp_root(), lists:concat(["beamdiag_nif_", os:getpid(), "_",
-                                                  erlang:unique_integer([positive])])),
+    Tmp = beamdiag_tmp:path("beamdiag_nif"),
     case file:make_dir(Tmp) of
         ok ->
             try
@@ -321,13 +348,6 @@ collect(Port, Acc) ->
     after 60000 ->
         catch port_close(Port),
         {timeout, Acc}
-    end.
-
-tmp_root() ->
-    case os:getenv("TMPDIR") of
-        false -> "/tmp";
-        "" -> "/tmp";
-        T -> T
     end.
 
 %% The C source, from the application's priv folder or from inside the

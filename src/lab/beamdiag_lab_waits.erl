@@ -16,6 +16,11 @@
 %%% controller stops the peer's OS process 90% of each second (SIGSTOP,
 %%% SIGCONT): the peer reads slowly, the distribution buffer fills and
 %%% every sender is suspended (busy_dist_port).</li>
+%%% <li>`busy_pipe': `loggers' processes (default 8) write 1 kB lines with
+%%% `port_command/2' to a port program that never reads its standard input
+%%% (`sleep', as a log shipper that has stalled): the pipe fills, the
+%%% driver's queue passes its busy limit and every logger is suspended
+%%% (busy_port). The program ends 30 s after the workload's time bound.</li>
 %%% </ul>
 %%%
 %%% ```
@@ -27,14 +32,15 @@
 %% Run on this host when the lab stops.
 -export([release_fifo/1, release_peer/1]).
 %% Workloads, called on the lab node.
--export([fifo_open/2, unblock_fifo/0, busy_dist/3, peer_os_pid/0]).
--ignore_xref([{fifo_open, 2}, {unblock_fifo, 0}, {busy_dist, 3}, {peer_os_pid, 0}, {params, 1},
-              {release_fifo, 1}, {release_peer, 1}]).
+-export([fifo_dir/0, fifo_open/3, unblock_fifo/0, busy_dist/3, peer_os_pid/0, busy_pipe/2]).
+-ignore_xref([{fifo_dir, 0}, {fifo_open, 3}, {unblock_fifo, 0}, {busy_dist, 3}, {peer_os_pid, 0}, {params, 1},
+              {release_fifo, 1}, {release_peer, 1}, {busy_pipe, 2}]).
 
 -export_type([params/0]).
 
 %% The variation, merged over the scenario's defaults (which give each key).
--type params() :: #{callers => 1..1000, senders => 1..100, bytes => 64..16777216}.
+-type params() :: #{callers => 1..1000, senders => 1..100, bytes => 64..16777216,
+                    loggers => 1..100}.
 
 -define(PEER_KEEPER, beamdiag_lab_peer_keeper).
 
@@ -48,8 +54,11 @@ scenarios() ->
     [#{name => fifo_open,
        summary => <<"a plain file:open of a FIFO that nobody writes holds the file server; 8 "
                     "processes calling file:read_file_info wait behind it (params: callers)">>,
-       emu_args => [], load => {?MODULE, fifo_open, ['$duration_ms', '$params']},
+       emu_args => [], load => {?MODULE, fifo_open, ['$duration_ms', '$params', '$prepared']},
        params => #{callers => 8},
+       %% The FIFO's folder is named on this host: the workload ships
+       %% alone, without the project's other modules.
+       prepare => {?MODULE, fifo_dir, []},
        release => {?MODULE, release_fifo, []},
        modules => [beamdiag_lab_ledger],
        warmup_ms => 500,
@@ -63,6 +72,14 @@ scenarios() ->
        release => {?MODULE, release_peer, []},
        modules => [beamdiag_lab_ledger],
        warmup_ms => 2000,
+       expect => [busy_port]},
+     #{name => busy_pipe,
+       summary => <<"8 loggers write lines to a port program that never reads its standard "
+                    "input: the pipe fills and they are suspended (params: loggers)">>,
+       emu_args => [], load => {?MODULE, busy_pipe, ['$duration_ms', '$params']},
+       params => #{loggers => 8},
+       modules => [beamdiag_lab_ledger],
+       warmup_ms => 1000,
        expect => [busy_port]}].
 
 %% @doc The variation checked.
@@ -71,6 +88,7 @@ params(P) ->
     Bad = maps:filter(fun(callers, N) -> not (is_integer(N) andalso N >= 1 andalso N =< 1000);
                          (senders, N) -> not (is_integer(N) andalso N >= 1 andalso N =< 100);
                          (bytes, N) -> not (is_integer(N) andalso N >= 64 andalso N =< 16777216);
+                         (loggers, N) -> not (is_integer(N) andalso N >= 1 andalso N =< 100);
                          (_, _) -> true
                       end, P),
     case map_size(Bad) of
@@ -108,12 +126,14 @@ release_peer(#{peer := Peer}) ->
         _ -> ok
     end.
 
+%% @doc A new folder's path for the FIFO (made by the workload).
+-spec fifo_dir() -> {ok, file:filename()}.
+fifo_dir() ->
+    {ok, beamdiag_tmp:path("beamdiag_lab_fifo")}.
+
 %% @doc The FIFO, its opener and the callers, for Ms milliseconds.
--spec fifo_open(pos_integer(), params()) -> ok.
-fifo_open(Ms, P) ->
-    Dir = filename:join(os:getenv("TMPDIR", "/tmp"),
-                        "beamdiag_lab_fifo_" ++ os:getpid() ++ "_" ++
-                            integer_to_list(erlang:unique_integer([positive]))),
+-spec fifo_open(pos_integer(), params(), file:filename()) -> ok.
+fifo_open(Ms, P, Dir) ->
     ok = file:make_dir(Dir),
     Fifo = filename:join(Dir, "fifo"),
     "ok\n" = os:cmd("mkfifo '" ++ Fifo ++ "' && echo ok"),
@@ -164,6 +184,29 @@ peer_os_pid() ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% @doc The stalled program's port and the loggers that write to it, for
+%% Ms milliseconds.
+-spec busy_pipe(pos_integer(), params()) -> ok.
+busy_pipe(Ms, P) ->
+    beamdiag_lab_ledger:owner(Ms, fun() ->
+        Self = self(),
+        %% The port's owner: it opens the port and keeps it.
+        Owner = spawn_link(fun() ->
+                               Port = open_port({spawn, "sleep " ++ integer_to_list(Ms div 1000 + 30)},
+                                                [binary]),
+                               Self ! {port, Port},
+                               receive stop -> ok end
+                           end),
+        Port = receive {port, Pt} -> Pt end,
+        Line = binary:copy(<<"log line ">>, 113),
+        [Owner | [spawn_link(fun() -> logger(Port, Line) end)
+                  || _ <- lists:seq(1, maps:get(loggers, P))]]
+    end).
+
+logger(Port, Line) ->
+    true = erlang:port_command(Port, Line),
+    logger(Port, Line).
 
 caller() ->
     _ = file:read_file_info("/"),

@@ -21,7 +21,7 @@
 %%% '''
 -module(beamdiag_fold_header).
 
--export([parse/1, split/2, colon/0, comm/1, inline/1, thread_type/1]).
+-export([parse/1, frame/1, split/2, colon/0, comm/1, inline/1, thread_type/1]).
 
 %%%===================================================================
 %%% API
@@ -34,6 +34,38 @@ parse(Line) ->
     Tokens = binary:split(Line, <<" ">>, [global, trim_all]),
     header(Tokens, []).
 
+%% @doc The thread id, symbol (its offset cut) and library of a sample
+%% recorded without a call graph, whose frame stands on its header line:
+%% "  comm  TID  TIME:  PERIOD  EVENT:  IP  SYM+OFF (DSO)".
+-spec frame(binary()) -> {integer(), binary(), binary()} | skip.
+frame(Line) ->
+    case binary:split(Line, <<" (">>, [global]) of
+        [_] ->
+            skip;
+        Parts ->
+            Dso0 = lists:last(Parts),
+            Head = iolist_to_binary(lists:join(<<" (">>, lists:droplast(Parts))),
+            Dso = case binary:last(Dso0) of
+                      $) -> binary:part(Dso0, 0, byte_size(Dso0) - 1);
+                      _ -> Dso0
+                  end,
+            case binary:split(Head, <<":">>, [global]) of
+                [Pre | Rest = [_ | _]] ->
+                    %% After "EVENT:" come the address and the symbol.
+                    AfterEvent = lists:last(Rest),
+                    case {tid(Pre), string:lexemes(AfterEvent, " ")} of
+                        {{ok, Tid}, [_Ip | SymParts = [_ | _]]} ->
+                            Sym = strip_offset(iolist_to_binary(lists:join(<<" ">>, SymParts))),
+                            {Tid, Sym, Dso};
+                        _ ->
+                            skip
+                    end;
+                _ ->
+                    skip
+            end
+    end.
+
+%% "  comm-with spaces  TID  TIME" -> the TID (the field before the time).
 %% @doc A header of the usual shape cut at its time token: `{Prefix,
 %% After}', the text before the time token and the text after its `:'.
 %% The first `:' of the line must end the time token, which must follow a
@@ -206,4 +238,18 @@ strip_trailing_number(B) ->
                 true -> binary:part(B, 0, P);
                 false -> B
             end
+    end.
+
+tid(Pre) ->
+    case lists:reverse(string:lexemes(Pre, " ")) of
+        [_Time, TidB | _] ->
+            try {ok, binary_to_integer(TidB)} catch error:badarg -> error end;
+        _ ->
+            error
+    end.
+
+strip_offset(Sym) ->
+    case binary:split(Sym, <<"+0x">>) of
+        [S, _] -> S;
+        [S] -> S
     end.

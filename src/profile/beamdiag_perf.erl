@@ -88,7 +88,6 @@
     record_output := binary()
 }.
 
--define(MAX_DURATION, 300).
 -define(MAX_FREQUENCY, 999).
 -define(OUTPUT_KEEP, 65536).
 
@@ -297,7 +296,11 @@ options(Opts) ->
     end.
 
 check([], O) -> {ok, O};
-check([{duration, D} | R], O) when is_integer(D), D >= 1, D =< ?MAX_DURATION -> check(R, O);
+check([{duration, D} | R], O) when is_integer(D), D >= 1 ->
+    case D =< beamdiag_opts:max_seconds(perf) of
+        true -> check(R, O);
+        false -> {error, {?MODULE, {bad_option, duration, D}}}
+    end;
 check([{frequency, F} | R], O) when is_integer(F), F >= 1, F =< ?MAX_FREQUENCY -> check(R, O);
 check([{call_graph, C} | R], O) when C =:= auto; C =:= dwarf; C =:= fp; C =:= none -> check(R, O);
 check([{dwarf_stack, S} | R], O) when is_integer(S), S >= 1024, S =< 65528 -> check(R, O);
@@ -564,7 +567,7 @@ run(Exe, Args, TimeoutS, Sink) ->
     collect(Port, Sink, Acc0, Deadline, TimeoutS).
 
 collect(Port, Sink, Acc, Deadline, TimeoutS) ->
-    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    Left = beamdiag_agent_deadline:left(Deadline),
     receive
         {Port, {data, D}} ->
             case add(Sink, Acc, D) of

@@ -35,7 +35,7 @@
 -export_type([client/0, event/0]).
 
 -opaque client() :: #{node := node(), agent := pid(), ref := reference(), mref := reference()}.
--type event() :: {start, map()} | {tick, beamdiag_agent:sample()} | {deadline, integer()}
+-type event() :: {start, map()} | {tick, beamdiag_agent_tick:sample()} | {deadline, integer()}
                | {procs, map()} | {procs_start, map()} | {queue_reads, integer(), map()}
                | {atom_sources, map()}
                | {partial_extras, map()}
@@ -168,7 +168,7 @@ next(C = #{ref := Ref, mref := MRef}, Timeout, Until) ->
         {beamdiag, Other, {start, #{agent := Stray}}} when Other =/= Ref ->
             %% An agent whose start answered after the retry: it ends now.
             Stray ! {beamdiag_abort, self()},
-            next(C, left(Until), Until);
+            next(C, beamdiag_agent_deadline:left(Until), Until);
         {'DOWN', MRef, process, _, Reason} ->
             {down, Reason}
     after Timeout ->
@@ -178,8 +178,6 @@ next(C = #{ref := Ref, mref := MRef}, Timeout, Until) ->
 until(infinity) -> infinity;
 until(Ms) -> erlang:monotonic_time(millisecond) + Ms.
 
-left(infinity) -> infinity;
-left(Until) -> max(0, Until - erlang:monotonic_time(millisecond)).
 
 flush(Ref) ->
     receive

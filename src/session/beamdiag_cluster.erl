@@ -26,7 +26,10 @@
 %%% not sent two samples by then is reported from what it sent (a partial
 %%% capture), one that sent nothing (within a few seconds of grace) is
 %%% listed, with the reason in words, and the rest of the report stands.
-%%% Where the session's time went is in `timing' (`phases_ms').
+%%% Where the session's time went is in `timing' (`phases_ms'). The
+%%% members file is read by `beamdiag_cluster_members', the members are
+%%% connected and given the agent by `beamdiag_cluster_pool', and their
+%%% windows are opened together and gathered by `beamdiag_cluster_start'.
 %%%
 %%% The analysis (`beamdiag_outliers:nodes/1') gives each figure's
 %%% distribution over the nodes and the outliers; each outlier gets a
@@ -50,34 +53,12 @@
          format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
-%% Called by the tests only.
--ifdef(TEST).
--export([parse_nodes/1]).
--endif.
 
 -export_type([cluster/0, member_result/0, options/0]).
 
-%% What one member gave: its summary row and its findings in full.
--type member_result() :: #{row := beamdiag_cluster_analysis:summary_row(),
-                          findings := [beamdiag_finding:finding()]}.
--type cluster() :: #{
-    schema := binary(),
-    seed := binary() | null,
-    source := seed | list,
-    members := [binary()],
-    window_s := float(),
-    windows := map(),
-    prepare_s => float(),
-    total_s => float(),
-    timing => map(),
-    nodes := [map()],
-    spread := #{atom() => beamdiag_outliers:spread()},
-    outliers := [map()],
-    rest := map(),
-    errors := [map()],
-    findings := #{binary() => [beamdiag_finding:finding()]},
-    hosts := [map()]
-}.
+%% A cluster's report and one member's part of it (beamdiag_cluster_analysis).
+-type member_result() :: beamdiag_cluster_analysis:member_result().
+-type cluster() :: beamdiag_cluster_analysis:cluster().
 
 -define(SCHEMA, <<"beamdiag.cluster/2">>).
 %% diagnose/2's own options; the others are beamdiag:diagnose/2's
@@ -92,22 +73,9 @@
 -define(DEFAULTS, #{max_nodes => 500, concurrency => 64, nodes => undefined}).
 -define(OWN_KEYS, [max_nodes, concurrency, nodes]).
 -define(CALL_TIMEOUT, 5000).
-%% How long past the report's due time a member's agent may still take to
-%% send what it has (the collector's own grace) before it is given up.
--define(GRACE_MS, 4000).
 %% Members on one host past which their agents do not scan the host's
 %% processes (see crowded/1).
 -define(CROWDED, 16).
-%% A member not connected and loaded within this long of its own start
-%% is given up (listed with the reason); the others do not wait for it.
--define(PREPARE_MS, 5000).
-%% How long past the last member prepared the windows wait for agents
-%% still getting ready; one ready later samples what is left of the
-%% window.
--define(ARM_MS, 2000).
-%% How long the session's end waits for the members given up on to remove
-%% what they loaded (their loader calls are bounded, each 10 s at most).
--define(SETTLE_MS, 10000).
 
 %%%===================================================================
 %%% API
@@ -146,7 +114,7 @@ diagnose(Seed, Opts) when is_map(Opts) ->
                 try
                     R = {_, Late, _} = session(SeedNode, Source, Members, Remote, K, DiagOpts,
                                                Cpu0),
-                    settle(Late),
+                    beamdiag_cluster_pool:settle(Late),
                     R
                 after
                     disconnect_new(Members, Before)
@@ -164,28 +132,14 @@ diagnose(Seed, Opts) when is_map(Opts) ->
             E
     end.
 
-%% @doc Parses a list of node names, one a line: blank lines and lines
+%% @doc Reads a file of node names, one a line: blank lines and lines
 %% starting with `#' (after blanks) are skipped, a `#' after a name starts
-%% a comment. A line that is not a node name is an error naming the line.
--spec parse_nodes(binary() | string()) ->
-    {ok, [node()]} | {error, {beamdiag_cluster, {bad_line, pos_integer(), binary()}}}.
-parse_nodes(Text) ->
-    Lines = binary:split(unicode:characters_to_binary(Text), [<<"\r\n">>, <<"\n">>], [global]),
-    parse_lines(lists:enumerate(Lines), []).
-
-%% @doc Reads a file of node names (see `parse_nodes/1').
+%% a comment. A line that is not a node name is an error naming the file
+%% and the line, as is a file that names no node (see
+%% `beamdiag_cluster_members').
 -spec read_nodes(file:filename()) -> {ok, [node()]} | {error, {beamdiag_cluster, term()}}.
 read_nodes(File) ->
-    case file:read_file(File) of
-        {ok, Bin} ->
-            case parse_nodes(Bin) of
-                {ok, []} -> {error, {?MODULE, {no_nodes, File}}};
-                {ok, _} = Ok -> Ok;
-                {error, {?MODULE, {bad_line, N, L}}} -> {error, {?MODULE, {bad_line, File, N, L}}}
-            end;
-        {error, Why} ->
-            {error, {?MODULE, {nodes_file, File, Why}}}
-    end.
+    beamdiag_cluster_members:read_nodes(File).
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -247,7 +201,7 @@ members(undefined, undefined, _Remote, _Before) ->
     erlang:error({badarg, no_members});
 members(Seed, List, _Remote, _Before) when is_list(List) ->
     Names = [to_list(N) || N <- List] ++ [to_list(Seed) || Seed =/= undefined],
-    Parsed = [{N, beamdiag_remote:parse_node(N)} || N <- Names],
+    Parsed = [{N, beamdiag_node_name:parse(N)} || N <- Names],
     case [E || {_, {error, _} = E} <- Parsed] of
         [E | _] ->
             E;
@@ -263,20 +217,6 @@ to_list(A) when is_atom(A) -> atom_to_list(A);
 to_list(B) when is_binary(B) -> unicode:characters_to_list(B);
 to_list(L) when is_list(L) -> L.
 
-parse_lines([], Acc) ->
-    {ok, lists:reverse(Acc)};
-parse_lines([{N, Line} | Rest], Acc) ->
-    Name = string:trim(hd(binary:split(Line, <<"#">>))),
-    case Name of
-        <<>> ->
-            parse_lines(Rest, Acc);
-        _ ->
-            case beamdiag_remote:parse_node(Name) of
-                {ok, Node, _} -> parse_lines(Rest, [Node | Acc]);
-                {error, _} -> {error, {?MODULE, {bad_line, N, string:trim(Line)}}}
-            end
-    end.
-
 %% Only the connections this session opened are closed: a node this one
 %% was already connected to stays connected.
 disconnect_new(Nodes, Before) ->
@@ -289,20 +229,22 @@ disconnect_new(Nodes, Before) ->
 %%%===================================================================
 
 %% The session once the members are known: each member connected, given
-%% the agent's modules and its agent started and made ready (prepare/4),
-%% the windows opened at once (run_all/3), the report built (this node's
+%% the agent's modules and its agent started and made ready
+%% (beamdiag_cluster_pool:prepare/4, arm/2), the windows opened at once
+%% (beamdiag_cluster_start:run_all/3), the report built (this node's
 %% CPU time from Cpu0 is what the session used, said with its host).
 %% Returns the report, the workers given up on, and the moments and
 %% figures timing/1 reads.
 session(SeedNode, Source, Members, Remote, K, Opts, Cpu0) ->
-    Starter = starter(),
+    Starter = beamdiag_cluster_start:starter(),
     try
         Collect = collect_opts(Opts, Starter),
-        {Prepared, Late, Times, Collectors} = prepare(Members, Remote, K, Collect),
+        {Prepared, Late, Times, Collectors} =
+            beamdiag_cluster_pool:prepare(Members, Remote, K, arm(Members, Collect)),
         T1 = erlang:monotonic_time(millisecond),
         Glances = glances([M || {M, {error, _}} <- Prepared]),
         _ = spawn(fun beamdiag_loader:warm/0),
-        {Run, RunMarks} = run_all(Collectors, Starter, Opts),
+        {Run, RunMarks} = beamdiag_cluster_start:run_all(Collectors, Starter, Opts),
         Seen = maps:from_list([{M, beamdiag_host_glance:finish(G)} || {M, G} <- Glances]),
         T2 = erlang:monotonic_time(millisecond),
         Errors = [{M, E} || {M, {error, E}} <- Prepared] ++ [{M, E} || {M, {error, E}} <- Run],
@@ -315,287 +257,21 @@ session(SeedNode, Source, Members, Remote, K, Opts, Cpu0) ->
         {C, Late, RunMarks#{prepared => T1, results => T2, built => T3, times => Times,
                             run => Run}}
     after
-        stop_starter(Starter)
+        beamdiag_cluster_start:stop_starter(Starter)
     end.
 
-%% Phase one: connect to each member and load the agent's modules, at most
-%% K members at a time; the code is read once, for every member. A member
-%% not prepared within ?PREPARE_MS of its own start is given up: the rest
-%% do not wait for it. Its worker goes on (a connection or a load cannot
-%% be cut halfway without leaving something behind) and removes whatever
-%% it loaded when it ends; settle/1 waits for those at the session's end.
-%% Each member prepared gets its collector at once, whose agent sets
-%% itself up while the other members are prepared, and then waits for
-%% the word that opens every window (run_all/3). Returns {[{Member, {ok,
-%% Loaded} | {error, Reason}}] in member order, the late workers, each
-%% prepared member's connect and load times, and the collectors}.
-prepare(Members, Remote, K, Collect) ->
-    case beamdiag_loader:objects(beamdiag_agent:modules()) of
-        {ok, Code} -> prepare(Members, Remote, K, Code, Collect);
-        {error, _} = E -> {[{M, E} || M <- Members], [], #{}, []}
-    end.
-
-prepare(Members, Remote, K, Code, Collect) ->
-    Self = self(),
-    Tag = make_ref(),
-    Work = fun(M) ->
-               T0 = erlang:monotonic_time(millisecond),
-               case beamdiag_remote:connect(atom_to_list(M), Remote) of
-                   {ok, Node} ->
-                       T1 = erlang:monotonic_time(millisecond),
-                       R = beamdiag_loader:load_objects(Node, Code),
-                       {R, #{connect_ms => T1 - T0,
-                             load_ms => erlang:monotonic_time(millisecond) - T1}, Node};
-                   {error, _} = E ->
-                       {E, #{}, M}
-               end
-           end,
-    Start = fun(M) ->
-                {Pid, MRef} = spawn_monitor(fun() -> late_or_send(Self, Tag, Work(M)) end),
-                {Pid, {M, MRef, erlang:monotonic_time(millisecond) + ?PREPARE_MS}}
-            end,
+%% What is done with each member prepared (beamdiag_cluster_pool): its
+%% collector is started at once (beamdiag_cluster_start), whose agent
+%% sets itself up while the other members are prepared, and then waits
+%% for the word that opens every window; it gathers the window, analyses
+%% the capture and keeps only the summary row and the findings. On a host
+%% with more than ?CROWDED members the agents do not scan its processes.
+arm(Members, Collect = #{tag := Tag}) ->
     Crowded = crowded(Members),
-    Arm = fun(M, Node, Loaded) ->
-                  collector(M, Node, Collect#{unload => Loaded,
-                                              host_scan => not lists:member(host(M), Crowded)})
-          end,
-    %% This node's distribution is started first, then every member is
-    %% connected side by side (each under its own bound).
-    _ = case Members of
-            [M1 | _] -> beamdiag_remote:distribute(atom_to_list(M1));
-            [] -> ok
-        end,
-    P = #{tag => Tag, start => Start, k => K, arm => Arm},
-    #{done := Done, late := Late, collectors := Collectors} =
-        next(P, #{running => #{}, queue => Members, done => #{}, late => [], collectors => []}),
-    Result = [{M, element(1, maps:get(M, Done))} || M <- Members],
-    Times = maps:from_list([{M, T} || {M, {{ok, _}, T, _}} <- maps:to_list(Done)]),
-    {Result, Late, Times, lists:reverse(Collectors)}.
-
-%% A worker given up on (told `late') removes what it loaded, then ends;
-%% else it sends its result and waits for the pool to take it (`ack'):
-%% the word `late' may cross the result, and then, as when the pool is
-%% gone, what was loaded is removed here.
-late_or_send(Pool, Tag, Result) ->
-    Drop = fun() ->
-                   case Result of
-                       {{ok, Loaded}, _, Node} -> beamdiag_loader:unload(Node, Loaded);
-                       _ -> ok
-                   end
-           end,
-    receive
-        {Tag, late} -> Drop()
-    after 0 ->
-        MRef = erlang:monitor(process, Pool),
-        Pool ! {Tag, self(), Result},
-        receive
-            {Tag, ack} -> ok;
-            {Tag, late} -> Drop();
-            {'DOWN', MRef, process, Pool, _} -> Drop()
-        end
-    end.
-
-next(P = #{start := Start, k := K}, S = #{running := Running, queue := [M | Queue]})
-  when map_size(Running) < K ->
-    {Pid, V} = Start(M),
-    next(P, S#{running := Running#{Pid => V}, queue := Queue});
-next(_P, S = #{running := Running, queue := []}) when map_size(Running) =:= 0 ->
-    S;
-next(P, S) ->
-    pool(P, S).
-
-pool(P = #{tag := Tag, arm := Arm}, S = #{running := Running, done := Done, late := Late}) ->
-    Next = lists:min([D || {_, _, D} <- maps:values(Running)]),
-    receive
-        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
-            {M, MRef, _} = maps:get(Pid, Running),
-            erlang:demonitor(MRef, [flush]),
-            Pid ! {Tag, ack},
-            S2 = case Result of
-                     {{ok, Loaded}, _, Node} ->
-                         S#{collectors := [Arm(M, Node, Loaded) | maps:get(collectors, S)]};
-                     _ ->
-                         S
-                 end,
-            next(P, S2#{running := maps:remove(Pid, Running), done := Done#{M => Result}});
-        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
-            {M, MRef, _} = maps:get(Pid, Running),
-            next(P, S#{running := maps:remove(Pid, Running),
-                       done := Done#{M => {{error, {?MODULE, {crashed, Why}}}, #{}, M}}})
-    after max(0, Next - erlang:monotonic_time(millisecond)) ->
-        %% Given up: told so, and kept (monitored) for settle/1. A result
-        %% that crossed the word is never acknowledged: the worker removes
-        %% what it loaded.
-        Over = [{Pid, M, MRef} || {Pid, {M, MRef, D}} <- maps:to_list(Running), D =< Next],
-        _ = [Pid ! {Tag, late} || {Pid, _, _} <- Over],
-        Done2 = lists:foldl(fun({_, M, _}, Acc) ->
-                                Acc#{M => {{error, {?MODULE, {prepare_timeout, ?PREPARE_MS}}}, #{}, M}}
-                            end, Done, Over),
-        next(P, S#{running := maps:without([Pid || {Pid, _, _} <- Over], Running), done := Done2,
-                   late := [{Pid, MRef, M} || {Pid, M, MRef} <- Over] ++ Late})
-    end.
-
-%% Waits (at most ?SETTLE_MS in all) for the workers given up on to end,
-%% so that what they loaded is gone before the connections close. A
-%% worker whose member is not connected has loaded nothing there (it is
-%% still connecting: to a stopped node, until the handshake's own timeout,
-%% seconds later): it is ended at once, not waited for.
-settle(Late) ->
-    Connected = nodes([visible, hidden]),
-    {Wait, Stop} = lists:partition(fun({_, _, M}) -> lists:member(M, Connected) end, Late),
-    _ = [begin
-             exit(Pid, kill),
-             erlang:demonitor(MRef, [flush])
-         end || {Pid, MRef, _} <- Stop],
-    Until = erlang:monotonic_time(millisecond) + ?SETTLE_MS,
-    _ = [receive
-             {'DOWN', MRef, process, Pid, _} -> ok
-         after max(0, Until - erlang:monotonic_time(millisecond)) ->
-             exit(Pid, kill),
-             erlang:demonitor(MRef, [flush])
-         end || {Pid, MRef, _} <- Wait],
-    %% A result that crossed the word `late' is not left in the mailbox.
-    _ = [receive {_, Pid, _} -> ok after 0 -> ok end || {Pid, _, _} <- Late],
-    ok.
-
-%% One member's collector: it starts the agent, which gets ready and
-%% waits for the word (`go'), then gathers the window, analyses the
-%% capture and keeps only the summary row and the findings.
-collector(M, Node, Collect = #{tag := Tag}) ->
-    Self = self(),
-    {Pid, MRef} = spawn_monitor(fun() ->
-                                        Self ! {Tag, self(), member(Node, maps:remove(tag, Collect))}
-                                end),
-    #{pid => Pid, mref => MRef, member => M, node => Node, tag => Tag}.
-
-%% The process the agents tell they are ready (the agent's option `go'):
-%% until the session opens the windows it passes each word on to the
-%% session; told to open them, it tells every agent ready, and then each
-%% that gets ready later, the same end. It ends with the session, and an
-%% agent still waiting for it then ends too. Being a process of its own,
-%% a word that comes after the session never reaches the session's
-%% caller.
-starter() ->
-    Session = self(),
-    Tag = make_ref(),
-    Pid = spawn_link(fun() -> starter(Session, Tag, #{}) end),
-    #{pid => Pid, tag => Tag}.
-
-starter(Session, Tag, Ready) ->
-    receive
-        {beamdiag_armed, Agent, Node} when is_pid(Agent) ->
-            Session ! {Tag, armed, Node},
-            starter(Session, Tag, Ready#{Agent => Node});
-        {Tag, go, EndWall} ->
-            _ = [Agent ! {beamdiag_go, EndWall} || Agent <- maps:keys(Ready)],
-            Session ! {Tag, gone},
-            started(EndWall)
-    end.
-
-started(EndWall) ->
-    receive
-        {beamdiag_armed, Agent, _} when is_pid(Agent) ->
-            Agent ! {beamdiag_go, EndWall},
-            started(EndWall)
-    end.
-
-stop_starter(#{pid := Pid, tag := Tag}) ->
-    unlink(Pid),
-    exit(Pid, kill),
-    flush_armed(Tag).
-
-flush_armed(Tag) ->
-    receive
-        {Tag, _, _} -> flush_armed(Tag);
-        {Tag, gone} -> flush_armed(Tag)
-    after 0 ->
-        ok
-    end.
-
-%% Phase two: the windows open together, once every collector's agent is
-%% ready (or has ended), or ?ARM_MS after the last member was prepared:
-%% every agent ready is told the same wall-clock end, as is each agent
-%% that gets ready later (it samples what is left of the window, at
-%% least two intervals). So none of the agents' own start (their flags,
-%% the start walk, hundreds of them at once on a few cores) falls inside
-%% any window. Returns each member's result, in member order, and when
-%% the windows opened and ended.
-run_all([], _Starter, _Opts) ->
-    Now = erlang:monotonic_time(millisecond),
-    {[], #{armed => Now, go => Now, window_end => Now, ready => 0}};
-run_all(Collectors, Starter = #{tag := STag}, #{duration := D, slack := Slack}) ->
-    Armed0 = erlang:monotonic_time(millisecond),
-    Waiting = maps:from_list([{N, Pid} || #{node := N, pid := Pid} <- Collectors]),
-    ByPid = maps:from_list([{Pid, C} || C = #{pid := Pid} <- Collectors]),
-    {Ready, Early} = arm(STag, Waiting, ByPid, Armed0 + ?ARM_MS),
-    Go = erlang:monotonic_time(millisecond),
-    EndAt = Go + round(D * 1000),
-    EndWall = erlang:system_time(millisecond) + round(D * 1000),
-    #{pid := SPid} = Starter,
-    SPid ! {STag, go, EndWall},
-    receive {STag, gone} -> ok end,
-    flush_armed(STag),
-    %% The collectors' own due times end them; this one is the backstop.
-    GiveUp = EndAt + case Slack of
-                         infinity -> 30000;
-                         _ -> round(Slack * 1000)
-                     end + ?GRACE_MS,
-    Results = gather(maps:without(maps:keys(Early), ByPid), Early, GiveUp, EndAt),
-    {[{M, maps:get(Pid, Results)} || #{pid := Pid, member := M} <- Collectors],
-     #{armed => Armed0, go => Go, window_end => EndAt, ready => Ready}}.
-
-%% Waits until every collector's agent is ready or its collector has
-%% ended (its result kept), or until the time given; returns how many
-%% were ready, and the results of those that ended.
-arm(STag, Waiting, ByPid, Until) ->
-    arm(STag, tag(ByPid), Waiting, ByPid, #{}, 0, Until).
-
-arm(_STag, _Tag, Waiting, _ByPid, Early, Ready, _Until) when map_size(Waiting) =:= 0 ->
-    {Ready, Early};
-arm(STag, Tag, Waiting, ByPid, Early, Ready, Until) ->
-    receive
-        {STag, armed, Node} when is_map_key(Node, Waiting) ->
-            arm(STag, Tag, maps:remove(Node, Waiting), ByPid, Early, Ready + 1, Until);
-        {Tag, Pid, Result} when is_map_key(Pid, ByPid) ->
-            #{node := N, mref := MRef} = maps:get(Pid, ByPid),
-            erlang:demonitor(MRef, [flush]),
-            arm(STag, Tag, maps:remove(N, Waiting), ByPid, Early#{Pid => Result}, Ready, Until);
-        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, ByPid) ->
-            #{node := N, mref := MRef} = maps:get(Pid, ByPid),
-            arm(STag, Tag, maps:remove(N, Waiting), ByPid,
-                Early#{Pid => {error, {?MODULE, {crashed, Why}}}}, Ready, Until)
-    after max(0, Until - erlang:monotonic_time(millisecond)) ->
-        {Ready, Early}
-    end.
-
-tag(ByPid) ->
-    [#{tag := Tag} | _] = maps:values(ByPid),
-    Tag.
-
-%% Each collector's result, by the backstop at most: one that has not
-%% answered by then is ended (the connection closes with the session,
-%% and the agent, which monitors the collector, ends and cleans up).
-gather(Running, Done, _GiveUp, _WindowEnd) when map_size(Running) =:= 0 ->
-    Done;
-gather(Running, Done, GiveUp, WindowEnd) ->
-    Tag = tag(Running),
-    receive
-        {Tag, Pid, Result} when is_map_key(Pid, Running) ->
-            #{mref := MRef} = maps:get(Pid, Running),
-            erlang:demonitor(MRef, [flush]),
-            gather(maps:remove(Pid, Running), Done#{Pid => Result}, GiveUp, WindowEnd);
-        {'DOWN', MRef, process, Pid, Why} when is_map_key(Pid, Running) ->
-            #{mref := MRef} = maps:get(Pid, Running),
-            gather(maps:remove(Pid, Running), Done#{Pid => {error, {?MODULE, {crashed, Why}}}},
-                   GiveUp, WindowEnd)
-    after max(0, GiveUp - erlang:monotonic_time(millisecond)) ->
-        Given = maps:from_list(
-                  [begin
-                       exit(Pid, kill),
-                       erlang:demonitor(MRef, [flush]),
-                       {Pid, {error, {?MODULE, {no_answer, GiveUp - WindowEnd}}}}
-                   end || {Pid, #{mref := MRef}} <- maps:to_list(Running)]),
-        maps:merge(Done, Given)
+    fun(M, Node, Loaded) ->
+            C = Collect#{unload => Loaded, host_scan => not lists:member(beamdiag_node_name:host(M), Crowded)},
+            beamdiag_cluster_start:collector(M, Node, Tag,
+                                             fun() -> member(Node, maps:remove(tag, C)) end)
     end.
 
 %% The hosts with more than ?CROWDED members. Each agent reads every
@@ -604,15 +280,9 @@ gather(Running, Done, GiveUp, WindowEnd) ->
 %% hundreds of scans of hundreds of processes, all at the window's start,
 %% so there the scan is left out.
 crowded(Members) ->
-    Counts = lists:foldl(fun(M, Acc) -> maps:update_with(host(M), fun(X) -> X + 1 end, 1, Acc) end,
+    Counts = lists:foldl(fun(M, Acc) -> maps:update_with(beamdiag_node_name:host(M), fun(X) -> X + 1 end, 1, Acc) end,
                          #{}, Members),
     [H || {H, N} <- maps:to_list(Counts), N > ?CROWDED].
-
-host(Node) ->
-    case string:split(atom_to_list(Node), "@") of
-        [_, H] -> H;
-        _ -> ""
-    end.
 
 %% The collectors' options: the agent waits for the starter's word, and
 %% the report is due the slack after the window the agent runs.

@@ -44,7 +44,7 @@
     ready_after_ms => non_neg_integer() | undefined,
     fallback => false | fun(() -> boolean()),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
-    on_sample => fun((beamdiag_agent:sample()) -> term()) | undefined,
+    on_sample => fun((beamdiag_agent_tick:sample()) -> term()) | undefined,
     atom() => term()
 }.
 
@@ -233,7 +233,7 @@ gather(G = #{client := Client, deadline := Deadline,
                       end,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}};
         timeout ->
-            case erlang:monotonic_time(millisecond) >= Deadline of
+            case not beamdiag_agent_deadline:in_time(Deadline) of
                 true -> late(partial_extras(G), Info, Samples, D, timeout);
                 false -> gather(G)
             end
@@ -326,7 +326,7 @@ atom_sources(Extras, _G) -> Extras.
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
 quick_extras(G = #{client := Client, ready_by := ReadyBy}) ->
-    Wait = min(?QUICK_MS, max(0, ReadyBy + ?CEILING_MS - erlang:monotonic_time(millisecond))),
+    Wait = min(?QUICK_MS, beamdiag_agent_deadline:left(ReadyBy + ?CEILING_MS)),
     case beamdiag_client:await(Client, partial_extras, Wait) of
         {ok, Quick} -> partial_extras(G#{quick => Quick});
         timeout -> partial_extras(G)
@@ -354,9 +354,9 @@ forward(Snapshot, G = #{samples := Samples}) ->
     case maps:find(queue_reads, G) of
         {ok, R = #{t := T}} ->
             Newer = [S || S = #{t := ST} <- Samples, ST >= T],
-            beamdiag_agent_processes:forward(Snapshot, Newer ++ [R | Samples -- Newer]);
+            beamdiag_proc_forward:forward(Snapshot, Newer ++ [R | Samples -- Newer]);
         error ->
-            beamdiag_agent_processes:forward(Snapshot, Samples)
+            beamdiag_proc_forward:forward(Snapshot, Samples)
     end.
 
 %% The agent's last word came late or not at all: two samples are a window,

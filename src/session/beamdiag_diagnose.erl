@@ -3,7 +3,30 @@
 %%% watched when it does not answer: the host-view race), the agent loaded,
 %%% the lock session and the profile beside it, the report due by the
 %%% window plus its slack. Errors keep the API's tag, `{beamdiag, Reason}'
-%%% (beamdiag:format_error/1).
+%%% (beamdiag:format_error/1). One path: collect, then analyse once (the
+%%% profile, the lock data, the attach plan and perf's samples of held
+%%% threads join the capture first), then the caller formats.
+%%%
+%%% A node on this host is raced against its host view (`with_host_view/2'),
+%%% a state machine of three named states (`state/1'; `event/3' and
+%%% `timeout/2' move between them):
+%%%
+%%% ```
+%%% alone     no host view (its OS process  the worker's result: analysed once, done
+%%%           was not found)
+%%% watching  the host view samples; the    the worker's progress (handshake, agent
+%%%           node has not answered           loaded): -> answered
+%%%                                         timeout: perf armed on held threads; at the
+%%%                                           window's end, armed: the host's report, done
+%%%                                         the worker failed (timed out, busy): the
+%%%                                           host's report; unreachable: the same, as
+%%%                                           the error's, done
+%%% answered  the node answered; the host   timeout: perf on a held thread, a second or two
+%%%           view kept in reserve          the worker's capture: perf's samples join it,
+%%%                                           analysed once, done
+%%%                                         the agent's samples due and missing: the
+%%%                                           host's report (late), done
+%%% '''
 %%%
 %%% ```
 %%% 1> {ok, D} = beamdiag_diagnose:run_local(#{duration => 2}).
@@ -12,6 +35,50 @@
 -module(beamdiag_diagnose).
 
 -export([run_local/1, run_remote/2, options/1]).
+
+-export_type([options/0, perf_options/0]).
+
+%% The options of beamdiag:diagnose/1,2.
+-type options() :: #{
+    %% Seconds and milliseconds, as their names say; `duration' and
+    %% `interval' are the same options by their older names.
+    duration_s => number(),
+    interval_ms => pos_integer(),
+    duration => number(),
+    interval => pos_integer(),
+    msacc => boolean(),
+    msacc_span => number(),
+    locks => boolean(),
+    procs => boolean(),
+    cookie => atom() | binary() | string(),
+    cookie_file => file:filename(),
+    proto_dist => inet_tcp | inet6_tcp | inet_tls | inet6_tls,
+    ssl_dist_optfile => file:filename(),
+    dist_port => inet:port_number(),
+    plan => beamdiag_attach_plan:plan(),
+    progress => fun((non_neg_integer(), pos_integer()) -> term()) | undefined,
+    perf => boolean() | perf_options(),
+    erlang => boolean(),
+    slack => number() | infinity,
+    host_only => boolean(),
+    os_pid => pos_integer() | undefined,
+    answer_timeout => number() | auto,
+    %% When the call started (os:system_time(millisecond)), for a caller
+    %% that began it in another OS process (the escript started again):
+    %% the report is due, and said ready, from then.
+    started => integer(),
+    held_perf => boolean()
+}.
+%% With `perf', a perf profile of the node's OS process over the same
+%% window (this must run on the node's host): `call_graph' (auto | dwarf |
+%% fp | none), `frequency' (Hz, 97), `perf' (the executable), `dir' (the
+%% working directory; a temporary one, removed afterwards, by default).
+-type perf_options() :: #{
+    call_graph => auto | dwarf | fp | none,
+    frequency => pos_integer(),
+    perf => string(),
+    dir => file:filename()
+}.
 
 -define(DEFAULTS, #{
     duration => 10,
@@ -33,12 +100,12 @@
 %% The earliest a call may say it started, before this one (`started').
 -define(STARTED_MAX_MS, 60000).
 %% When perf starts on the held threads of a local node that has not
-%% finished the handshake (beamdiag_host:arm/1).
+%% finished the handshake (beamdiag_host_session:arm/1).
 -define(ARM_MS, 1000).
 %% perf's run on a held thread of a node that answers: a second or two
 %% names the native code (199 samples a second).
 -define(HELD_PERF_S, 2).
-%% The least of the window perf needs (beamdiag_host: its start, one
+%% The least of the window perf needs (beamdiag_host_session: its start, one
 %% second, its symbols).
 -define(PERF_LEAST_MS, 3500).
 %% How long past the time the report is due the lock data is waited for
@@ -52,18 +119,18 @@
 %%%===================================================================
 
 %% @doc Diagnoses the node this runs on (beamdiag:diagnose/1).
--spec run_local(beamdiag:options()) -> {ok, beamdiag:diagnosis()} | {error, {module(), term()}}.
+-spec run_local(options()) -> {ok, beamdiag_diagnosis:diagnosis()} | {error, {module(), term()}}.
 run_local(Opts) ->
     T0 = erlang:monotonic_time(millisecond),
     O = due(options(Opts), T0),
     Locks = lock_session(node(), O),
-    ready(T0, with_profile(node(), O, fun() ->
+    ready(T0, analysed(profiled(node(), O, fun() ->
                   with_locks(beamdiag_collect:run(node(), collect_opts(O, [])), Locks, O)
-              end)).
+              end))).
 
 %% @doc Diagnoses another node (beamdiag:diagnose/2).
--spec run_remote(node() | string() | binary(), beamdiag:options()) ->
-    {ok, beamdiag:diagnosis()} | {error, {module(), term()}}.
+-spec run_remote(node() | string() | binary(), options()) ->
+    {ok, beamdiag_diagnosis:diagnosis()} | {error, {module(), term()}}.
 run_remote(Node, Opts) when is_atom(Node) ->
     run_remote(atom_to_list(Node), Opts);
 run_remote(NodeStr, Opts) ->
@@ -71,11 +138,11 @@ run_remote(NodeStr, Opts) ->
     O = due(options(Opts), T0),
     ready(T0, case host_request(NodeStr, O) of
                   {host_only, Target} ->
-                      beamdiag_host:diagnose(Target, host_options(O));
+                      beamdiag_host_session:diagnose(Target, host_options(O));
                   remote ->
                       case local_host(NodeStr) of
                           true -> with_host_view(NodeStr, O);
-                          false -> elsewhere(remote(NodeStr, O), NodeStr)
+                          false -> elsewhere(remote_analysed(remote(NodeStr, O)), NodeStr)
                       end
               end).
 
@@ -94,18 +161,23 @@ unit_names(Opts) ->
 
 %% @doc Validates options and fills in defaults; raises `badarg' with the
 %% offending keys on unknown options or bad values.
--spec options(beamdiag:options()) -> beamdiag:options().
+-spec options(options()) -> options().
 options(Opts0) ->
     Opts = unit_names(Opts0),
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, [started | ?REMOTE_KEYS]),
     #{duration := D, interval := I, msacc_span := S} = O,
-    (is_number(D) andalso D > 0 andalso D =< 3600) orelse erlang:error({badarg, {duration, D}}),
-    (is_number(S) andalso S > 0 andalso S =< 3600) orelse erlang:error({badarg, {msacc_span, S}}),
+    Max = beamdiag_opts:max_seconds(window),
+    (is_number(D) andalso D > 0 andalso D =< Max) orelse erlang:error({badarg, {duration, D}}),
+    (is_number(S) andalso S > 0 andalso S =< Max) orelse erlang:error({badarg, {msacc_span, S}}),
     (is_integer(I) andalso I >= 10 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
     perf_options(maps:get(perf, O)) orelse erlang:error({badarg, {perf, maps:get(perf, O)}}),
+    %% perf records the whole window: its limit is checked now, not after it.
+    MaxPerf = beamdiag_opts:max_seconds(perf),
+    (maps:get(perf, O) =:= false orelse D =< MaxPerf)
+        orelse erlang:error({badarg, {duration, D, with_perf_at_most, MaxPerf}}),
     is_boolean(maps:get(erlang, O)) orelse erlang:error({badarg, {erlang, maps:get(erlang, O)}}),
     Slack = maps:get(slack, O),
-    (Slack =:= infinity orelse (is_number(Slack) andalso Slack >= 0 andalso Slack =< 3600))
+    (Slack =:= infinity orelse (is_number(Slack) andalso Slack >= 0 andalso Slack =< Max))
         orelse erlang:error({badarg, {slack, Slack}}),
     is_boolean(maps:get(host_only, O)) orelse erlang:error({badarg, {host_only, maps:get(host_only, O)}}),
     OsPid = maps:get(os_pid, O),
@@ -113,7 +185,7 @@ options(Opts0) ->
         orelse erlang:error({badarg, {os_pid, OsPid}}),
     is_boolean(maps:get(held_perf, O)) orelse erlang:error({badarg, {held_perf, maps:get(held_perf, O)}}),
     Answer = maps:get(answer_timeout, O),
-    (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< 3600))
+    (Answer =:= auto orelse (is_number(Answer) andalso Answer > 0 andalso Answer =< Max))
         orelse erlang:error({badarg, {answer_timeout, Answer}}),
     case maps:find(proto_dist, O) of
         {ok, Proto} -> lists:member(Proto, [inet_tcp, inet6_tcp, inet_tls, inet6_tls])
@@ -163,7 +235,9 @@ perf_options(_) -> false.
 
 
 %% Connects, loads the agent and runs the window over distribution; Notify
-%% hears each step done (connected, loaded).
+%% hears each step done (connected, loaded). The capture comes back
+%% unanalysed: it is analysed once, when nothing more joins it
+%% (remote_analysed/1).
 remote(NodeStr, O) ->
     remote(NodeStr, O, fun(_) -> ok end).
 
@@ -176,17 +250,17 @@ remote(NodeStr, O, Notify) ->
             E
     end.
 
-%% How to reach the node: given, or made now (beamdiag_attach).
+%% How to reach the node: given, or made now (beamdiag_attach_plan).
 plan(_NodeStr, #{plan := Plan}) ->
     {ok, Plan};
 plan(NodeStr, O) ->
-    beamdiag_attach:plan(NodeStr, maps:with([cookie, cookie_file, proto_dist, ssl_dist_optfile,
+    beamdiag_attach_plan:plan(NodeStr, maps:with([cookie, cookie_file, proto_dist, ssl_dist_optfile,
                                              dist_port, located], O)).
 
 remote_plan(NodeStr, O, Notify) ->
     case beamdiag_remote:attach(NodeStr, maps:with(?REMOTE_KEYS, O)) of
         {ok, Node, #{cookie := Used, plan := Plan}} ->
-            Attach = beamdiag_attach:public(Plan, Used),
+            Attach = beamdiag_attach_plan:public(Plan, Used),
             _ = Notify(connected),
             %% The lock counters are read from here from the start, whatever
             %% becomes of the agent (beamdiag_lock_session).
@@ -197,17 +271,17 @@ remote_plan(NodeStr, O, Notify) ->
                     _ = Notify(loaded),
                     %% The report's own modules load while the window runs.
                     _ = spawn(fun beamdiag_loader:warm/0),
-                    Result = with_profile(Node, O, fun() ->
+                    Result = profiled(Node, O, fun() ->
                                  with_attach(with_locks(beamdiag_collect:run(Node, collect_opts(O, Loaded)),
                                                         Locks, O), Attach)
                              end),
                     case Result of
-                        {ok, Diagnosis} ->
-                            {ok, Diagnosis};
-                        {error, {beamdiag_collect, {target_down, Why, Partial}}} when
+                        {ok, _Capture} ->
+                            Result;
+                        {error, {beamdiag_collect, {target_down, _, Partial}}} when
                             is_map(Partial)
                         ->
-                            {error, {beamdiag, {partial, Why, beamdiag_diagnosis:analyse(Partial)}}};
+                            Result;
                         {error, {beamdiag_collect, {agent_start, _, _}}} = E ->
                             %% The agent unloads itself when it ends; this
                             %% covers an agent that never started.
@@ -273,7 +347,7 @@ lock_extras(none, _O) ->
 lock_extras(Locks, #{ready_by := ReadyBy}) ->
     Wait = case ReadyBy of
                infinity -> infinity;
-               _ -> max(0, ReadyBy + ?LOCKS_CEILING_MS - erlang:monotonic_time(millisecond))
+               _ -> beamdiag_agent_deadline:left(ReadyBy + ?LOCKS_CEILING_MS)
            end,
     case beamdiag_lock_session:data(Locks, Wait) of
         {ok, Data} -> #{locks => Data};
@@ -299,21 +373,22 @@ host_options(#{duration := D, interval := I, ready_by := ReadyBy, progress := P,
     end.
 
 local_host(NodeStr) ->
-    case string:split(NodeStr, "@") of
-        [_, Host] when Host =/= "" -> beamdiag_host_locate:is_local_host(Host);
+    case beamdiag_node_name:split(NodeStr) of
+        {_, Host} when Host =/= "" -> beamdiag_host_locate:is_local_host(Host);
         _ -> false
     end.
 
 %% The node's host is this one: the host view starts with the call, then
-%% a worker connects and runs the window as on any node. The worker says
-%% each step it got through. Once the agent is loaded (or has ticked), the
-%% node has answered; the host view is kept until the report, and makes it
-%% when the agent's first two samples have not come by the time the report
-%% is due and the host view explains why (a throttled node's own reads
-%% wait for its quota). Past the answer time,
-%% perf starts on the threads the host view finds held; a node that has
-%% still not let the agent load by the window's end has not answered: the
-%% worker is stopped and the window finished from the host view alone.
+%% a worker connects and runs the window as on any node, saying each step
+%% it got through, and the race between the two runs as a state machine
+%% (the module doc draws it). Once the agent is loaded (or has ticked),
+%% the node has answered; the host view is kept until the report, and
+%% makes it when the agent's first two samples have not come by the time
+%% the report is due and the host view explains why (a throttled node's
+%% own reads wait for its quota). Past the answer time, perf starts on the
+%% threads the host view finds held; a node that has still not let the
+%% agent load by the window's end has not answered: the worker is stopped
+%% and the window finished from the host view alone.
 with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
     Self = self(),
     Tag = make_ref(),
@@ -334,7 +409,7 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
                       beamdiag_host_locate:locate(NodeStr, #{timeout => min(1000, AnswerMs)})
               end,
     View = case Located of
-               {ok, L} -> {watching, beamdiag_host:start(L, (host_options(O))#{node => NodeStr})};
+               {ok, L} -> {watching, beamdiag_host_session:start(L, (host_options(O))#{node => NodeStr})};
                {error, _} -> none
            end,
     {Worker, MRef} = spawn_monitor(fun() ->
@@ -347,169 +422,195 @@ with_host_view(NodeStr, O = #{duration := D, progress := P}) ->
             end,
         Self ! {Tag, R}
     end),
-    await(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
-            t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
-            node => NodeStr, opts => O, held_perf => maps:get(held_perf, O)}).
+    race(#{tag => Tag, worker => Worker, mref => MRef, view => View, stage => connecting,
+           t0 => T0, answer_ms => AnswerMs, window_ms => round(D * 1000), located => Located,
+           node => NodeStr, opts => O, held_perf => maps:get(held_perf, O)}).
 
-await(W = #{tag := Tag, worker := Worker, mref := MRef, view := View, t0 := T0,
-            stage := Stage}) ->
-    %% perf is armed a second in when the handshake has not finished by
-    %% then (it takes milliseconds on a node that answers), or at the
-    %% answer time when the agent has not loaded by then. A node that has
-    %% not finished the handshake by the window's end has not answered; one
-    %% that has is given the usual, bounded, course.
-    Armed = maps:get(armed, W, false),
-    HeldPerf = maps:get(held_perf, W, true),
-    Wait = case {View, Armed, Stage} of
-               {{watching, _}, false, connecting} ->
-                   maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
-               {{watching, _}, false, connected} ->
-                   maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
-               {{watching, _}, true, connecting} ->
-                   T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
-               {{answered, _}, false, _} when HeldPerf ->
-                   %% A node that answers: perf on a thread the host view
-                   %% sees held, a second in, for a second or two.
-                   maps:get(next_arm, W, T0 + ?ARM_MS);
-               _ -> infinity
-           end,
+%% The race's state: `alone' (no host view: the node's OS process was not
+%% found), `watching' (the host view samples; the node has not answered),
+%% `answered' (the node answered; the host view is kept in reserve).
+state(#{view := none}) -> alone;
+state(#{view := {watching, _}}) -> watching;
+state(#{view := {answered, _}}) -> answered.
+
+%% One step of the race: the next event, or the state's timeout.
+race(W = #{tag := Tag, worker := Worker, mref := MRef}) ->
+    State = state(W),
     receive
-        {Tag, answered} ->
-            %% The host view goes on: a node that answers too slowly for
-            %% the report to be on time is reported on from it.
-            await(W#{view := answered(View)});
-        {Tag, stage, loaded} ->
-            %% The agent is loaded: the node answers.
-            await(W#{stage := loaded, view := answered(View)});
-        {Tag, stage, {locks, Locks}} ->
-            await(W#{locks => Locks});
-        {Tag, stage, {planned, Plan}} ->
-            await(W#{plan => Plan});
-        {Tag, stage, NewStage} ->
-            await(W#{stage := NewStage});
-        {beamdiag_host, _, _} = PerfDone when View =/= none ->
-            %% perf on the held threads finished: kept for the report, and
-            %% told to the view (a node whose agent is too slow to answer
-            %% is explained by a scheduler perf shows held).
-            {Kind, H0} = View,
-            case beamdiag_host:perf_done(H0, PerfDone) of
-                ignore -> await(W);
-                H1 -> await(W#{view := {Kind, H1}})
-            end;
-        {Tag, {result, {error, {beamdiag_collect, {due, Agent}}}}} when element(1, View) =:= answered ->
-            %% The node answered, but its agent's first two samples had not
-            %% come when the report was due: the host view makes it, with
-            %% what the agent sent.
-            erlang:demonitor(MRef, [flush]),
-            flush_answers(Tag),
-            Ms = erlang:monotonic_time(millisecond) - T0,
-            {ok, beamdiag_host:late(element(2, View), #{
-                waited_ms => Ms, agent => Agent, extras => host_locks(W),
-                why => iolist_to_binary(io_lib:format(
-                         "the node answered, but its first two samples had not come when the "
-                         "report was due, ~.1f s after the call", [Ms / 1000]))})};
-        {Tag, {result, {error, Why}}} when element(1, View) =:= watching ->
-            erlang:demonitor(MRef, [flush]),
-            flush_answers(Tag),
-            case {timed_out(Why), Why} of
-                {true, _} ->
-                    %% The handshake gave up, or the release read or the
-                    %% agent's start timed out: what the host saw is all.
-                    {ok, beamdiag_host:finish(element(2, View), #{
-                        waited_ms => erlang:monotonic_time(millisecond) - T0,
-                        extras => host_locks(W),
-                        distribution => iolist_to_binary(error_text(Why)),
-                        attach => plan_public(W)})};
-                {false, {beamdiag_loader, {busy, _, _, _}}} ->
-                    %% A previous session's agent is still leaving (on a
-                    %% saturated node it may take seconds): the host view
-                    %% makes the report, saying why.
-                    {ok, beamdiag_host:late(element(2, View), #{
-                        waited_ms => erlang:monotonic_time(millisecond) - T0,
-                        extras => host_locks(W),
-                        why => iolist_to_binary(error_text(Why))})};
-                {false, _} ->
-                    case unreachable(Why) of
-                        true ->
-                            %% The node runs here but cannot be reached over
-                            %% distribution (wrong cookie, TLS refused, its port
-                            %% closed, this VM unable to speak its protocol):
-                            %% the window is finished from the host, on time,
-                            %% and the error stays the run's.
-                            D = beamdiag_host:unreached(element(2, View), #{
-                                    waited_ms => erlang:monotonic_time(millisecond) - T0,
-                                    distribution => iolist_to_binary(error_text(Why)),
-                                    attach => plan_public(W)}),
-                            {error, {beamdiag, {host_only, Why, D}}};
-                        false ->
-                            ok = beamdiag_host:cancel(element(2, View)),
-                            {error, Why}
-                    end
-            end;
-        {Tag, Result} ->
-            erlang:demonitor(MRef, [flush]),
-            flush_answers(Tag),
-            case {Result, View} of
-                {{result, {ok, D}}, {answered, H}} ->
-                    %% perf's samples of a thread the host saw held, if it
-                    %% ran, join the diagnosis.
-                    {ok, case beamdiag_host:held(H, D) of
-                             D -> D;
-                             Held -> reanalysed(Held)
-                         end};
-                {_, {_, H}} ->
-                    _ = beamdiag_host:cancel(H),
-                    result(Result);
-                {_, none} ->
-                    result(Result)
-            end;
-        {'DOWN', MRef, process, Worker, Why} ->
-            erlang:error({diagnose_worker, Why})
-    after case Wait of
-              infinity -> infinity;
-              _ -> max(0, Wait - erlang:monotonic_time(millisecond))
-          end ->
-        case View of
-            {answered, Held} ->
-                Tried = beamdiag_host:arm(Held, #{max_seconds => ?HELD_PERF_S}),
-                Again = erlang:monotonic_time(millisecond) + ?ARM_MS,
-                await(W#{view := {answered, Tried}, next_arm => Again,
-                         armed => beamdiag_host:armed(Tried) orelse
-                             Again > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS});
-            {watching, Handle} ->
-                await_watching(W, Handle, Armed)
-        end
+        {Tag, _} = Event -> event(State, Event, W);
+        {Tag, _, _} = Event -> event(State, Event, W);
+        {beamdiag_host_session, _, _} = PerfDone when State =/= alone ->
+            perf_done(PerfDone, W);
+        {'DOWN', MRef, process, Worker, Why} -> erlang:error({diagnose_worker, Why})
+    after timeout_ms(State, W) ->
+        timeout(State, W)
     end.
 
-await_watching(W = #{tag := Tag, worker := Worker, mref := MRef, t0 := T0}, Handle, Armed) ->
-        case Armed of
-            false ->
-                %% The node may still answer; perf starts on the held
-                %% threads, once the host view shows them (tried each second
-                %% while perf would still fit in the window).
-                H2 = beamdiag_host:arm(Handle),
-                Next = erlang:monotonic_time(millisecond) + ?ARM_MS,
-                Done = beamdiag_host:armed(H2) orelse
-                    Next > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS,
-                await(W#{view := {watching, H2}, armed => Done, next_arm => Next});
-            true ->
-                exit(Worker, kill),
-                erlang:demonitor(MRef, [flush]),
-                flush_answers(Tag),
-                {ok, beamdiag_host:finish(Handle, #{
-                    waited_ms => erlang:monotonic_time(millisecond) - T0,
-                    extras => host_locks(W),
-                    distribution => distribution_seen(W),
-                    attach => plan_public(W)})}
-        end.
+%% When the state times out. perf is armed a second in when the handshake
+%% has not finished by then (it takes milliseconds on a node that
+%% answers), or at the answer time when the agent has not loaded by then.
+%% A node that has not finished the handshake by the window's end has not
+%% answered; one that has is given the usual, bounded, course.
+timeout_ms(State, W = #{t0 := T0, stage := Stage}) ->
+    Armed = maps:get(armed, W, false),
+    At = case {State, Armed, Stage} of
+             {watching, false, connecting} ->
+                 maps:get(next_arm, W, T0 + min(?ARM_MS, maps:get(answer_ms, W)));
+             {watching, false, connected} ->
+                 maps:get(next_arm, W, T0 + maps:get(answer_ms, W));
+             {watching, true, connecting} ->
+                 T0 + max(maps:get(answer_ms, W), maps:get(window_ms, W));
+             {answered, false, _} ->
+                 case maps:get(held_perf, W, true) of
+                     %% A node that answers: perf on a thread the host view
+                     %% sees held, a second in, for a second or two.
+                     true -> maps:get(next_arm, W, T0 + ?ARM_MS);
+                     false -> infinity
+                 end;
+             _ ->
+                 infinity
+         end,
+    beamdiag_agent_deadline:left(At).
+
+%% The worker's steps, in any state.
+event(_State, {_, answered}, W = #{view := View}) ->
+    %% The host view goes on: a node that answers too slowly for the
+    %% report to be on time is reported on from it.
+    race(W#{view := answered(View)});
+event(_State, {_, stage, loaded}, W = #{view := View}) ->
+    %% The agent is loaded: the node answers.
+    race(W#{stage := loaded, view := answered(View)});
+event(_State, {_, stage, {locks, Locks}}, W) ->
+    race(W#{locks => Locks});
+event(_State, {_, stage, {planned, Plan}}, W) ->
+    race(W#{plan => Plan});
+event(_State, {_, stage, NewStage}, W) ->
+    race(W#{stage := NewStage});
+%% The worker's result.
+event(answered, {_, {result, {error, {beamdiag_collect, {due, Agent}}}}},
+      W = #{view := {answered, H}, t0 := T0}) ->
+    %% The node answered, but its agent's first two samples had not come
+    %% when the report was due: the host view makes it, with what the
+    %% agent sent.
+    stop_listening(W),
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    {ok, beamdiag_host_session:finish_late(H, #{
+        waited_ms => Ms, agent => Agent, extras => host_locks(W),
+        why => iolist_to_binary(io_lib:format(
+                 "the node answered, but its first two samples had not come when the "
+                 "report was due, ~.1f s after the call", [Ms / 1000]))})};
+event(watching, {_, {result, {error, Why}}}, W = #{view := {watching, H}, t0 := T0}) ->
+    stop_listening(W),
+    Waited = erlang:monotonic_time(millisecond) - T0,
+    case {timed_out(Why), Why} of
+        {true, _} ->
+            %% The handshake gave up, or the release read or the agent's
+            %% start timed out: what the host saw is all.
+            {ok, beamdiag_host_session:finish(H, #{
+                waited_ms => Waited, extras => host_locks(W),
+                distribution => iolist_to_binary(error_text(Why)),
+                attach => plan_public(W)})};
+        {false, {beamdiag_loader, {busy, _, _, _}}} ->
+            %% A previous session's agent is still leaving (on a saturated
+            %% node it may take seconds): the host view makes the report,
+            %% saying why.
+            {ok, beamdiag_host_session:finish_late(H, #{
+                waited_ms => Waited, extras => host_locks(W),
+                why => iolist_to_binary(error_text(Why))})};
+        {false, _} ->
+            case beamdiag_remote:unreachable(Why) of
+                true ->
+                    %% The node runs here but cannot be reached over
+                    %% distribution (wrong cookie, TLS refused, its port
+                    %% closed, this VM unable to speak its protocol): the
+                    %% window is finished from the host, on time, and the
+                    %% error stays the run's.
+                    D = beamdiag_host_session:unreached(H, #{
+                            waited_ms => Waited,
+                            distribution => iolist_to_binary(error_text(Why)),
+                            attach => plan_public(W)}),
+                    {error, {beamdiag, {host_only, Why, D}}};
+                false ->
+                    ok = beamdiag_host_session:cancel(H),
+                    {error, Why}
+            end
+    end;
+event(answered, {_, {result, {ok, Capture}}}, W = #{view := {answered, H}}) ->
+    %% perf's samples of a thread the host saw held, if it ran, join the
+    %% capture before its one analysis.
+    stop_listening(W),
+    remote_analysed({ok, beamdiag_host_session:with_held_perf(H, Capture)});
+event(State, {_, Result}, W = #{view := View}) ->
+    stop_listening(W),
+    _ = case State of
+            alone -> ok;
+            _ -> beamdiag_host_session:cancel(element(2, View))
+        end,
+    remote_analysed(result(Result)).
+
+%% perf on the held threads finished: kept for the report, and told to the
+%% view (a node whose agent is too slow to answer is explained by a
+%% scheduler perf shows held).
+perf_done(PerfDone, W = #{view := {Kind, H0}}) ->
+    case beamdiag_host_session:perf_done(H0, PerfDone) of
+        ignore -> race(W);
+        H1 -> race(W#{view := {Kind, H1}})
+    end.
+
+%% The state timed out.
+timeout(alone, W) ->
+    race(W);
+timeout(answered, W = #{view := {answered, Held}, t0 := T0}) ->
+    Tried = beamdiag_host_session:arm(Held, #{max_seconds => ?HELD_PERF_S}),
+    Again = erlang:monotonic_time(millisecond) + ?ARM_MS,
+    race(W#{view := {answered, Tried}, next_arm => Again,
+            armed => beamdiag_host_session:armed(Tried) orelse
+                Again > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS});
+timeout(watching, W = #{view := {watching, Handle}, t0 := T0}) ->
+    case maps:get(armed, W, false) of
+        false ->
+            %% The node may still answer; perf starts on the held threads,
+            %% once the host view shows them (tried each second while perf
+            %% would still fit in the window).
+            H2 = beamdiag_host_session:arm(Handle),
+            Next = erlang:monotonic_time(millisecond) + ?ARM_MS,
+            Done = beamdiag_host_session:armed(H2) orelse
+                Next > T0 + maps:get(window_ms, W) - ?PERF_LEAST_MS,
+            race(W#{view := {watching, H2}, armed => Done, next_arm => Next});
+        true ->
+            %% The window is over and the node has not answered.
+            exit(maps:get(worker, W), kill),
+            stop_listening(W),
+            {ok, beamdiag_host_session:finish(Handle, #{
+                waited_ms => erlang:monotonic_time(millisecond) - T0,
+                extras => host_locks(W),
+                distribution => distribution_seen(W),
+                attach => plan_public(W)})}
+    end.
+
+%% The race is over: nothing more from the worker is read.
+stop_listening(#{tag := Tag, mref := MRef}) ->
+    erlang:demonitor(MRef, [flush]),
+    flush_answers(Tag).
 
 result({result, R}) -> R;
 result({raise, C, Why, St}) -> erlang:raise(C, Why, St).
 
-%% A diagnosis whose capture gained extras after its analysis, analysed
-%% again (its time to the report kept).
-reanalysed(D = #{capture := C}) ->
-    maps:merge(D, beamdiag_diagnosis:analyse(C)).
+%% The one analysis of a capture made over distribution; a target that
+%% died mid-window leaves a partial diagnosis.
+remote_analysed({ok, Capture}) ->
+    {ok, beamdiag_diagnosis:analyse(Capture)};
+remote_analysed({error, {beamdiag_collect, {target_down, Why, Partial}}}) when is_map(Partial) ->
+    {error, {beamdiag, {partial, Why, beamdiag_diagnosis:analyse(Partial)}}};
+remote_analysed(Error) ->
+    Error.
+
+%% The one analysis of a capture of this node; a partial one stays the
+%% collector's error.
+analysed({ok, Capture}) ->
+    {ok, beamdiag_diagnosis:analyse(Capture)};
+analysed(Other) ->
+    Other.
 
 %% The lock data read over the window, for a report made from the host
 %% view: the host view's window ends when the report is due.
@@ -518,28 +619,21 @@ host_locks(W = #{opts := O}) ->
 
 %% What the collector may fall back on when the agent's samples come too
 %% slowly: the host view, when it explains why.
-fallback({watching, H}) -> fun() -> beamdiag_host:explains(H) end;
+fallback({watching, H}) -> fun() -> beamdiag_host_session:explains_slowness(H) end;
 fallback(none) -> false.
 
 %% The host view of a node that has answered: kept in reserve (no samples
 %% until the report), never armed.
 answered({watching, H}) ->
-    ok = beamdiag_host:reserve(H),
+    ok = beamdiag_host_session:keep_in_reserve(H),
     {answered, H};
 answered(View) ->
     View.
 
 %% What was resolved of how to reach the node, for a report made from the
 %% host alone.
-plan_public(#{plan := Plan}) -> beamdiag_attach:public(Plan, 0);
+plan_public(#{plan := Plan}) -> beamdiag_attach_plan:public(Plan, 0);
 plan_public(_) -> #{}.
-
-%% The errors of a node that runs but cannot be reached over distribution.
-unreachable({beamdiag_remote, {unreachable, _, _}}) -> true;
-unreachable({beamdiag_remote, {unreachable, _, _, _}}) -> true;
-unreachable({beamdiag_remote, {own_dist, _, _}}) -> true;
-unreachable({beamdiag_remote, {own_mode, _, _}}) -> true;
-unreachable(_) -> false.
 
 %% The first calls that time out on a node too busy to answer.
 timed_out({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
@@ -590,18 +684,16 @@ distribution_seen(#{stage := Stage, t0 := T0, located := Located}) ->
 %% A node on another host that does not answer: say so, and where beamdiag
 %% can still diagnose it.
 elsewhere({error, {beamdiag_remote, Why}}, NodeStr) when element(1, Why) =:= unreachable ->
-    [_, Host] = string:split(NodeStr, "@"),
-    {error, {beamdiag, {elsewhere, Host, Why}}};
+    {error, {beamdiag, {elsewhere, beamdiag_node_name:host(NodeStr), Why}}};
 elsewhere(Result, _NodeStr) ->
     Result.
 
 %% Runs Collect (the agent's window); with `perf', a perf profile of the
-%% node over the same window in a process of its own, attached to the
-%% capture before the one analysis. Returns Collect's result with the
-%% capture analysed.
-with_profile(Node, #{perf := false, erlang := false}, Collect) ->
-    analysed(Collect(), Node, none);
-with_profile(Node, #{duration := D, perf := Perf, erlang := Erlang}, Collect) ->
+%% node over the same window in a process of its own, which joins the
+%% capture. Returns Collect's result, its capture not yet analysed.
+profiled(_Node, #{perf := false, erlang := false}, Collect) ->
+    Collect();
+profiled(Node, #{duration := D, perf := Perf, erlang := Erlang}, Collect) ->
     PerfOpts = case Perf of M when is_map(M) -> M; _ -> #{} end,
     {Dir, Temp} = case maps:find(dir, PerfOpts) of
         {ok, Given} -> {Given, false};
@@ -626,14 +718,14 @@ with_profile(Node, #{duration := D, perf := Perf, erlang := Erlang}, Collect) ->
         true -> file:del_dir_r(Dir);
         false -> ok
     end,
-    analysed(Result, Node, Profile).
+    with_profile(Result, Profile).
 
-analysed({ok, Capture}, _Node, Profile) ->
-    {ok, beamdiag_diagnosis:analyse(with_extras(Capture, Profile))};
-analysed({error, {beamdiag_collect, {target_down, Why, Partial}}}, _Node, Profile)
+with_profile({ok, Capture}, Profile) ->
+    {ok, with_extras(Capture, Profile)};
+with_profile({error, {beamdiag_collect, {target_down, Why, Partial}}}, Profile)
   when is_map(Partial) ->
     {error, {beamdiag_collect, {target_down, Why, with_extras(Partial, Profile)}}};
-analysed({error, _} = E, _Node, _Profile) ->
+with_profile({error, _} = E, _Profile) ->
     E.
 
 with_extras(Capture, none) ->
@@ -644,7 +736,7 @@ with_extras(Capture, {ok, #{profile := P, method := M} = R}) ->
     %% print (beamdiag_format_html).
     %% The Erlang sampler's stacks per process, for the top processes.
     ByProcess = maps:get(processes, maps:get(sampler, R, #{}), []),
-    Profile = maps:merge(maps:with([perf, callers], R),
+    Profile = maps:merge(maps:with([perf, callers, callers_error], R),
                          #{profile => P, method => M, by_process => ByProcess}),
     Capture#{extras => Extras#{profile => Profile}};
 with_extras(Capture, {error, {M, R}}) ->
@@ -652,9 +744,7 @@ with_extras(Capture, {error, {M, R}}) ->
     Capture#{extras => Extras#{profile_error => iolist_to_binary(M:format_error(R))}}.
 
 temp_dir() ->
-    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; T -> T end,
-                  "beamdiag-perf-" ++ os:getpid() ++ "-" ++
-                      integer_to_list(erlang:unique_integer([positive]))).
+    beamdiag_tmp:path("beamdiag-perf").
 
 collect_opts(O = #{duration := D, interval := I, msacc := M, msacc_span := S, locks := L,
                    procs := Procs, progress := P, ready_by := ReadyBy}, Unload) ->

@@ -394,7 +394,7 @@ compile_one(Target, M, Forms) ->
 collect(_Target, [], _Deadline, Acc) ->
     {ok, lists:reverse(Acc)};
 collect(Target, [{M, File, {Pid, MRef}} | Rest], Deadline, Acc) ->
-    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    Left = beamdiag_agent_deadline:left(Deadline),
     receive
         {Pid, {ok, Bin, {ok, {M, Md5}}}} ->
             erlang:demonitor(MRef, [flush]),
@@ -500,8 +500,12 @@ settled(Target, Mods, Deadline) ->
         R when is_list(R), length(R) =:= 2 * N + 1 ->
             {Loaded, Rest} = lists:split(N, R),
             {Old, [Agent]} = lists:split(N, Rest),
+            %% The kit serves only the load itself: found loaded beside a
+            %% running agent (the Erlang sampler shipped beside a
+            %% diagnosis's agent), it is used as it is.
+            Kept = [L || {M, L} <- lists:zip(Mods, Loaded), M =/= ?KIT],
             Busy = lists:member(true, Old) orelse
-                (is_pid(Agent) andalso lists:member(true, Loaded)),
+                (is_pid(Agent) andalso lists:member(true, Kept)),
             Now = erlang:monotonic_time(millisecond),
             case Busy of
                 false ->

@@ -148,7 +148,7 @@ init(Owner, {Caller, Ref}, Node, Last) ->
 %% whose deadline falls after a reading still planned waits for it.
 loop(State = #{omref := OMRef}, Plan) ->
     Next = case Plan of
-               [At | _] -> max(0, At - erlang:monotonic_time(millisecond));
+               [At | _] -> beamdiag_agent_deadline:left(At);
                [] -> ?LINGER_MS
            end,
     receive

@@ -5,7 +5,7 @@
 %%% `beamdiag_cli_metrics').
 %%%
 %%% A sampler process takes one sample of this node each interval (the
-%%% agent's `beamdiag_agent:take/1': /proc per thread, scheduler wall
+%%% agent's `beamdiag_agent_tick:sample/1': /proc per thread, scheduler wall
 %%% time, cgroup counters), keeps the last two, builds the ledger between
 %%% them and renders the exposition text, which the responder serves as
 %%% it is. Scrapes cost nothing but a copy of the text.
@@ -81,8 +81,8 @@
     text := binary(),
     swt_was := boolean(),
     msacc_was := {was, boolean()} | untouched,
-    sampler := beamdiag_agent:tick_state(),
-    last := beamdiag_agent:sample() | undefined
+    sampler := beamdiag_agent_tick:tick_state(),
+    last := beamdiag_agent_tick:sample() | undefined
 }.
 
 %%%===================================================================
@@ -209,8 +209,8 @@ warming_up() ->
 
 %% @doc The exposition text between two samples of a node, with the cost
 %% of the later one (pure but for reading the build's settings map).
--spec exposition(beamdiag_agent:sample(), beamdiag_agent:sample(), beamdiag_agent_vm:settings()) ->
-    iolist().
+-spec exposition(beamdiag_agent_tick:sample(), beamdiag_agent_tick:sample(),
+                 beamdiag_agent_vm:settings()) -> iolist().
 exposition(Last, Sample, Settings) ->
     Capture = beamdiag_capture:new(#{settings => Settings}, [Last, Sample], #{}),
     [text(beamdiag_ledger:build(Capture)),
@@ -297,7 +297,7 @@ handle_cast(_, S) ->
 -spec handle_info(term(), state()) -> {noreply, state()} | {stop, term(), state()}.
 handle_info(tick, S = #{sampler := Sampler0, last := Last, http := Http, interval := I}) ->
     erlang:send_after(I, self(), tick),
-    {Sample, Sampler} = beamdiag_agent:take(Sampler0),
+    {Sample, Sampler} = beamdiag_agent_tick:sample(Sampler0),
     S2 = case Last of
              undefined ->
                  S;

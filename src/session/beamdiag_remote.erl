@@ -6,7 +6,7 @@
 %%% agent's modules on the target through `beamdiag_loader', which picks
 %%% how from the target's OTP release.
 %%%
-%%% `attach/2' follows a plan (`beamdiag_attach': the node's own name,
+%%% `attach/2' follows a plan (`beamdiag_attach_plan': the node's own name,
 %%% cookies, protocol and port, read from its host): each cookie is tried
 %%% in turn, a node that no epmd knows is reached at its port
 %%% (`beamdiag_epmd'), and a connection that fails is said as what it is,
@@ -22,7 +22,7 @@
 %%% '''
 -module(beamdiag_remote).
 
--export([connect/2, attach/2, load/2, disconnect/1, parse_node/1, format_error/1]).
+-export([connect/2, attach/2, load/2, disconnect/1, unreachable/1, format_error/1]).
 -export([distribute/1]).
 %% Called by bench/overhead.escript.
 -ignore_xref([{load, 2}]).
@@ -35,15 +35,15 @@
 %% on a host that is itself overloaded, can take seconds to answer the
 %% handshake; a wrong cookie or a missing node answers at once.
 -define(CONNECT_TIMEOUT, 10000).
-%% The options a plan is made from (beamdiag_attach:plan/2).
+%% The options a plan is made from (beamdiag_attach_plan:plan/2).
 -export_type([options/0]).
 
 %% connect/2's and attach/2's options: those a plan is made from
-%% (beamdiag_attach:options()), or the plan itself, and the bound on the
+%% (beamdiag_attach_plan:options()), or the plan itself, and the bound on the
 %% whole attempt (ms). Open: callers pass their own options, whose other
 %% keys are not read.
 -type options() :: #{
-    plan => beamdiag_attach:plan(),
+    plan => beamdiag_attach_plan:plan(),
     timeout => timeout(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename(),
@@ -67,7 +67,7 @@
 %% inferred from the host part; for a node on this host, read from its
 %% command line). Cookie, in order of preference: `cookie', `cookie_file',
 %% the environment variable BEAMDIAG_COOKIE, the node's own (see
-%% `beamdiag_attach'), ~/.erlang.cookie. Also takes the other options of
+%% `beamdiag_attach_plan'), ~/.erlang.cookie. Also takes the other options of
 %% `attach/2'.
 %% With a cookie given and nothing else to say how, the node is first
 %% tried the plain way, without reading its host (many nodes at once, as
@@ -111,18 +111,18 @@ full_retry({unreachable, _, _, _}) -> true;
 full_retry(_) -> false.
 
 %% @doc Connects to a node by a plan (`plan', else made here from the
-%% options `beamdiag_attach:plan/2' takes): `{ok, Node, #{cookie =>
+%% options `beamdiag_attach_plan:plan/2' takes): `{ok, Node, #{cookie =>
 %% Index}}', the plan's cookie that worked, or why it cannot be reached.
 %% `timeout' (10 s) bounds the whole attempt.
 -spec attach(string() | binary(), options()) ->
-    {ok, node(), #{cookie := pos_integer(), plan := beamdiag_attach:plan()}} |
+    {ok, node(), #{cookie := pos_integer(), plan := beamdiag_attach_plan:plan()}} |
     {error, {module(), term()}}.
 attach(NodeStr, Opts) when is_binary(NodeStr) ->
     attach(unicode:characters_to_list(NodeStr), Opts);
 attach(NodeStr, Opts) ->
     Plan = case maps:find(plan, Opts) of
                {ok, P} -> {ok, P};
-               error -> beamdiag_attach:plan(NodeStr, maps:with(?PLAN_KEYS, Opts))
+               error -> beamdiag_attach_plan:plan(NodeStr, maps:with(?PLAN_KEYS, Opts))
            end,
     case Plan of
         {ok, Pl} -> follow(Pl, maps:get(timeout, Opts, ?CONNECT_TIMEOUT));
@@ -150,36 +150,18 @@ disconnect(Node) ->
     _ = erlang:disconnect_node(Node),
     ok.
 
-%% @doc Parses "name@host" and infers the name domain: a host with a dot
-%% (or an IP address) means long names.
--spec parse_node(string() | binary()) ->
-    {ok, node(), shortnames | longnames} | {error, {beamdiag_remote, term()}}.
-parse_node(Bin) when is_binary(Bin) ->
-    parse_node(unicode:characters_to_list(Bin));
-parse_node(Str) when is_list(Str) ->
-    case string:split(Str, "@") of
-        [Name, Host] when Name =/= "", Host =/= "", length(Str) =< 255 ->
-            case valid_part(Name) andalso valid_part(Host) of
-                true ->
-                    Domain =
-                        case lists:member($., Host) orelse lists:member($:, Host) of
-                            true -> longnames;
-                            false -> shortnames
-                        end,
-                    %% One atom for the node the user named; the dist layer
-                    %% needs it.
-                    {ok, list_to_atom(Str), Domain};
-                false ->
-                    {error, {beamdiag_remote, {bad_node, Str}}}
-            end;
-        _ ->
-            {error, {beamdiag_remote, {bad_node, Str}}}
-    end.
+%% @doc Whether an error is one of a node that may run but cannot be
+%% reached over distribution (the one place that says so: the diagnosis
+%% falls back to the host's view on it, the command line exits 3).
+-spec unreachable({module(), term()}) -> boolean().
+unreachable({?MODULE, {unreachable, _, _}}) -> true;
+unreachable({?MODULE, {unreachable, _, _, _}}) -> true;
+unreachable({?MODULE, {own_dist, _, _}}) -> true;
+unreachable({?MODULE, {own_mode, _, _}}) -> true;
+unreachable(_) -> false.
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
-format_error({bad_node, S}) ->
-    ["'", beamdiag_safe_text:safe(S, 100), "' is not a node name: expected name@host"];
 format_error({no_distribution, Reason}) ->
     io_lib:format("cannot start distribution on this machine: ~0P", [Reason, 8]);
 format_error({cookie_file, F, Reason}) ->
@@ -253,7 +235,7 @@ format_error({unreachable, Node, {no_answer, Ms}}) ->
 %% connect to many nodes side by side.
 -spec distribute(string()) -> ok | {error, {beamdiag_remote, term()}}.
 distribute(NodeStr) ->
-    case parse_node(NodeStr) of
+    case beamdiag_node_name:parse(NodeStr) of
         {ok, _Node, Domain} -> ensure_distributed(Domain);
         {error, _} = E -> E
     end.
@@ -268,7 +250,7 @@ follow(Plan = #{node := Node, mode := Mode}, Timeout) ->
     case pre_errors(Plan) of
         {error, _} = E -> E;
         ok ->
-            case beamdiag_attach:missing(Plan) of
+            case beamdiag_attach_relaunch:missing(Plan) of
                 [] ->
                     case ensure_distributed(Mode) of
                         ok ->
@@ -313,9 +295,9 @@ pre_errors(#{cookie_error := {M, Why}}) when is_atom(M) ->
 pre_errors(#{cookie_error := Why}) ->
     {error, {?MODULE, Why}};
 pre_errors(#{node := Node, proto_error := Why}) ->
-    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach, Why}}}}};
+    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach_plan, Why}}}}};
 pre_errors(#{node := Node, tls := #{error := Why}}) ->
-    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach, Why}}}}};
+    {error, {?MODULE, {unreachable, Node, {tls_options, {beamdiag_attach_plan, Why}}}}};
 pre_errors(_) ->
     ok.
 
@@ -373,7 +355,7 @@ try_cookies(Plan = #{node := Node, cookies := All}, [{Cookie, _} | Rest], I, Dea
     end.
 
 origins(Cookies) ->
-    [{O, beamdiag_attach:cookie_hash(C)} || {C, O} <- Cookies].
+    [{O, beamdiag_attach_plan:cookie_hash(C)} || {C, O} <- Cookies].
 
 tried([]) -> "none";
 tried(L) ->
@@ -400,7 +382,7 @@ refusal(Plan = #{node := Node, mode := Mode, proto := Proto}) ->
                   end,
             IsTls = Proto =:= inet_tls orelse Proto =:= inet6_tls,
             Opts = #{mode => Mode, tls => case IsTls of true -> Tls; false -> none end,
-                     server_name => host_of(Node)},
+                     server_name => beamdiag_node_name:host(Node)},
             case beamdiag_dist_probe:probe(Ip, Port, Opts) of
                 {ok, S} when S =:= <<"ok">>; S =:= <<"ok_simultaneous">>; S =:= <<"alive">> ->
                     cookie;
@@ -435,7 +417,7 @@ refusal(Plan = #{node := Node, mode := Mode, proto := Proto}) ->
 probe_target(#{port := #{ip := Ip, port := Port}}) ->
     {ok, Ip, Port};
 probe_target(#{node := Node, proto := Proto}) ->
-    [Name, Host] = string:split(atom_to_list(Node), "@"),
+    {Name, Host} = beamdiag_node_name:split(Node),
     Family = case Proto of
                  inet6_tcp -> inet6;
                  inet6_tls -> inet6;
@@ -450,19 +432,6 @@ probe_target(#{node := Node, proto := Proto}) ->
         _ ->
             {error, refused}
     end.
-
-host_of(Node) ->
-    [_, Host] = string:split(atom_to_list(Node), "@"),
-    Host.
-
-valid_part(S) ->
-    lists:all(
-        fun(C) ->
-            (C >= $a andalso C =< $z) orelse (C >= $A andalso C =< $Z) orelse
-                (C >= $0 andalso C =< $9) orelse lists:member(C, "_-.:")
-        end,
-        S
-    ).
 
 ensure_distributed(Domain) ->
     case node() of
@@ -525,7 +494,7 @@ diagnose_unreachable(Node, Seen, true) ->
     %% Reached at its port, without epmd: epmd's names say nothing.
     {unreachable, Node, Seen};
 diagnose_unreachable(Node, Registered, false) ->
-    [Name, Host] = string:split(atom_to_list(Node), "@"),
+    {Name, Host} = beamdiag_node_name:split(Node),
     case net_adm:names(Host) of
         {ok, Names} ->
             case lists:keymember(Name, 1, Names) of

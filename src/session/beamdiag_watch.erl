@@ -32,8 +32,8 @@
     client := beamdiag_client:client(),
     loaded := [module()],
     info := map() | undefined,
-    samples := [beamdiag_agent:sample()],
-    window := pos_integer(),
+    samples := [beamdiag_agent_tick:sample()],
+    keep := pos_integer(),
     ticks := non_neg_integer(),
     interval := pos_integer(),
     procs => map()
@@ -43,7 +43,7 @@
 -type options() :: #{
     interval => 100..60000,
     duration => number() | infinity,
-    window => 2..600,
+    samples => 2..600,
     msacc => boolean(),
     procs => boolean(),
     cookie => atom() | binary() | string(),
@@ -53,14 +53,14 @@
 -type settled() :: #{
     interval := 100..60000,
     duration := number() | infinity,
-    window := 2..600,
+    samples := 2..600,
     msacc := boolean(),
     procs := boolean(),
     cookie => atom() | binary() | string(),
     cookie_file => file:filename()
 }.
 
--define(DEFAULTS, #{interval => 1000, duration => infinity, window => 2, msacc => false,
+-define(DEFAULTS, #{interval => 1000, duration => infinity, samples => 2, msacc => false,
                    procs => true}).
 %% How often the agent walks the process table for the view, in ms.
 -define(PROCS_EVERY_MS, 5000).
@@ -75,17 +75,17 @@
 
 %% @doc Validates options and fills in defaults: `interval' ms between
 %% ticks (1000), `duration' seconds or `infinity' (infinity: a day),
-%% `window' samples per ledger (2: the last interval), `msacc' (false:
+%% `samples' per ledger (2: the last interval), `msacc' (false:
 %% microstate accounting costs a little on every state change, so a
 %% long-running view leaves it off unless asked), `cookie', `cookie_file'.
 %% Unknown options raise `badarg'.
 -spec options(options()) -> settled().
 options(Opts) when is_map(Opts) ->
     O = beamdiag_opts:merge(Opts, ?DEFAULTS, ?REMOTE_KEYS),
-    #{interval := I, duration := D, window := W} = O,
+    #{interval := I, duration := D, samples := W} = O,
     (is_integer(I) andalso I >= 100 andalso I =< 60000) orelse erlang:error({badarg, {interval, I}}),
     (D =:= infinity orelse (is_number(D) andalso D > 0)) orelse erlang:error({badarg, {duration, D}}),
-    (is_integer(W) andalso W >= 2 andalso W =< 600) orelse erlang:error({badarg, {window, W}}),
+    (is_integer(W) andalso W >= 2 andalso W =< 600) orelse erlang:error({badarg, {samples, W}}),
     O.
 
 %% @doc Connects to the node (this node when given `node()'), loads the
@@ -113,7 +113,7 @@ start(NodeStr, Opts) ->
 %% that or when nothing came in time, `{done, Session}' when the agent's
 %% window ended, or an error when the target went away.
 -spec next(session(), timeout()) ->
-    {ok, session(), beamdiag:diagnosis()} | {wait, session()} | {done, session()}
+    {ok, session(), beamdiag_diagnosis:diagnosis()} | {wait, session()} | {done, session()}
     | {error, {beamdiag_watch, term()}}.
 next(S, Timeout) ->
     next(S, Timeout, case Timeout of
@@ -143,9 +143,9 @@ format_error({agent_start, _, _} = Why) ->
 next(S = #{client := Client}, Timeout, Until) ->
     case beamdiag_client:next(Client, Timeout) of
         {event, {start, Info}} ->
-            next(S#{info => Info}, left(Until), Until);
+            next(S#{info => Info}, beamdiag_agent_deadline:left(Until), Until);
         {event, {procs, Report}} ->
-            next(S#{procs => Report}, left(Until), Until);
+            next(S#{procs => Report}, beamdiag_agent_deadline:left(Until), Until);
         {event, {tick, Sample}} ->
             S2 = push(Sample, S),
             case diagnosis(S2) of
@@ -160,17 +160,15 @@ next(S = #{client := Client}, Timeout, Until) ->
             {error, {beamdiag_watch, {aborted, Why}}};
         {event, _} ->
             %% Words a view does not show (finishing, the deadline's moves).
-            next(S, left(Until), Until);
+            next(S, beamdiag_agent_deadline:left(Until), Until);
         {down, Why} ->
             {error, {beamdiag_watch, {target_down, Why}}};
         timeout ->
             {wait, S}
     end.
 
-left(infinity) -> infinity;
-left(Until) -> max(0, Until - erlang:monotonic_time(millisecond)).
 
-start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, msacc := M}) ->
+start_agent(Node, Loaded, Opts = #{interval := I, duration := D, samples := W, msacc := M}) ->
     Duration = case D of
                    infinity -> ?LONG_MS;
                    _ -> max(I, round(D * 1000))
@@ -184,7 +182,7 @@ start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, ms
     case beamdiag_client:start(Node, AgentOpts) of
         {ok, Client} ->
             {ok, #{node => Node, client => Client, loaded => Loaded,
-                   info => undefined, samples => [], window => W, ticks => 0,
+                   info => undefined, samples => [], keep => W, ticks => 0,
                    interval => I}};
         {error, {beamdiag_client, Why}} ->
             beamdiag_loader:unload(Node, Loaded),
@@ -192,7 +190,7 @@ start_agent(Node, Loaded, Opts = #{interval := I, duration := D, window := W, ms
     end.
 
 %% The newest sample first, at most Window kept.
-push(Sample, S = #{samples := Samples, window := W, ticks := T}) ->
+push(Sample, S = #{samples := Samples, keep := W, ticks := T}) ->
     S#{samples => lists:sublist([Sample | Samples], W), ticks => T + 1}.
 
 diagnosis(S = #{info := Info, samples := Samples, interval := I}) when is_map(Info),

@@ -4,7 +4,7 @@
 %%%
 %%% A node that registers nowhere (an epmd-less cluster's own
 %%% `-epmd_module', or `-erl_epmd_port') still listens on its distribution
-%%% port; `beamdiag_attach' finds it and calls `set/3' before connecting.
+%%% port; `beamdiag_attach_plan' finds it and calls `set/3' before connecting.
 %%% The callbacks are those OTP 25 to 29 call (`address_please/3' answers
 %%% with the address and port, so `port_please' is not asked for such a
 %%% node; a node is known by its name and host as its name writes them).
@@ -38,7 +38,7 @@
 %% @doc Node is reached at Ip:Port, without epmd.
 -spec set(node(), inet:ip_address(), inet:port_number()) -> ok.
 set(Node, Ip, Port) ->
-    [Name, Host] = string:split(atom_to_list(Node), "@"),
+    {Name, Host} = beamdiag_node_name:split(Node),
     Key = {?MODULE, Name, Host},
     case persistent_term:get(Key, undefined) of
         {Ip, Port} -> ok;

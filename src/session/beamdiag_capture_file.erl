@@ -18,16 +18,16 @@
 %%%
 %%% ```
 %%% 1> {ok, D} = beamdiag:diagnose(#{duration => 2}).
-%%% 2> ok = beamdiag_capture:save("node.capture", D).
-%%% 3> {ok, D2} = beamdiag_capture:load("node.capture").
+%%% 2> ok = beamdiag_capture_file:save("node.capture", D).
+%%% 3> {ok, D2} = beamdiag_capture_file:load("node.capture").
 %%% 4> maps:get(findings, D2) =:= maps:get(findings, D).
 %%% true
 %%% '''
--module(beamdiag_capture).
+-module(beamdiag_capture_file).
 
 -include_lib("kernel/include/file.hrl").
 
--export([new/3, save/2, load/1, read/1, format_error/1]).
+-export([save/2, load/1, read/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
@@ -35,47 +35,9 @@
 -export([encode/1, decode/1]).
 -endif.
 
--export_type([capture/0, content/0, info/0, fields/0]).
+-export_type([content/0]).
 
-%% A capture: what one window on a node gave. samples and settings are
-%% all the ledger needs; the rest describes the run.
--type capture() :: #{
-    samples := [beamdiag_agent:sample()],
-    settings := beamdiag_agent_vm:settings(),
-    schema => binary(),
-    node => binary(),
-    interval_ms => non_neg_integer(),
-    duration_ms => non_neg_integer(),
-    wall_start_ms => integer(),
-    extras => map(),
-    complete => boolean(),
-    notes => [binary()],
-    cgroup_location => map(),
-    msacc_was_on => boolean()
-}.
-
--type content() :: {diagnosis, beamdiag:diagnosis()} | {experiment, map()}.
-%% What the agent said at its start, as new/3 reads it (other keys are
-%% not read).
--type info() :: #{
-    settings := beamdiag_agent_vm:settings(),
-    node => binary(),
-    wall_start_ms => integer(),
-    cgroup_location => map(),
-    msacc_was_on => boolean(),
-    atom() => term()
-}.
-%% The fields new/3 takes from the caller (others are not read).
--type fields() :: #{
-    interval_ms => non_neg_integer(),
-    duration_ms => non_neg_integer(),
-    extras => map(),
-    complete => boolean(),
-    notes => [binary()],
-    atom() => term()
-}.
-
--define(SCHEMA, <<"beamdiag.capture/1">>).
+-type content() :: {diagnosis, beamdiag_diagnosis:diagnosis()} | {experiment, map()}.
 -define(MAGIC, "beamdiag-capture ").
 -define(VERSION, 1).
 -define(MAX_FILE, (256 * 1024 * 1024)).
@@ -87,36 +49,11 @@
 %%% API
 %%%===================================================================
 
-%% @doc Builds a capture, the map the ledger and the rules read, from what
-%% the agent said at its start (`node', `settings', `wall_start_ms', and
-%% `cgroup_location' and `msacc_was_on' when it said them), the samples,
-%% oldest first, and the fields that describe the run: `interval_ms'
-%% (default: the time between the first two samples, 1000 with fewer),
-%% `duration_ms' (default: the samples' span), `extras' (none), `complete'
-%% (true) and `notes' (none). Every session that makes a capture makes it
-%% here.
--spec new(info(), [beamdiag_agent:sample()], fields()) -> capture().
-new(Info = #{settings := Settings}, Samples, Fields) ->
-    Base = #{
-        schema => ?SCHEMA,
-        node => maps:get(node, Info, <<>>),
-        settings => Settings,
-        interval_ms => interval(Samples),
-        duration_ms => span(Samples),
-        wall_start_ms => maps:get(wall_start_ms, Info, 0),
-        samples => Samples,
-        extras => #{},
-        complete => true,
-        notes => []
-    },
-    maps:merge(maps:merge(Base, maps:with([cgroup_location, msacc_was_on], Info)),
-               maps:with([interval_ms, duration_ms, extras, complete, notes], Fields)).
-
 %% @doc Writes a diagnosis, or an experiment's results (a map with
 %% `kind => experiment'), to File. The file is written whole to a temporary
 %% name and renamed, so a reader never sees half a capture.
--spec save(file:filename(), beamdiag:diagnosis() | beamdiag_experiment:result()) ->
-    ok | {error, {beamdiag_capture, term()}}.
+-spec save(file:filename(), beamdiag_diagnosis:diagnosis() | beamdiag_experiment_stats:result()) ->
+    ok | {error, {beamdiag_capture_file, term()}}.
 save(File, Content) when is_map(Content) ->
     Kind = kind(Content),
     Payload = #{
@@ -137,45 +74,45 @@ save(File, Content) when is_map(Content) ->
                 ok -> ok;
                 {error, R} ->
                     _ = file:delete(Tmp),
-                    {error, {beamdiag_capture, {write, File, R}}}
+                    {error, {beamdiag_capture_file, {write, File, R}}}
             end;
         {error, R} ->
             _ = file:delete(Tmp),
-            {error, {beamdiag_capture, {write, File, R}}}
+            {error, {beamdiag_capture_file, {write, File, R}}}
     end.
 
 %% @doc Reads a saved diagnosis and analyses it again with the current
 %% rules. A file holding an experiment is an error here; see `read/1'.
--spec load(file:filename()) -> {ok, beamdiag:diagnosis()} | {error, {beamdiag_capture, term()}}.
+-spec load(file:filename()) -> {ok, beamdiag_diagnosis:diagnosis()} | {error, {beamdiag_capture_file, term()}}.
 load(File) ->
     case read(File) of
         {ok, {diagnosis, D}} -> {ok, D};
-        {ok, {Kind, _}} -> {error, {beamdiag_capture, {wrong_kind, File, Kind}}};
+        {ok, {Kind, _}} -> {error, {beamdiag_capture_file, {wrong_kind, File, Kind}}};
         {error, _} = E -> E
     end.
 
 %% @doc Reads any saved file: a diagnosis (analysed again) or experiment
 %% results (each run's diagnosis analysed again).
--spec read(file:filename()) -> {ok, content()} | {error, {beamdiag_capture, term()}}.
+-spec read(file:filename()) -> {ok, content()} | {error, {beamdiag_capture_file, term()}}.
 read(File) ->
     %% The size is checked before anything is read.
     case file:read_file_info(File) of
         {ok, #file_info{size = Size}} when Size > ?MAX_FILE ->
-            {error, {beamdiag_capture, {too_large, File, Size, ?MAX_FILE}}};
+            {error, {beamdiag_capture_file, {too_large, File, Size, ?MAX_FILE}}};
         {ok, _} ->
             case file:read_file(File) of
                 {ok, Bin} when byte_size(Bin) > ?MAX_FILE ->
-                    {error, {beamdiag_capture, {too_large, File, byte_size(Bin), ?MAX_FILE}}};
+                    {error, {beamdiag_capture_file, {too_large, File, byte_size(Bin), ?MAX_FILE}}};
                 {ok, Bin} ->
                     case parse(Bin) of
                         {ok, Payload} -> content(File, Payload);
-                        {error, R} -> {error, {beamdiag_capture, with_file(File, R)}}
+                        {error, R} -> {error, {beamdiag_capture_file, with_file(File, R)}}
                     end;
                 {error, R} ->
-                    {error, {beamdiag_capture, {read, File, R}}}
+                    {error, {beamdiag_capture_file, {read, File, R}}}
             end;
         {error, R} ->
-            {error, {beamdiag_capture, {read, File, R}}}
+            {error, {beamdiag_capture_file, {read, File, R}}}
     end.
 
 %% @doc The atom-free form of a term: atoms become `{'$a', Name}', pids,
@@ -230,15 +167,6 @@ format_error({wrong_kind, File, Kind}) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
-
-interval([#{t := A}, #{t := B} | _]) -> max(1, (B - A) div 1000000);
-interval(_) -> 1000.
-
-span([#{t := T0} | _] = Samples) ->
-    #{t := T1} = lists:last(Samples),
-    max(1, (T1 - T0) div 1000000);
-span([]) ->
-    0.
 
 kind(#{kind := experiment}) -> experiment;
 kind(#{capture := _, ledger := _, findings := _}) -> diagnosis;
@@ -301,11 +229,11 @@ content(File, #{format := ?VERSION, kind := diagnosis, body := #{capture := C}})
                 D -> {ok, {diagnosis, D}}
             catch
                 Class:Reason ->
-                    {error, {beamdiag_capture, {bad_content, File,
+                    {error, {beamdiag_capture_file, {bad_content, File,
                         io_lib:format("analysis failed (~p:~P)", [Class, Reason, 8])}}}
             end;
         false ->
-            {error, {beamdiag_capture,
+            {error, {beamdiag_capture_file,
                      {bad_content, File, "the capture lacks samples or settings"}}}
     end;
 content(File, #{format := ?VERSION, kind := experiment, body := E}) when is_map(E) ->
@@ -315,11 +243,11 @@ content(File, #{format := ?VERSION, kind := experiment, body := E}) when is_map(
         {ok, {experiment, E2#{summary => beamdiag_experiment_stats:summarise(E2)}}}
     catch
         Class:Reason ->
-            {error, {beamdiag_capture, {bad_content, File,
+            {error, {beamdiag_capture_file, {bad_content, File,
                 io_lib:format("a run's analysis failed (~p:~P)", [Class, Reason, 8])}}}
     end;
 content(File, _) ->
-    {error, {beamdiag_capture, {bad_content, File, "unknown payload"}}}.
+    {error, {beamdiag_capture_file, {bad_content, File, "unknown payload"}}}.
 
 reanalyse(Run = #{diagnosis := #{capture := C}}) when is_map(C) ->
     true = valid_capture(C),

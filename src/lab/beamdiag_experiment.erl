@@ -41,7 +41,8 @@
 -export_type([workload/0, result/0, options/0, settled/0]).
 
 -type workload() :: {lab, atom()} | {mfa, module(), atom()}.
--type result() :: #{kind := experiment, _ => _}.
+%% An experiment's result (beamdiag_experiment_stats:result()).
+-type result() :: beamdiag_experiment_stats:result().
 %% What `progress' is called with: a run starts (its number k of total,
 %% the run and arm) or is done (with its result).
 -type progress_event() :: #{event := run_start | run_done, k := pos_integer(),
@@ -137,7 +138,7 @@ options(Opts) when is_map(Opts) ->
     check(is_list(Vs) andalso Vs =/= [] andalso lists:all(fun io_lib:printable_unicode_list/1, Vs),
           variants, Vs),
     check(is_integer(N) andalso N >= 1 andalso N =< 100, runs, N),
-    check(is_number(D) andalso D >= 1 andalso D =< 3600, duration, D),
+    check(is_number(D) andalso D >= 1 andalso D =< beamdiag_opts:max_seconds(window), duration, D),
     check(is_number(Wu) andalso Wu >= 0 andalso Wu =< 600, warmup, Wu),
     check(C =:= undefined orelse (is_integer(C) andalso C >= 1 andalso C =< 100000),
           concurrency, C),
@@ -319,7 +320,7 @@ run_one(Arm, #{duration := D, warmup := Wu, reservoir := Res}) ->
     %% The lab ships the driver, the lab workload's module or the user's.
     Scenario = #{name => experiment, summary => <<"experiment run">>, emu_args => Args,
                  load => {beamdiag_agent_workload, start, [DriverOpts]},
-                 modules => [M || {lab, M, _} <- [Unit]] ++ Code,
+                 modules => beamdiag_agent_workload:modules() ++ [M || {lab, M, _} <- [Unit]] ++ Code,
                  warmup_ms => round(Wu * 1000)},
     case beamdiag_lab:start(Scenario, #{duration => BoundS}) of
         {ok, Lab} ->

@@ -20,7 +20,7 @@
 %%% '''
 -module(beamdiag_units).
 
--export([pct/1, pct/2, whole_pct/1, bytes/1, memory/1, rate/1, count/1, ticks_to_s/1]).
+-export([signed_bytes/1, pct/1, pct/2, whole_pct/1, bytes/1, memory/1, rate/1, count/1, ticks_to_s/1]).
 
 %%%===================================================================
 %%% API
@@ -50,6 +50,12 @@ bytes(B) when B >= 1.0e9 -> lists:flatten(io_lib:format("~.2f GB", [B / 1.0e9]))
 bytes(B) when B >= 1.0e6 -> lists:flatten(io_lib:format("~.1f MB", [B / 1.0e6]));
 bytes(B) when B >= 1.0e3 -> lists:flatten(io_lib:format("~.1f kB", [B / 1.0e3]));
 bytes(B) -> lists:flatten(io_lib:format("~b B", [round(B)])).
+
+%% @doc A change in bytes with its sign, as bytes/1 writes it: "+38.6 MB",
+%% "-561.2 kB", "+0 B".
+-spec signed_bytes(number()) -> string().
+signed_bytes(B) when B < 0 -> "-" ++ bytes(-B);
+signed_bytes(B) -> "+" ++ bytes(B).
 
 %% @doc Memory sizes in binary units, as the kernel counts them: "45 MiB",
 %% "1.5 GiB"; "no limit" for a cgroup's `max'.

@@ -1,6 +1,6 @@
 %%% EUnit tests of saved captures: round trip, and clear errors on files
 %%% that are truncated, random, of another version, corrupt or too large.
--module(beamdiag_capture_tests).
+-module(beamdiag_capture_file_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
@@ -30,7 +30,7 @@ setup() ->
     {ok, D} = beamdiag:diagnose(#{duration => 0.4, interval => 100, msacc => false,
                                   locks => false}),
     File = filename:join(Dir, "a.capture"),
-    ok = beamdiag_capture:save(File, D),
+    ok = beamdiag_capture_file:save(File, D),
     {ok, Bin} = file:read_file(File),
     #{dir => Dir, diagnosis => D, file => File, bin => Bin}.
 
@@ -41,7 +41,7 @@ cleanup(#{dir := Dir}) ->
 
 round_trip(#{diagnosis := D, file := File, bin := Bin}) ->
     ?assertMatch(<<"beamdiag-capture 1\n", _/binary>>, Bin),
-    {ok, D2} = beamdiag_capture:load(File),
+    {ok, D2} = beamdiag_capture_file:load(File),
     ?assertEqual(maps:get(capture, D), maps:get(capture, D2)),
     ?assertEqual(maps:get(findings, D), maps:get(findings, D2)),
     ?assertEqual(maps:get(ledger, D), maps:get(ledger, D2)).
@@ -63,7 +63,7 @@ random_bytes(Ctx = #{bin := Bin}) ->
                  <<"beamdiag-capture 1\n", (byte_size(Body)):64, 0:32, Body/binary>>, corrupt).
 
 wrong_version(Ctx = #{bin := <<"beamdiag-capture 1\n", Rest/binary>>}) ->
-    {error, {beamdiag_capture, R}} =
+    {error, {beamdiag_capture_file, R}} =
         expect_error(Ctx, "v9", <<"beamdiag-capture 9\n", Rest/binary>>, unsupported_version),
     ?assertMatch({unsupported_version, _, <<"9">>}, R).
 
@@ -79,7 +79,7 @@ oversized(#{dir := Dir}) ->
     {ok, _} = file:position(F, 300 * 1024 * 1024),
     ok = file:write(F, <<0>>),
     ok = file:close(F),
-    {error, {beamdiag_capture, R}} = beamdiag_capture:load(File),
+    {error, {beamdiag_capture_file, R}} = beamdiag_capture_file:load(File),
     ?assertMatch({too_large, _, _, _}, R),
     assert_sentence(R),
     ok = file:delete(File).
@@ -93,13 +93,13 @@ unknown_atom(Ctx) ->
                                 (erlang:crc32(Body)):32, Body/binary>>, corrupt),
     ?assertError(badarg, binary_to_existing_atom(Name, utf8)),
     %% The encoded form of an unknown atom decodes to a binary.
-    ?assertEqual(Name, beamdiag_capture:decode({'$a', Name})),
+    ?assertEqual(Name, beamdiag_capture_file:decode({'$a', Name})),
     Term = #{ledger => [true, {'$a', Name}, {1, 2.5, "x"}]},
-    ?assertEqual(Term, beamdiag_capture:decode(beamdiag_capture:encode(Term))),
+    ?assertEqual(Term, beamdiag_capture_file:decode(beamdiag_capture_file:encode(Term))),
     ?assertError(badarg, binary_to_existing_atom(Name, utf8)).
 
 missing(#{dir := Dir}) ->
-    {error, {beamdiag_capture, R}} = beamdiag_capture:load(filename:join(Dir, "nope")),
+    {error, {beamdiag_capture_file, R}} = beamdiag_capture_file:load(filename:join(Dir, "nope")),
     ?assertMatch({read, _, enoent}, R),
     assert_sentence(R).
 
@@ -108,10 +108,10 @@ wrong_kind(#{dir := Dir, diagnosis := D}) ->
     E = #{kind => experiment, settings => #{bootstrap => 100},
           arms => [#{index => 1}], runs => [#{arm => 1, run => 1, throughput => 1.0,
                                                diagnosis => D}]},
-    ok = beamdiag_capture:save(File, E),
-    {error, {beamdiag_capture, R}} = beamdiag_capture:load(File),
+    ok = beamdiag_capture_file:save(File, E),
+    {error, {beamdiag_capture_file, R}} = beamdiag_capture_file:load(File),
     ?assertMatch({wrong_kind, _, experiment}, R),
-    {ok, {experiment, E2}} = beamdiag_capture:read(File),
+    {ok, {experiment, E2}} = beamdiag_capture_file:read(File),
     ?assertEqual(maps:get(capture, D), maps:get(capture, maps:get(diagnosis, hd(maps:get(runs, E2))))).
 
 %% A capture saved when the flamegraph was drawn at collection time holds
@@ -122,9 +122,9 @@ profile_drawn_again(#{dir := Dir, diagnosis := D = #{capture := C}}) ->
     Old = #{profile => P, method => perf, by_process => [],
             svg => <<"<svg>drawn when saved</svg>">>, summary => beamdiag_fold:summary(P)},
     File = filename:join(Dir, "old_profile.capture"),
-    ok = beamdiag_capture:save(File, D#{capture => C#{extras => #{profile => Old}}}),
+    ok = beamdiag_capture_file:save(File, D#{capture => C#{extras => #{profile => Old}}}),
     {ok, D2 = #{capture := #{extras := #{profile := New}}, findings := F}} =
-        beamdiag_capture:load(File),
+        beamdiag_capture_file:load(File),
     ?assertEqual(maps:without([svg, summary], Old), New),
     %% The one analysis read the profile.
     ?assertMatch([_ | _], [X || X = #{id := hot_function} <- F]),
@@ -140,15 +140,15 @@ profile_drawn_again(#{dir := Dir, diagnosis := D = #{capture := C}}) ->
 expect_error(#{dir := Dir}, Name, Bin, Tag) ->
     File = filename:join(Dir, Name ++ ".capture"),
     ok = file:write_file(File, Bin),
-    Result = beamdiag_capture:load(File),
-    ?assertMatch({error, {beamdiag_capture, _}}, Result),
-    {error, {beamdiag_capture, R}} = Result,
+    Result = beamdiag_capture_file:load(File),
+    ?assertMatch({error, {beamdiag_capture_file, _}}, Result),
+    {error, {beamdiag_capture_file, R}} = Result,
     ?assertEqual(Tag, element(1, R)),
     assert_sentence(R),
     Result.
 
 assert_sentence(R) ->
-    S = lists:flatten(io_lib:format("~ts", [beamdiag_capture:format_error(R)])),
+    S = lists:flatten(io_lib:format("~ts", [beamdiag_capture_file:format_error(R)])),
     ?assert(length(S) > 10).
 
 std_tmp() ->

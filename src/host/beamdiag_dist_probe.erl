@@ -139,9 +139,7 @@ probe_name(Mode) ->
     Base = "beamdiag_probe_" ++ os:getpid(),
     case Mode of
         longnames -> Base ++ "@127.0.0.1";
-        shortnames ->
-            {ok, H} = inet:gethostname(),
-            Base ++ "@" ++ hd(string:split(H, "."))
+        shortnames -> Base ++ "@" ++ beamdiag_node_name:short_host()
     end.
 
 tls_or_tcp(econnrefused) -> {tcp, econnrefused};

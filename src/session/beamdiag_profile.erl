@@ -9,7 +9,7 @@
 %%% '''
 -module(beamdiag_profile).
 
--export([profile/3, header/1, format_error/1]).
+-export([profile/3, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -28,43 +28,10 @@
     rules => boolean(),
     atom() => term()
 }.
-%% profile/3's result: the folded profile and how it was taken; with
-%% perf, perf's record, and the Erlang sampler's stacks beside it
-%% (`callers'); with the Erlang sampler, its result without its stacks
-%% (beamdiag_agent_sampler:result()); the profile rules' findings unless
-%% the caller runs them.
--type result() :: #{
-    profile := beamdiag_fold:profile(),
-    method := erlang | perf,
-    node := node(),
-    perf => perf(),
-    callers => beamdiag_fold:profile(),
-    sampler => #{processes := [beamdiag_agent_sampler:process_stacks()], atom() => term()},
-    findings => [beamdiag_finding:finding()]
-}.
-%% What a diagnosis keeps of a result in its capture's extras (`profile'):
-%% the sampler's stacks per process as `by_process'.
--type kept() :: #{
-    profile := beamdiag_fold:profile(),
-    method := erlang | perf,
-    perf => perf(),
-    callers => beamdiag_fold:profile(),
-    by_process := [beamdiag_agent_sampler:process_stacks()]
-}.
-%% perf's record (beamdiag_perf:result() without the script and perf's
-%% output), with the fold's wall time.
--type perf() :: #{
-    call_graph := dwarf | fp | none,
-    call_graph_reason := binary(),
-    perf_map := file:filename() | missing,
-    duration := pos_integer(),
-    frequency := pos_integer(),
-    script_bytes := non_neg_integer(),
-    script_truncated := boolean(),
-    target := beamdiag_perf:target(),
-    ospid := pos_integer(),
-    wall_ms := #{record := non_neg_integer(), script := non_neg_integer(), fold := integer()}
-}.
+%% The result and what a diagnosis keeps of it (beamdiag_profile_rules).
+-type result() :: beamdiag_profile_rules:result().
+-type kept() :: beamdiag_profile_rules:kept().
+-type perf() :: beamdiag_profile_rules:perf().
 
 %% @doc Profiles a connected node: `{ok, #{profile, findings, method, ...}}'.
 %% Options: `duration' (s, 10), `frequency' (Hz, 97), `erlang' (use the
@@ -165,13 +132,6 @@ map_advice(F) when F =:= <<"true">>; F =:= <<"map">> ->
 map_advice(_) ->
     "; start the node with +JPperf true".
 
-%% The most frequent stacks, leaf first, with their shares.
-top_stacks(#{stacks := Stacks, samples := N}, K) ->
-    Sorted = lists:sublist(lists:reverse(lists:keysort(2, maps:to_list(Stacks))), K),
-    [io_lib:format("~ts (~.1f%)", [lists:join(" < ", lists:sublist(lists:reverse(Fr), 4)),
-                                   100 * C / max(N, 1)])
-     || {[_Type | Fr], C} <- Sorted].
-
 %% The Erlang-level sampler over the same window, in a process of its own.
 %% No monitor: sample/2 turns every failure into a value, and a 'DOWN'
 %% arriving while the stacks are folded would not be the fold's own.
@@ -194,8 +154,11 @@ wait_callers({Ref, D}) ->
 %% knowledge base reads both.
 with_callers({ok, #{stacks := Stacks}}, R) ->
     R#{callers => beamdiag_fold:from_counts(Stacks)};
-with_callers(_, R) ->
-    R.
+with_callers(none, R) ->
+    R;
+with_callers({error, {M, Why}}, R) ->
+    %% Said in the profile's header, not dropped.
+    R#{callers_error => iolist_to_binary(M:format_error(Why))}.
 
 %% The profile rules' one run, over the profile and the callers beside it.
 with_findings(R = #{profile := P}, Opts) ->
@@ -203,103 +166,6 @@ with_findings(R = #{profile := P}, Opts) ->
         true -> R#{findings => beamdiag_profile_rules:findings(P, maps:with([callers], R))};
         false -> R
     end.
-
-%% @doc The profile's header: its figures, counted from the folded stacks
-%% it writes (`beamdiag_fold:summary/1'), then what the call-graph mode
-%% lost and how to get more.
--spec header(result() | kept()) -> iolist().
-header(R = #{profile := P, method := M}) ->
-    S = beamdiag_fold:summary(P),
-    Pct = fun(K) -> io_lib:format("~.1f%", [100 * maps:get(K, S)]) end,
-    Mode = case R of
-        #{perf := #{call_graph := CG}} -> [", call graph ", atom_to_list(CG)];
-        _ -> ""
-    end,
-    [
-        io_lib:format("~b samples (~s~s). Samples with an Erlang function on the stack: ~s; "
-                      "with an unnamed JIT frame: ~s; with an unnamed native frame: ~s; "
-                      "with an address perf could place nowhere: ~s; cut short by the unwinder "
-                      "before an Erlang or thread-root frame: ~s.~n",
-                      [maps:get(samples, S), M, Mode, Pct(erlang_share), Pct(unnamed_jit_share),
-                       Pct(unnamed_native_share), Pct(unplaced_share), Pct(cut_short_share)]),
-        [["  - ", N, "\n"] || N <- notes(R, S)]
-    ].
-
-notes(R = #{perf := Perf}, S) ->
-    Reason = case Perf of
-        #{call_graph := CG, call_graph_reason := Why} ->
-            [io_lib:format("call graph ~s: ~ts.", [CG, Why])];
-        _ ->
-            []
-    end,
-    Lost = case Perf of
-        #{call_graph := fp} ->
-            [io_lib:format("Frame pointers lose native callers: the emulator's C code keeps none, "
-                           "so a walk that enters it ends there (~.1f% of samples cut short). "
-                           "For native call chains: --call-graph dwarf.",
-                           [100 * maps:get(cut_short_share, S)])];
-        #{call_graph := dwarf} when is_map_key(callers, R) ->
-            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
-                           "native code are not on perf's stacks (~.1f% of samples cut short); "
-                           "the Erlang-level sampler beside perf names them (below).",
-                           [100 * maps:get(cut_short_share, S)])];
-        #{call_graph := dwarf, target := #{frame_pointers := true, perf_flag := Has}} ->
-            %% Never advise a flag the node has.
-            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
-                           "native code are lost (~.1f% of samples cut short). For Erlang call "
-                           "chains: --call-graph fp (the node already runs +JPperf ~ts, so its "
-                           "JIT code keeps frame pointers), or --erlang.",
-                           [100 * maps:get(cut_short_share, S), Has])];
-        #{call_graph := dwarf} ->
-            [io_lib:format("DWARF unwinding stops at the first JIT frame: the Erlang callers of "
-                           "native code are lost (~.1f% of samples cut short). For Erlang call "
-                           "chains: start the node with +JPperf true and use --call-graph fp, "
-                           "or --erlang.", [100 * maps:get(cut_short_share, S)])];
-        #{call_graph := none} ->
-            [<<"No call chains: only the function each sample landed in.">>];
-        _ ->
-            []
-    end,
-    Namespace = case Perf of
-        #{ospid := O, target := #{ns_pid := N}} when O =/= N ->
-            [io_lib:format("The node runs in a PID namespace of its own (a container): perf "
-                           "recorded its host pid ~b; it is pid ~b there, and its JIT code was "
-                           "named from perf-~b.map in its own /tmp.", [O, N, N])
-             || maps:get(perf_map, Perf) =/= missing];
-        _ ->
-            []
-    end,
-    Map = case Perf of
-        #{perf_map := missing, target := #{perf_flag := Flag}}
-          when Flag =:= <<"true">>; Flag =:= <<"map">> ->
-            [io_lib:format("No perf map found, although the node runs +JPperf ~ts: its JIT code "
-                           "has no names here (a node in a container writes the map into its "
-                           "own /tmp; +JPperfdirectory on OTP 28 and later says where).", [Flag])];
-        #{perf_map := missing} ->
-            [<<"No perf map: the node was not started with +JPperf true (or map), so its JIT "
-               "code has no names; restart it with +JPperf true to name Erlang functions.">>];
-        _ ->
-            []
-    end,
-    Native = case maps:get(unnamed_native_share, S) >= 0.2 of
-        true ->
-            [<<"Many native frames have no name: the emulator is stripped down to its "
-               "exported functions; its debug symbols (Debian: erlang-base-dbgsym) name the "
-               "rest.">>];
-        false ->
-            []
-    end,
-    Callers = case R of
-        #{callers := C = #{samples := CN}} when CN > 0 ->
-            [io_lib:format("Erlang callers from the Erlang-level sampler beside perf (~b samples "
-                           "of running processes): ~ts.",
-                           [CN, lists:join("; ", [[Stack] || Stack <- top_stacks(C, 3)])])];
-        _ ->
-            []
-    end,
-    Reason ++ Lost ++ Namespace ++ Map ++ Native ++ Callers;
-notes(_, _) ->
-    [].
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
@@ -317,7 +183,7 @@ format_error({remote, Class, Reason}) ->
 %% duration.
 sample(Node, Opts) ->
     D = maps:get(duration, maps:merge(beamdiag_agent_sampler:defaults(), Opts)),
-    case beamdiag_loader:load(Node, [beamdiag_agent_sampler]) of
+    case beamdiag_loader:load(Node, beamdiag_agent_sampler:modules()) of
         {ok, Loaded} ->
             try erpc:call(Node, beamdiag_agent_sampler, run, [Opts], (D + 30) * 1000) of
                 R -> {ok, R}

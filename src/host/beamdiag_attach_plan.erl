@@ -17,22 +17,18 @@
 %%% (`beamdiag_dist_probe').
 %%%
 %%% A plan may need this VM's distribution to speak otherwise than it
-%%% does (`missing/1': TLS, IPv6, its own epmd module on OTP 25); the
-%%% escript then starts itself again with the flags `relaunch_flags/1'
-%%% gives (beamdiag_cli_diagnose). `public/1' is what a report may show:
+%%% does (TLS, IPv6, its own epmd module on OTP 25): beamdiag_attach_relaunch
+%%% says what it lacks and the flags to start again with. `public/1' is what a report may show:
 %%% never a cookie, only where it came from and a short hash.
 %%%
 %%% ```
-%%% 1> {ok, P} = beamdiag_attach:plan("app@myhost", #{}).
-%%% 2> beamdiag_attach:missing(P).
-%%% []
-%%% 3> maps:get(cookie_from, beamdiag_attach:public(P, 1)).
+%%% 1> {ok, P} = beamdiag_attach_plan:plan("app@myhost", #{}).
+%%% 2> maps:get(cookie_from, beamdiag_attach_plan:public(P, 1)).
 %%% <<"the file /srv/app/releases/COOKIE">>
 %%% '''
--module(beamdiag_attach).
+-module(beamdiag_attach_plan).
 
--export([plan/2, missing/1, relaunch_flags/1, public/2, candidates/1, cookie_hash/1,
-         format_error/1]).
+-export([plan/2, public/2, cookie_hash/1, format_error/1]).
 -ignore_xref([{format_error, 1}]).
 
 -export_type([plan/0, options/0, public/0]).
@@ -93,8 +89,6 @@
 %% Ports of a node's own sockets probed at most, and each probe's bound.
 -define(MAX_PROBES, 8).
 -define(PROBE_MS, 1500).
-%% Nodes listed by candidates/1 at most.
--define(MAX_LISTED, 50).
 
 %%%===================================================================
 %%% API
@@ -105,10 +99,9 @@
 %% unless `host' is false.
 -spec plan(string(), options()) -> {ok, plan()} | {error, {module(), term()}}.
 plan(NodeStr, Opts) ->
-    case beamdiag_remote:parse_node(NodeStr) of
+    case beamdiag_node_name:parse(NodeStr) of
         {ok, Given, Domain} ->
-            [_, Host] = string:split(NodeStr, "@"),
-            Local = beamdiag_host_locate:is_local_host(Host),
+            Local = beamdiag_host_locate:is_local_host(beamdiag_node_name:host(NodeStr)),
             P0 = #{node => Given, given => NodeStr, mode => Domain, local => Local,
                    cookies => [], proto => inet_tcp, proto_origin => default, direct => false,
                    rows => [], notes => []},
@@ -124,64 +117,6 @@ plan(NodeStr, Opts) ->
             {ok, rows(P6)};
         {error, _} = E ->
             E
-    end.
-
-%% @doc What this VM's distribution lacks to follow the plan: flags, each
-%% with its values (`-ssl_dist_optfile' with none: the file is written
-%% when the VM is started again). Empty when it can connect as it is. On
-%% OTP 26 and later, a VM not yet distributed is given beamdiag_epmd as
-%% its epmd module here (`beamdiag_epmd:use/0'), so that one is not
-%% lacking.
--spec missing(plan()) -> [{string(), [string()]}].
-missing(Plan = #{proto := Proto}) ->
-    OwnProto = case init:get_argument(proto_dist) of
-                   {ok, [[P | _] | _]} -> list_to_atom(P);
-                   _ -> inet_tcp
-               end,
-    ProtoFlags = case Proto =:= OwnProto of
-                     true -> [];
-                     false -> [{"-proto_dist", [atom_to_list(Proto)]}]
-                 end,
-    TlsFlags = case is_tls(Proto) andalso init:get_argument(ssl_dist_optfile) =:= error
-                   andalso init:get_argument(ssl_dist_opt) =:= error of
-                   true -> [{"-ssl_dist_optfile", []}];
-                   false -> []
-               end,
-    EpmdFlags = case maps:get(direct, Plan) =:= true andalso not beamdiag_epmd:use() of
-                    true -> [{"-epmd_module", ["beamdiag_epmd"]}];
-                    false -> []
-                end,
-    ProtoFlags ++ TlsFlags ++ EpmdFlags.
-
-%% @doc The flags to start this VM with so that it can follow the plan,
-%% and the folder of the files written for them (the TLS options), which
-%% the caller removes when that VM has ended.
--spec relaunch_flags(plan()) -> {ok, [string()], file:filename() | none} | {error, {module(), term()}}.
-relaunch_flags(Plan) ->
-    Missing = missing(Plan),
-    case lists:keymember("-ssl_dist_optfile", 1, Missing) of
-        false ->
-            {ok, lists:append([[F | Vs] || {F, Vs} <- Missing]), none};
-        true ->
-            case maps:get(tls, Plan, undefined) of
-                #{client := Client} ->
-                    Dir = temp_dir(),
-                    File = filename:join(Dir, "ssl_dist.conf"),
-                    ok = file:make_dir(Dir),
-                    ok = file:change_mode(Dir, 8#700),
-                    Text = io_lib:format("~p.~n", [[{client, Client}]]),
-                    ok = file:write_file(File, Text),
-                    ok = file:change_mode(File, 8#600),
-                    Flags = lists:append([case F of
-                                              "-ssl_dist_optfile" -> [F, File];
-                                              _ -> [F | Vs]
-                                          end || {F, Vs} <- Missing]),
-                    {ok, Flags, Dir};
-                #{error := Why} ->
-                    {error, {?MODULE, Why}};
-                undefined ->
-                    {error, {?MODULE, no_tls_options}}
-            end
     end.
 
 %% @doc What a report may show of the plan, the cookie tried as the
@@ -228,19 +163,6 @@ cookie_hash(C) ->
     <<Head:4/binary, _/binary>> = Digest,
     <<Alg/binary, ":", (string:lowercase(binary:encode_hex(Head)))/binary>>.
 
-%% @doc The BEAM nodes on this host, for `beamdiag diagnose' without a
-%% node: each one's OS pid, name (if distributed), OTP release and
-%% distribution set-up in words. This VM is left out, and so is the
-%% beamdiag escript that started it, when it was started again
-%% (`relaunch_flags/1'). Options: `proc_root'.
--spec candidates(#{proc_root => file:filename()}) -> [#{os_pid := pos_integer(), name := binary() | none,
-                              otp := pos_integer() | undefined, distribution := binary()}].
-candidates(Opts) ->
-    Root = maps:get(proc_root, Opts, "/proc"),
-    Own = own(Root, list_to_integer(os:getpid())),
-    Beams = [P || {P, _} <- beamdiag_host_locate:beams(Root), not lists:member(P, Own)],
-    [candidate(Root, P) || P <- lists:sublist(Beams, ?MAX_LISTED)].
-
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().
 format_error({unreadable_optfile, File, Why}) ->
@@ -282,16 +204,16 @@ with_settings(P, Opts) ->
 %% host given (long names). A name given with another alias of this host
 %% (localhost) names the same node; the handshake wants the node's own.
 name(P = #{settings := #{args := #{name := #{value := V, mode := Mode}}}, given := Given}) ->
-    [GName, GHost] = string:split(Given, "@"),
+    {GName, GHost} = beamdiag_node_name:split(Given),
     Own = binary_to_list(V),
-    Full = case string:split(Own, "@") of
-               [_N, _H] -> Own;
-               [N] when Mode =:= shortnames -> N ++ "@" ++ short_hostname();
-               [N] -> N ++ "@" ++ GHost
+    Full = case beamdiag_node_name:split(Own) of
+               {_N, _H} -> Own;
+               error when Mode =:= shortnames -> Own ++ "@" ++ beamdiag_node_name:short_host();
+               error -> Own ++ "@" ++ GHost
            end,
-    case string:split(Full, "@") of
-        [GName, _] when Full =/= Given ->
-            case beamdiag_remote:parse_node(Full) of
+    case beamdiag_node_name:split(Full) of
+        {GName, _} when Full =/= Given ->
+            case beamdiag_node_name:parse(Full) of
                 {ok, Node, _} ->
                     note(P#{node => Node, mode => Mode},
                          ["the node's own name is ", Full, "; ", Given, " names it too"]);
@@ -438,7 +360,7 @@ to_cookie(C) when is_list(C) -> {error, {bad_cookie, {length, length(C)}}}.
 %% a node on this host that no epmd knows, its own settings or sockets.
 port(P = #{local := false, given := Given, proto := Proto}, #{dist_port := Port}) ->
     %% Another host: its address, as the distribution would resolve it.
-    [_, Host] = string:split(Given, "@"),
+    Host = beamdiag_node_name:host(Given),
     Family = case lists:member(Proto, [inet6_tcp, inet6_tls]) of
                  true -> inet6;
                  false -> inet
@@ -642,78 +564,6 @@ note(P = #{notes := N}, Text) -> P#{notes := N ++ [iolist_to_binary(Text)]}.
 to_list(A) when is_atom(A) -> atom_to_list(A);
 to_list(B) when is_binary(B) -> binary_to_list(B);
 to_list(L) when is_list(L) -> L.
-
-short_hostname() ->
-    {ok, H} = inet:gethostname(),
-    hd(string:split(H, ".")).
-
-temp_dir() ->
-    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; "" -> "/tmp"; T -> T end,
-                  "beamdiag-attach-" ++ os:getpid() ++ "-" ++
-                      integer_to_list(erlang:unique_integer([positive]))).
-
-%% This OS process, and its parent when that runs the same escript (it
-%% started this one again, with more flags).
-own(Root, Pid) ->
-    Parent = case beamdiag_host_locate:read(filename:join([Root, integer_to_list(Pid), "stat"])) of
-                 {ok, Bin} ->
-                     case binary:split(Bin, <<") ">>) of
-                         [_, After] ->
-                             case string:lexemes(After, " ") of
-                                 [_State, PPid | _] -> string:to_integer(binary_to_list(PPid));
-                                 _ -> error
-                             end;
-                         _ -> error
-                     end;
-                 {error, _} -> error
-             end,
-    Script = try escript:script_name() of
-                 S -> list_to_binary(S)
-             catch _:_ -> none
-             end,
-    case Parent of
-        {P, ""} when is_integer(P), P > 1, Script =/= none ->
-            case beamdiag_host_locate:read(filename:join([Root, integer_to_list(P), "cmdline"])) of
-                {ok, Cmd} ->
-                    case lists:member(Script, binary:split(Cmd, <<0>>, [global])) of
-                        true -> [Pid, P];
-                        false -> [Pid]
-                    end;
-                {error, _} -> [Pid]
-            end;
-        _ ->
-            [Pid]
-    end.
-
-candidate(Root, Pid) ->
-    S = beamdiag_node_settings:read(Pid, #{proc_root => Root}),
-    Args = maps:get(args, S),
-    Name = case maps:find(name, Args) of
-               {ok, #{value := V, mode := shortnames}} ->
-                   case binary:match(V, <<"@">>) of
-                       nomatch -> iolist_to_binary([V, "@", short_hostname()]);
-                       _ -> V
-                   end;
-               {ok, #{value := V}} -> V;
-               error -> none
-           end,
-    Proto = case maps:find(proto_dist, Args) of
-                {ok, #{value := [Pr | _]}} -> Pr;
-                error -> <<"inet_tcp">>
-            end,
-    Epmd = case {maps:find(epmd_module, Args), maps:find(erl_epmd_port, Args)} of
-               {{ok, #{value := M}}, _} -> [", epmd module ", M];
-               {_, {ok, #{value := Pt}}} -> [", port ", integer_to_list(Pt), " (-erl_epmd_port)"];
-               _ -> ""
-           end,
-    Dist = case Name of
-               none -> <<"no distribution">>;
-               _ -> iolist_to_binary([Proto, Epmd,
-                                      [[", listens on ", lists:join(", ", [integer_to_list(Pt)
-                                                                        || {_, Pt} <- L])]
-                                       || L <- [maps:get(listen, S)], L =/= []]])
-           end,
-    #{os_pid => Pid, name => Name, otp => maps:get(otp, S), distribution => Dist}.
 
 reason(Why) when is_atom(Why) -> file:format_error(Why);
 reason(Why) -> io_lib:format("~0p", [Why]).

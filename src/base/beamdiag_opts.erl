@@ -12,7 +12,7 @@
 %%% '''
 -module(beamdiag_opts).
 
--export([merge/3]).
+-export([merge/3, max_seconds/1]).
 
 %% @doc The options over the defaults. `Extra' lists keys that are allowed
 %% without a default.
@@ -27,3 +27,12 @@ merge(Opts, Defaults, Extra) when is_map(Opts), is_map(Defaults), is_list(Extra)
     end;
 merge(Opts, _Defaults, _Extra) ->
     erlang:error({badarg, Opts}).
+
+%% @doc The one set of limits on seconds that every entry point checks
+%% against: a window (`window', an hour; also a microstate span, the
+%% slack and the answer time) and a perf recording (`perf', five minutes:
+%% perf's output grows with it, and a diagnosis with `perf' records the
+%% whole window).
+-spec max_seconds(window | perf) -> pos_integer().
+max_seconds(window) -> 3600;
+max_seconds(perf) -> 300.

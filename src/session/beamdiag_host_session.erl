@@ -14,14 +14,14 @@
 %%% `cancel/1' drops the view when the node answered.
 %%%
 %%% ```
-%%% 1> {ok, D} = beamdiag_host:diagnose("4242", #{duration => 6}).
+%%% 1> {ok, D} = beamdiag_host_session:diagnose("4242", #{duration => 6}).
 %%% 2> [Id || #{id := Id} <- maps:get(findings, D)].
 %%% [scheduler_held_native]
 %%% '''
--module(beamdiag_host).
+-module(beamdiag_host_session).
 
--export([diagnose/2, start/2, arm/1, arm/2, armed/1, finish/2, unreached/2, late/2, explains/1,
-         reserve/1, perf_done/2, held/2, cancel/1, format_error/1]).
+-export([diagnose/2, start/2, arm/1, arm/2, armed/1, finish/2, unreached/2, finish_late/2, explains_slowness/1,
+         keep_in_reserve/1, perf_done/2, with_held_perf/2, cancel/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -38,14 +38,14 @@
     node => iodata()
 }.
 %% What the session says when it finishes the window from the host
-%% (finish/2, unreached/2, late/2): how long the node was given, what
+%% (finish/2, unreached/2, finish_late/2): how long the node was given, what
 %% distribution saw, how the node was to be reached (shown as it is), why
 %% the agent was late, what the agent sent and what else the session read
 %% (the capture's extras: the lock data).
 -type context() :: #{
     waited_ms => integer(),
     distribution => binary(),
-    attach => beamdiag_attach:public() | #{},
+    attach => beamdiag_attach_plan:public() | #{},
     why => binary(),
     agent => #{info := term(), extras := map()},
     extras => map()
@@ -88,7 +88,7 @@
 %% 1000), `perf' (true: perf samples the node when it can), `progress',
 %% `ready_by' (monotonic ms by which the report is due), `proc_root'.
 -spec diagnose(string() | binary() | integer(), options()) ->
-    {ok, beamdiag:diagnosis()} | {error, {module(), term()}}.
+    {ok, beamdiag_diagnosis:diagnosis()} | {error, {module(), term()}}.
 diagnose(Target, Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
     case beamdiag_host_locate:locate(Target, #{proc_root => Root}) of
@@ -143,7 +143,7 @@ arm(H = #{whole_perf := _}, _Opts) ->
 arm(H = #{perf := false}, _Opts) ->
     H#{perf_skipped => ?PERF_OFF};
 arm(H = #{sampler := S, os_pid := OsPid, t0 := T0, duration_ms := D}, Opts) ->
-    Secs = min(maps:get(max_seconds, Opts, 3600),
+    Secs = min(maps:get(max_seconds, Opts, beamdiag_opts:max_seconds(window)),
                perf_seconds(T0 + D - erlang:monotonic_time(millisecond))),
     case Secs >= 1 of
         true ->
@@ -172,7 +172,7 @@ armed(H) ->
 %% (what the distribution layer saw, in words), `extras' (what the session
 %% read besides, for the capture's extras: the lock data). perf samples the hot
 %% threads for what is left of the window, unless `arm/1' started it.
--spec finish(handle(), context()) -> beamdiag:diagnosis().
+-spec finish(handle(), context()) -> beamdiag_diagnosis:diagnosis().
 finish(H, Context) ->
     window(arm(H), Context#{unresponsive => true, reason => unresponsive}).
 
@@ -182,7 +182,7 @@ finish(H, Context) ->
 %% `waited_ms', `distribution' (why, in words), `attach' (what was
 %% resolved of how to reach it). perf samples the hot threads for what is
 %% left of the window.
--spec unreached(handle(), context()) -> beamdiag:diagnosis().
+-spec unreached(handle(), context()) -> beamdiag_diagnosis:diagnosis().
 unreached(H, Context) ->
     window(arm(H), Context#{unresponsive => false, reason => unreachable}).
 
@@ -193,18 +193,18 @@ unreached(H, Context) ->
 %% (what the agent sent, if anything: `#{info, extras}'), `extras' (as for
 %% `finish/2'). perf runs only if
 %% `arm/1' started it.
--spec late(handle(), context()) -> beamdiag:diagnosis().
-late(H, Context) ->
+-spec finish_late(handle(), context()) -> beamdiag_diagnosis:diagnosis().
+finish_late(H, Context) ->
     window(H, Context#{reason => slow}).
 
 %% @doc Whether the host view alone explains the node's slowness, so that
-%% a report made from it now (`late/2') names the cause: its OS process is
+%% a report made from it now (`finish_late/2') names the cause: its OS process is
 %% stopped or gone, or the host's rules find something at warning or
 %% above (a cgroup quota that throttles it, the kernel taking its time, a
 %% scheduler thread perf showed held in native code, dirty IO schedulers
 %% blocked in the kernel). Takes one sample now (a few milliseconds).
--spec explains(handle()) -> boolean().
-explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
+-spec explains_slowness(handle()) -> boolean().
+explains_slowness(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
     case process_state(Root, OsPid) of
         State when State =:= stopped; State =:= zombie; State =:= gone ->
             true;
@@ -215,23 +215,24 @@ explains(H = #{sampler := S, os_pid := OsPid, proc_root := Root}) ->
             lists:any(fun(Finding) -> beamdiag_finding:at_least(Finding, warning) end, F)
     end.
 
-%% @doc The node answered: the view is kept in reserve for `late/2',
-%% without samples in between (its first and the one `late/2' takes make
+%% @doc The node answered: the view is kept in reserve for `finish_late/2',
+%% without samples in between (its first and the one `finish_late/2' takes make
 %% its window); perf, if armed, goes on.
--spec reserve(handle()) -> ok.
-reserve(#{sampler := S}) ->
+-spec keep_in_reserve(handle()) -> ok.
+keep_in_reserve(#{sampler := S}) ->
     beamdiag_host_view:pause(S).
 
-%% @doc The node answered and its agent made the diagnosis: when perf ran
+%% @doc The node answered and its agent made the capture: when perf ran
 %% on scheduler threads the host view found held (`arm/2'), its samples
 %% of those threads join the capture with the host view's figures of the
 %% node's scheduler threads over the window (`extras.held_perf': threads,
 %% window, and perf's top symbols or why perf could not name them), so
 %% that the analysis (`beamdiag_host_rules:held_findings/1') names the
 %% native code; perf is waited for until the report is due. The view is
-%% dropped. Without perf, the diagnosis as it is.
--spec held(handle(), beamdiag:diagnosis()) -> beamdiag:diagnosis().
-held(H = #{whole_perf := _, sampler := S}, D = #{capture := C}) ->
+%% dropped. Without perf, the capture as it is. The capture is analysed
+%% once, after this (beamdiag_diagnose).
+-spec with_held_perf(handle(), beamdiag_capture:capture()) -> beamdiag_capture:capture().
+with_held_perf(H = #{whole_perf := _, sampler := S}, C) ->
     Tids = maps:get(perf_tids, H, []),
     Perf = case perf_result(H) of
                {ok, Script, _} -> {ok, beamdiag_host_rules:perf_top(Script, Tids)};
@@ -249,10 +250,10 @@ held(H = #{whole_perf := _, sampler := S}, D = #{capture := C}) ->
             [] -> held_note(Perf, maps:get(perf_names, H, []));
             _ -> []
         end,
-    D#{capture := C#{extras => Extras#{held_perf => Held}, notes => Notes}};
-held(H, D) ->
+    C#{extras => Extras#{held_perf => Held}, notes => Notes};
+with_held_perf(H, C) ->
     ok = cancel(H),
-    D.
+    C.
 
 %% What perf said of the threads that looked held, when no
 %% `scheduler_held_native' is made of it.
@@ -273,7 +274,7 @@ held_note({error, Why}, Names) ->
 %% @doc perf's message came to the process that armed it, before the
 %% report needed it: the result is kept in the handle for the report, and
 %% perf's top symbols of the held threads go to the view, where
-%% `explains/1' reads them (a scheduler perf shows held by native code
+%% `explains_slowness/1' reads them (a scheduler perf shows held by native code
 %% explains a node too slow to answer). Other messages: `ignore'.
 -spec perf_done(handle(), term()) -> handle() | ignore.
 perf_done(H = #{whole_perf := {Pid, MRef, _}, sampler := S}, {?MODULE, Pid, R}) ->
@@ -376,7 +377,7 @@ progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
 %% The samples as the agent's (the ledger reads them), the host's and
 %% cgroup's memory at the end of the window in the extras.
 %% With what an agent sent before the report fell back on the host view
-%% (`late/2'): its settings fill in what the host cannot see, and its
+%% (`finish_late/2'): its settings fill in what the host cannot see, and its
 %% start walk and long schedules join the extras.
 capture(H, Samples, #{info := Info, extras := AgentExtras}) when is_map(Info) ->
     C = #{settings := Settings, extras := Extras} = capture(H, Samples, none),
@@ -403,17 +404,13 @@ capture(H = #{os_pid := OsPid, proc_root := Root}, Samples, _) ->
 process_state(Root, OsPid) ->
     case file:read_file(filename:join([Root, integer_to_list(OsPid), "stat"])) of
         {ok, Bin} ->
-            case binary:split(Bin, <<") ">>, [global]) of
-                [_ | _] = Parts when length(Parts) >= 2 ->
-                    case lists:last(Parts) of
-                        <<"T", _/binary>> -> stopped;
-                        <<"t", _/binary>> -> stopped;
-                        <<"Z", _/binary>> -> zombie;
-                        <<"R", _/binary>> -> running;
-                        _ -> sleeping
-                    end;
-                _ ->
-                    unknown
+            case beamdiag_agent_procfs:stat_fields(Bin) of
+                {ok, _, [<<"T", _/binary>> | _]} -> stopped;
+                {ok, _, [<<"t", _/binary>> | _]} -> stopped;
+                {ok, _, [<<"Z", _/binary>> | _]} -> zombie;
+                {ok, _, [<<"R", _/binary>> | _]} -> running;
+                {ok, _, [_ | _]} -> sleeping;
+                _ -> unknown
             end;
         {error, _} ->
             gone
@@ -473,7 +470,7 @@ perf_result(#{whole_perf := Run, ready_by := ReadyBy}) ->
 perf_result({Pid, MRef, Dir}, ReadyBy) ->
     Wait = case ReadyBy of
                infinity -> 60000;
-               _ -> max(0, ReadyBy - ?REPORT_MS - erlang:monotonic_time(millisecond))
+               _ -> beamdiag_agent_deadline:left(ReadyBy - ?REPORT_MS)
            end,
     receive
         {?MODULE, Pid, R} ->
@@ -489,9 +486,7 @@ perf_result({Pid, MRef, Dir}, ReadyBy) ->
     end.
 
 temp_dir() ->
-    filename:join(case os:getenv("TMPDIR") of false -> "/tmp"; "" -> "/tmp"; T -> T end,
-                  "beamdiag-host-" ++ os:getpid() ++ "-" ++
-                      integer_to_list(erlang:unique_integer([positive]))).
+    beamdiag_tmp:path("beamdiag-host").
 
 node_name(Target, #{os_pid := OsPid}) ->
     case beamdiag_host_locate:target(Target) of

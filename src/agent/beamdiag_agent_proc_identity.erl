@@ -1,0 +1,233 @@
+%%% @doc What names a process to a person, for the processes a walk
+%%% reports, on the target (erts, kernel and stdlib only): registered name,
+%%% `proc_lib' initial call, process label, current function, the number
+%%% of monitors on it, its status, and for the largest heaps how many
+%%% processes share its initial call.
+%%%
+%%% The `proc_lib' initial call comes from the process dictionary's
+%%% `$initial_call' key, read alone where the emulator allows (OTP 26.2 and
+%%% later), otherwise from the whole dictionary of the proc_lib processes
+%%% only; the label (`proc_lib:set_label/1', OTP 27 and later) from
+%%% `$process_label' the same way. Callers of `gen:call' monitor the server
+%%% while they wait, so `monitored_by' counts them. All reads go through
+%%% beamdiag_agent_pinfo, in one guarded read: a process that does not
+%%% answer gets what the runtime knows without it (`answered => false').
+%%% beamdiag's own helpers on the target (running code of beamdiag_agent*
+%%% modules) are left out.
+%%%
+%%% ```
+%%% 1> Ids = beamdiag_agent_proc_identity:read([whereis(code_server)], #{}).
+%%% 2> Info = fun(_) -> #{reductions => 0} end.
+%%% 3> [#{name := N}] = beamdiag_agent_proc_identity:entries(
+%%%        [whereis(code_server)], Info, #{}, beamdiag_agent_proc_identity:names(), Ids).
+%%% 4> N.
+%%% <<"code_server">>
+%%% '''
+-module(beamdiag_agent_proc_identity).
+
+-export([read/2, entries/5, names/0, stalled_entries/3, like_counts/4]).
+
+-export_type([identities/0]).
+
+%% What read/2 found: the answers by pid, the proc_lib processes'
+%% dictionaries (before OTP 26.2), and the pids that did not answer (ms
+%% waited).
+-type identities() :: {#{pid() => list()}, #{pid() => list()}, #{pid() => non_neg_integer()}}.
+
+-define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status]).
+%% Dictionary reads when counting the processes like a large one.
+-define(LIKE_READS, 2000).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The identities of Pids, in one guarded read (and, for proc_lib
+%% processes on releases without the `{dictionary, Key}' item, a second
+%% one), leaving out those known not to answer (Known: pid => ms waited).
+-spec read([pid()], #{pid() => non_neg_integer()}) -> identities().
+read(Pids, Known) ->
+    Dict = dict_items(),
+    Items = ?IDENTITY ++ [{dictionary, K} || Dict, K <- ['$initial_call', '$process_label']],
+    {Read, Stalled} = beamdiag_agent_pinfo:read([P || P <- Pids, not is_map_key(P, Known)],
+                                                Items, #{}),
+    %% Before OTP 26.2: the whole dictionary of proc_lib processes.
+    PlDicts = case Dict of
+                  true -> #{};
+                  false ->
+                      Pl = [P || {P, [_, {initial_call, {proc_lib, init_p, _}} | _]}
+                                     <- maps:to_list(Read)],
+                      element(1, beamdiag_agent_pinfo:read(Pl, [dictionary], #{}))
+              end,
+    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled))}.
+
+%% @doc The report's entries of Pids, in order: Info(P) gives an entry's
+%% figures, Like the counts of processes by initial call (text), Names the
+%% registered names by pid (`names/0'). A process that did not answer gets
+%% what the runtime knows without it (`answered => false'); one gone since,
+%% or one of beamdiag's own helpers, is left out.
+-spec entries([pid()], fun((pid()) -> map()), #{binary() => pos_integer()}, #{pid() => atom()},
+              identities()) -> [map()].
+entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled}) ->
+    lists:append([case maps:find(P, Read) of
+                      {ok, Items1} -> identify(P, Info(P), Like, Items1, maps:get(P, PlDicts, none));
+                      error ->
+                          case maps:find(P, Stalled) of
+                              {ok, W} -> [unanswered(P, Info(P), Names, W)];
+                              error -> []   % gone
+                          end
+                  end || P <- Pids]).
+
+%% @doc Registered names by pid (no process is asked: the name table is
+%% the runtime's).
+-spec names() -> #{pid() => atom()}.
+names() ->
+    maps:from_list([{P, N} || N <- erlang:registered(), P <- [erlang:whereis(N)], is_pid(P)]).
+
+%% @doc The processes that did not answer a read in time (pid, ms waited),
+%% as at most N entries, the longest wait first: the pid, the registered
+%% name (the runtime's table, not the process, says it) and the wait.
+-spec stalled_entries([beamdiag_agent_pinfo:stalled()], #{pid() => atom()}, pos_integer()) ->
+          [#{pid := binary(), name := binary() | null, waited_ms := non_neg_integer()}].
+stalled_entries(Stalled, Names, N) ->
+    [#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
+       waited_ms => W} || {P, W} <- beamdiag_agent_top:largest(N, 2, Stalled)].
+
+%% @doc For the largest heaps (Pids): how many processes share each one's
+%% initial call (text => count), from an end walk that read the initial
+%% call (End: the candidates' figures; Walked: every process's), with
+%% proc_lib's initial call for proc_lib processes (read for at most
+%% ?LIKE_READS of them). A sampled or registered walk has no count.
+-spec like_counts(beamdiag_agent_proc_walk:mode(), [pid()],
+                  #{pid() => beamdiag_agent_proc_walk:figures()},
+                  [{pid(), beamdiag_agent_proc_walk:figures()}]) -> #{binary() => pos_integer()}.
+like_counts(all, Pids, End, Walked) ->
+    Heaps = [{P, element(4, maps:get(P, End))} || P <- Pids, is_map_key(P, End),
+                                                   tuple_size(maps:get(P, End)) =:= 4],
+    Pl = lists:sublist([P || {P, {_, _, _, {proc_lib, init_p, _}}} <- Walked], ?LIKE_READS),
+    PlCalls = proc_lib_calls(lists:usort(Pl ++ [P || {P, {proc_lib, init_p, _}} <- Heaps])),
+    Wanted = lists:usort([Ic || {P, Init} <- Heaps,
+                                Ic <- [maps:get(P, PlCalls, Init)], likeable(Ic)]),
+    case Wanted of
+        [] -> #{};
+        _ -> count_like(Walked, Wanted, PlCalls, #{})
+    end;
+like_counts(_, _, _, _) ->
+    #{}.
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+unanswered(P, Nums, Names, Waited) ->
+    Nums#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
+          initial_call => <<"?">>, spawn_call => <<"?">>, label => null, current => <<"?">>,
+          monitored_by => 0, status => <<"?">>, like => null, answered => false,
+          waited_ms => Waited}.
+
+%% Running code of beamdiag_agent* modules: one of beamdiag's helpers,
+%% left out as the agent itself is.
+identify(P, Nums, Like, Items, PlDict) ->
+    case Items of
+        [_, _, {_, {M, _, _}} | _] when is_atom(M) ->
+            case lists:prefix("beamdiag_agent", atom_to_list(M)) of
+                true -> [];
+                false -> identified(P, Nums, Like, Items, PlDict)
+            end;
+        _ ->
+            identified(P, Nums, Like, Items, PlDict)
+    end.
+
+identified(P, Nums, Like, Items, PlDict) ->
+    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status} | DictItems] = Items,
+    {IcVal, LabelVal} = case DictItems of
+                            [{_, I}, {_, L}] -> {I, L};
+                            [] ->
+                                case PlDict of
+                                    [{dictionary, D}] -> {proplists:get_value('$initial_call', D),
+                                                          undefined};
+                                    _ -> {undefined, undefined}
+                                end
+                        end,
+    Ic = case {Init, IcVal} of
+             {{proc_lib, init_p, _}, {M, F, A}} when is_atom(M), is_atom(F), is_integer(A) ->
+                 {M, F, A};
+             _ -> Init
+         end,
+    [Nums#{
+        pid => list_to_binary(pid_to_list(P)),
+        name => name(Name),
+        initial_call => mfa(Ic),
+        spawn_call => mfa(Init),
+        label => label(LabelVal),
+        current => mfa(Cur),
+        monitored_by => length(Mons),
+        status => atom_to_binary(Status, utf8),
+        like => maps:get(mfa(Ic), Like, null)
+    }].
+
+name([]) -> null;
+name(N) when is_atom(N) -> atom_to_binary(N, utf8).
+
+%% Whether process_info takes `{dictionary, Key}' (erts 14.2, OTP 26.2,
+%% unknown to the OTP 25 contract: tried on the caller itself).
+dict_items() ->
+    try dynamic(erlang, process_info, [self(), [{dictionary, '$initial_call'}]]) of
+        [_] -> true;
+        _ -> false
+    catch
+        error:badarg -> false
+    end.
+
+%% A process label (proc_lib:set_label/1, OTP 27) as bounded text.
+label(undefined) -> null;
+label(L) -> iolist_to_binary(io_lib:format("~0tp", [L], [{chars_limit, 80}])).
+
+count_like([], _Wanted, _PlCalls, Acc) ->
+    Acc;
+count_like([{P, {_, _, _, Init}} | Ps], Wanted, PlCalls, Acc) ->
+    count_like(Ps, Wanted, PlCalls, bump(maps:get(P, PlCalls, Init), Wanted, Acc));
+count_like([_ | Ps], Wanted, PlCalls, Acc) ->
+    count_like(Ps, Wanted, PlCalls, Acc).
+
+%% The initial calls proc_lib recorded, by pid, in one guarded read.
+proc_lib_calls(Pids) ->
+    Items = case dict_items() of
+                true -> [{dictionary, '$initial_call'}];
+                false -> [dictionary]
+            end,
+    {Read, _} = beamdiag_agent_pinfo:read(Pids, Items, #{}),
+    maps:fold(fun(P, [{_, V}], Acc) ->
+                      Ic = case V of
+                               D when is_list(D) -> proplists:get_value('$initial_call', D);
+                               _ -> V
+                           end,
+                      case Ic of
+                          {M, F, A} when is_atom(M), is_atom(F), is_integer(A) -> Acc#{P => Ic};
+                          _ -> Acc
+                      end
+              end, #{}, Read).
+
+%% A process spawned from a fun shows erlang:apply/2 as its initial call,
+%% which says nothing about what it is: no count for it.
+likeable({erlang, apply, 2}) -> false;
+likeable({_, _, _}) -> true;
+likeable(_) -> false.
+
+bump(Ic, Wanted, Acc) ->
+    case lists:member(Ic, Wanted) of
+        true -> maps:update_with(mfa(Ic), fun(N) -> N + 1 end, 1, Acc);
+        false -> Acc
+    end.
+
+%% A call the OTP 25 contract does not allow (an item of a later release):
+%% not resolved at compile time, so neither the compiler nor dialyzer
+%% holds it to that contract.
+dynamic(M, F, A) ->
+    erlang:apply(M, F, A).
+
+mfa({M, F, A}) when is_atom(M), is_atom(F), is_integer(A) ->
+    iolist_to_binary([atom_to_binary(M, utf8), $:, atom_to_binary(F, utf8), $/,
+                      integer_to_list(A)]);
+mfa(_) ->
+    <<"undefined">>.

@@ -1,0 +1,246 @@
+%%% @doc Findings from the memory ledger (pure): `beamdiag_memory_ledger'
+%%% beside the process walks' heap growth.
+%%%
+%%% `memory_growth': one of the VM's parts (`binary', `processes', `ets',
+%%% `atom', `code') rose steadily over the window, by at least
+%%% `growth_min' bytes and `rate_min' bytes a second; or rose as much in
+%%% steps, as a growing heap does (it is resized at its collections), while
+%%% the OS's account (the resident memory) rose steadily. The part that grew
+%%% most is named, with the OS's account beside it (the resident memory
+%%% and its rate), the time until the tightest limit at that rate and which
+%%% limit it is, and who: for a heap, the processes whose memory grew most;
+%%% for binaries, the processes that reference the most (the walks'
+%%% candidates, `procs.binaries').
+%%%
+%%% `native_memory': the resident memory beyond the VM's own total rose
+%%% steadily by as much while the VM's account did not: memory that the
+%%% VM's allocators do not know (a NIF's or a driver's malloc).
+%%%
+%%% A node whose memory saws (collections) or rose in one burst gets
+%%% neither: `steady' and `fall' in the ledger.
+%%%
+%%% ```
+%%% 1> [Id || #{id := Id} <- beamdiag_memory_rules:findings(Memory, Capture)].
+%%% [memory_growth]
+%%% '''
+-module(beamdiag_memory_rules).
+
+-export([findings/2]).
+
+%% The VM's parts a leak grows, most telling first.
+-define(PARTS, [binary, processes, ets, atom, code]).
+-define(MIB, 1048576).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The thresholds the rules use (bytes, bytes a second, seconds).
+-spec thresholds() -> #{atom() => number()}.
+thresholds() ->
+    #{
+        %% Growth over the window, at least, of the part named.
+        growth_min => 16 * ?MIB,
+        %% And its rate.
+        rate_min => 4 * ?MIB,
+        %% The VM's total, at most, beside a native growth (a fifth of it).
+        native_vm_share_max => 0.2,
+        %% The resident memory's rise, at most, for a part that climbed in
+        %% steps: times the part's rise.
+        rss_share_max => 5,
+        %% Its largest fall, at most: a share of its rise.
+        climb_fall_max => 0.25,
+        %% Critical when the room left lasts less than this at the rate.
+        time_left_crit_s => 600
+    }.
+
+%% @doc The memory findings of a capture's memory ledger.
+-spec findings(beamdiag_memory_ledger:memory(), beamdiag_capture:capture()) ->
+    [beamdiag_finding:finding()].
+findings(M = #{accounts := Acc}, Capture) when map_size(Acc) > 0 ->
+    T = thresholds(),
+    Growing = [{P, A} || P <- ?PARTS, A <- [maps:get(P, Acc, undefined)], is_map(A),
+                         grows(A, T) orelse climbs(A, Acc, T)],
+    case lists:sort(fun({_, #{change := X}}, {_, #{change := Y}}) -> X >= Y end, Growing) of
+        [{Part, A} | _] ->
+            [growth(Part, A, M, Capture, T)];
+        [] ->
+            native(M, T)
+    end;
+findings(_, _) ->
+    [].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+grows(#{steady := true, change := C, rate := R}, T) ->
+    C >= map_get(growth_min, T) andalso R >= map_get(rate_min, T);
+grows(_, _) ->
+    false.
+
+%% A part that rose as much without being steady, in steps (a heap is
+%% resized at a collection, so a growing heap's part is flat between
+%% collections, jumps at them, and falls when one frees the heap it
+%% copied from: 11.6 MB in a rise of 83 MB on OTP 29), never falling by
+%% more than a quarter of its rise, while the OS's account rose steadily
+%% and by no more than five times the part's rise: the steps are a leak's,
+%% not a burst's or a saw's.
+climbs(A = #{steady := false, change := C, fall := Fall},
+       #{rss := #{steady := true, change := RssC}}, T) ->
+    grows(A#{steady := true}, T) andalso Fall =< map_get(climb_fall_max, T) * C andalso
+        RssC =< map_get(rss_share_max, T) * C;
+climbs(_, _, _) ->
+    false.
+
+growth(Part, A = #{first := F, last := L, rate := R}, M, Capture, T) ->
+    Span = maps:get(span_s, M),
+    Evidence =
+        [fmt("the node's ~s memory (erlang:memory/0) grew from ~s to ~s in ~.1f s: ~s/s, ~s",
+             [Part, mem(F), mem(L), Span, beamdiag_units:bytes(R), shape(A)])] ++
+        os_lines(M) ++ time_left_lines(M, R) ++ who(Part, A, Capture),
+    Metrics = #{part => atom_to_binary(Part), growth_bytes => L - F, rate_bytes_per_s => round(R)},
+    beamdiag_finding:new(memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
+                         #{title => fmt("The node's ~s memory grows by ~s/s", [Part, beamdiag_units:bytes(R)]),
+                           fix => fix(Part)}).
+
+native(M = #{accounts := #{native := N = #{first := F, last := L, rate := R},
+                           total := #{change := VmChange}}}, T) ->
+    case grows(N, T) andalso VmChange =< map_get(native_vm_share_max, T) * (L - F) of
+        true ->
+            Evidence =
+                [fmt("the node's resident memory beyond the VM's own account grew from ~s to "
+                     "~s in ~.1f s: ~s/s, steadily, while the VM's total changed by ~s",
+                     [mem(F), mem(L), maps:get(span_s, M), beamdiag_units:bytes(R),
+                      beamdiag_units:signed_bytes(VmChange)])] ++
+                os_lines(M) ++ time_left_lines(M, R) ++ carrier_lines(M, L - F),
+            Metrics = #{growth_bytes => L - F, rate_bytes_per_s => round(R)},
+            [beamdiag_finding:new(native_memory, severity(M, T), Evidence,
+                                  with_time_left(Metrics, M))];
+        false ->
+            []
+    end;
+native(_, _) ->
+    [].
+
+shape(#{steady := true}) ->
+    "steadily (no fall of more than a tenth of the rise)";
+shape(#{steady := false}) ->
+    "in steps, as a heap resized at its collections climbs (no fall of more than a quarter "
+    "of the rise), while the resident memory rose steadily".
+
+%% Where the memory beyond the VM's account is, by the allocators' own
+%% account (read at the window's ends): outside their carriers (a NIF's or
+%% a driver's malloc), or in carriers they mapped but hold no blocks in.
+carrier_lines(#{accounts := #{outside := #{first := OF, last := OL},
+                             carriers := #{change := CC}, blocks := #{change := BC}}}, Growth)
+  when 2 * (OL - OF) < Growth ->
+    [fmt("the VM's allocators mapped it: their carriers grew by ~s while the blocks in use in "
+         "them grew by ~s, and the resident memory beyond the carriers by ~s; free space in "
+         "the carriers, not a NIF's allocation",
+         [beamdiag_units:signed_bytes(CC), beamdiag_units:signed_bytes(BC),
+          beamdiag_units:signed_bytes(OL - OF)])];
+carrier_lines(#{accounts := #{outside := #{first := OF, last := OL}}}, _) ->
+    [fmt("the resident memory beyond the VM's carriers (what its allocators do not count as "
+         "theirs) grew from ~s to ~s: a NIF or a driver allocates with malloc (or mmap) and "
+         "does not free, or a library the node loaded does", [mem(OF), mem(OL)])];
+carrier_lines(_, _) ->
+    [<<"the VM's allocators do not hold it: a NIF or a driver allocates with malloc (or mmap) "
+       "and does not free, or a library the node loaded does">>].
+
+os_lines(#{accounts := #{rss := #{first := F, last := L, rate := R}, total := #{last := VmL}}}) ->
+    [fmt("the OS's account: resident memory from ~s to ~s (~s/s); the VM accounts for ~s of "
+         "the ~s at the end", [mem(F), mem(L), beamdiag_units:signed_bytes(R), mem(VmL), mem(L)])];
+os_lines(_) ->
+    [<<"the OS's account (resident memory) could not be read">>].
+
+time_left_lines(#{room := Room, bound_by := By, time_left_s := Left}, _Rate) when is_number(Left) ->
+    [fmt("~s ~s left at the end: at the resident memory's rate it is gone in ~s",
+         [mem(Room), limit_name(By), duration(Left)])];
+time_left_lines(#{room := Room, bound_by := By}, Rate) when Rate > 0 ->
+    [fmt("~s ~s left at the end; the resident memory itself did not grow over the window "
+         "(the VM reuses what it had mapped), so the time left is not known", [mem(Room),
+                                                                               limit_name(By)])];
+time_left_lines(_, _) ->
+    [<<"the room left (the host's available memory, the cgroup's limit) was not read">>].
+
+limit_name(host) -> "of the host's available memory (MemAvailable)";
+limit_name(cgroup) -> "below the memory cgroup's limit".
+
+%% Who grew it: the processes whose memory grew most (the walks' heap
+%% growth), for a process heap; for the other parts, what the walks cannot
+%% say.
+who(processes, #{change := Change}, #{extras := #{procs := #{heap_growth := Growth}}}) ->
+    %% Those that grew by a tenth of the part's growth or more.
+    Grew = [{M1 - M0, E} || E = #{memory := [M0, M1]} <- Growth,
+                            is_integer(M0), is_integer(M1), 10 * (M1 - M0) >= Change, M1 > M0],
+    case lists:reverse(lists:keysort(1, Grew)) of
+        [] ->
+            [<<"no process that the walks read grew by a tenth of it: the growth is spread "
+               "over many processes or in ones born during the window">>];
+        Top ->
+            [fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
+                 [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D), beamdiag_units:whole_pct(min(1.0, D / Change)),
+                  maps:get(current, E, <<"?">>)])
+             || {D, E} <- lists:sublist(Top, 3)]
+    end;
+who(binary, _, #{extras := #{procs := #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
+    %% The holders of a tenth of the largest one's bytes or more.
+    [fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by it alone); "
+         "it was in ~ts",
+         [beamdiag_proc_rules:who(H), beamdiag_units:count(N), beamdiag_units:bytes(B),
+          beamdiag_units:bytes(Sole), maps:get(current, H, <<"?">>)])
+     || H = #{count := N, bytes := B, sole_bytes := Sole} <- lists:sublist(Holders, 3),
+        10 * B >= Most];
+who(binary, _, _) ->
+    [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
+       "reference (in their state, or because they have not collected since); none of the "
+       "processes the walks read holds 1 MiB of them">>];
+who(ets, _, _) ->
+    [<<"a table grows: the tables are not walked by this build, so it is not named">>];
+who(_, _, _) ->
+    [].
+
+fix(binary) ->
+    <<"Find the process that holds the binaries (the one that receives and passes on large "
+      "payloads) and let it drop them: do not keep them in its state; call "
+      "erlang:garbage_collect/0 after handing one on, or start it with "
+      "{fullsweep_after, 0}, or hibernate it between messages, so that its references go. "
+      "A binary of a few bytes cut from a large one keeps all of it: copy it with "
+      "binary:copy/1.">>;
+fix(processes) ->
+    <<"Bound what the process keeps: evict old entries from its state, cap its size, or keep "
+      "the data in an ETS table with a size limit; a process that buffers events for a "
+      "consumer needs backpressure (a call, or a bounded queue).">>;
+fix(ets) ->
+    <<"Bound the table: evict entries (a size cap checked on insert, or a periodic sweep of "
+      "expired keys), or let a cache library with eviction own it.">>;
+fix(atom) ->
+    <<"Stop creating atoms from input: binary_to_existing_atom/2, or keep the names as "
+      "binaries; atoms are never freed.">>;
+fix(code) ->
+    <<"Code is being loaded without the old versions being purged: check what loads modules "
+      "at run time (a template compiler, a hot reloader).">>.
+
+severity(#{time_left_s := Left}, T) when is_number(Left) ->
+    case Left < map_get(time_left_crit_s, T) of
+        true -> critical;
+        false -> warning
+    end;
+severity(_, _) ->
+    warning.
+
+with_time_left(Metrics, #{time_left_s := Left, bound_by := By}) when is_number(Left) ->
+    Metrics#{time_left_s => round(Left), bound_by => atom_to_binary(By)};
+with_time_left(Metrics, _) ->
+    Metrics.
+
+duration(S) when S < 120 -> io_lib:format("~b s", [round(S)]);
+duration(S) when S < 7200 -> io_lib:format("~.1f min", [S / 60]);
+duration(S) when S < 172800 -> io_lib:format("~.1f h", [S / 3600]);
+duration(S) -> io_lib:format("~.1f days", [S / 86400]).
+
+mem(B) -> beamdiag_units:bytes(B).
+
+
+fmt(F, A) -> iolist_to_binary(io_lib:format(F, A)).

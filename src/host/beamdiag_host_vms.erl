@@ -1,0 +1,94 @@
+%%% @doc The BEAM nodes running on this host, for `beamdiag diagnose'
+%%% without a node: each one's OS pid, name, release and distribution in
+%%% words, read from /proc and the node's command line (at most 50).
+%%%
+%%% ```
+%%% 1> beamdiag_host_vms:list(#{}).
+%%% [#{os_pid => 4242, name => <<"app@myhost">>, otp => 27,
+%%%    distribution => <<"inet_tcp, listens on 39311">>}]
+%%% '''
+-module(beamdiag_host_vms).
+
+-export([list/1]).
+
+-define(MAX_LISTED, 50).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The BEAM nodes on this host, for `beamdiag diagnose' without a
+%% node: each one's OS pid, name (if distributed), OTP release and
+%% distribution set-up in words. This VM is left out, and so is the
+%% beamdiag escript that started it, when it was started again
+%% (beamdiag_attach_relaunch). Options: `proc_root'.
+-spec list(#{proc_root => file:filename()}) -> [#{os_pid := pos_integer(), name := binary() | none,
+                              otp := pos_integer() | undefined, distribution := binary()}].
+list(Opts) ->
+    Root = maps:get(proc_root, Opts, "/proc"),
+    Own = own(Root, list_to_integer(os:getpid())),
+    Beams = [P || {P, _} <- beamdiag_host_locate:beams(Root), not lists:member(P, Own)],
+    [candidate(Root, P) || P <- lists:sublist(Beams, ?MAX_LISTED)].
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+%% This OS process, and its parent when that runs the same escript (it
+%% started this one again, with more flags).
+own(Root, Pid) ->
+    Parent = case beamdiag_host_locate:read(filename:join([Root, integer_to_list(Pid), "stat"])) of
+                 {ok, Bin} ->
+                     case beamdiag_agent_procfs:stat_fields(Bin) of
+                         {ok, _, [_State, PPid | _]} -> string:to_integer(binary_to_list(PPid));
+                         _ -> error
+                     end;
+                 {error, _} -> error
+             end,
+    Script = try escript:script_name() of
+                 S -> list_to_binary(S)
+             catch _:_ -> none
+             end,
+    case Parent of
+        {P, ""} when is_integer(P), P > 1, Script =/= none ->
+            case beamdiag_host_locate:read(filename:join([Root, integer_to_list(P), "cmdline"])) of
+                {ok, Cmd} ->
+                    case lists:member(Script, binary:split(Cmd, <<0>>, [global])) of
+                        true -> [Pid, P];
+                        false -> [Pid]
+                    end;
+                {error, _} -> [Pid]
+            end;
+        _ ->
+            [Pid]
+    end.
+
+candidate(Root, Pid) ->
+    S = beamdiag_node_settings:read(Pid, #{proc_root => Root}),
+    Args = maps:get(args, S),
+    Name = case maps:find(name, Args) of
+               {ok, #{value := V, mode := shortnames}} ->
+                   case binary:match(V, <<"@">>) of
+                       nomatch -> iolist_to_binary([V, "@", beamdiag_node_name:short_host()]);
+                       _ -> V
+                   end;
+               {ok, #{value := V}} -> V;
+               error -> none
+           end,
+    Proto = case maps:find(proto_dist, Args) of
+                {ok, #{value := [Pr | _]}} -> Pr;
+                error -> <<"inet_tcp">>
+            end,
+    Epmd = case {maps:find(epmd_module, Args), maps:find(erl_epmd_port, Args)} of
+               {{ok, #{value := M}}, _} -> [", epmd module ", M];
+               {_, {ok, #{value := Pt}}} -> [", port ", integer_to_list(Pt), " (-erl_epmd_port)"];
+               _ -> ""
+           end,
+    Dist = case Name of
+               none -> <<"no distribution">>;
+               _ -> iolist_to_binary([Proto, Epmd,
+                                      [[", listens on ", lists:join(", ", [integer_to_list(Pt)
+                                                                        || {_, Pt} <- L])]
+                                       || L <- [maps:get(listen, S)], L =/= []]])
+           end,
+    #{os_pid => Pid, name => Name, otp => maps:get(otp, S), distribution => Dist}.

@@ -1,0 +1,162 @@
+%%% @doc Lab scenarios for the memory ledger: a node whose memory grows at
+%%% a steady rate, in one of the VM's parts.
+%%%
+%%% <ul>
+%%% <li>`binary_leak': a relay receives payloads (`bytes', default 1 MiB,
+%%% made fresh by a producer, `rate' a second) and passes each on to a
+%%% sink, keeping a reference to every one in its state: the binaries stay
+%%% alive off the heaps, and the node's binary memory grows by
+%%% bytes × rate a second.</li>
+%%% <li>`heap_leak': a session store keeps every event (`bytes' of a list
+%%% of small tuples, `rate' a second) in its state: its heap grows, its
+%%% mailbox stays short.</li>
+%%% <li>`ets_leak_rows': a cache table (`table' set or bag) written without
+%%% eviction, `rate' rows of `bytes' each a second.</li>
+%%% </ul>
+%%%
+%%% Each stops growing at `stop_mb' (default 1,500 MiB) so that a lab node
+%%% never runs the host out of memory; the workload's time bound ends it
+%%% too.
+%%%
+%%% ```
+%%% 1> {ok, Lab} = beamdiag_lab:start(binary_leak, #{duration => 60, params => #{rate => 40}}).
+%%% '''
+-module(beamdiag_lab_memory).
+
+-export([scenarios/0, params/1]).
+%% Workloads, called on the lab node.
+-export([leak/3]).
+-ignore_xref([{leak, 3}, {params, 1}]).
+
+-export_type([params/0]).
+
+-type params() :: #{
+    rate => 1..100000,
+    bytes => 16..16777216,
+    table => set | bag,
+    stop_mb => 16..8192
+}.
+
+%% Batches a second.
+-define(TICKS, 20).
+
+%%%===================================================================
+%%% API
+%%%===================================================================
+
+%% @doc The memory scenarios.
+-spec scenarios() -> [beamdiag_lab:scenario()].
+scenarios() ->
+    Base = #{modules => [beamdiag_lab_ledger], warmup_ms => 1000, emu_args => []},
+    [Base#{name => binary_leak,
+           summary => <<"a relay keeps every 1 MiB payload it passes on, 40 a second: binary "
+                        "memory grows by 40 MiB/s (params: rate, bytes, stop_mb)">>,
+           load => {?MODULE, leak, ['$duration_ms', binary, '$params']},
+           params => #{rate => 40, bytes => 1048576, stop_mb => 1500},
+           expect => [memory_growth]},
+     Base#{name => heap_leak,
+           summary => <<"a session store keeps every event in its state, 15 MiB a second: its "
+                        "heap grows, its mailbox stays short (params: rate, bytes, stop_mb)">>,
+           load => {?MODULE, leak, ['$duration_ms', heap, '$params']},
+           params => #{rate => 60, bytes => 262144, stop_mb => 1500},
+           expect => [memory_growth]},
+     Base#{name => ets_leak_rows,
+           summary => <<"a cache table written without eviction, 20 MiB a second (params: "
+                        "rate, bytes, table, stop_mb)">>,
+           load => {?MODULE, leak, ['$duration_ms', ets, '$params']},
+           params => #{rate => 2000, bytes => 10240, table => set, stop_mb => 1500},
+           expect => [memory_growth]}].
+
+%% @doc The variation checked.
+-spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
+params(P) ->
+    Bad = maps:filter(fun(rate, R) -> not (is_integer(R) andalso R >= 1 andalso R =< 100000);
+                         (bytes, B) -> not (is_integer(B) andalso B >= 16 andalso B =< 16777216);
+                         (table, T) -> not lists:member(T, [set, bag]);
+                         (stop_mb, S) -> not (is_integer(S) andalso S >= 16 andalso S =< 8192);
+                         (_, _) -> true
+                      end, P),
+    case map_size(Bad) of
+        0 -> {ok, P};
+        _ -> {error, {beamdiag_lab, {params, memory, Bad}}}
+    end.
+
+%% @doc The growing part's processes for Ms milliseconds.
+-spec leak(pos_integer(), binary | heap | ets, params()) -> ok.
+leak(Ms, What, P) ->
+    Stop = maps:get(stop_mb, P, 1500) * 1048576,
+    Bytes = maps:get(bytes, P),
+    Batch = max(1, maps:get(rate, P) div ?TICKS),
+    beamdiag_lab_ledger:owner(Ms, fun() ->
+        case What of
+            binary ->
+                Sink = spawn_link(fun sink/0),
+                Relay = spawn_link(fun() -> relay(Sink, [], 0, Stop) end),
+                Producer = spawn_link(fun() -> produce(Relay, Batch, Bytes) end),
+                [Producer, Relay, Sink];
+            heap ->
+                Store = spawn_link(fun() -> store([], 0, Stop) end),
+                Producer = spawn_link(fun() -> events(Store, Batch, Bytes) end),
+                [Producer, Store];
+            ets ->
+                Writer = spawn_link(fun() ->
+                                        T = ets:new(beamdiag_lab_cache_rows,
+                                                    [maps:get(table, P, set), public]),
+                                        write(T, Batch, Bytes, 0, Stop)
+                                    end),
+                [Writer]
+        end
+    end).
+
+%%%===================================================================
+%%% Internal
+%%%===================================================================
+
+sink() ->
+    receive _ -> sink() end.
+
+%% Fresh payloads, a batch every 1/?TICKS s.
+produce(Relay, Batch, Bytes) ->
+    _ = [Relay ! {payload, fresh_binary(Bytes)} || _ <- lists:seq(1, Batch)],
+    receive after 1000 div ?TICKS -> ok end,
+    produce(Relay, Batch, Bytes).
+
+%% A binary of Bytes made here (not shared with the last one).
+fresh_binary(Bytes) ->
+    binary:copy(<<(erlang:unique_integer()):64>>, Bytes div 8).
+
+%% Passes each payload on and keeps it (below the stop), as a relay that
+%% logs what it forwarded does.
+relay(Sink, Kept, Size, Stop) ->
+    receive
+        {payload, B} ->
+            Sink ! B,
+            case Size < Stop of
+                true -> relay(Sink, [B | Kept], Size + byte_size(B), Stop);
+                false -> relay(Sink, Kept, Size, Stop)
+            end
+    end.
+
+events(Store, Batch, Bytes) ->
+    N = max(1, Bytes div 48),
+    _ = [Store ! {event, [{I, erlang:unique_integer()} || I <- lists:seq(1, N)]}
+         || _ <- lists:seq(1, Batch)],
+    receive after 1000 div ?TICKS -> ok end,
+    events(Store, Batch, Bytes).
+
+store(Events, Size, Stop) ->
+    receive
+        {event, E} ->
+            case Size < Stop of
+                true -> store([E | Events], Size + erts_debug:flat_size(E) * 8, Stop);
+                false -> store(Events, Size, Stop)
+            end
+    end.
+
+write(T, Batch, Bytes, N, Stop) ->
+    %% A list, copied into the table: the table's own memory grows (a
+    %% large binary would be held off it, in binary memory).
+    _ = N * Bytes < Stop andalso
+        ets:insert(T, [{N + I, lists:duplicate(max(1, Bytes div 16), 0)} || I <- lists:seq(1, Batch)]),
+    receive after 1000 div ?TICKS -> ok end,
+    write(T, Batch, Bytes, N + Batch, Stop).

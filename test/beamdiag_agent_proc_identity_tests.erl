@@ -1,0 +1,135 @@
+%%% EUnit tests of what names a process to a person, on processes of this
+%%% node: a registered proc_lib server (its proc_lib initial call, not
+%%% proc_lib's own), a plain process, one that did not answer, one gone,
+%%% beamdiag's own helpers (left out), and the count of processes like a
+%%% large heap.
+-module(beamdiag_agent_proc_identity_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-define(SCOPE, beamdiag_proc_identity_test_scope).
+
+%% A pg scope is a gen_server: registered, started through proc_lib.
+server_test() ->
+    {ok, Srv} = pg:start(?SCOPE),
+    Watchers = [spawn(fun() -> erlang:monitor(process, Srv), receive stop -> ok end end)
+                || _ <- [1, 2]],
+    try
+        wait_until(fun() -> monitors(Srv) =:= 2 end),
+        Names = beamdiag_agent_proc_identity:names(),
+        ?assertEqual(?SCOPE, maps:get(Srv, Names)),
+        Ids = beamdiag_agent_proc_identity:read([Srv], #{}),
+        [E] = beamdiag_agent_proc_identity:entries([Srv], fun info/1, #{}, Names, Ids),
+        ?assertMatch(#{pid := _, name := <<"beamdiag_proc_identity_test_scope">>,
+                       initial_call := <<"pg:init/1">>, spawn_call := <<"proc_lib:init_p/5">>,
+                       label := null, monitored_by := 2, status := <<"waiting">>,
+                       like := null, reductions := 42}, E),
+        ?assertEqual(list_to_binary(pid_to_list(Srv)), maps:get(pid, E)),
+        ?assertMatch(<<"gen_server:", _/binary>>, maps:get(current, E)),
+        ?assertNot(is_map_key(answered, E)),
+        %% With a count of processes like it.
+        [#{like := 3}] = beamdiag_agent_proc_identity:entries([Srv], fun info/1,
+                                                              #{<<"pg:init/1">> => 3}, Names, Ids)
+    after
+        [W ! stop || W <- Watchers],
+        exit(Srv, kill)
+    end.
+
+%% A process spawned from a fun: no name, erlang:apply/2 as its initial
+%% call (the spawn's own).
+plain_test() ->
+    P = spawn(fun() -> receive stop -> ok end end),
+    try
+        Ids = beamdiag_agent_proc_identity:read([P], #{}),
+        [E] = beamdiag_agent_proc_identity:entries([P], fun info/1, #{}, #{}, Ids),
+        ?assertMatch(#{name := null, initial_call := <<"erlang:apply/2">>,
+                       spawn_call := <<"erlang:apply/2">>, monitored_by := 0}, E)
+    after
+        P ! stop
+    end.
+
+%% A process known not to answer is not asked: it gets what the runtime
+%% knows without it; one gone since is left out.
+unanswered_and_gone_test() ->
+    P = spawn(fun() -> receive stop -> ok end end),
+    {Gone, MRef} = spawn_monitor(fun() -> ok end),
+    receive {'DOWN', MRef, process, Gone, _} -> ok end,
+    try
+        Names = #{P => held_one},
+        Ids = beamdiag_agent_proc_identity:read([P, Gone], #{P => 350}),
+        ?assertMatch([#{name := <<"held_one">>, answered := false, waited_ms := 350,
+                        initial_call := <<"?">>, current := <<"?">>, status := <<"?">>,
+                        reductions := 42}],
+                     beamdiag_agent_proc_identity:entries([P, Gone], fun info/1, #{}, Names,
+                                                          Ids))
+    after
+        P ! stop
+    end.
+
+%% beamdiag's own helpers on the node (running beamdiag_agent* code) are
+%% left out, as the agent itself is.
+own_helpers_test() ->
+    Probe = beamdiag_agent_bounded_call:start(self()),
+    Helper = beamdiag_agent_bounded_call:pid(Probe),
+    try
+        wait_until(fun() ->
+                       case erlang:process_info(Helper, current_function) of
+                           {current_function, {M, _, _}} ->
+                               lists:prefix("beamdiag_agent", atom_to_list(M));
+                           _ -> false
+                       end
+                   end),
+        Ids = beamdiag_agent_proc_identity:read([Helper], #{}),
+        ?assertEqual([], beamdiag_agent_proc_identity:entries([Helper], fun info/1, #{}, #{}, Ids))
+    after
+        beamdiag_agent_bounded_call:stop(Probe)
+    end.
+
+%% The longest waits first, at most N, named from the runtime's table.
+stalled_entries_test() ->
+    [A, B, C] = [list_to_pid(T) || T <- ["<0.1.0>", "<0.2.0>", "<0.3.0>"]],
+    ?assertEqual([#{pid => <<"<0.2.0>">>, name => <<"b">>, waited_ms => 900},
+                  #{pid => <<"<0.3.0>">>, name => null, waited_ms => 300}],
+                 beamdiag_agent_proc_identity:stalled_entries([{A, 100}, {B, 900}, {C, 300}],
+                                                              #{B => b}, 2)).
+
+%% The count of processes like each large heap, from the end walk's
+%% initial calls: proc_lib's own for proc_lib processes, none for a fun's
+%% erlang:apply/2, none for a walk that did not read every process.
+like_counts_test() ->
+    {ok, Srv} = pg:start(?SCOPE),
+    try
+        [A, B, C, D] = [list_to_pid(T) || T <- ["<0.1.0>", "<0.2.0>", "<0.3.0>", "<0.4.0>"]],
+        End = #{A => {0, 0, 0, {m, f, 1}}, D => {0, 0, 0, {erlang, apply, 2}},
+                Srv => {0, 0, 0, {proc_lib, init_p, 5}}},
+        Walked = [{A, {0, 0, 0, {m, f, 1}}}, {B, {0, 0, 0, {m, f, 1}}},
+                  {C, {0, 0, 0, {x, y, 0}}}, {D, {0, 0, 0, {erlang, apply, 2}}},
+                  {Srv, {0, 0, 0, {proc_lib, init_p, 5}}}],
+        ?assertEqual(#{<<"m:f/1">> => 2, <<"pg:init/1">> => 1},
+                     beamdiag_agent_proc_identity:like_counts(all, [A, D, Srv], End, Walked)),
+        ?assertEqual(#{}, beamdiag_agent_proc_identity:like_counts(all, [D], End, Walked)),
+        ?assertEqual(#{}, beamdiag_agent_proc_identity:like_counts(registered, [A], End, Walked)),
+        ?assertEqual(#{}, beamdiag_agent_proc_identity:like_counts(sampled, [A], End, Walked))
+    after
+        exit(Srv, kill)
+    end.
+
+%%% Helpers
+
+info(_P) ->
+    #{reductions => 42}.
+
+monitors(P) ->
+    {monitored_by, Ms} = erlang:process_info(P, monitored_by),
+    length(Ms).
+
+wait_until(F) ->
+    wait_until(F, 100).
+
+wait_until(F, 0) ->
+    ?assert(F());
+wait_until(F, N) ->
+    case F() of
+        true -> ok;
+        false -> timer:sleep(10), wait_until(F, N - 1)
+    end.

@@ -1,0 +1,194 @@
+%%% The memory ledger on real nodes, OTP 25 and 29: a relay that keeps the
+%%% payloads it passes on (binary memory), a session store that keeps every
+%%% event (its heap), a cache table without eviction (ETS), and healthy
+%%% nodes (idle; a large heap that stays the same size) that must get no
+%%% memory finding. Each leak case reads its raw signal first, apart from
+%%% beamdiag: the node's resident memory from /proc/PID/statm parsed here
+%%% and the part's own figure from erlang:memory/1 on the node, 2 s apart;
+%%% then the diagnosis (5 s window), its grower and time left, on time.
+-module(beamdiag_memory_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
+         end_per_testcase/2]).
+-export([binary_leak/1, heap_leak/1, ets_leak_rows/1, native_leak/1, idle/1, large_static_heap/1]).
+%% Run on the lab node.
+-export([hold_heap/1]).
+
+-define(WINDOW, 5).
+-define(MIB, 1048576).
+
+-spec suite() -> [tuple()].
+suite() -> [{timetrap, {minutes, 3}}].
+
+-spec all() -> [term()].
+all() ->
+    [{group, otp25}, {group, otp29}].
+
+-spec groups() -> [term()].
+groups() ->
+    Cases = [binary_leak, heap_leak, ets_leak_rows, native_leak, idle, large_static_heap],
+    [{otp25, [], Cases}, {otp29, [], [binary_leak, heap_leak, native_leak, idle]}].
+
+-spec init_per_group(atom(), list()) -> list() | {skip, term()}.
+init_per_group(otp25, Config) ->
+    Config;
+init_per_group(otp29, Config) ->
+    beamdiag_test_lib:release_config(29, Config).
+
+-spec end_per_group(atom(), list()) -> ok.
+end_per_group(_, _) ->
+    ok.
+
+-spec init_per_testcase(atom(), list()) -> list().
+init_per_testcase(Case, Config) ->
+    Scenario = case Case of
+                   large_static_heap -> idle;
+                   _ -> Case
+               end,
+    Opts = case proplists:get_value(exec, Config) of
+               undefined -> #{duration => 60};
+               Exec -> #{duration => 60, exec => Exec}
+           end,
+    beamdiag_test_lib:case_lab(Scenario, Opts, Config).
+
+-spec end_per_testcase(atom(), list()) -> ok.
+end_per_testcase(_, Config) ->
+    beamdiag_test_lib:end_case_lab(Config).
+
+%%% Cases
+
+%% 40 payloads of 1 MiB a second kept: binary memory and the resident
+%% memory grow by about 40 MiB a second; memory_growth names binaries, the
+%% relay (the holder, with its count), the OS's account and the time left.
+-spec binary_leak(list()) -> term().
+binary_leak(Config) ->
+    Lab = ?config(lab, Config),
+    {Part, Rss} = raw_growth(Lab, binary),
+    ?assert(Part >= 20 * ?MIB),
+    ?assert(Rss >= 20 * ?MIB),
+    F = growth_finding(Lab, <<"binary">>),
+    Ev = evidence(F),
+    ?assertMatch({_, _}, binary:match(Ev, <<"reference-counted binaries of">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"beamdiag_lab_memory:relay/4">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"the OS's account: resident memory">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"gone in">>)),
+    ?assert(is_integer(maps:get(time_left_s, maps:get(metrics, F)))).
+
+%% A session store: its heap grows (processes memory), its mailbox stays
+%% short; the store is named among the growers.
+-spec heap_leak(list()) -> term().
+heap_leak(Config) ->
+    Lab = ?config(lab, Config),
+    {Part, _Rss} = raw_growth(Lab, processes),
+    ?assert(Part >= 10 * ?MIB),
+    F = growth_finding(Lab, <<"processes">>),
+    ?assertMatch({_, _}, binary:match(evidence(F), <<"beamdiag_lab_memory:store/3">>)).
+
+%% A cache table written without eviction: ETS memory grows.
+-spec ets_leak_rows(list()) -> term().
+ets_leak_rows(Config) ->
+    Lab = ?config(lab, Config),
+    {Part, _Rss} = raw_growth(Lab, ets),
+    ?assert(Part >= 10 * ?MIB),
+    F = growth_finding(Lab, <<"ets">>),
+    ?assertMatch({_, _}, binary:match(maps:get(fix, F), <<"evict">>)).
+
+%% A NIF that mallocs 30 MiB a second and never frees: the resident memory
+%% grows, the VM's total does not; native_memory, not memory_growth.
+-spec native_leak(list()) -> term().
+native_leak(Config) ->
+    Lab = ?config(lab, Config),
+    {Vm, Rss} = raw_growth(Lab, total),
+    ?assert(Rss >= 30 * ?MIB),
+    ?assert(abs(Vm) < 8 * ?MIB),
+    D = diagnose(Lab),
+    [F] = [X || X = #{id := native_memory} <- maps:get(findings, D)],
+    ct:pal("~ts", [evidence(F)]),
+    ?assertEqual([], [X || X = #{id := memory_growth} <- maps:get(findings, D)]),
+    ?assert(maps:get(rate_bytes_per_s, maps:get(metrics, F)) >= 15 * ?MIB).
+
+%% An idle node: no memory finding, and the ledger measured every account.
+-spec idle(list()) -> term().
+idle(Config) ->
+    Lab = ?config(lab, Config),
+    D = diagnose(Lab),
+    no_memory_finding(D).
+
+%% A process that holds a 400 MiB heap that stays the same size: no memory
+%% finding.
+-spec large_static_heap(list()) -> term().
+large_static_heap(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    {?MODULE, Bin, File} = code:get_object_code(?MODULE),
+    {module, _} = peer:call(Peer, code, load_binary, [?MODULE, File, Bin]),
+    ok = peer:call(Peer, ?MODULE, hold_heap, [400 * ?MIB], 60000),
+    P0 = peer:call(Peer, erlang, memory, [processes]),
+    ?assert(P0 >= 400 * ?MIB),
+    D = diagnose(Lab),
+    no_memory_finding(D).
+
+%% @doc On the lab node: a registered process that builds a heap of Bytes
+%% and keeps it, idle.
+-spec hold_heap(pos_integer()) -> ok.
+hold_heap(Bytes) ->
+    Self = self(),
+    spawn(fun() ->
+              register(beamdiag_test_big_heap, self()),
+              L = lists:seq(1, Bytes div 16),
+              Self ! held,
+              receive stop -> length(L) end
+          end),
+    receive held -> ok after 60000 -> error(timeout) end.
+
+%%% Helpers
+
+%% The raw signal, read apart from beamdiag: the part's bytes
+%% (erlang:memory/1 on the node) and the resident memory (statm, parsed
+%% here), 2 s apart; their growth in bytes.
+raw_growth(Lab, Part) ->
+    Peer = maps:get(peer, Lab),
+    Pid = maps:get(os_pid, Lab),
+    P0 = peer:call(Peer, erlang, memory, [Part]),
+    R0 = rss(Pid),
+    timer:sleep(2000),
+    P1 = peer:call(Peer, erlang, memory, [Part]),
+    R1 = rss(Pid),
+    ct:pal("raw: ~p ~b -> ~b bytes, resident ~b -> ~b bytes over 2 s", [Part, P0, P1, R0, R1]),
+    {P1 - P0, R1 - R0}.
+
+rss(Pid) ->
+    {ok, B} = file:read_file("/proc/" ++ Pid ++ "/statm"),
+    [_, Resident | _] = string:lexemes(binary_to_list(B), " \n"),
+    list_to_integer(Resident) * 4096.
+
+diagnose(Lab) ->
+    T0 = erlang:monotonic_time(millisecond),
+    {ok, D = #{findings := F, capture := C}} =
+        beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
+                                                    duration => ?WINDOW}),
+    Took = erlang:monotonic_time(millisecond) - T0,
+    ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p~nmemory ~p",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
+            maps:get(notes, C), maps:get(memory, D, none)]),
+    beamdiag_test_lib:on_time(Took, ?WINDOW),
+    D.
+
+growth_finding(Lab, Part) ->
+    D = diagnose(Lab),
+    [F] = [X || X = #{id := memory_growth} <- maps:get(findings, D)],
+    ct:pal("~ts~n~ts", [maps:get(title, F), evidence(F)]),
+    ?assertEqual(Part, maps:get(part, maps:get(metrics, F))),
+    ?assert(maps:get(rate_bytes_per_s, maps:get(metrics, F)) >= 4 * ?MIB),
+    F.
+
+no_memory_finding(D) ->
+    ?assertEqual([], [Id || #{id := Id} <- maps:get(findings, D),
+                            lists:member(Id, [memory_growth, native_memory])]),
+    #{accounts := Acc} = maps:get(memory, D),
+    ?assertEqual(lists:sort(beamdiag_memory_ledger:accounts()), lists:sort(maps:keys(Acc))).
+
+evidence(F) ->
+    iolist_to_binary(lists:join("\n", maps:get(evidence, F))).

@@ -1,0 +1,284 @@
+%%% EUnit tests of the memory ledger and its rules on hand-made readings:
+%%% every figure is arithmetic done by hand. A relay that keeps its
+%%% payloads (binary memory steadily up 40 MB/s), a NIF that mallocs
+%%% (resident memory up, the VM flat), and the healthy shapes that must
+%%% give nothing: the saw of garbage collection, a large heap that stays
+%%% the same size, one burst.
+-module(beamdiag_memory_rules_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+-define(MIB, 1048576).
+-define(S, 1000000000).
+
+%% Seven readings a second apart: VM parts as funs of the second.
+capture(Binary, Processes, Native, Room) ->
+    Reading = fun(I) ->
+        B = Binary(I),
+        P = Processes(I),
+        Total = B + P + 30 * ?MIB,
+        Rss = Total + Native(I),
+        #{vm => #{total => Total, processes => P, binary => B, ets => ?MIB, atom => ?MIB,
+                  code => 10 * ?MIB, system => 30 * ?MIB - 12 * ?MIB + B},
+          os => #{rss => Rss, anon => Rss - 8 * ?MIB, shared => 8 * ?MIB}}
+    end,
+    Samples = [#{t => erlang:convert_time_unit(I * ?S, nanosecond, native), memory => Reading(I)}
+               || I <- lists:seq(0, 6)],
+    Extras = case Room of
+                 none -> #{};
+                 {By, R} -> #{memory_room => #{room => R, bound_by => By}}
+             end,
+    #{samples => Samples, extras => Extras#{procs => #{heap_growth => []}}}.
+
+flat(V) -> fun(_) -> V end.
+ids(C) -> [Id || #{id := Id} <- beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C)].
+
+%% The relay: 40 MiB a second of binaries; the host has 2 GiB available.
+binary_leak_test() ->
+    C = capture(fun(I) -> 10 * ?MIB + 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                {host, 2048 * ?MIB}),
+    M = beamdiag_memory_ledger:build(C),
+    #{accounts := #{binary := B, rss := Rss}, span_s := Span} = M,
+    ?assertEqual(6.0, Span),
+    ?assertEqual(240 * ?MIB, maps:get(change, B)),
+    ?assertEqual(40.0 * ?MIB, maps:get(rate, B)),
+    ?assert(maps:get(steady, B)),
+    %% The resident memory grows as fast: 2 GiB last 51.2 s.
+    ?assertEqual(40.0 * ?MIB, maps:get(rate, Rss)),
+    ?assertEqual(51.2, maps:get(time_left_s, M)),
+    [F] = beamdiag_memory_rules:findings(M, C),
+    ?assertEqual(memory_growth, maps:get(id, F)),
+    ?assertEqual(critical, maps:get(severity, F)),
+    ?assertEqual(<<"The node's binary memory grows by 41.9 MB/s">>, maps:get(title, F)),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    [?assertMatch({_, _}, binary:match(Ev, S))
+     || S <- [<<"binary memory (erlang:memory/0) grew from 10.5 MB to 262.1 MB in 6.0 s">>,
+              <<"resident memory from">>, <<"2.15 GB of the host's available memory">>,
+              <<"gone in 51 s">>]],
+    ?assertMatch({_, _}, binary:match(maps:get(fix, F), <<"fullsweep_after">>)),
+    ?assertEqual(51, maps:get(time_left_s, maps:get(metrics, F))).
+
+%% The same in a cgroup with room for ten minutes and more: a warning,
+%% and the limit named.
+cgroup_room_test() ->
+    C = capture(fun(I) -> 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                {cgroup, 3000 * ?MIB}),
+    [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+    ?assertEqual(critical, maps:get(severity, F)),
+    ?assertEqual(<<"cgroup">>, maps:get(bound_by, maps:get(metrics, F))),
+    C2 = capture(fun(I) -> 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                 {cgroup, 100000 * ?MIB}),
+    [F2] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C2), C2),
+    ?assertEqual(warning, maps:get(severity, F2)),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F2)),
+                                      <<"below the memory cgroup's limit">>)).
+
+%% A session store whose heap grows: the process that grew is named.
+heap_leak_names_the_process_test() ->
+    C0 = capture(flat(10 * ?MIB), fun(I) -> 50 * ?MIB + 15 * ?MIB * I end, flat(20 * ?MIB),
+                 {host, 20000 * ?MIB}),
+    Grower = #{pid => <<"<0.99.0>">>, name => <<"sessions">>, initial_call => <<"store:init/1">>,
+               memory => [1 * ?MIB, 91 * ?MIB], current => <<"gen_server:loop/7">>},
+    C = C0#{extras := (maps:get(extras, C0))#{procs => #{heap_growth => [Grower]}}},
+    [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+    ?assertEqual(<<"processes">>, maps:get(part, maps:get(metrics, F))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"sessions <0.99.0> (store:init/1) grew by 94.4 MB (100% of the growth)">>)).
+
+%% A NIF that mallocs: resident memory up 30 MiB a second, the VM flat.
+native_leak_test() ->
+    C = capture(flat(10 * ?MIB), flat(50 * ?MIB), fun(I) -> 20 * ?MIB + 30 * ?MIB * I end,
+                {host, 20000 * ?MIB}),
+    ?assertEqual([native_memory], ids(C)).
+
+%% Healthy shapes: garbage collection's saw, a large heap that stays, one
+%% burst, a slow rise under the threshold.
+healthy_test() ->
+    Saw = fun(I) -> 50 * ?MIB + case I rem 2 of 0 -> 0; 1 -> 60 * ?MIB end end,
+    ?assertEqual([], ids(capture(flat(10 * ?MIB), Saw, flat(20 * ?MIB), {host, 2048 * ?MIB}))),
+    ?assertEqual([], ids(capture(flat(10 * ?MIB), flat(4000 * ?MIB), flat(20 * ?MIB),
+                                 {host, 2048 * ?MIB}))),
+    Burst = fun(I) when I >= 3 -> 500 * ?MIB; (_) -> 10 * ?MIB end,
+    ?assertEqual([], ids(capture(Burst, flat(50 * ?MIB), flat(20 * ?MIB), {host, 2048 * ?MIB}))),
+    Slow = fun(I) -> 10 * ?MIB + ?MIB * I end,
+    ?assertEqual([], ids(capture(Slow, flat(50 * ?MIB), flat(20 * ?MIB), {host, 2048 * ?MIB}))).
+
+%% A heap that climbs in steps (resized at its collections: flat, then a
+%% jump) while the resident memory rises steadily by 15 MiB a second: the
+%% part is not steady itself, but it is a leak. The same steps beside a
+%% steady native growth six times larger are a NIF's, not the heap's; and
+%% the steps beside a flat resident memory (a heap resized once) nothing.
+heap_in_steps_test() ->
+    Steps = fun(I) -> 50 * ?MIB + 30 * ?MIB * (I div 2) end,
+    Rss = fun(I) -> 100 * ?MIB + 15 * ?MIB * I end,
+    %% The helper's resident memory is the VM's total plus Native.
+    Native = fun(I) -> Rss(I) - (10 * ?MIB + Steps(I) + 30 * ?MIB) end,
+    C = capture(flat(10 * ?MIB), Steps, Native, {host, 20000 * ?MIB}),
+    M = beamdiag_memory_ledger:build(C),
+    #{accounts := #{processes := P, rss := R}} = M,
+    ?assertNot(maps:get(steady, P)),
+    ?assertEqual(0, maps:get(fall, P)),
+    ?assert(maps:get(steady, R)),
+    [F] = beamdiag_memory_rules:findings(M, C),
+    ?assertEqual(memory_growth, maps:get(id, F)),
+    ?assertEqual(<<"processes">>, maps:get(part, maps:get(metrics, F))),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F)), <<"in steps">>)),
+    %% A collection that frees the heap it copied from: a fall of 14% of
+    %% the rise (as on OTP 29) is still a climb; a saw whose falls are a
+    %% third of its rise is not.
+    Dip = fun(I) -> Steps(I) - case I of 3 -> 12 * ?MIB; _ -> 0 end end,
+    NativeDip = fun(I) -> Rss(I) - (10 * ?MIB + Dip(I) + 30 * ?MIB) end,
+    ?assertEqual([memory_growth], ids(capture(flat(10 * ?MIB), Dip, NativeDip, {host, 20000 * ?MIB}))),
+    Saw = fun(I) -> Steps(I) - case I of 3 -> 32 * ?MIB; _ -> 0 end end,
+    NativeSaw = fun(I) -> Rss(I) - (10 * ?MIB + Saw(I) + 30 * ?MIB) end,
+    ?assertNotEqual([memory_growth],
+                    ids(capture(flat(10 * ?MIB), Saw, NativeSaw, {host, 20000 * ?MIB}))),
+    OneStep = fun(I) when I >= 3 -> 70 * ?MIB; (_) -> 50 * ?MIB end,
+    ?assertEqual([native_memory],
+                 ids(capture(flat(10 * ?MIB), OneStep, fun(I) -> 20 * ?MIB + 30 * ?MIB * I end,
+                             {host, 20000 * ?MIB}))),
+    FlatRss = fun(I) -> 200 * ?MIB - (10 * ?MIB + Steps(I) + 30 * ?MIB) end,
+    ?assertEqual([], ids(capture(flat(10 * ?MIB), Steps, FlatRss, {host, 20000 * ?MIB}))).
+
+%% The allocators' answer summed: instance 0's multi-block and single-block
+%% carriers, instance 1's pool (whose carriers_size has one figure) and its
+%% empty single-block carriers, as OTP 25 prints them; a disabled type and
+%% another form are none; this VM's own answer adds up.
+allocator_sizes_test() ->
+    Answer = [{instance, 0,
+               [{mbcs, [{blocks, [{binary_alloc, [{size, 59272, 1367328, 1367328}]}]},
+                        {carriers_size, 65536, 1638400, 1638400}]},
+                {sbcs, [{blocks, [{binary_alloc, [{size, 657104, 657104, 657104}]}]},
+                        {carriers_size, 659456, 659456, 659456}]}]},
+              {instance, 1,
+               [{mbcs, [{blocks, [{binary_alloc, [{size, 4984, 7528, 7528}]}]},
+                        {carriers_size, 65536, 65536, 65536}]},
+                {mbcs_pool, [{blocks, [{eheap_alloc, [{size, 100}]}]}, {carriers_size, 32768}]},
+                {sbcs, [{blocks, []}, {carriers_size, 0, 0, 0}]}]}],
+    ?assertEqual(#{carriers => 65536 + 659456 + 65536 + 32768,
+                   blocks => 59272 + 657104 + 4984 + 100},
+                 beamdiag_agent_memory:allocator_sizes(Answer)),
+    ?assertEqual(none, beamdiag_agent_memory:allocator_sizes(false)),
+    ?assertEqual(none, beamdiag_agent_memory:allocator_sizes([{instance, 0, [{mbcs, nope}]}])),
+    #{carriers := C, blocks := B} = beamdiag_agent_memory:allocator_sizes(
+                                      erlang:system_info({allocator_sizes, eheap_alloc})),
+    ?assert(C >= B andalso B > 0).
+
+%% The allocators' account at the window's ends: the carriers and blocks
+%% summed, the resident memory beyond the carriers, the types most free
+%% first, in the text. A NIF's leak lies beyond the carriers; the same
+%% growth with the carriers growing as fast (and their blocks not) is free
+%% carrier space, and the evidence says which.
+allocators_test() ->
+    Native = fun(I) -> 20 * ?MIB + 30 * ?MIB * I end,
+    Alloc = fun(Extra) ->
+                #{binary_alloc => #{carriers => 40 * ?MIB + Extra, blocks => 10 * ?MIB},
+                  eheap_alloc => #{carriers => 60 * ?MIB, blocks => 50 * ?MIB}}
+            end,
+    C = with_alloc(capture(flat(10 * ?MIB), flat(50 * ?MIB), Native, {host, 20000 * ?MIB}),
+                   Alloc(0), Alloc(0)),
+    M = beamdiag_memory_ledger:build(C),
+    #{accounts := #{carriers := Ca, blocks := Bl, outside := Out, rss := Rss}} = M,
+    ?assertEqual({100 * ?MIB, 0}, {maps:get(last, Ca), maps:get(change, Ca)}),
+    ?assertEqual(60 * ?MIB, maps:get(last, Bl)),
+    ?assertEqual(maps:get(last, Rss) - 100 * ?MIB, maps:get(last, Out)),
+    ?assertMatch([#{type := binary_alloc, carriers := _}, #{type := eheap_alloc}],
+                 maps:get(allocators, M)),
+    [F] = beamdiag_memory_rules:findings(M, C),
+    ?assertEqual(native_memory, maps:get(id, F)),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F)),
+                                      <<"beyond the VM's carriers">>)),
+    Text = iolist_to_binary(beamdiag_format_text:memory(M)),
+    [?assertMatch({_, _}, binary:match(Text, S))
+     || S <- [<<"VM carriers">>, <<"beyond carriers">>,
+              <<"free in carriers at the end">>,
+              <<"binary_alloc      31.5 MB free of    41.9 MB (25% in use)">>]],
+    C2 = with_alloc(capture(flat(10 * ?MIB), flat(50 * ?MIB), Native, {host, 20000 * ?MIB}),
+                    Alloc(0), Alloc(180 * ?MIB)),
+    [F2] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C2), C2),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F2)),
+                                      <<"free space in the carriers">>)).
+
+with_alloc(C = #{samples := [S0 | Rest]}, First, Last) ->
+    {Middle, [SN]} = lists:split(length(Rest) - 1, Rest),
+    Add = fun(S = #{memory := Mem}, A) -> S#{memory := Mem#{alloc => A}} end,
+    C#{samples := [Add(S0, First)] ++ Middle ++ [Add(SN, Last)]}.
+
+%% Captures without readings (an older agent's, a host view's): no
+%% accounts, a note, no finding.
+no_readings_test() ->
+    C = #{samples => [#{t => 0}, #{t => 1}], extras => #{}},
+    M = beamdiag_memory_ledger:build(C),
+    ?assertEqual(#{}, maps:get(accounts, M)),
+    ?assertEqual([<<"no memory readings in this capture">>], maps:get(notes, M)),
+    ?assertEqual([], beamdiag_memory_rules:findings(M, C)).
+
+%% The agent's statm parser: pages to bytes, shared within resident, bad
+%% input an error.
+statm_test() ->
+    ?assertEqual(#{rss => 40960, shared => 8192, anon => 32768},
+                 beamdiag_agent_memory:parse_statm(<<"100 10 2 1 0 5 0\n">>, 4096)),
+    ?assertMatch({error, {beamdiag_agent_memory, {bad_statm, _}}},
+                 beamdiag_agent_memory:parse_statm(<<"garbage">>, 4096)),
+    ?assertMatch({error, {beamdiag_agent_memory, {bad_statm, _}}},
+                 beamdiag_agent_memory:parse_statm(<<"1 x 2">>, 4096)).
+
+%% The relay named: the walks' binary holders in the evidence.
+binary_holder_named_test() ->
+    C0 = capture(fun(I) -> 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                 {host, 20000 * ?MIB}),
+    Relay = #{pid => <<"<0.88.0>">>, name => null, initial_call => <<"relay:loop/2">>,
+              current => <<"relay:loop/2">>, count => 240, bytes => 240 * ?MIB,
+              sole_bytes => 239 * ?MIB},
+    C = C0#{extras := (maps:get(extras, C0))#{procs => #{heap_growth => [], binaries => [Relay]}}},
+    [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"<0.88.0> (relay:loop/2) references 240 reference-counted "
+                                           "binaries of 251.7 MB (250.6 MB of them held by it alone)">>)).
+
+%% The agent's binary holders, on this node: a process holding 4 MiB of
+%% its own binaries is named with their count and bytes; one above the
+%% memory bound is not asked.
+agent_binaries_test() ->
+    Self = self(),
+    P = spawn(fun() -> Bins = [binary:copy(<<I>>, 1048576) || I <- lists:seq(1, 4)],
+                       Self ! ready, receive stop -> length(Bins) end end),
+    receive ready -> ok end,
+    {memory, M} = erlang:process_info(P, memory),
+    [H] = beamdiag_agent_proc_memory:binaries([P], #{P => M}, 1048576),
+    ?assertMatch(#{pid := P, count := 4, bytes := 4194304, sole_bytes := 4194304}, H),
+    ?assertEqual([], beamdiag_agent_proc_memory:binaries([P], #{P => 9000000}, 1048576)),
+    P ! stop.
+
+%% A middle tick carries the resident memory alone (from the process's
+%% stat), the window's ends the anonymous part too (statm): every account
+%% is kept, the anonymous one from its two readings.
+anon_at_the_ends_test() ->
+    R = fun(I, Anon) ->
+            Os = #{rss => (100 + 10 * I) * ?MIB},
+            #{t => erlang:convert_time_unit(I * ?S, nanosecond, native),
+              memory => #{vm => #{total => 50 * ?MIB, processes => 10 * ?MIB, binary => ?MIB,
+                                  ets => ?MIB, atom => ?MIB, code => ?MIB, system => 40 * ?MIB},
+                          os => case Anon of
+                                    true -> Os#{anon => (80 + 10 * I) * ?MIB};
+                                    false -> Os
+                                end}}
+        end,
+    A = #{eheap_alloc => #{carriers => 30 * ?MIB, blocks => 20 * ?MIB}},
+    C0 = #{samples => [R(0, true), R(1, false), R(2, false), R(3, true)], extras => #{}},
+    C = with_alloc(C0, A, A),
+    #{accounts := Acc} = beamdiag_memory_ledger:build(C),
+    ?assertEqual(lists:sort(beamdiag_memory_ledger:accounts()), lists:sort(maps:keys(Acc))),
+    ?assertEqual(30 * ?MIB, maps:get(change, maps:get(anon, Acc))),
+    ?assertEqual(10.0 * ?MIB, maps:get(rate, maps:get(rss, Acc))).
+
+%% A node where erlang:memory/0 is not supported (+Mea min): the agent
+%% sends an empty VM account; no accounts, a note that says why, no
+%% finding.
+vm_account_not_supported_test() ->
+    S = fun(I) -> #{t => I, memory => #{vm => #{}, os => #{rss => 100 * ?MIB}}} end,
+    C = #{samples => [S(0), S(1)], extras => #{}},
+    M = beamdiag_memory_ledger:build(C),
+    ?assertEqual(#{}, maps:get(accounts, M)),
+    [Note] = maps:get(notes, M),
+    ?assertMatch({_, _}, binary:match(Note, <<"+Mea min">>)),
+    ?assertEqual([], beamdiag_memory_rules:findings(M, C)).
