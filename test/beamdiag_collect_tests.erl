@@ -19,6 +19,7 @@ collect_test_() ->
         {"progress after each tick", fun progress/0},
         {"on_sample: every sample to the fun, the first and the last kept", fun on_sample/0},
         {"due before the window's end: two samples, marked partial", fun due_partial/0},
+        {"due, on this host: the host's processes read from here", fun due_read_here/0},
         {"a fallback that explains the slowness ends the session at once",
          fun fallback_explains/0},
         {"a fallback that does not: asked once, the samples waited for",
@@ -94,6 +95,41 @@ due_partial() ->
     ?assertMatch({_, _}, binary:match(Note, <<"cover the 2 samples">>)),
     ?assertMatch({_, _}, binary:match(Note, <<"of the 60.0 s window">>)),
     agent_ended().
+
+due_read_here() ->
+    %% A shell that burns a CPU, beside a window cut short after 0.8 s
+    %% without the agent's own host scan: the collector's two scans from
+    %% here hold the shell, its CPU time grown between them as /proc says.
+    Port = open_port({spawn_executable, "/bin/sh"},
+                     [{args, ["-c", "echo $$; i=0; while [ $i -lt 100000000 ]; do i=$((i+1)); done"]},
+                      binary, {line, 64}, exit_status]),
+    Sh = receive {Port, {data, {eol, P}}} -> binary_to_integer(P) after 5000 -> error(no_shell) end,
+    try
+        Ticks0 = stat_ticks(Sh),
+        {ok, C} = beamdiag_collect:run(node(), ?BASE#{duration_ms => 60000,
+                                                      ready_by => erlang:monotonic_time(millisecond) + 800,
+                                                      here_scan => #{root => "/proc", exclude => []}}),
+        Ticks1 = stat_ticks(Sh),
+        ?assertEqual(false, maps:get(complete, C)),
+        ?assert(Ticks1 - Ticks0 >= 20),
+        #{host_scan := #{first := A, last := B, read_here := true}} = maps:get(extras, C),
+        {_, TA, MA} = maps:get(Sh, A),
+        {_, TB, MB} = maps:get(Sh, B),
+        ?assert(MB - MA >= 500),
+        ?assert(TB - TA >= 20),
+        %% This VM is never its own competitor.
+        ?assertNot(maps:is_key(list_to_integer(os:getpid()), B))
+    after
+        catch port_close(Port),
+        os:cmd("kill " ++ integer_to_list(Sh))
+    end,
+    agent_ended().
+
+stat_ticks(Pid) ->
+    {ok, Bin} = file:read_file("/proc/" ++ integer_to_list(Pid) ++ "/stat"),
+    [_, After] = string:split(Bin, ") ", trailing),
+    F = string:lexemes(After, " "),
+    binary_to_integer(lists:nth(12, F)) + binary_to_integer(lists:nth(13, F)).
 
 fallback_explains() ->
     _ = mailbox(),

@@ -592,10 +592,18 @@ raw_shares(#{samples := Samples, settings := Settings}) ->
     First = hd(Samples),
     Last = lists:last(Samples),
     WallNs = erlang:convert_time_unit(maps:get(t, Last) - maps:get(t, First), native, nanosecond),
+    %% Scheduler wall time over the first and last samples that hold it: a
+    %% tick whose schedulers answered too late has none (`missing').
     Swt = fun(S) -> [{Id, A, T} || {Id, A, T} <- maps:get(swt, maps:get(vm, S)), Id =< N] end,
-    Pairs = lists:zip(lists:sort(Swt(First)), lists:sort(Swt(Last))),
-    Active = lists:sum([A1 - A0 || {{_, A0, _}, {_, A1, _}} <- Pairs]),
-    Total = lists:sum([T1 - T0 || {{_, _, T0}, {_, _, T1}} <- Pairs]),
+    {Active, Total} =
+        case [S || S = #{vm := #{swt := L}} <- Samples, is_list(L)] of
+            [SF | [_ | _] = SRest] ->
+                Pairs = lists:zip(lists:sort(Swt(SF)), lists:sort(Swt(lists:last(SRest)))),
+                {lists:sum([A1 - A0 || {{_, A0, _}, {_, A1, _}} <- Pairs]),
+                 lists:sum([T1 - T0 || {{_, _, T0}, {_, _, T1}} <- Pairs])};
+            _ ->
+                {undefined, 0}
+        end,
     Scheds = fun(S) -> maps:filter(fun(_, #{name := Name}) -> is_scheduler(Name) end,
                                    maps:get(threads, S)) end,
     T0s = Scheds(First),
@@ -603,12 +611,16 @@ raw_shares(#{samples := Samples, settings := Settings}) ->
     Delta = fun(K) -> lists:sum([maps:get(K, T) - maps:get(K, maps:get(Tid, T0s))
                                  || {Tid, T} <- maps:to_list(T1s), maps:is_key(Tid, T0s)]) end,
     Wall = max(1, WallNs * N),
-    Busy = case Total of 0 -> 0.0; _ -> Active / Total end,
+    Busy = case {Active, Total} of
+               {undefined, _} -> undefined;
+               {_, 0} -> 0.0;
+               _ -> Active / Total
+           end,
     OnCpu = Delta(run_ns) / Wall,
     Reds = maps:get(reductions, maps:get(vm, Last)) - maps:get(reductions, maps:get(vm, First)),
     Runq = Delta(wait_ns) / Wall,
     #{busy => Busy, on_cpu => OnCpu, runq => Runq,
-      spin => max(0.0, OnCpu - Busy), blocked => max(0.0, Busy - OnCpu - Runq), schedulers => N,
+      spin => spin(OnCpu, Busy), blocked => blocked(Busy, OnCpu, Runq), schedulers => N,
       reductions_per_s => Reds / max(1.0e-9, WallNs / 1.0e9),
       host_busy => host_busy(maps:get(host, First), maps:get(host, Last))}.
 
@@ -664,6 +676,14 @@ raw_msacc(#{samples := Samples}, Type, States) ->
 
 %% The share of the host's CPU time not idle (nor waiting for I/O), from
 %% /proc/stat's counters.
+%% Spinning and blocked shares need scheduler wall time: `undefined'
+%% (which fails any bound a test puts on it) when no two samples hold it.
+spin(_OnCpu, undefined) -> undefined;
+spin(OnCpu, Busy) -> max(0.0, OnCpu - Busy).
+
+blocked(undefined, _OnCpu, _Runq) -> undefined;
+blocked(Busy, OnCpu, Runq) -> max(0.0, Busy - OnCpu - Runq).
+
 host_busy(#{cpu := C0}, #{cpu := C1}) ->
     D = maps:map(fun(K, V) -> V - maps:get(K, C0) end, C1),
     All = lists:sum([V || {K, V} <- maps:to_list(D), K =/= guest, K =/= guest_nice]),

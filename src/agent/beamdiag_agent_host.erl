@@ -22,11 +22,7 @@
 %%% '''
 -module(beamdiag_agent_host).
 
--export([start/3, result/2, usage/2, busy/1, placement/1]).
-%% Called by the tests only.
--ifdef(TEST).
--export([cpu_by_process/3]).
--endif.
+-export([start/3, result/2, usage/2, busy/1, placement/1, cpu_by_process/3]).
 
 -export_type([scan/0, readings/0]).
 

@@ -45,6 +45,7 @@
     fallback => false | fun(() -> boolean()),
     progress => fun((non_neg_integer(), pos_integer()) -> term()),
     on_sample => fun((beamdiag_agent_tick:sample()) -> term()) | undefined,
+    here_scan => #{root := file:filename(), exclude := [pos_integer()]},
     atom() => term()
 }.
 
@@ -60,6 +61,8 @@
 %% that answered the whole window): the report is printed by the window
 %% plus 2 s with the default slack (1.5 s), analysis included.
 -define(CEILING_MS, 250).
+%% How long one scan of the host's processes from here may take.
+-define(HERE_SCAN_MS, 150).
 
 %%%===================================================================
 %%% API
@@ -81,6 +84,11 @@
 %% the session ends with `{error, {beamdiag_collect, {due, #{info,
 %% extras}}}}', what the agent sent; if not, the samples are waited for,
 %% within the agent's own deadline),
+%% `here_scan' (the node runs on this host: the /proc to read and the OS
+%% pids that are not its competitors; the collector scans the host's
+%% processes at the start and, when the capture is cut short without the
+%% agent's own host scan, at its end, so that a starved node's report
+%% still names who took the CPUs),
 %% `progress', a fun called with (ElapsedMs, DurationMs) after each tick, and
 %% `on_sample', a fun called with each sample as it arrives (then only the
 %% first and the last sample are kept in the capture).
@@ -104,7 +112,8 @@ run(Node, Opts) ->
                               fallback => maps:get(fallback, Opts, false),
                               finishing => false,
                               progress => Progress, duration => D, info => undefined,
-                              samples => [], on_sample => OnSample}),
+                              samples => [], on_sample => OnSample,
+                              here => here_first(maps:get(here_scan, Opts, undefined))}),
             beamdiag_client:close(Client),
             Result;
         {error, {beamdiag_client, Why}} ->
@@ -148,12 +157,12 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
             %% schedules), and the capture says the
             %% rest is missing.
             beamdiag_client:abort(maps:get(client, G)),
-            late(partial_extras(G), Info, Samples, D, extras_due);
+            late(here_last(partial_extras(G), G), Info, Samples, D, extras_due);
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
             beamdiag_client:abort(maps:get(client, G)),
-            late(quick_extras(G), Info, Samples, D, due);
+            late(here_last(quick_extras(G), G), Info, Samples, D, due);
         false when Due, is_function(map_get(fallback, G), 0) ->
             %% Fewer, with a view to fall back on: when it explains the
             %% slowness, or what the agent sent already names what is wrong
@@ -216,7 +225,7 @@ gather(G = #{client := Client, deadline := Deadline,
         {event, {done, Extras}} ->
             {ok, capture(Info, Samples, atom_sources(end_walk(Extras, G), G), true, D)};
         {event, {aborted, Why}} ->
-            late(partial_extras(G), Info, Samples, D, {agent_aborted, Why});
+            late(here_last(partial_extras(G), G), Info, Samples, D, {agent_aborted, Why});
         {event, _} ->
             %% A word a window does not ask for (the live view's walks).
             gather(G);
@@ -234,10 +243,34 @@ gather(G = #{client := Client, deadline := Deadline,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}};
         timeout ->
             case not beamdiag_agent_deadline:in_time(Deadline) of
-                true -> late(partial_extras(G), Info, Samples, D, timeout);
+                true -> late(here_last(partial_extras(G), G), Info, Samples, D, timeout);
                 false -> gather(G)
             end
     end.
+
+%% The host's processes read from here, when the node runs on this host
+%% (`here_scan'): the first scan now, bounded by ?HERE_SCAN_MS.
+here_first(#{root := Root, exclude := Exclude}) ->
+    Own = list_to_integer(os:getpid()),
+    Scan = beamdiag_agent_host:cpu_by_process(Root, [Own | Exclude],
+                                              erlang:monotonic_time(millisecond) + ?HERE_SCAN_MS),
+    #{root => Root, exclude => [Own | Exclude], first => Scan};
+here_first(undefined) ->
+    undefined.
+
+%% A capture cut short keeps the agent's host scan when it came; without
+%% it (the node was too starved to finish its own), the last scan is read
+%% from here, over the same processes, and makes the pair the ledger reads.
+here_last(Extras = #{host_scan := _}, _G) ->
+    Extras;
+here_last(Extras, #{here := #{root := Root, exclude := Exclude,
+                              first := #{procs := A, truncated := TA}}}) ->
+    #{procs := B, truncated := TB} =
+        beamdiag_agent_host:cpu_by_process(Root, Exclude, erlang:monotonic_time(millisecond)
+                                                          + ?HERE_SCAN_MS),
+    Extras#{host_scan => #{first => A, last => B, truncated => TA orelse TB, read_here => true}};
+here_last(Extras, _G) ->
+    Extras.
 
 %% Whether the process data the agent sent so far names a finding on its
 %% own (no ledger needed): on a node too slow for two ticks before the

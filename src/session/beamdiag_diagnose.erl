@@ -759,7 +759,14 @@ collect_opts(O = #{duration := D, interval := I, msacc := M, msacc_span := S, lo
         procs => Procs,
         unload => Unload
     },
-    case P of
-        undefined -> Base;
-        _ -> Base#{progress => P}
-    end.
+    maps:merge(here_scan(O), case P of
+                                 undefined -> Base;
+                                 _ -> Base#{progress => P}
+                             end).
+
+%% A node found on this host: the collector reads the host's processes
+%% from here too, for a capture the starved node cuts short.
+here_scan(O = #{located := {ok, #{os_pid := OsPid}}}) ->
+    #{here_scan => #{root => maps:get(proc_root, O, "/proc"), exclude => [OsPid]}};
+here_scan(_O) ->
+    #{}.
