@@ -171,3 +171,22 @@ ports_owner_named_test() ->
     C2 = capture(ports, growing(100, 80), L, #{procs => #{port_owners => []}}),
     [#{evidence := Ev2}] = beamdiag_limit_rules:findings(C2),
     ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev2), <<"who holds them was not read">>)).
+
+%% Tables piling up: who created the new ones (beamdiag_agent_tables:grew/2)
+%% is named; none read says why.
+tables_creator_named_test() ->
+    Owner = #{pid => <<"<0.99.0>">>, name => null, initial_call => <<"session:init/1">>,
+              current => <<"session:loop/1">>},
+    Born = [#{count => 300, name => <<"session_state">>, owner => Owner},
+            #{count => 2, name => <<"other">>, owner => null}],
+    C = capture(ets_tables, growing(100, 20), 8192,
+                #{procs => #{tables => #{grew => [], born => Born, count => [100, 400]}}}),
+    [#{evidence := Ev}] = beamdiag_limit_rules:findings(C),
+    Text = iolist_to_binary(lists:join("\n", Ev)),
+    ?assertMatch({_, _}, binary:match(Text, <<"300 tables named session_state, owned by <0.99.0> "
+                                              "(session:init/1), which was in session:loop/1">>)),
+    ?assertEqual(nomatch, binary:match(Text, <<"other">>)),
+    C2 = capture(ets_tables, growing(100, 20), 8192,
+                 #{procs => #{tables => #{grew => [], born => [], count => [100, 110]}}}),
+    [#{evidence := Ev2}] = beamdiag_limit_rules:findings(C2),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev2), <<"who created them was not read">>)).

@@ -93,7 +93,10 @@ ets_leak_rows(Config) ->
     {Part, _Rss} = raw_growth(Lab, ets),
     ?assert(Part >= 10 * ?MIB),
     F = growth_finding(Lab, <<"ets">>),
-    ?assertMatch({_, _}, binary:match(maps:get(fix, F), <<"evict">>)).
+    ?assertMatch({_, _}, binary:match(maps:get(fix, F), <<"evict">>)),
+    %% The table is named, with its type and its owner (the writer).
+    ?assertMatch({match, _}, re:run(evidence(F), "table beamdiag_lab_cache_rows \\(set, public, "
+                                                 "#Ref<[0-9.]+>\\) grew from .* its owner is <")).
 
 %% A NIF that mallocs 30 MiB a second and never frees: the resident memory
 %% grows, the VM's total does not; native_memory, not memory_growth.

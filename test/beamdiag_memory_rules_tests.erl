@@ -282,3 +282,38 @@ vm_account_not_supported_test() ->
     [Note] = maps:get(notes, M),
     ?assertMatch({_, _}, binary:match(Note, <<"+Mea min">>)),
     ?assertEqual([], beamdiag_memory_rules:findings(M, C)).
+
+%% A cache table without eviction: the ets part up 20 MiB a second, the
+%% resident memory with it; the table that grew is named with its type and
+%% owner, a small one beside it is not.
+ets_table_named_test() ->
+    C0 = capture(flat(10 * ?MIB), flat(50 * ?MIB), flat(20 * ?MIB), {host, 20000 * ?MIB}),
+    Grow = fun(S = #{t := T, memory := M = #{vm := Vm, os := Os}}) ->
+                   I = erlang:convert_time_unit(T, native, nanosecond) div ?S,
+                   E = 20 * ?MIB * I,
+                   S#{memory := M#{vm := Vm#{ets := ?MIB + E, total := maps:get(total, Vm) + E},
+                                   os := Os#{rss := maps:get(rss, Os) + E}}}
+           end,
+    Owner = #{pid => <<"<0.90.0>">>, name => <<"price_cache">>, initial_call => <<"cache:init/1">>,
+              current => <<"gen_server:loop/7">>},
+    Cache = #{name => <<"prices">>, id => <<"prices">>, type => <<"set">>, protection => <<"public">>,
+              memory => [?MIB, 121 * ?MIB], objects => 480000, owner => Owner},
+    Small = Cache#{name => <<"small">>, id => <<"#Ref<0.1.2.3>">>, memory => [0, 2 * ?MIB]},
+    C = C0#{samples := [Grow(S) || S <- maps:get(samples, C0)],
+            extras := (maps:get(extras, C0))#{procs => #{heap_growth => [],
+                                                        tables => #{grew => [Cache, Small], born => [],
+                                                                    count => [20, 21]}}}},
+    [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+    ?assertEqual(memory_growth, maps:get(id, F)),
+    ?assertEqual(<<"ets">>, maps:get(part, maps:get(metrics, F))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"table prices (set, public) grew from 1.0 MB to 126.9 MB "
+                                           "(100% of the growth), 480.0k objects at the end; its "
+                                           "owner is price_cache <0.90.0> (cache:init/1), which was "
+                                           "in gen_server:loop/7">>)),
+    ?assertEqual(nomatch, binary:match(Ev, <<"small">>)),
+    %% Without the tables read: said so, not an all-clear.
+    C2 = C#{extras := (maps:get(extras, C))#{procs => #{heap_growth => []}}},
+    [F2] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C2), C2),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F2)),
+                                      <<"the tables were not read">>)).

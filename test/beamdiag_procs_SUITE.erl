@@ -328,10 +328,7 @@ otp29_iterator(_Config) ->
                      beam_lib:chunks(code:which(M), [abstract_code]),
                  {ok, M, Bin} = peer:call(Peer, compile, forms, [Forms, [binary]]),
                  {module, M} = peer:call(Peer, code, load_binary, [M, atom_to_list(M), Bin])
-             end || M <- [Mod, beamdiag_agent_proc_walk, beamdiag_agent_top,
-                          beamdiag_agent_proc_memory, beamdiag_agent_proc_identity,
-                          beamdiag_agent_pinfo, beamdiag_agent_chains, beamdiag_agent_deadline,
-                          beamdiag_agent_proc_born, beamdiag_agent_ports, beamdiag_agent_waits]],
+             end || M <- lists:usort([Mod | beamdiag_agent:modules()])],
         ok = beamdiag_test_lib:eval(Peer,
             "[spawn(fun() -> receive stop -> ok end end) || _ <- lists:seq(1, 5000)], "
             "L = proc_lib:spawn(fun() -> proc_lib:set_label(busy), "

@@ -261,6 +261,10 @@ ets_leak(Config) ->
     ?assertNot(maps:is_key(seconds_left, M)),
     ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, L)),
                                       <<"not enforced since OTP 21">>)),
+    %% Who creates them: the leaker, by its registered name.
+    ?assertMatch({match, _}, re:run(iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
+                                    "[0-9]+ tables named beamdiag_leak, owned by "
+                                    "beamdiag_lab_leaker <")),
     on_time(Took).
 
 %%% Helpers

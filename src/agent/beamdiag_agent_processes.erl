@@ -66,6 +66,8 @@
     %% erlang:memory(binary) at the span's start.
     binary0 => non_neg_integer(),
     ports0 => non_neg_integer(),
+    %% Each table's memory at the span's start (beamdiag_agent_tables).
+    tables0 => beamdiag_agent_tables:sizes(),
     queues0 := [pid()],
     sample := [pid()] | all,
     walk_us := non_neg_integer(),
@@ -206,6 +208,7 @@ start(Opts) ->
         mem0 => Mem0,
         binary0 => erlang:memory(binary),
         ports0 => erlang:system_info(port_count),
+        tables0 => beamdiag_agent_tables:sizes(),
         queues0 => Queues,
         sample => case Mode of
                       all -> all;
@@ -239,7 +242,8 @@ next(S) ->
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
                 mem0 := Mem1, binary0 => erlang:memory(binary),
-                ports0 => erlang:system_info(port_count), queues0 := Qs, walk_us := W,
+                ports0 => erlang:system_info(port_count), tables0 => beamdiag_agent_tables:sizes(),
+                queues0 := Qs, walk_us := W,
                 truncated := Trunc}}.
 
 %% The end walk: the report, and what the next span starts from (the end
@@ -335,6 +339,7 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
                                               Count - maps:get(count0, S), Names),
         port_owners => beamdiag_agent_ports:owners(
                          erlang:system_info(port_count) - maps:get(ports0, S, 0), Names),
+        tables => beamdiag_agent_tables:grew(maps:get(tables0, S, none), Names),
         stalled => stalled_entries(Stalled, Names)
     },
     %% Who waits on whom now, with the servers the start's look followed.

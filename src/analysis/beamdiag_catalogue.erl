@@ -581,7 +581,9 @@ written() ->
                   "collection: at that rate the node runs out of the memory it may use, and "
                   "the OOM killer or the cgroup ends it. The evidence sets the OS's account "
                   "(resident memory) beside the VM's, gives the time until the tightest limit "
-                  "and names the processes whose memory grew.">>,
+                  "and names who grew it: the processes whose memory grew, the processes that "
+                  "reference the binaries, or the ETS tables that grew (name, type, objects, "
+                  "bytes and owner).">>,
             fix =>
                 <<"Bound what grows: drop references to binaries once passed on, evict from "
                   "state and tables, apply backpressure to producers. The finding's fix names "
@@ -619,7 +621,9 @@ written() ->
                   "spawn, open_port or socket open fails with system_limit. Atoms leak where "
                   "code makes them from outside data (binary_to_term, list_to_atom, "
                   "binary_to_atom): the walker samples the processes running when the atom "
-                  "table grows and names them. ETS tables that pile up are reported too: the "
+                  "table grows and names them; for processes, ports and ETS tables the "
+                  "evidence names who spawned, holds or created the newest (bounded reads at "
+                  "the window's end). ETS tables that pile up are reported too: the "
                   "ets_limit the node reports is not enforced since OTP 21, so they cost "
                   "memory, not a crash.">>,
             fix =>

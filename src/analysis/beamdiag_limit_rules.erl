@@ -38,7 +38,11 @@ findings(Capture) ->
             Procs = maps:get(procs, Extras, #{}),
             Sources = #{atoms => maps:get(atom_sources, Extras, none),
                         processes => maps:get(born, Procs, none),
-                        ports => maps:get(port_owners, Procs, none)},
+                        ports => maps:get(port_owners, Procs, none),
+                        ets_tables => case maps:get(tables, Procs, none) of
+                                          #{born := Born} -> Born;
+                                          _ -> none
+                                      end},
             lists:append([resource(R, Samples, Span, maps:get(R, Sources, none), thresholds())
                           || R <- ?RESOURCES, Span > 0]);
         _ ->
@@ -105,9 +109,9 @@ steady(Counts, T) ->
     length([1 || {A, B} <- Pairs, B > A]) / N >= map_get(rise_share, T) andalso
         length([1 || {A, B} <- Pairs, B < A]) / N =< map_get(fall_share, T).
 
-judge(F = #{resource := ets_tables, steady := Steady, rate := Rate}, _Sources, T) ->
+judge(F = #{resource := ets_tables, steady := Steady, rate := Rate}, Sources, T) ->
     case Steady andalso Rate >= map_get(ets_rate_min, T) of
-        true -> [finding(F, warning, none)];
+        true -> [finding(F, warning, Sources)];
         false -> []
     end;
 judge(F = #{resource := R, steady := Steady, rate := Rate, used := Used, count := C,
@@ -252,6 +256,13 @@ sources(ports, [#{count := Most} | _] = Groups) ->
 sources(ports, []) ->
     [<<"who holds them was not read: the node has more than 20,000 ports, or their count "
        "grew by less than 50 over the window">>];
+sources(ets_tables, [#{count := Most} | _] = Groups) ->
+    [<<"who created the new tables:">>
+     | [fmt("  ~b tables named ~ts, owned by ~ts", [N, Name, spawner(O)])
+        || #{count := N, name := Name, owner := O} <- Groups, 10 * N >= Most]];
+sources(ets_tables, []) ->
+    [<<"who created them was not read: the node has more than 5,000 tables, or their count "
+       "grew by less than 50 between the walks">>];
 sources(_, _) ->
     [].
 

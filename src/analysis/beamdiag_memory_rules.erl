@@ -10,7 +10,8 @@
 %%% and its rate), the time until the tightest limit at that rate and which
 %%% limit it is, and who: for a heap, the processes whose memory grew most;
 %%% for binaries, the processes that reference the most (the walks'
-%%% candidates, `procs.binaries').
+%%% candidates, `procs.binaries'); for ETS, the tables that grew most, with
+%%% their type and owner (`procs.tables').
 %%%
 %%% `native_memory': the resident memory beyond the VM's own total rose
 %%% steadily by as much while the VM's account did not: memory that the
@@ -196,10 +197,30 @@ who(binary, _, _) ->
     [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
        "reference (in their state, or because they have not collected since); none of the "
        "processes the walks read holds 1 MiB of them">>];
+who(ets, #{change := Change}, #{extras := #{procs := #{tables := #{grew := [_ | _] = Grew}}}}) ->
+    %% The tables that grew by a tenth of the part's growth or more.
+    [fmt("table ~ts (~ts, ~ts~ts) grew from ~s to ~s (~s of the growth), ~s objects at the end; "
+         "its owner is ~ts",
+         [Name, Type, Prot, case Id of Name -> ""; _ -> [", ", Id] end, mem(M0), mem(M1),
+          beamdiag_units:whole_pct(min(1.0, (M1 - M0) / max(1, Change))),
+          beamdiag_units:count(N), owner(O)])
+     || #{name := Name, id := Id, type := Type, protection := Prot, memory := [M0, M1],
+          objects := N, owner := O} <- Grew,
+        10 * (M1 - M0) >= Change];
+who(ets, _, #{extras := #{procs := #{tables := #{grew := []}}}}) ->
+    [<<"no table grew by 1 MiB between the walks: the growth is spread over many tables">>];
 who(ets, _, _) ->
-    [<<"a table grows: the tables are not walked by this build, so it is not named">>];
+    [<<"the tables were not read: the node has more than 5,000, or the walks were cut short">>];
 who(_, _, _) ->
     [].
+
+owner(null) ->
+    "a process that is gone (the table has an heir, or was given away)";
+owner(O) ->
+    [beamdiag_proc_rules:who(O), case maps:get(current, O, null) of
+                                     null -> "";
+                                     Cur -> [", which was in ", Cur]
+                                 end].
 
 fix(binary) ->
     <<"Find the process that holds the binaries (the one that receives and passes on large "
