@@ -139,6 +139,9 @@
     %% Who holds the most ports, when their count grew
     %% (beamdiag_agent_ports:owners/2).
     port_owners => beamdiag_agent_ports:owners(),
+    %% The ETS tables that grew, and who created the new ones
+    %% (beamdiag_agent_tables).
+    tables => beamdiag_agent_tables:report() | none,
     stalled := [stalled_entry()],
     identify_us => integer(),
     waits => #{start => beamdiag_agent_chains:look(), 'end' => beamdiag_agent_chains:look()},
