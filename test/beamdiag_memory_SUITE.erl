@@ -12,7 +12,8 @@
 
 -export([all/0, groups/0, suite/0, init_per_group/2, end_per_group/2, init_per_testcase/2,
          end_per_testcase/2]).
--export([binary_leak/1, heap_leak/1, ets_leak_rows/1, native_leak/1, idle/1, large_static_heap/1]).
+-export([binary_leak/1, heap_leak/1, ets_leak_rows/1, native_leak/1, idle/1, large_static_heap/1,
+         alloc_burst/1]).
 %% Run on the lab node.
 -export([hold_heap/1]).
 
@@ -28,8 +29,9 @@ all() ->
 
 -spec groups() -> [term()].
 groups() ->
-    Cases = [binary_leak, heap_leak, ets_leak_rows, native_leak, idle, large_static_heap],
-    [{otp25, [], Cases}, {otp29, [], [binary_leak, heap_leak, native_leak, idle]}].
+    Cases = [binary_leak, heap_leak, ets_leak_rows, native_leak, idle, large_static_heap,
+             alloc_burst],
+    [{otp25, [], Cases}, {otp29, [], [binary_leak, heap_leak, native_leak, idle, alloc_burst]}].
 
 -spec init_per_group(atom(), list()) -> list() | {skip, term()}.
 init_per_group(otp25, Config) ->
@@ -148,6 +150,53 @@ hold_heap(Bytes) ->
 
 %%% Helpers
 
+%% A burst of 400 MiB of 1 KiB binaries, one in 20 kept, before the
+%% window. The raw signal, read here: the binary allocator's carriers and
+%% blocks (its own `{allocator_sizes, binary_alloc}', summed by this
+%% suite) and the resident memory (statm). Then allocator_fragmentation,
+%% with the fix fitted to the release (+MBacful from OTP 26), and no
+%% growth finding: nothing grows over the window.
+-spec alloc_burst(list()) -> term().
+alloc_burst(Config) ->
+    Lab = ?config(lab, Config),
+    Peer = maps:get(peer, Lab),
+    {Carriers, Blocks} = binary_alloc(Peer),
+    Rss = rss(maps:get(os_pid, Lab)),
+    ct:pal("raw: binary_alloc carriers ~b, blocks ~b bytes; resident ~b bytes",
+           [Carriers, Blocks, Rss]),
+    ?assert(Carriers - Blocks >= 200 * ?MIB),
+    ?assert(Blocks =< 0.2 * Carriers),
+    ?assert(Rss >= 200 * ?MIB),
+    D = diagnose(Lab),
+    F = maps:get(findings, D),
+    [A] = [X || X = #{id := allocator_fragmentation} <- F],
+    ct:pal("~ts~n~ts~n~ts", [maps:get(title, A), evidence(A), maps:get(fix, A)]),
+    ?assertEqual(<<"binary_alloc">>, maps:get(allocator, maps:get(metrics, A))),
+    ?assert(maps:get(free_bytes, maps:get(metrics, A)) >= 200 * ?MIB),
+    ?assertEqual([], [Id || #{id := Id} <- F, lists:member(Id, [memory_growth, native_memory])]),
+    Release = list_to_integer(peer:call(Peer, erlang, system_info, [otp_release])),
+    case Release >= 26 of
+        true -> ?assertMatch({_, _}, binary:match(maps:get(fix, A), <<"+MBacful de">>));
+        false -> ?assertMatch({_, _}, binary:match(maps:get(fix, A), <<"it came in OTP 26">>))
+    end.
+
+%% The binary allocator's carriers and blocks in bytes: the current size
+%% (each tuple's first figure) of every carriers_size and blocks_size in
+%% its instances' answer, whatever nests them.
+binary_alloc(Peer) ->
+    Answer = peer:call(Peer, erlang, system_info, [{allocator_sizes, binary_alloc}]),
+    {sizes(carriers_size, Answer), sizes(blocks_size, Answer)}.
+
+sizes(Key, T) when is_tuple(T), tuple_size(T) >= 2, element(1, T) =:= Key,
+                   is_integer(element(2, T)) ->
+    element(2, T);
+sizes(Key, T) when is_tuple(T) ->
+    sizes(Key, tuple_to_list(T));
+sizes(Key, L) when is_list(L) ->
+    lists:sum([sizes(Key, E) || E <- L]);
+sizes(_, _) ->
+    0.
+
 %% The raw signal, read apart from beamdiag: the part's bytes
 %% (erlang:memory/1 on the node) and the resident memory (statm, parsed
 %% here), 2 s apart; their growth in bytes.
@@ -189,7 +238,8 @@ growth_finding(Lab, Part) ->
 
 no_memory_finding(D) ->
     ?assertEqual([], [Id || #{id := Id} <- maps:get(findings, D),
-                            lists:member(Id, [memory_growth, native_memory])]),
+                            lists:member(Id, [memory_growth, native_memory,
+                                              allocator_fragmentation])]),
     #{accounts := Acc} = maps:get(memory, D),
     ?assertEqual(lists:sort(beamdiag_memory_ledger:accounts()), lists:sort(maps:keys(Acc))).
 

@@ -13,7 +13,7 @@
 %%% '''
 -module(beamdiag_agent_vm).
 
--export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1,
+-export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1, alloc_letters/0,
          flags/0]).
 
 -export_type([settings/0, counters/0, flag/0, msacc_thread/0]).
@@ -270,9 +270,32 @@ flags() ->
           doc => erts_alloc, read => false, advise => [<<"count">>],
           meaning => <<"carriers kept in the segment cache">>},
         #{key => mblmbcs, option => <<"MBlmbcs">>, default => undefined, since => 17,
-          doc => erts_alloc, read => false, advise => [<<"size in KB">>],
+          doc => erts_alloc, read => true, advise => [<<"size in KB">>],
           meaning => <<"largest multiblock carrier of the binary allocator">>}
-    ].
+    ] ++ alloc_flags().
+
+%% Per allocator type (its letter in +M<S>): the abandon carrier free
+%% utilization limit (OTP 26 and later), which lets the OS reuse the free
+%% pages of carriers below it, and the largest multiblock carrier; the
+%% binary allocator's lmbcs is the row above.
+alloc_flags() ->
+    lists:append(
+      [[#{key => list_to_atom("m" ++ string:lowercase([L]) ++ "acful"),
+          option => <<"M", L, "acful">>, default => <<"0">>, since => 26,
+          doc => erts_alloc, read => true, advise => [<<"de">>],
+          meaning => iolist_to_binary(["free pages of ", T, "'s carriers given back to the OS"])}
+        | [#{key => list_to_atom("m" ++ string:lowercase([L]) ++ "lmbcs"),
+             option => <<"M", L, "lmbcs">>, default => undefined, since => 17,
+             doc => erts_alloc, read => true, advise => [<<"size in KB">>],
+             meaning => iolist_to_binary(["largest multiblock carrier of ", T])} || L =/= $B]]
+       || {L, T} <- alloc_letters()]).
+
+%% @doc The letter of each allocator type a fix may tune, as +M<S> names it.
+-spec alloc_letters() -> [{char(), binary()}].
+alloc_letters() ->
+    [{$B, <<"binary_alloc">>}, {$D, <<"std_alloc">>}, {$E, <<"ets_alloc">>},
+     {$F, <<"fix_alloc">>}, {$H, <<"eheap_alloc">>}, {$R, <<"driver_alloc">>},
+     {$S, <<"sl_alloc">>}].
 
 %%%===================================================================
 %%% Internal

@@ -593,6 +593,29 @@ written() ->
                   "watch it over a longer window (beamdiag watch) to see it level off.">>
         },
         #{
+            id => allocator_fragmentation,
+            area => memory,
+            title => <<"Free space the allocators keep in their carriers">>,
+            meaning =>
+                <<"One allocator type's carriers (the memory it mapped) hold 128 MiB or more "
+                  "that no block uses, and its blocks use half of them or less: a burst "
+                  "allocated many blocks and freed most, and the few that live keep each "
+                  "carrier mapped. erlang:memory/0 counts blocks and does not show it; the OS "
+                  "counts it in the resident memory. The evidence gives the type, its carriers "
+                  "and blocks, and the resident memory beside them.">>,
+            fix =>
+                <<"On OTP 26 or later, +M<S>acful de (S the allocator's letter: B binary, E "
+                  "ETS, H heap, D std, R driver, F fix, S short-lived) lets the OS reuse the "
+                  "free pages of carriers under the utilisation limit; smaller multiblock "
+                  "carriers (+M<S>lmbcs) are emptied and given back sooner. The finding's fix "
+                  "names the letter, and flags the node already has are named as set. Find "
+                  "and spread the burst.">>,
+            when_not =>
+                <<"Right after a planned burst (a cache loaded, a batch done) the free space is "
+                  "reused by the next one: act when the resident memory matters more than "
+                  "the allocation speed, or the host runs short.">>
+        },
+        #{
             id => native_memory,
             area => memory,
             title => <<"Memory grows outside the VM's allocators">>,

@@ -32,7 +32,8 @@ analyse(Capture) ->
     Ledger = beamdiag_ledger:build(Capture),
     Memory = beamdiag_memory_ledger:build(Capture),
     Findings = beamdiag_rules:findings(Capture, Ledger) ++
-        beamdiag_memory_rules:findings(Memory, Capture),
+        beamdiag_memory_rules:findings(Memory, Capture) ++
+        beamdiag_alloc_rules:findings(Memory, Capture),
     #{capture => Capture, ledger => Ledger, memory => Memory,
       findings => beamdiag_finding:sort(Findings)}.
 

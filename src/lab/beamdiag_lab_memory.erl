@@ -12,6 +12,9 @@
 %%% mailbox stays short.</li>
 %%% <li>`ets_leak_rows': a cache table (`table' set or bag) written without
 %%% eviction, `rate' rows of `bytes' each a second.</li>
+%%% <li>`alloc_burst': `mb' MiB of binaries of `bytes' each made at once,
+%%% every `keep'-th kept and the rest collected, before the window: the
+%%% carriers stay mapped, a `keep'-th of them used.</li>
 %%% </ul>
 %%%
 %%% Each stops growing at `stop_mb' (default 1,500 MiB) so that a lab node
@@ -34,7 +37,9 @@
     rate => 1..100000,
     bytes => 16..16777216,
     table => set | bag,
-    stop_mb => 16..8192
+    stop_mb => 16..8192,
+    mb => 16..4096,
+    keep => 2..1000
 }.
 
 %% Batches a second.
@@ -65,7 +70,15 @@ scenarios() ->
                         "rate, bytes, table, stop_mb)">>,
            load => {?MODULE, leak, ['$duration_ms', ets, '$params']},
            params => #{rate => 2000, bytes => 10240, table => set, stop_mb => 1500},
-           expect => [memory_growth]}].
+           expect => [memory_growth]},
+     Base#{name => alloc_burst,
+           summary => <<"a burst of 400 MiB of 1 KiB binaries, one in 20 kept: the binary "
+                        "allocator's carriers stay mapped, a twentieth used (params: mb, bytes, "
+                        "keep)">>,
+           warmup_ms => 3000,
+           load => {?MODULE, leak, ['$duration_ms', burst, '$params']},
+           params => #{mb => 400, bytes => 1024, keep => 20},
+           expect => [allocator_fragmentation]}].
 
 %% @doc The variation checked.
 -spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
@@ -74,6 +87,8 @@ params(P) ->
                          (bytes, B) -> not (is_integer(B) andalso B >= 16 andalso B =< 16777216);
                          (table, T) -> not lists:member(T, [set, bag]);
                          (stop_mb, S) -> not (is_integer(S) andalso S >= 16 andalso S =< 8192);
+                         (mb, M) -> not (is_integer(M) andalso M >= 16 andalso M =< 4096);
+                         (keep, K) -> not (is_integer(K) andalso K >= 2 andalso K =< 1000);
                          (_, _) -> true
                       end, P),
     case map_size(Bad) of
@@ -82,10 +97,10 @@ params(P) ->
     end.
 
 %% @doc The growing part's processes for Ms milliseconds.
--spec leak(pos_integer(), binary | heap | ets, params()) -> ok.
+-spec leak(pos_integer(), binary | heap | ets | burst, params()) -> ok.
 leak(Ms, What, P) ->
     Stop = maps:get(stop_mb, P, 1500) * 1048576,
-    Bytes = maps:get(bytes, P),
+    Bytes = maps:get(bytes, P, 1024),
     Batch = max(1, maps:get(rate, P) div ?TICKS),
     beamdiag_lab_ledger:owner(Ms, fun() ->
         case What of
@@ -104,7 +119,14 @@ leak(Ms, What, P) ->
                                                     [maps:get(table, P, set), public]),
                                         write(T, Batch, Bytes, 0, Stop)
                                     end),
-                [Writer]
+                [Writer];
+            burst ->
+                Holder = spawn_link(fun() ->
+                                        Kept = burst(maps:get(mb, P, 400) * 1048576 div Bytes,
+                                                     Bytes, maps:get(keep, P, 20)),
+                                        hold(Kept)
+                                    end),
+                [Holder]
         end
     end).
 
@@ -114,6 +136,18 @@ leak(Ms, What, P) ->
 
 sink() ->
     receive _ -> sink() end.
+
+%% N fresh binaries of Bytes at once, every Keep-th kept, the rest dropped
+%% and collected: the blocks kept are spread over all the carriers the
+%% burst mapped.
+burst(N, Bytes, Keep) ->
+    All = [fresh_binary(Bytes) || _ <- lists:seq(1, N)],
+    Kept = [B || {I, B} <- lists:zip(lists:seq(1, N), All), I rem Keep =:= 0],
+    erlang:garbage_collect(),
+    Kept.
+
+hold(Kept) ->
+    receive _ -> hold(Kept) end.
 
 %% Fresh payloads, a batch every 1/?TICKS s.
 produce(Relay, Batch, Bytes) ->
