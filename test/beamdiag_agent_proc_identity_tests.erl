@@ -27,12 +27,32 @@ server_test() ->
         ?assertEqual(list_to_binary(pid_to_list(Srv)), maps:get(pid, E)),
         ?assertMatch(<<"gen_server:", _/binary>>, maps:get(current, E)),
         ?assertNot(is_map_key(answered, E)),
+        %% Every frame is OTP's (pg, gen_server, proc_lib): no frame of the
+        %% user's own.
+        ?assertNot(is_map_key(own, E)),
         %% With a count of processes like it.
         [#{like := 3}] = beamdiag_agent_proc_identity:entries([Srv], fun info/1,
                                                               #{<<"pg:init/1">> => 3}, Names, Ids)
     after
         [W ! stop || W <- Watchers],
         exit(Srv, kill)
+    end.
+
+%% A process in stdlib's code (timer:sleep/1, from lists:foreach/2) that
+%% its own module sent there: the innermost frame of that module is named,
+%% with its file and line; OTP's frames are not.
+own_frame_test() ->
+    P = spawn(beamdiag_test_loops, nested, []),
+    try
+        wait_until(fun() -> erlang:process_info(P, current_function) =:=
+                                {current_function, {timer, sleep, 1}} end),
+        Ids = beamdiag_agent_proc_identity:read([P], #{}),
+        [E] = beamdiag_agent_proc_identity:entries([P], fun info/1, #{}, #{}, Ids),
+        ?assertEqual(<<"timer:sleep/1">>, maps:get(current, E)),
+        ?assertEqual(<<"beamdiag_test_loops:nested/0">>, maps:get(own, E)),
+        ?assertMatch({match, _}, re:run(maps:get(own_at, E), "beamdiag_test_loops\\.erl:[0-9]+$"))
+    after
+        exit(P, kill)
     end.
 
 %% A process spawned from a fun: no name, erlang:apply/2 as its initial

@@ -129,6 +129,8 @@ diagnosis_test() ->
                                                   [#{pid => <<"<0.1.0>">>,
                                                      initial_call => <<"Elixir.Shop.Pricing:-total/1-fun-0-/2">>,
                                                      current => <<"lists:foldl/3">>,
+                                                     own => <<"Elixir.Holdex.Pricing:total/1">>,
+                                                     own_at => <<"lib/holdex/pricing.ex:12">>,
                                                      reductions => 5}]},
                                    profile => #{profile => #{stacks => #{[<<"scheduler">>, <<"$'Elixir.Enum':reduce/3">>] => 3,
                                                                          [<<"scheduler">>, <<"$'Elixir.Enum':reduce/3-CodeInfoPrologue">>] => 1},
@@ -138,6 +140,9 @@ diagnosis_test() ->
       findings := [F]} = beamdiag_elixir_names:diagnosis(D),
     ?assertEqual(<<"anonymous fn/2 in Shop.Pricing.total/1">>, maps:get(initial_call, P)),
     ?assertEqual(<<"lists:foldl/3">>, maps:get(current, P)),
+    %% The user's innermost frame, in Elixir's words.
+    ?assertEqual(<<"Holdex.Pricing.total/1">>, maps:get(own, P)),
+    ?assertEqual(<<"lib/holdex/pricing.ex:12">>, maps:get(own_at, P)),
     ?assertEqual(#{[<<"scheduler">>, <<"$Enum.reduce/3">>] => 3,
                    [<<"scheduler">>, <<"$Enum.reduce/3-CodeInfoPrologue">>] => 1},
                  maps:get(stacks, Prof)),

@@ -186,3 +186,14 @@ unread_start_test() ->
             answered => false},
     ?assertEqual([], beamdiag_proc_rules:findings(procs([], [E], [], 0), ledger(1.0),
                                                   settings())).
+
+%% Where a process was: its current function, and the user's innermost
+%% frame that led there when the agent found one.
+where_test_() ->
+    [?_assertEqual(<<"gen_server:loop/7">>,
+                   iolist_to_binary(beamdiag_proc_rules:where(#{current => <<"gen_server:loop/7">>}))),
+     ?_assertEqual(<<"lists:foldl/3, called from shop:total/1 (src/shop.erl:12)">>,
+                   iolist_to_binary(beamdiag_proc_rules:where(#{current => <<"lists:foldl/3">>,
+                                                                own => <<"shop:total/1">>,
+                                                                own_at => <<"src/shop.erl:12">>}))),
+     ?_assertEqual(<<"?">>, iolist_to_binary(beamdiag_proc_rules:where(#{})))].

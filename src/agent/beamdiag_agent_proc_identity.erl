@@ -32,9 +32,18 @@
 %% What read/2 found: the answers by pid, the proc_lib processes'
 %% dictionaries (before OTP 26.2), and the pids that did not answer (ms
 %% waited).
--type identities() :: {#{pid() => list()}, #{pid() => list()}, #{pid() => non_neg_integer()}}.
+-type identities() :: {#{pid() => list()}, #{pid() => list()}, #{pid() => non_neg_integer()},
+                       #{module() => true}}.
 
--define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status]).
+-define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status,
+                   current_stacktrace]).
+%% The applications of OTP and of Elixir: their modules are not the
+%% user's own code (beside erts's, the preloaded ones).
+-define(SYSTEM_APPS, [kernel, stdlib, sasl, compiler, crypto, ssl, public_key, inets, asn1,
+                      mnesia, os_mon, runtime_tools, tools, syntax_tools, parsetools, xmerl,
+                      eldap, et, eunit, common_test, debugger, dialyzer, diameter, edoc, ftp,
+                      megaco, observer, odbc, reltool, snmp, ssh, tftp, wx, erl_interface,
+                      otp_mibs, elixir, logger, eex, iex, mix, ex_unit]).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
 
@@ -59,7 +68,7 @@ read(Pids, Known) ->
                                      <- maps:to_list(Read)],
                       element(1, beamdiag_agent_pinfo:read(Pl, [dictionary], #{}))
               end,
-    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled))}.
+    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled)), system_modules()}.
 
 %% @doc The report's entries of Pids, in order: Info(P) gives an entry's
 %% figures, Like the counts of processes by initial call (text), Names the
@@ -68,9 +77,10 @@ read(Pids, Known) ->
 %% or one of beamdiag's own helpers, is left out.
 -spec entries([pid()], fun((pid()) -> map()), #{binary() => pos_integer()}, #{pid() => atom()},
               identities()) -> [map()].
-entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled}) ->
+entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled, System}) ->
     lists:append([case maps:find(P, Read) of
-                      {ok, Items1} -> identify(P, Info(P), Like, Items1, maps:get(P, PlDicts, none));
+                      {ok, Items1} -> identify(P, Info(P), Like, Items1, maps:get(P, PlDicts, none),
+                                              System);
                       error ->
                           case maps:find(P, Stalled) of
                               {ok, W} -> [unanswered(P, Info(P), Names, W)];
@@ -127,19 +137,19 @@ unanswered(P, Nums, Names, Waited) ->
 
 %% Running code of beamdiag_agent* modules: one of beamdiag's helpers,
 %% left out as the agent itself is.
-identify(P, Nums, Like, Items, PlDict) ->
+identify(P, Nums, Like, Items, PlDict, System) ->
     case Items of
         [_, _, {_, {M, _, _}} | _] when is_atom(M) ->
             case lists:prefix("beamdiag_agent", atom_to_list(M)) of
                 true -> [];
-                false -> identified(P, Nums, Like, Items, PlDict)
+                false -> identified(P, Nums, Like, Items, PlDict, System)
             end;
         _ ->
-            identified(P, Nums, Like, Items, PlDict)
+            identified(P, Nums, Like, Items, PlDict, System)
     end.
 
-identified(P, Nums, Like, Items, PlDict) ->
-    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status} | DictItems] = Items,
+identified(P, Nums, Like, Items, PlDict, System) ->
+    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}, {_, Stack} | DictItems] = Items,
     {IcVal, LabelVal} = case DictItems of
                             [{_, I}, {_, L}] -> {I, L};
                             [] ->
@@ -154,7 +164,7 @@ identified(P, Nums, Like, Items, PlDict) ->
                  {M, F, A};
              _ -> Init
          end,
-    [Nums#{
+    [maps:merge(Nums#{
         pid => list_to_binary(pid_to_list(P)),
         name => name(Name),
         initial_call => mfa(Ic),
@@ -164,7 +174,52 @@ identified(P, Nums, Like, Items, PlDict) ->
         monitored_by => length(Mons),
         status => atom_to_binary(Status, utf8),
         like => maps:get(mfa(Ic), Like, null)
-    }].
+    }, own(Cur, Stack, System))].
+
+%% The innermost frame of the user's own code below the current function
+%% (`own', with its file and line as `own_at'), when the current function
+%% is not theirs: a process in Enum.reduce/3 or gen_server:loop/7 was
+%% sent there by a function of the application's own modules.
+own(Cur, Stack, System) when is_list(Stack) ->
+    Mine = fun(M) -> is_atom(M) andalso not maps:is_key(M, System) andalso
+                         not lists:prefix("beamdiag_agent", atom_to_list(M)) end,
+    case Cur of
+        {M0, _, _} when is_atom(M0) ->
+            case Mine(M0) of
+                true -> #{};
+                false -> own_frame([F || F = {M, _, _, _} <- Stack, Mine(M)])
+            end;
+        _ ->
+            #{}
+    end;
+own(_Cur, _Stack, _System) ->
+    #{}.
+
+own_frame([{M, F, A, Loc} | _]) ->
+    Arity = case A of
+                L when is_list(L) -> length(L);
+                N -> N
+            end,
+    At = case {proplists:get_value(file, Loc), proplists:get_value(line, Loc)} of
+             {File, Line} when is_list(File), is_integer(Line) ->
+                 #{own_at => iolist_to_binary([File, $:, integer_to_list(Line)])};
+             _ ->
+                 #{}
+         end,
+    At#{own => mfa({M, F, Arity})};
+own_frame([]) ->
+    #{}.
+
+%% The modules of erts (preloaded) and of the OTP and Elixir applications
+%% loaded on the node, from the application controller's table (no process
+%% is asked).
+system_modules() ->
+    Apps = try [A || {A, _, _} <- application:loaded_applications(), lists:member(A, ?SYSTEM_APPS)]
+           catch error:_ -> []
+           end,
+    Mods = erlang:pre_loaded() ++
+        lists:append([Ms || A <- Apps, {ok, Ms} <- [catch application:get_key(A, modules)]]),
+    maps:from_list([{M, true} || M <- Mods, is_atom(M)]).
 
 name([]) -> null;
 name(N) when is_atom(N) -> atom_to_binary(N, utf8).

@@ -104,6 +104,11 @@
     spawn_call => binary() | null,
     label => binary() | null,
     like => pos_integer() | null,
+    %% The innermost frame of the user's code below a current function
+    %% that is not theirs, and its file and line
+    %% (beamdiag_agent_proc_identity).
+    own => binary(),
+    own_at => binary(),
     answered => false,
     waited_ms => non_neg_integer(),
     %% In `binaries': the reference-counted binaries it references.

@@ -271,7 +271,7 @@ spawner(null) ->
 spawner(P) ->
     [beamdiag_proc_rules:who(P), case maps:get(current, P, null) of
                                      null -> "";
-                                     Cur -> [", which was in ", Cur]
+                                     _ -> [", which was in ", beamdiag_proc_rules:where(P)]
                                  end].
 
 source_line(P = #{samples := K, functions := Fs, makes_atoms := Makes}, N) ->

@@ -182,7 +182,7 @@ who(processes, #{change := Change}, #{extras := #{procs := #{heap_growth := Grow
         Top ->
             [fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
                  [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D), beamdiag_units:whole_pct(min(1.0, D / Change)),
-                  maps:get(current, E, <<"?">>)])
+                  beamdiag_proc_rules:where(E)])
              || {D, E} <- lists:sublist(Top, 3)]
     end;
 who(binary, _, #{extras := #{procs := #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
@@ -190,7 +190,7 @@ who(binary, _, #{extras := #{procs := #{binaries := [#{bytes := Most} | _] = Hol
     [fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by it alone); "
          "it was in ~ts",
          [beamdiag_proc_rules:who(H), beamdiag_units:count(N), beamdiag_units:bytes(B),
-          beamdiag_units:bytes(Sole), maps:get(current, H, <<"?">>)])
+          beamdiag_units:bytes(Sole), beamdiag_proc_rules:where(H)])
      || H = #{count := N, bytes := B, sole_bytes := Sole} <- lists:sublist(Holders, 3),
         10 * B >= Most];
 who(binary, _, _) ->
@@ -219,7 +219,7 @@ owner(null) ->
 owner(O) ->
     [beamdiag_proc_rules:who(O), case maps:get(current, O, null) of
                                      null -> "";
-                                     Cur -> [", which was in ", Cur]
+                                     _ -> [", which was in ", beamdiag_proc_rules:where(O)]
                                  end].
 
 fix(binary) ->

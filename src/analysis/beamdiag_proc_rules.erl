@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, duration/1]).
+-export([findings/3, named/1, annotate/3, who/1, where/1, duration/1]).
 
 %%%===================================================================
 %%% API
@@ -87,6 +87,20 @@ annotate(Findings, _, _) ->
 %% @doc How a process is named to a person: registered name or label, then
 %% its initial call, then its pid.
 -spec who(beamdiag_agent_processes:entry()) -> iolist().
+%% @doc Where a process was: its current function and, when that is not
+%% the user's code, the innermost frame of theirs that led there
+%% (beamdiag_agent_proc_identity: `own', `own_at').
+-spec where(map()) -> iolist().
+where(E) ->
+    Cur = maps:get(current, E, <<"?">>),
+    case maps:get(own, E, null) of
+        null -> [Cur];
+        Own -> [Cur, ", called from ", Own, case maps:get(own_at, E, null) of
+                                              null -> "";
+                                              At -> [" (", At, ")"]
+                                          end]
+    end.
+
 who(E = #{pid := Pid}) ->
     Name = case {maps:get(name, E, null), maps:get(label, E, null)} of
                {N, _} when is_binary(N) -> [N, " "];
@@ -141,7 +155,7 @@ bottleneck(Procs = #{top_reductions := [Top | Rest]}, Ledger, Settings, T) ->
                     [Cpus, max(0.0, Idle), Online]),
                 fmt("~b processes monitor it (callers waiting in gen:call hold a monitor); "
                     "~b messages in its queue at the end; it was in ~ts",
-                    [maps:get(monitored_by, Top, 0), QEnd, maps:get(current, Top, <<"?">>)])
+                    [maps:get(monitored_by, Top, 0), QEnd, where(Top)])
             ],
             [beamdiag_finding:new(single_process_bottleneck, Sev, Evidence, #{
                 pid => maps:get(pid, Top),
@@ -198,13 +212,13 @@ queue_finding(E = #{queue := [Q0, Q1]}, Span, T, Room, Partial, Stalled) when is
                         fmt("it took ~s reductions in the window and was in ~ts (~ts); at this "
                             "rate the queue holds ~s messages in ten minutes",
                             [beamdiag_units:count(maps:get(reductions, E)),
-                             maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
+                             where(E), maps:get(status, E, <<"?">>),
                              beamdiag_units:count(round(Q1 + Rate * 600))]);
                     {true, _} ->
                         fmt("it was in ~ts (~ts) at the window's start; at this rate the queue "
                             "holds ~s messages in ten minutes (the capture was cut short: the "
                             "queue lengths are the start walk's and the last tick's)",
-                            [maps:get(current, E, <<"?">>), maps:get(status, E, <<"?">>),
+                            [where(E), maps:get(status, E, <<"?">>),
                              beamdiag_units:count(round(Q1 + Rate * 600))])
                 end
             ],

@@ -176,7 +176,7 @@ procs(P) ->
 process(E) when is_map(E) ->
     maps:map(fun(K, V) when is_binary(V), (K =:= initial_call orelse K =:= spawn_call
                                           orelse K =:= current orelse K =:= in
-                                          orelse K =:= out) ->
+                                          orelse K =:= out orelse K =:= own) ->
                      mfa(V);
                 (_, V) ->
                      V

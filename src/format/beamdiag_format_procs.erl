@@ -181,11 +181,22 @@ like(#{like := N}) when is_integer(N), N > 1 -> io_lib:format(", ~b like it", [N
 like(_) -> "".
 
 %% Where it was at the end, under the process's line.
-where(#{current := C, monitored_by := M}) when M > 0 ->
-    io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_safe_text:safe(C, 40), M]);
-where(#{current := C}) ->
-    io_lib:format("~24sin ~ts~n", ["", beamdiag_safe_text:safe(C, 50)]);
+where(E = #{current := C, monitored_by := M}) when M > 0 ->
+    [io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_safe_text:safe(C, 40), M]), own(E)];
+where(E = #{current := C}) ->
+    [io_lib:format("~24sin ~ts~n", ["", beamdiag_safe_text:safe(C, 50)]), own(E)];
 where(_) ->
+    "".
+
+%% The innermost frame of the user's code that led there, when the
+%% current function is not theirs.
+own(#{own := Own} = E) when is_binary(Own) ->
+    At = case maps:get(own_at, E, null) of
+             null -> "";
+             A -> [" (", beamdiag_safe_text:safe(A, 40), ")"]
+         end,
+    io_lib:format("~24scalled from ~ts~ts~n", ["", beamdiag_safe_text:safe(Own, 50), At]);
+own(_) ->
     "".
 
 who_short(E = #{pid := Pid}) ->
