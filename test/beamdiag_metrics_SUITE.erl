@@ -70,6 +70,18 @@ documented_metrics_under_load(Config) ->
         ?assert(Busy > 0.5),
         ?assert(value(Metrics, <<"beamdiag_cpus_used">>, []) > 0.0),
         ?assertEqual(0.0, value(Metrics, <<"beamdiag_msacc_enabled">>, [])),
+        %% The memory ledger: the resident memory beside this VM's own
+        %% (statm, read here), and the VM's total beside erlang:memory/1.
+        {ok, Statm} = file:read_file("/proc/" ++ os:getpid() ++ "/statm"),
+        [_, Pages | _] = string:lexemes(binary_to_list(Statm), " \n"),
+        RawRss = list_to_integer(Pages) * 4096,
+        Rss = value(Metrics, <<"beamdiag_memory_bytes">>, [{<<"account">>, <<"rss">>}]),
+        VmTotal = value(Metrics, <<"beamdiag_memory_bytes">>, [{<<"account">>, <<"vm_total">>}]),
+        ct:pal("resident ~.0f bytes exposed, ~b in statm; VM total ~.0f exposed, ~b now",
+               [Rss, RawRss, VmTotal, erlang:memory(total)]),
+        ?assert(abs(Rss - RawRss) < 0.2 * RawRss),
+        ?assert(abs(VmTotal - erlang:memory(total)) < 0.2 * erlang:memory(total)),
+        ?assert(VmTotal < Rss),
         %% Anything but the path is a 404.
         {ok, {{_, 404, _}, _, _}} = httpc:request(get, {url(Port, "/other"), []}, [], [])
     after

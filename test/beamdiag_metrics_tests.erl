@@ -39,3 +39,23 @@ throttled_share_needs_periods_test() ->
     Few = text(L#{cgroup := Cg#{periods => 3, throttled_periods => 1, throttled_ratio => 0.33}}),
     ?assertNot(has(Few, <<"\nbeamdiag_cgroup_throttled_share ">>)),
     ?assert(has(Few, <<"\nbeamdiag_cgroup_throttled_periods 1\n">>)).
+
+%% The memory accounts at the later sample, and their change a second.
+memory_metrics_test() ->
+    S = fun(T, Rss, Bin) ->
+                #{t => erlang:convert_time_unit(T * 1000000000, nanosecond, native),
+                  memory => #{vm => #{total => 100 + Bin, binary => Bin, processes => 50},
+                              os => #{rss => Rss, anon => Rss - 10}}}
+        end,
+    T = iolist_to_binary(beamdiag_metrics:memory_metrics(S(0, 1000, 20), S(2, 1400, 220))),
+    [?assert(has(T, L)) || L <- [<<"beamdiag_memory_bytes{account=\"rss\"} 1400">>,
+                                 <<"beamdiag_memory_bytes{account=\"vm_total\"} 320">>,
+                                 <<"beamdiag_memory_bytes{account=\"binary\"} 220">>,
+                                 <<"beamdiag_memory_growth_bytes_per_second{account=\"rss\"} 200">>,
+                                 <<"beamdiag_memory_growth_bytes_per_second{account=\"binary\"} 100">>]],
+    %% A sample without the OS's account: the VM's alone.
+    Vm = iolist_to_binary(beamdiag_metrics:memory_metrics(
+                            S(0, 1000, 20), (S(1, 0, 30))#{memory := #{vm => #{total => 130},
+                                                                      os => {error, x}}})),
+    ?assertNot(has(Vm, <<"account=\"rss\"">>)),
+    ?assert(has(Vm, <<"beamdiag_memory_bytes{account=\"vm_total\"} 130">>)).

@@ -37,7 +37,7 @@
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
--export([text/1]).
+-export([text/1, memory_metrics/2]).
 -endif.
 
 -define(DEFAULTS, #{port => 9568, interval => 1000, ip => loopback, path => "/metrics",
@@ -214,8 +214,38 @@ warming_up() ->
 exposition(Last, Sample, Settings) ->
     Capture = beamdiag_capture:new(#{settings => Settings}, [Last, Sample], #{}),
     [text(beamdiag_ledger:build(Capture)),
+     memory_metrics(Last, Sample),
      metric(beamdiag_sample_cost_seconds, "Time the last sample took.",
             [{[], maps:get(tick_cost_us, Sample, 0) / 1.0e6}])].
+
+%% @doc The memory ledger's figures at the later sample, and their change
+%% a second between the two (pure): the OS's account (`rss', `anon') and
+%% the VM's (`erlang:memory/0' by type, `vm_total').
+-spec memory_metrics(beamdiag_agent_tick:sample(), beamdiag_agent_tick:sample()) -> iolist().
+memory_metrics(Last, Sample) ->
+    A = memory_accounts(Last),
+    B = memory_accounts(Sample),
+    Dt = erlang:convert_time_unit(maps:get(t, Sample, 0) - maps:get(t, Last, 0), native,
+                                  nanosecond) / 1.0e9,
+    [metric(beamdiag_memory_bytes,
+            "Memory by account: rss and anon (the OS's, /proc), vm_total and each type of "
+            "erlang:memory/0 (the VM's).",
+            [{[{account, K}], V} || {K, V} <- lists:sort(maps:to_list(B))]),
+     metric(beamdiag_memory_growth_bytes_per_second,
+            "Change of each memory account between the last two samples, in bytes a second.",
+            [{[{account, K}], (V - maps:get(K, A)) / Dt}
+             || Dt > 0, {K, V} <- lists:sort(maps:to_list(B)), maps:is_key(K, A)])].
+
+memory_accounts(#{memory := #{vm := Vm, os := Os}}) ->
+    OsPart = case Os of
+                 #{} -> maps:with([rss, anon], Os);
+                 _ -> #{}
+             end,
+    VmPart = maps:from_list([{case K of total -> vm_total; _ -> K end, V}
+                             || {K, V} <- maps:to_list(Vm), is_integer(V)]),
+    maps:merge(VmPart, OsPart);
+memory_accounts(_) ->
+    #{}.
 
 %% @doc Fetches the endpoint over HTTP/1.0 on a real socket and returns the
 %% body (for tests and for a quick look from a shell).
