@@ -317,3 +317,29 @@ ets_table_named_test() ->
     [F2] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C2), C2),
     ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F2)),
                                       <<"the tables were not read">>)).
+
+%% The host's report of a node that did not answer: its samples carry the
+%% resident memory alone (beamdiag_host_view). Rising 20 MiB a second with
+%% 1 GiB available: memory_growth of the resident memory, the time left,
+%% and no claim about which part; flat, nothing.
+host_only_resident_test() ->
+    Host = fun(Rss) ->
+                   [#{t => erlang:convert_time_unit(I * ?S, nanosecond, native),
+                      memory => #{rss => Rss(I), mem_total => 4096 * ?MIB,
+                                  mem_available => 1024 * ?MIB}}
+                    || I <- lists:seq(0, 6)]
+           end,
+    C = #{samples => Host(fun(I) -> 200 * ?MIB + 20 * ?MIB * I end), extras => #{}},
+    M = beamdiag_memory_ledger:build(C),
+    ?assertEqual([rss], maps:keys(maps:get(accounts, M))),
+    ?assertEqual(host, maps:get(bound_by, M)),
+    [F] = beamdiag_memory_rules:findings(M, C),
+    ?assertEqual(memory_growth, maps:get(id, F)),
+    ?assertEqual(critical, maps:get(severity, F)),
+    ?assertEqual(<<"resident">>, maps:get(part, maps:get(metrics, F))),
+    ?assertEqual(51, maps:get(time_left_s, maps:get(metrics, F))),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"which part grows">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"gone in 51 s">>)),
+    Flat = #{samples => Host(fun(_) -> 200 * ?MIB end), extras => #{}},
+    ?assertEqual([], beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(Flat), Flat)).

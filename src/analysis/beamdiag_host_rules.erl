@@ -150,9 +150,12 @@ analyse(Capture, Context) ->
                     [] -> saturated(Ledger, Context, T);
                     _ -> []
                 end,
+    %% The memory ledger of the host's samples: the resident memory alone.
+    Memory = beamdiag_memory_ledger:build(Capture),
     Findings = Held ++ memory(Capture, T) ++ Saturated ++
-        beamdiag_wait_rules:host_findings(Capture, Ledger, Context) ++ Kept,
-    #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)},
+        beamdiag_wait_rules:host_findings(Capture, Ledger, Context) ++ Kept ++
+        beamdiag_memory_rules:findings(Memory, Capture),
+    #{capture => Capture, ledger => Ledger#{notes => host_notes(Ledger)}, memory => Memory,
       findings => beamdiag_finding:sort(Findings), host_only => true,
       host_view => maps:merge(Context, #{hot => hot_threads(Ledger), settings => Settings})}.
 

@@ -95,15 +95,49 @@ build(Capture = #{samples := Samples}) ->
                             with_time_left(Room#{readings => length(Readings), span_s => Span,
                                                  accounts => Accounts, notes => Notes}));
         _ ->
-            Note = case [M || #{memory := M = #{vm := Vm}} <- Samples, map_size(Vm) =:= 0] of
-                       [] -> <<"no memory readings in this capture">>;
-                       _ -> <<"the VM's memory account is not available: erlang:memory/0 is not "
-                              "supported on this node (+Mea min, or an allocator disabled)">>
-                   end,
-            Room#{readings => length(Readings), span_s => 0.0, accounts => #{}, notes => [Note]}
+            case [{T, R} || #{t := T, memory := #{rss := R}} <- Samples, is_integer(R)] of
+                [{T0, _}, _ | _] = Host ->
+                    host_only(Host, T0, Room, Samples);
+                _ ->
+                    no_readings(Samples, Readings, Room)
+            end
     end;
 build(_) ->
     #{readings => 0, span_s => 0.0, accounts => #{}, notes => [<<"no samples">>]}.
+
+%% The host's view of a node that did not answer: its resident memory
+%% alone (/proc/PID/status), with the room the host's samples say is left
+%% (MemAvailable, the memory cgroup's limit on cgroup v2).
+host_only(Host, T0, Room0, Samples) ->
+    {T1, _} = lists:last(Host),
+    Room = case Room0 of
+               #{room := _} -> Room0;
+               _ -> host_room(lists:last([M || #{memory := M} <- Samples]))
+           end,
+    with_time_left(Room#{readings => length(Host),
+                         span_s => erlang:convert_time_unit(T1 - T0, native, nanosecond) / 1.0e9,
+                         accounts => #{rss => account(Host)},
+                         notes => [<<"the VM's own account was not read (the report is the host's): "
+                                     "the resident memory alone">>]}).
+
+host_room(M = #{mem_available := Avail}) ->
+    case M of
+        #{cgroup_max := Max, cgroup_current := Cur} when is_integer(Max), is_integer(Cur),
+                                                          Max - Cur < Avail ->
+            #{room => max(0, Max - Cur), bound_by => cgroup};
+        _ ->
+            #{room => Avail, bound_by => host}
+    end;
+host_room(_) ->
+    #{}.
+
+no_readings(Samples, Readings, Room) ->
+    Note = case [M || #{memory := M = #{vm := Vm}} <- Samples, map_size(Vm) =:= 0] of
+               [] -> <<"no memory readings in this capture">>;
+               _ -> <<"the VM's memory account is not available: erlang:memory/0 is not "
+                      "supported on this node (+Mea min, or an allocator disabled)">>
+           end,
+    Room#{readings => length(Readings), span_s => 0.0, accounts => #{}, notes => [Note]}.
 
 %%%===================================================================
 %%% Internal

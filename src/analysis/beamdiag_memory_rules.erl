@@ -58,6 +58,13 @@ thresholds() ->
 %% @doc The memory findings of a capture's memory ledger.
 -spec findings(beamdiag_memory_ledger:memory(), beamdiag_capture:capture()) ->
     [beamdiag_finding:finding()].
+findings(M = #{accounts := Acc = #{rss := Rss}}, _Capture) when not is_map_key(total, Acc) ->
+    %% The host's report: the resident memory alone.
+    T = thresholds(),
+    case grows(Rss, T) of
+        true -> [resident(Rss, M, T)];
+        false -> []
+    end;
 findings(M = #{accounts := Acc}, Capture) when map_size(Acc) > 0 ->
     T = thresholds(),
     Growing = [{P, A} || P <- ?PARTS, A <- [maps:get(P, Acc, undefined)], is_map(A),
@@ -104,6 +111,25 @@ growth(Part, A = #{first := F, last := L, rate := R}, M, Capture, T) ->
     beamdiag_finding:new(memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
                          #{title => fmt("The node's ~s memory grows by ~s/s", [Part, beamdiag_units:bytes(R)]),
                            fix => fix(Part)}).
+
+%% The resident memory of a node that did not answer, rising steadily:
+%% which of the VM's parts grows is not known, only that the node runs out.
+resident(#{first := F, last := L, rate := R}, M, T) ->
+    Evidence =
+        [fmt("the node's resident memory (/proc) grew from ~s to ~s in ~.1f s: ~s/s, steadily "
+             "(no fall of more than a tenth of the rise)",
+             [mem(F), mem(L), maps:get(span_s, M), beamdiag_units:bytes(R)]),
+         <<"the VM's own account was not read (the node did not answer): which part grows "
+           "(binaries, heaps, ETS, or memory outside the VM) is not known">>]
+        ++ time_left_lines(M, R),
+    Metrics = #{part => <<"resident">>, growth_bytes => L - F, rate_bytes_per_s => round(R)},
+    beamdiag_finding:new(memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
+                         #{title => fmt("The node's resident memory grows by ~s/s",
+                                        [beamdiag_units:bytes(R)]),
+                           fix => <<"Diagnose the node again once it answers (or with a "
+                                    "longer answer time), to see which of its parts grows and "
+                                    "who grows it; until then, the time left says how soon the "
+                                    "node must be restarted or given memory.">>}).
 
 native(M = #{accounts := #{native := N = #{first := F, last := L, rate := R},
                            total := #{change := VmChange}}}, T) ->

@@ -60,6 +60,7 @@ report(D = #{host_only := true, capture := C, ledger := L, findings := F}, Opts)
         end,
         "\n",
         beamdiag_format_host:threads(D),
+        memory(maps:get(memory, D, undefined)),
         locks(C),
         notes(L)
     ]), Opts);
@@ -145,7 +146,8 @@ memory(#{accounts := Acc, span_s := Span} = M) when map_size(Acc) > 0 ->
     [io_lib:format("MEMORY (the OS's account beside the VM's, bytes, ~b readings over ~.1f s)~n",
                    [maps:get(readings, M), Span]),
      io_lib:format("  ~-18s ~10s ~10s ~11s ~11s~n", ["account", "start", "end", "change", "per s"]),
-     Rows, allocators(maps:get(allocators, M, [])), Room];
+     Rows, allocators(maps:get(allocators, M, [])), Room,
+     [["  ", N, "\n"] || N <- maps:get(notes, M, [])]];
 memory(#{notes := [Note | _]}) ->
     ["MEMORY\n  ", Note, "\n"];
 memory(_) ->
