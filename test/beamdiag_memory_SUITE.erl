@@ -191,6 +191,7 @@ alloc_burst(Config) ->
     ct:pal("raw: binary_alloc carriers ~b, blocks ~b bytes; resident ~b bytes",
            [Carriers, Blocks, Rss]),
     ?assert(Carriers - Blocks >= 200 * ?MIB),
+    ?assert(Blocks > 4 * ?MIB),
     ?assert(Blocks =< 0.2 * Carriers),
     ?assert(Rss >= 200 * ?MIB),
     D = diagnose(Lab),
@@ -206,22 +207,27 @@ alloc_burst(Config) ->
         false -> ?assertMatch({_, _}, binary:match(maps:get(fix, A), <<"it came in OTP 26">>))
     end.
 
-%% The binary allocator's carriers and blocks in bytes: the current size
-%% (each tuple's first figure) of every carriers_size and blocks_size in
-%% its instances' answer, whatever nests them.
+%% The binary allocator's carriers and blocks in bytes, from its
+%% instances' answer, whatever nests them: the current size (the first
+%% figure) of every `{carriers_size, Cur, ...}', and of every
+%% `{size, Cur, ...}' inside a `{blocks, [{Type, Props}]}'.
 binary_alloc(Peer) ->
     Answer = peer:call(Peer, erlang, system_info, [{allocator_sizes, binary_alloc}]),
-    {sizes(carriers_size, Answer), sizes(blocks_size, Answer)}.
+    {carriers(Answer), blocks(Answer)}.
 
-sizes(Key, T) when is_tuple(T), tuple_size(T) >= 2, element(1, T) =:= Key,
-                   is_integer(element(2, T)) ->
-    element(2, T);
-sizes(Key, T) when is_tuple(T) ->
-    sizes(Key, tuple_to_list(T));
-sizes(Key, L) when is_list(L) ->
-    lists:sum([sizes(Key, E) || E <- L]);
-sizes(_, _) ->
-    0.
+carriers({carriers_size, Cur, _, _}) when is_integer(Cur) -> Cur;
+carriers({carriers_size, Cur}) when is_integer(Cur) -> Cur;
+carriers(T) when is_tuple(T) -> carriers(tuple_to_list(T));
+carriers(L) when is_list(L) -> lists:sum([carriers(E) || E <- L]);
+carriers(_) -> 0.
+
+blocks({blocks, Types}) when is_list(Types) ->
+    %% A pool's figures have no maximum: {size, Cur}.
+    lists:sum([element(2, Size) || {_Type, Props} <- Types, Size <- Props,
+                                   element(1, Size) =:= size, is_integer(element(2, Size))]);
+blocks(T) when is_tuple(T) -> blocks(tuple_to_list(T));
+blocks(L) when is_list(L) -> lists:sum([blocks(E) || E <- L]);
+blocks(_) -> 0.
 
 %% The raw signal, read apart from beamdiag: the part's bytes
 %% (erlang:memory/1 on the node) and the resident memory (statm, parsed

@@ -97,7 +97,7 @@ build(Capture = #{samples := Samples}) ->
         _ ->
             case [{T, R} || #{t := T, memory := #{rss := R}} <- Samples, is_integer(R)] of
                 [{T0, _}, _ | _] = Host ->
-                    host_only(Host, T0, Room, Samples);
+                    host_only(Host, T0, Room, Capture);
                 _ ->
                     no_readings(Samples, Readings, Room)
             end
@@ -108,11 +108,11 @@ build(_) ->
 %% The host's view of a node that did not answer: its resident memory
 %% alone (/proc/PID/status), with the room the host's samples say is left
 %% (MemAvailable, the memory cgroup's limit on cgroup v2).
-host_only(Host, T0, Room0, Samples) ->
+host_only(Host, T0, Room0, Capture) ->
     {T1, _} = lists:last(Host),
     Room = case Room0 of
                #{room := _} -> Room0;
-               _ -> host_room(lists:last([M || #{memory := M} <- Samples]))
+               _ -> host_room(Capture)
            end,
     with_time_left(Room#{readings => length(Host),
                          span_s => erlang:convert_time_unit(T1 - T0, native, nanosecond) / 1.0e9,
@@ -120,6 +120,15 @@ host_only(Host, T0, Room0, Samples) ->
                          notes => [<<"the VM's own account was not read (the report is the host's): "
                                      "the resident memory alone">>]}).
 
+%% The host's memory at the window's end, as the host's report keeps it
+%% (extras `memory'), or in the last sample.
+host_room(#{extras := #{memory := M}}) ->
+    host_room(M);
+host_room(#{samples := Samples}) ->
+    case [M || #{memory := M = #{mem_available := _}} <- Samples] of
+        [] -> #{};
+        Ms -> host_room(lists:last(Ms))
+    end;
 host_room(M = #{mem_available := Avail}) ->
     case M of
         #{cgroup_max := Max, cgroup_current := Cur} when is_integer(Max), is_integer(Cur),

@@ -101,7 +101,7 @@ params(P) ->
 leak(Ms, What, P) ->
     Stop = maps:get(stop_mb, P, 1500) * 1048576,
     Bytes = maps:get(bytes, P, 1024),
-    Batch = max(1, maps:get(rate, P) div ?TICKS),
+    Batch = max(1, maps:get(rate, P, 1) div ?TICKS),
     beamdiag_lab_ledger:owner(Ms, fun() ->
         case What of
             binary ->

@@ -374,8 +374,9 @@ progress(#{progress := P, t0 := T0, duration_ms := D}, Now) ->
     _ = P(Now - T0, D),
     ok.
 
-%% The samples as the agent's (the ledger reads them), the host's and
-%% cgroup's memory at the end of the window in the extras.
+%% The samples as the agent's (the ledger reads them, and the memory
+%% ledger their resident memory), the host's and cgroup's memory at the
+%% end of the window in the extras.
 %% With what an agent sent before the report fell back on the host view
 %% (`finish_late/2'): its settings fill in what the host cannot see, and its
 %% start walk and long schedules join the extras.
@@ -393,10 +394,16 @@ capture(H = #{os_pid := OsPid, proc_root := Root}, Samples, _) ->
     Info = #{node => maps:get(node, H), settings => Settings,
              wall_start_ms => erlang:system_time(millisecond) -
                  (erlang:monotonic_time(millisecond) - maps:get(t0, H))},
-    beamdiag_capture:new(Info, [maps:remove(memory, S) || S <- Samples],
+    beamdiag_capture:new(Info, [host_sample(S) || S <- Samples],
                          #{interval_ms => maps:get(interval_ms, H),
                            duration_ms => maps:get(duration_ms, H),
                            extras => #{host_only => true, os_pid => OsPid, memory => Memory}}).
+
+%% A host view's sample as the capture keeps it: of its memory, the node's
+%% resident set alone (the memory ledger's account of a host-only report);
+%% the host's and the cgroup's at the window's end are in the extras.
+host_sample(S = #{memory := #{rss := Rss}}) -> S#{memory := #{rss => Rss}};
+host_sample(S) -> maps:remove(memory, S).
 
 %% The state of the node's OS process at the end of the window (proc(5)):
 %% running, sleeping, stopped (SIGSTOP, or held by a debugger), zombie or
