@@ -77,7 +77,7 @@ documented_metrics_under_load(Config) ->
         RawRss = list_to_integer(Pages) * 4096,
         Rss = value(Metrics, <<"beamdiag_memory_bytes">>, [{<<"account">>, <<"rss">>}]),
         VmTotal = value(Metrics, <<"beamdiag_memory_bytes">>, [{<<"account">>, <<"vm_total">>}]),
-        ct:pal("resident ~.0f bytes exposed, ~b in statm; VM total ~.0f exposed, ~b now",
+        ct:pal("resident ~p bytes exposed, ~b in statm; VM total ~p exposed, ~b now",
                [Rss, RawRss, VmTotal, erlang:memory(total)]),
         ?assert(abs(Rss - RawRss) < 0.2 * RawRss),
         ?assert(abs(VmTotal - erlang:memory(total)) < 0.2 * erlang:memory(total)),

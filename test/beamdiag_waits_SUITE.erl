@@ -135,12 +135,19 @@ busy_dist(Config) ->
 busy_pipe(Config) ->
     Lab = ?config(lab, Config),
     Peer = maps:get(peer, Lab),
-    {Suspended, Ports} = beamdiag_test_lib:eval(
-                           Peer, "{length([P || P <- erlang:processes(), "
-                                 "process_info(P, status) =:= {status, suspended}]), "
-                                 "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
-                                 "[erlang:port_info(P, queue_size)], Q > 0, "
-                                 "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
+    %% A logger is suspended once the pipe and the driver's queue are full;
+    %% on a loaded host the last ones get there a moment after the start:
+    %% waited for, 10 s at most.
+    Read = fun() ->
+                   R = {N, _} = beamdiag_test_lib:eval(
+                         Peer, "{length([P || P <- erlang:processes(), "
+                               "process_info(P, status) =:= {status, suspended}]), "
+                               "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
+                               "[erlang:port_info(P, queue_size)], Q > 0, "
+                               "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
+                   {N >= 8, R}
+           end,
+    {_, {Suspended, Ports}} = beamdiag_test_lib:poll(Read, 10000),
     ct:pal("~b processes suspended; ports with bytes queued (bytes, OS pid): ~p",
            [Suspended, Ports]),
     ?assertEqual(8, Suspended),
