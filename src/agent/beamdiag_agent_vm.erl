@@ -183,7 +183,9 @@ msacc_extra(_) -> false.
 parse_flags(Args) ->
     Bins = [iolist_to_binary(A) || A <- Args],
     Read = read_flags(),
-    Defaults = maps:from_list([{K, D} || {_, K, D} <- Read]),
+    %% A flag whose default depends on the machine (undefined) is in the
+    %% map only when the node sets it.
+    Defaults = maps:from_list([{K, D} || {_, K, D} <- Read, is_binary(D)]),
     maps:merge(Defaults, scan(Bins, Read, #{})).
 
 %% @doc Every emulator flag beamdiag reads or advises, with the emulator's
