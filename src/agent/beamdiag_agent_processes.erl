@@ -216,7 +216,7 @@ start(Opts) ->
         mem0 => Mem0,
         binary0 => erlang:memory(binary),
         ports0 => erlang:system_info(port_count),
-        tables0 => beamdiag_agent_tables:sizes(),
+        tables0 => tables(Mode),
         queues0 => Queues,
         sample => case Mode of
                       all -> all;
@@ -250,7 +250,7 @@ next(S) ->
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
                 mem0 := Mem1, binary0 => erlang:memory(binary),
-                ports0 => erlang:system_info(port_count), tables0 => beamdiag_agent_tables:sizes(),
+                ports0 => erlang:system_info(port_count), tables0 => tables(maps:get(mode, S)),
                 queues0 := Qs, walk_us := W,
                 truncated := Trunc}}.
 
@@ -362,6 +362,11 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
        truncated => Trunc, estimated => Est1, stalled => Stalled1,
        suspended => maps:get(suspended, Tops0),
        queues => [P || {P, T} <- Queues, element(2, T) > 0]}}.
+
+%% The tables' sizes, on a node whose walks list every process only: on
+%% a huge node nothing lists a whole table (ets:all/0 neither).
+tables(all) -> beamdiag_agent_tables:sizes();
+tables(_) -> none.
 
 %% @doc A report from the start walk alone, in the shape `finish/1'
 %% returns (no reductions over the window; queues and memory at the start
