@@ -76,7 +76,7 @@ owners(Grew, Names) when Grew >= ?GREW_MIN ->
         true ->
             Groups = bounded(fun() -> groups() end),
             Ids = beamdiag_agent_proc_identity:read([O || {{_, O}, _} <- Groups, is_pid(O)], #{}),
-            [#{count => N, name => Name, owner => owner_entry(O, Names, Ids)}
+            [#{count => N, name => Name, owner => beamdiag_agent_proc_identity:entry(O, Names, Ids)}
              || {{Name, O}, N} <- Groups];
         false ->
             []
@@ -100,15 +100,7 @@ groups() ->
                                Acc
                        end
                end, #{}, erlang:ports()),
-    lists:sublist(lists:sort(fun({_, A}, {_, B}) -> A >= B end, maps:to_list(Counts)), ?TOP).
-
-owner_entry(O, Names, Ids) when is_pid(O) ->
-    case beamdiag_agent_proc_identity:entries([O], fun(_) -> #{} end, #{}, Names, Ids) of
-        [E] -> E;
-        [] -> null
-    end;
-owner_entry(_, _, _) ->
-    null.
+    beamdiag_agent_top:largest(?TOP, 2, maps:to_list(Counts)).
 
 %% F's value, or [] when it was late or failed.
 bounded(F) ->

@@ -75,14 +75,7 @@ read(all, Pids, Base, Grew, Names) when Grew >= ?GREW_MIN ->
                                                   maps:to_list(Curs))))
            end,
     PIds = beamdiag_agent_proc_identity:read(Spawners, #{}),
-    Spawner = fun(P) when is_pid(P) ->
-                      case beamdiag_agent_proc_identity:entries([P], fun(_) -> #{} end, #{}, Names,
-                                                                PIds) of
-                          [E] -> E;
-                          [] -> null
-                      end;
-                 (_) -> null
-              end,
+    Spawner = fun(P) -> beamdiag_agent_proc_identity:entry(P, Names, PIds) end,
     #{read => length(Entries),
       groups => [#{count => N, initial_call => Ic, current => Most(Curs), parent => Spawner(P)}
                  || {{Ic, P}, {N, Curs}} <- Top]};

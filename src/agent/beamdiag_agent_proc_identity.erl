@@ -25,7 +25,7 @@
 %%% '''
 -module(beamdiag_agent_proc_identity).
 
--export([read/2, entries/5, names/0, stalled_entries/3, like_counts/4]).
+-export([read/2, entries/5, entry/3, names/0, stalled_entries/3, like_counts/4]).
 
 -export_type([identities/0]).
 
@@ -87,6 +87,18 @@ entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled, System}) ->
                               error -> []   % gone
                           end
                   end || P <- Pids]).
+
+%% @doc The entry of one process with no figures beside its identity (an
+%% owner, a spawner), or `null' when it is not a pid, is gone, or is one of
+%% beamdiag's own helpers.
+-spec entry(pid() | term(), #{pid() => atom()}, identities()) -> map() | null.
+entry(P, Names, Ids) when is_pid(P) ->
+    case entries([P], fun(_) -> #{} end, #{}, Names, Ids) of
+        [E] -> E;
+        [] -> null
+    end;
+entry(_, _, _) ->
+    null.
 
 %% @doc Registered names by pid (no process is asked: the name table is
 %% the runtime's).

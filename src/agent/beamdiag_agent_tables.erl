@@ -92,7 +92,7 @@ grew(Sizes0, Names) when is_map(Sizes0) ->
             Owners = [O || {_, #{owner := O}} <- Infos, is_pid(O)] ++
                 [O || {{_, O}, _} <- Born, is_pid(O)],
             Ids = beamdiag_agent_proc_identity:read(lists:usort(Owners), #{}),
-            Owner = fun(O) -> owner_entry(O, Names, Ids) end,
+            Owner = fun(O) -> beamdiag_agent_proc_identity:entry(O, Names, Ids) end,
             #{grew => [entry(I, maps:get(T, Sizes0, 0) * Word, maps:get(T, Sizes1) * Word, Owner)
                        || {T, I} <- Infos, is_map(I)],
               born => [#{count => N, name => Name, owner => Owner(O)} || {{Name, O}, N} <- Born],
@@ -133,15 +133,7 @@ born(New) ->
                                Acc
                        end
                end, #{}, New),
-    lists:sublist(lists:sort(fun({_, A}, {_, B}) -> A >= B end, maps:to_list(Counts)), ?TOP).
-
-owner_entry(O, Names, Ids) when is_pid(O) ->
-    case beamdiag_agent_proc_identity:entries([O], fun(_) -> #{} end, #{}, Names, Ids) of
-        [E] -> E;
-        [] -> null
-    end;
-owner_entry(_, _, _) ->
-    null.
+    beamdiag_agent_top:largest(?TOP, 2, maps:to_list(Counts)).
 
 term_text(Id) when is_atom(Id) -> atom_to_binary(Id);
 term_text(Id) when is_reference(Id) -> list_to_binary(ref_to_list(Id));

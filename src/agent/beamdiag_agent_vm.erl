@@ -13,7 +13,7 @@
 %%% '''
 -module(beamdiag_agent_vm).
 
--export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1, alloc_letters/0,
+-export([settings/0, counters/1, all_schedulers/1, parse_flags/1, msacc_extra/1, alloc_letters/0, alloc_flag_key/2,
          flags/0]).
 
 -export_type([settings/0, counters/0, flag/0, msacc_thread/0]).
@@ -282,15 +282,21 @@ flags() ->
 %% binary allocator's lmbcs is the row above.
 alloc_flags() ->
     lists:append(
-      [[#{key => list_to_atom("m" ++ string:lowercase([L]) ++ "acful"),
+      [[#{key => alloc_flag_key(L, "acful"),
           option => <<"M", L, "acful">>, default => <<"0">>, since => 26,
           doc => erts_alloc, read => true, advise => [<<"de">>],
           meaning => iolist_to_binary(["free pages of ", T, "'s carriers given back to the OS"])}
-        | [#{key => list_to_atom("m" ++ string:lowercase([L]) ++ "lmbcs"),
+        | [#{key => alloc_flag_key(L, "lmbcs"),
              option => <<"M", L, "lmbcs">>, default => undefined, since => 17,
              doc => erts_alloc, read => true, advise => [<<"size in KB">>],
              meaning => iolist_to_binary(["largest multiblock carrier of ", T])} || L =/= $B]]
        || {L, T} <- alloc_letters()]).
+
+%% @doc The settings key of an allocator letter's flag (`mbacful' for
+%% +MBacful): a few atoms, the same each time.
+-spec alloc_flag_key(char(), string()) -> atom().
+alloc_flag_key(L, Suffix) ->
+    list_to_atom("m" ++ string:lowercase([L]) ++ Suffix).
 
 %% @doc The letter of each allocator type a fix may tune, as +M<S> names it.
 -spec alloc_letters() -> [{char(), binary()}].

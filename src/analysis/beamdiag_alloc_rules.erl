@@ -94,8 +94,8 @@ fix(Type, S) ->
         L ->
             Acful = <<"M", L, "acful">>,
             Lmbcs = <<"M", L, "lmbcs">>,
-            AcfulKey = key(L, "acful"),
-            LmbcsKey = key(L, "lmbcs"),
+            AcfulKey = beamdiag_agent_vm:alloc_flag_key(L, "acful"),
+            LmbcsKey = beamdiag_agent_vm:alloc_flag_key(L, "lmbcs"),
             AcfulPart =
                 case {beamdiag_flags:documented(Acful, S), beamdiag_flags:value(AcfulKey, S)} of
                     {false, _} ->
@@ -129,11 +129,6 @@ letter(Type) ->
         [L] -> L;
         [] -> none
     end.
-
-%% The settings key of the letter's flag, as the flag table names it
-%% (beamdiag_agent_vm:flags/0): a few atoms, the same each time.
-key(L, Suffix) ->
-    list_to_atom("m" ++ string:lowercase([L]) ++ Suffix).
 
 mem(B) -> beamdiag_units:bytes(B).
 

@@ -269,10 +269,7 @@ sources(_, _) ->
 spawner(null) ->
     "a process that is gone";
 spawner(P) ->
-    [beamdiag_proc_rules:who(P), case maps:get(current, P, null) of
-                                     null -> "";
-                                     _ -> [", which was in ", beamdiag_proc_rules:where(P)]
-                                 end].
+    beamdiag_proc_rules:who_where(P).
 
 source_line(P = #{samples := K, functions := Fs, makes_atoms := Makes}, N) ->
     Who = case maps:get(name, P, null) of

@@ -243,10 +243,7 @@ who(_, _, _) ->
 owner(null) ->
     "a process that is gone (the table has an heir, or was given away)";
 owner(O) ->
-    [beamdiag_proc_rules:who(O), case maps:get(current, O, null) of
-                                     null -> "";
-                                     _ -> [", which was in ", beamdiag_proc_rules:where(O)]
-                                 end].
+    beamdiag_proc_rules:who_where(O).
 
 fix(binary) ->
     <<"Find the process that holds the binaries (the one that receives and passes on large "

@@ -26,7 +26,7 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, where/1, duration/1]).
+-export([findings/3, named/1, annotate/3, who/1, where/1, who_where/1, duration/1]).
 
 %%%===================================================================
 %%% API
@@ -100,6 +100,15 @@ where(E) ->
                                               At -> [" (", At, ")"]
                                           end]
     end.
+
+%% @doc Who a process is and, when its current function is known, where
+%% it was: "NAME <PID> (INITIAL CALL), which was in WHERE".
+-spec who_where(map()) -> iolist().
+who_where(P) ->
+    [who(P), case maps:get(current, P, null) of
+                 null -> "";
+                 _ -> [", which was in ", where(P)]
+             end].
 
 who(E = #{pid := Pid}) ->
     Name = case {maps:get(name, E, null), maps:get(label, E, null)} of
