@@ -68,7 +68,13 @@ read(Pids, Known) ->
                                      <- maps:to_list(Read)],
                       element(1, beamdiag_agent_pinfo:read(Pl, [dictionary], #{}))
               end,
-    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled)), system_modules()}.
+    %% The system modules only when some process answered (owners and
+    %% spawners are often none).
+    System = case map_size(Read) of
+                 0 -> #{};
+                 _ -> system_modules()
+             end,
+    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled)), System}.
 
 %% @doc The report's entries of Pids, in order: Info(P) gives an entry's
 %% figures, Like the counts of processes by initial call (text), Names the
