@@ -32,6 +32,34 @@ cpu_by_process_test() ->
         os:cmd("rm -rf " ++ Root)
     end.
 
+%% More processes than the readers: every share read and merged, and none
+%% left out, with a deadline and without; a deadline already past reads
+%% nothing and says so.
+cpu_by_process_in_shares_test() ->
+    Root = fake_root(),
+    try
+        Pids = lists:seq(100, 150),
+        [begin
+             Dir = filename:join(Root, integer_to_list(P)),
+             ok = filelib:ensure_dir(filename:join(Dir, "x")),
+             ok = file:write_file(filename:join(Dir, "stat"),
+                                  io_lib:format("~b (w~b) S 1 1 1 0 -1 0 0 0 0 0 ~b 1 0 0 20 0 1 0 1 2 3~n",
+                                                [P, P, P]))
+         end || P <- Pids],
+        Want = maps:from_list([{P, {iolist_to_binary(["w", integer_to_list(P)]), P + 1}} || P <- Pids]),
+        Strip = fun(M) -> maps:map(fun(_, {C, Ticks, _}) -> {C, Ticks} end, maps:with(Pids, M)) end,
+        #{procs := P1, truncated := false} = beamdiag_agent_host:cpu_by_process(Root, [13], infinity),
+        ?assertEqual(Want, Strip(P1)),
+        #{procs := P2, truncated := false} =
+            beamdiag_agent_host:cpu_by_process(Root, [13], erlang:monotonic_time(millisecond) + 5000),
+        ?assertEqual(Want, Strip(P2)),
+        #{procs := P3, truncated := true} =
+            beamdiag_agent_host:cpu_by_process(Root, [13], erlang:monotonic_time(millisecond) - 1),
+        ?assertEqual(#{}, P3)
+    after
+        os:cmd("rm -rf " ++ Root)
+    end.
+
 %% The host as the node sees it: the kernel's boot id and the host name,
 %% each the first line of its file, blanks cut; a file missing or empty
 %% leaves its key out.

@@ -19,7 +19,9 @@ collect_test_() ->
         {"progress after each tick", fun progress/0},
         {"on_sample: every sample to the fun, the first and the last kept", fun on_sample/0},
         {"due before the window's end: two samples, marked partial", fun due_partial/0},
-        {"due, on this host: the host's processes read from here", fun due_read_here/0},
+        {"due, on this host: the host's processes read from here", fun() -> due_read_here(false) end},
+        {"due, on this host, the agent's own scan asked before its last: read from here",
+         fun() -> due_read_here(true) end},
         {"a fallback that explains the slowness ends the session at once",
          fun fallback_explains/0},
         {"a fallback that does not: asked once, the samples waited for",
@@ -96,17 +98,19 @@ due_partial() ->
     ?assertMatch({_, _}, binary:match(Note, <<"of the 60.0 s window">>)),
     agent_ended().
 
-due_read_here() ->
+due_read_here(AgentScan) ->
     %% A shell that burns a CPU, beside a window cut short after 0.8 s
-    %% without the agent's own host scan: the collector's two scans from
-    %% here hold the shell, its CPU time grown between them as /proc says.
+    %% without the agent's own host scan, or with it (its scanner, asked
+    %% then, has its first scan alone: its last is due at the end of the
+    %% 60 s window): the collector's two scans from here hold the shell,
+    %% its CPU time grown between them as /proc says.
     Port = open_port({spawn_executable, "/bin/sh"},
                      [{args, ["-c", "echo $$; i=0; while [ $i -lt 100000000 ]; do i=$((i+1)); done"]},
                       binary, {line, 64}, exit_status]),
     Sh = receive {Port, {data, {eol, P}}} -> binary_to_integer(P) after 5000 -> error(no_shell) end,
     try
         Ticks0 = stat_ticks(Sh),
-        {ok, C} = beamdiag_collect:run(node(), ?BASE#{duration_ms => 60000,
+        {ok, C} = beamdiag_collect:run(node(), ?BASE#{duration_ms => 60000, host_scan => AgentScan,
                                                       ready_by => erlang:monotonic_time(millisecond) + 800,
                                                       here_scan => #{root => "/proc", exclude => []}}),
         Ticks1 = stat_ticks(Sh),

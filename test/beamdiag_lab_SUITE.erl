@@ -143,7 +143,10 @@ starved_node(Config, Comp, Node, Tries) ->
     %% scan is cut short at the report's due time; the collector read the
     %% host's processes from here (the node runs on this host), so that
     %% capture still names the competitor.
-    ReadHere = maps:is_key(host_scan, maps:get(extras, C, #{})),
+    ReadHere = case maps:get(extras, C, #{}) of
+                   #{host_scan := #{last := Last}} -> map_size(Last) > 0;
+                   _ -> false
+               end,
     case maps:get(complete, C) of
         true ->
             {L, F, beamdiag_test_lib:raw_shares(C), hd(Cpus)};

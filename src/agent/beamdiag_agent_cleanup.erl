@@ -116,6 +116,12 @@ end_walk(#{procs := {Ready, Walker}}, done) when Ready =:= ready; Ready =:= busy
     MRef = erlang:monitor(process, Walker),
     beamdiag_agent_walker:finish(Walker, Ref),
     {walking, Walker, MRef, Ref, erlang:monotonic_time(millisecond) + ?END_WALK_MS};
+end_walk(#{procs := {walking, Walker}}, done) ->
+    %% The start walk had not finished when the window did: no process
+    %% figures, and the capture says so.
+    exit(Walker, kill),
+    {extras, #{procs_missing => <<"the process walk at the window's start had not finished "
+                                  "by its end">>}};
 end_walk(#{procs := {_, Walker}}, _) ->
     exit(Walker, kill),
     {extras, #{}};

@@ -6,7 +6,8 @@
 %%% through `prim_file' (never the file server, a normal-priority process
 %%% that waits behind every busy process of an overloaded node). Each read
 %%% is a dirty IO job, and on a starved node every one waits for a CPU: a
-%%% scan of 150 processes took 3 s there. So the scans run in a process of
+%%% scan of 150 processes took 3 s there, one file after another. So a scan
+%%% reads in eight processes at once, and the scans run in a process of
 %%% their own, beside the agent's ticks, and only once the rest of the host
 %%% is seen using CPU (probed from /proc/stat): one then, one timed to end
 %%% with the window, each process's reading stamped with its
@@ -36,6 +37,8 @@
 -define(FIRST_PROBE_MS, 300).
 -define(PROBE_MS, 1000).
 -define(SCAN_MIN_MS, 1000).
+%% Processes reading the stat files at once.
+-define(READERS, 8).
 
 %% Pid => {comm, CPU time in clock ticks (utime + stime), monotonic ms}.
 -type readings() :: #{integer() => {binary(), non_neg_integer(), integer()}}.
@@ -102,7 +105,7 @@ cpu_by_process(Root, Exclude, Deadline) ->
                {ok, Names} -> [P || N <- Names, P <- pid(N), not lists:member(P, Exclude)];
                {error, _} -> []
            end,
-    {Procs, Left} = read_all(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
+    {Procs, Left} = read_pids(Root, lists:sublist(Pids, ?MAX_PROCS), Deadline, #{}),
     #{procs => Procs, truncated => length(Pids) > ?MAX_PROCS orelse Left}.
 
 %% @doc Where this node runs: the CPUs it may run on (its affinity, set by
@@ -202,7 +205,8 @@ scan(Owner, Root, Exclude, End) ->
     end.
 
 %% The last scan reads the processes of the first, in the same order, and
-%% answers whenever asked (with what it has by then).
+%% answers whenever asked (with what it has by then and the rest read at
+%% once, until the asker's deadline).
 last_scan(_Owner, Root, First, T1) ->
     Pids = lists:sort(maps:keys(First)),
     last_scan(Root, Pids, First, T1, #{}).
@@ -210,7 +214,7 @@ last_scan(_Owner, Root, First, T1) ->
 last_scan(Root, Pids, First, T1, Acc) ->
     receive
         {result, From, Ref, Until} ->
-            {Last, Left} = read_all(Root, Pids, Until, Acc),
+            {Last, Left} = read_pids(Root, Pids, Until, Acc),
             From ! {Ref, #{first => First, last => Last, truncated => T1 orelse Left}}
     after 0 ->
         case Pids of
@@ -223,6 +227,48 @@ last_scan(Root, Pids, First, T1, Acc) ->
                 last_scan(Root, Rest, First, T1, read_one(Root, P, Acc))
         end
     end.
+
+%% Reads the processes' stat files in ?READERS processes at once, each
+%% over its share of Pids, stopping at Until: each read is a dirty IO job,
+%% and on a host whose CPUs are all taken every one waits for a CPU in
+%% turn (measured with three busy loops on two cores: 74 files in 112 to
+%% 435 ms one after the other, 1 to 36 ms in eight readers). A reader
+%% still reading 200 ms after Until is ended, and its share counts as not
+%% read.
+read_pids(Root, Pids, Until, Acc) when length(Pids) =< ?READERS ->
+    read_all(Root, Pids, Until, Acc);
+read_pids(Root, Pids, Until, Acc) ->
+    Self = self(),
+    Ref = make_ref(),
+    Readers = [spawn_monitor(fun() -> Self ! {Ref, self(), read_all(Root, Share, Until, #{})} end)
+               || Share <- shares(Pids, ?READERS)],
+    gather_reads(Readers, Ref, Until, Acc, false).
+
+gather_reads([], _Ref, _Until, Acc, Left) ->
+    {Acc, Left};
+gather_reads([{Pid, MRef} | Rest], Ref, Until, Acc, Left) ->
+    Wait = case Until of
+               infinity -> infinity;
+               _ -> beamdiag_agent_deadline:left(Until + 200)
+           end,
+    receive
+        {Ref, Pid, {Read, L}} ->
+            erlang:demonitor(MRef, [flush]),
+            gather_reads(Rest, Ref, Until, maps:merge(Acc, Read), Left orelse L);
+        {'DOWN', MRef, process, Pid, _} ->
+            gather_reads(Rest, Ref, Until, Acc, true)
+    after Wait ->
+        exit(Pid, kill),
+        erlang:demonitor(MRef, [flush]),
+        receive {Ref, Pid, _} -> ok after 0 -> ok end,
+        gather_reads(Rest, Ref, Until, Acc, true)
+    end.
+
+%% Pids dealt into N shares, round robin.
+shares(Pids, N) ->
+    {_, Dealt} = lists:foldl(fun(P, {I, M}) -> {(I + 1) rem N, M#{I => [P | maps:get(I, M, [])]}} end,
+                             {0, #{}}, Pids),
+    maps:values(Dealt).
 
 read_all(_Root, [], _Until, Acc) ->
     {Acc, false};

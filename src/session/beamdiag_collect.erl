@@ -61,8 +61,10 @@
 %% that answered the whole window): the report is printed by the window
 %% plus 2 s with the default slack (1.5 s), analysis included.
 -define(CEILING_MS, 250).
-%% How long one scan of the host's processes from here may take.
+%% How long one scan of the host's processes from here may take at the
+%% end, and the first, at the start, beside the window.
 -define(HERE_SCAN_MS, 150).
+-define(HERE_FIRST_MS, 1000).
 
 %%%===================================================================
 %%% API
@@ -106,6 +108,7 @@ run(Node, Opts) ->
             %% Until the agent says when its own deadline is: the window and
             %% the agent's least grace time, from now.
             Deadline = erlang:monotonic_time(millisecond) + D + ?GRACE_MS + ?LATE_MS,
+            Here = here_first(maps:get(here_scan, Opts, undefined)),
             Result = gather(#{client => Client, deadline => Deadline,
                               ready_by => maps:get(ready_by, Opts, infinity),
                               ready_after => maps:get(ready_after_ms, Opts, undefined),
@@ -113,8 +116,9 @@ run(Node, Opts) ->
                               finishing => false,
                               progress => Progress, duration => D, info => undefined,
                               samples => [], on_sample => OnSample,
-                              here => here_first(maps:get(here_scan, Opts, undefined))}),
+                              here => Here}),
             beamdiag_client:close(Client),
+            here_end(Here),
             Result;
         {error, {beamdiag_client, Why}} ->
             {error, {?MODULE, Why}}
@@ -249,26 +253,60 @@ gather(G = #{client := Client, deadline := Deadline,
     end.
 
 %% The host's processes read from here, when the node runs on this host
-%% (`here_scan'): the first scan now, bounded by ?HERE_SCAN_MS.
+%% (`here_scan'): the first scan starts now, in a process of its own,
+%% bounded by ?HERE_FIRST_MS (on a host whose CPUs are all taken, this
+%% VM waits for a CPU too: a first scan bounded by 150 ms was seen to read
+%% none of 71 processes).
 here_first(#{root := Root, exclude := Exclude}) ->
     Own = list_to_integer(os:getpid()),
-    Scan = beamdiag_agent_host:cpu_by_process(Root, [Own | Exclude],
-                                              erlang:monotonic_time(millisecond) + ?HERE_SCAN_MS),
-    #{root => Root, exclude => [Own | Exclude], first => Scan};
+    Until = erlang:monotonic_time(millisecond) + ?HERE_FIRST_MS,
+    Self = self(),
+    Ref = make_ref(),
+    {Pid, MRef} = spawn_monitor(fun() ->
+                                    Self ! {Ref, beamdiag_agent_host:cpu_by_process(Root, [Own | Exclude], Until)}
+                                end),
+    #{root => Root, exclude => [Own | Exclude], first => {Pid, MRef, Ref}};
 here_first(undefined) ->
     undefined.
 
-%% A capture cut short keeps the agent's host scan when it came; without
-%% it (the node was too starved to finish its own), the last scan is read
-%% from here, over the same processes, and makes the pair the ledger reads.
-here_last(Extras = #{host_scan := _}, _G) ->
+%% The first scan from here, when it has ended by Wait ms from now;
+%% `undefined' when it has not (it is ended) or there is none.
+here_first_scan(Here = #{first := {Pid, MRef, Ref}}, Wait) ->
+    receive
+        {Ref, Scan} -> Scan;
+        {'DOWN', MRef, process, Pid, _} -> undefined
+    after Wait ->
+        here_end(Here),
+        undefined
+    end.
+
+%% The first scan from here is ended, and its word dropped, whatever came
+%% of the session.
+here_end(#{first := {Pid, MRef, Ref}}) ->
+    exit(Pid, kill),
+    erlang:demonitor(MRef, [flush]),
+    receive {Ref, _} -> ok after 0 -> ok end;
+here_end(undefined) ->
+    ok.
+
+%% A capture cut short keeps the agent's host scan when it came with its
+%% last readings; without them (the node was too starved to finish its
+%% own: asked early, its scanner answers with its first scan alone, or
+%% none), the last scan is read from here, over the same processes, and
+%% makes the pair the ledger reads.
+here_last(Extras = #{host_scan := #{last := Last}}, _G) when map_size(Last) > 0 ->
     Extras;
-here_last(Extras, #{here := #{root := Root, exclude := Exclude,
-                              first := #{procs := A, truncated := TA}}}) ->
-    #{procs := B, truncated := TB} =
-        beamdiag_agent_host:cpu_by_process(Root, Exclude, erlang:monotonic_time(millisecond)
-                                                          + ?HERE_SCAN_MS),
-    Extras#{host_scan => #{first => A, last => B, truncated => TA orelse TB, read_here => true}};
+here_last(Extras, #{here := Here = #{root := Root, exclude := Exclude}}) ->
+    case here_first_scan(Here, ?HERE_SCAN_MS) of
+        #{procs := A, truncated := TA} ->
+            #{procs := B, truncated := TB} =
+                beamdiag_agent_host:cpu_by_process(Root, Exclude, erlang:monotonic_time(millisecond)
+                                                                  + ?HERE_SCAN_MS),
+            Extras#{host_scan => #{first => A, last => B, truncated => TA orelse TB,
+                                   read_here => true}};
+        undefined ->
+            Extras
+    end;
 here_last(Extras, _G) ->
     Extras.
 
@@ -446,4 +484,8 @@ extras_notes(Extras) ->
                       "lengths of the last tick">>];
                _ -> []
            end,
-    Sched ++ Walk.
+    Missing = case maps:find(procs_missing, Extras) of
+                  {ok, M} when is_binary(M) -> [<<M/binary, ": the report has no process figures">>];
+                  _ -> []
+              end,
+    Sched ++ Walk ++ Missing.
