@@ -93,6 +93,8 @@
 %% is a candidate.
 -define(WAITERS_MIN, 2).
 -define(PORT_MS, 200).
+%% A second look at the distribution ports, this long after the first.
+-define(DIST_AGAIN_MS, 150).
 %% A look's reads stop after this long.
 -define(LOOK_MS, 400).
 -define(HOP_ITEMS, [registered_name, initial_call, status, current_function, current_stacktrace,
@@ -277,7 +279,7 @@ suspended(Pids, Count, Names, R) ->
                  site => site(proplists:get_value(current_stacktrace, I, [])),
                  reductions => proplists:get_value(reductions, I, 0)}
                || {P, I} <- maps:to_list(Read)],
-      dist => dist_ports(),
+      dist => dist_ports(Count, R),
       %% The other ports with the most queued (beamdiag_agent_ports), when
       %% processes are suspended.
       ports => case Count > 0 of
@@ -287,8 +289,25 @@ suspended(Pids, Count, Names, R) ->
       dist_buf_busy_limit => erlang:system_info(dist_buf_busy_limit)}.
 
 %% Each distribution connection: its node and, for a port, what is
-%% pending in its driver (read in a helper of its own, bounded: a port
-%% call waits for the port).
+%% pending in its driver; with processes suspended and no port holding
+%% bytes, read once more ?DIST_AGAIN_MS later (a peer that reads its
+%% socket in bursts empties it for a moment: one look in ten fell in such
+%% a burst, 100 ms of each second, in the lab's busy_dist), while the
+%% look has that long left.
+dist_ports(Suspended, #{deadline := Until}) when Suspended > 0 ->
+    First = dist_ports(),
+    Left = beamdiag_agent_deadline:left(Until, microsecond) div 1000,
+    case [D || D = #{send_pend := P} <- First, P > 0] of
+        [] when Left >= ?DIST_AGAIN_MS ->
+            timer:sleep(?DIST_AGAIN_MS),
+            dist_ports();
+        _ ->
+            First
+    end;
+dist_ports(_, _) ->
+    dist_ports().
+
+%% Read in a helper of its own, bounded: a port call waits for the port.
 dist_ports() ->
     Ctrl = erlang:system_info(dist_ctrl),
     case beamdiag_agent_deadline:within(fun() -> [dist_port(N, C) || {N, C} <- Ctrl] end,
