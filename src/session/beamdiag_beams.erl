@@ -229,10 +229,16 @@ set(R, Sets) ->
 %% module, from the code path). A built set must hold every module of
 %% the code path: one left out would load from there, mid-command.
 load_set(#{kind := code_path, dir := Ebin}, Release, _Releases) ->
-    Mods = beam_names(Ebin),
-    case code:ensure_modules_loaded(Mods) of
-        ok -> ok;
-        {error, Failed} -> {error, {?MODULE, {load, Release, code_path_release(), Failed}}}
+    Items = [{M, filename:join(Ebin, atom_to_list(M) ++ ".beam")}
+             || M <- beam_names(Ebin), code:is_loaded(M) =:= false],
+    case read_all(Items) of
+        {ok, Loads} ->
+            case code:atomic_load(Loads) of
+                ok -> ok;
+                {error, Failed} -> {error, {?MODULE, {load, Release, code_path_release(), Failed}}}
+            end;
+        {error, _} = E ->
+            E
     end;
 load_set(#{kind := built, dir := Dir, modules := Listed, release := R}, Release, _Releases) ->
     Ebin = filename:dirname(code:which(?MODULE)),
@@ -242,7 +248,7 @@ load_set(#{kind := built, dir := Dir, modules := Listed, release := R}, Release,
         [] ->
             Items = [{M, filename:join(Dir, atom_to_list(M) ++ ".beam")}
                      || {M, _} <- Listed, code:is_loaded(M) =:= false],
-            case read_all(Items, []) of
+            case read_all(Items) of
                 {ok, Loads} ->
                     case code:atomic_load(Loads) of
                         ok -> ok;
@@ -251,6 +257,33 @@ load_set(#{kind := built, dir := Dir, modules := Listed, release := R}, Release,
                 {error, _} = E ->
                     E
             end
+    end.
+
+%% The beams of Items, each {Module, File}: from an escript's archive in
+%% one pass over it when they are all there (read one by one through
+%% erl_prim_loader, 154 beams took 225 ms there), else one by one.
+read_all(Items) ->
+    case archived([F || {_, F} <- Items]) of
+        {ok, Bins} -> {ok, [{M, F, maps:get(F, Bins)} || {M, F} <- Items]};
+        error -> read_all(Items, [])
+    end.
+
+archived([]) ->
+    error;
+archived(Files) ->
+    try
+        Script = filename:absname(escript:script_name()),
+        Prefix = Script ++ "/",
+        true = lists:all(fun(F) -> lists:prefix(Prefix, F) end, Files),
+        {ok, Sections} = escript:extract(Script, []),
+        {archive, Zip} = lists:keyfind(archive, 1, Sections),
+        Wanted = maps:from_list([{lists:nthtail(length(Prefix), F), F} || F <- Files]),
+        {ok, Entries} = zip:unzip(Zip, [memory, {file_filter, fun(E) -> is_map_key(element(2, E), Wanted) end}]),
+        Bins = maps:from_list([{maps:get(Name, Wanted), Bin} || {Name, Bin} <- Entries]),
+        true = map_size(Bins) =:= map_size(Wanted),
+        {ok, Bins}
+    catch
+        _:_ -> error
     end.
 
 read_all([], Acc) ->
