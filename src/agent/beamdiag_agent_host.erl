@@ -37,8 +37,10 @@
 -define(FIRST_PROBE_MS, 300).
 -define(PROBE_MS, 1000).
 -define(SCAN_MIN_MS, 1000).
-%% Processes reading the stat files at once.
+%% Processes reading the stat files at once, and how long after its
+%% deadline a reader still reading is ended.
 -define(READERS, 8).
+-define(READER_GRACE_MS, 200).
 
 %% Pid => {comm, CPU time in clock ticks (utime + stime), monotonic ms}.
 -type readings() :: #{integer() => {binary(), non_neg_integer(), integer()}}.
@@ -233,8 +235,8 @@ last_scan(Root, Pids, First, T1, Acc) ->
 %% and on a host whose CPUs are all taken every one waits for a CPU in
 %% turn (measured with three busy loops on two cores: 74 files in 112 to
 %% 435 ms one after the other, 1 to 36 ms in eight readers). A reader
-%% still reading 200 ms after Until is ended, and its share counts as not
-%% read.
+%% still reading ?READER_GRACE_MS after Until is ended, and its share
+%% counts as not read.
 read_pids(Root, Pids, Until, Acc) when length(Pids) =< ?READERS ->
     read_all(Root, Pids, Until, Acc);
 read_pids(Root, Pids, Until, Acc) ->
@@ -249,7 +251,7 @@ gather_reads([], _Ref, _Until, Acc, Left) ->
 gather_reads([{Pid, MRef} | Rest], Ref, Until, Acc, Left) ->
     Wait = case Until of
                infinity -> infinity;
-               _ -> beamdiag_agent_deadline:left(Until + 200)
+               _ -> beamdiag_agent_deadline:left(Until + ?READER_GRACE_MS)
            end,
     receive
         {Ref, Pid, {Read, L}} ->

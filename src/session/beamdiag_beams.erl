@@ -223,40 +223,32 @@ compiler_release(Ma, Mi) ->
 set(R, Sets) ->
     hd([S || S = #{release := R1} <- Sets, R1 =:= R]).
 
-%% Every module of the set, loaded at once. The code path's modules load
-%% from it (side by side); a built set's are read and loaded together, all
-%% or none, but for those already loaded (this module and the boot
-%% module, from the code path). A built set must hold every module of
-%% the code path: one left out would load from there, mid-command.
+%% Every module of the set, read and loaded together, all or none, but
+%% for those already loaded (this module and the boot module, from the
+%% code path). A built set must hold every module of the code path: one
+%% left out would load from there, mid-command.
 load_set(#{kind := code_path, dir := Ebin}, Release, _Releases) ->
-    Items = [{M, filename:join(Ebin, atom_to_list(M) ++ ".beam")}
-             || M <- beam_names(Ebin), code:is_loaded(M) =:= false],
+    load_modules(Ebin, beam_names(Ebin), Release, code_path_release());
+load_set(#{kind := built, dir := Dir, modules := Listed, release := R}, Release, _Releases) ->
+    Ebin = filename:dirname(code:which(?MODULE)),
+    case [M || M <- beam_names(Ebin), not lists:keymember(M, 1, Listed)] of
+        [M | _] -> {error, {?MODULE, {stale_set, Dir, M}}};
+        [] -> load_modules(Dir, [M || {M, _} <- Listed], Release, R)
+    end.
+
+%% The modules of Dir not loaded yet, read and loaded at once; Set is the
+%% release that compiled them, for the error.
+load_modules(Dir, Mods, Release, Set) ->
+    Items = [{M, filename:join(Dir, atom_to_list(M) ++ ".beam")}
+             || M <- Mods, code:is_loaded(M) =:= false],
     case read_all(Items) of
         {ok, Loads} ->
             case code:atomic_load(Loads) of
                 ok -> ok;
-                {error, Failed} -> {error, {?MODULE, {load, Release, code_path_release(), Failed}}}
+                {error, Failed} -> {error, {?MODULE, {load, Release, Set, Failed}}}
             end;
         {error, _} = E ->
             E
-    end;
-load_set(#{kind := built, dir := Dir, modules := Listed, release := R}, Release, _Releases) ->
-    Ebin = filename:dirname(code:which(?MODULE)),
-    case [M || M <- beam_names(Ebin), not lists:keymember(M, 1, Listed)] of
-        [M | _] ->
-            {error, {?MODULE, {stale_set, Dir, M}}};
-        [] ->
-            Items = [{M, filename:join(Dir, atom_to_list(M) ++ ".beam")}
-                     || {M, _} <- Listed, code:is_loaded(M) =:= false],
-            case read_all(Items) of
-                {ok, Loads} ->
-                    case code:atomic_load(Loads) of
-                        ok -> ok;
-                        {error, Failed} -> {error, {?MODULE, {load, Release, R, Failed}}}
-                    end;
-                {error, _} = E ->
-                    E
-            end
     end.
 
 %% The beams of Items, each {Module, File}: from an escript's archive in
