@@ -18,6 +18,7 @@ mkdir -p "$logs"
 # host did not produce, across the three CT runs (test/beamdiag_cth.erl).
 export BEAMDIAG_STARVED_FILE="$PWD/$logs/starved.txt"
 : > "$BEAMDIAG_STARVED_FILE"
+rm -f "$logs/case_times.txt"
 
 # Suites that need an OTP root, and those that need a lock-counting emulator.
 roots_only="beamdiag_otp_SUITE beamdiag_profile_SUITE beamdiag_safety_SUITE beamdiag_elixir_SUITE

@@ -16,18 +16,26 @@
 -module(beamdiag_cth).
 
 -export([id/1, init/2, pre_init_per_suite/3, post_end_per_suite/4,
-         post_end_per_testcase/5, on_tc_skip/4, terminate/1]).
+         pre_init_per_testcase/4, post_end_per_testcase/5, on_tc_skip/4, terminate/1]).
 %% The one writer of the run's skip list, for the test lib's retries too.
 -export([record/3]).
 
--record(state, {started = #{} :: #{atom() => integer()},
-                times = [] :: [{atom(), integer()}],
+-record(state, {started = #{} :: #{atom() => {integer(), cpu()}},
+                %% Each suite's wall time and the host's busy CPUs over it
+                %% (from /proc/stat, apart from every beamdiag module).
+                times = [] :: [{atom(), integer(), float()}],
+                %% The same for each case (by suite, group and case), written
+                %% to case_times.txt: which cases wait and which compute.
+                case_started = #{} :: #{term() => {integer(), cpu()}},
+                cases = [] :: [{term(), integer(), float()}],
                 starved = [] :: [{atom(), atom(), string()}],
                 %% The cases whose own skip was counted, and the skips of
                 %% configuration functions (a suite's, a group's, a case's
                 %% init) already counted, by suite and reason.
                 seen = #{} :: #{{atom(), term()} => true},
                 t0 :: integer()}).
+
+-type cpu() :: {non_neg_integer(), non_neg_integer()} | undefined.
 
 -spec id(term()) -> atom().
 id(_Opts) ->
@@ -39,17 +47,32 @@ init(_Id, _Opts) ->
 
 -spec pre_init_per_suite(atom(), term(), #state{}) -> {term(), #state{}}.
 pre_init_per_suite(Suite, Config, S = #state{started = St}) ->
-    {Config, S#state{started = St#{Suite => now_ms()}}}.
+    {Config, S#state{started = St#{Suite => {now_ms(), host_cpu()}}}}.
 
 -spec post_end_per_suite(atom(), term(), term(), #state{}) -> {term(), #state{}}.
 post_end_per_suite(Suite, _Config, Return, S = #state{started = St, times = Ts}) ->
     case maps:find(Suite, St) of
-        {ok, T0} -> {Return, S#state{times = [{Suite, now_ms() - T0} | Ts]}};
+        {ok, Start} -> {Return, S#state{times = [since(Suite, Start) | Ts]}};
         error -> {Return, S}
     end.
 
+-spec pre_init_per_testcase(atom(), term(), term(), #state{}) -> {term(), #state{}}.
+pre_init_per_testcase(Suite, Case, Config, S = #state{case_started = St}) ->
+    Key = {Suite, group_of(Config), case_name(Case)},
+    {Config, S#state{case_started = St#{Key => {now_ms(), host_cpu()}}}}.
+
 -spec post_end_per_testcase(atom(), atom(), term(), term(), #state{}) -> {term(), #state{}}.
-post_end_per_testcase(Suite, Case0, _Config, Return = {skip, Why}, S0 = #state{seen = Seen}) ->
+post_end_per_testcase(Suite, Case0, Config, Return, S0) ->
+    skipped(Suite, Case0, Return, case_timed(Suite, Case0, Config, S0)).
+
+case_timed(Suite, Case, Config, S = #state{case_started = St, cases = Cs}) ->
+    Key = {Suite, group_of(Config), case_name(Case)},
+    case maps:take(Key, St) of
+        {Start, St1} -> S#state{case_started = St1, cases = [since(Key, Start) | Cs]};
+        error -> S
+    end.
+
+skipped(Suite, Case0, Return = {skip, Why}, S0 = #state{seen = Seen}) ->
     Case = case_name(Case0),
     S = S0#state{seen = Seen#{{Suite, Case} => true}},
     Text = one_line(Why),
@@ -78,7 +101,7 @@ post_end_per_testcase(Suite, Case0, _Config, Return = {skip, Why}, S0 = #state{s
                     {Return, S1}
             end
     end;
-post_end_per_testcase(_Suite, _Case, _Config, Return, S) ->
+skipped(_Suite, _Case, Return, S) ->
     {Return, S}.
 
 %% @doc Every other skip: the cases a configuration function skipped (an
@@ -132,11 +155,13 @@ kind(Text) ->
     end.
 
 -spec terminate(#state{}) -> ok.
-terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
+terminate(#state{times = Ts, cases = Cs, starved = Sv, t0 = T0}) ->
     Total = now_ms() - T0,
     Rows = lists:reverse(lists:keysort(2, Ts)),
-    Table = ["\nWall time per suite (s):\n",
-             [io_lib:format("  ~-34s ~8.1f~n", [atom_to_list(Su), Ms / 1000]) || {Su, Ms} <- Rows],
+    Table = ["\nWall time per suite (s), and the host's busy CPUs over it (of ",
+             integer_to_list(cpus()), "):\n",
+             [io_lib:format("  ~-34s ~8.1f ~6.2f~n", [atom_to_list(Su), Ms / 1000, Busy])
+              || {Su, Ms, Busy} <- Rows],
              io_lib:format("  ~-34s ~8.1f~n", ["all suites (this run)", Total / 1000]),
              case Sv of
                  [] -> [];
@@ -148,7 +173,47 @@ terminate(#state{times = Ts, starved = Sv, t0 = T0}) ->
              end],
     io:format(user, "~ts", [Table]),
     _ = file:write_file(filename:join(logdir(), "suite_times.txt"), Table),
+    _ = file:write_file(filename:join(logdir(), "case_times.txt"),
+                        [io_lib:format("~8.1f ~6.2f ~s ~w ~w~n", [Ms / 1000, Busy, Su, G, C])
+                         || {{Su, G, C}, Ms, Busy} <- lists:reverse(lists:keysort(2, Cs))],
+                        [append]),
     ok.
+
+%% The host's CPU ticks, busy and all, from /proc/stat's first line.
+host_cpu() ->
+    case file:read_file("/proc/stat") of
+        {ok, <<"cpu ", Rest/binary>>} ->
+            [Line | _] = binary:split(Rest, <<"\n">>),
+            case [binary_to_integer(F) || F <- binary:split(Line, <<" ">>, [global, trim_all])] of
+                [User, Nice, Sys, Idle, IoWait | More] ->
+                    Busy = User + Nice + Sys + lists:sum(lists:sublist(More, 3)),
+                    {Busy, Busy + Idle + IoWait};
+                _ -> undefined
+            end;
+        _ -> undefined
+    end.
+
+%% The wall time since Start and the CPUs the host kept busy meanwhile.
+since(Key, {T0, Cpu0}) ->
+    Busy = case {Cpu0, host_cpu()} of
+               {{B0, A0}, {B1, A1}} when A1 > A0 ->
+                   (B1 - B0) / (A1 - A0) * cpus();
+               _ -> 0.0
+           end,
+    {Key, now_ms() - T0, Busy}.
+
+cpus() ->
+    case erlang:system_info(logical_processors_available) of
+        N when is_integer(N) -> N;
+        _ -> erlang:system_info(logical_processors)
+    end.
+
+group_of(Config) when is_list(Config) ->
+    case proplists:get_value(tc_group_properties, Config) of
+        Props when is_list(Props) -> proplists:get_value(name, Props);
+        _ -> undefined
+    end;
+group_of(_) -> undefined.
 
 %% Skips of a kind (the start of their reason) recorded so far by every
 %% CT run of this `make test', one line each in $BEAMDIAG_STARVED_FILE
