@@ -137,20 +137,29 @@ busy_pipe(Config) ->
     Peer = maps:get(peer, Lab),
     %% A logger is suspended once the pipe and the driver's queue are full;
     %% on a loaded host the last ones get there a moment after the start:
-    %% waited for, 10 s at most.
+    %% waited for, 10 s at most. A logger whose command the VM scheduled
+    %% as a port task (the port was running on another scheduler) waits in
+    %% erts_internal:port_command/3 for the task's answer instead, which
+    %% the busy port holds back as long: blocked on it all the same (seen
+    %% once, 7 suspended and 1 waiting there, for 10 s).
     Read = fun() ->
-                   R = {N, _} = beamdiag_test_lib:eval(
+                   R = {N, W, _} = beamdiag_test_lib:eval(
                          Peer, "{length([P || P <- erlang:processes(), "
                                "process_info(P, status) =:= {status, suspended}]), "
+                               "length([P || P <- erlang:processes(), "
+                               "process_info(P, [status, current_function]) =:= "
+                               "[{status, waiting}, {current_function, "
+                               "{erts_internal, port_command, 3}}]]), "
                                "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
                                "[erlang:port_info(P, queue_size)], Q > 0, "
                                "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
-                   {N >= 8, R}
+                   {N + W >= 8, R}
            end,
-    {_, {Suspended, Ports}} = beamdiag_test_lib:poll(Read, 10000),
-    ct:pal("~b processes suspended; ports with bytes queued (bytes, OS pid): ~p",
-           [Suspended, Ports]),
-    ?assertEqual(8, Suspended),
+    {_, {Suspended, Waiting, Ports}} = beamdiag_test_lib:poll(Read, 10000),
+    ct:pal("~b processes suspended, ~b waiting for a port task's answer; ports with bytes "
+           "queued (bytes, OS pid): ~p", [Suspended, Waiting, Ports]),
+    ?assertEqual(8, Suspended + Waiting),
+    ?assert(Suspended >= 6),
     [{Queued, OsPid}] = Ports,
     ?assert(Queued > 0),
     {D, Took} = timed_diagnose(Lab),
