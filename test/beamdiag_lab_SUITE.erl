@@ -234,15 +234,7 @@ scheduler_blocking(Config) ->
     ?assertNot(lists:member(cpu_saturated, serious(F))).
 
 %% The escript as a user runs it: JSON on stdout, exit 0, cookie from the
-<<<<<<< Updated upstream
 %% environment.
-=======
-%% environment. The report comes from an escript whose start came 1 s after the call
-%% (a shell that sleeps, then execs it: one OS process, as an emulator
-%% slow to start on a starved host): the report's "ready" counts from the
-%% call, that second and the emulator's start included, and is never
-%% later than the test's own clock around the run.
->>>>>>> Stashed changes
 cli_json(Config) ->
     Lab = ?config(lab, Config),
     {Code, Out} = escript(["diagnose", atom_to_list(beamdiag_lab:node(Lab)), "--json",
