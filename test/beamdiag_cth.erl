@@ -35,7 +35,7 @@
                 seen = #{} :: #{{atom(), term()} => true},
                 t0 :: integer()}).
 
--type cpu() :: {non_neg_integer(), non_neg_integer()} | undefined.
+-type cpu() :: #{all := non_neg_integer(), idle := non_neg_integer()} | undefined.
 
 -spec id(term()) -> atom().
 id(_Opts) ->
@@ -179,26 +179,17 @@ terminate(#state{times = Ts, cases = Cs, starved = Sv, t0 = T0}) ->
                         [append]),
     ok.
 
-%% The host's CPU ticks, busy and all, from /proc/stat's first line.
+%% The host's CPU counters, by the test lib's own /proc/stat reader
+%% (apart from every beamdiag module); `undefined' if it cannot read them.
 host_cpu() ->
-    case file:read_file("/proc/stat") of
-        {ok, <<"cpu ", Rest/binary>>} ->
-            [Line | _] = binary:split(Rest, <<"\n">>),
-            case [binary_to_integer(F) || F <- binary:split(Line, <<" ">>, [global, trim_all])] of
-                [User, Nice, Sys, Idle, IoWait | More] ->
-                    Busy = User + Nice + Sys + lists:sum(lists:sublist(More, 3)),
-                    {Busy, Busy + Idle + IoWait};
-                _ -> undefined
-            end;
-        _ -> undefined
+    try beamdiag_test_lib:host_cpu()
+    catch _:_ -> undefined
     end.
 
 %% The wall time since Start and the CPUs the host kept busy meanwhile.
 since(Key, {T0, Cpu0}) ->
-    Busy = case {Cpu0, host_cpu()} of
-               {{B0, A0}, {B1, A1}} when A1 > A0 ->
-                   (B1 - B0) / (A1 - A0) * cpus();
-               _ -> 0.0
+    Busy = try beamdiag_test_lib:host_busy_since(Cpu0) * cpus()
+           catch _:_ -> 0.0
            end,
     {Key, now_ms() - T0, Busy}.
 
