@@ -138,27 +138,29 @@ busy_pipe(Config) ->
     %% A logger is suspended once the pipe and the driver's queue are full;
     %% on a loaded host the last ones get there a moment after the start:
     %% waited for, 10 s at most. A logger whose command the VM scheduled
-    %% as a port task (the port was running on another scheduler) waits in
-    %% erts_internal:port_command/3 for the task's answer instead, which
-    %% the busy port holds back as long: blocked on it all the same (seen
-    %% once, 7 suspended and 1 waiting there, for 10 s).
+    %% as a port task (the port was running on another scheduler) may
+    %% wait for the task's answer instead, which the busy port holds back
+    %% as long: blocked on it all the same (seen twice, 7 of 8 suspended
+    %% for 10 s). The loggers are found by their stack, and each one's
+    %% status and function are printed, so a miss says what the 8th did.
     Read = fun() ->
-                   R = {N, W, _} = beamdiag_test_lib:eval(
-                         Peer, "{length([P || P <- erlang:processes(), "
-                               "process_info(P, status) =:= {status, suspended}]), "
-                               "length([P || P <- erlang:processes(), "
-                               "process_info(P, [status, current_function]) =:= "
-                               "[{status, waiting}, {current_function, "
-                               "{erts_internal, port_command, 3}}]]), "
+                   R = {Ls, _} = beamdiag_test_lib:eval(
+                         Peer, "{[{S, F} || P <- erlang:processes(), "
+                               "[{status, S}, {current_function, F}, {current_stacktrace, St}] "
+                               "<- [process_info(P, [status, current_function, current_stacktrace])], "
+                               "lists:keymember(logger, 2, [{M, N} || {M, N, _, _} <- St, "
+                               "M =:= beamdiag_lab_waits])], "
                                "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
                                "[erlang:port_info(P, queue_size)], Q > 0, "
                                "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
-                   {N + W >= 8, R}
+                   {length([L || L <- Ls, blocked_on_port(L)]) >= 8, R}
            end,
-    {_, {Suspended, Waiting, Ports}} = beamdiag_test_lib:poll(Read, 10000),
-    ct:pal("~b processes suspended, ~b waiting for a port task's answer; ports with bytes "
-           "queued (bytes, OS pid): ~p", [Suspended, Waiting, Ports]),
-    ?assertEqual(8, Suspended + Waiting),
+    {_, {Loggers, Ports}} = beamdiag_test_lib:poll(Read, 10000),
+    Suspended = length([S || {S, _} <- Loggers, S =:= suspended]),
+    ct:pal("loggers (status, function): ~p; ports with bytes queued (bytes, OS pid): ~p",
+           [Loggers, Ports]),
+    ?assertEqual(8, length(Loggers)),
+    ?assertEqual(8, length([L || L <- Loggers, blocked_on_port(L)])),
     ?assert(Suspended >= 6),
     [{Queued, OsPid}] = Ports,
     ?assert(Queued > 0),
@@ -284,6 +286,13 @@ ets_leak(Config) ->
     on_time(Took).
 
 %%% Helpers
+
+%% A logger blocked on the busy port: suspended by it, or waiting for the
+%% answer to its command scheduled as a port task.
+blocked_on_port({suspended, _}) -> true;
+blocked_on_port({waiting, {erlang, port_command, 2}}) -> true;
+blocked_on_port({waiting, {erts_internal, port_command, 3}}) -> true;
+blocked_on_port(_) -> false.
 
 timed_diagnose(Lab) ->
     T0 = erlang:monotonic_time(millisecond),
