@@ -226,17 +226,3 @@ process_stat_rss_test() ->
     after
         file:del_dir_r(Root)
     end.
-
-%% A process's age: its start (field 22, 5000 ticks = 50 s after boot)
-%% against the time since boot (62.37 s), to the tick; nonsense is an
-%% error, never an age.
-age_test_() ->
-    Stat = <<"79 (beam.smp) S 1 1 1 0 -1 0 7 0 3 0 40 2 0 0 20 0 30 0 5000 900000 12345 0\n">>,
-    [?_assertEqual({ok, 12370}, beamdiag_agent_procfs:parse_age(Stat, <<"62.37 120.10\n">>)),
-     %% A start after the uptime read (a clock tick apart) is no negative age.
-     ?_assertEqual({ok, 0}, beamdiag_agent_procfs:parse_age(Stat, <<"49.99 1.00\n">>)),
-     ?_assertEqual(error, beamdiag_agent_procfs:parse_age(Stat, <<"62 120\n">>)),
-     ?_assertEqual(error, beamdiag_agent_procfs:parse_age(Stat, <<"garbage">>)),
-     ?_assertEqual(error, beamdiag_agent_procfs:parse_age(<<"79 (x) S 1 2">>, <<"62.37 1.00\n">>)),
-     ?_assertMatch({ok, A} when A < 600000, beamdiag_agent_procfs:age_ms("/proc", os:getpid())),
-     ?_assertEqual(error, beamdiag_agent_procfs:age_ms("/nonexistent", 1))].

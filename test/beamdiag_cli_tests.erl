@@ -47,7 +47,7 @@ parse_defaults_test() ->
     ?assertEqual(#{node => "n@h", duration => 2.5, interval => 1000, json => false,
                    no_msacc => false, msacc_span => 2.0, no_locks => false, cluster => false,
                    perf => false, no_perf => false, erlang => false, no_procs => false,
-                   slack => 1.8}, O).
+                   slack => 1.5}, O).
 
 repeatable_option_replaces_its_default_test() ->
     Spec = #{name => "t", summary => "", example => "", positional => [],

@@ -357,7 +357,7 @@ publish_until(P, Q, Deadline, Left) ->
 diagnose3(Config, Case) ->
     diagnose3(Config, Case, rabbit_node, rabbit_cookie).
 
-%% With 5 s of slack rather than the default 1.8: these cases judge the
+%% With 5 s of slack rather than the default 1.5: these cases judge the
 %% diagnosis of a real server, not its latency (the sick-node suites and
 %% bench/sick_latency do). A server and its load generators fill a 2-core
 %% host, and on a host busy besides (a first run builds emulators beside

@@ -15,14 +15,14 @@
 -module(beamdiag_agent_procfs).
 
 -export([threads/3, tick_threads/4, host/1, host/3, cpu_times/1, clock_ticks/0]).
--export([stat_fields/1, age_ms/2, trim/1, format_error/1]).
+-export([stat_fields/1, trim/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
 -ifdef(TEST).
 -export([threads/2, threads/4, process_stat/3, parse_stat/1, parse_schedstat/1, parse_status/1,
          parse_host_stat/1,
-         parse_loadavg/1, parse_age/2]).
+         parse_loadavg/1]).
 -endif.
 
 -export_type([thread/0, host/0]).
@@ -222,33 +222,6 @@ rss_pages(Fields) when length(Fields) >= 22 ->
     end;
 rss_pages(_) ->
     error.
-
-%% @doc How long ago the OS process Pid started, in milliseconds: its
-%% start (field 22 of proc(5), clock ticks since boot) against the time
-%% since boot (/proc/uptime), to the clock tick (10 ms). `error' when
-%% either file cannot be read or parsed.
--spec age_ms(file:filename(), string() | integer()) -> {ok, non_neg_integer()} | error.
-age_ms(Root, Pid) ->
-    None = beamdiag_agent_file:none(),
-    case {read(filename:join([Root, to_list(Pid), "stat"]), ?MAX_SMALL, None),
-          read(filename:join(Root, "uptime"), ?MAX_SMALL, None)} of
-        {{{ok, Stat}, _}, {{ok, Uptime}, _}} -> parse_age(Stat, Uptime);
-        _ -> error
-    end.
-
-%% A process's age from its stat line and /proc/uptime's text.
-parse_age(Stat, Uptime) ->
-    case {stat_fields(Stat), binary:split(Uptime, [<<" ">>, <<".">>, <<"\n">>], [global])} of
-        {{ok, _, Fields}, [Secs, Frac | _]} when length(Fields) >= 20, byte_size(Frac) =:= 2 ->
-            case ints([lists:nth(20, Fields), Secs, Frac]) of
-                {ok, [Start, S, F]} ->
-                    Tick = 1000 div clock_ticks(),
-                    {ok, max(0, S * 1000 + F * 10 - Start * Tick)};
-                error -> error
-            end;
-        _ ->
-            error
-    end.
 
 %% @doc Host CPU times from /proc/stat and load from /proc/loadavg.
 -spec host(file:filename()) -> {ok, host()} | {error, {beamdiag_agent_procfs, term()}}.

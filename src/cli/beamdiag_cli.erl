@@ -105,14 +105,11 @@
 %% @doc Escript entry point.
 -spec main([string()]) -> no_return().
 main(Args) ->
+    Started = erlang:system_time(millisecond),
     quiet(),
     IO = case os:getenv("BEAMDIAG_RELAUNCHED") of
-             false ->
-                 Started = started(),
-                 os:putenv("BEAMDIAG_STARTED", integer_to_list(Started)),
-                 (default_io())#{relaunch => fun(Flags) -> relaunch(Args, Flags, Started) end};
-             _ ->
-                 default_io()
+             false -> (default_io())#{relaunch => fun(Flags) -> relaunch(Args, Flags, Started) end};
+             _ -> default_io()
          end,
     Code = run(Args, IO),
     erlang:halt(Code, [{flush, true}]).
@@ -437,17 +434,6 @@ relaunch(Args, Flags, Started) ->
     receive
         {Port, {exit_status, Code}} when Code >= 0, Code =< 4 -> Code;
         {Port, {exit_status, _}} -> ?EXIT_FAILED
-    end.
-
-%% When the operator's call started (system time, ms): when the OS
-%% started this escript, so that the emulator's start and the loading of
-%% the code count (on a host whose CPUs are all taken they take seconds);
-%% now where /proc cannot say.
-started() ->
-    Now = erlang:system_time(millisecond),
-    case beamdiag_agent_procfs:age_ms("/proc", os:getpid()) of
-        {ok, Age} -> Now - Age;
-        error -> Now
     end.
 
 %% An argument as erlexec reads it from ERL_AFLAGS: each blank, quote

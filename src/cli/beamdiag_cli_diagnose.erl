@@ -183,13 +183,13 @@ end_progress(_IO) ->
 %%% Internal
 %%%===================================================================
 
-%% When the call started: when the OS started the escript (or the one
-%% that started this one again with the flags the node needs), as
-%% beamdiag_cli:main/1 says; run/1 called in a shell starts it now.
+%% When the call started, in the escript that started this one again
+%% with the flags the node needs (beamdiag_cli:main/1).
 started() ->
-    case os:getenv("BEAMDIAG_STARTED") of
-        false -> #{};
-        S ->
+    case {os:getenv("BEAMDIAG_RELAUNCHED"), os:getenv("BEAMDIAG_STARTED")} of
+        {false, _} -> #{};
+        {_, false} -> #{};
+        {_, S} ->
             case string:to_integer(S) of
                 {Ms, ""} -> #{started => Ms};
                 _ -> #{}

@@ -58,7 +58,7 @@ option(interval) ->
     #{key => interval, long => "--interval", type => {integer, 10, 60000}, default => 1000,
       metavar => "MS", help => "time between samples"};
 option(slack) ->
-    #{key => slack, long => "--slack", type => {float, 0.0, float(beamdiag_opts:max_seconds(window))}, default => 1.8,
+    #{key => slack, long => "--slack", type => {float, 0.0, float(beamdiag_opts:max_seconds(window))}, default => 1.5,
       metavar => "SECONDS",
       help => "the report is due SECONDS after the window, counted from the start; "
               "a node whose ticks come later (throttled, overloaded) is reported on "

@@ -90,7 +90,7 @@
     progress => undefined,
     perf => false,
     erlang => false,
-    slack => 1.8,
+    slack => 1.5,
     host_only => false,
     os_pid => undefined,
     answer_timeout => auto,
