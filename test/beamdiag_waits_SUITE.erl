@@ -140,16 +140,16 @@ busy_pipe(Config) ->
     %% waited for, 10 s at most. A logger whose command the VM scheduled
     %% as a port task (the port was running on another scheduler) may
     %% wait for the task's answer instead, which the busy port holds back
-    %% as long: blocked on it all the same (seen twice, 7 of 8 suspended
-    %% for 10 s). The loggers are found by their stack, and each one's
-    %% status and function are printed, so a miss says what the 8th did.
+    %% as long: blocked on it all the same (seen once, 7 of 8 suspended
+    %% for 10 s; CI missed the 8th once more, what it did unknown). The
+    %% loggers are found by their stack, and each one's status and
+    %% function are printed, so a miss says what the 8th did.
     Read = fun() ->
                    R = {Ls, _} = beamdiag_test_lib:eval(
                          Peer, "{[{S, F} || P <- erlang:processes(), "
                                "[{status, S}, {current_function, F}, {current_stacktrace, St}] "
                                "<- [process_info(P, [status, current_function, current_stacktrace])], "
-                               "lists:keymember(logger, 2, [{M, N} || {M, N, _, _} <- St, "
-                               "M =:= beamdiag_lab_waits])], "
+                               "[x || {beamdiag_lab_waits, logger, _, _} <- St] =/= []], "
                                "[{Q, O} || P <- erlang:ports(), {queue_size, Q} <- "
                                "[erlang:port_info(P, queue_size)], Q > 0, "
                                "{os_pid, O} <- [erlang:port_info(P, os_pid)]]}."),
