@@ -139,30 +139,6 @@ heap_in_steps_test() ->
     FlatRss = fun(I) -> 200 * ?MIB - (10 * ?MIB + Steps(I) + 30 * ?MIB) end,
     ?assertEqual([], ids(capture(flat(10 * ?MIB), Steps, FlatRss, {host, 20000 * ?MIB}))).
 
-%% The allocators' answer summed: instance 0's multi-block and single-block
-%% carriers, instance 1's pool (whose carriers_size has one figure) and its
-%% empty single-block carriers, as OTP 25 prints them; a disabled type and
-%% another form are none; this VM's own answer adds up.
-allocator_sizes_test() ->
-    Answer = [{instance, 0,
-               [{mbcs, [{blocks, [{binary_alloc, [{size, 59272, 1367328, 1367328}]}]},
-                        {carriers_size, 65536, 1638400, 1638400}]},
-                {sbcs, [{blocks, [{binary_alloc, [{size, 657104, 657104, 657104}]}]},
-                        {carriers_size, 659456, 659456, 659456}]}]},
-              {instance, 1,
-               [{mbcs, [{blocks, [{binary_alloc, [{size, 4984, 7528, 7528}]}]},
-                        {carriers_size, 65536, 65536, 65536}]},
-                {mbcs_pool, [{blocks, [{eheap_alloc, [{size, 100}]}]}, {carriers_size, 32768}]},
-                {sbcs, [{blocks, []}, {carriers_size, 0, 0, 0}]}]}],
-    ?assertEqual(#{carriers => 65536 + 659456 + 65536 + 32768,
-                   blocks => 59272 + 657104 + 4984 + 100},
-                 beamdiag_agent_memory:allocator_sizes(Answer)),
-    ?assertEqual(none, beamdiag_agent_memory:allocator_sizes(false)),
-    ?assertEqual(none, beamdiag_agent_memory:allocator_sizes([{instance, 0, [{mbcs, nope}]}])),
-    #{carriers := C, blocks := B} = beamdiag_agent_memory:allocator_sizes(
-                                      erlang:system_info({allocator_sizes, eheap_alloc})),
-    ?assert(C >= B andalso B > 0).
-
 %% The allocators' account at the window's ends: the carriers and blocks
 %% summed, the resident memory beyond the carriers, the types most free
 %% first, in the text. A NIF's leak lies beyond the carriers; the same
@@ -211,16 +187,6 @@ no_readings_test() ->
     ?assertEqual(#{}, maps:get(accounts, M)),
     ?assertEqual([<<"no memory readings in this capture">>], maps:get(notes, M)),
     ?assertEqual([], beamdiag_memory_rules:findings(M, C)).
-
-%% The agent's statm parser: pages to bytes, shared within resident, bad
-%% input an error.
-statm_test() ->
-    ?assertEqual(#{rss => 40960, shared => 8192, anon => 32768},
-                 beamdiag_agent_memory:parse_statm(<<"100 10 2 1 0 5 0\n">>, 4096)),
-    ?assertMatch({error, {beamdiag_agent_memory, {bad_statm, _}}},
-                 beamdiag_agent_memory:parse_statm(<<"garbage">>, 4096)),
-    ?assertMatch({error, {beamdiag_agent_memory, {bad_statm, _}}},
-                 beamdiag_agent_memory:parse_statm(<<"1 x 2">>, 4096)).
 
 %% The relay named: the walks' binary holders in the evidence.
 binary_holder_named_test() ->

@@ -13,6 +13,10 @@
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
+-ifdef(TEST).
+-export([with_callers/2, with_findings/2, map_advice/1, pid_text/2]).
+-endif.
+
 -export_type([options/0, result/0, kept/0, perf/0]).
 
 %% profile/3's options (see there). Open: the flame command passes its
