@@ -64,6 +64,11 @@
 %% How long one scan of the host's processes from here may take at the
 %% end, and the first, at the start, beside the window.
 -define(HERE_SCAN_MS, 150).
+%% A last scan from here past the due time: ended this long before the
+%% ceiling (its readers answer that soon after their deadline unless a
+%% read itself hangs), and given this long at least.
+-define(HERE_SCAN_MIN_MS, 40).
+-define(HERE_GRACE_MS, 30).
 -define(HERE_FIRST_MS, 1000).
 
 %%%===================================================================
@@ -161,12 +166,12 @@ gather(G = #{finishing := Finishing, duration := D, info := Info, samples := Sam
             %% schedules), and the capture says the
             %% rest is missing.
             beamdiag_client:abort(maps:get(client, G)),
-            late(here_last(partial_extras(G), G), Info, Samples, D, extras_due);
+            late(here_last(partial_extras(G), G, ceiling(G)), Info, Samples, D, extras_due);
         true ->
             %% The report is due and two samples make a window: the agent
             %% ends now (flags back, modules gone) and what came is kept.
             beamdiag_client:abort(maps:get(client, G)),
-            late(here_last(quick_extras(G), G), Info, Samples, D, due);
+            late(here_last(quick_extras(G), G, ceiling(G)), Info, Samples, D, due);
         false when Due, is_function(map_get(fallback, G), 0) ->
             %% Fewer, with a view to fall back on: when it explains the
             %% slowness, or what the agent sent already names what is wrong
@@ -229,7 +234,7 @@ gather(G = #{client := Client, deadline := Deadline,
         {event, {done, Extras}} ->
             {ok, capture(Info, Samples, atom_sources(end_walk(Extras, G), G), true, D)};
         {event, {aborted, Why}} ->
-            late(here_last(partial_extras(G), G), Info, Samples, D, {agent_aborted, Why});
+            late(here_last(partial_extras(G), G, infinity), Info, Samples, D, {agent_aborted, Why});
         {event, _} ->
             %% A word a window does not ask for (the live view's walks).
             gather(G);
@@ -247,7 +252,7 @@ gather(G = #{client := Client, deadline := Deadline,
             {error, {beamdiag_collect, {target_down, Reason, Partial}}};
         timeout ->
             case not beamdiag_agent_deadline:in_time(Deadline) of
-                true -> late(here_last(partial_extras(G), G), Info, Samples, D, timeout);
+                true -> late(here_last(partial_extras(G), G, infinity), Info, Samples, D, timeout);
                 false -> gather(G)
             end
     end.
@@ -294,21 +299,38 @@ here_end(undefined) ->
 %% own: asked early, its scanner answers with its first scan alone, or
 %% none), the last scan is read from here, over the same processes, and
 %% makes the pair the ledger reads.
-here_last(Extras = #{host_scan := #{last := Last}}, _G) when map_size(Last) > 0 ->
+here_last(Extras = #{host_scan := #{last := Last}}, _G, _Until) when map_size(Last) > 0 ->
     Extras;
-here_last(Extras, #{here := Here = #{root := Root, exclude := Exclude}}) ->
-    case here_first_scan(Here, ?HERE_SCAN_MS) of
+here_last(Extras, #{here := Here = #{root := Root, exclude := Exclude}}, Until) ->
+    %% Past the report's due time both scans share what is left of the
+    %% ceiling: the first is taken when it has ended (it started with the
+    %% window), the last is read for what is left less its readers' grace,
+    %% ?HERE_SCAN_MIN_MS at least.
+    FirstWait = case Until of
+                    infinity -> ?HERE_SCAN_MS;
+                    _ -> min(?HERE_SCAN_MS, beamdiag_agent_deadline:left(Until))
+                end,
+    case here_first_scan(Here, FirstWait) of
         #{procs := A, truncated := TA} ->
+            LastMs = case Until of
+                         infinity -> ?HERE_SCAN_MS;
+                         _ -> max(?HERE_SCAN_MIN_MS, min(?HERE_SCAN_MS, beamdiag_agent_deadline:left(Until)
+                                                                           - ?HERE_GRACE_MS))
+                     end,
             #{procs := B, truncated := TB} =
-                beamdiag_agent_host:cpu_by_process(Root, Exclude, erlang:monotonic_time(millisecond)
-                                                                  + ?HERE_SCAN_MS),
+                beamdiag_agent_host:cpu_by_process(Root, Exclude,
+                                                   erlang:monotonic_time(millisecond) + LastMs),
             Extras#{host_scan => #{first => A, last => B, truncated => TA orelse TB,
                                    read_here => true}};
         undefined ->
             Extras
     end;
-here_last(Extras, _G) ->
+here_last(Extras, _G, _Until) ->
     Extras.
+
+%% The latest the collector waits for anything once the report is due.
+ceiling(#{ready_by := ReadyBy}) when is_integer(ReadyBy) -> ReadyBy + ?CEILING_MS;
+ceiling(_) -> infinity.
 
 %% Whether the process data the agent sent so far names a finding on its
 %% own (no ledger needed): on a node too slow for two ticks before the
