@@ -103,8 +103,9 @@ items(true) -> ?ITEMS ++ [initial_call].
 walk(Pids, StartUs, Items, Base, Keep, Tops0) ->
     Reds0 = maps:get(reductions, Tops0, none),
     #{queues := Qs0, heaps := Hs0} = Tops0,
-    Fun = fun(P, Info, {Reds, Qs, Hs, N, Acc, Susp}) ->
-                  {T, Status} = to_tuple(Info),
+    %% Each answer is made a tuple in the reader (to_tuple/1), so that only
+    %% the tuple comes back.
+    Fun = fun(P, {T, Status}, {Reds, Qs, Hs, N, Acc, Susp}) ->
                   Susp2 = case Status of
                               suspended -> suspended(P, Susp);
                               _ -> Susp
@@ -128,7 +129,8 @@ walk(Pids, StartUs, Items, Base, Keep, Tops0) ->
           end,
     {{Reds, Qs, Hs, N, Acc, {SuspN, SuspPids}}, Stalled, Trunc} =
         beamdiag_agent_pinfo:fold(Fun, {Reds0, Qs0, Hs0, 0, [], {0, []}}, Pids, Items ++ [status],
-                                  #{deadline => StartUs + ?WALK_MS * 1000}),
+                                  #{deadline => StartUs + ?WALK_MS * 1000,
+                                    convert => fun ?MODULE:to_tuple/1}),
     {Acc, (tops(Reds, Qs, Hs, N))#{suspended => {SuspN, lists:reverse(SuspPids)}}, Trunc,
      Stalled}.
 
