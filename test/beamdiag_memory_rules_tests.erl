@@ -309,3 +309,30 @@ host_only_resident_test() ->
     ?assertMatch({_, _}, binary:match(Ev, <<"gone in 51 s">>)),
     Flat = #{samples => Host(fun(_) -> 200 * ?MIB end), extras => #{}},
     ?assertEqual([], beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(Flat), Flat)).
+
+%% A large heap copied at its major collections: the old heap and the new
+%% both count until the old one is freed, so the part peaks and falls back
+%% by more than a quarter of its rise, yet each low is higher than the
+%% last. Two windows read from a lab store (heap_leak, OTP 25, 2026-12-03;
+%% MiB a second apart, the resident memory beside it): both a climb; a saw
+%% of the same peaks whose lows stay put is not, beside the same steady
+%% resident memory.
+heap_peaks_test() ->
+    At = fun(L) -> fun(I) -> lists:nth(I + 1, L) * ?MIB end end,
+    Window = fun(Procs, Rss) ->
+                 P = At(Procs),
+                 R = At(Rss),
+                 capture(flat(10 * ?MIB), P, fun(I) -> R(I) - P(I) - 40 * ?MIB end,
+                         {host, 20000 * ?MIB})
+             end,
+    W2 = Window([170, 340, 282, 282, 287, 295, 295], [433, 503, 748, 738, 754, 779, 778]),
+    #{accounts := #{processes := P2}} = M2 = beamdiag_memory_ledger:build(W2),
+    ?assertEqual({58 * ?MIB, 112 * ?MIB}, {maps:get(fall, P2), maps:get(low_rise, P2)}),
+    [F2] = [F || F = #{id := memory_growth} <- beamdiag_memory_rules:findings(M2, W2)],
+    ?assertEqual(<<"processes">>, maps:get(part, maps:get(metrics, F2))),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(maps:get(evidence, F2)),
+                                      <<"in steps and peaks">>)),
+    W4 = Window([362, 368, 368, 1297, 658, 659, 659], [1038, 1046, 1058, 1310, 1398, 1408, 1421]),
+    ?assertMatch([memory_growth | _], ids(W4)),
+    Saw = Window([300, 600, 300, 300, 600, 300, 300], [400, 420, 440, 460, 480, 500, 520]),
+    ?assertNot(lists:member(memory_growth, ids(Saw))).

@@ -19,7 +19,12 @@
 %%% most free first). Each
 %%% has its first and last value, its change, its rate (bytes a second,
 %%% over the span of the readings), `fall': its largest fall from one
-%%% reading to the next (0 when it never fell), and `steady': it rose in
+%%% reading to the next (0 when it never fell), `low_rise': how far its
+%%% lowest reading in the window's second half lies above its lowest in
+%%% the first (the halves share the middle reading when they are odd; a
+%%% heap copied at a collection peaks, old and new heap both counted, and
+%%% falls back, but each low is higher than the last when it grows), and
+%%% `steady': it rose in
 %%% at least two thirds of the intervals and never fell by more than a
 %%% tenth of its rise, as a leak does, unlike a burst or the saw of garbage
 %%% collection. A heap that grows climbs in steps (it is resized at a
@@ -47,6 +52,7 @@
     change := integer(),
     rate := float(),
     fall := non_neg_integer(),
+    low_rise := integer(),
     steady := boolean()
 }.
 -type memory() :: #{
@@ -216,7 +222,9 @@ account(TVs = [{T0, First} | _]) ->
     Steps = lists:zipwith(fun(A, B) -> B - A end, lists:droplast(Vs), tl(Vs)),
     Rises = length([S || S <- Steps, S > 0]),
     Fall = lists:max([0 | [-S || S <- Steps, S < 0]]),
-    #{first => First, last => Last, change => Change, fall => Fall,
+    Half = (length(Vs) + 1) div 2,
+    LowRise = lists:min(lists:nthtail(length(Vs) - Half, Vs)) - lists:min(lists:sublist(Vs, Half)),
+    #{first => First, last => Last, change => Change, fall => Fall, low_rise => LowRise,
       rate => case Span > 0 of true -> Change / Span; false -> 0.0 end,
       steady => Change > 0 andalso 3 * Rises >= 2 * length(Steps) andalso 10 * Fall =< Change}.
 
