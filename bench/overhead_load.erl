@@ -13,7 +13,7 @@
 %%% '''
 -module(overhead_load).
 
--export([start/1, idle/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, session_pairs/3, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
+-export([start/1, idle/1, rate/1, side_rate/1, msacc_pairs/2, tick_pairs/3, session_pairs/2, session_pairs/3, code_pairs/3, agent_memory/1, tick/2, cpu_us/0, cpu_ns/0]).
 
 -define(KEY, {?MODULE, counter}).
 -define(CHUNK, 2000).
@@ -176,6 +176,22 @@ session_pairs(Pairs, Ms, Extra) ->
                   none
               end,
     per_second(pairs(Pairs, fun(On) -> slice(On, fun() -> none end, Session, Ms) end), Ms).
+
+%% @doc The agent's code as a default session ships and removes it,
+%% amplified: alternating slices of Ms with the agent's modules (Objects,
+%% `{Module, File, Binary}') loaded from their binaries, then deleted and
+%% purged (each purge asks every process whether it runs old code), back
+%% to back, and without. For each pair: the work per CPU second with over
+%% without, and the loads per second.
+-spec code_pairs(pos_integer(), pos_integer(), [{module(), string(), binary()}]) ->
+    [{float(), float()}].
+code_pairs(Pairs, Ms, Objects) ->
+    Cycle = fun(none) ->
+                [{module, M} = code:load_binary(M, F, B) || {M, F, B} <- Objects],
+                [begin true = code:delete(M), _ = code:purge(M) end || {M, _, _} <- Objects],
+                none
+            end,
+    per_second(pairs(Pairs, fun(On) -> slice(On, fun() -> none end, Cycle, Ms) end), Ms).
 
 %% Pairs of slices, on and off (which goes first alternates). Slice(On)
 %% gives the work per CPU second and a count; each pair gives the ratio of
