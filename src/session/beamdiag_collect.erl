@@ -371,10 +371,10 @@ due_after(G) ->
 %% When the report is due.
 ready_by(#{ready_by := infinity}) ->
     infinity;
-ready_by(#{ready_by := ReadyBy, finishing := true}) ->
+ready_by(G = #{finishing := true}) ->
     %% The extras of a window answered whole are worth the wait, up to the
     %% ceiling.
-    ReadyBy + ?CEILING_MS;
+    ceiling(G);
 ready_by(#{ready_by := ReadyBy}) ->
     ReadyBy.
 
@@ -418,8 +418,8 @@ atom_sources(Extras, _G) -> Extras.
 
 %% The agent was told to end because the report is due: its long-schedule
 %% report comes with its last word, waited for briefly.
-quick_extras(G = #{client := Client, ready_by := ReadyBy}) ->
-    Wait = min(?QUICK_MS, beamdiag_agent_deadline:left(ReadyBy + ?CEILING_MS)),
+quick_extras(G = #{client := Client}) ->
+    Wait = min(?QUICK_MS, beamdiag_agent_deadline:left(ceiling(G))),
     case beamdiag_client:await(Client, partial_extras, Wait) of
         {ok, Quick} -> partial_extras(G#{quick => Quick});
         timeout -> partial_extras(G)
