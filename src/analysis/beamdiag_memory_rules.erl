@@ -100,11 +100,11 @@ grows(_, _) ->
 %% collection counts twice until the old one is freed (seen on a store
 %% of 170 MB: 170, 340, 282, 282, 287, 295, 295 MB, a fall of 58 MB in a
 %% rise of 125, its lows 112 MB higher), where a saw's lows stay put.
-climbs(A = #{steady := false, change := C, fall := Fall},
+climbs(A = #{steady := false, change := C, fall := Fall, low_rise := Low},
        #{rss := #{steady := true, change := RssC}}, T) ->
     grows(A#{steady := true}, T) andalso
         (Fall =< map_get(climb_fall_max, T) * C orelse
-         maps:get(low_rise, A, 0) >= map_get(climb_low_rise_min, T) * C) andalso
+         Low >= map_get(climb_low_rise_min, T) * C) andalso
         RssC =< map_get(rss_share_max, T) * C;
 climbs(_, _, _) ->
     false.
@@ -113,7 +113,7 @@ growth(Part, A = #{first := F, last := L, rate := R}, M, Capture, T) ->
     Span = maps:get(span_s, M),
     Evidence =
         [fmt("the node's ~s memory (erlang:memory/0) grew from ~s to ~s in ~.1f s: ~s/s, ~s",
-             [Part, mem(F), mem(L), Span, beamdiag_units:bytes(R), shape(A)])] ++
+             [Part, mem(F), mem(L), Span, beamdiag_units:bytes(R), shape(A, T)])] ++
         os_lines(M) ++ time_left_lines(M, R) ++ who(Part, A, Capture),
     Metrics = #{part => atom_to_binary(Part), growth_bytes => L - F, rate_bytes_per_s => round(R)},
     beamdiag_finding:new(memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
@@ -158,12 +158,12 @@ native(M = #{accounts := #{native := N = #{first := F, last := L, rate := R},
 native(_, _) ->
     [].
 
-shape(#{steady := true}) ->
+shape(#{steady := true}, _T) ->
     "steadily (no fall of more than a tenth of the rise)";
-shape(#{steady := false, fall := Fall, change := C}) when 4 * Fall =< C ->
+shape(#{steady := false, fall := Fall, change := C}, T) when Fall =< map_get(climb_fall_max, T) * C ->
     "in steps, as a heap resized at its collections climbs (no fall of more than a quarter "
     "of the rise), while the resident memory rose steadily";
-shape(#{steady := false, low_rise := Low}) ->
+shape(#{steady := false, low_rise := Low}, _T) ->
     fmt("in steps and peaks, as a large heap copied at its collections climbs (it falls back "
         "after each, but its low in the window's second half is ~s above the first half's), "
         "while the resident memory rose steadily", [mem(Low)]).
