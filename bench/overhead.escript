@@ -124,12 +124,9 @@ part(Name, Parts, F) ->
 %% root of the sum of the squared (weighted) ones; each interval is two
 %% standard errors either side. Met when the sum's interval is within the
 %% budget; over when it is wholly beyond it.
-budget({TM, TLo, THi}, {SM, SLo, SHi}, {MM, MLo, MHi}) ->
+budget(Tick = {TM, _, _}, Session = {SM, _, _}, Msacc = {MM, _, _}) ->
     W = ?WINDOW_S,
-    M = TM + SM / W + ?MSACC_SHARE * MM,
-    Se = math:sqrt(sq((THi - TLo) / 4) + sq((SHi - SLo) / 4 / W) +
-                   sq(?MSACC_SHARE * (MHi - MLo) / 4)),
-    {Lo, Hi} = {M - 2 * Se, M + 2 * Se},
+    {M, Lo, Hi} = weighted_sum([{1, Tick}, {1 / W, Session}, {?MSACC_SHARE, Msacc}]),
     Word = if
                Hi =< ?BUDGET_1S -> "met";
                Lo > ?BUDGET_1S -> "NOT met";
@@ -150,16 +147,23 @@ budget(_, _, _) ->
 %% The budget's sum with the agent's code, loaded and removed once a
 %% window, added as a fourth term (said apart: the budget above is the
 %% amplified session's, without it).
-code_budget({TM, TLo, THi}, {SM, SLo, SHi}, {MM, MLo, MHi}, {CM, CLo, CHi}) ->
+code_budget(Tick = {_, _, _}, Session = {_, _, _}, Msacc = {_, _, _}, Code = {CM, _, _}) ->
     W = ?WINDOW_S,
-    M = TM + (SM + CM) / W + ?MSACC_SHARE * MM,
-    Se = math:sqrt(sq((THi - TLo) / 4) + sq((SHi - SLo) / 4 / W) + sq((CHi - CLo) / 4 / W) +
-                   sq(?MSACC_SHARE * (MHi - MLo) / 4)),
+    {M, Lo, Hi} = weighted_sum([{1, Tick}, {1 / W, Session}, {1 / W, Code},
+                                {?MSACC_SHARE, Msacc}]),
     io:format("with the agent's code once a window: + ~.3f% / ~b = ~.3f% (95% bounds ~.3f% to ~.3f%)~n",
-              [100 * CM, W, 100 * M, 100 * (M - 2 * Se), 100 * (M + 2 * Se)]);
+              [100 * CM, W, 100 * M, 100 * Lo, 100 * Hi]);
 code_budget(_, _, _, {CM, _, _}) ->
     io:format("the agent's code once a window: ~.3f% / ~b = ~.3f%~n",
               [100 * CM, ?WINDOW_S, 100 * CM / ?WINDOW_S]).
+
+%% The sum of independently measured figures, each `{Mean, Lo, Hi}' (a
+%% 95% interval, two standard errors either side) with its weight: the
+%% sum's standard error is the root of the sum of the weighted squares.
+weighted_sum(Terms) ->
+    M = lists:sum([Wt * X || {Wt, {X, _, _}} <- Terms]),
+    Se = math:sqrt(lists:sum([sq(Wt * (Hi - Lo) / 4) || {Wt, {_, Lo, Hi}} <- Terms])),
+    {M, M - 2 * Se, M + 2 * Se}.
 
 sq(X) -> X * X.
 
@@ -301,7 +305,11 @@ amplified(Load, Pairs, What) ->
                   end,
     try
         ok = load_on(Peer, Load),
-        _ = What =:= code orelse load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()]),
+        %% The code part loads the agent's modules itself, again and again.
+        ok = case What of
+                 code -> ok;
+                 _ -> load_on(Peer, [object_code(M) || M <- beamdiag_agent:modules()])
+             end,
         ok = peer:call(Peer, overhead_load, start, [4]),
         ok = peer:call(Peer, overhead_load, idle, [env_int("BENCH_PROCS", 10000)], 60000),
         Rs = peer:call(Peer, overhead_load, Fun, Args, Pairs * 15000 + 30000),
