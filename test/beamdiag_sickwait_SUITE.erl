@@ -128,24 +128,7 @@ held_nif_answers(Config) ->
     %% in user mode, never slept; and the node answers. Read until it
     %% shows, 2 s at a time, for 10 s at most: a CI run once read no held
     %% thread in the 2 s right after the node's start.
-    Read = fun() ->
-                   L = beamdiag_test_lib:lab_ledger(Lab, 2000),
-                   W = maps:get(window_s, L),
-                   Seen = [{Name, (On + Q) / W, U / max(1.0e-9, On), V}
-                           || #{type := scheduler, name := Name, on_cpu := On, runq := Q,
-                                user := U, nvcsw := V} <- maps:get(threads, L)],
-                   ct:pal("scheduler threads (name, share of the window wanting a CPU, share "
-                          "of it in user mode, voluntary switches): ~p", [Seen]),
-                   case [N || {N, Want, User, V} <- Seen, Want >= 0.9, User >= 0.9, V =< 2] of
-                       [_] = H -> {true, H};
-                       H -> {false, H}
-                   end
-           end,
-    Held = case beamdiag_test_lib:poll(Read, 10000) of
-               {ok, H} -> H;
-               {timeout, H} -> H
-           end,
-    ct:pal("held scheduler threads: ~p", [Held]),
+    Held = beamdiag_test_lib:held_schedulers(Lab, 10000),
     ?assertMatch([_], Held),
     ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
     Node = atom_to_list(beamdiag_lab:node(Lab)),

@@ -17,7 +17,7 @@
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
--export([lab_ledger/2, lab_ping/1, lab_cli/2]).
+-export([lab_ledger/2, held_schedulers/2, lab_ping/1, lab_cli/2]).
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
@@ -246,6 +246,32 @@ lab_ledger(Lab, Ms) ->
     timer:sleep(Ms),
     Samples = beamdiag_host_view:stop(S),
     beamdiag_ledger:build(#{samples => Samples, settings => beamdiag_host_view:settings(Samples)}).
+
+%% @doc The raw signal of a held scheduler, read from the host 2 s at a
+%% time until it shows, for Ms milliseconds at most: the names of the
+%% normal scheduler threads that wanted a CPU (ran, or waited for one) 90%
+%% of the 2 s or more, 90% of their CPU time in user mode, and slept at
+%% most twice; each reading is logged with every scheduler thread's
+%% figures. A lab node's NIF can take a second or two after its start to
+%% hold its thread: CI once read none in the first 2 s.
+-spec held_schedulers(map(), pos_integer()) -> [binary()].
+held_schedulers(Lab, Ms) ->
+    Read = fun() ->
+                   L = lab_ledger(Lab, 2000),
+                   W = maps:get(window_s, L),
+                   Seen = [{Name, (On + Q) / W, U / max(1.0e-9, On), V}
+                           || #{type := scheduler, name := Name, on_cpu := On, runq := Q,
+                                user := U, nvcsw := V} <- maps:get(threads, L)],
+                   ct:pal("scheduler threads (name, share of the window wanting a CPU, share "
+                          "of it in user mode, voluntary switches): ~p", [Seen]),
+                   case [N || {N, Want, User, V} <- Seen, Want >= 0.9, User >= 0.9, V =< 2] of
+                       [] -> {false, []};
+                       Held -> {true, Held}
+                   end
+           end,
+    {_, Held} = poll(Read, Ms),
+    ct:pal("held scheduler threads: ~p", [Held]),
+    Held.
 
 %% @doc `net_adm:ping/1' of a lab node from this VM (made a hidden node
 %% first if it is not distributed), then disconnected: pong or pang.
