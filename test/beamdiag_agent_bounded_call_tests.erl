@@ -15,8 +15,86 @@ bounded_call_test_() ->
         {"cast: run without waiting, in order", fun cast/0},
         {"stop: queued work, then the clean-ups, then the end", fun stop/0},
         {"the owner's death: the clean-ups, then the end", fun owner_down/0},
-        {"reply/3", fun reply/0}
+        {"reply/3", fun reply/0},
+        {"once: a value, a raise, a late call's process killed", fun once/0},
+        {"once: erlang:memory/1 behind a held scheduler", fun once_held/0}
     ]].
+
+once() ->
+    ?assertEqual({ok, 42}, beamdiag_agent_bounded_call:once(fun() -> 42 end)),
+    ?assertEqual({error, <<"error:boom">>},
+                 beamdiag_agent_bounded_call:once(fun() -> error(boom) end)),
+    ?assertEqual({error, <<"exit:x">>}, beamdiag_agent_bounded_call:once(fun() -> exit(x) end)),
+    Self = self(),
+    {Us, R} = timer:tc(beamdiag_agent_bounded_call, once,
+                       [fun() -> Self ! {running, self()}, timer:sleep(5000) end, 50]),
+    ?assertEqual(timeout, R),
+    ?assert(Us < 1000000),
+    %% The late call's process is gone when once/2 returns.
+    Pid = receive {running, P} -> P after 0 -> error(never_ran) end,
+    ?assertNot(is_process_alive(Pid)),
+    %% Nothing left in the caller's mailbox.
+    ?assertEqual({messages, []}, erlang:process_info(self(), messages)).
+
+%% The raw signal first: erlang:memory/1 waits for a scheduler held 800 ms
+%% at a time (read from the other scheduler); then once/1 returns within
+%% its wait, and its process does not outlive it.
+once_held() ->
+    case erlang:system_info(schedulers_online) >= 2 of
+        false ->
+            error({needs_two_schedulers, erlang:system_info(schedulers_online)});
+        true ->
+            _ = erts_debug:set_internal_state(available_internal_state, true),
+            {module, _} = code:ensure_loaded(beamdiag_agent_bounded_call),
+            Clock = atomics:new(1, []),
+            Held = bound(1, fun Loop() ->
+                                ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
+                                _ = erts_debug:set_internal_state(sleep, 800),
+                                receive after 1 -> ok end,
+                                Loop()
+                            end),
+            Self = self(),
+            try
+                _ = bound(2, fun() ->
+                                 Raw = [begin
+                                            ok = hold_begun(Clock),
+                                            timer:sleep(5),
+                                            element(1, timer:tc(erlang, memory, [binary]))
+                                        end || _ <- [1, 2]],
+                                 ok = hold_begun(Clock),
+                                 timer:sleep(5),
+                                 Procs = erlang:system_info(process_count),
+                                 {Us, R} = timer:tc(beamdiag_agent_bounded_call, once,
+                                                    [fun() -> erlang:memory(binary) end]),
+                                 Self ! {held, Raw, Us, R, Procs, erlang:system_info(process_count)}
+                             end),
+                receive
+                    {held, Raw, Us, R, Procs0, Procs1} ->
+                        ?debugFmt("erlang:memory(binary) waited ~p us; once/1 ~p us: ~p",
+                                  [Raw, Us, R]),
+                        ?assert(lists:max(Raw) > 300000),
+                        ?assertEqual(timeout, R),
+                        ?assert(Us < 300000),
+                        ?assertEqual(Procs0, Procs1)
+                after 20000 ->
+                    error(no_answer)
+                end
+            after
+                exit(Held, kill)
+            end
+    end.
+
+bound(Sched, F) ->
+    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
+
+hold_begun(Clock) ->
+    hold_begun(Clock, atomics:get(Clock, 1)).
+
+hold_begun(Clock, Last) ->
+    case atomics:get(Clock, 1) of
+        Last -> timer:sleep(1), hold_begun(Clock, Last);
+        _ -> ok
+    end.
 
 value() ->
     P = beamdiag_agent_bounded_call:start(self()),

@@ -73,9 +73,22 @@ read_bad_statm_test() ->
 %% A middle tick: the VM's account and the resident pages the tick read
 %% from the process's stat, as bytes.
 read_vm_test() ->
-    #{vm := #{total := T}, os := Os} = beamdiag_agent_memory:read_vm(1000),
+    #{vm := #{total := T}, os := Os} = R =
+        beamdiag_agent_memory:read_vm(1000, beamdiag_agent_memory:vm_account(false)),
     ?assert(T > 0),
-    ?assertEqual(#{rss => 4096000}, Os).
+    ?assertEqual(#{rss => 4096000}, Os),
+    ?assertNot(is_map_key(alloc, R)).
+
+%% A VM account that came too late (a scheduler held): the reading has the
+%% OS's account, an empty VM's, and says why.
+read_vm_missing_test() ->
+    ?assertEqual(#{vm => #{}, vm_missing => timeout, os => #{rss => 8192}},
+                 beamdiag_agent_memory:read_vm(2, {missing, timeout})),
+    {R, _} = in_root(<<"2500 1200 300 10 0 900 0\n">>, fun(Root) ->
+                 beamdiag_agent_memory:read(Root, 4242, beamdiag_agent_file:none(), {missing, busy})
+             end),
+    ?assertEqual(#{vm => #{}, vm_missing => busy,
+                   os => #{rss => 1200 * 4096, shared => 300 * 4096, anon => 900 * 4096}}, R).
 
 %% The node's own statm, read through /proc: resident memory within the
 %% VM's own account's order, anonymous plus shared the resident.

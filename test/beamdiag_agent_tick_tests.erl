@@ -115,6 +115,74 @@ held_queue() ->
             end
     end.
 
+%% A scheduler held 800 ms at a time, as a NIF would: the raw signal
+%% first, erlang:memory/0 waits for it; then a tick of a session (its
+%% helper, 1 s ticks) does not: it comes within its wait for every
+%% scheduler's figures, the VM's memory account missing and saying why,
+%% the OS's account there.
+held_memory_test_() ->
+    {timeout, 60, fun held_memory/0}.
+
+held_memory() ->
+    case erlang:system_info(schedulers_online) >= 2 of
+        false ->
+            error({needs_two_schedulers, erlang:system_info(schedulers_online)});
+        true ->
+            _ = erts_debug:set_internal_state(available_internal_state, true),
+            _ = [{module, M} = code:ensure_loaded(M)
+                 || M <- [beamdiag_agent_tick, beamdiag_agent_memory, beamdiag_agent_vm,
+                          beamdiag_agent_procfs, beamdiag_agent_bounded_call, timer]],
+            Self = self(),
+            State = (state())#{probe => beamdiag_agent_bounded_call:start(Self),
+                               interval_ms => 1000},
+            {_, S1} = beamdiag_agent_tick:sample(State),
+            Clock = atomics:new(1, []),
+            Held = bound(1, fun Loop() ->
+                                ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
+                                _ = erts_debug:set_internal_state(sleep, 800),
+                                receive after 1 -> ok end,
+                                Loop()
+                            end),
+            try
+                _ = bound(2, fun() ->
+                                 ok = hold_begun(Clock),
+                                 timer:sleep(5),
+                                 Raw = element(1, timer:tc(erlang, memory, [])),
+                                 ok = hold_begun(Clock),
+                                 timer:sleep(5),
+                                 {Us, {ok, Sample, _}} =
+                                     timer:tc(beamdiag_agent_tick, sample,
+                                              [S1, erlang:monotonic_time(millisecond) + 5000]),
+                                 Self ! {held, Raw, Us, Sample}
+                             end),
+                receive
+                    {held, Raw, Us, #{memory := Memory, vm := Vm}} ->
+                        ?debugFmt("erlang:memory/0 waited ~b us; the tick took ~b us: memory ~p, "
+                                  "missing ~p", [Raw, Us, Memory, maps:get(missing, Vm, none)]),
+                        ?assert(Raw > 300000),
+                        ?assert(Us < 500000),
+                        ?assertMatch(#{vm := V, vm_missing := timeout, os := #{rss := _}}
+                                       when map_size(V) =:= 0, Memory),
+                        ?assertMatch(#{missing := #{items := [_ | _], why := timeout}}, Vm),
+                        ?assert(lists:member(memory, maps:get(items, maps:get(missing, Vm))))
+                after 20000 ->
+                    error(no_tick)
+                end
+            after
+                exit(Held, kill),
+                beamdiag_agent_bounded_call:stop(maps:get(probe, State))
+            end
+    end.
+
+hold_begun(Clock) ->
+    hold_begun(Clock, atomics:get(Clock, 1)).
+
+hold_begun(Clock, Last) ->
+    case atomics:get(Clock, 1) of
+        Last -> timer:sleep(1), hold_begun(Clock, Last);
+        _ -> ok
+    end.
+
 bound(Sched, F) ->
     erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
 

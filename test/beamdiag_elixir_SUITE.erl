@@ -194,7 +194,14 @@ elixir_names(Config) ->
         ?assertMatch({_, _}, binary:match(Out, <<"Shop.Pricing.loop/1">>)),
         [_, Profile] = binary:split(Out, <<"\nPROFILE: ">>),
         ct:pal("profile:~n~ts", [Profile]),
-        ?assertMatch({_, _}, binary:match(Profile, <<"$anonymous fn/2 in Shop.Pricing.total/1">>)),
+        %% The fun's JIT frame, named from the perf map in Elixir's words
+        %% (second in every run read, 37% of the samples). Missing, the case
+        %% fails with the profile's header and top, which CI's summary shows.
+        case binary:match(Profile, <<"$anonymous fn/2 in Shop.Pricing.total/1">>) of
+            {_, _} -> ok;
+            nomatch -> ct:fail({no_anonymous_fn_in_profile, binary:part(Profile, 0,
+                                                                        min(900, byte_size(Profile)))})
+        end,
         %% The profile's figures count JIT frames the same.
         ?assertEqual(nomatch, binary:match(Profile, <<"Erlang function on the stack: 0.0%">>)),
         %% Its bottleneck's fix in Elixir's terms (the report wraps lines).

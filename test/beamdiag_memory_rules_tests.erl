@@ -249,6 +249,28 @@ vm_account_not_supported_test() ->
     ?assertMatch({_, _}, binary:match(Note, <<"+Mea min">>)),
     ?assertEqual([], beamdiag_memory_rules:findings(M, C)).
 
+%% A node whose scheduler was held: the agent's ticks could not wait for
+%% erlang:memory/0 and say so (`vm_missing'). Every tick late: no accounts,
+%% the note says why (not +Mea min), no finding. Some ticks late: the
+%% accounts from the others, and the note counts the late ones.
+vm_account_late_test() ->
+    Late = #{vm => #{}, vm_missing => timeout, os => #{rss => 100 * ?MIB}},
+    All = #{samples => [#{t => I, memory => Late} || I <- [0, 1, 2]], extras => #{}},
+    M = beamdiag_memory_ledger:build(All),
+    ?assertEqual(#{}, maps:get(accounts, M)),
+    [Note] = maps:get(notes, M),
+    ?assertMatch({_, _}, binary:match(Note, <<"missing in 3 of 3 samples">>)),
+    ?assertEqual(nomatch, binary:match(Note, <<"+Mea min">>)),
+    ?assertEqual([], beamdiag_memory_rules:findings(M, All)),
+    C0 = capture(flat(10 * ?MIB), flat(50 * ?MIB), flat(20 * ?MIB), {host, 20000 * ?MIB}),
+    [S0, S1 | Rest] = maps:get(samples, C0),
+    Some = C0#{samples := [S0, S1#{memory := Late} | Rest]},
+    M2 = beamdiag_memory_ledger:build(Some),
+    ?assertEqual(length(Rest) + 1, maps:get(readings, M2)),
+    ?assert(maps:is_key(total, maps:get(accounts, M2))),
+    ?assertMatch([_], [N || N <- maps:get(notes, M2),
+                            binary:match(N, <<"missing in 1 of 7 samples">>) =/= nomatch]).
+
 %% A cache table without eviction: the ets part up 20 MiB a second, the
 %% resident memory with it; the table that grew is named with its type and
 %% owner, a small one beside it is not.

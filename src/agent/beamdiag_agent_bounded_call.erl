@@ -30,7 +30,7 @@
 %%% '''
 -module(beamdiag_agent_bounded_call).
 
--export([start/1, call/3, cast/2, stop/1, pid/1, reply/3]).
+-export([start/1, call/3, once/1, once/2, cast/2, stop/1, pid/1, reply/3]).
 
 %% Internal: the helper's entry point.
 -export([init/2]).
@@ -38,6 +38,9 @@
 -ignore_xref([{init, 2}]).
 
 -export_type([probe/0]).
+
+%% How long once/1 waits (ms).
+-define(ONCE_MS, 100).
 
 -opaque probe() :: {probe, pid(), atomics:atomics_ref()}.
 
@@ -70,6 +73,31 @@ call({probe, Pid, Busy}, Fun, TimeoutMs) ->
             reply(Alias, TimeoutMs, timeout);
         _ ->
             busy
+    end.
+
+%% @doc `once/2' with the wait a walk or a session's start allows a
+%% figure every scheduler must answer for: ?ONCE_MS.
+-spec once(fun(() -> term())) -> {ok, term()} | timeout | {error, binary()}.
+once(Fun) ->
+    once(Fun, ?ONCE_MS).
+
+%% @doc Runs Fun once in a process of its own and waits at most TimeoutMs
+%% for its value, for a caller that has no helper (the process walks):
+%% `{ok, Value}', `timeout' (the process is killed: a call waiting for a
+%% held scheduler ends there) or `{error, Text}' (Fun raised). A spawn and
+%% a monitor a call.
+-spec once(fun(() -> term()), non_neg_integer()) -> {ok, term()} | timeout | {error, binary()}.
+once(Fun, TimeoutMs) ->
+    {Pid, MRef} = spawn_opt(fun() -> exit({?MODULE, run(Fun)}) end, [monitor, {priority, high}]),
+    receive
+        {'DOWN', MRef, process, Pid, {?MODULE, Reply}} -> Reply;
+        {'DOWN', MRef, process, Pid, Why} -> {error, text(exit, Why)}
+    after TimeoutMs ->
+        exit(Pid, kill),
+        receive
+            {'DOWN', MRef, process, Pid, {?MODULE, Reply}} -> Reply;
+            {'DOWN', MRef, process, Pid, _} -> timeout
+        end
     end.
 
 %% @doc The answer to a request sent with a reply alias (`alias([reply])'),
@@ -118,11 +146,7 @@ init(Owner, Busy) ->
 loop(MRef, Busy, Cleanups) ->
     receive
         {run, ReplyTo, Fun} ->
-            Reply = try {ok, Fun()}
-                    catch Class:Reason ->
-                        {error, iolist_to_binary(io_lib:format("~p:~p", [Class, Reason],
-                                                               [{chars_limit, 200}]))}
-                    end,
+            Reply = run(Fun),
             _ = case ReplyTo of
                     none -> ok;
                     _ -> ReplyTo ! {ReplyTo, Reply}
@@ -136,6 +160,14 @@ loop(MRef, Busy, Cleanups) ->
         {'DOWN', MRef, process, _, _} ->
             cleanup(Cleanups)
     end.
+
+run(Fun) ->
+    try {ok, Fun()}
+    catch Class:Reason -> {error, text(Class, Reason)}
+    end.
+
+text(Class, Reason) ->
+    iolist_to_binary(io_lib:format("~p:~p", [Class, Reason], [{chars_limit, 200}])).
 
 cleanup(Funs) ->
     _ = [catch F() || F <- Funs],

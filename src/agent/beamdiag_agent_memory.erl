@@ -5,11 +5,17 @@
 %%%
 %%% Both are cheap: `erlang:memory/0' sums the allocators' own counters
 %%% (66 us a call on an idle 2-core host with OTP 25, 93 us beside four
-%%% burners; no scheduler is asked). statm, one short file but one more
+%%% burners). But it waits for every scheduler, as
+%%% `{allocator_sizes, Type}' does: behind a scheduler held 800 ms at a
+%%% time, 798 ms and 800 ms (OTP 25, 2 cores). So the VM's part of a
+%%% tick's reading (`vm_account/1') runs where the tick's other
+%%% every-scheduler calls run, in the session's helper under the tick's
+%%% wait (beamdiag_agent_tick), and a reading without it says why
+%%% (`vm_missing'). statm, one short file but one more
 %%% trip to a dirty I/O thread (3.2 ms of wall time on a saturated node),
 %%% is read on the window's first and last ticks only (`read/3'); a middle
 %%% tick takes the resident memory from the process's stat, which it reads
-%%% for its CPU time anyway (`read_vm/1').
+%%% for its CPU time anyway (`read_vm/2').
 %%%
 %%% On the first and last ticks, too, the allocators' own account: for
 %%% each alloc_util allocator type, the size of its carriers (what it
@@ -26,22 +32,30 @@
 %%% '''
 -module(beamdiag_agent_memory).
 
--export([read/3, read_vm/1]).
+-export([read/3, read/4, read_vm/2, vm_account/1]).
 
 -ifdef(TEST).
 -export([parse_statm/2, allocator_sizes/1]).
 -endif.
 
--export_type([reading/0]).
+-export_type([reading/0, vm_account/0]).
 
-%% The VM's account (bytes by type) and the OS's (`rss', `anon' and
+%% The VM's account (bytes by type; empty when it was not read, and then
+%% `vm_missing' says why: `timeout' or `busy', a scheduler did not answer
+%% within the tick's wait, or `error') and the OS's (`rss', `anon' and
 %% `shared' bytes, or the error that kept it from being read).
 -type reading() :: #{
     vm := #{atom() => non_neg_integer()},
+    vm_missing => timeout | busy | error,
     alloc => #{atom() => #{carriers := non_neg_integer(), blocks := non_neg_integer()}},
     os := #{rss := non_neg_integer(), anon => non_neg_integer(), shared => non_neg_integer()}
         | {error, term()}
 }.
+%% The VM's part of a reading (`vm_account/1'), or why it is missing.
+-type vm_account() :: #{vm := #{atom() => non_neg_integer()},
+                        alloc => #{atom() => #{carriers := non_neg_integer(),
+                                               blocks := non_neg_integer()}}}
+                    | {missing, timeout | busy | error}.
 
 %% statm is seven numbers: a few dozen bytes.
 -define(MAX_STATM, 512).
@@ -54,25 +68,46 @@
 %%% API
 %%%===================================================================
 
-%% @doc One reading: the VM's account and the OS's, through held
-%% descriptors.
+%% @doc One reading, its VM part read here (`vm_account(true)'): for a
+%% caller that may wait for every scheduler.
 -spec read(file:filename(), string() | integer(), beamdiag_agent_file:held()) ->
     {reading(), beamdiag_agent_file:held()}.
 read(Root, Pid, Held) ->
-    Vm = vm(),
+    read(Root, Pid, Held, vm_account(true)).
+
+%% @doc One reading: the VM's part as read (`vm_account/1', or why it is
+%% missing) and the OS's, through held descriptors.
+-spec read(file:filename(), string() | integer(), beamdiag_agent_file:held(), vm_account()) ->
+    {reading(), beamdiag_agent_file:held()}.
+read(Root, Pid, Held, Account) ->
     Path = filename:join([Root, pid_text(Pid), "statm"]),
     {Os, Held2} = case beamdiag_agent_file:read(Path, ?MAX_STATM, Held) of
                       {{ok, Bin}, H} -> {parse_statm(Bin, ?PAGE), H};
                       {{error, Why}, H} -> {{error, {beamdiag_agent_memory, {read, Why}}}, H}
                   end,
-    {#{vm => Vm, os => Os, alloc => allocators()}, Held2}.
+    {with_account(Account, #{os => Os}), Held2}.
 
-%% @doc A middle tick's reading: the VM's account, and the resident memory
-%% the tick read with the process's CPU time (/proc/PID/stat, RssPages
-%% pages), without the anonymous part (statm, read at the window's ends).
--spec read_vm(non_neg_integer()) -> reading().
-read_vm(RssPages) ->
-    #{vm => vm(), os => #{rss => RssPages * ?PAGE}}.
+%% @doc A middle tick's reading: the VM's part as read, and the resident
+%% memory the tick read with the process's CPU time (/proc/PID/stat,
+%% RssPages pages), without the anonymous part (statm, read at the
+%% window's ends).
+-spec read_vm(non_neg_integer(), vm_account()) -> reading().
+read_vm(RssPages, Account) ->
+    with_account(Account, #{os => #{rss => RssPages * ?PAGE}}).
+
+%% @doc The VM's part of a reading: `erlang:memory/0' by type, and with
+%% Allocators the allocators' carriers and blocks. Both wait for every
+%% scheduler: the agent's ticks call this in the session's helper.
+-spec vm_account(boolean()) -> vm_account().
+vm_account(true) ->
+    #{vm => vm(), alloc => allocators()};
+vm_account(false) ->
+    #{vm => vm()}.
+
+with_account({missing, Why}, Reading) ->
+    Reading#{vm => #{}, vm_missing => Why};
+with_account(Account, Reading) ->
+    maps:merge(Reading, Account).
 
 %% erlang:memory/0 raises notsup on a node whose allocators do not all
 %% count (+Mea min, a disabled allocator): no VM account then, the OS's

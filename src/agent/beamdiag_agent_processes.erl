@@ -64,7 +64,7 @@
     base := #{pid() => beamdiag_agent_proc_walk:figures()},
     mem0 := #{pid() => non_neg_integer()},
     %% erlang:memory(binary) at the span's start.
-    binary0 => non_neg_integer(),
+    binary0 => non_neg_integer() | undefined,
     ports0 => non_neg_integer(),
     %% Each table's memory at the span's start (beamdiag_agent_tables).
     tables0 => beamdiag_agent_tables:sizes(),
@@ -214,7 +214,7 @@ start(Opts) ->
         count0 => Count,
         base => Base,
         mem0 => Mem0,
-        binary0 => erlang:memory(binary),
+        binary0 => binary_memory(),
         ports0 => erlang:system_info(port_count),
         tables0 => tables(Mode),
         queues0 => Queues,
@@ -249,7 +249,7 @@ next(S) ->
                 t0_ns := T1 * 1000,
                 base := maps:from_list([{P, {element(1, T), element(2, T), element(3, T)}}
                                         || {P, T} <- End]),
-                mem0 := Mem1, binary0 => erlang:memory(binary),
+                mem0 := Mem1, binary0 => binary_memory(),
                 ports0 => erlang:system_info(port_count), tables0 => tables(maps:get(mode, S)),
                 queues0 := Qs, walk_us := W,
                 truncated := Trunc}}.
@@ -517,13 +517,23 @@ entries(Pids, Info, Like, Names, Ids) ->
 %% asked only when the node's binary memory grew by ?BINARY_GROWTH_MIN
 %% over the window (the memory rules name holders only then).
 binaries(Binary0, Pids, Mem, Info, Names, Ids) when is_integer(Binary0) ->
-    case erlang:memory(binary) - Binary0 >= ?BINARY_GROWTH_MIN of
-        true ->
+    case binary_memory() of
+        Binary1 when is_integer(Binary1), Binary1 - Binary0 >= ?BINARY_GROWTH_MIN ->
             Held = beamdiag_agent_proc_memory:binaries(Pids, Mem, 1048576),
             [maps:merge(E, maps:without([pid], H))
              || H = #{pid := P} <- Held, E <- entries([P], Info, #{}, Names, Ids)];
-        false ->
+        _ ->
             []
     end;
 binaries(_, _, _, _, _, _) ->
     [].
+
+%% The node's binary memory, or `undefined' when it did not come within
+%% beamdiag_agent_bounded_call:once/1's wait: erlang:memory/1 waits for every scheduler, and a
+%% walk must not wait for a held one (measured: 775 ms behind a scheduler
+%% held 800 ms at a time); the binaries are then not read.
+binary_memory() ->
+    case beamdiag_agent_bounded_call:once(fun() -> erlang:memory(binary) end) of
+        {ok, B} -> B;
+        _ -> undefined
+    end.

@@ -96,7 +96,9 @@ sample(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
     Status = maps:get(status, State, true),
     H0 = maps:get(held, State, beamdiag_agent_file:none()),
     T = erlang:monotonic_time(nanosecond),
-    Vm = vm(State, Msacc),
+    %% The memory ledger's VM part with the other every-scheduler counters,
+    %% the allocators' on the window's ends.
+    {Vm, Account} = vm(State, Msacc, Status =/= false),
     %% A middle tick (no status file) reads the threads that ran in the
     %% interval before, the others only when the process's CPU time says
     %% they ran too, an idle thread's stat alone, the cgroup's counters
@@ -145,9 +147,11 @@ sample(State = #{pid := OsPid, proc_root := Root, msacc := Msacc}, Deadline) ->
                             %% the process's stat, read for its CPU time.
                             {Memory, H3} = case {Status, ProcStat} of
                                                {false, #{rss_pages := Rss}} ->
-                                                   {beamdiag_agent_memory:read_vm(Rss), H3M};
+                                                   {beamdiag_agent_memory:read_vm(Rss, Account),
+                                                    H3M};
                                                _ ->
-                                                   beamdiag_agent_memory:read(Root, OsPid, H3M)
+                                                   beamdiag_agent_memory:read(Root, OsPid, H3M,
+                                                                              Account)
                                            end,
                             Sample = queues(State, #{
                                 memory => Memory,
@@ -184,23 +188,28 @@ active(Before, Now) ->
                 _ -> true
             end].
 
-%% The VM counters; those every scheduler must answer for (scheduler wall
-%% time, msacc) through the session's helper, with a deadline: a scheduler
-%% held by a NIF answers late, and the tick goes on without them (`missing'
-%% says which and why).
-vm(#{probe := Probe, interval_ms := Interval}, Msacc) ->
+%% The VM counters, and the memory ledger's VM part (with the allocators'
+%% when Alloc is true); those every scheduler must answer for (scheduler
+%% wall time, msacc, erlang:memory/0, the allocators' sizes) through the
+%% session's helper, with a deadline: a scheduler held by a NIF answers
+%% late, and the tick goes on without them (`missing' says which and why,
+%% the memory reading's `vm_missing' why).
+vm(#{probe := Probe, interval_ms := Interval}, Msacc, Alloc) ->
     Vm0 = beamdiag_agent_vm:counters(#{msacc => false, swt => false}),
-    Fun = fun() -> beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}) end,
+    Fun = fun() -> {beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}),
+                    beamdiag_agent_memory:vm_account(Alloc)}
+          end,
     case beamdiag_agent_bounded_call:call(Probe, Fun, slow_ms(Interval)) of
-        {ok, M} ->
-            maps:merge(Vm0, M);
+        {ok, {M, Account}} ->
+            {maps:merge(Vm0, M), Account};
         Why ->
-            Items = [swt, garbage_collection | [msacc || Msacc]],
-            Vm0#{missing => #{items => Items, why => missing_why(Why),
-                              waited_ms => slow_ms(Interval)}}
+            Items = [swt, garbage_collection | [msacc || Msacc]] ++ [memory],
+            {Vm0#{missing => #{items => Items, why => missing_why(Why),
+                               waited_ms => slow_ms(Interval)}},
+             {missing, missing_why(Why)}}
     end;
-vm(_State, Msacc) ->
-    beamdiag_agent_vm:counters(#{msacc => Msacc}).
+vm(_State, Msacc, Alloc) ->
+    {beamdiag_agent_vm:counters(#{msacc => Msacc}), beamdiag_agent_memory:vm_account(Alloc)}.
 
 %% How long a tick waits for every scheduler's answer.
 slow_ms(Interval) ->

@@ -105,12 +105,11 @@ settings() ->
         process_limit => erlang:system_info(process_limit),
         atom_count => erlang:system_info(atom_count),
         atom_limit => erlang:system_info(atom_limit),
-        eheap_alloc_instances => alloc_instances(eheap_alloc),
         %% Elixir's application runs here (it registers elixir_config):
         %% the report then says fixes in Elixir's terms.
         elixir => erlang:whereis(elixir_config) =/= undefined
     },
-    maps:merge(Base, Flags).
+    maps:merge(maps:merge(Base, alloc_instances(eheap_alloc)), Flags).
 
 %% Whether `erl -emu_type lcnt' would find a lock-counting emulator beside
 %% the running one (erlexec sets BINDIR to the emulator's folder): one
@@ -363,12 +362,22 @@ swt() ->
         L -> lists:keysort(1, L)
     end.
 
+%% An allocator's instance count, as `eheap_alloc_instances'. The
+%% `{allocator, A}' answer waits for every scheduler (799 ms behind one
+%% held 800 ms at a time, OTP 25): asked in a process of its own for
+%% beamdiag_agent_bounded_call:once/1's wait at most, and left out when it is late.
 alloc_instances(A) ->
-    try erlang:system_info({allocator, A}) of
-        L when is_list(L) -> length([I || {instance, I, _} <- L]);
-        _ -> 0
-    catch
-        error:badarg -> 0
+    Read = fun() ->
+                   try erlang:system_info({allocator, A}) of
+                       L when is_list(L) -> length([I || {instance, I, _} <- L]);
+                       _ -> 0
+                   catch
+                       error:badarg -> 0
+                   end
+           end,
+    case beamdiag_agent_bounded_call:once(Read) of
+        {ok, N} -> #{eheap_alloc_instances => N};
+        _ -> #{}
     end.
 
 unknown_as_null(unknown) -> null;

@@ -463,7 +463,8 @@ series([A, B | Rest], Settings) ->
 %% Ticks whose schedulers did not all answer in time.
 missing_note(Missing = [#{waited_ms := Ms} | _], N) ->
     iolist_to_binary(
-      io_lib:format("scheduler wall time (and msacc, when on) missing in ~b of ~b samples: not "
+      io_lib:format("scheduler wall time (and msacc, when on, and the VM's memory account) missing in "
+                    "~b of ~b samples: not "
                     "every scheduler answered within ~b ms (a scheduler held by a NIF or a long "
                     "BIF answers only when it returns); the busy figures come from the samples "
                     "that have it", [length(Missing), N, Ms]));

@@ -96,7 +96,7 @@ build(Capture = #{samples := Samples}) ->
             Notes = case maps:is_key(rss, Accounts) of
                         true -> [];
                         false -> [<<"the node's resident memory could not be read (statm)">>]
-                    end,
+                    end ++ late_note(Samples),
             with_allocators(Readings,
                             with_time_left(Room#{readings => length(Readings), span_s => Span,
                                                  accounts => Accounts, notes => Notes}));
@@ -147,12 +147,28 @@ host_room(_) ->
     #{}.
 
 no_readings(Samples, Readings, Room) ->
-    Note = case [M || #{memory := M = #{vm := Vm}} <- Samples, map_size(Vm) =:= 0] of
-               [] -> <<"no memory readings in this capture">>;
-               _ -> <<"the VM's memory account is not available: erlang:memory/0 is not "
-                      "supported on this node (+Mea min, or an allocator disabled)">>
-           end,
-    Room#{readings => length(Readings), span_s => 0.0, accounts => #{}, notes => [Note]}.
+    Notes = case {late_note(Samples),
+                  [M || #{memory := M = #{vm := Vm}} <- Samples, map_size(Vm) =:= 0]} of
+                {[_] = Late, _} -> Late;
+                {[], []} -> [<<"no memory readings in this capture">>];
+                {[], _} -> [<<"the VM's memory account is not available: erlang:memory/0 is not "
+                              "supported on this node (+Mea min, or an allocator disabled)">>]
+            end,
+    Room#{readings => length(Readings), span_s => 0.0, accounts => #{}, notes => Notes}.
+
+%% The ticks whose VM account came too late: erlang:memory/0 waits for
+%% every scheduler, and the agent waits for it no longer than a tick
+%% allows (beamdiag_agent_memory).
+late_note(Samples) ->
+    case [W || #{memory := #{vm_missing := W}} <- Samples] of
+        [] -> [];
+        Late -> [iolist_to_binary(
+                   io_lib:format("the VM's memory account missing in ~b of ~b samples: "
+                                 "erlang:memory/0 waits for every scheduler, and one did not "
+                                 "answer within the tick's wait (a scheduler held by a NIF or a "
+                                 "long BIF); the accounts come from the samples that have it",
+                                 [length(Late), length(Samples)]))]
+    end.
 
 %%%===================================================================
 %%% Internal
