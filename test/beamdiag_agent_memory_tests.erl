@@ -45,7 +45,8 @@ statm_test() ->
 read_recorded_statm_test() ->
     {#{vm := Vm, os := Os, alloc := Alloc}, _} =
         in_root(<<"2500 1200 300 10 0 900 0\n">>, fun(Root) ->
-            beamdiag_agent_memory:read(Root, 4242, beamdiag_agent_file:none())
+            beamdiag_agent_memory:read(Root, 4242, beamdiag_agent_file:none(),
+                                       beamdiag_agent_memory:vm_account(true))
         end),
     ?assertEqual(#{rss => 1200 * 4096, shared => 300 * 4096, anon => 900 * 4096}, Os),
     ?assertEqual(lists:sort([total, processes, system, atom, binary, code, ets]),
@@ -60,13 +61,15 @@ read_recorded_statm_test() ->
 read_bad_statm_test() ->
     {#{vm := #{total := T}, os := Bad}, _} =
         in_root(<<"not numbers\n">>, fun(Root) ->
-            beamdiag_agent_memory:read(Root, "4242", beamdiag_agent_file:none())
+            beamdiag_agent_memory:read(Root, "4242", beamdiag_agent_file:none(),
+                                       beamdiag_agent_memory:vm_account(true))
         end),
     ?assert(T > 0),
     ?assertMatch({error, {beamdiag_agent_memory, {bad_statm, <<"not numbers", _/binary>>}}}, Bad),
     {#{os := Missing}, _} =
         in_root(none, fun(Root) ->
-            beamdiag_agent_memory:read(Root, 4242, beamdiag_agent_file:none())
+            beamdiag_agent_memory:read(Root, 4242, beamdiag_agent_file:none(),
+                                       beamdiag_agent_memory:vm_account(true))
         end),
     ?assertMatch({error, {beamdiag_agent_memory, {read, enoent}}}, Missing).
 
@@ -94,7 +97,8 @@ read_vm_missing_test() ->
 %% VM's own account's order, anonymous plus shared the resident.
 read_own_statm_test() ->
     {#{vm := #{total := T}, os := #{rss := R, anon := A, shared := S}}, _} =
-        beamdiag_agent_memory:read("/proc", os:getpid(), beamdiag_agent_file:none()),
+        beamdiag_agent_memory:read("/proc", os:getpid(), beamdiag_agent_file:none(),
+                                       beamdiag_agent_memory:vm_account(true)),
     ?assertEqual(R, A + S),
     ?assert(R > T div 4).
 

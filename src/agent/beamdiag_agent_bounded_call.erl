@@ -30,7 +30,11 @@
 %%% '''
 -module(beamdiag_agent_bounded_call).
 
--export([start/1, call/3, once/1, once/2, cast/2, stop/1, pid/1, reply/3]).
+-export([start/1, call/3, once/1, cast/2, stop/1, pid/1, reply/3]).
+
+-ifdef(TEST).
+-export([once/2]).
+-endif.
 
 %% Internal: the helper's entry point.
 -export([init/2]).

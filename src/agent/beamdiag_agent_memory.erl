@@ -13,7 +13,7 @@
 %%% wait (beamdiag_agent_tick), and a reading without it says why
 %%% (`vm_missing'). statm, one short file but one more
 %%% trip to a dirty I/O thread (3.2 ms of wall time on a saturated node),
-%%% is read on the window's first and last ticks only (`read/3'); a middle
+%%% is read on the window's first and last ticks only (`read/4'); a middle
 %%% tick takes the resident memory from the process's stat, which it reads
 %%% for its CPU time anyway (`read_vm/2').
 %%%
@@ -26,13 +26,14 @@
 %%% ten types of an idle 2-core node with OTP 25, 0.56 ms for the tree).
 %%%
 %%% ```
-%%% 1> {M, _} = beamdiag_agent_memory:read("/proc", os:getpid(), beamdiag_agent_file:none()).
+%%% 1> {M, _} = beamdiag_agent_memory:read("/proc", os:getpid(), beamdiag_agent_file:none(),
+%%%                                         beamdiag_agent_memory:vm_account(true)).
 %%% 2> maps:get(total, maps:get(vm, M)) > 0.
 %%% true
 %%% '''
 -module(beamdiag_agent_memory).
 
--export([read/3, read/4, read_vm/2, vm_account/1]).
+-export([read/4, read_vm/2, vm_account/1]).
 
 -ifdef(TEST).
 -export([parse_statm/2, allocator_sizes/1]).
@@ -67,13 +68,6 @@
 %%%===================================================================
 %%% API
 %%%===================================================================
-
-%% @doc One reading, its VM part read here (`vm_account(true)'): for a
-%% caller that may wait for every scheduler.
--spec read(file:filename(), string() | integer(), beamdiag_agent_file:held()) ->
-    {reading(), beamdiag_agent_file:held()}.
-read(Root, Pid, Held) ->
-    read(Root, Pid, Held, vm_account(true)).
 
 %% @doc One reading: the VM's part as read (`vm_account/1', or why it is
 %% missing) and the OS's, through held descriptors.
