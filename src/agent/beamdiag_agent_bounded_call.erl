@@ -92,15 +92,24 @@ once(Fun) ->
 %% a monitor a call.
 -spec once(fun(() -> term()), non_neg_integer()) -> {ok, term()} | timeout | {error, binary()}.
 once(Fun, TimeoutMs) ->
-    {Pid, MRef} = spawn_opt(fun() -> exit({?MODULE, run(Fun)}) end, [monitor, {priority, high}]),
+    Self = self(),
+    Ref = make_ref(),
+    {Pid, MRef} = spawn_opt(fun() -> Self ! {Ref, run(Fun)} end, [monitor, {priority, high}]),
     receive
-        {'DOWN', MRef, process, Pid, {?MODULE, Reply}} -> Reply;
-        {'DOWN', MRef, process, Pid, Why} -> {error, text(exit, Why)}
+        {Ref, Reply} ->
+            %% (Its answer comes before its 'DOWN'.)
+            erlang:demonitor(MRef, [flush]),
+            Reply;
+        {'DOWN', MRef, process, Pid, Why} ->
+            {error, text(exit, Why)}
     after TimeoutMs ->
         exit(Pid, kill),
         receive
-            {'DOWN', MRef, process, Pid, {?MODULE, Reply}} -> Reply;
-            {'DOWN', MRef, process, Pid, _} -> timeout
+            {'DOWN', MRef, process, Pid, _} -> ok
+        end,
+        receive
+            {Ref, Reply} -> Reply
+        after 0 -> timeout
         end
     end.
 
