@@ -44,24 +44,17 @@ once_held() ->
         false ->
             error({needs_two_schedulers, erlang:system_info(schedulers_online)});
         true ->
-            _ = erts_debug:set_internal_state(available_internal_state, true),
             {module, _} = code:ensure_loaded(beamdiag_agent_bounded_call),
-            Clock = atomics:new(1, []),
-            Held = bound(1, fun Loop() ->
-                                ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
-                                _ = erts_debug:set_internal_state(sleep, 800),
-                                receive after 1 -> ok end,
-                                Loop()
-                            end),
+            {Held, Clock} = beamdiag_test_lib:held_scheduler(),
             Self = self(),
             try
-                _ = bound(2, fun() ->
+                _ = beamdiag_test_lib:bound(2, fun() ->
                                  Raw = [begin
-                                            ok = hold_begun(Clock),
+                                            ok = beamdiag_test_lib:hold_begun(Clock),
                                             timer:sleep(5),
                                             element(1, timer:tc(erlang, memory, [binary]))
                                         end || _ <- [1, 2]],
-                                 ok = hold_begun(Clock),
+                                 ok = beamdiag_test_lib:hold_begun(Clock),
                                  timer:sleep(5),
                                  Procs = erlang:system_info(process_count),
                                  {Us, R} = timer:tc(beamdiag_agent_bounded_call, once,
@@ -82,18 +75,6 @@ once_held() ->
             after
                 exit(Held, kill)
             end
-    end.
-
-bound(Sched, F) ->
-    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
-
-hold_begun(Clock) ->
-    hold_begun(Clock, atomics:get(Clock, 1)).
-
-hold_begun(Clock, Last) ->
-    case atomics:get(Clock, 1) of
-        Last -> timer:sleep(1), hold_begun(Clock, Last);
-        _ -> ok
     end.
 
 value() ->

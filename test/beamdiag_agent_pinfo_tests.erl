@@ -23,7 +23,7 @@ stalled() ->
         A ! hello,
         %% The fold starts as a hold begins, so that it meets the hold
         %% whatever the host's load (a fold begun in a gap reads it).
-        ok = hold_begun(Clock),
+        ok = beamdiag_test_lib:hold_begun(Clock),
         T0 = erlang:monotonic_time(millisecond),
         {Read, Stalled, Trunc} =
             beamdiag_agent_pinfo:fold(fun(P, [{message_queue_len, Q}], Acc) -> [{P, Q} | Acc] end,
@@ -40,7 +40,7 @@ stalled() ->
                                                  #{deadline => erlang:monotonic_time(microsecond)
                                                                    + 20000}),
         %% The start walk: done without it, it is stalled and watched.
-        ok = hold_begun(Clock),
+        ok = beamdiag_test_lib:hold_begun(Clock),
         {WalkUs, S} = timer:tc(beamdiag_agent_processes, start, [#{}]),
         ?debugFmt("start walk ~b us, stalled ~p", [WalkUs, maps:get(stalled, S)]),
         ?assert(lists:keymember(Held, 1, maps:get(stalled, S))),
@@ -65,7 +65,6 @@ with_held(Fun) ->
         false ->
             ok;
         true ->
-            _ = erts_debug:set_internal_state(available_internal_state, true),
             %% Loaded first: the code server may be queued on the held
             %% scheduler.
             _ = [{module, M} = code:ensure_loaded(M)
@@ -73,22 +72,14 @@ with_held(Fun) ->
                           beamdiag_agent_top, beamdiag_agent_proc_memory,
                           beamdiag_agent_proc_identity, beamdiag_agent_queues, timer, atomics]],
             _ = beamdiag_agent_processes:snapshot(beamdiag_agent_processes:start(#{})),
-            %% When the latest hold began (monotonic ms), for the reader.
-            Clock = atomics:new(1, []),
-            Held = erlang:apply(erlang, spawn_opt,
-                                [fun Loop() ->
-                                     ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
-                                     _ = erts_debug:set_internal_state(sleep, 800),
-                                     receive after 1 -> ok end,
-                                     Loop()
-                                 end, [{scheduler, 1}]]),
+            %% Clock: when the latest hold began (monotonic ms), for the reader.
+            {Held, Clock} = beamdiag_test_lib:held_scheduler(),
             [Held ! {msg, I} || I <- lists:seq(1, 50)],
             %% Read from the other scheduler (a reader on the held one runs
             %% only in its gaps).
             Self = self(),
             Ref = make_ref(),
-            _ = erlang:apply(erlang, spawn_opt,
-                             [fun() -> Self ! {Ref, catch Fun(Held, Clock)} end, [{scheduler, 2}]]),
+            _ = beamdiag_test_lib:bound(2, fun() -> Self ! {Ref, catch Fun(Held, Clock)} end),
             try
                 receive
                     {Ref, {'EXIT', Why}} -> erlang:error(Why);
@@ -98,14 +89,4 @@ with_held(Fun) ->
             after
                 exit(Held, kill)
             end
-    end.
-
-%% Returns once a new hold has begun (within a millisecond or two of it).
-hold_begun(Clock) ->
-    hold_begun(Clock, atomics:get(Clock, 1)).
-
-hold_begun(Clock, Last) ->
-    case atomics:get(Clock, 1) of
-        Last -> timer:sleep(1), hold_begun(Clock, Last);
-        _ -> ok
     end.

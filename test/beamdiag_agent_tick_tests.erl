@@ -64,7 +64,6 @@ held_queue() ->
             %% needs two, as every host the tests run on has.
             error({needs_two_schedulers, erlang:system_info(schedulers_online)});
         true ->
-            _ = erts_debug:set_internal_state(available_internal_state, true),
             %% Loaded first: the code server may be queued on the held
             %% scheduler.
             _ = [{module, M} = code:ensure_loaded(M)
@@ -72,15 +71,11 @@ held_queue() ->
             %% Bound to scheduler 1 (the `scheduler' spawn option, as the
             %% agent's sampler uses it), its reader to scheduler 2: a reader
             %% on the held scheduler runs only in the holder's gaps.
-            Held = bound(1, fun Loop() ->
-                                _ = erts_debug:set_internal_state(sleep, 800),
-                                receive after 1 -> ok end,
-                                Loop()
-                            end),
+            {Held, _Clock} = beamdiag_test_lib:held_scheduler(),
             [Held ! {msg, I} || I <- lists:seq(1, 50)],
             try
                 Self = self(),
-                _ = bound(2, fun() ->
+                _ = beamdiag_test_lib:bound(2, fun() ->
                                  Self ! {waits, [begin
                                                      timer:sleep(97),
                                                      element(1, timer:tc(erlang, process_info,
@@ -93,7 +88,7 @@ held_queue() ->
                 %% the raw reads, 200 ms apart for 2 s.
                 Watch = beamdiag_agent_queues:start([Held], #{}),
                 State = #{watch => Watch, interval_ms => 200},
-                _ = bound(2, fun() ->
+                _ = beamdiag_test_lib:bound(2, fun() ->
                                  Self ! {ticks, [begin
                                                      timer:sleep(200),
                                                      timer:tc(beamdiag_agent_tick, queues, [State, #{}])
@@ -128,7 +123,6 @@ held_memory() ->
         false ->
             error({needs_two_schedulers, erlang:system_info(schedulers_online)});
         true ->
-            _ = erts_debug:set_internal_state(available_internal_state, true),
             _ = [{module, M} = code:ensure_loaded(M)
                  || M <- [beamdiag_agent_tick, beamdiag_agent_memory, beamdiag_agent_vm,
                           beamdiag_agent_procfs, beamdiag_agent_bounded_call, timer]],
@@ -136,19 +130,13 @@ held_memory() ->
             State = (state())#{probe => beamdiag_agent_bounded_call:start(Self),
                                interval_ms => 1000},
             {_, S1} = beamdiag_agent_tick:sample(State),
-            Clock = atomics:new(1, []),
-            Held = bound(1, fun Loop() ->
-                                ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
-                                _ = erts_debug:set_internal_state(sleep, 800),
-                                receive after 1 -> ok end,
-                                Loop()
-                            end),
+            {Held, Clock} = beamdiag_test_lib:held_scheduler(),
             try
-                _ = bound(2, fun() ->
-                                 ok = hold_begun(Clock),
+                _ = beamdiag_test_lib:bound(2, fun() ->
+                                 ok = beamdiag_test_lib:hold_begun(Clock),
                                  timer:sleep(5),
                                  Raw = element(1, timer:tc(erlang, memory, [])),
-                                 ok = hold_begun(Clock),
+                                 ok = beamdiag_test_lib:hold_begun(Clock),
                                  timer:sleep(5),
                                  {Us, {ok, Sample, _}} =
                                      timer:tc(beamdiag_agent_tick, sample,
@@ -174,15 +162,4 @@ held_memory() ->
             end
     end.
 
-hold_begun(Clock) ->
-    hold_begun(Clock, atomics:get(Clock, 1)).
-
-hold_begun(Clock, Last) ->
-    case atomics:get(Clock, 1) of
-        Last -> timer:sleep(1), hold_begun(Clock, Last);
-        _ -> ok
-    end.
-
-bound(Sched, F) ->
-    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
 

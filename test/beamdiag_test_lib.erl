@@ -18,6 +18,7 @@
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([lab_ledger/2, held_schedulers/2, lab_ping/1, lab_cli/2]).
+-export([held_scheduler/0, hold_begun/1, bound/2]).
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
@@ -272,6 +273,42 @@ held_schedulers(Lab, Ms) ->
     {_, Held} = poll(Read, Ms),
     ct:pal("held scheduler threads: ~p", [Held]),
     Held.
+
+%% @doc A scheduler of this VM held as a NIF would hold it: a process
+%% bound to scheduler 1 that sleeps in the emulator 800 ms at a time
+%% (erts_debug's `sleep', allowed here), 1 ms apart, and the `atomics' in
+%% which it writes when its latest hold began (monotonic ms) just before
+%% each. The caller kills it.
+-spec held_scheduler() -> {pid(), atomics:atomics_ref()}.
+held_scheduler() ->
+    _ = erts_debug:set_internal_state(available_internal_state, true),
+    Clock = atomics:new(1, []),
+    Held = bound(1, fun Loop() ->
+                        ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
+                        _ = erts_debug:set_internal_state(sleep, 800),
+                        receive after 1 -> ok end,
+                        Loop()
+                    end),
+    {Held, Clock}.
+
+%% @doc Returns once a new hold of `held_scheduler/0' has begun (within a
+%% millisecond or two of it).
+-spec hold_begun(atomics:atomics_ref()) -> ok.
+hold_begun(Clock) ->
+    hold_begun(Clock, atomics:get(Clock, 1)).
+
+hold_begun(Clock, Last) ->
+    case atomics:get(Clock, 1) of
+        Last -> timer:sleep(1), hold_begun(Clock, Last);
+        _ -> ok
+    end.
+
+%% @doc F spawned bound to scheduler Sched (the `scheduler' spawn option,
+%% as the agent's sampler uses it; through apply: it is not in
+%% spawn_opt's documented type).
+-spec bound(pos_integer(), fun(() -> term())) -> pid().
+bound(Sched, F) ->
+    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
 
 %% @doc `net_adm:ping/1' of a lab node from this VM (made a hidden node
 %% first if it is not distributed), then disconnected: pong or pang.
