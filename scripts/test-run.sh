@@ -147,6 +147,13 @@ if [ "$status" != 0 ]; then
             function print_it() { printf "  phase %s: %s failed%s%s\n", phase, c, (l != "" ? " at line " l : ""), (e != "" ? ": " e : (r != "" ? ": " r : "")); c = "" }
             END { if (c != "") print_it() }'
     done
+    # EUnit's failures: each test's assertion and what it got, on one line.
+    sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-1.log" | awk '
+        /^  [0-9]+\) [a-z_0-9]+:[a-z_0-9]+\/[0-9]+$/ { if (t != "") print_it(); t = $2; r = ""; k = 0; next }
+        t != "" && /^ *(Output:|%% )/ { print_it(); next }
+        t != "" && k < 8 { k++; x = $0; gsub(/[ \t]+/, " ", x); r = substr(r x, 1, 400) }
+        function print_it() { printf "  phase 1: %s failed:%s\n", t, r; t = "" }
+        END { if (t != "") print_it() }'
     grep '^[^ ]* broken: ' "$BEAMDIAG_STARVED_FILE" 2>/dev/null | cut -c1-300 | sed 's/^/  never ran: /'
 fi
 exit $status

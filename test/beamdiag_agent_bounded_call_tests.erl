@@ -46,32 +46,29 @@ once_held() ->
         true ->
             {module, _} = code:ensure_loaded(beamdiag_agent_bounded_call),
             {Held, Clock} = beamdiag_test_lib:held_scheduler(),
-            Self = self(),
+            Name = {?MODULE, once_held},
             try
-                _ = beamdiag_test_lib:bound(2, fun() ->
-                                 Raw = [begin
-                                            ok = beamdiag_test_lib:hold_begun(Clock),
-                                            timer:sleep(5),
-                                            element(1, timer:tc(erlang, memory, [binary]))
-                                        end || _ <- [1, 2]],
-                                 ok = beamdiag_test_lib:hold_begun(Clock),
-                                 timer:sleep(5),
-                                 Procs = erlang:system_info(process_count),
-                                 {Us, R} = timer:tc(beamdiag_agent_bounded_call, once,
-                                                    [fun() -> erlang:memory(binary) end]),
-                                 Self ! {held, Raw, Us, R, Procs, erlang:system_info(process_count)}
-                             end),
-                receive
-                    {held, Raw, Us, R, Procs0, Procs1} ->
-                        ?debugFmt("erlang:memory(binary) waited ~p us; once/1 ~p us: ~p",
-                                  [Raw, Us, R]),
-                        ?assert(lists:max(Raw) > 300000),
-                        ?assertEqual(timeout, R),
-                        ?assert(Us < 300000),
-                        ?assertEqual(Procs0, Procs1)
-                after 20000 ->
-                    error(no_answer)
-                end
+                %% Timed by the holder's clock: erlang:memory/1 returns only
+                %% when the hold has ended, 800 ms after it began...
+                Raw = beamdiag_test_lib:in_hold(Clock, fun() -> erlang:memory(binary) end, Name),
+                %% ...and once/1 within its 100 ms, while the hold is on.
+                Once = beamdiag_test_lib:in_hold(
+                         Clock, fun() ->
+                                        Procs = erlang:system_info(process_count),
+                                        R = beamdiag_agent_bounded_call:once(
+                                              fun() -> erlang:memory(binary) end),
+                                        {R, Procs, erlang:system_info(process_count)}
+                                end, Name),
+                ?debugFmt("erlang:memory(binary) from ~b to ~b ms into an 800 ms hold; once/1 "
+                          "from ~b to ~b ms: ~p",
+                          [maps:get(start_ms, Raw), maps:get(end_ms, Raw), maps:get(start_ms, Once),
+                           maps:get(end_ms, Once), maps:get(result, Once)]),
+                ?assert(maps:get(end_ms, Raw) >= 795),
+                #{result := {R, Procs0, Procs1}, start_ms := S, end_ms := E} = Once,
+                ?assertEqual(timeout, R),
+                ?assert(E < 800),
+                ?assert(E - S < 300),
+                ?assertEqual(Procs0, Procs1)
             after
                 exit(Held, kill)
             end

@@ -126,36 +126,32 @@ held_memory() ->
             _ = [{module, M} = code:ensure_loaded(M)
                  || M <- [beamdiag_agent_tick, beamdiag_agent_memory, beamdiag_agent_vm,
                           beamdiag_agent_procfs, beamdiag_agent_bounded_call, timer]],
-            Self = self(),
-            State = (state())#{probe => beamdiag_agent_bounded_call:start(Self),
+            State = (state())#{probe => beamdiag_agent_bounded_call:start(self()),
                                interval_ms => 1000},
             {_, S1} = beamdiag_agent_tick:sample(State),
             {Held, Clock} = beamdiag_test_lib:held_scheduler(),
+            Name = {?MODULE, held_memory},
             try
-                _ = beamdiag_test_lib:bound(2, fun() ->
-                                 ok = beamdiag_test_lib:hold_begun(Clock),
-                                 timer:sleep(5),
-                                 Raw = element(1, timer:tc(erlang, memory, [])),
-                                 ok = beamdiag_test_lib:hold_begun(Clock),
-                                 timer:sleep(5),
-                                 {Us, {ok, Sample, _}} =
-                                     timer:tc(beamdiag_agent_tick, sample,
-                                              [S1, erlang:monotonic_time(millisecond) + 5000]),
-                                 Self ! {held, Raw, Us, Sample}
-                             end),
-                receive
-                    {held, Raw, Us, #{memory := Memory, vm := Vm}} ->
-                        ?debugFmt("erlang:memory/0 waited ~b us; the tick took ~b us: memory ~p, "
-                                  "missing ~p", [Raw, Us, Memory, maps:get(missing, Vm, none)]),
-                        ?assert(Raw > 300000),
-                        ?assert(Us < 500000),
-                        ?assertMatch(#{vm := V, vm_missing := timeout, os := #{rss := _}}
-                                       when map_size(V) =:= 0, Memory),
-                        ?assertMatch(#{missing := #{items := [_ | _], why := timeout}}, Vm),
-                        ?assert(lists:member(memory, maps:get(items, maps:get(missing, Vm))))
-                after 20000 ->
-                    error(no_tick)
-                end
+                %% Timed by the holder's clock: erlang:memory/0 returns only
+                %% when the hold has ended, 800 ms after it began...
+                Raw = beamdiag_test_lib:in_hold(Clock, fun() -> erlang:memory() end, Name),
+                %% ...and a tick returns while it is still on.
+                Tick = beamdiag_test_lib:in_hold(
+                         Clock, fun() ->
+                                        beamdiag_agent_tick:sample(
+                                          S1, erlang:monotonic_time(millisecond) + 5000)
+                                end, Name),
+                #{result := {ok, #{memory := Memory, vm := Vm}, _}} = Tick,
+                ?debugFmt("erlang:memory/0 from ~b to ~b ms into an 800 ms hold; the tick "
+                          "from ~b to ~b ms: memory ~p, missing ~p",
+                          [maps:get(start_ms, Raw), maps:get(end_ms, Raw), maps:get(start_ms, Tick),
+                           maps:get(end_ms, Tick), Memory, maps:get(missing, Vm, none)]),
+                ?assert(maps:get(end_ms, Raw) >= 795),
+                ?assertMatch(#{same_hold := true, end_ms := E} when E < 800, Tick),
+                ?assertMatch(#{vm := V, vm_missing := timeout, os := #{rss := _}}
+                               when map_size(V) =:= 0, Memory),
+                ?assertMatch(#{missing := #{items := [_ | _], why := timeout}}, Vm),
+                ?assert(lists:member(memory, maps:get(items, maps:get(missing, Vm))))
             after
                 exit(Held, kill),
                 beamdiag_agent_bounded_call:stop(maps:get(probe, State))

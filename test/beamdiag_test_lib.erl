@@ -18,12 +18,17 @@
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([lab_ledger/2, held_schedulers/2, lab_ping/1, lab_cli/2]).
--export([held_scheduler/0, hold_begun/1, bound/2]).
+-export([held_scheduler/0, hold_begun/1, bound/2, in_hold/3]).
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
 -export([agent_gone/1, agent_gone/2, beamdiag_modules/1, msacc_on/1]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
+
+%% How far into a scheduler's hold a timed call may begin, and on how many
+%% holds it is tried (in_hold/3).
+-define(HOLD_LATE_MS, 60).
+-define(HOLD_TRIES, 5).
 
 %%%===================================================================
 %%% Folders, fixtures, the escript
@@ -308,7 +313,52 @@ hold_begun(Clock, Last) ->
 %% spawn_opt's documented type).
 -spec bound(pos_integer(), fun(() -> term())) -> pid().
 bound(Sched, F) ->
-    erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched}]]).
+    beamdiag_agent_spawn:bound(Sched, F, []).
+
+%% @doc F run on scheduler 2 just as a hold of `held_scheduler/0' begins,
+%% timed by the holder's clock: when F began and returned (ms after the
+%% hold began; the hold ends 800 ms after it began) and whether the same
+%% hold was still on when F returned. A start more than ?HOLD_LATE_MS
+%% into the hold (the host kept the test's process from running: measured
+%% by the test's own clock) is tried again on a later hold, at most
+%% ?HOLD_TRIES times, each retry recorded beside the run's skips as Name's.
+-spec in_hold(atomics:atomics_ref(), fun(() -> term()), {module(), atom()}) ->
+    #{result := term(), start_ms := integer(), end_ms := integer(), same_hold := boolean(),
+      tries := pos_integer()}.
+in_hold(Clock, F, Name = {Mod, Case}) ->
+    Self = self(),
+    Ref = make_ref(),
+    _ = bound(2, fun() -> Self ! {Ref, in_hold(Clock, F, 1, [])} end),
+    receive
+        {Ref, {late, Starts}} ->
+            error({host_kept_the_test_from_running, Name,
+                   {began_ms_into_each_hold, Starts}});
+        {Ref, R = #{tries := Tries, late := Starts}} ->
+            _ = [beamdiag_cth:record(Mod, Case,
+                                     io_lib:format("retried: began ~b ms into the scheduler's "
+                                                   "hold, past ~b ms", [S, ?HOLD_LATE_MS]))
+                 || Tries > 1, S <- Starts],
+            maps:remove(late, R)
+    after 60000 ->
+        error({in_hold_no_answer, Name})
+    end.
+
+in_hold(_Clock, _F, Try, Late) when Try > ?HOLD_TRIES ->
+    {late, lists:reverse(Late)};
+in_hold(Clock, F, Try, Late) ->
+    ok = hold_begun(Clock),
+    Began = atomics:get(Clock, 1),
+    timer:sleep(5),
+    case erlang:monotonic_time(millisecond) - Began of
+        Start when Start > ?HOLD_LATE_MS ->
+            in_hold(Clock, F, Try + 1, [Start | Late]);
+        Start ->
+            R = F(),
+            End = erlang:monotonic_time(millisecond) - Began,
+            #{result => R, start_ms => Start, end_ms => End,
+              same_hold => atomics:get(Clock, 1) =:= Began, tries => Try,
+              late => lists:reverse(Late)}
+    end.
 
 %% @doc `net_adm:ping/1' of a lab node from this VM (made a hidden node
 %% first if it is not distributed), then disconnected: pong or pang.

@@ -117,7 +117,8 @@ modules() ->
      beamdiag_agent_sysmon, beamdiag_agent_held_sampler, beamdiag_agent_pinfo,
      beamdiag_agent_queues, beamdiag_agent_limits, beamdiag_agent_waits,
      beamdiag_agent_chains, beamdiag_agent_deadline, beamdiag_agent_memory,
-     beamdiag_agent_proc_born, beamdiag_agent_ports, beamdiag_agent_tables].
+     beamdiag_agent_proc_born, beamdiag_agent_ports, beamdiag_agent_tables,
+     beamdiag_agent_spawn].
 
 %% @doc A term caught on the target, as bounded text.
 -spec error_text(atom(), term()) -> binary().

@@ -196,14 +196,9 @@ info(#{samples := N, signs := S, walks := Ws, candidates := Cs}) ->
 %%% Internal: the samplers
 %%%===================================================================
 
-%% Bound to Sched where the emulator allows (called through apply: the
-%% option is not in spawn_opt's documented type).
+%% Bound to Sched where the emulator allows.
 spawn_bound(Sched, F) ->
-    Opts = [{priority, high}],
-    try erlang:apply(erlang, spawn_opt, [F, [{scheduler, Sched} | Opts]])
-    catch
-        error:badarg -> spawn_opt(F, Opts)
-    end.
+    beamdiag_agent_spawn:bound(Sched, F, [{priority, high}]).
 
 init(Watcher, Shared, Sched, Period, Skip) ->
     MRef = erlang:monitor(process, Watcher),

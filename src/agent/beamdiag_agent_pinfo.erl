@@ -17,7 +17,9 @@
 %%% `stall_ms' (default 100 ms), that process is stalled: the reader is
 %%% killed, the process is set aside with the time waited, and a new reader
 %%% reads the rest of the chunk (the reads before it again: they were
-%%% quick). Whoever waits gets the reads of every other process, and the
+%%% quick). Each reader is bound to the scheduler of the fold's caller,
+%%% which waits for it: spawned plainly it may be queued on the held
+%%% scheduler and not start until the hold ends (beamdiag_agent_spawn). Whoever waits gets the reads of every other process, and the
 %%% list of those that did not answer, which are worth a look of their own.
 %%%
 %%% Cost: one spawn and one message a chunk (`chunk', default 256
@@ -112,11 +114,14 @@ chunk(Pids, Cfg = #{items := Items, progress := Progress, convert := Convert}) -
     Ref = make_ref(),
     %% A reader never crashes (no error report on the target): a bad item
     %% comes back as the error it raised.
-    {Reader, MRef} = spawn_opt(fun() ->
-                                       Self ! {Ref, try reads(Pids, Items, Convert, Progress, 1, [])
-                                                    catch error:Why -> {error, Why}
-                                                    end}
-                               end, [monitor, {priority, high}]),
+    %% Bound to this scheduler: placed on a held scheduler's queue, it
+    %% would not start until the hold ended (beamdiag_agent_spawn).
+    {Reader, MRef} = beamdiag_agent_spawn:here(
+                       fun() ->
+                               Self ! {Ref, try reads(Pids, Items, Convert, Progress, 1, [])
+                                            catch error:Why -> {error, Why}
+                                            end}
+                       end, [monitor, {priority, high}]),
     Now = erlang:monotonic_time(millisecond),
     wait(Reader, MRef, Ref, Cfg, 0, Now).
 
