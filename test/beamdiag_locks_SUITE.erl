@@ -270,7 +270,17 @@ saturated_plain_set(Config) ->
         ct:pal("OTP ~s: run queue ~b at the start; beamdiag_hot_table waited ~.1f% of the span "
                "(read apart)", [release(Config), Load, Wait]),
         ?assert(Load >= 32),
-        ?assert(Wait >= 25.0),
+        %% The pathology, produced: the table's lock waited twice the rule's
+        %% warning share (5% of the window) or more, so that the session's
+        %% window, inside the span, sees it whatever its share of the span.
+        %% (Measured: 21.7% to 67% of the span, OTP 25 to 27, 2 cores; the
+        %% 64 writers do not always reach the lock at once.) Below that the
+        %% lab did not produce it: a counted skip with the figure.
+        case Wait >= 10.0 of
+            true -> ok;
+            false -> beamdiag_test_lib:not_produced("beamdiag_hot_table's lock waited ~.1f% of "
+                                                    "the span (10% or more wanted)", [Wait])
+        end,
         {ok, D = #{findings := F, ready_ms := Ms}} = R,
         ct:pal("ready ~b ms, host-only ~p, findings ~p",
                [Ms, maps:get(host_only, D, false), [{Id, S} || #{id := Id, severity := S} <- F]]),
