@@ -135,7 +135,8 @@ start(Watcher, Skip) ->
     atomics:put(Shared, ?LAST_WALK, Now - ?WALK_GAP_MS),
     atomics:put(Shared, ?HELD_AT, Now - ?QUIET_MS),
     Scheds = lists:usort([1 + (I * Online) div N || I <- lists:seq(0, N - 1)]),
-    [spawn_bound(Sched, fun() -> init(Watcher, Shared, Sched, ?TICK_MS, Skip) end)
+    [beamdiag_agent_spawn:bound(Sched, fun() -> init(Watcher, Shared, Sched, ?TICK_MS, Skip) end,
+                                [{priority, high}])
      || Sched <- Scheds].
 
 %% @doc Gives every sampler the candidates.
@@ -195,10 +196,6 @@ info(#{samples := N, signs := S, walks := Ws, candidates := Cs}) ->
 %%%===================================================================
 %%% Internal: the samplers
 %%%===================================================================
-
-%% Bound to Sched where the emulator allows.
-spawn_bound(Sched, F) ->
-    beamdiag_agent_spawn:bound(Sched, F, [{priority, high}]).
 
 init(Watcher, Shared, Sched, Period, Skip) ->
     MRef = erlang:monitor(process, Watcher),

@@ -19,8 +19,9 @@
 %%% reads the rest of the chunk (the reads before it again: they were
 %%% quick). Each reader is bound to the scheduler of the fold's caller,
 %%% which waits for it: spawned plainly it may be queued on the held
-%%% scheduler and not start until the hold ends (beamdiag_agent_spawn). Whoever waits gets the reads of every other process, and the
-%%% list of those that did not answer, which are worth a look of their own.
+%%% scheduler and not start until the hold ends (beamdiag_agent_spawn).
+%%% Whoever waits gets the reads of every other process, and the list of
+%%% those that did not answer, which are worth a look of their own.
 %%%
 %%% Cost: one spawn and one message a chunk (`chunk', default 256
 %%% processes), one `atomics' write a process; the walks read 10,000

@@ -13,9 +13,9 @@
 %%% running the spawner and so is not held.
 %%%
 %%% ```
-%%% 1> Self = self(),
+%%% 1> Self = self(), Here = erlang:system_info(scheduler_id),
 %%% 1> beamdiag_agent_spawn:here(fun() -> Self ! erlang:system_info(scheduler_id) end, []),
-%%% 1> receive S -> S =:= erlang:system_info(scheduler_id) end.
+%%% 1> receive S -> S =:= Here end.
 %%% true
 %%% '''
 -module(beamdiag_agent_spawn).
