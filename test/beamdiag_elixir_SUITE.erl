@@ -167,11 +167,31 @@ elixir_names(Config) ->
                 end, 30000),
     OsPid = erpc:call(N, os, getpid, []),
     try
+        %% The node answers before its -e code has compiled Shop.Pricing:
+        %% the window begins once the busy process runs.
+        {ok, Busy} = beamdiag_test_lib:poll(
+                       fun() ->
+                               case erpc:call(N, erlang, whereis, [shop_pricing]) of
+                                   P when is_pid(P) -> {true, P};
+                                   U -> {false, U}
+                               end
+                       end, 30000),
+        Reds0 = busy_reductions(N, Busy),
+        Cpu0 = thread_ticks(OsPid),
+        T0 = erlang:monotonic_time(millisecond),
         Save = filename:join(?config(priv_dir, Config), "elixir.capture"),
         {0, Out, Err} = beamdiag_test_lib:run_exe(
                           Escript, ["diagnose", Node, "--perf", "--duration", "3", "--save", Save],
                           [{"BEAMDIAG_COOKIE", Cookie}]),
         ct:log("~ts~n~ts", [Err, Out]),
+        %% The raw signal, read apart from beamdiag: the busy process ran
+        %% through the window.
+        Reds = busy_reductions(N, Busy) - Reds0,
+        Took = erlang:monotonic_time(millisecond) - T0,
+        Threads = busiest_threads(Cpu0, thread_ticks(OsPid)),
+        ct:pal("shop_pricing: ~p reductions over the ~p ms of the diagnosis; the node's "
+               "busiest threads (CPU ticks, /proc): ~p", [Reds, Took, Threads]),
+        ?assert(Reds > 1000000, {too_few_reductions, Reds}),
         %% The raw capture: the node runs Elixir, and its busy process is
         %% named as the node names it.
         #{settings := Settings, extras := #{procs := #{top_reductions := [Top | _]}}} =
@@ -199,8 +219,7 @@ elixir_names(Config) ->
         %% fails with the profile's header and top, which CI's summary shows.
         case binary:match(Profile, <<"$anonymous fn/2 in Shop.Pricing.total/1">>) of
             {_, _} -> ok;
-            nomatch -> ct:fail({no_anonymous_fn_in_profile, binary:part(Profile, 0,
-                                                                        min(900, byte_size(Profile)))})
+            nomatch -> ct:fail({no_anonymous_fn_in_profile, profile_top(Profile), Threads})
         end,
         %% The profile's figures count JIT frames the same.
         ?assertEqual(nomatch, binary:match(Profile, <<"Erlang function on the stack: 0.0%">>)),
@@ -217,6 +236,40 @@ elixir_names(Config) ->
 %%%===================================================================
 %%% Internal
 %%%===================================================================
+
+%% The CPU ticks of each thread of OS process OsPid, by the thread's name.
+thread_ticks(OsPid) ->
+    Dir = "/proc/" ++ OsPid ++ "/task",
+    {ok, Tids} = file:list_dir(Dir),
+    lists:foldl(
+      fun(Tid, Acc) ->
+              case file:read_file(filename:join([Dir, Tid, "stat"])) of
+                  {ok, Stat} ->
+                      [Pre, Post] = binary:split(Stat, <<") ">>),
+                      [_, Comm] = binary:split(Pre, <<"(">>),
+                      Fields = binary:split(Post, <<" ">>, [global]),
+                      Ticks = binary_to_integer(lists:nth(12, Fields))
+                          + binary_to_integer(lists:nth(13, Fields)),
+                      Acc#{{Comm, Tid} => Ticks};
+                  {error, _} -> Acc
+              end
+      end, #{}, Tids).
+
+busiest_threads(Before, After) ->
+    Diff = [{Name, T - maps:get(K, Before, 0)} || {{Name, _} = K, T} <- maps:to_list(After)],
+    lists:sublist(lists:reverse(lists:keysort(2, Diff)), 4).
+
+%% The profile's header figures and its top functions, for a failure.
+profile_top(Profile) ->
+    [Header | Rest] = binary:split(Profile, <<"\n">>, [global]),
+    Top = lists:takewhile(fun(L) -> L =/= <<>> end,
+                          lists:dropwhile(fun(L) -> L =/= <<"top functions">> end, Rest)),
+    {[re:replace(L, "\\s+", " ", [global, {return, binary}]) || L <- lists:sublist(Top, 3, 6)],
+     binary:part(Header, 0, min(300, byte_size(Header)))}.
+
+busy_reductions(N, Pid) ->
+    {reductions, R} = erpc:call(N, erlang, process_info, [Pid, reductions]),
+    R.
 
 diagnosis_text(Out) ->
     [?assertNotEqual(nomatch, binary:match(Out, T), T)
