@@ -2,7 +2,9 @@
 %%% (test/fixtures/host/proc): pid 100 is a beam listening on 46045 and
 %%% started with -sname app; pid 200 is a shell holding the same socket (not
 %%% a beam); pid 300 a beam listening on 40001 over IPv6 with -name other@..;
-%%% pid 400 a beam started with -sname nodist and no listening socket.
+%%% pid 400 a beam started with -sname nodist and no listening socket;
+%%% pid 500 a beam without a name on its command line (its distribution
+%%% started after boot, as RabbitMQ starts it) listening on 25699 and 5699.
 -module(beamdiag_host_locate_tests).
 -include_lib("eunit/include/eunit.hrl").
 

@@ -32,7 +32,7 @@
 -module(beamdiag_host_locate).
 
 -export([locate/2, target/1, is_local_host/1, format_error/1]).
--export([read/1, beams/1, status/2, listen_sockets/2]).
+-export([read/1, beams/1, status/2, listen_sockets/2, epmd_names/2]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.

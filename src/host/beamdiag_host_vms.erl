@@ -1,6 +1,9 @@
 %%% @doc The BEAM nodes running on this host, for `beamdiag diagnose'
 %%% without a node: each one's OS pid, name, release and distribution in
-%%% words, read from /proc and the node's command line (at most 50).
+%%% words, read from /proc and the node's command line (at most 50). A
+%%% node that starts its distribution after boot, as RabbitMQ does, has no
+%%% name on its command line: it is named by this host's epmd when one of
+%%% its listening sockets is the port epmd gives for a name.
 %%%
 %%% ```
 %%% 1> beamdiag_host_vms:list(#{}).
@@ -21,14 +24,27 @@
 %% node: each one's OS pid, name (if distributed), OTP release and
 %% distribution set-up in words. This VM is left out, and so is the
 %% beamdiag escript that started it, when it was started again
-%% (beamdiag_attach_relaunch). Options: `proc_root'.
--spec list(#{proc_root => file:filename()}) -> [#{os_pid := pos_integer(), name := binary() | none,
-                              otp := pos_integer() | undefined, distribution := binary()}].
+%% (beamdiag_attach_relaunch). Options: `proc_root', `names' (epmd's
+%% names as `net_adm:names/1' gives them, instead of asking this host's
+%% epmd, which is asked at most once, within 2 s).
+-spec list(#{proc_root => file:filename(),
+             names => {ok, [{string(), inet:port_number()}]} | {error, term()}}) ->
+    [#{os_pid := pos_integer(), name := binary() | none,
+       otp := pos_integer() | undefined, distribution := binary()}].
 list(Opts) ->
     Root = maps:get(proc_root, Opts, "/proc"),
     Own = own(Root, list_to_integer(os:getpid())),
     Beams = [P || {P, _} <- beamdiag_host_locate:beams(Root), not lists:member(P, Own)],
-    [candidate(Root, P) || P <- lists:sublist(Beams, ?MAX_LISTED)].
+    Settings = [{P, beamdiag_node_settings:read(P, #{proc_root => Root})}
+                || P <- lists:sublist(Beams, ?MAX_LISTED)],
+    Unnamed = [S || {_, S = #{args := A, listen := [_ | _]}} <- Settings,
+                    not maps:is_key(name, A)],
+    Names = case {Unnamed, maps:find(names, Opts)} of
+                {[], _} -> [];
+                {_, {ok, Given}} -> epmd_ports(Given);
+                {_, error} -> epmd_ports(beamdiag_host_locate:epmd_names("localhost", 2000))
+            end,
+    [candidate(P, S, Names) || {P, S} <- Settings].
 
 %%%===================================================================
 %%% Internal
@@ -63,9 +79,13 @@ own(Root, Pid) ->
             [Pid]
     end.
 
-candidate(Root, Pid) ->
-    S = beamdiag_node_settings:read(Pid, #{proc_root => Root}),
+%% epmd's names by port.
+epmd_ports({ok, Names}) -> [{Port, N} || {N, Port} <- Names];
+epmd_ports({error, _}) -> [].
+
+candidate(Pid, S, EpmdPorts) ->
     Args = maps:get(args, S),
+    Listen = [Pt || {_, Pt} <- maps:get(listen, S)],
     Name = case maps:find(name, Args) of
                {ok, #{value := V, mode := shortnames}} ->
                    case binary:match(V, <<"@">>) of
@@ -73,8 +93,18 @@ candidate(Root, Pid) ->
                        _ -> V
                    end;
                {ok, #{value := V}} -> V;
-               error -> none
+               error ->
+                   case [{N, Pt} || {Pt, N} <- EpmdPorts, lists:member(Pt, Listen)] of
+                       [{N, _} | _] -> iolist_to_binary([N, "@", beamdiag_node_name:short_host()]);
+                       [] -> none
+                   end
            end,
+    %% The ports said: every listening socket of a node named on its
+    %% command line; epmd's port for a node it names.
+    Ports = case maps:is_key(name, Args) of
+                true -> Listen;
+                false -> [Pt || {Pt, _} <- EpmdPorts, lists:member(Pt, Listen)]
+            end,
     Proto = case maps:find(proto_dist, Args) of
                 {ok, #{value := [Pr | _]}} -> Pr;
                 error -> <<"inet_tcp">>
@@ -84,11 +114,15 @@ candidate(Root, Pid) ->
                {_, {ok, #{value := Pt}}} -> [", port ", integer_to_list(Pt), " (-erl_epmd_port)"];
                _ -> ""
            end,
+    Started = case maps:is_key(name, Args) of
+                  true -> "";
+                  false -> ", started after boot (epmd's name for its port)"
+              end,
     Dist = case Name of
                none -> <<"no distribution">>;
-               _ -> iolist_to_binary([Proto, Epmd,
+               _ -> iolist_to_binary([Proto, Epmd, Started,
                                       [[", listens on ", lists:join(", ", [integer_to_list(Pt)
-                                                                        || {_, Pt} <- L])]
-                                       || L <- [maps:get(listen, S)], L =/= []]])
+                                                                        || Pt <- Ports])]
+                                       || Ports =/= []]])
            end,
     #{os_pid => Pid, name => Name, otp => maps:get(otp, S), distribution => Dist}.
