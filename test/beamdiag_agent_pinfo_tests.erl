@@ -54,6 +54,47 @@ stalled() ->
         [P ! stop || P <- [A, B]]
     end).
 
+unread_start_test_() ->
+    {timeout, 60, fun unread_start/0}.
+
+%% A process the start walk could not read (it held its scheduler), that
+%% had taken many reductions and built a large heap before: at the end,
+%% read, its reductions and memory over the window are unknown, so it is
+%% neither the top of the reductions (counted from zero, it took more than
+%% the whole node) nor a heap that grew, nor newborn.
+unread_start() ->
+    Before = fun() -> Kept = lists:seq(1, 1000000), _ = work(3000000), Kept end,
+    with_held(Before, fun(Held, Clock) ->
+        ok = beamdiag_test_lib:hold_begun(Clock),
+        S = beamdiag_agent_processes:start(#{}),
+        ?assert(lists:keymember(Held, 1, maps:get(stalled, S))),
+        beamdiag_test_lib:release(Clock),
+        %% Raw signal: once it holds no more, it answers, with more
+        %% reductions than the node took since the start walk, and a heap
+        %% of 8 MB or more.
+        ok = beamdiag_test_lib:wait_until(
+               fun() -> element(2, erlang:process_info(Held, status)) =:= waiting end, 5000),
+        {reductions, HeldReds} = erlang:process_info(Held, reductions),
+        {memory, HeldMem} = erlang:process_info(Held, memory),
+        R = beamdiag_agent_processes:finish(S, #{}),
+        Total = maps:get(reductions, R),
+        ?debugFmt("held: ~b reductions, ~b bytes; the node over the span: ~b", [HeldReds, HeldMem,
+                                                                              Total]),
+        ?assert(HeldReds > Total),
+        ?assert(HeldMem >= 8000000),
+        HeldText = list_to_binary(pid_to_list(Held)),
+        Of = fun(Key) -> [E || E = #{pid := P} <- maps:get(Key, R), P =:= HeldText] end,
+        ?assertEqual([], Of(top_reductions)),
+        ?assertEqual([], [E || E = #{reductions := Rs} <- maps:get(top_reductions, R), Rs > Total]),
+        ?assertEqual([], Of(heap_growth)),
+        ?assertMatch([#{memory := [null, M1], born := false, reductions := 0}] when M1 >= 8000000,
+                     Of(heaps)),
+        Held ! stop
+    end).
+
+work(0) -> ok;
+work(N) -> _ = erlang:phash2(N), work(N - 1).
+
 %% Items the runtime does not know are a caller's bug: an exception.
 bad_items_test() ->
     ?assertError({beamdiag_agent_pinfo, _},
@@ -63,6 +104,9 @@ bad_items_test() ->
 %%% Helpers
 
 with_held(Fun) ->
+    with_held(fun() -> none end, Fun).
+
+with_held(Before, Fun) ->
     case erlang:system_info(schedulers_online) >= 2 of
         false ->
             ok;
@@ -75,7 +119,7 @@ with_held(Fun) ->
                           beamdiag_agent_proc_identity, beamdiag_agent_queues, timer, atomics]],
             _ = beamdiag_agent_processes:snapshot(beamdiag_agent_processes:start(#{})),
             %% Clock: when the latest hold began (monotonic ms), for the reader.
-            {Held, Clock} = beamdiag_test_lib:held_scheduler(),
+            {Held, Clock} = beamdiag_test_lib:held_scheduler(Before),
             [Held ! {msg, I} || I <- lists:seq(1, 50)],
             %% Read from the other scheduler (a reader on the held one runs
             %% only in its gaps).

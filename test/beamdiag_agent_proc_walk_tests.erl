@@ -79,7 +79,7 @@ walk_test() ->
         Items = beamdiag_agent_proc_walk:items(false),
         Tops0 = #{queues => beamdiag_agent_top:new(2), heaps => beamdiag_agent_top:new(2)},
         {Walked, Tops, false, []} =
-            beamdiag_agent_proc_walk:walk(Pids, now_us(), Items, #{}, true, Tops0),
+            beamdiag_agent_proc_walk:walk(Pids, now_us(), Items, #{}, #{}, true, Tops0),
         ?assertEqual(lists:sort(Pids), lists:sort([P || {P, _} <- Walked])),
         ?assertMatch([{Queue, {_, 50, _}}], beamdiag_agent_top:items(maps:get(queues, Tops))),
         ?assertEqual(Heap, hd(beamdiag_agent_top:pids(maps:get(heaps, Tops)))),
@@ -93,7 +93,7 @@ walk_test() ->
         Base = maps:from_list(Walked),
         Tops1 = Tops0#{reductions => beamdiag_agent_top:new(1)},
         {[], End, false, []} =
-            beamdiag_agent_proc_walk:walk(Pids, now_us(), Items, Base, false, Tops1),
+            beamdiag_agent_proc_walk:walk(Pids, now_us(), Items, Base, #{}, false, Tops1),
         ?assertEqual([Worker], beamdiag_agent_top:pids(maps:get(reductions, End))),
         %% 10 more (growth) plus 60 waiting.
         [{Queue, {_, 60, _}}] = beamdiag_agent_top:items(maps:get(queues, End)),
@@ -111,11 +111,11 @@ deadline_and_gone_test() ->
     Tops0 = #{queues => beamdiag_agent_top:new(2), heaps => beamdiag_agent_top:new(2)},
     Items = beamdiag_agent_proc_walk:items(false),
     {Walked, #{walked := 1}, false, []} =
-        beamdiag_agent_proc_walk:walk([Gone, self()], now_us(), Items, #{}, true, Tops0),
+        beamdiag_agent_proc_walk:walk([Gone, self()], now_us(), Items, #{}, #{}, true, Tops0),
     ?assertMatch([{_, {_, _, _}}], Walked),
     %% Started 10 s ago: past the walk's 500 ms.
     {_, _, true, _} = beamdiag_agent_proc_walk:walk(erlang:processes(), now_us() - 10000000,
-                                                    Items, #{}, false, Tops0).
+                                                    Items, #{}, #{}, false, Tops0).
 
 now_us() ->
     erlang:monotonic_time(microsecond).

@@ -123,8 +123,13 @@ merged_with_locks_test() ->
 text_section_test() ->
     Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [20, 40], [10000, 12000], 63),
     Q = entry(<<"<0.95.0>">>, <<"consumer", 27, "[2J">>, 20000, [100, 50100], [1000, 4100000], 0),
-    P = procs([Server], [Q], [Q, Server], 100000000),
+    %% Unread at the start (it held its scheduler), and one born since.
+    Unread = entry(<<"<0.97.0>">>, <<"stuck">>, 0, [null, 3], [null, 9000000], 0),
+    New = (entry(<<"<0.98.0>">>, <<"fresh">>, 0, [null, 0], [null, 8000000], 0))#{born => true},
+    P = procs([Server], [Q], [Q, Server, Unread, New], 100000000),
     Text = beamdiag_safe_text:terminal(beamdiag_format_procs:text(P)),
+    ?assertMatch({_, _}, binary:match(Text, <<"unread  stuck">>)),
+    ?assertMatch({_, _}, binary:match(Text, <<"new  fresh">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"TOP PROCESSES">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"60.0%  my_server <0.90.0>">>)),
     ?assertMatch({_, _}, binary:match(Text, <<"100 -> 50.1k">>)),

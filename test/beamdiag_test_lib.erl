@@ -18,7 +18,7 @@
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([lab_ledger/2, held_schedulers/2, lab_ping/1, lab_cli/2]).
--export([held_scheduler/0, hold_begun/1, bound/2, in_hold/3]).
+-export([held_scheduler/0, held_scheduler/1, release/1, hold_begun/1, bound/2, in_hold/3]).
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
@@ -286,15 +286,37 @@ held_schedulers(Lab, Ms) ->
 %% each. The caller kills it.
 -spec held_scheduler() -> {pid(), atomics:atomics_ref()}.
 held_scheduler() ->
+    held_scheduler(fun() -> none end).
+
+%% @doc As `held_scheduler/0', the process first running Before and
+%% keeping its result on its heap (reductions and memory of its own); it
+%% stops holding, and only waits, once `release/1' is called.
+-spec held_scheduler(fun(() -> term())) -> {pid(), atomics:atomics_ref()}.
+held_scheduler(Before) ->
     _ = erts_debug:set_internal_state(available_internal_state, true),
-    Clock = atomics:new(1, []),
-    Held = bound(1, fun Loop() ->
-                        ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
-                        _ = erts_debug:set_internal_state(sleep, 800),
-                        receive after 1 -> ok end,
-                        Loop()
+    Clock = atomics:new(2, []),
+    Held = bound(1, fun() ->
+                        Kept = Before(),
+                        hold(Clock, Kept)
                     end),
     {Held, Clock}.
+
+hold(Clock, Kept) ->
+    case atomics:get(Clock, 2) of
+        0 ->
+            ok = atomics:put(Clock, 1, erlang:monotonic_time(millisecond)),
+            _ = erts_debug:set_internal_state(sleep, 800),
+            receive after 1 -> ok end,
+            hold(Clock, Kept);
+        _ ->
+            receive stop -> Kept end
+    end.
+
+%% @doc The process of `held_scheduler/0,1' holds no more once its
+%% current hold ends.
+-spec release(atomics:atomics_ref()) -> ok.
+release(Clock) ->
+    atomics:put(Clock, 2, 1).
 
 %% @doc Returns once a new hold of `held_scheduler/0' has begun (within a
 %% millisecond or two of it).

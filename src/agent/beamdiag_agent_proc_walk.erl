@@ -25,13 +25,13 @@
 %%% 1> {all, Pids} = beamdiag_agent_proc_walk:pids(erlang:system_info(process_count), 50000).
 %%% 2> Now = erlang:monotonic_time(microsecond).
 %%% 3> {_, #{queues := Q}, false, []} = beamdiag_agent_proc_walk:walk(
-%%%        Pids, Now, beamdiag_agent_proc_walk:items(false), #{}, false,
+%%%        Pids, Now, beamdiag_agent_proc_walk:items(false), #{}, #{}, false,
 %%%        #{queues => beamdiag_agent_top:new(10), heaps => beamdiag_agent_top:new(32)}).
 %%% 4> beamdiag_agent_top:pids(Q).
 %%% '''
 -module(beamdiag_agent_proc_walk).
 
--export([pids/2, new_registered/1, items/1, walk/6, to_tuple/1, queue_key/3]).
+-export([pids/2, new_registered/1, items/1, walk/7, to_tuple/1, queue_key/3]).
 
 -export_type([mode/0, figures/0, tops/0]).
 
@@ -97,10 +97,14 @@ items(true) -> ?ITEMS ++ [initial_call].
 %% pass; `walked', the count read; `suspended', the processes found
 %% suspended (all counted, the first ?SUSPENDED kept). Stops ?WALK_MS
 %% after StartUs; a process that does not answer is left out and listed
-%% in Stalled (beamdiag_agent_pinfo).
--spec walk([pid()], integer(), [atom()], #{pid() => figures()}, boolean(), tops()) ->
+%% in Stalled (beamdiag_agent_pinfo). Unread: the processes the start walk
+%% could not read, left out of the reductions (what they took before the
+%% window is unknown; counted from zero, one would show more than the
+%% whole node took).
+-spec walk([pid()], integer(), [atom()], #{pid() => figures()}, #{pid() => term()}, boolean(),
+           tops()) ->
           {[{pid(), figures()}], tops(), boolean(), [beamdiag_agent_pinfo:stalled()]}.
-walk(Pids, StartUs, Items, Base, Keep, Tops0) ->
+walk(Pids, StartUs, Items, Base, Unread, Keep, Tops0) ->
     Reds0 = maps:get(reductions, Tops0, none),
     #{queues := Qs0, heaps := Hs0} = Tops0,
     %% Each answer is made a tuple in the reader (to_tuple/1), so that only
@@ -117,11 +121,16 @@ walk(Pids, StartUs, Items, Base, Keep, Tops0) ->
                            beamdiag_agent_top:consider(element(3, T), P, T, Hs), N + 1,
                            kept(Keep, P, T, Acc), Susp2};
                       _ ->
-                          R0 = case Base of
-                                   #{P := BT} -> element(1, BT);
-                                   _ -> 0
-                               end,
-                          {beamdiag_agent_top:consider(element(1, T) - R0, P, T, Reds),
+                          Reds2 = case {Base, Unread} of
+                                      {#{P := BT}, _} ->
+                                          beamdiag_agent_top:consider(element(1, T) - element(1, BT),
+                                                                      P, T, Reds);
+                                      {_, #{P := _}} ->
+                                          Reds;
+                                      _ ->
+                                          beamdiag_agent_top:consider(element(1, T), P, T, Reds)
+                                  end,
+                          {Reds2,
                            beamdiag_agent_top:consider(queue_key(P, T, Base), P, T, Qs),
                            beamdiag_agent_top:consider(element(3, T), P, T, Hs), N + 1,
                            kept(Keep, P, T, Acc), Susp2}

@@ -194,7 +194,7 @@ start(Opts) ->
     %% (The subtraction runs in C: a few microseconds for a few pids.)
     {Walked, Tops, Trunc, Stalled} =
         beamdiag_agent_proc_walk:walk(Pids -- Skip, T0, beamdiag_agent_proc_walk:items(false), #{},
-                                      true, #{queues => beamdiag_agent_top:new(?TOP),
+                                      #{}, true, #{queues => beamdiag_agent_top:new(?TOP),
                                               heaps => beamdiag_agent_top:new(?MEM_CANDIDATES)}),
     Base = maps:from_list(Walked),
     Queues = beamdiag_agent_top:pids(maps:get(queues, Tops)),
@@ -273,8 +273,12 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     Like = lists:any(fun(M) -> M >= ?LIKE_HEAP_BYTES end, maps:values(Mem0)),
     Items = beamdiag_agent_proc_walk:items(Like),
     ToWalk = Pids -- Skip,
+    %% The processes the start walk could not read: their reductions and
+    %% memory at the start are unknown, so neither is counted from zero.
+    Unread = maps:from_list([X || X = {P, _} <- maps:get(stalled, S, []),
+                                  not is_map_key(P, Base)]),
     {Walked, Tops0, Trunc, Stalled1} =
-        beamdiag_agent_proc_walk:walk(ToWalk, T1, Items, Base, Keep orelse Like,
+        beamdiag_agent_proc_walk:walk(ToWalk, T1, Items, Base, Unread, Keep orelse Like,
                                       #{reductions => beamdiag_agent_top:new(?TOP),
                                         queues => beamdiag_agent_top:new(?TOP),
                                         heaps => beamdiag_agent_top:new(?MEM_CANDIDATES)}),
@@ -314,11 +318,12 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
     Heaps = beamdiag_agent_top:largest_ids(maps:to_list(Mem1), ?TOP),
     Growth = beamdiag_agent_top:largest_ids(
                [{P, M - beamdiag_agent_proc_memory:at_start(P, Mem0, Base)}
-                || {P, M} <- maps:to_list(Mem1)], ?TOP),
+                || {P, M} <- maps:to_list(Mem1),
+                   is_map_key(P, Mem0) orelse not is_map_key(P, Unread)], ?TOP),
     T2 = erlang:monotonic_time(microsecond),
     Ends = #{t0_ns => maps:get(t0_ns, S, T0 * 1000), t1_ns => T1 * 1000,
              ended => maps:from_list(Watched)},
-    Info = info_fun(End, Mem0, Mem1, Base, Est, Reads, Ends),
+    Info = info_fun(End, Mem0, Mem1, Base, Unread, Est, Reads, Ends),
     LikeCounts = case Like of
                      true -> beamdiag_agent_proc_identity:like_counts(Mode, Heaps, End, Walked);
                      false -> #{}
@@ -343,7 +348,7 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         heap_growth => entries(Growth, Info, #{}, Names, Ids),
         binaries => binaries(maps:get(binary0, S, undefined), lists:usort(Heaps ++ Growth), Mem1,
                              Info, Names, Ids),
-        born => beamdiag_agent_proc_born:read(Mode, ToWalk, Base,
+        born => beamdiag_agent_proc_born:read(Mode, ToWalk, maps:merge(Unread, Base),
                                               Count - maps:get(count0, S), Names),
         port_owners => beamdiag_agent_ports:owners(
                          erlang:system_info(port_count) - maps:get(ports0, S, 0), Names),
@@ -464,16 +469,23 @@ pids(#{base := Base}) ->
 %% What the report says of a process beside its name. Reads: the queue
 %% watch's readings by pid; Ends: the walks' times (nanoseconds) and the
 %% rows the watch stood in for at the end (`ended').
-info_fun(End, Mem0, Mem1, Base, Est, Reads, #{t0_ns := T0, t1_ns := T1, ended := Ended}) ->
+info_fun(End, Mem0, Mem1, Base, Unread, Est, Reads,
+         #{t0_ns := T0, t1_ns := T1, ended := Ended}) ->
     fun(P) ->
         Read = maps:get(P, Reads, none),
-        {R0, Q0, Q0t} = case {maps:find(P, Base), Read} of
-                            {{ok, {R, Q, _}}, _} -> {R, Q, T0};
-                            {error, #{first := F, first_t := Ft}} -> {0, F, Ft};
-                            {error, none} -> {0, null, T0}
-                        end,
         T = maps:get(P, End),
         {R1, Q1, H1} = {element(1, T), element(2, T), element(3, T)},
+        %% Unread at the start: its reductions before the window unknown,
+        %% none counted (as for a queue the watch read).
+        Unknown = case is_map_key(P, Unread) of
+                      true -> R1;
+                      false -> 0
+                  end,
+        {R0, Q0, Q0t} = case {maps:find(P, Base), Read} of
+                            {{ok, {R, Q, _}}, _} -> {R, Q, T0};
+                            {error, #{first := F, first_t := Ft}} -> {Unknown, F, Ft};
+                            {error, none} -> {Unknown, null, T0}
+                        end,
         Q1t = case {maps:is_key(P, Ended), Read} of
                   {true, #{t := Tl}} -> Tl;
                   _ -> T1
@@ -485,11 +497,13 @@ info_fun(End, Mem0, Mem1, Base, Est, Reads, #{t0_ns := T0, t1_ns := T1, ended :=
         M0 = case maps:find(P, Mem0) of
                  {ok, MM} -> MM;
                  error when M1 =:= null -> null;
+                 error when is_map_key(P, Unread) -> null;
                  error -> beamdiag_agent_proc_memory:at_start(P, Mem0, Base)
              end,
+        Born = not is_map_key(P, Base) andalso not is_map_key(P, Unread) andalso Read =:= none,
         Nums = #{reductions => R1 - R0, queue => [Q0, Q1], memory => [M0, M1],
                  memory_estimated => is_map_key(P, Est),
-                 heap_words => H1, born => not is_map_key(P, Base) andalso Read =:= none},
+                 heap_words => H1, born => Born},
         case Q0t =:= T0 andalso Q1t =:= T1 of
             true -> Nums;
             false -> Nums#{queue_ms => max(0, (Q1t - Q0t) div 1000000)}

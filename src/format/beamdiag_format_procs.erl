@@ -168,13 +168,16 @@ heaps([]) ->
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
      [io_lib:format("  ~12ts ~10ts  ~ts~ts~ts~n",
-                    [[tilde(E), beamdiag_units:bytes(M1)], growth(M0, M1), who_short(E),
+                    [[tilde(E), beamdiag_units:bytes(M1)], growth(M0, M1, E), who_short(E),
                      like(E), estimated(E)])
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
-growth(M0, M1) when is_integer(M0) ->
+growth(M0, M1, _) when is_integer(M0) ->
     [case M1 >= M0 of true -> "+"; false -> "-" end, beamdiag_units:bytes(abs(M1 - M0))];
-growth(_, _) ->
+growth(_, _, #{born := false}) ->
+    %% It did not answer the start walk: its growth is unknown.
+    "unread";
+growth(_, _, _) ->
     "new".
 
 like(#{like := N}) when is_integer(N), N > 1 -> io_lib:format(", ~b like it", [N]);
