@@ -47,6 +47,37 @@ fifo() ->
         _ = file:del_dir(Dir)
     end.
 
+%% Two servers idle in their own loop, each monitoring the other (a
+%% queue and its channel), with four more idle servers monitoring the
+%% first: no cycle, the chain ends at the first in a receive, and every
+%% caller read is idle.
+idle_loops_test() ->
+    {ok, A} = gen_server:start(beamdiag_test_monitor_server, [], []),
+    {ok, B} = gen_server:start(beamdiag_test_monitor_server, [], []),
+    Cs = [element(2, {ok, _} = gen_server:start(beamdiag_test_monitor_server, [], []))
+          || _ <- lists:seq(1, 4)],
+    try
+        [ok = gen_server:call(X, {monitor, A}) || X <- [B | Cs]],
+        ok = gen_server:call(A, {monitor, B}),
+        %% Raw signal: each waits in gen_server:loop, A with five monitors on it.
+        ?assertEqual([{current_function, {gen_server, loop, 7}}],
+                     lists:usort([erlang:process_info(X, current_function) || X <- [A, B | Cs]])),
+        {monitored_by, On} = erlang:process_info(A, monitored_by),
+        ?assertEqual(5, length([P || P <- On, is_pid(P)])),
+        #{chains := [C]} = beamdiag_agent_chains:look(#{servers => [A], suspended => []}),
+        ?debugFmt("~p", [C]),
+        #{server := Server, callers := #{count := 5, read := Read}, waits_on := Hops} = C,
+        ?assertEqual([], Hops),
+        ?assertEqual('receive', maps:get(ends, Server)),
+        ?assertEqual([true], lists:usort([I || #{idle := I} <- Read])),
+        ?assertEqual([], [F || F = #{id := wait_chain} <- beamdiag_chain_rules:findings(
+                                                         #{waits => #{'end' => #{t_ns => 0,
+                                                                                 chains => [C],
+                                                                                 suspended => #{count => 0, read => [], dist => [], dist_buf_busy_limit => 1048576}}}})])
+    after
+        [gen_server:stop(X) || X <- [A, B | Cs]]
+    end.
+
 %% Two processes, each waiting with a monitor on the other: a cycle.
 cycle_test() ->
     Self = self(),

@@ -48,6 +48,32 @@ waiters_test_() ->
      ?_assertEqual([{wait_chain, warning}], ids(Chain(15))),
      ?_assertEqual([{wait_chain, critical}], ids(Chain(16)))].
 
+%% Processes that monitor the server from their own idle loop (channels
+%% watching their queue, as on RabbitMQ) are counted out: 40 monitors, 8
+%% read of which 6 idle in gen_server2's loop make 10 waiters (a warning,
+%% not critical), 7 of 8 idle make 5, and 8 of 8 none.
+idle_loops_test_() ->
+    Chain = fun(IdleN) ->
+                    #{read := Read} = C = callers(40, 80),
+                    Marked = [case I =< IdleN of
+                                  true -> R#{idle => true, current => <<"gen_server2:process_next_msg/1">>};
+                                  false -> R#{idle => false}
+                              end || {I, R} <- lists:zip(lists:seq(1, length(Read)), Read)],
+                    L = fun(T) -> (look(T, 40, 100, <<"waiting">>, [nif(117)]))#{chains :=
+                                      [#{server => server(100, <<"waiting">>),
+                                         callers => C#{read := Marked}, waits_on => [nif(117)]}]}
+                        end,
+                    beamdiag_chain_rules:findings(procs(#{start => L(0), 'end' => L(?S)}))
+            end,
+    Waiters = fun(Fs) -> [{S, maps:get(waiters, M)} || #{severity := S, metrics := M} <- Fs] end,
+    Ev = fun(Fs) -> iolist_to_binary(lists:join("\n", maps:get(evidence, hd(Fs)))) end,
+    [?_assertEqual([{critical, 40}], Waiters(Chain(0))),
+     ?_assertEqual([{warning, 10}], Waiters(Chain(6))),
+     ?_assertMatch({_, _}, binary:match(Ev(Chain(6)), <<"of the 40 processes that monitor it, 6 of "
+                                                          "the 8 read wait in their own receive loop">>)),
+     ?_assertEqual([{warning, 5}], Waiters(Chain(7))),
+     ?_assertEqual([], Chain(8))].
+
 %% A server that runs Erlang code is a bottleneck of another kind.
 running_test() ->
     ?assertEqual([], ids(procs(#{'end' => look(0, 9, 100, <<"running">>, [])}))).

@@ -12,10 +12,15 @@
 %%% in `gen:call' monitors the callee; `file_io_server:do_start' the file
 %%% server's opener), the monitored process that is most blocked, down to
 %%% ?HOPS hops: the chain ends in a NIF, a port, a suspension, a receive,
-%%% a call to another node, a process that runs, or a cycle;</li>
+%%% a call to another node, a process that runs, or a cycle. A process
+%%% waiting in its behaviour's own loop (`gen_server:loop', `gen_statem',
+%%% `gen_event', `gen_server2', hibernation) is idle: what it monitors, it
+%%% watches (a queue its channels, a server its clients), so the chain
+%%% ends there;</li>
 %%% <li>at most ?CALLERS of the processes that monitor each candidate:
 %%% where they are (their function and the first frames of their stack
-%%% past `gen'), all of them counted;</li>
+%%% past `gen') and whether they are idle in their own loop, all of them
+%%% counted;</li>
 %%% <li>at most ?SUSPENDED of the processes the walks found suspended, and
 %%% the distribution ports (`system_info(dist_ctrl)'): the bytes pending
 %%% in each one's driver, its high watermark, its kernel send buffer, and
@@ -81,7 +86,10 @@
     status := binary(),
     current := binary() | null,
     site := binary(),
-    reductions := non_neg_integer()
+    reductions := non_neg_integer(),
+    %% Waiting in its own receive loop: it watches the process it monitors,
+    %% it does not wait for it (callers only).
+    idle => boolean()
 }.
 
 -define(SERVERS, 4).
@@ -100,6 +108,10 @@
 -define(HOP_ITEMS, [registered_name, initial_call, status, current_function, current_stacktrace,
                     monitors, monitored_by, message_queue_len, reductions]).
 -define(CALLER_ITEMS, [status, current_function, current_stacktrace, reductions]).
+%% The receives of the behaviours' own loops, where a process waits idle
+%% between two messages (RabbitMQ's gen_server2 among them).
+-define(IDLE_LOOPS, [{gen_server, loop}, {gen_statem, loop_receive}, {gen_event, fetch_msg},
+                     {gen_server2, process_next_msg}, {erlang, hibernate}]).
 
 %%%===================================================================
 %%% API
@@ -160,7 +172,7 @@ chain(S, Names, R) ->
 hops(_P, _Info, _Names, _Seen, 0, _R) ->
     [];
 hops(_P, Info, Names, Seen, Left, R) ->
-    case {kind(Info), monitored(Info)} of
+    case {kind(Info), followed(Info)} of
         {waiting, {Local, Remote}} when Local =/= [] orelse Remote =/= [] ->
             case Remote of
                 [_ | _] when Local =:= [] ->
@@ -192,7 +204,7 @@ most_blocked(Infos) ->
                        nif -> 0;
                        suspended -> 1;
                        port -> 1;
-                       waiting -> case monitored(I) of
+                       waiting -> case followed(I) of
                                       {[], []} -> 4;
                                       _ -> 2
                                   end;
@@ -222,6 +234,24 @@ kind(Info) ->
         true -> other
     end.
 
+%% The processes a waiting process may wait on (those it monitors), none
+%% when it waits in its own receive loop: an idle server monitors its
+%% clients, it does not wait for them.
+followed(Info) ->
+    case idle_loop(Info) of
+        true -> {[], []};
+        false -> monitored(Info)
+    end.
+
+%% Waiting in the receive of a behaviour's own loop (or hibernating):
+%% idle, between two messages, whatever it monitors.
+idle_loop(Info) ->
+    proplists:get_value(status, Info) =:= waiting andalso
+        case proplists:get_value(current_function, Info) of
+            {M, F, _} -> lists:member({M, F}, ?IDLE_LOOPS);
+            _ -> false
+        end.
+
 %% The processes P monitors: local pids, and the nodes of remote ones.
 monitored(Info) ->
     Ms = proplists:get_value(monitors, Info, []),
@@ -241,7 +271,7 @@ hop(P, Info, Names) ->
              reductions => proplists:get_value(reductions, Info, 0),
              monitored_by => length(proplists:get_value(monitored_by, Info, [])),
              kind => atom_to_binary(Kind, utf8)},
-    case {Kind, monitored(Info)} of
+    case {Kind, followed(Info)} of
         {nif, _} -> Base#{ends => nif};
         {suspended, _} -> Base#{ends => suspended};
         {port, _} -> Base#{ends => port};
@@ -257,7 +287,8 @@ callers(Waiters, R) ->
       read => [#{pid => pid_text(P), status => atom_to_binary(proplists:get_value(status, I), utf8),
                  current => mfa(proplists:get_value(current_function, I)),
                  site => site(proplists:get_value(current_stacktrace, I, [])),
-                 reductions => proplists:get_value(reductions, I, 0)}
+                 reductions => proplists:get_value(reductions, I, 0),
+                 idle => idle_loop(I)}
                || {P, I} <- maps:to_list(Read)]}.
 
 %% Where a caller is: its stack's first two frames past the calling
@@ -277,7 +308,8 @@ suspended(Pids, Count, Names, R) ->
                  status => atom_to_binary(proplists:get_value(status, I), utf8),
                  current => mfa(proplists:get_value(current_function, I)),
                  site => site(proplists:get_value(current_stacktrace, I, [])),
-                 reductions => proplists:get_value(reductions, I, 0)}
+                 reductions => proplists:get_value(reductions, I, 0),
+                 idle => idle_loop(I)}
                || {P, I} <- maps:to_list(Read)],
       dist => dist_ports(Count, R),
       %% The other ports with the most queued (beamdiag_agent_ports), when

@@ -90,19 +90,29 @@ idle(#{pid := P, reductions := R}, Before, T) ->
 
 chain(#{server := S = #{kind := Kind}, callers := Callers, waits_on := Hops}, Before, Span, T) ->
     Count = maps:get(count, Callers, 0),
-    case Count >= map_get(waiters_min, T) andalso Kind =/= <<"running">> of
+    Read = maps:get(read, Callers, []),
+    %% Those that monitor it from their own idle loop watch it (channels
+    %% their queue, a server its clients): they are not waiting for it. The
+    %% count is scaled by the share of the callers read that are not idle.
+    IdleLoops = length([C || C <- Read, maps:get(idle, C, false)]),
+    Waiters = case Read of
+                  [] -> Count;
+                  _ -> round(Count * (length(Read) - IdleLoops) / length(Read))
+              end,
+    case Waiters >= map_get(waiters_min, T) andalso Kind =/= <<"running">> of
         false ->
             [];
         true ->
-            Read = maps:get(read, Callers, []),
-            Waiting = [C || C = #{status := St} <- Read, St =:= <<"waiting">>],
-            IdleCallers = length([C || C <- Read, idle(C, Before, T)]),
+            Waiting = [C || C = #{status := St} <- Read, St =:= <<"waiting">>,
+                            not maps:get(idle, C, false)],
+            IdleCallers = length([C || C <- Read, not maps:get(idle, C, false),
+                                       idle(C, Before, T)]),
             ServerIdle = idle(S, Before, T) andalso Span > 0,
             End = case Hops of
                       [] -> S;
                       _ -> lists:last(Hops)
                   end,
-            Sev = case Count >= map_get(waiters_crit, T) orelse
+            Sev = case Waiters >= map_get(waiters_crit, T) orelse
                        (ServerIdle andalso Span >= map_get(idle_crit_s, T)) of
                       true -> critical;
                       false -> warning
@@ -110,18 +120,23 @@ chain(#{server := S = #{kind := Kind}, callers := Callers, waits_on := Hops}, Be
             Evidence = [
                 fmt("~b processes wait on ~ts (they hold monitors on it, as callers in gen:call "
                     "and erpc do; ~b messages in its queue): ~ts",
-                    [Count, who(S), maps:get(queue, S, 0), callers_text(Read, Waiting)]),
+                    [Waiters, who(S), maps:get(queue, S, 0), callers_text(Read, Waiting)])
+            ] ++ [fmt("of the ~b processes that monitor it, ~b of the ~b read wait in their "
+                      "own receive loop (gen_server:loop and the like): they watch it, they do "
+                      "not wait for it, and are counted out", [Count, IdleLoops, length(Read)])
+                  || IdleLoops > 0] ++ [
                 fmt("it does not run Erlang code: it waits in ~ts (~ts)~ts",
                     [maps:get(current, S), stack_text(S), idle_text(ServerIdle, Span)])
             ] ++ [hop_line(H, Before, Span, T) || H = #{pid := _} <- Hops]
               ++ [end_line(End)]
               ++ [fmt("~b of the ~b callers read did no work between the window's start and "
-                      "end (~.1f s): they waited all that time", [IdleCallers, length(Read), Span])
+                      "end (~.1f s): they waited all that time",
+                      [IdleCallers, length(Read) - IdleLoops, Span])
                   || IdleCallers > 0, Span > 0],
             [beamdiag_finding:new(wait_chain, Sev, Evidence, #{
                 pid => maps:get(pid, S),
                 name => name_or_pid(S),
-                waiters => Count,
+                waiters => Waiters,
                 chain => length(Hops) + 1,
                 ends => atom_to_binary(maps:get(ends, End, undefined), utf8),
                 ends_in => maps:get(current, End, <<"?">>),
