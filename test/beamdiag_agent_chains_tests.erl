@@ -68,7 +68,7 @@ idle_loops_test() ->
         ?debugFmt("~p", [C]),
         #{server := Server, callers := #{count := 5, read := Read}, waits_on := Hops} = C,
         ?assertEqual([], Hops),
-        ?assertEqual('receive', maps:get(ends, Server)),
+        ?assertMatch(#{ends := 'receive', idle := true}, Server),
         ?assertEqual([true], lists:usort([I || #{idle := I} <- Read])),
         ?assertEqual([], [F || F = #{id := wait_chain} <- beamdiag_chain_rules:findings(
                                                          #{waits => #{'end' => #{t_ns => 0,

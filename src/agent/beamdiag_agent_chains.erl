@@ -76,6 +76,8 @@
     reductions => non_neg_integer(),
     monitored_by => non_neg_integer(),
     kind => binary(),
+    %% Waiting in its own behaviour loop (with `ends => receive').
+    idle => true,
     ends => nif | suspended | port | running | 'receive' | cycle | remote,
     nodes => [binary()]
 }.
@@ -271,12 +273,13 @@ hop(P, Info, Names) ->
              reductions => proplists:get_value(reductions, Info, 0),
              monitored_by => length(proplists:get_value(monitored_by, Info, [])),
              kind => atom_to_binary(Kind, utf8)},
-    case {Kind, followed(Info)} of
-        {nif, _} -> Base#{ends => nif};
-        {suspended, _} -> Base#{ends => suspended};
-        {port, _} -> Base#{ends => port};
-        {running, _} -> Base#{ends => running};
-        {waiting, {[], []}} -> Base#{ends => 'receive'};
+    case {Kind, idle_loop(Info), monitored(Info)} of
+        {nif, _, _} -> Base#{ends => nif};
+        {suspended, _, _} -> Base#{ends => suspended};
+        {port, _, _} -> Base#{ends => port};
+        {running, _, _} -> Base#{ends => running};
+        {waiting, true, _} -> Base#{ends => 'receive', idle => true};
+        {waiting, _, {[], []}} -> Base#{ends => 'receive'};
         _ -> Base
     end.
 

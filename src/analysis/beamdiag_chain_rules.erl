@@ -185,6 +185,9 @@ end_line(E = #{ends := suspended}) ->
         "to a slow node) or erlang:suspend_process/1", [who(E)]);
 end_line(E = #{ends := port}) ->
     fmt("the chain ends at a port: ~ts is in ~ts", [who(E), maps:get(current, E)]);
+end_line(E = #{ends := 'receive', idle := true}) ->
+    fmt("the chain ends in ~ts, idle in its own loop (~ts): it takes its next message as it "
+        "comes, so what holds the callers is the work it does for each", [who(E), maps:get(current, E)]);
 end_line(E = #{ends := 'receive'}) ->
     fmt("the chain ends in a receive: ~ts waits in ~ts for a message that has not come "
         "(no monitor on another process)", [who(E), maps:get(current, E)]);
