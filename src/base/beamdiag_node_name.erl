@@ -16,7 +16,7 @@
 %%% '''
 -module(beamdiag_node_name).
 
--export([parse/1, split/1, host/1, short_host/0, format_error/1]).
+-export([parse/1, split/1, host/1, short_host/0, on_this_host/1, format_error/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 
@@ -83,6 +83,11 @@ host(Node) ->
 short_host() ->
     {ok, H} = inet:gethostname(),
     hd(string:split(H, ".")).
+
+%% @doc A short node name on this host: Name@ShortHost.
+-spec on_this_host(iodata()) -> binary().
+on_this_host(Name) ->
+    iolist_to_binary([Name, "@", short_host()]).
 
 %% @doc Turns an error reason of this module into a sentence.
 -spec format_error(term()) -> iolist().

@@ -32,7 +32,7 @@
 -module(beamdiag_host_locate).
 
 -export([locate/2, target/1, is_local_host/1, format_error/1]).
--export([read/1, beams/1, status/2, listen_sockets/2, epmd_names/2]).
+-export([read/1, beams/1, status/2, listen_sockets/2, epmd_names/1]).
 %% Called as Module:format_error/1 on an {error, {Module, Reason}} value.
 -ignore_xref([{format_error, 1}]).
 %% Called by the tests only.
@@ -175,6 +175,11 @@ is_local_host(Host) ->
         lists:prefix("127.", Host) orelse
         (HostShort =:= Short andalso not is_ip(Host)) orelse
         Host =:= net_adm:localhost().
+
+%% @doc epmd's names on Host, or an error, within ?EPMD_TIMEOUT.
+-spec epmd_names(string()) -> {ok, [{string(), inet:port_number()}]} | {error, term()}.
+epmd_names(Host) ->
+    epmd_names(Host, ?EPMD_TIMEOUT).
 
 %% @doc epmd's names on Host, or an error, within Timeout milliseconds.
 -spec epmd_names(string(), pos_integer()) ->

@@ -37,12 +37,14 @@ list(Opts) ->
     Beams = [P || {P, _} <- beamdiag_host_locate:beams(Root), not lists:member(P, Own)],
     Settings = [{P, beamdiag_node_settings:read(P, #{proc_root => Root})}
                 || P <- lists:sublist(Beams, ?MAX_LISTED)],
-    Unnamed = [S || {_, S = #{args := A, listen := [_ | _]}} <- Settings,
-                    not maps:is_key(name, A)],
+    %% epmd is asked only when a VM without a name listens.
+    Unnamed = lists:any(fun({_, #{args := A, listen := L}}) -> L =/= [] andalso
+                                                               not maps:is_key(name, A)
+                        end, Settings),
     Names = case {Unnamed, maps:find(names, Opts)} of
-                {[], _} -> [];
-                {_, {ok, Given}} -> epmd_ports(Given);
-                {_, error} -> epmd_ports(beamdiag_host_locate:epmd_names("localhost", 2000))
+                {false, _} -> [];
+                {true, {ok, Given}} -> epmd_ports(Given);
+                {true, error} -> epmd_ports(beamdiag_host_locate:epmd_names("localhost"))
             end,
     [candidate(P, S, Names) || {P, S} <- Settings].
 
@@ -86,25 +88,25 @@ epmd_ports({error, _}) -> [].
 candidate(Pid, S, EpmdPorts) ->
     Args = maps:get(args, S),
     Listen = [Pt || {_, Pt} <- maps:get(listen, S)],
-    Name = case maps:find(name, Args) of
-               {ok, #{value := V, mode := shortnames}} ->
-                   case binary:match(V, <<"@">>) of
-                       nomatch -> iolist_to_binary([V, "@", beamdiag_node_name:short_host()]);
-                       _ -> V
-                   end;
-               {ok, #{value := V}} -> V;
-               error ->
-                   case [{N, Pt} || {Pt, N} <- EpmdPorts, lists:member(Pt, Listen)] of
-                       [{N, _} | _] -> iolist_to_binary([N, "@", beamdiag_node_name:short_host()]);
-                       [] -> none
-                   end
-           end,
-    %% The ports said: every listening socket of a node named on its
-    %% command line; epmd's port for a node it names.
-    Ports = case maps:is_key(name, Args) of
-                true -> Listen;
-                false -> [Pt || {Pt, _} <- EpmdPorts, lists:member(Pt, Listen)]
-            end,
+    %% Its name, the ports said (every listening socket of a node named
+    %% on its command line; epmd's port for a node only epmd names), and
+    %% how the name was found.
+    {Name, Ports, Started} =
+        case maps:find(name, Args) of
+            {ok, #{value := V, mode := shortnames}} ->
+                case binary:match(V, <<"@">>) of
+                    nomatch -> {beamdiag_node_name:on_this_host(V), Listen, ""};
+                    _ -> {V, Listen, ""}
+                end;
+            {ok, #{value := V}} ->
+                {V, Listen, ""};
+            error ->
+                case [{N, Pt} || {Pt, N} <- EpmdPorts, lists:member(Pt, Listen)] of
+                    [{N, EpmdPort} | _] -> {beamdiag_node_name:on_this_host(N), [EpmdPort],
+                                      ", started after boot (epmd's name for its port)"};
+                    [] -> {none, [], ""}
+                end
+        end,
     Proto = case maps:find(proto_dist, Args) of
                 {ok, #{value := [Pr | _]}} -> Pr;
                 error -> <<"inet_tcp">>
@@ -114,10 +116,6 @@ candidate(Pid, S, EpmdPorts) ->
                {_, {ok, #{value := Pt}}} -> [", port ", integer_to_list(Pt), " (-erl_epmd_port)"];
                _ -> ""
            end,
-    Started = case maps:is_key(name, Args) of
-                  true -> "";
-                  false -> ", started after boot (epmd's name for its port)"
-              end,
     Dist = case Name of
                none -> <<"no distribution">>;
                _ -> iolist_to_binary([Proto, Epmd, Started,
