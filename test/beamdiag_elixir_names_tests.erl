@@ -92,7 +92,15 @@ text_test_() ->
      ?_assertEqual(<<"no Elixir here: lists:foldl/3">>,
                    beamdiag_elixir_names:text("no Elixir here: lists:foldl/3")),
      ?_assertEqual(<<"Shop.A.f/10, Shop.B.g/2">>,
-                   beamdiag_elixir_names:text(<<"Elixir.Shop.A:f/10, Elixir.Shop.B:g/2">>))].
+                   beamdiag_elixir_names:text(<<"Elixir.Shop.A:f/10, Elixir.Shop.B:g/2">>)),
+     %% A process registered under its module's name, and a table so named.
+     ?_assertEqual(<<"the mailbox of Holdex.Store <0.643.0> (?) grew; table Shop.Cache, "
+                     "in Holdex.Store.handle_cast/2; Elixir.lower stays">>,
+                   beamdiag_elixir_names:text(<<"the mailbox of Elixir.Holdex.Store <0.643.0> (?) "
+                                                "grew; table Elixir.Shop.Cache, in "
+                                                "Elixir.Holdex.Store:handle_cast/2; Elixir.lower stays">>)),
+     ?_assertEqual(<<"odd Elixir.Shop.Store:'x y' left whole">>,
+                   beamdiag_elixir_names:text(<<"odd Elixir.Shop.Store:'x y' left whole">>))].
 
 %% A fix in Elixir's terms.
 fix_test_() ->
@@ -131,13 +139,28 @@ diagnosis_test() ->
                                                      current => <<"lists:foldl/3">>,
                                                      own => <<"Elixir.Holdex.Pricing:total/1">>,
                                                      own_at => <<"lib/holdex/pricing.ex:12">>,
-                                                     reductions => 5}]},
+                                                     reductions => 5}],
+                                              heap_growth => [#{pid => <<"<0.2.0>">>,
+                                                                name => <<"Elixir.Holdex.Store">>,
+                                                                current => <<"Elixir.Holdex.Store:handle_cast/2">>}],
+                                              born => #{read => 9,
+                                                        groups => [#{count => 9,
+                                                                     initial_call => <<"Elixir.Shop.Worker:init/1">>,
+                                                                     current => <<"gen_server:loop/7">>,
+                                                                     parent => #{pid => <<"<0.3.0>">>,
+                                                                                 name => <<"Elixir.Shop.Sup">>}}]}},
                                    profile => #{profile => #{stacks => #{[<<"scheduler">>, <<"$'Elixir.Enum':reduce/3">>] => 3,
                                                                          [<<"scheduler">>, <<"$'Elixir.Enum':reduce/3-CodeInfoPrologue">>] => 1},
                                                              samples => 4}}}},
           findings => [#{evidence => [<<"in Elixir.Enum:reduce/3">>], fix => Fix}]},
-    #{capture := #{extras := #{procs := #{top_reductions := [P]}, profile := #{profile := Prof}}},
+    #{capture := #{extras := #{procs := #{top_reductions := [P], heap_growth := [G],
+                                          born := #{groups := [B]}},
+                               profile := #{profile := Prof}}},
       findings := [F]} = beamdiag_elixir_names:diagnosis(D),
+    %% A registered module name, in every list of processes.
+    ?assertMatch(#{name := <<"Holdex.Store">>, current := <<"Holdex.Store.handle_cast/2">>}, G),
+    ?assertMatch(#{initial_call := <<"Shop.Worker.init/1">>, parent := #{name := <<"Shop.Sup">>}},
+                 B),
     ?assertEqual(<<"anonymous fn/2 in Shop.Pricing.total/1">>, maps:get(initial_call, P)),
     ?assertEqual(<<"lists:foldl/3">>, maps:get(current, P)),
     %% The user's innermost frame, in Elixir's words.

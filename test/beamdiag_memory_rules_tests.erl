@@ -84,6 +84,34 @@ heap_leak_names_the_process_test() ->
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
     ?assertMatch({_, _}, binary:match(Ev, <<"sessions <0.99.0> (store:init/1) grew by 94.4 MB (100% of the growth)">>)).
 
+%% A GenServer flooded by casts, that did not answer the start walk: its
+%% memory at the start is unknown, its mailbox grew by 223,538 messages
+%% and it holds ~169 MB at the end, so it is named (an Elixir release's
+%% Holdex.Store, measured); a mailbox that grew by fewer than 10,000 is
+%% not. A queue whose memory was estimated at both ends counts as a heap
+%% that grew.
+queue_grower_named_test() ->
+    C0 = capture(flat(10 * ?MIB), fun(I) -> 160 * ?MIB + 30 * ?MIB * I end, flat(20 * ?MIB),
+                 {host, 20000 * ?MIB}),
+    Store = fun(Q0, Q1, M0) ->
+                    #{pid => <<"<0.643.0>">>, name => <<"Elixir.Holdex.Store">>,
+                      initial_call => <<"?">>, current => <<"gen_server:try_dispatch/4">>,
+                      queue => [Q0, Q1], memory => [M0, 169 * ?MIB], memory_estimated => true}
+            end,
+    Ev = fun(Q) ->
+                 C = C0#{extras := (maps:get(extras, C0))#{procs => #{heap_growth => [],
+                                                                      queues => [Q]}}},
+                 [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+                 iolist_to_binary(lists:join("\n", maps:get(evidence, F)))
+         end,
+    ?assertMatch({_, _}, binary:match(Ev(Store(185619, 409157, null)),
+                                      <<"Elixir.Holdex.Store <0.643.0> (?) holds ~177.2 MB now and "
+                                        "its mailbox grew from 185.6k to 409.2k messages">>)),
+    ?assertMatch({_, _}, binary:match(Ev(Store(null, 9999, null)),
+                                      <<"no process that the walks read grew">>)),
+    ?assertMatch({_, _}, binary:match(Ev(Store(185619, 409157, 69 * ?MIB)),
+                                      <<"Elixir.Holdex.Store <0.643.0> (?) grew by 104.9 MB">>)).
+
 %% A NIF that mallocs: resident memory up 30 MiB a second, the VM flat.
 native_leak_test() ->
     C = capture(flat(10 * ?MIB), flat(50 * ?MIB), fun(I) -> 20 * ?MIB + 30 * ?MIB * I end,

@@ -93,7 +93,19 @@ dirty_gc_names_heaps_test() ->
     ?assertMatch({_, _}, binary:match(Ev, <<"<0.120.0> (rabbit_amqqueue_process:init/1): 520.0 MB, +220.0 MB">>)),
     ?assertMatch({_, _}, binary:match(Ev, <<"12 processes with its initial call">>)),
     ?assertEqual(nomatch, binary:match(Ev, <<"<0.121.0>">>)),
-    ?assertEqual(520000000, maps:get(largest_heap_bytes, maps:get(metrics, F))).
+    ?assertEqual(520000000, maps:get(largest_heap_bytes, maps:get(metrics, F))),
+    %% A flooded GenServer that did not answer the end walk is in the queues
+    %% only, with its estimate: it is named first, before a 4.1 MB heap (an
+    %% Elixir release's store, measured: it was left out, and code_server
+    %% named instead).
+    Store = (entry(<<"<0.643.0>">>, <<"Elixir.Holdex.Store">>, 0, [185619, 409157],
+                   [null, 169000000], 0))#{memory_estimated => true},
+    Code = entry(<<"<0.581.0>">>, <<"code_server">>, 0, [0, 0], [4100000, 4100000], 0),
+    [F2] = beamdiag_proc_rules:annotate([Gc], procs([], [Store], [Code], 1000), ledger(1.0)),
+    Ev2 = iolist_to_binary(lists:join("\n", maps:get(evidence, F2))),
+    ?assertMatch({_, _}, binary:match(Ev2, <<"largest process heaps\n  Elixir.Holdex.Store <0.643.0>">>)),
+    ?assertEqual(<<"<0.643.0>">>, maps:get(largest_heap_pid, maps:get(metrics, F2))),
+    ?assertMatch({_, _}, binary:match(Ev2, <<"2 processes over 1 MB hold 173.1 MB">>)).
 
 %% A lock-counting bottleneck on the same process is one finding.
 merged_with_locks_test() ->

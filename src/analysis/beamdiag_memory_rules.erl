@@ -31,6 +31,9 @@
 %% The VM's parts a leak grows, most telling first.
 -define(PARTS, [binary, processes, ets, atom, code]).
 -define(MIB, 1048576).
+%% Messages a mailbox grew by, at the least, to be named as what grows the
+%% processes' memory when its memory at the start is unknown.
+-define(FLOODED_MIN, 10000).
 
 %%%===================================================================
 %%% API
@@ -203,25 +206,57 @@ time_left_lines(#{room := Room, bound_by := By}, Rate) when Rate > 0 ->
 time_left_lines(_, _) ->
     [<<"the room left (the host's available memory, the cgroup's limit) was not read">>].
 
+%% Each pid once, its first (largest) growth kept.
+unique_pids(Grew) ->
+    lists:reverse(element(2, lists:foldl(fun({D, E = #{pid := P}}, {Seen, Acc}) ->
+                                                 case lists:member(P, Seen) of
+                                                     true -> {Seen, Acc};
+                                                     false -> {[P | Seen], [{D, E} | Acc]}
+                                                 end
+                                         end, {[], []}, Grew))).
+
+tilde(#{memory_estimated := true}) -> "~";
+tilde(_) -> "".
+
+qstart(null) -> "an unknown length";
+qstart(N) -> beamdiag_units:count(N).
+
 limit_name(host) -> "of the host's available memory (MemAvailable)";
 limit_name(cgroup) -> "below the memory cgroup's limit".
 
 %% Who grew it: the processes whose memory grew most (the walks' heap
 %% growth), for a process heap; for the other parts, what the walks cannot
 %% say.
-who(processes, #{change := Change}, #{extras := #{procs := #{heap_growth := Growth}}}) ->
-    %% Those that grew by a tenth of the part's growth or more.
-    Grew = [{M1 - M0, E} || E = #{memory := [M0, M1]} <- Growth,
+who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth := Growth}}}) ->
+    %% Those that grew by a tenth of the part's growth or more: the heaps
+    %% the walks read at both ends, and the mailboxes whose memory was
+    %% estimated at both ends (a flooded process is not asked for it).
+    Queues = maps:get(queues, Procs, []),
+    Grew = [{M1 - M0, E} || E = #{memory := [M0, M1]} <- Growth ++ Queues,
                             is_integer(M0), is_integer(M1), 10 * (M1 - M0) >= Change, M1 > M0],
-    case lists:reverse(lists:keysort(1, Grew)) of
+    Top = lists:sublist(unique_pids(lists:reverse(lists:keysort(1, Grew))), 3),
+    %% A mailbox that grew, whose memory at the start is unknown (it did
+    %% not answer the start walk), and that holds a tenth of the growth.
+    Named = [P || {_, #{pid := P}} <- Top],
+    Flooded = [E || E = #{pid := P, queue := [Q0, Q1], memory := [null, M1]} <- Queues,
+                    is_integer(Q1), is_integer(M1), 10 * M1 >= Change,
+                    Q1 - case Q0 of null -> 0; _ -> Q0 end >= ?FLOODED_MIN,
+                    not lists:member(P, Named)],
+    Lines = [fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
+                 [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D),
+                  beamdiag_units:whole_pct(min(1.0, D / Change)), beamdiag_proc_rules:where(E)])
+             || {D, E} <- Top] ++
+            [fmt("~ts holds ~s~s now and its mailbox grew from ~ts to ~s messages over the "
+                 "window (its memory at the start was not read: it did not answer); it was in ~ts",
+                 [beamdiag_proc_rules:who(E), tilde(E), beamdiag_units:bytes(M1), qstart(Q0),
+                  beamdiag_units:count(Q1), beamdiag_proc_rules:where(E)])
+             || E = #{queue := [Q0, Q1], memory := [_, M1]} <- lists:sublist(Flooded, 3)],
+    case Lines of
         [] ->
             [<<"no process that the walks read grew by a tenth of it: the growth is spread "
                "over many processes or in ones born during the window">>];
-        Top ->
-            [fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
-                 [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D), beamdiag_units:whole_pct(min(1.0, D / Change)),
-                  beamdiag_proc_rules:where(E)])
-             || {D, E} <- lists:sublist(Top, 3)]
+        _ ->
+            Lines
     end;
 who(binary, _, #{extras := #{procs := #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
     %% The holders of a tenth of the largest one's bytes or more.

@@ -303,7 +303,14 @@ duration(S) -> io_lib:format("~.1f h", [S / 3600]).
 
 gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
     Min = map_get(heap_bytes_min, thresholds()),
-    Big = [E || E = #{memory := [_, M1]} <- maps:get(heaps, Procs, []), is_integer(M1), M1 >= Min],
+    %% The heaps the walks read, and the flooded mailboxes' estimates (a
+    %% process with a long queue is not asked for its memory, and one that
+    %% did not answer the end walk is in the queues only), largest first.
+    Heaps = maps:get(heaps, Procs, []),
+    Read = [P || #{pid := P} <- Heaps],
+    Flooded = [E || E = #{pid := P} <- maps:get(queues, Procs, []), not lists:member(P, Read)],
+    Big = lists:sort(fun(#{memory := [_, A]}, #{memory := [_, B]}) -> A >= B end,
+                     [E || E = #{memory := [_, M1]} <- Heaps ++ Flooded, is_integer(M1), M1 >= Min]),
     case lists:sublist(Big, 3) of
         [] ->
             F#{evidence => Ev ++ [<<"no process heap over 1 MB at the end of the window: the "

@@ -43,6 +43,12 @@
         "(\\$)?(?:'(Elixir\\.(?:[^'\\\\]|\\\\.)*)'|(Elixir\\.[A-Za-z0-9_.]+)):"
         "(?:'((?:[^'\\\\]|\\\\.)*)'|([^\\s,;()\\[\\]{}'\"]+))/([0-9]+)").
 
+%% A module's name inside free text, not part of a longer word nor of a
+%% call: Elixir. and its alias (each part capitalised; possessive, so
+%% that a name followed by a colon is left whole, not in part).
+-define(MODULE_IN_TEXT,
+        "(?<![A-Za-z0-9_.'])Elixir\\.([A-Z][A-Za-z0-9_]*+(?:\\.[A-Z][A-Za-z0-9_]*+)*+)(?![A-Za-z0-9_:'])").
+
 %% The Erlang phrases the catalogue's fixes use, and Elixir's for them.
 -define(FIX_PHRASES,
         [{<<"gen_server:call">>, <<"GenServer.call">>},
@@ -77,7 +83,9 @@ mfa(Name) when is_binary(Name) ->
             Name
     end.
 
-%% @doc Every Elixir function name inside a text, the Elixir way.
+%% @doc Every Elixir function name inside a text, the Elixir way, then
+%% every module name left (a process registered under its module's name,
+%% `Elixir.Shop.Store', reads `Shop.Store').
 -spec text(unicode:chardata()) -> binary().
 text(Text) ->
     Bin = unicode:characters_to_binary(Text),
@@ -85,10 +93,11 @@ text(Text) ->
         nomatch ->
             Bin;
         _ ->
-            case re:run(Bin, ?IN_TEXT, [global, unicode, {capture, all, index}]) of
-                {match, Ms} -> replace(Bin, Ms, 0, []);
-                nomatch -> Bin
-            end
+            Calls = case re:run(Bin, ?IN_TEXT, [global, unicode, {capture, all, index}]) of
+                        {match, Ms} -> replace(Bin, Ms, 0, []);
+                        nomatch -> Bin
+                    end,
+            re:replace(Calls, ?MODULE_IN_TEXT, "\\1", [global, unicode, {return, binary}])
     end.
 
 %% @doc A fix in Elixir's terms: the Erlang phrases of the catalogue's
@@ -167,17 +176,36 @@ capture(C) ->
     C.
 
 procs(P) ->
-    maps:map(fun(K, L) when K =:= top_reductions; K =:= queues; K =:= heaps; K =:= processes ->
+    maps:map(fun(K, L) when is_list(L), (K =:= top_reductions orelse K =:= queues
+                                        orelse K =:= heaps orelse K =:= processes
+                                        orelse K =:= heap_growth orelse K =:= binaries
+                                        orelse K =:= stalled) ->
                      [process(E) || E <- L];
+                (born, B = #{groups := Gs}) when is_list(Gs) ->
+                     B#{groups := [group(G) || G <- Gs]};
                 (_, V) ->
                      V
              end, P).
 
+%% A group of newborn processes: what they run, and who spawned them.
+group(G) when is_map(G) ->
+    G1 = process(G),
+    case G1 of
+        #{parent := Parent} when is_map(Parent) -> G1#{parent := process(Parent)};
+        _ -> G1
+    end;
+group(G) ->
+    G.
+
+%% A process entry: its functions, and a registered name that is an
+%% Elixir module's (a GenServer named after its module), the Elixir way.
 process(E) when is_map(E) ->
     maps:map(fun(K, V) when is_binary(V), (K =:= initial_call orelse K =:= spawn_call
                                           orelse K =:= current orelse K =:= in
                                           orelse K =:= out orelse K =:= own) ->
                      mfa(V);
+                (name, <<"Elixir.", _/binary>> = V) ->
+                     iolist_to_binary(module(V));
                 (_, V) ->
                      V
              end, E);

@@ -206,7 +206,7 @@ who_short(E = #{pid := Pid}) ->
     case {maps:get(name, E, null), maps:get(label, E, null)} of
         {N, _} when is_binary(N) -> beamdiag_safe_text:safe(N, 24);
         {null, L} when is_binary(L) -> beamdiag_safe_text:safe(L, 24);
-        _ -> [beamdiag_safe_text:safe(Pid, 16), " ", beamdiag_safe_text:safe(maps:get(initial_call, E, <<>>), 24)]
+        _ -> [beamdiag_safe_text:safe(Pid, 16), " ", beamdiag_safe_text:safe(maps:get(initial_call, E, <<>>), 60)]
     end.
 
 who(E, Max) ->
