@@ -213,4 +213,12 @@ where_test_() ->
                    iolist_to_binary(beamdiag_proc_rules:where(#{current => <<"lists:foldl/3">>,
                                                                 own => <<"shop:total/1">>,
                                                                 own_at => <<"src/shop.erl:12">>}))),
-     ?_assertEqual(<<"?">>, iolist_to_binary(beamdiag_proc_rules:where(#{})))].
+     %% Not read: said in words, not "?".
+     ?_assertEqual(<<"a function not read (it did not answer the walks' reads)">>,
+                   iolist_to_binary(beamdiag_proc_rules:where(#{current => <<"?">>}))),
+     ?_assertEqual(<<"a function not read (it did not answer the walks' reads)">>,
+                   iolist_to_binary(beamdiag_proc_rules:where(#{}))),
+     %% Nor is an initial call not read.
+     ?_assertEqual(<<"st <0.9.0>">>, iolist_to_binary(beamdiag_proc_rules:who(
+                                         #{pid => <<"<0.9.0>">>, name => <<"st">>,
+                                           initial_call => <<"?">>})))].

@@ -92,7 +92,10 @@ annotate(Findings, _, _) ->
 %% (beamdiag_agent_proc_identity: `own', `own_at').
 -spec where(map()) -> iolist().
 where(E) ->
-    Cur = maps:get(current, E, <<"?">>),
+    Cur = case maps:get(current, E, null) of
+              Known when is_binary(Known), Known =/= <<"?">> -> Known;
+              _ -> <<"a function not read (it did not answer the walks' reads)">>
+          end,
     case maps:get(own, E, null) of
         null -> [Cur];
         Own -> [Cur, ", called from ", Own, case maps:get(own_at, E, null) of
@@ -116,7 +119,11 @@ who(E = #{pid := Pid}) ->
                {null, L} when is_binary(L) -> ["label ", L, " "];
                _ -> []
            end,
-    [Name, Pid, " (", maps:get(initial_call, E, <<"?">>), ")"].
+    case maps:get(initial_call, E, <<"?">>) of
+        %% Not read (it did not answer): nothing to say.
+        Unknown when Unknown =:= <<"?">>; Unknown =:= null -> [Name, Pid];
+        Ic -> [Name, Pid, " (", Ic, ")"]
+    end.
 
 %%%===================================================================
 %%% Internal
