@@ -22,7 +22,7 @@
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
--export([agent_gone/1, agent_gone/2, beamdiag_modules/1, msacc_on/1]).
+-export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %% How far into a scheduler's hold a timed call may begin, and on how many
@@ -658,8 +658,12 @@ agent_gone(Target) ->
     agent_gone(Target, 35000).
 
 -spec agent_gone(pid() | map() | node(), non_neg_integer()) -> ok.
-agent_gone(#{peer := Peer}, Ms) ->
-    agent_gone(Peer, Ms);
+agent_gone(Lab = #{peer := Peer}, Ms) ->
+    try
+        agent_gone(Peer, Ms)
+    catch
+        exit:Why -> ct:fail(lab_lost(Lab, Why))
+    end;
 agent_gone(Target, Ms) ->
     Gone = fun() ->
         beamdiag_modules(Target) =:= [] andalso
@@ -673,6 +677,21 @@ agent_gone(Target, Ms) ->
     end,
     ?assertNot(call(Target, erlang, system_flag, [microstate_accounting, false])),
     ok.
+
+%% @doc Why a lab node stopped answering, read apart from beamdiag: Why
+%% (the call's exit), whether its OS process is still there, and the
+%% kernel's last words on a fault or a kill of a VM thread (dmesg: a
+%% crashed scheduler, the OOM killer).
+-spec lab_lost(map(), term()) -> {lab_node_lost, map()}.
+lab_lost(Lab, Why) ->
+    OsPid = maps:get(os_pid, Lab, undefined),
+    Kernel = [L || L <- string:split(os:cmd("dmesg 2>/dev/null | tail -40"), "\n", all),
+                   lists:any(fun(W) -> string:find(L, W) =/= nomatch end,
+                             ["erts_", "beam", "segfault", "general protection", "Killed process",
+                              "Out of memory"])],
+    {lab_node_lost, #{why => Why, os_pid => OsPid,
+                      alive => OsPid =/= undefined andalso os_pid_alive(OsPid),
+                      kernel => Kernel}}.
 
 %% @doc The modules of beamdiag loaded on the node, current or old code
 %% (a module deleted but not purged is still there), but for the lab's own
