@@ -11,8 +11,11 @@
 %%% that is no frame is `junk'. Names never hold `;' or line ends.
 %%%
 %%% The name depends on the address only when perf could not name the
-%%% symbol: `symbol/2' names a line from its text after the address
-%%% alone, or says that the address is needed, so that the folder can
+%%% symbol, or named JIT code after a module since purged (a later line of
+%%% the perf map covers it: `beamdiag_fold_perf_map:stale/2'; the map's
+%%% latest line for the address names it): `symbol/2' names a line from
+%%% its text after the address alone, or says that the address is needed,
+%%% so that the folder can
 %%% cache names by that text (`is_address/1' checks the address field of
 %%% the usual layout).
 %%%
@@ -85,6 +88,14 @@ symbol(Rest, Map) ->
             junk;
         _ when Dso =:= <<"[kernel.kallsyms]">> ->
             <<(sanitize(Sym))/binary, "_[k]">>;
+        _ when Map =/= undefined ->
+            %% A name of code since purged, where code loaded later may be
+            %% now: the map's latest line for the address says.
+            Name = sanitize(Sym),
+            case beamdiag_fold_perf_map:stale(Map, Name) andalso jit_object(Dso) of
+                true -> address;
+                false -> Name
+            end;
         _ ->
             sanitize(Sym)
     end.
@@ -152,12 +163,14 @@ by_address(Addr, Rest, Map) ->
                 <<"0">> -> drop;
                 _ -> resolve(Addr, Map)
             end;
-        {_, Dso} ->
-            %% JIT code perf could not name: the perf map perf could not
-            %% read (a container's /tmp), or no map.
-            case resolve(Addr, Map) of
-                ?UNKNOWN -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
-                Name -> Name
+        {Sym0, Dso} ->
+            %% JIT code perf could not name (the perf map perf could not
+            %% read: a container's /tmp, or no map), or named after code
+            %% since purged.
+            case {resolve(Addr, Map), strip_offset(Sym0)} of
+                {?UNKNOWN, ?UNKNOWN} -> <<"[unknown] (", (sanitize(Dso))/binary, ")">>;
+                {?UNKNOWN, Sym} -> sanitize(Sym);
+                {Name, _} -> Name
             end
     end.
 
