@@ -295,8 +295,9 @@ exhaustion(M = #{bytes_per_s := Bps}, #{room := Room, bound_by := By} = R)
                 cgroup -> fmt("the cgroup's memory limit, ~ts, less the ~ts it uses",
                               [beamdiag_units:bytes(maps:get(limit, R, 0)), beamdiag_units:bytes(maps:get(usage, R, 0))])
             end,
-    {[fmt("at this rate the node runs out of memory in ~~~ts: ~ts of room left (~ts)",
-          [duration(Secs), beamdiag_units:bytes(Room), Bound])],
+    %% This process's growth only: memory_growth gives the node's whole.
+    {[fmt("counting this process's growth alone, at this rate the node runs out of memory in "
+          "~~~ts: ~ts of room left (~ts)", [duration(Secs), beamdiag_units:bytes(Room), Bound])],
      M#{seconds_to_exhaustion => round(Secs), memory_room_bytes => Room,
         memory_bound_by => By}};
 exhaustion(M, _) ->
