@@ -35,7 +35,7 @@ init_per_testcase(single_server_lcnt, Config) ->
     %% server's locks (with two, its lock wait measured 0.0% of the window
     %% in three windows out of three).
     beamdiag_test_lib:case_lab(S#{emu_type => lcnt},
-                               #{duration => ?LAB_S, extra_args => ["+S", "4:4"]}, Config);
+                               #{duration => ?LAB_S, vary => #{schedulers => 4}}, Config);
 init_per_testcase(Case, Config) ->
     Scenario = case Case of
                    dirty_cpu_gc_heaps -> dirty_cpu_gc;

@@ -190,6 +190,10 @@ start_varied(S = #{name := Name, emu_args := Args0, load := {Mod, Fun, FArgs}}, 
     Args = Args0 ++ case maps:get(schedulers, Vary, host) of
                         N when is_integer(N) -> ["+S", lists:concat([N, ":", N])];
                         _ -> []
+                    end
+                 ++ case maps:get(busy_wait, Vary, default) of
+                        none -> ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none"];
+                        _ -> []
                     end,
     Cookie = list_to_atom("lab_" ++ integer_to_list(erlang:unique_integer([positive])) ++
                           "_" ++ integer_to_list(rand:uniform(1 bsl 40))),

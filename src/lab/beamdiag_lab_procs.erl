@@ -37,7 +37,8 @@ scenarios() ->
     [
         #{name => single_server,
           summary => <<"64 workers calling one registered gen_server that does the work">>,
-          emu_args => ["+S", "2:2"], load => {?MODULE, single_server, ['$duration_ms', 64]},
+          emu_args => [], load => {?MODULE, single_server, ['$duration_ms', '$vary']},
+          vary => server_vary(),
           modules => [beamdiag_lab_ledger],
           expect => [single_process_bottleneck]},
         #{name => mailbox_growth,
@@ -53,12 +54,14 @@ scenarios() ->
           expect => [cpu_saturated]}
     ].
 
-%% @doc A registered gen_server that does ?WORK steps per call, and N
-%% workers calling it in a loop.
--spec single_server(pos_integer(), pos_integer()) -> ok.
-single_server(Ms, N) ->
+%% @doc A registered gen_server that does `work' steps per call (?WORK:
+%% about 0.1 ms), and `callers' workers calling it in a loop (the
+%% variation's, `server_vary/0').
+-spec single_server(pos_integer(), #{callers := pos_integer(), work := pos_integer(),
+                                     atom() => term()}) -> ok.
+single_server(Ms, #{callers := N, work := Work}) ->
     beamdiag_lab_ledger:owner(Ms, fun() ->
-        {ok, S} = gen_server:start_link({local, ?SERVER}, ?MODULE, server, []),
+        {ok, S} = gen_server:start_link({local, ?SERVER}, ?MODULE, {server, Work}, []),
         [S | [spawn_link(fun() -> caller_loop() end) || _ <- lists:seq(1, N)]]
     end).
 
@@ -76,21 +79,36 @@ mailbox_growth(Ms, N) ->
 equal_workers(Ms, N) ->
     beamdiag_lab_ledger:owner(Ms, fun() -> [spawn_link(fun() -> worker_loop() end) || _ <- lists:seq(1, N)] end).
 
+%% What single_server varies, with the lab's defaults: the bound of its
+%% rule moves with each (callers waiting, the server's share of the work,
+%% idle schedulers, busy waiting that fills their idle time).
+server_vary() ->
+    #{callers => #{values => [{integer, 1, 4096}], default => 64,
+                   help => <<"calling processes">>},
+      work => #{values => [{integer, 1, 10000000}], default => ?WORK,
+                help => <<"loop steps per call (2000: about 0.1 ms)">>},
+      schedulers => #{values => [host, {integer, 1, 1024}], default => 2,
+                      help => <<"schedulers (host: one per core)">>},
+      busy_wait => #{values => [default, none], default => default,
+                     help => <<"busy waiting: the default, or +sbwt none for every type">>}}.
+
 %%%===================================================================
 %%% gen_server callbacks
 %%%===================================================================
 
 %% @private
--spec init(server | consumer) -> {ok, non_neg_integer()}.
-init(_) ->
+-spec init({server, pos_integer()} | consumer) -> {ok, term()}.
+init({server, Work}) ->
+    {ok, {Work, 0}};
+init(consumer) ->
     {ok, 0}.
 
 %% @private
--spec handle_call(term(), gen_server:from(), non_neg_integer()) ->
-    {reply, non_neg_integer(), non_neg_integer()}.
-handle_call(work, _From, N) ->
-    _ = work(?WORK),
-    {reply, N, N + 1}.
+-spec handle_call(term(), gen_server:from(), {pos_integer(), non_neg_integer()}) ->
+    {reply, non_neg_integer(), {pos_integer(), non_neg_integer()}}.
+handle_call(work, _From, {Work, N}) ->
+    _ = work(Work),
+    {reply, N, {Work, N + 1}}.
 
 %% @private
 -spec handle_cast(term(), non_neg_integer()) -> {noreply, non_neg_integer()}.
