@@ -111,3 +111,14 @@ in_root(Statm, Fun) ->
     try Fun(Root)
     after file:del_dir_r(Root)
     end.
+
+%% The allocators' account in one request for every type names the same
+%% types, with the same carriers-and-blocks form, as one request a type:
+%% each enabled alloc_util type, carriers holding their blocks.
+allocators_one_request_test() ->
+    #{alloc := Alloc} = beamdiag_agent_memory:vm_account(true),
+    Each = [T || T <- erlang:system_info(alloc_util_allocators),
+                 is_map(beamdiag_agent_memory:allocator_sizes(
+                          erlang:system_info({allocator_sizes, T})))],
+    ?assertEqual(lists:sort(Each), lists:sort(maps:keys(Alloc))),
+    ?assert(lists:all(fun(#{carriers := C, blocks := B}) -> C >= B end, maps:values(Alloc))).

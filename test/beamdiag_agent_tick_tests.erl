@@ -159,3 +159,34 @@ held_memory() ->
     end.
 
 
+
+%% The memory account has a helper of its own: one still busy with an
+%% earlier tick's reading (here a read that takes 2 s, as the allocators'
+%% sizes do behind blocked schedulers) makes that tick's memory account
+%% `busy', and the time ledger's counters come all the same. With both in
+%% one helper, the tick lost its scheduler wall time too.
+memory_helper_busy_test() ->
+    Self = self(),
+    Mem = beamdiag_agent_bounded_call:start(Self),
+    Probe = beamdiag_agent_bounded_call:start(Self),
+    _ = erlang:system_flag(scheduler_wall_time, true),
+    try
+        Slow = beamdiag_agent_bounded_call:ask(Mem, fun() -> timer:sleep(2000) end),
+        State = (state())#{probe => Probe, memory_probe => Mem, interval_ms => 1000},
+        {#{vm := Vm, memory := Memory}, _} = beamdiag_agent_tick:sample(State),
+        ?assert(is_list(maps:get(swt, Vm))),
+        ?assertNot(is_map_key(missing, Vm)),
+        ?assertMatch(#{vm_missing := busy, os := #{rss := _}}, Memory),
+        ?assertEqual(timeout, beamdiag_agent_bounded_call:answer(Slow, 0)),
+        %% Once it is free, the memory account comes with the tick.
+        ok = beamdiag_test_lib:wait_until(
+               fun() -> beamdiag_agent_bounded_call:call(Mem, fun() -> ok end, 100) =:= {ok, ok} end,
+               5000),
+        {#{memory := Memory2}, _} = beamdiag_agent_tick:sample(State#{status => true}),
+        ?assertMatch(#{vm := #{total := T}, alloc := A} when T > 0 andalso map_size(A) > 0, Memory2),
+        ?assertNot(is_map_key(vm_missing, Memory2))
+    after
+        _ = erlang:system_flag(scheduler_wall_time, false),
+        beamdiag_agent_bounded_call:stop(Mem),
+        beamdiag_agent_bounded_call:stop(Probe)
+    end.

@@ -227,7 +227,7 @@ dirty_cpu_gc(Config) ->
     ?assert(lists:member(dirty_cpu_gc, serious(F))).
 
 scheduler_blocking(Config) ->
-    {_L, F, Raw} = diagnose(Config),
+    {_L, F, Raw} = diagnose_swt(Config),
     ct:pal("busy ~.3f blocked ~.3f", [raw(busy, Raw), raw(blocked, Raw)]),
     ?assert(raw(blocked, Raw) > 0.5 * raw(busy, Raw)),
     ?assert(lists:member(scheduler_blocking, serious(F))),
@@ -317,40 +317,57 @@ flags_left_on_stay_on(Config) ->
 %% capture (the node's ticks came late, as a starved or blocked node's do)
 %% is a diagnosis like any other here.
 diagnose(Config) ->
-    diagnose(Config, 1, false).
+    diagnose(Config, 1, none).
 
 %% The same, for a case whose figures only a complete capture holds (msacc
 %% over the window's end, the host scan's busiest processes): a partial one
 %% is measured again, three times at most, then the case is a skip with
 %% its notes.
 diagnose_complete(Config) ->
-    diagnose(Config, 3, true).
+    diagnose(Config, 3, complete).
 
-diagnose(Config, Tries, NeedComplete) ->
+%% The same, for a case whose raw signal is the schedulers' busy share: the
+%% capture's scheduler wall time in two samples at least (a blocked
+%% node's schedulers answer each request late, and a tick goes on without
+%% them), measured again as a partial capture is.
+diagnose_swt(Config) ->
+    diagnose(Config, 3, swt).
+
+diagnose(Config, Tries, Need) ->
     Lab = ?config(lab, Config),
     Cpu0 = beamdiag_test_lib:host_cpu(),
     {ok, #{ledger := L, findings := F, capture := C}} =
         beamdiag:diagnose(beamdiag_lab:node(Lab), #{cookie => beamdiag_lab:cookie(Lab),
                                                     duration => ?WINDOW}),
-    ct:pal("findings ~p~ncomplete ~p; notes ~p~nledger rows ~p",
-           [[{Id, S} || #{id := Id, severity := S} <- F], maps:get(complete, C),
-            maps:get(notes, C), maps:get(types, L, none)]),
+    Swt = length([S || S = #{vm := #{swt := Sw}} <- maps:get(samples, C), is_list(Sw)]),
+    ct:pal("findings ~p~ncomplete ~p; notes ~p~nledger rows ~p; samples ~b, ~b with scheduler "
+           "wall time", [[{Id, S} || #{id := Id, severity := S} <- F], maps:get(complete, C),
+                         maps:get(notes, C), maps:get(types, L, none),
+                         length(maps:get(samples, C)), Swt]),
     beamdiag_test_lib:agent_gone(Lab),
-    case NeedComplete andalso not maps:get(complete, C) of
-        false ->
+    Lacks = case Need of
+                complete when not map_get(complete, C) ->
+                    {"a partial capture (notes ~p)", [maps:get(notes, C)]};
+                swt when Swt < 2 ->
+                    {"scheduler wall time in ~b of the capture's ~b samples (notes ~p)",
+                     [Swt, length(maps:get(samples, C)), maps:get(notes, C)]};
+                _ ->
+                    none
+            end,
+    case Lacks of
+        none ->
             Raw = beamdiag_test_lib:raw_shares(C),
             ct:pal("raw ~p", [Raw]),
             {L, F, Raw};
-        true when Tries > 1 ->
-            case beamdiag_test_lib:retry_on_loaded_host(Cpu0, "a partial capture (notes ~p)",
-                                                       [maps:get(notes, C)]) of
-                true -> diagnose(Config, Tries - 1, NeedComplete);
-                false -> ct:fail({partial_capture, maps:get(notes, C)})
+        {Fmt, Args} when Tries > 1 ->
+            case beamdiag_test_lib:retry_on_loaded_host(Cpu0, Fmt, Args) of
+                true -> diagnose(Config, Tries - 1, Need);
+                false -> ct:fail({Need, lists:flatten(io_lib:format(Fmt, Args))})
             end;
-        true ->
-            beamdiag_test_lib:starved("3 partial captures in a row, the host's CPUs ~.2f busy "
-                                      "over the last; its notes: ~p",
-                                      [beamdiag_test_lib:host_busy_since(Cpu0), maps:get(notes, C)])
+        {Fmt, Args} ->
+            beamdiag_test_lib:starved("3 captures in a row lacked what the case measures, the "
+                                      "host's CPUs ~.2f busy over the last: " ++ Fmt,
+                                      [beamdiag_test_lib:host_busy_since(Cpu0) | Args])
     end.
 
 ticks_at() ->

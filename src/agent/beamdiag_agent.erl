@@ -153,6 +153,9 @@ init(Caller, Ref, Opts0, _Starter) ->
     %% The helper for calls every scheduler must answer; it owns the
     %% session's scheduler_wall_time reference and puts msacc back.
     Probe = beamdiag_agent_bounded_call:start(self()),
+    %% A second helper for the memory account, asked beside the first each
+    %% tick: its slower reads never make the time ledger's late.
+    MemProbe = beamdiag_agent_bounded_call:start(self()),
     Swt = beamdiag_agent_bounded_call:call(
             Probe, fun() -> erlang:system_flag(scheduler_wall_time, true) end, ?FLAG_MS),
     Sysmon = case maps:get(long_schedules, Opts0, true) of
@@ -167,10 +170,10 @@ init(Caller, Ref, Opts0, _Starter) ->
     State0 = #{
         caller => Caller, ref => Ref, mref => MRef, opts => Opts0,
         pid => OsPid, proc_root => Root,
-        probe => Probe, interval_ms => Interval, sysmon => Sysmon,
+        probe => Probe, memory_probe => MemProbe, interval_ms => Interval, sysmon => Sysmon,
         cgroup_location => Cg, memory_location => MemLoc, held => beamdiag_agent_file:new(beamdiag_agent_file:budget(Root))
     },
-    Helpers = [beamdiag_agent_bounded_call:pid(Probe) | [P || P <- [Sysmon], is_pid(P)]],
+    Helpers = [beamdiag_agent_bounded_call:pid(Pr) || Pr <- [Probe, MemProbe]] ++ [P || P <- [Sysmon], is_pid(P)],
     %% What the start word says of the node, read before the window.
     Facts = #{
         agent => self(),

@@ -30,7 +30,7 @@
 %%% '''
 -module(beamdiag_agent_bounded_call).
 
--export([start/1, call/3, once/1, cast/2, stop/1, pid/1, reply/3]).
+-export([start/1, call/3, ask/2, answer/2, once/1, cast/2, stop/1, pid/1, reply/3]).
 
 -ifdef(TEST).
 -export([once/2]).
@@ -41,12 +41,14 @@
 %% Spawned by start/1 through proc_lib:spawn_opt/4.
 -ignore_xref([{init, 2}]).
 
--export_type([probe/0]).
+-export_type([probe/0, asked/0]).
 
 %% How long once/1 waits (ms).
 -define(ONCE_MS, 100).
 
 -opaque probe() :: {probe, pid(), atomics:atomics_ref()}.
+%% A call sent with ask/2, whose answer answer/2 waits for.
+-opaque asked() :: {asked, reference()} | busy.
 
 %%%===================================================================
 %%% API
@@ -66,7 +68,15 @@ start(Owner) ->
 %% raised).
 -spec call(probe(), fun(() -> term()), non_neg_integer()) ->
     {ok, term()} | timeout | busy | {error, binary()}.
-call({probe, Pid, Busy}, Fun, TimeoutMs) ->
+call(Probe, Fun, TimeoutMs) ->
+    answer(ask(Probe, Fun), TimeoutMs).
+
+%% @doc Sends Fun to the helper without waiting, for a caller that does
+%% other work meanwhile (two helpers asked at once wait together):
+%% answer/2 then waits for its value. `busy' when a previous call's work
+%% is still running.
+-spec ask(probe(), fun(() -> term())) -> asked().
+ask({probe, Pid, Busy}, Fun) ->
     case atomics:get(Busy, 1) of
         0 ->
             atomics:put(Busy, 1, 1),
@@ -74,10 +84,18 @@ call({probe, Pid, Busy}, Fun, TimeoutMs) ->
             %% waiting is dropped by the runtime, not left in its mailbox.
             Alias = alias([reply]),
             Pid ! {run, Alias, Fun},
-            reply(Alias, TimeoutMs, timeout);
+            {asked, Alias};
         _ ->
             busy
     end.
+
+%% @doc The value of a call sent with ask/2, waited for at most TimeoutMs:
+%% as call/3 answers.
+-spec answer(asked(), non_neg_integer()) -> {ok, term()} | timeout | busy | {error, binary()}.
+answer({asked, Alias}, TimeoutMs) ->
+    reply(Alias, TimeoutMs, timeout);
+answer(busy, _TimeoutMs) ->
+    busy.
 
 %% @doc `once/2' with the wait a walk or a session's start allows a
 %% figure every scheduler must answer for: ?ONCE_MS.

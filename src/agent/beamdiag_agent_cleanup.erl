@@ -201,11 +201,18 @@ restore(State) ->
                 error ->
                     []
             end,
+    MemProbe = case maps:find(memory_probe, State) of
+                   {ok, MP} ->
+                       beamdiag_agent_bounded_call:stop(MP),
+                       [erlang:monitor(process, beamdiag_agent_bounded_call:pid(MP))];
+                   error ->
+                       []
+               end,
     %% Their flags are back when they have ended: waited for (bounded), so
     %% that the caller finds them back when the last word comes, and the
     %% purge of the agent's modules does not cut them short. A helper held
     %% by a scheduler that does not answer finishes on its own later.
-    wait_down(Sysmon ++ Probe, erlang:monotonic_time(millisecond) + ?HELPERS_MS),
+    wait_down(Sysmon ++ Probe ++ MemProbe, erlang:monotonic_time(millisecond) + ?HELPERS_MS),
     ok.
 
 wait_down([], _Deadline) ->

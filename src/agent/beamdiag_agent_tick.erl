@@ -190,23 +190,46 @@ active(Before, Now) ->
 
 %% The VM counters, and the memory ledger's VM part (with the allocators'
 %% when Alloc is true); those every scheduler must answer for (scheduler
-%% wall time, msacc, erlang:memory/0, the allocators' sizes) through the
-%% session's helper, with a deadline: a scheduler held by a NIF answers
-%% late, and the tick goes on without them (`missing' says which and why,
-%% the memory reading's `vm_missing' why).
-vm(#{probe := Probe, interval_ms := Interval}, Msacc, Alloc) ->
+%% wall time, msacc, erlang:memory/0, the allocators' sizes) with a
+%% deadline: a scheduler held by a NIF answers late, and the tick goes on
+%% without them (`missing' says which and why, the memory reading's
+%% `vm_missing' why). The time ledger's counters and the memory account
+%% are asked of two helpers at once and waited for together: behind
+%% schedulers blocked 20 ms at a time, each every-scheduler request takes
+%% 20 to 60 ms and the allocators' sizes twice that, so in one helper the
+%% memory account made the window's ends late and lost their scheduler
+%% wall time; a memory account still running when the next tick comes
+%% makes only that tick's memory account `busy'.
+vm(#{probe := Probe, interval_ms := Interval} = State, Msacc, Alloc) ->
     Vm0 = beamdiag_agent_vm:counters(#{msacc => false, swt => false}),
-    Fun = fun() -> {beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}),
-                    beamdiag_agent_memory:vm_account(Alloc)}
-          end,
-    case beamdiag_agent_bounded_call:call(Probe, Fun, slow_ms(Interval)) of
-        {ok, {M, Account}} ->
-            {maps:merge(Vm0, M), Account};
-        Why ->
-            Items = [swt, garbage_collection | [msacc || Msacc]] ++ [memory],
-            {Vm0#{missing => #{items => Items, why => missing_why(Why),
-                               waited_ms => slow_ms(Interval)}},
-             {missing, missing_why(Why)}}
+    Wait = slow_ms(Interval),
+    Account = fun() -> beamdiag_agent_memory:vm_account(Alloc) end,
+    {Asked, Inline} = case maps:find(memory_probe, State) of
+                          {ok, MemProbe} -> {beamdiag_agent_bounded_call:ask(MemProbe, Account), none};
+                          error -> {none, Account}
+                      end,
+    Until = erlang:monotonic_time(millisecond) + Wait,
+    Time = fun() -> {beamdiag_agent_vm:all_schedulers(#{msacc => Msacc}),
+                     case Inline of none -> none; F -> F() end}
+           end,
+    {Vm, InlineAccount} =
+        case beamdiag_agent_bounded_call:call(Probe, Time, Wait) of
+            {ok, {M, A}} ->
+                {maps:merge(Vm0, M), A};
+            Why ->
+                Items = [swt, garbage_collection | [msacc || Msacc]] ++ [memory || Inline =/= none],
+                {Vm0#{missing => #{items => Items, why => missing_why(Why), waited_ms => Wait}},
+                 {missing, missing_why(Why)}}
+        end,
+    case Asked of
+        none ->
+            {Vm, InlineAccount};
+        _ ->
+            Left = beamdiag_agent_deadline:left(Until),
+            case beamdiag_agent_bounded_call:answer(Asked, Left) of
+                {ok, MemAccount} -> {Vm, MemAccount};
+                Why2 -> {Vm, {missing, missing_why(Why2)}}
+            end
     end;
 vm(_State, Msacc, Alloc) ->
     {beamdiag_agent_vm:counters(#{msacc => Msacc}), beamdiag_agent_memory:vm_account(Alloc)}.
