@@ -161,7 +161,10 @@ busy_pipe(Config) ->
            [Loggers, Ports]),
     ?assertEqual(8, length(Loggers)),
     ?assertEqual(8, length([L || L <- Loggers, blocked_on_port(L)])),
-    ?assert(Suspended >= 6),
+    %% The rule counts the suspended ones and fires from four
+    %% (beamdiag_chain_rules' suspended_min): on OTP 29, CI saw 5 suspended
+    %% and 3 waiting in erlang:port_command/2 for the port task's answer.
+    ?assert(Suspended >= 4),
     [{Queued, OsPid}] = Ports,
     ?assert(Queued > 0),
     {D, Took} = timed_diagnose(Lab),
