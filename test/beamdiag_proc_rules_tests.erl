@@ -44,6 +44,34 @@ server_bottleneck_test() ->
     ?assertEqual(63, maps:get(waiters, M)),
     ?assertMatch({_, _}, binary:match(hd(maps:get(evidence, F)), <<"my_server <0.90.0>">>)).
 
+%% The monitors on a server are counted at instants (a caller between two
+%% calls holds none): the rule takes the most that the end walk and the
+%% window's two looks saw, so 16 callers read once as 15 still make the
+%% finding critical, the same answer on every window of that load.
+server_waiters_most_seen_test() ->
+    Server = entry(<<"<0.90.0>">>, <<"my_server">>, 60000000, [0, 0], [10000, 12000], 15),
+    Workers = [entry(<<"<0.1.", (integer_to_binary(I))/binary, ">">>, null, 600000, [0, 0],
+                     [2000, 2000], 0) || I <- lists:seq(1, 9)],
+    P0 = procs([Server | Workers], [], [], 100000000),
+    Hop = fun(Pid, M) -> #{pid => Pid, name => null, initial_call => <<"proc_lib:init_p/5">>,
+                           status => <<"running">>, current => <<"my_server:handle_call/3">>,
+                           stack => [], queue => 0, reductions => 1000000, monitored_by => M,
+                           kind => <<"running">>, ends => running} end,
+    Look = fun(T, M) -> #{t_ns => T, suspended => #{count => 0, read => [], dist => []},
+                          chains => [#{server => Hop(<<"<0.90.0>">>, M),
+                                       callers => #{count => M, read => []}, waits_on => []},
+                                     #{server => Hop(<<"<0.91.0>">>, 40),
+                                       callers => #{count => 40, read => []}, waits_on => []}]} end,
+    [Alone] = beamdiag_proc_rules:findings(P0, ledger(2.0), settings()),
+    ?assertEqual(warning, maps:get(severity, Alone)),
+    ?assertEqual(15, maps:get(waiters, maps:get(metrics, Alone))),
+    P = P0#{waits => #{start => Look(0, 16), 'end' => Look(9000000000, 14)}},
+    [F] = [X || X = #{id := single_process_bottleneck} <- beamdiag_proc_rules:findings(P, ledger(2.0), settings())],
+    ?assertEqual(critical, maps:get(severity, F)),
+    %% Another server's monitors are not this one's.
+    ?assertEqual(16, maps:get(waiters, maps:get(metrics, F))),
+    ?assertMatch({_, _}, binary:match(lists:last(maps:get(evidence, F)), <<"16 processes monitor it">>)).
+
 equal_workers_test() ->
     Workers = [entry(integer_to_binary(I), null, 1000000, [0, 1], [2000, 2000], 0)
                || I <- lists:seq(1, 10)],
