@@ -153,3 +153,21 @@ wait_until(F, N) ->
         true -> ok;
         false -> timer:sleep(10), wait_until(F, N - 1)
     end.
+
+%% A read whose stack does not begin with the current function came from
+%% two instants (seen on a running gen_server of an Elixir release: Enum's
+%% function beside the stack of gen_server:loop/7) and is read again; a
+%% stack that begins with it, with an arity or the arguments, agrees, and
+%% so does a read without a stack.
+stack_agrees_test() ->
+    Loop = {current_stacktrace, [{gen_server, loop, 7, []}, {proc_lib, init_p_do_apply, 3, []}]},
+    ?assertNot(beamdiag_agent_proc_identity:stack_agrees(
+                 [{current_function, {'Elixir.Enum', '-reduce/3-lists^foldl/2-0-', 3}}, Loop])),
+    ?assert(beamdiag_agent_proc_identity:stack_agrees([{current_function, {gen_server, loop, 7}}, Loop])),
+    ?assert(beamdiag_agent_proc_identity:stack_agrees(
+              [{current_function, {m, f, 2}}, {current_stacktrace, [{m, f, [a, b], []}]}])),
+    ?assert(beamdiag_agent_proc_identity:stack_agrees(
+              [{current_function, {erlang, hibernate, 3}}, {current_stacktrace, []}])),
+    %% Own read: this process's current function and stack agree.
+    ?assert(beamdiag_agent_proc_identity:stack_agrees(
+              erlang:process_info(self(), [current_function, current_stacktrace]))).

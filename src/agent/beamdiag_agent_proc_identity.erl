@@ -27,6 +27,10 @@
 
 -export([read/2, entries/5, entry/3, names/0, stalled_entries/3, like_counts/4]).
 
+-ifdef(TEST).
+-export([stack_agrees/1]).
+-endif.
+
 -export_type([identities/0]).
 
 %% What read/2 found: the answers by pid, the proc_lib processes'
@@ -44,6 +48,9 @@
                       eldap, et, eunit, common_test, debugger, dialyzer, diameter, edoc, ftp,
                       megaco, observer, odbc, reltool, snmp, ssh, tftp, wx, erl_interface,
                       otp_mibs, elixir, logger, eex, iex, mix, ex_unit]).
+%% How many times the processes whose stack and current function came
+%% apart are read again (consistent_stacks/2).
+-define(STACK_TRIES, 5).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
 
@@ -58,8 +65,9 @@
 read(Pids, Known) ->
     Dict = dict_items(),
     Items = ?IDENTITY ++ [{dictionary, K} || Dict, K <- ['$initial_call', '$process_label']],
-    {Read, Stalled} = beamdiag_agent_pinfo:read([P || P <- Pids, not is_map_key(P, Known)],
-                                                Items, #{}),
+    {Read0, Stalled} = beamdiag_agent_pinfo:read([P || P <- Pids, not is_map_key(P, Known)],
+                                                 Items, #{}),
+    Read = consistent_stacks(Read0, ?STACK_TRIES),
     %% Before OTP 26.2: the whole dictionary of proc_lib processes.
     PlDicts = case Dict of
                   true -> #{};
@@ -152,6 +160,46 @@ unanswered(P, Nums, Names, Waited) ->
           initial_call => <<"?">>, spawn_call => <<"?">>, label => null, current => <<"?">>,
           monitored_by => 0, status => <<"?">>, like => null, answered => false,
           waited_ms => Waited}.
+
+%% A running process's current function and stack, asked in one read, do
+%% not always come from one instant: read locally from the agent on OTP 25,
+%% a gen_server of an Elixir release running Enum.reduce/3 gave its
+%% current function with the stack of its loop between two messages
+%% (gen_server:loop/7) in 4 of 5 windows, so the frame of the user's code
+%% below Enum's was lost. Those whose stack does not begin with their
+%% current function are read again, the two items alone, a bounded number
+%% of times; one still apart keeps what it gave (a process in a BIF may
+%% give a stack that begins below it).
+consistent_stacks(Read, Tries) ->
+    Apart = [P || {P, Items} <- maps:to_list(Read), not stack_agrees(Items)],
+    case Apart of
+        [] ->
+            Read;
+        _ when Tries =:= 0 ->
+            Read;
+        _ ->
+            {Again, _} = beamdiag_agent_pinfo:read(Apart, [current_function, current_stacktrace], #{}),
+            Read1 = maps:fold(
+                      fun(P, [{current_function, Cur}, {current_stacktrace, St}], Acc) ->
+                              Items = maps:get(P, Acc),
+                              Acc#{P := lists:keyreplace(
+                                          current_stacktrace, 1,
+                                          lists:keyreplace(current_function, 1, Items,
+                                                           {current_function, Cur}),
+                                          {current_stacktrace, St})};
+                         (_, _, Acc) ->
+                              Acc
+                      end, Read, Again),
+            consistent_stacks(Read1, Tries - 1)
+    end.
+
+stack_agrees(Items) ->
+    case {lists:keyfind(current_function, 1, Items), lists:keyfind(current_stacktrace, 1, Items)} of
+        {{_, {M, F, A}}, {_, [{M, F, Args, _} | _]}} when is_integer(Args) -> Args =:= A;
+        {{_, {M, F, A}}, {_, [{M, F, Args, _} | _]}} when is_list(Args) -> length(Args) =:= A;
+        {{_, {_, _, _}}, {_, [_ | _]}} -> false;
+        _ -> true
+    end.
 
 %% Running code of beamdiag_agent* modules: one of beamdiag's helpers,
 %% left out as the agent itself is.
