@@ -94,7 +94,8 @@ finish(Plain, Opts) ->
 -spec findings([beamdiag_finding:finding()], options()) -> iolist().
 findings([], #{memory := true}) ->
     "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation,\n"
-    "  and no part of the memory grew steadily\n";
+    "  and no part of the memory grew enough for a memory finding (MEMORY below\n"
+    "  gives each part's rate)\n";
 findings([], _Opts) ->
     "FINDINGS\n  none: no sign of busy-waiting, starvation, throttling, blocking or saturation\n"
     "  (memory not measured: no memory readings in the capture)\n";
