@@ -1,53 +1,96 @@
 #!/usr/bin/env bash
-# `make test` after setup and build: the slow, cached preparations start at
+# `make test` after setup and build. The slow, cached preparations start at
 # once in the background, at the lowest CPU priority: the OTP 27 and 29
-# roots (network and disk, minutes) in one job, the lock-counting
-# emulators (a compile, the longest) in another, dialyzer's PLT in a third. Meanwhile EUnit and the
-# suites that need neither run; then, once the roots are there, the suites
-# that need a root; last, once the emulators are there, the lock-counting
-# suites. On a warm cache both jobs end at once. Each phase's wall time is
-# printed at the end, after the per-suite tables that the CT hook
-# (test/beamdiag_cth.erl) prints, and last what failed, by phase (the tail
-# of a long log is what a CI run shows). A phase that fails fails the run.
+# roots (network and disk, one to ten minutes) in one job, the
+# lock-counting emulators (a compile, the longest) in another, dialyzer's
+# PLT in a third. EUnit runs first; then the suites run in two lanes at
+# once, because most of a suite's wall time is windows waited, not work:
+#   - the CPU lane: the suites whose cases burn the host's CPUs or measure
+#     how much CPU a node got (saturation, starvation, perf, lock counting,
+#     the fuzzer), one after another, so that none of them shares the host
+#     with another such suite;
+#   - the quiet lane: the suites whose cases hold memory, block on ports,
+#     pipes and the distribution, or attach and fail, and assert nothing
+#     about CPU share.
+# In each lane the suites needing neither root nor emulator come first,
+# then, once the roots are there, those needing a root, last (CPU lane)
+# the lock-counting suites once the emulators are there. Each step's log
+# is shown whole when it ends, with the per-suite table that the CT hook
+# (test/beamdiag_cth.erl) prints; then the steps' times, every skip, and
+# what failed (the tail of a long log is what a CI run shows). A step that
+# fails fails the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REBAR=${REBAR:-rebar3}
 logs=_build/test/logs
 mkdir -p "$logs"
 # The CT hook counts the skips of a starved host, and of a pathology the
-# host did not produce, across the three CT runs (test/beamdiag_cth.erl).
+# host did not produce, across every CT run of this `make test'.
 export BEAMDIAG_STARVED_FILE="$PWD/$logs/starved.txt"
 : > "$BEAMDIAG_STARVED_FILE"
-rm -f "$logs/case_times.txt"
+rm -f "$logs/case_times.txt" "$logs/steps.txt" "$logs"/step-*.log "$logs"/*.done
+: > "$logs/steps.txt"
 
-# Suites that need an OTP root, and those that need a lock-counting emulator.
-roots_only="beamdiag_otp_SUITE beamdiag_profile_SUITE beamdiag_safety_SUITE beamdiag_elixir_SUITE
-            beamdiag_sick_SUITE beamdiag_sickagent_SUITE beamdiag_erts_SUITE beamdiag_attach_SUITE
-            beamdiag_sickwait_SUITE"
-lcnt="beamdiag_locks_SUITE beamdiag_procs_SUITE"
-early=()
+# The lanes. A suite that is in neither list runs first in the quiet lane
+# (a new suite is quiet until it is said to be otherwise).
+cpu_early="beamdiag_lab_SUITE beamdiag_fuzz_SUITE beamdiag_prove_SUITE"
+cpu_roots="beamdiag_otp_SUITE beamdiag_sick_SUITE beamdiag_profile_SUITE beamdiag_elixir_SUITE
+           beamdiag_erts_SUITE"
+cpu_lcnt="beamdiag_locks_SUITE beamdiag_procs_SUITE"
+quiet_roots="beamdiag_sickagent_SUITE beamdiag_safety_SUITE beamdiag_sickwait_SUITE
+             beamdiag_attach_SUITE"
+quiet_early=""
 for f in test/*_SUITE.erl; do
     s=$(basename "$f" .erl)
-    case " $(echo $roots_only $lcnt) " in *" $s "*) ;; *) early+=("test/$s") ;; esac
+    case " $(echo $cpu_early $cpu_roots $cpu_lcnt $quiet_roots) " in
+        *" $s "*) ;;
+        *) quiet_early="$quiet_early $s" ;;
+    esac
 done
-paths() { for s in "$@"; do printf 'test/%s,' "$s"; done; }
-roots_paths=$(paths $roots_only)
-lcnt_paths=$(paths $lcnt)
 
 t0=$(date +%s)
+now() { echo $(($(date +%s) - t0)); }
+
+# The preparations. Each writes its exit status to $logs/NAME.done when it
+# ends; a lane waits for that file (await).
 roots_log="$logs/prepare-roots.log"
 lcnt_log="$logs/prepare-lcnt.log"
+: > "$logs/prepared.txt"
 (
-    set -e
-    nice -n 19 scripts/otp-root.sh trixie elixir rebar3 >/dev/null
-    nice -n 19 scripts/otp-root.sh sid rebar3 >/dev/null
+    (
+        set -e
+        nice -n 19 scripts/otp-root.sh trixie elixir rebar3 >/dev/null
+        nice -n 19 scripts/otp-root.sh sid rebar3 >/dev/null
+        # The escript holds OTP 27's code (for OTP 27 to 29) only when the
+        # OTP 27 root was there when it was built (scripts/beam-sets.sh): on
+        # a fresh machine `make build' came before the roots, so it is built
+        # again now, in a build folder of its own, and moved into place in
+        # one rename (the CPU lane's suites run the escript meanwhile).
+        if [ ! -f _build/default/lib/beamdiag/otp27/beamdiag.set ]; then
+            echo "test-run: building the escript again, with the OTP 27 root"
+            again="$PWD/_build/with-roots"
+            REBAR_BASE_DIR="$again" nice -n 19 $REBAR compile
+            rm -rf _build/default/lib/beamdiag/otp27.new
+            cp -a "$again/default/lib/beamdiag/otp27" _build/default/lib/beamdiag/otp27.new
+            rm -rf _build/default/lib/beamdiag/otp27
+            mv _build/default/lib/beamdiag/otp27.new _build/default/lib/beamdiag/otp27
+            REBAR_BASE_DIR="$again" nice -n 19 $REBAR escriptize
+            mv -f "$again/default/bin/beamdiag" _build/default/bin/beamdiag
+        fi
+    )
+    echo $? > "$logs/roots.done"
+    echo "roots $(now)" >> "$logs/prepared.txt"
 ) >"$roots_log" 2>&1 &
 prep_roots=$!
 # Elixir and rebar3 go into the trixie root here too (the Elixir suite's
 # OTP 27 group; a minute on a fresh machine). The OTP 27 emulator is built
-# in the trixie root; scripts/otp-root.sh
-# takes a lock per root, so the two jobs never build one root twice.
-nice -n 19 scripts/lcnt-emulator.sh >"$lcnt_log" 2>&1 &
+# in the trixie root; scripts/otp-root.sh takes a lock per root, so the two
+# jobs never build one root twice.
+(
+    nice -n 19 scripts/lcnt-emulator.sh
+    echo $? > "$logs/lcnt.done"
+    echo "lcnt $(now)" >> "$logs/prepared.txt"
+) >"$lcnt_log" 2>&1 &
 prep_lcnt=$!
 # Dialyzer's first run builds its PLT (about 70 s of wall time on a fresh
 # machine, 8 s once built): built here, in the background, so that
@@ -56,63 +99,83 @@ dialyzer_log="$logs/prepare-dialyzer.log"
 nice -n 19 $REBAR dialyzer >"$dialyzer_log" 2>&1 &
 prep_dialyzer=$!
 
-# Waits for a preparation job; its failure ends the run with its log.
+# Shows a finished step's log whole, one step at a time on the screen.
+show() {
+    flock "$logs/.screen.lock" cat "$1"
+}
+
+# Waits for a preparation; its failure ends the lane with its log.
 await() {
-    echo "test-run: waiting for the $2 (log: $3)"
-    if ! wait "$1"; then
-        echo "test-run: preparing the $2 failed:" >&2
-        tail -20 "$3" >&2
-        exit 1
+    local name=$1 what=$2 log=$3 lane=$4 t
+    t=$(now)
+    while [ ! -s "$logs/$name.done" ]; do sleep 1; done
+    echo "wait-$name $lane $t $(now) 0" >> "$logs/steps.txt"
+    if [ "$(cat "$logs/$name.done")" != 0 ]; then
+        flock "$logs/.screen.lock" sh -c "echo 'test-run: preparing the $what failed:' >&2; tail -20 '$log' >&2"
+        return 1
     fi
 }
 
-# Runs one phase, its output kept in $logs/phase-N.log beside the screen.
-status=0
-phase=0
-run_phase() {
-    phase=$((phase + 1))
-    "$@" 2>&1 | tee "$logs/phase-$phase.log" || status=1
-}
-: > "$logs/phase-1.log"; : > "$logs/phase-2.log"; : > "$logs/phase-3.log"
-t1=$(date +%s)
-# EUnit, then the early suites whatever EUnit said (`rebar3 do' would stop
-# at a failed EUnit and leave those suites unrun, their state unknown).
-early_phase() {
-    local s=0
-    $REBAR eunit || s=1
-    $REBAR ct --cover=false --suite="$(IFS=,; echo "${early[*]}")" || s=1
+# One Common Test run of a lane: its suites, its own log folder.
+step() {
+    local lane=$1 name=$2 t s=0 suites=""
+    shift 2
+    [ $# -gt 0 ] || return 0
+    for x in "$@"; do suites="$suites,test/$x"; done
+    mkdir -p "$logs/$name"
+    t=$(now)
+    $REBAR ct --cover=false --logdir "$logs/$name" --suite="${suites#,}" >"$logs/step-$name.log" 2>&1 || s=1
+    echo "$name $lane $t $(now) $s" >> "$logs/steps.txt"
+    show "$logs/step-$name.log"
     return $s
 }
-run_phase early_phase
-t2=$(date +%s)
-await "$prep_roots" "OTP 27 and 29 roots" "$roots_log"
-# The escript holds OTP 27's code (for OTP 27 to 29) only when the OTP 27
-# root was there when it was built (scripts/beam-sets.sh): on a fresh
-# machine `make build' came before the roots, so it is built again now,
-# before the suites that run it on OTP 29.
-if [ ! -f _build/default/lib/beamdiag/otp27/beamdiag.set ]; then
-    echo "test-run: building the escript again, with the OTP 27 root"
-    $REBAR escriptize || status=1
-fi
-t3=$(date +%s)
-run_phase $REBAR ct --cover=false --suite="${roots_paths%,}"
-t4=$(date +%s)
-await "$prep_lcnt" "lock-counting emulators" "$lcnt_log"
-t5=$(date +%s)
-run_phase $REBAR ct --cover=false --suite="${lcnt_paths%,}"
-t6=$(date +%s)
+
+status=0
+# EUnit first, alone: it compiles the test profile its own way, and Common
+# Test's compile after it (--compile_only) leaves both lanes nothing to
+# compile, so that they never write one build folder at once.
+t=$(now)
+$REBAR eunit 2>&1 | tee "$logs/step-eunit.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "eunit - $t $(now) $([ $status = 0 ] && echo 0 || echo 1)" >> "$logs/steps.txt"
+$REBAR ct --compile_only >"$logs/step-compile.log" 2>&1 || { cat "$logs/step-compile.log"; status=1; }
+
+cpu_lane() {
+    local s=0
+    step cpu cpu-early $cpu_early || s=1
+    await roots "OTP 27 and 29 roots" "$roots_log" cpu || return 1
+    step cpu cpu-roots $cpu_roots || s=1
+    await lcnt "lock-counting emulators" "$lcnt_log" cpu || return 1
+    step cpu cpu-lcnt $cpu_lcnt || s=1
+    return $s
+}
+quiet_lane() {
+    local s=0
+    step quiet quiet-early $quiet_early || s=1
+    await roots "OTP 27 and 29 roots" "$roots_log" quiet || return 1
+    step quiet quiet-roots $quiet_roots || s=1
+    return $s
+}
+cpu_lane & lane_a=$!
+# The quiet lane a few seconds after, so that the two Common Test runs
+# never start in the same second.
+sleep 3
+quiet_lane & lane_b=$!
+wait "$lane_a" || status=1
+wait "$lane_b" || status=1
 # The PLT is built long before this; only its verdict is left to make check.
 wait "$prep_dialyzer" || true
-cat <<TIMES
+wait "$prep_roots" "$prep_lcnt" 2>/dev/null || true
 
-make test phases (wall time, s):
-  EUnit and the suites needing no root or emulator   $((t2 - t1))
-  then waiting for the roots (and the escript again) $((t3 - t2))
-  suites needing a root                              $((t4 - t3))
-  then waiting for the lock-counting emulators       $((t5 - t4))
-  suites needing them                                $((t6 - t5))
-  total                                              $((t6 - t0))
-TIMES
+echo
+echo "make test steps (s from the start; lanes run at once):"
+printf '  %-20s %-6s %6s %6s %6s\n' step lane start end wall
+while read -r name lane a b s; do
+    printf '  %-20s %-6s %6s %6s %6s%s\n' "$name" "$lane" "$a" "$b" "$((b - a))" \
+        "$([ "$s" = 0 ] || echo '  FAILED')"
+done < "$logs/steps.txt"
+sed 's/^\([a-z]*\) \(.*\)/  the \1 were ready at \2 s/' "$logs/prepared.txt"
+echo "  total                                          $(now)"
 if [ -s "$BEAMDIAG_STARVED_FILE" ]; then
     echo
     echo "every skip of this run (CI allows one starved and two not produced; a broken one, whose"
@@ -124,17 +187,18 @@ if [ -s "$BEAMDIAG_STARVED_FILE" ]; then
 fi
 if [ "$status" != 0 ]; then
     echo
-    echo "make test FAILED; what failed, by phase (logs: $logs/phase-N.log, $logs/ct_run.*):"
-    for n in 1 2 3; do
+    echo "make test FAILED; what failed, by step (logs: $logs/step-NAME.log, $logs/NAME/ct_run.*):"
+    for f in "$logs"/step-*.log; do
+        n=$(basename "$f" .log); n=${n#step-}
         # EUnit's failing tests and tally, Common Test's failing cases and
         # its tallies, and rebar3's own errors (a compile, a run that
-        # stopped: the phase's later suites did not run).
-        sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" |
+        # stopped: the step's later suites did not run).
+        sed 's/\x1b\[[0-9;]*m//g' "$f" |
             grep -E '^ *(Failed: [1-9]|Failed [1-9][0-9]* tests|.*\*failed\*|%%% .* ==> .*: FAILED|%%% .* ==> .*(error|badmatch|timetrap|exit)|[0-9]+\) [a-z_0-9]+:[a-z_0-9]+/[0-9]+$|[0-9]+ tests, [1-9][0-9]* failures|[0-9]+ tests, [0-9]+ failures, [1-9][0-9]* cancelled|.*\{(setup|cleanup)_failed,|.*\[\{beamdiag_[a-z_0-9]+_tests,[a-z_0-9]+,[0-9]+,|===> .*Error)' |
-            head -40 | sed "s/^/  phase $n: /"
+            head -40 | sed "s/^/  $n: /"
         # Where each failed case failed: the assertion's line and expression
         # (or the reason's first line), so that the run's last lines say why.
-        sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-$n.log" | awk -v phase="$n" '
+        sed 's/\x1b\[[0-9;]*m//g' "$f" | awk -v step="$n" '
             /==> .*: FAILED$/ { if (c != "") print_it(); c = $0; sub(/^%%% /, "", c); sub(/: FAILED$/, "", c); k = 0; l = ""; e = ""; r = ""; next }
             c != "" && k < 25 {
                 k++
@@ -144,15 +208,15 @@ if [ "$status" != 0 ]; then
                 if (k <= 3) { t = $0; sub(/^%%% [^ ]* ==> ?/, "", t); gsub(/[ \t]+/, " ", t); r = substr(r t, 1, 200) }
                 if (k == 25) print_it()
             }
-            function print_it() { printf "  phase %s: %s failed%s%s\n", phase, c, (l != "" ? " at line " l : ""), (e != "" ? ": " e : (r != "" ? ": " r : "")); c = "" }
+            function print_it() { printf "  %s: %s failed%s%s\n", step, c, (l != "" ? " at line " l : ""), (e != "" ? ": " e : (r != "" ? ": " r : "")); c = "" }
             END { if (c != "") print_it() }'
     done
     # EUnit's failures: each test's assertion and what it got, on one line.
-    sed 's/\x1b\[[0-9;]*m//g' "$logs/phase-1.log" | awk '
+    sed 's/\x1b\[[0-9;]*m//g' "$logs/step-eunit.log" | awk '
         /^  [0-9]+\) [a-z_0-9]+:[a-z_0-9]+\/[0-9]+$/ { if (t != "") print_it(); t = $2; r = ""; k = 0; next }
         t != "" && /^ *(Output:|%% )/ { print_it(); next }
         t != "" && k < 8 { k++; x = $0; gsub(/[ \t]+/, " ", x); r = substr(r x, 1, 400) }
-        function print_it() { printf "  phase 1: %s failed:%s\n", t, r; t = "" }
+        function print_it() { printf "  eunit: %s failed:%s\n", t, r; t = "" }
         END { if (t != "") print_it() }'
     grep '^[^ ]* broken: ' "$BEAMDIAG_STARVED_FILE" 2>/dev/null | cut -c1-300 | sed 's/^/  never ran: /'
 fi

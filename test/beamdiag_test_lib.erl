@@ -144,6 +144,8 @@ suite_of(29) -> "sid".
 
 %% @doc Starts a node on the given OTP release with OTP's `peer' over
 %% standard I/O (it dies with the test): `{ok, Peer, Node}' or a skip.
+%% Its name holds this VM's OS pid: the two lanes of scripts/test-run.sh
+%% are two Common Test VMs, whose unique integers repeat each other's.
 %% Opts go to `peer:start/1' (`args', `name'...). Its OS pid is kept for
 %% `stop_node/1', which kills it with SIGKILL if it does not stop.
 -spec start_node(pos_integer(), map()) -> {ok, pid(), node()} | {skip, iodata()} | {error, term()}.
@@ -151,7 +153,7 @@ start_node(Release, Opts) ->
     case otp_exec(Release) of
         {ok, Exec} ->
             Name = maps:get(name, Opts, list_to_atom(lists:concat(
-                       ["beamdiag_otp", Release, "_", erlang:unique_integer([positive])]))),
+                       ["beamdiag_otp", Release, "_", os:getpid(), "_", erlang:unique_integer([positive])]))),
             case peer:start(maps:merge(#{name => Name, connection => standard_io, exec => Exec,
                                          wait_boot => 60000}, Opts#{name => Name})) of
                 {ok, Peer, Node} ->
@@ -457,7 +459,7 @@ kill9(_) ->
 -spec run_exe(file:filename(), [string()], [{string(), string()}]) ->
           {integer(), binary(), string()}.
 run_exe(Exe, Args, Env) ->
-    Err = filename:join("/tmp", "beamdiag_test_err_" ++
+    Err = filename:join("/tmp", "beamdiag_test_err_" ++ os:getpid() ++ "_" ++
                             integer_to_list(erlang:unique_integer([positive]))),
     Port = open_port({spawn_executable, "/bin/sh"},
                      [{args, ["-c", "exec \"$0\" \"$@\" 2>\"$BEAMDIAG_TEST_ERR\"", Exe | Args]},
