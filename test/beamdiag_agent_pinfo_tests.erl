@@ -87,8 +87,21 @@ unread_start() ->
         ?assertEqual([], Of(top_reductions)),
         ?assertEqual([], [E || E = #{reductions := Rs} <- maps:get(top_reductions, R), Rs > Total]),
         ?assertEqual([], Of(heap_growth)),
-        ?assertMatch([#{memory := [null, M1], born := false, reductions := 0}] when M1 >= 8000000,
-                     Of(heaps)),
+        [E] = Of(heaps),
+        ?assertMatch(#{memory := [null, _], born := false, reductions := 0}, E),
+        %% Its memory at the end: read (8 MB or more), or, when the end
+        %% walk's read was not answered within its bound either (a host
+        %% whose other work delays the held process's signals), estimated
+        %% from its heap and said to be, after the bound was waited.
+        case maps:get(answered, E, true) of
+            false ->
+                ?debugFmt("the end read was not answered within ~b ms: estimated",
+                          [maps:get(waited_ms, E)]),
+                ?assertMatch(#{memory_estimated := true}, E),
+                ?assert(maps:get(waited_ms, E) >= 100);
+            true ->
+                ?assert(lists:last(maps:get(memory, E)) >= 8000000)
+        end,
         Held ! stop
     end).
 
