@@ -231,6 +231,40 @@ binary_holder_named_test() ->
     ?assertMatch({_, _}, binary:match(Ev, <<"<0.88.0> (relay:loop/2) references 240 reference-counted "
                                            "binaries of 251.7 MB (250.6 MB of them held by it alone)">>)).
 
+%% A channel that passes payloads on to a queue references them, but
+%% holds none alone: the evidence says they are shared, and names the
+%% queue, too large for its binaries to be listed, with its memory. A
+%% holder that holds its own is named alone.
+shared_binaries_name_the_large_process_test() ->
+    C0 = capture(fun(I) -> 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                 {host, 20000 * ?MIB}),
+    Channel = #{pid => <<"<0.943.0>">>, name => null, initial_call => <<"rabbit_channel:init/1">>,
+                current => <<"rabbit_channel:check_msg_size/3">>, count => 341,
+                bytes => 1370 * ?MIB, sole_bytes => 0},
+    Queue = #{pid => <<"<0.918.0>">>, name => null, initial_call => <<"rabbit_prequeue:init/1">>,
+              current => <<"gen_server2:process_next_msg/1">>, memory => [200 * ?MIB, 255 * ?MIB],
+              queue => [0, 12]},
+    Small = Queue#{pid => <<"<0.5.0>">>, memory => [1 * ?MIB, 2 * ?MIB]},
+    Ev = fun(Bins) ->
+                 C = C0#{extras := (maps:get(extras, C0))#{procs => #{heap_growth => [],
+                                                                      heaps => [Small, Queue],
+                                                                      binaries => Bins}}},
+                 [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+                 iolist_to_binary(lists:join("\n", maps:get(evidence, F)))
+         end,
+    Shared = Ev([Channel]),
+    ?assertMatch({_, _}, binary:match(Shared, <<"1.44 GB of the 1.44 GB they reference is "
+                                               "referenced by other processes too">>)),
+    ?assertMatch({_, _}, binary:match(Shared, <<"<0.918.0> (rabbit_prequeue:init/1) holds 267.4 MB, "
+                                               "12 messages queued; it was in "
+                                               "gen_server2:process_next_msg/1">>)),
+    ?assertEqual(nomatch, binary:match(Shared, <<"<0.5.0>">>)),
+    %% None listed at all: the large process is still named.
+    ?assertMatch({_, _}, binary:match(Ev([]), <<"<0.918.0> (rabbit_prequeue:init/1) holds">>)),
+    Own = Ev([Channel#{sole_bytes => 1300 * ?MIB}]),
+    ?assertEqual(nomatch, binary:match(Own, <<"<0.918.0>">>)),
+    ?assertEqual(nomatch, binary:match(Own, <<"other processes too">>)).
+
 %% The agent's binary holders, on this node: a process holding 4 MiB of
 %% its own binaries is named with their count and bytes; one above the
 %% memory bound is not asked.

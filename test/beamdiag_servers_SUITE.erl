@@ -213,6 +213,19 @@ rabbitmq_backlog(Config) ->
     ByName = maps:from_list([{K, X} || #{name := K, value := X} <- Figs]),
     ?assert(maps:get(dirty_gc_cpus, ByName) =< maps:get(span_cpus_used, ByName) + 1.0e-6),
     ?assertNot(lists:member(busy_wait, [Id || #{id := Id} <- F])),
+    %% The memory: the queue processes hold their backlog (their memory,
+    %% read by RabbitMQ itself), and the memory finding names them, with
+    %% what they hold: the payloads are cut from the channels' socket
+    %% reads, so the binaries the channels reference are the queues' too.
+    Queues = queue_pids(Config),
+    ct:pal("the queues' processes, by rabbitmqctl: ~p", [Queues]),
+    [?assert(Mem > 8 * 1048576) || {Q, _, Mem} <- Queues, lists:member(Q, ?BACKLOG_QUEUES)],
+    MemLines = lists:append([Ev || #{id := memory_growth, evidence := Ev} <- F]),
+    ?assertNotEqual([], MemLines),
+    Named = [Q || {Q, Pid, _} <- Queues, lists:member(Q, ?BACKLOG_QUEUES),
+                  Line <- MemLines, binary:match(Line, <<Pid/binary, " ">>) =/= nomatch,
+                  binary:match(Line, <<" holds ">>) =/= nomatch],
+    ?assertNotEqual([], Named, MemLines),
     nothing_the_node_has(F, S),
     within_bounds(L, F),
     beamdiag_amqp:close(C).
@@ -462,6 +475,21 @@ depths(Config) ->
     [{Q, binary_to_integer(N)}
      || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
         [Q, N] <- [binary:split(string:trim(Line), <<"\t">>)]].
+
+%% Each queue's name, its process (as the node prints a local pid:
+%% <0.N.S>) and that process's memory (bytes), by rabbitmqctl.
+queue_pids(Config) ->
+    {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),
+                   " list_queues -q --no-table-headers name pid memory"]),
+    [{Q, local_pid(Pid), binary_to_integer(M)}
+     || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
+        [Q, Pid, M] <- [binary:split(string:trim(Line), <<"\t">>, [global])]].
+
+%% <rabbit@host.1733321114.918.0> -> <0.918.0>
+local_pid(Pid) ->
+    Parts = binary:split(string:trim(Pid, both, "<>"), <<".">>, [global]),
+    [N, S] = lists:nthtail(length(Parts) - 2, Parts),
+    <<"<0.", N/binary, ".", S/binary, ">">>.
 
 %% Waits up to Ms milliseconds for every queue to hold N messages.
 wait_depth(Config, Queues, N, Ms) ->

@@ -23,7 +23,7 @@
 %%% '''
 -module(beamdiag_agent_proc_memory).
 
--export([read/3, at_start/3, estimate/3, grown/2, binaries/3]).
+-export([read/3, at_start/3, estimate/3, grown/2, binaries/3, binaries_memory_max/0]).
 
 %% Above this many queued messages a process's memory is estimated, not read.
 -define(QUEUE_BOUND, 10000).
@@ -72,6 +72,12 @@ binaries(Pids, Mem, MinBytes) ->
           end, [], lists:usort(Ask), [binary], #{}),
     lists:sublist(lists:reverse(lists:sort(fun(#{bytes := A}, #{bytes := B}) -> A =< B end, Held)),
                   ?BINARIES_TOP).
+
+%% @doc The memory (bytes) above which a process's binaries are not
+%% listed by binaries/3: the rules name such processes apart.
+-spec binaries_memory_max() -> pos_integer().
+binaries_memory_max() ->
+    ?BINARIES_MEMORY_MAX.
 
 %% @doc The memory of each of Pids, read, or estimated when its queue
 %% (from a walk's figures, Walked: pid => figures tuple) is beyond the bound

@@ -258,14 +258,31 @@ who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth
         _ ->
             Lines
     end;
-who(binary, _, #{extras := #{procs := #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
+who(binary, _, #{extras := #{procs := Procs = #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
     %% The holders of a tenth of the largest one's bytes or more.
-    [fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by it alone); "
-         "it was in ~ts",
-         [beamdiag_proc_rules:who(H), beamdiag_units:count(N), beamdiag_units:bytes(B),
-          beamdiag_units:bytes(Sole), beamdiag_proc_rules:where(H)])
-     || H = #{count := N, bytes := B, sole_bytes := Sole} <- lists:sublist(Holders, 3),
-        10 * B >= Most];
+    Listed = [H || H = #{bytes := B} <- lists:sublist(Holders, 3), 10 * B >= Most],
+    Lines = [fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by it alone); "
+                 "it was in ~ts",
+                 [beamdiag_proc_rules:who(H), beamdiag_units:count(N), beamdiag_units:bytes(B),
+                  beamdiag_units:bytes(Sole), beamdiag_proc_rules:where(H)])
+             || H = #{count := N, bytes := B, sole_bytes := Sole} <- Listed],
+    Bytes = lists:sum([B || #{bytes := B} <- Listed]),
+    Sole = lists:sum([S || #{sole_bytes := S} <- Listed]),
+    %% Binaries they share with others (a message passed on and kept
+    %% elsewhere too) are kept by those others as well: the largest
+    %% processes, whose binaries are not listed, are where to look.
+    case 10 * Sole < Bytes of
+        true ->
+            Lines ++ [fmt("~s of the ~s they reference is referenced by other processes too: "
+                          "what keeps it is elsewhere", [mem(Bytes - Sole), mem(Bytes)])
+                      | too_large(Procs, Listed)];
+        false ->
+            Lines
+    end;
+who(binary, _, #{extras := #{procs := Procs}}) when is_map(Procs) ->
+    [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
+       "reference (in their state, or because they have not collected since); none of the "
+       "processes whose binaries were listed holds 1 MiB of them">> | too_large(Procs, [])];
 who(binary, _, _) ->
     [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
        "reference (in their state, or because they have not collected since); none of the "
@@ -287,6 +304,31 @@ who(ets, _, _) ->
 who(_, _, _) ->
     [].
 
+%% The largest processes at the window's end (the walks' heaps and
+%% flooded mailboxes) too large for their binaries to be listed
+%% (beamdiag_agent_proc_memory:binaries_memory_max/0), at most three: a
+%% process that keeps messages (a queue, a buffer) keeps their binaries.
+too_large(Procs, Listed) ->
+    Max = beamdiag_agent_proc_memory:binaries_memory_max(),
+    Named = [P || #{pid := P} <- Listed],
+    Big = lists:sort(fun({A, _}, {B, _}) -> A >= B end,
+                     [{M1, E} || E = #{pid := P, memory := [_, M1]} <-
+                                     maps:get(heaps, Procs, []) ++ maps:get(queues, Procs, []),
+                                 is_integer(M1), M1 > Max, not lists:member(P, Named)]),
+    case lists:sublist(unique_pids(Big), 3) of
+        [] ->
+            [];
+        Top ->
+            [fmt("the largest processes, whose binaries are not listed (over ~s each: the list "
+                 "would be too long), and which may keep them:", [mem(Max)])
+             | [fmt("  ~ts holds ~s~s, ~s messages queued; it was in ~ts",
+                    [beamdiag_proc_rules:who(E), tilde(E), mem(M1), queued(E),
+                     beamdiag_proc_rules:where(E)]) || {M1, E} <- Top]]
+    end.
+
+queued(#{queue := [_, Q]}) when is_integer(Q) -> beamdiag_units:count(Q);
+queued(_) -> "an unknown number of".
+
 owner(null) ->
     "a process that is gone (the table has an heir, or was given away)";
 owner(O) ->
@@ -298,7 +340,9 @@ fix(binary) ->
       "erlang:garbage_collect/0 after handing one on, or start it with "
       "{fullsweep_after, 0}, or hibernate it between messages, so that its references go. "
       "A binary of a few bytes cut from a large one keeps all of it: copy it with "
-      "binary:copy/1.">>;
+      "binary:copy/1. A process that keeps messages it has not passed on yet (a queue whose "
+      "consumers do not keep up) keeps their binaries as long: bound it (backpressure on its "
+      "producers, a maximum length).">>;
 fix(processes) ->
     <<"Bound what the process keeps: evict old entries from its state, cap its size, or keep "
       "the data in an ETS table with a size limit; a process that buffers events for a "
