@@ -179,7 +179,8 @@ perf_map_resolution_test() ->
     ?assertEqual(#{[<<"scheduler">>, <<"[unknown]">>, <<"$global::x">>, <<"$mymod:hot/2">>] => 1},
                  maps:get(stacks, P)),
     ?assertMatch({error, {beamdiag_fold, {perf_map, _, enoent}}},
-                 beamdiag_fold:fold_binary(Text, #{perf_map => "/nonexistent/perf.map"})).
+                 beamdiag_fold:fold_binary(Text, #{perf_map => "/nonexistent/perf.map"})),
+    rm_tmp_dir().
 
 %% A module purged, and one loaded later where its code was (an Elixir
 %% script's elixir_compiler_1 under Shop.Pricing, measured on Elixir 1.14
@@ -220,7 +221,8 @@ stale_perf_map_names_test() ->
     %% Without a map, perf's names stand.
     {ok, P0} = beamdiag_fold:fold_binary(Text, #{}),
     ?assertEqual([<<"$elixir_compiler_1::codeFooter">>, <<"$elixir_compiler_1::codeFooter">>],
-                 lists:sort([lists:last(K) || K <- maps:keys(maps:get(stacks, P0))])).
+                 lists:sort([lists:last(K) || K <- maps:keys(maps:get(stacks, P0))])),
+    rm_tmp_dir().
 
 end_of_unwind_marker_test() ->
     Text = <<"2_scheduler  7   9.5:   1 cpu-clock: \n"
@@ -313,6 +315,11 @@ tmp_dir() ->
     D = filename:join(["/tmp", "beamdiag_fold_tests_" ++ os:getpid()]),
     ok = filelib:ensure_dir(filename:join(D, "x")),
     D.
+
+%% The test's files go with it (this VM's folder: EUnit runs one test
+%% at a time).
+rm_tmp_dir() ->
+    ok = file:del_dir_r(tmp_dir()).
 
 shuffle_pieces(Bin, N) ->
     Cuts = lists:usort([rand:uniform(byte_size(Bin)) || _ <- lists:seq(1, N)]),
@@ -430,7 +437,8 @@ jit_frames_kept_whole_test() ->
     ?assertEqual(#{[<<"scheduler">>, <<"[unknown] (/tmp/perf-77.map)">>, <<"$mymod:hot/2">>,
                     <<"[unknown] (/memfd:vmem (deleted))">>, <<"erts_atom_put">>] => 1},
                  maps:get(stacks, Named)),
-    ?assertMatch(#{erlang_share := 1.0, cut_short_share := 0.0}, beamdiag_fold:summary(Named)).
+    ?assertMatch(#{erlang_share := 1.0, cut_short_share := 0.0}, beamdiag_fold:summary(Named)),
+    rm_tmp_dir().
 
 %% The folded output of every fixture, under several option sets, is the
 %% one recorded in test/fixtures/perf/golden (by make_golden.escript there,

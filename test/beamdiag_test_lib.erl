@@ -434,6 +434,11 @@ bounded(F, Ms) ->
 forget(Peer, OsPid) ->
     kill9(OsPid),
     _ = persistent_term:erase({?MODULE, Peer}),
+    %% A node started with +JPperf left its perf map and jitdump in /tmp
+    %% (6 to 16 MB each, never removed by the VM); a node in an OTP root
+    %% wrote them into the root's own /tmp, gone with it.
+    _ = [file:delete(F) || is_list(OsPid),
+                           F <- ["/tmp/perf-" ++ OsPid ++ ".map", "/tmp/jit-" ++ OsPid ++ ".dump"]],
     ok.
 
 remember(Peer, OsPid) when is_list(OsPid) ->

@@ -253,8 +253,14 @@ who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth
              || E = #{queue := [Q0, Q1], memory := [_, M1]} <- lists:sublist(Flooded, 3)],
     case Lines of
         [] ->
+            %% A large heap whose collections copy it climbs in steps: at
+            %% either walk it may be between two, and what holds the memory
+            %% is then the largest processes at the end.
             [<<"no process that the walks read grew by a tenth of it: the growth is spread "
-               "over many processes or in ones born during the window">>];
+               "over many processes, in ones born during the window, or in a large heap "
+               "that climbs in steps between the walks">>
+             | largest(Procs, [], 1048576,
+                       "the largest processes at the window's end (over ~s each):")];
         _ ->
             Lines
     end;
@@ -309,7 +315,13 @@ who(_, _, _) ->
 %% (beamdiag_agent_proc_memory:binaries_memory_max/0), at most three: a
 %% process that keeps messages (a queue, a buffer) keeps their binaries.
 too_large(Procs, Listed) ->
-    Max = beamdiag_agent_proc_memory:binaries_memory_max(),
+    largest(Procs, Listed, beamdiag_agent_proc_memory:binaries_memory_max(),
+            "the largest processes, whose binaries are not listed (over ~s each: the list "
+            "would be too long), and which may keep them:").
+
+%% The largest processes at the window's end above Max bytes, but those
+%% Listed, at most three, under a heading (its ~s: Max).
+largest(Procs, Listed, Max, Heading) ->
     Named = [P || #{pid := P} <- Listed],
     Big = lists:sort(fun({A, _}, {B, _}) -> A >= B end,
                      [{M1, E} || E = #{pid := P, memory := [_, M1]} <-
@@ -319,8 +331,7 @@ too_large(Procs, Listed) ->
         [] ->
             [];
         Top ->
-            [fmt("the largest processes, whose binaries are not listed (over ~s each: the list "
-                 "would be too long), and which may keep them:", [mem(Max)])
+            [fmt(Heading, [mem(Max)])
              | [fmt("  ~ts holds ~s~s, ~s messages queued; it was in ~ts",
                     [beamdiag_proc_rules:who(E), tilde(E), mem(M1), queued(E),
                      beamdiag_proc_rules:where(E)]) || {M1, E} <- Top]]

@@ -244,6 +244,7 @@ stop(Lab = #{peer := Peer, scenario := S}) ->
         _ -> ok
     end,
     catch peer:stop(Peer),
+    remove_perf_files(S, maps:find(os_pid, Lab)),
     case maps:find(competitor, Lab) of
         {ok, C} -> catch peer:stop(C);
         error -> ok
@@ -252,6 +253,21 @@ stop(Lab = #{peer := Peer, scenario := S}) ->
         {ok, Dir} -> remove_cgroup(Dir);
         error -> ok
     end,
+    ok.
+
+%% A node started with +JPperf writes its perf map and its jitdump into
+%% /tmp, named by its OS pid, and never removes them (6 to 16 MB a node):
+%% the lab's nodes leave none behind.
+remove_perf_files(#{emu_args := Args}, {ok, OsPid}) ->
+    case lists:member("+JPperf", Args) of
+        true ->
+            _ = [file:delete(F) || F <- ["/tmp/perf-" ++ OsPid ++ ".map",
+                                          "/tmp/jit-" ++ OsPid ++ ".dump"]],
+            ok;
+        false ->
+            ok
+    end;
+remove_perf_files(_, _) ->
     ok.
 
 %% @doc The lab node's name.
