@@ -286,13 +286,9 @@ who(binary, _, #{extras := #{procs := Procs = #{binaries := [#{bytes := Most} | 
             Lines
     end;
 who(binary, _, #{extras := #{procs := Procs}}) when is_map(Procs) ->
-    [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
-       "reference (in their state, or because they have not collected since); none of the "
-       "processes whose binaries were listed holds 1 MiB of them">> | too_large(Procs, [])];
+    [held_by_none("processes whose binaries were listed") | too_large(Procs, [])];
 who(binary, _, _) ->
-    [<<"reference-counted binaries are held outside the heaps, by processes that keep a "
-       "reference (in their state, or because they have not collected since); none of the "
-       "processes the walks read holds 1 MiB of them">>];
+    [held_by_none("processes the walks read")];
 who(ets, #{change := Change}, #{extras := #{procs := #{tables := #{grew := [_ | _] = Grew}}}}) ->
     %% The tables that grew by a tenth of the part's growth or more.
     [fmt("table ~ts (~ts, ~ts~ts) grew from ~s to ~s (~s of the growth), ~s objects at the end; "
@@ -310,6 +306,11 @@ who(ets, _, _) ->
 who(_, _, _) ->
     [].
 
+held_by_none(Whom) ->
+    fmt("reference-counted binaries are held outside the heaps, by processes that keep a "
+        "reference (in their state, or because they have not collected since); none of the "
+        "~s holds 1 MiB of them", [Whom]).
+
 %% The largest processes at the window's end (the walks' heaps and
 %% flooded mailboxes) too large for their binaries to be listed
 %% (beamdiag_agent_proc_memory:binaries_memory_max/0), at most three: a
@@ -323,11 +324,9 @@ too_large(Procs, Listed) ->
 %% Listed, at most three, under a heading (its ~s: Max).
 largest(Procs, Listed, Max, Heading) ->
     Named = [P || #{pid := P} <- Listed],
-    Big = lists:sort(fun({A, _}, {B, _}) -> A >= B end,
-                     [{M1, E} || E = #{pid := P, memory := [_, M1]} <-
-                                     maps:get(heaps, Procs, []) ++ maps:get(queues, Procs, []),
-                                 is_integer(M1), M1 > Max, not lists:member(P, Named)]),
-    case lists:sublist(unique_pids(Big), 3) of
+    Big = [{M1, E} || E = #{pid := P, memory := [_, M1]} <- beamdiag_proc_rules:largest_at_end(Procs, Max),
+                      M1 > Max, not lists:member(P, Named)],
+    case lists:sublist(Big, 3) of
         [] ->
             [];
         Top ->

@@ -26,7 +26,8 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, where/1, who_where/1, duration/1]).
+-export([findings/3, named/1, annotate/3, who/1, where/1, who_where/1, duration/1,
+         largest_at_end/2]).
 
 %%%===================================================================
 %%% API
@@ -324,16 +325,20 @@ duration(S) when S < 120 -> io_lib:format("~b s", [round(S)]);
 duration(S) when S < 7200 -> io_lib:format("~.1f min", [S / 60]);
 duration(S) -> io_lib:format("~.1f h", [S / 3600]).
 
-gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
-    Min = map_get(heap_bytes_min, thresholds()),
-    %% The heaps the walks read, and the flooded mailboxes' estimates (a
-    %% process with a long queue is not asked for its memory, and one that
-    %% did not answer the end walk is in the queues only), largest first.
+%% @doc The processes holding Min bytes or more at the window's end,
+%% largest first: the heaps the walks read, and the flooded mailboxes'
+%% estimates (a process with a long queue is not asked for its memory, and
+%% one that did not answer the end walk is in the queues only), each once.
+-spec largest_at_end(map(), non_neg_integer()) -> [map()].
+largest_at_end(Procs, Min) ->
     Heaps = maps:get(heaps, Procs, []),
     Read = [P || #{pid := P} <- Heaps],
     Flooded = [E || E = #{pid := P} <- maps:get(queues, Procs, []), not lists:member(P, Read)],
-    Big = lists:sort(fun(#{memory := [_, A]}, #{memory := [_, B]}) -> A >= B end,
-                     [E || E = #{memory := [_, M1]} <- Heaps ++ Flooded, is_integer(M1), M1 >= Min]),
+    lists:sort(fun(#{memory := [_, A]}, #{memory := [_, B]}) -> A >= B end,
+               [E || E = #{memory := [_, M1]} <- Heaps ++ Flooded, is_integer(M1), M1 >= Min]).
+
+gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
+    Big = largest_at_end(Procs, map_get(heap_bytes_min, thresholds())),
     case lists:sublist(Big, 3) of
         [] ->
             F#{evidence => Ev ++ [<<"no process heap over 1 MB at the end of the window: the "
