@@ -472,20 +472,20 @@ dirty_starved(Cap, F) ->
     end.
 
 depths(Config) ->
-    {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),
-                   " list_queues -q --no-table-headers name messages"]),
-    [{Q, binary_to_integer(N)}
-     || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
-        [Q, N] <- [binary:split(string:trim(Line), <<"\t">>)]].
+    [{Q, binary_to_integer(N)} || [Q, N] <- list_queues(Config, "name messages")].
 
 %% Each queue's name, its process (as the node prints a local pid:
 %% <0.N.S>) and that process's memory (bytes), by rabbitmqctl.
 queue_pids(Config) ->
-    {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),
-                   " list_queues -q --no-table-headers name pid memory"]),
     [{Q, local_pid(Pid), binary_to_integer(M)}
-     || Line <- binary:split(Out, <<"\n">>, [global, trim_all]),
-        [Q, Pid, M] <- [binary:split(string:trim(Line), <<"\t">>, [global])]].
+     || [Q, Pid, M] <- list_queues(Config, "name pid memory")].
+
+%% rabbitmqctl list_queues: a row of the columns asked for each queue.
+list_queues(Config, Columns) ->
+    {0, Out} = sh([script(), " ctl ", ?config(rabbit_dir, Config),
+                   " list_queues -q --no-table-headers ", Columns]),
+    [binary:split(string:trim(Line), <<"\t">>, [global])
+     || Line <- binary:split(Out, <<"\n">>, [global, trim_all])].
 
 %% <rabbit@host.1733321114.918.0> -> <0.918.0>
 local_pid(Pid) ->
