@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make test` after setup and build. The slow, cached preparations start at
-# once in the background, at the lowest CPU priority: the OTP 27 and 29
-# roots (network and disk, one to ten minutes) in one job, the
-# lock-counting emulators (a compile, the longest) in another, dialyzer's
-# PLT in a third. EUnit runs first; then the suites run in two lanes at
-# once, because most of a suite's wall time is windows waited, not work:
+# once in the background, at the lowest CPU priority, each in a session of
+# its own (scripts/test-prepare.sh): the OTP 27 and 29 roots, the
+# lock-counting emulators, dialyzer's PLT. EUnit runs first; then the
+# suites run in two lanes at once, because most of a suite's wall time is
+# windows waited, not work:
 #   - the CPU lane: the suites whose cases burn the host's CPUs or measure
 #     how much CPU a node got (saturation, starvation, perf, lock counting,
 #     the fuzzer), one after another, so that none of them shares the host
@@ -51,52 +51,25 @@ done
 t0=$(date +%s)
 now() { echo $(($(date +%s) - t0)); }
 
-# The preparations. Each writes its exit status to $logs/NAME.done when it
-# ends; a lane waits for that file (await).
+# The preparations (scripts/test-prepare.sh), each in a session of its own
+# at the lowest priority. Each writes its exit status to $logs/NAME.done
+# when it ends; a lane waits for that file (await).
 roots_log="$logs/prepare-roots.log"
 lcnt_log="$logs/prepare-lcnt.log"
-: > "$logs/prepared.txt"
-(
-    (
-        set -e
-        nice -n 19 scripts/otp-root.sh trixie elixir rebar3 >/dev/null
-        nice -n 19 scripts/otp-root.sh sid rebar3 >/dev/null
-        # The escript holds OTP 27's code (for OTP 27 to 29) only when the
-        # OTP 27 root was there when it was built (scripts/beam-sets.sh): on
-        # a fresh machine `make build' came before the roots, so it is built
-        # again now, in a build folder of its own, and moved into place in
-        # one rename (the CPU lane's suites run the escript meanwhile).
-        if [ ! -f _build/default/lib/beamdiag/otp27/beamdiag.set ]; then
-            echo "test-run: building the escript again, with the OTP 27 root"
-            again="$PWD/_build/with-roots"
-            REBAR_BASE_DIR="$again" nice -n 19 $REBAR compile
-            rm -rf _build/default/lib/beamdiag/otp27.new
-            cp -a "$again/default/lib/beamdiag/otp27" _build/default/lib/beamdiag/otp27.new
-            rm -rf _build/default/lib/beamdiag/otp27
-            mv _build/default/lib/beamdiag/otp27.new _build/default/lib/beamdiag/otp27
-            REBAR_BASE_DIR="$again" nice -n 19 $REBAR escriptize
-            mv -f "$again/default/bin/beamdiag" _build/default/bin/beamdiag
-        fi
-    )
-    echo $? > "$logs/roots.done"
-    echo "roots $(now)" >> "$logs/prepared.txt"
-) >"$roots_log" 2>&1 &
-prep_roots=$!
-# Elixir and rebar3 go into the trixie root here too (the Elixir suite's
-# OTP 27 group; a minute on a fresh machine). The OTP 27 emulator is built
-# in the trixie root; scripts/otp-root.sh takes a lock per root, so the two
-# jobs never build one root twice.
-(
-    nice -n 19 scripts/lcnt-emulator.sh
-    echo $? > "$logs/lcnt.done"
-    echo "lcnt $(now)" >> "$logs/prepared.txt"
-) >"$lcnt_log" 2>&1 &
-prep_lcnt=$!
-# Dialyzer's first run builds its PLT (about 70 s of wall time on a fresh
-# machine, 8 s once built): built here, in the background, so that
-# `make check' after the tests only analyses. Its verdict is make check's.
 dialyzer_log="$logs/prepare-dialyzer.log"
-nice -n 19 $REBAR dialyzer >"$dialyzer_log" 2>&1 &
+: > "$logs/prepared.txt"
+prepare() {
+    local name=$1
+    (
+        setsid -w nice -n 19 scripts/test-prepare.sh "$name"
+        echo $? > "$logs/$name.done"
+        echo "$name $(now)" >> "$logs/prepared.txt"
+    ) >"$logs/prepare-$name.log" 2>&1 &
+}
+prepare roots; prep_roots=$!
+prepare lcnt; prep_lcnt=$!
+# Dialyzer's verdict is make check's; its prepared line is not printed.
+( setsid -w nice -n 19 scripts/test-prepare.sh dialyzer ) >"$dialyzer_log" 2>&1 &
 prep_dialyzer=$!
 
 # Shows a finished step's log whole, one step at a time on the screen.

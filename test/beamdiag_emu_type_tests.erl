@@ -125,3 +125,32 @@ advice_hostile_settings_test() ->
 own_nice_test() ->
     Ps = string:trim(os:cmd("ps -o ni= -p " ++ os:getpid())),
     ?assertEqual(list_to_integer(Ps), beamdiag_emu_os:own_nice()).
+
+%% A spawned program's session gets the nice value, not the session of
+%% erl_child_setup it left: the value is written only once the program
+%% leads its own session (its OS pid is known before its setsid). Read
+%% back from /proc/PID/autogroup, on a kernel with autogroups.
+group_nice_after_setsid_test() ->
+    case file:read_file("/proc/self/autogroup") of
+        {ok, _} ->
+            [begin
+                 Port = open_port({spawn_executable, "/bin/sleep"}, [{args, ["5"]}, exit_status]),
+                 {os_pid, OsPid} = erlang:port_info(Port, os_pid),
+                 try
+                     ?assert(beamdiag_emu_os:group_nice(OsPid, 7)),
+                     Proc = "/proc/" ++ integer_to_list(OsPid),
+                     {ok, Stat} = file:read_file(Proc ++ "/stat"),
+                     [_, AfterName] = binary:split(Stat, <<") ">>),
+                     Session = lists:nth(4, binary:split(AfterName, <<" ">>, [global])),
+                     ?assertEqual(integer_to_binary(OsPid), Session),
+                     {ok, G} = file:read_file(Proc ++ "/autogroup"),
+                     ?assertMatch({_, _}, binary:match(G, <<"nice 7">>))
+                 after
+                     port_close(Port),
+                     os:cmd("kill " ++ integer_to_list(OsPid))
+                 end
+             end || _ <- lists:seq(1, 5)],
+            ok;
+        {error, _} ->
+            ok
+    end.

@@ -14,7 +14,7 @@
 -export([copy_exec/2, mkdir_p/1, write_file/2, file_op/3, make_temp_dir/0]).
 
 -ifdef(TEST).
--export([own_nice/0]).
+-export([own_nice/0, group_nice/2]).
 -endif.
 
 %%%===================================================================
@@ -68,25 +68,66 @@ run(Exe, Args, Dir, Env, P, nothrow) ->
 keep_nice(Port) ->
     case {own_nice(), erlang:port_info(Port, os_pid)} of
         {N, {os_pid, OsPid}} when is_integer(N), N > 0, is_integer(OsPid) ->
-            _ = file:write_file("/proc/" ++ integer_to_list(OsPid) ++ "/autogroup",
-                                integer_to_list(N)),
+            _ = group_nice(OsPid, N),
             ok;
         _ ->
             ok
     end.
 
+%% Sets the nice value of the autogroup of OS process OsPid once that
+%% process leads its own session. The port's OS pid is known as soon as the
+%% child is forked, before it calls setsid: a value written then goes to the
+%% group it leaves (erl_child_setup's), and its new group keeps nice 0.
+%% Waits 500 ms at most for the setsid; `false' when it never came (the
+%% program ended first) or the file cannot be written.
+-spec group_nice(pos_integer(), integer()) -> boolean().
+group_nice(OsPid, N) ->
+    Proc = "/proc/" ++ integer_to_list(OsPid),
+    Deadline = erlang:monotonic_time(millisecond) + 500,
+    case await_session(Proc, OsPid, Deadline) of
+        true -> file:write_file(Proc ++ "/autogroup", integer_to_list(N)) =:= ok;
+        false -> false
+    end.
+
+-spec await_session(string(), pos_integer(), integer()) -> boolean().
+await_session(Proc, OsPid, Deadline) ->
+    case session(Proc) of
+        OsPid ->
+            true;
+        S when is_integer(S) ->
+            case erlang:monotonic_time(millisecond) < Deadline of
+                true ->
+                    receive after 1 -> ok end,
+                    await_session(Proc, OsPid, Deadline);
+                false ->
+                    false
+            end;
+        undefined ->
+            false
+    end.
+
+%% The session id of a process (/proc/PID/stat, field 6), or undefined.
+session(Proc) ->
+    case stat_field(Proc ++ "/stat", 6) of
+        undefined -> undefined;
+        B -> try binary_to_integer(B) catch error:badarg -> undefined end
+    end.
+
 %% This VM's nice value (/proc/self/stat, field 19), or undefined.
 own_nice() ->
-    case file:read_file("/proc/self/stat") of
+    case stat_field("/proc/self/stat", 19) of
+        undefined -> undefined;
+        B -> try binary_to_integer(B) catch error:badarg -> undefined end
+    end.
+
+%% Field K (from 3, the first after the name) of a /proc stat file, or
+%% undefined.
+stat_field(Path, K) when K >= 3 ->
+    case file:read_file(Path) of
         {ok, Stat} ->
             case beamdiag_agent_procfs:stat_fields(Stat) of
-                %% The fields after the name start at field 3.
-                {ok, _, Fields} when length(Fields) >= 17 ->
-                    try binary_to_integer(lists:nth(17, Fields))
-                    catch error:badarg -> undefined
-                    end;
-                _ ->
-                    undefined
+                {ok, _, Fields} when length(Fields) >= K - 2 -> lists:nth(K - 2, Fields);
+                _ -> undefined
             end;
         {error, _} ->
             undefined
