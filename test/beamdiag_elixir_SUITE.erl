@@ -229,7 +229,7 @@ elixir_names(Config) ->
         ?assertMatch({_, _}, binary:match(Flat, <<"message_queue_data: :off_heap">>)),
         ?assertEqual(nomatch, binary:match(Flat, <<"{message_queue_data, off_heap}">>))
     after
-        _ = os:cmd("kill -9 " ++ OsPid),
+        beamdiag_test_lib:kill_os_node(OsPid),
         catch port_close(Port)
     end.
 

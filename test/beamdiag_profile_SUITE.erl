@@ -71,7 +71,7 @@ end_per_testcase(_, Config) ->
     end,
     case ?config(dist_os_pid, Config) of
         undefined -> ok;
-        OsPid -> _ = os:cmd("kill -9 " ++ integer_to_list(OsPid) ++ " 2>/dev/null"), ok
+        OsPid -> beamdiag_test_lib:kill_os_node(OsPid)
     end,
     ok.
 

@@ -14,7 +14,7 @@
 
 -export([perf_usable/0, retry_on_loaded_host/3, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
          script/1, escript/0, otp_exec/1, otp_root/1]).
--export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1]).
+-export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1, kill_os_node/1]).
 -export([start_peers/3, stop_peers/1]).
 -export([start_lab/2, stop_lab/1, case_lab/3, end_case_lab/1, release_config/2]).
 -export([lab_ledger/2, held_schedulers/2, lab_ping/1, lab_cli/2]).
@@ -432,11 +432,18 @@ bounded(F, Ms) ->
 
 %% Kills the node's OS process if it is still there, and forgets it.
 forget(Peer, OsPid) ->
-    kill9(OsPid),
+    kill_os_node(OsPid),
     _ = persistent_term:erase({?MODULE, Peer}),
-    %% A node started with +JPperf left its perf map and jitdump in /tmp
-    %% (6 to 16 MB each, never removed by the VM); a node in an OTP root
-    %% wrote them into the root's own /tmp, gone with it.
+    ok.
+
+%% Kills a node's OS process if it is still there (kill -9), and removes
+%% the perf map and jitdump that a node started with +JPperf left in /tmp
+%% (6 to 16 MB each, never removed by the VM; a node in an OTP root wrote
+%% them into the root's own /tmp, gone with it).
+kill_os_node(OsPid) when is_integer(OsPid) ->
+    kill_os_node(integer_to_list(OsPid));
+kill_os_node(OsPid) ->
+    kill9(OsPid),
     _ = [file:delete(F) || is_list(OsPid),
                            F <- ["/tmp/perf-" ++ OsPid ++ ".map", "/tmp/jit-" ++ OsPid ++ ".dump"]],
     ok.
