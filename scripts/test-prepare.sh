@@ -10,15 +10,19 @@
 # one group whatever its members' nice values, and the lab nodes of the
 # tests each run in a session of their own: a build under `nice -n 19' alone
 # took a whole group's share, as much CPU as any lab node, and starved the
-# nodes whose CPU the tests measure. So this runs in a session of its own
-# (test-run.sh starts it with setsid and nice) and gives that session's group nice 19
-# too; the programs a build's VM spawns get theirs from it
-# (beamdiag_emu_os). Where the file is missing (no autogroups) only nice
-# stays.
+# nodes whose CPU the tests measure. So the builds run in a session of their
+# own (test-run.sh starts them with setsid and nice), and a job that leads
+# its session gives its group nice 19 too; the programs a build's VM spawns
+# get theirs from it (beamdiag_emu_os). The roots (network and disk, needed
+# first) stay in make test's own session, at nice 19 inside it: its group's
+# other members are the Common Test VMs, which mostly wait. Where the file
+# is missing (no autogroups) only nice stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REBAR=${REBAR:-rebar3}
-{ echo 19 > /proc/self/autogroup; } 2>/dev/null || true
+if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then
+    { echo 19 > /proc/self/autogroup; } 2>/dev/null || true
+fi
 case "${1:-}" in
     roots)
         scripts/otp-root.sh trixie elixir rebar3 >/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test` after setup and build. The slow, cached preparations start at
-# once in the background, at the lowest CPU priority, each in a session of
-# its own (scripts/test-prepare.sh): the OTP 27 and 29 roots, the
+# once in the background, at the lowest CPU priority, the builds each in a
+# session of its own (scripts/test-prepare.sh): the OTP 27 and 29 roots, the
 # lock-counting emulators, dialyzer's PLT. EUnit runs first; then the
 # suites run in two lanes at once, because most of a suite's wall time is
 # windows waited, not work:
@@ -51,23 +51,24 @@ done
 t0=$(date +%s)
 now() { echo $(($(date +%s) - t0)); }
 
-# The preparations (scripts/test-prepare.sh), each in a session of its own
-# at the lowest priority. Each writes its exit status to $logs/NAME.done
-# when it ends; a lane waits for that file (await).
+# The preparations (scripts/test-prepare.sh) at the lowest priority, the
+# builds each in a session of its own (setsid), the roots in this one. Each
+# writes its exit status to $logs/NAME.done when it ends; a lane waits for
+# that file (await).
 roots_log="$logs/prepare-roots.log"
 lcnt_log="$logs/prepare-lcnt.log"
 dialyzer_log="$logs/prepare-dialyzer.log"
 : > "$logs/prepared.txt"
 prepare() {
-    local name=$1
+    local name=$1 session=$2
     (
-        setsid -w nice -n 19 scripts/test-prepare.sh "$name"
+        $session nice -n 19 scripts/test-prepare.sh "$name"
         echo $? > "$logs/$name.done"
         echo "$name $(now)" >> "$logs/prepared.txt"
     ) >"$logs/prepare-$name.log" 2>&1 &
 }
-prepare roots; prep_roots=$!
-prepare lcnt; prep_lcnt=$!
+prepare roots ""; prep_roots=$!
+prepare lcnt "setsid -w"; prep_lcnt=$!
 # Dialyzer's verdict is make check's; its prepared line is not printed.
 ( setsid -w nice -n 19 scripts/test-prepare.sh dialyzer ) >"$dialyzer_log" 2>&1 &
 prep_dialyzer=$!
