@@ -178,13 +178,19 @@ events(Store, Batch, Bytes) ->
     receive after 1000 div ?TICKS -> ok end,
     events(Store, Batch, Bytes).
 
+%% Keeps every event (below the stop); `{size, From}' asks how many bytes
+%% of events it holds (its live data, which its heap's size only follows
+%% in steps), so that a test reads the leak's rate apart from beamdiag.
 store(Events, Size, Stop) ->
     receive
         {event, E} ->
             case Size < Stop of
                 true -> store([E | Events], Size + erts_debug:flat_size(E) * 8, Stop);
                 false -> store(Events, Size, Stop)
-            end
+            end;
+        {size, From} ->
+            From ! {store_size, self(), Size},
+            store(Events, Size, Stop)
     end.
 
 write(T, Batch, Bytes, N, Stop) ->
