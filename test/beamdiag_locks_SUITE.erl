@@ -90,9 +90,7 @@ ets_sharded(_Config) ->
     %% hash-slot locks (a control whose load never ran would pass for
     %% nothing), and those locks barely wait.
     #{wait_pct := Wait, tries := Tries} =
-        raw(Raw, fun(db_hash_slot, Id) -> lists:prefix("beamdiag_shard_", id_text(Id));
-                    (_, _) -> false
-                 end),
+        raw(Raw, shard_slots()),
     ct:pal("ets_sharded: ~b hash-slot lock acquisitions on the shard tables; they wait "
            "~.2f% of the span in total (the node's counters)", [Tries, Wait]),
     ?assert(Tries > 10000),
@@ -235,9 +233,7 @@ ets_hot_session(Config) ->
 ets_sharded_session(Config) ->
     {Locks, Findings, Raw} = session(ets_sharded, Config),
     #{wait_pct := Wait, tries := Tries, collisions := C, instances := Shards} =
-        raw(Raw, fun(db_hash_slot, Id) -> lists:prefix("beamdiag_shard_", id_text(Id));
-                    (_, _) -> false
-                 end),
+        raw(Raw, shard_slots()),
     ct:pal("OTP ~s ets_sharded: the shard tables' hash-slot locks ~b tries, ~.2f% collided; "
            "~b locks, waiting ~.2f% of the span (the node's counters)",
            [maps:get(otp_release, Locks), Tries, 100 * C / max(1, Tries), Shards, Wait]),
@@ -543,6 +539,10 @@ duration_ns(R) ->
 table(Table) ->
     fun(Name, Id) -> lists:member(Name, [db_hash_slot, db_tab, db_tab_fix]) andalso
                          id_text(Id) =:= atom_to_list(Table) end.
+
+%% The hash-slot locks of the lab's shard tables (beamdiag_shard_N).
+shard_slots() ->
+    fun(Name, Id) -> Name =:= db_hash_slot andalso lists:prefix("beamdiag_shard_", id_text(Id)) end.
 
 lock_named(Name, Id) ->
     fun(N, I) -> N =:= Name andalso id_text(I) =:= atom_to_list(Id) end.

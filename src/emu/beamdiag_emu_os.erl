@@ -108,25 +108,22 @@ await_session(Proc, OsPid, Deadline) ->
 
 %% The session id of a process (/proc/PID/stat, field 6), or undefined.
 session(Proc) ->
-    case stat_field(Proc ++ "/stat", 6) of
-        undefined -> undefined;
-        B -> try binary_to_integer(B) catch error:badarg -> undefined end
-    end.
+    stat_field(Proc ++ "/stat", 6).
 
 %% This VM's nice value (/proc/self/stat, field 19), or undefined.
 own_nice() ->
-    case stat_field("/proc/self/stat", 19) of
-        undefined -> undefined;
-        B -> try binary_to_integer(B) catch error:badarg -> undefined end
-    end.
+    stat_field("/proc/self/stat", 19).
 
-%% Field K (from 3, the first after the name) of a /proc stat file, or
-%% undefined.
+%% Field K (from 3, the first after the name) of a /proc stat file, an
+%% integer, or undefined.
 stat_field(Path, K) when K >= 3 ->
     case file:read_file(Path) of
         {ok, Stat} ->
             case beamdiag_agent_procfs:stat_fields(Stat) of
-                {ok, _, Fields} when length(Fields) >= K - 2 -> lists:nth(K - 2, Fields);
+                {ok, _, Fields} when length(Fields) >= K - 2 ->
+                    try binary_to_integer(lists:nth(K - 2, Fields))
+                    catch error:badarg -> undefined
+                    end;
                 _ -> undefined
             end;
         {error, _} ->
