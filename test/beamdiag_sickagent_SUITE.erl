@@ -15,6 +15,8 @@
          sysmon_back_when_killed/1, healthy/1, first_calls_in_words/1, back_to_back/1,
          cpu_throttling/1]).
 
+%% Diagnoses a case may make when the host spoils one (long_schedule_try/2).
+-define(TRIES, 3).
 -define(WINDOW, 5).
 
 -spec suite() -> [tuple()].
@@ -104,24 +106,14 @@ nif_long(Config) ->
                                                                    lists:max([0 | [T || {T, _} <- Events]])]),
     ?assert(length(Events) >= 8),
     ?assert(lists:max([T || {T, _} <- Events]) >= 90),
-    {D, Took} = timed_diagnose(Lab),
+    %% The rule leaves out a long schedule seen in and out of Erlang while
+    %% the scheduler threads waited for a CPU a quarter of the window or
+    %% more (the OS, not the code, may have stretched it): a try without
+    %% the finding is measured again on that fact, read by the test.
+    {D, Took, L} = long_schedule_try(Lab, ?TRIES),
     #{findings := F, capture := C} = D,
-    ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p",
-           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
-            maps:get(notes, C)]),
     #{long_schedules := LS} = maps:get(extras, C),
-    ct:log("long schedules ~p", [LS]),
     ?assertEqual(watching, maps:get(state, LS)),
-    L = case [X || X = #{id := long_schedule} <- F] of
-            [X] ->
-                X;
-            [] ->
-                %% The rule leaves out a long schedule seen in and out of
-                %% Erlang while the scheduler threads waited for a CPU a
-                %% quarter of the window or more (the OS, not the code, may
-                %% have stretched it): check that fact from the raw counters.
-                no_long_schedule(C, LS)
-        end,
     M = maps:get(metrics, L),
     %% The process and the function: the NIF's caller (the runtime records
     %% the Erlang function that called the NIF), and the NIF library.
@@ -263,26 +255,17 @@ sysmon_taken_nif(Config) ->
     ct:pal("the NIF's caller ~s answered ~b of ~b asks 50 ms late or more (longest ~b ms)",
            [Caller, length(Late), length(Waits), lists:max([0 | [W || {W, _} <- Waits]])]),
     ?assert(length(Late) >= 1),
-    {D, Took} = timed_diagnose(Lab),
+    %% As in nif_long: a hold in and out of Erlang is left out while the
+    %% scheduler threads waited for a CPU a quarter of the window or more.
+    {D, _Took, L} = long_schedule_try(Lab, ?TRIES),
     #{findings := F, capture := C} = D,
     After = beamdiag_test_lib:eval(Peer, "erlang:system_monitor()."),
     #{long_schedules := LS} = maps:get(extras, C),
-    ct:pal("findings ~p; took ~b ms; notes ~p~nlong schedules ~p",
-           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(notes, C), LS]),
     ?assertEqual(Before, After),
     ?assertEqual(taken, maps:get(state, LS)),
     ?assertEqual(sampler, maps:get(source, LS)),
     ?assert(lists:any(fun(N) -> binary:match(N, <<"system monitor is taken by">>) =/= nomatch end,
                       maps:get(notes, C))),
-    L = case [X || X = #{id := long_schedule} <- F] of
-            [X] ->
-                X;
-            [] ->
-                %% As in nif_long: a hold in and out of Erlang is left out
-                %% while the scheduler threads waited for a CPU a quarter
-                %% of the window or more.
-                no_long_schedule(C, LS)
-        end,
     M = maps:get(metrics, L),
     %% (The pid as the node writes it.)
     ?assertEqual(list_to_binary(Caller), maps:get(pid, M)),
@@ -429,20 +412,54 @@ back_to_back(Config) ->
 
 %%% Helpers
 
-%% No long_schedule finding: a starved skip when the raw counters show the
-%% scheduler threads waiting for a CPU a quarter of the window or more
-%% (the rule leaves a hold out then), else a failure that says what the
+%% A diagnosis and its long_schedule finding, with the node's scheduler
+%% threads read by the test from /proc around it. Without the finding,
+%% while those threads waited for a CPU a quarter of the window or more
+%% (the rule leaves a hold out then), the try is recorded and made again,
+%% Tries in all, and then a starved skip; on a host that gave them their
+%% CPU it is a failure that says what the long-schedule watch saw.
+long_schedule_try(Lab, Tries) ->
+    Sched0 = beamdiag_test_lib:sched_stat(maps:get(os_pid, Lab)),
+    {D, Took} = timed_diagnose(Lab),
+    #{runq := Runq} = Sched = beamdiag_test_lib:sched_wait_since(Sched0),
+    #{findings := F, capture := C} = D,
+    #{long_schedules := LS} = maps:get(extras, C),
+    ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p~nscheduler threads (test's /proc): "
+           "~p~nlong schedules ~P",
+           [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
+            maps:get(notes, C), Sched, maps:without([events], LS), 60]),
+    case [X || X = #{id := long_schedule} <- F] of
+        [X] ->
+            {D, Took, X};
+        [] when Runq >= 0.25, Tries > 1 ->
+            beamdiag_test_lib:retried("no long_schedule finding: the scheduler threads waited for a CPU ~.2f of "
+                    "the window (0.25 or more, read from /proc)", [Runq]),
+            long_schedule_try(Lab, Tries - 1);
+        [] ->
+            no_long_schedule(Runq, LS)
+    end.
+
+%% No long_schedule finding after the last try: a starved skip when the
+%% test's own reading shows the scheduler threads waiting for a CPU a
+%% quarter of the window or more, else a failure that says what the
 %% long-schedule watch saw (its state, source, the sampler's counts and
 %% the processes it found, bounded).
-no_long_schedule(C, LS) ->
-    #{runq := Runq} = beamdiag_test_lib:raw_shares(C),
+no_long_schedule(Runq, LS) ->
     case Runq >= 0.25 of
         true ->
             beamdiag_test_lib:starved("no long_schedule finding: the scheduler threads waited "
-                                      "for a CPU ~.2f of the window (0.25 or more)", [Runq]);
+                                      "for a CPU ~.2f of the window (0.25 or more, read from "
+                                      "/proc)", [Runq]);
         false ->
-            ct:fail("no long_schedule finding, the scheduler threads waiting for a CPU ~.2f of "
-                    "the window; the watch saw: ~P", [Runq, maps:without([events], LS), 40])
+            %% What the rule weighed first (a failure's first line is what
+            %% a CI run shows): each process's kind of hold, count, total
+            %% and function, over the watch's span.
+            Ps = [{maps:get(native, P), maps:get(count, P), maps:get(total_ms, P), maps:get(in, P)}
+                  || P <- lists:sublist(maps:get(processes, LS, []), 3)],
+            ct:fail("no long_schedule finding: schedulers waited for a CPU ~.2f; watch ~p ~p over "
+                    "~b ms: ~0p; the watch saw: ~P",
+                    [Runq, maps:get(state, LS), maps:get(source, LS, events),
+                     maps:get(span_ms, LS, 0), Ps, maps:without([events], LS), 40])
     end.
 
 %% The first session's last tick (`finishing'). An agent that ran out of

@@ -131,17 +131,9 @@ held_nif_answers(Config) ->
     Held = beamdiag_test_lib:held_schedulers(Lab, 10000),
     ?assertMatch([_], Held),
     ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
-    Node = atom_to_list(beamdiag_lab:node(Lab)),
-    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
-                             ["diagnose", Node, "--json", "--duration", "5"],
-                             beamdiag_lab:cookie(Lab)),
-    ct:pal("exit ~b in ~b ms~n~ts", [Code, Ms, Err]),
-    ?assertEqual(0, Code),
-    J = beamdiag_test_json:decode(Out),
-    ?assertNot(maps:is_key(<<"host_only">>, J)),
+    {J, Ms} = held_try(Lab, 3),
     Ids = [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)],
     Notes = maps:get(<<"notes">>, J, []),
-    ct:pal("findings ~p~nnotes ~p", [Ids, Notes]),
     case [F || F = #{<<"id">> := <<"scheduler_held_native">>} <- maps:get(<<"findings">>, J)] of
         [F] ->
             ct:pal("~ts~n~ts", [maps:get(<<"title">>, F),
@@ -168,6 +160,37 @@ held_nif_answers(Config) ->
 %%%===================================================================
 %%% Helpers
 %%%===================================================================
+
+%% One diagnosis of the held node, as JSON, and its time. A capture cut
+%% short (the node's ticks too slow for the report to be due on time)
+%% without the finding is measured again, Tries in all, only when the
+%% host's CPUs were 0.85 busy or more over it, read by the test from
+%% /proc/stat: the held NIF takes one CPU, so something beside the case
+%% took most of the other.
+held_try(Lab, Tries) ->
+    Node = atom_to_list(beamdiag_lab:node(Lab)),
+    Cpu0 = beamdiag_test_lib:host_cpu(),
+    {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
+                             ["diagnose", Node, "--json", "--duration", "5"],
+                             beamdiag_lab:cookie(Lab)),
+    ct:pal("exit ~b in ~b ms~n~ts", [Code, Ms, Err]),
+    ?assertEqual(0, Code),
+    J = beamdiag_test_json:decode(Out),
+    ?assertNot(maps:is_key(<<"host_only">>, J)),
+    Ids = [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)],
+    Notes = maps:get(<<"notes">>, J, []),
+    ct:pal("findings ~p~nnotes ~p", [Ids, Notes]),
+    Partial = [N || N <- Notes, binary:match(N, <<"partial capture">>) =/= nomatch],
+    case lists:member(<<"scheduler_held_native">>, Ids) of
+        false when Partial =/= [], Tries > 1 ->
+            case beamdiag_test_lib:retry_on_loaded_host(
+                   Cpu0, "no scheduler_held_native finding from a partial capture", []) of
+                true -> held_try(Lab, Tries - 1);
+                false -> {J, Ms}
+            end;
+        _ ->
+            {J, Ms}
+    end.
 
 %% The raw signal: over 2 s, every dirty IO thread of the node sits in
 %% openat of the lab's FIFO (wchan and system call read from /proc), and

@@ -12,7 +12,7 @@
 
 -include_lib("stdlib/include/assert.hrl").
 
--export([perf_usable/0, retry_on_loaded_host/3, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
+-export([perf_usable/0, retry_on_loaded_host/3, retried/2, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
          script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1, kill_os_node/1]).
 -export([start_peers/3, stop_peers/1]).
@@ -23,6 +23,7 @@
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
 -export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1]).
+-export([sched_stat/1, sched_wait_since/1]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %% How far into a scheduler's hold a timed call may begin, and on how many
@@ -878,6 +879,46 @@ atoms(T) when is_tuple(T) -> list_to_tuple([atoms(E) || E <- tuple_to_list(T)]);
 atoms(M) when is_map(M) -> maps:from_list([{atoms(K), atoms(V)} || {K, V} <- maps:to_list(M)]);
 atoms(X) -> X.
 
+%% @doc A node's normal scheduler threads as the kernel counts them, read
+%% by the test itself from /proc/PID/task/*/{comm,schedstat} (no code of
+%% beamdiag): per thread id, nanoseconds on a CPU and runnable waiting for
+%% one, with the time of the reading. For `sched_wait_since/1'.
+-spec sched_stat(string() | integer()) ->
+    #{pid := string(), t := integer(), threads := #{binary() => {integer(), integer()}}}.
+sched_stat(OsPid) ->
+    Dir = "/proc/" ++ to_list(OsPid) ++ "/task",
+    Tids = case file:list_dir(Dir) of
+               {ok, L} -> L;
+               {error, _} -> []
+           end,
+    Threads = maps:from_list(
+                [{list_to_binary(Tid), {Run, Wait}}
+                 || Tid <- Tids,
+                    {ok, Comm} <- [file:read_file(filename:join([Dir, Tid, "comm"]))],
+                    is_scheduler(string:trim(Comm)),
+                    {ok, St} <- [file:read_file(filename:join([Dir, Tid, "schedstat"]))],
+                    [Run, Wait | _] <- [[binary_to_integer(F)
+                                         || F <- binary:split(St, [<<" ">>, <<"\n">>],
+                                                              [global, trim_all])]]]),
+    #{pid => to_list(OsPid), t => erlang:monotonic_time(nanosecond), threads => Threads}.
+
+%% @doc Since a `sched_stat/1' reading: the share of the normal
+%% scheduler threads' wall time they waited runnable for a CPU
+%% (`runq'), and on one (`on_cpu'), with the span in ms and the threads.
+-spec sched_wait_since(#{pid := string(), t := integer(), threads := map()}) ->
+    #{atom() => number()}.
+sched_wait_since(#{pid := OsPid, t := T0, threads := Th0}) ->
+    #{t := T1, threads := Th1} = sched_stat(OsPid),
+    Pairs = [{A, B} || {Tid, B} <- maps:to_list(Th1), {ok, A} <- [maps:find(Tid, Th0)]],
+    Wall = max(1, (T1 - T0) * length(Pairs)),
+    #{runq => lists:sum([W1 - W0 || {{_, W0}, {_, W1}} <- Pairs]) / Wall,
+      on_cpu => lists:sum([R1 - R0 || {{R0, _}, {R1, _}} <- Pairs]) / Wall,
+      span_ms => (T1 - T0) div 1000000, threads => length(Pairs)}.
+
+to_list(I) when is_integer(I) -> integer_to_list(I);
+to_list(S) when is_binary(S) -> binary_to_list(S);
+to_list(S) -> S.
+
 %% Normal scheduler threads: "1_scheduler" (OTP 25, 26), "erts_sched_1"
 %% (OTP 27 on).
 is_scheduler(Name) ->
@@ -927,15 +968,22 @@ retry_on_loaded_host(Cpu0, Fmt, Args) ->
     Why = lists:flatten(io_lib:format(Fmt, Args)),
     case Busy >= 0.85 of
         true ->
-            Line = lists:flatten(io_lib:format("retried: ~ts; the host's CPUs ~.2f busy", [Why, Busy])),
-            ct:pal("~ts", [Line]),
-            {Suite, Case} = current_case(),
-            ok = beamdiag_cth:record(Suite, Case, Line),
+            retried("~ts; the host's CPUs ~.2f busy", [Why, Busy]),
             true;
         false ->
             ct:pal("no retry: ~ts, on a host whose CPUs were only ~.2f busy", [Why, Busy]),
             false
     end.
+
+%% @doc A try the host spoiled, by a measurement of the test's own (given
+%% in the text): logged and recorded beside the run's skips ("retried:",
+%% listed at the end of `make test').
+-spec retried(io:format(), [term()]) -> ok.
+retried(Fmt, Args) ->
+    Line = lists:flatten(io_lib:format("retried: " ++ Fmt, Args)),
+    ct:pal("~ts", [Line]),
+    {Suite, Case} = current_case(),
+    ok = beamdiag_cth:record(Suite, Case, Line).
 
 current_case() ->
     case catch ct:get_status() of
