@@ -81,10 +81,9 @@ cpu_saturated(Config) ->
     X >= 0.5 orelse ?assertNot(Starved).
 
 cpu_starvation(Config) ->
-    Lab = #{competitor := C} = ?config(lab, Config),
+    #{competitor := C} = ?config(lab, Config),
     Pid = list_to_integer(peer:call(C, os, getpid, [])),
-    {L, F, Raw, CompCpus} = starved_node(Config, Pid, list_to_integer(maps:get(os_pid, Lab)), 3),
-    ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
+    {L, F, Raw, CompCpus} = starvation_try(Config, Pid, 3),
     ?assert(raw(runq, Raw) > 0.30),
     %% Failing, the first line says what was said instead (a CI run shows
     %% only that): every finding's severity and the rule's own figures.
@@ -114,6 +113,23 @@ cpu_starvation(Config) ->
                 false ->
                     ct:fail({competitor_left_out, CompCpus, Top})
             end
+    end.
+
+%% The starved node's diagnosis. One without a serious cpu_starvation
+%% finding is measured again, Tries in all, only on a host whose CPUs were
+%% 0.85 busy or more over it (the test's own /proc/stat); the last one is
+%% returned for the case's assertions, whatever it says.
+starvation_try(Config, Comp, Tries) ->
+    Lab = ?config(lab, Config),
+    Cpu0 = beamdiag_test_lib:host_cpu(),
+    R = {_, F, Raw, CompCpus} = starved_node(Config, Comp, list_to_integer(maps:get(os_pid, Lab)), 3),
+    ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
+    case lists:member(cpu_starvation, serious(F)) orelse Tries =< 1 orelse
+        not beamdiag_test_lib:retry_on_loaded_host(
+              Cpu0, "no serious cpu_starvation (findings ~0p) at raw runq ~.3f",
+              [[{Id, S} || #{id := Id, severity := S} <- F], raw(runq, Raw)]) of
+        true -> R;
+        false -> starvation_try(Config, Comp, Tries - 1)
     end.
 
 %% The starved node's diagnosis, its raw shares and the competitor's CPUs

@@ -84,6 +84,14 @@ nif_stuck_unresponsive(Config) ->
     Node = atom_to_list(beamdiag_lab:node(Lab)),
     ?assertEqual(pang, beamdiag_test_lib:lab_ping(Lab)),
     held_signal(Lab),
+    stuck_try(Lab, Node, Config, 3).
+
+%% One diagnosis of the stuck node. A report whose perf samples did not
+%% name the NIF's function, on a host whose CPUs were 0.85 busy or more
+%% over it (the test's own /proc/stat; the held threads then got few
+%% samples), is measured again, Tries in all.
+stuck_try(Lab, Node, Config, Tries) ->
+    Cpu0 = beamdiag_test_lib:host_cpu(),
     {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
                              ["diagnose", Node, "--duration", integer_to_list(?WINDOW)],
                              beamdiag_lab:cookie(Lab)),
@@ -93,7 +101,14 @@ nif_stuck_unresponsive(Config) ->
     ?assertMatch({_, _}, re:run(Out, <<"the node did not answer in [0-9]+\\.[0-9] s; host-side only">>)),
     ?assertMatch({_, _}, binary:match(Out, <<"distribution: it is registered in epmd">>)),
     ?assert(Ms =< ?WINDOW * 1000 + ?LATE_MS),
-    held_report(Out, Config).
+    Unnamed = binary:match(Out, <<"perf: not used: ">>) =:= nomatch andalso
+        binary:match(Out, <<"beamdiag_lab_spin_slice">>) =:= nomatch,
+    case Unnamed andalso Tries > 1 andalso
+        beamdiag_test_lib:retry_on_loaded_host(Cpu0, "perf's samples did not name "
+                                               "beamdiag_lab_spin_slice", []) of
+        true -> stuck_try(Lab, Node, Config, Tries - 1);
+        false -> held_report(Out, Config)
+    end.
 
 %% The same node by its OS pid, as JSON.
 nif_stuck_os_pid(Config) ->
