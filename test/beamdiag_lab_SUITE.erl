@@ -83,7 +83,7 @@ cpu_saturated(Config) ->
 cpu_starvation(Config) ->
     #{competitor := C} = ?config(lab, Config),
     Pid = list_to_integer(peer:call(C, os, getpid, [])),
-    {L, F, Raw, CompCpus} = starvation_try(Config, Pid, 3),
+    {L, F, Raw, CompCpus} = starvation(Config, Pid),
     ?assert(raw(runq, Raw) > 0.30),
     %% Failing, the first line says what was said instead (a CI run shows
     %% only that): every finding's severity and the rule's own figures.
@@ -116,21 +116,21 @@ cpu_starvation(Config) ->
     end.
 
 %% The starved node's diagnosis. One without a serious cpu_starvation
-%% finding is measured again, Tries in all, only on a host whose CPUs were
-%% 0.85 busy or more over it (the test's own /proc/stat); the last one is
-%% returned for the case's assertions, whatever it says.
-starvation_try(Config, Comp, Tries) ->
-    Lab = ?config(lab, Config),
-    Cpu0 = beamdiag_test_lib:host_cpu(),
-    R = {_, F, Raw, CompCpus} = starved_node(Config, Comp, list_to_integer(maps:get(os_pid, Lab)), 3),
-    ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
-    case lists:member(cpu_starvation, serious(F)) orelse Tries =< 1 orelse
-        not beamdiag_test_lib:retry_on_loaded_host(
-              Cpu0, "no serious cpu_starvation (findings ~0p) at raw runq ~.3f",
-              [[{Id, S} || #{id := Id, severity := S} <- F], raw(runq, Raw)]) of
-        true -> R;
-        false -> starvation_try(Config, Comp, Tries - 1)
-    end.
+%% finding is measured again, 3 tries in all, only on a host whose CPUs
+%% were 0.85 busy or more over it (the test's own /proc/stat); the last
+%% one is returned for the case's assertions, whatever it says.
+starvation(Config, Comp) ->
+    Node = list_to_integer(maps:get(os_pid, ?config(lab, Config))),
+    beamdiag_test_lib:tries_on_loaded_host(3, fun() ->
+        R = {_, F, Raw, CompCpus} = starved_node(Config, Comp, Node, 3),
+        ct:pal("runq ~.3f; competitor ~.2f CPUs", [raw(runq, Raw), CompCpus]),
+        case lists:member(cpu_starvation, serious(F)) of
+            true -> {ok, R};
+            false -> {{again, io_lib:format("no serious cpu_starvation (findings ~0p) at raw "
+                                            "runq ~.3f", [[{Id, S} || #{id := Id, severity := S} <- F],
+                                                          raw(runq, Raw)])}, R}
+        end
+    end).
 
 %% The starved node's diagnosis, its raw shares and the competitor's CPUs
 %% over it (from /proc). Its figures need a complete capture (the host
@@ -177,8 +177,7 @@ starved_node(Config, Comp, Node, Tries) ->
         false when Foreign < 0.3 ->
             ct:fail({partial_capture, Foreign, maps:get(notes, C)});
         false when Tries > 1 ->
-            {Suite, Case} = {?MODULE, cpu_starvation},
-            ok = beamdiag_cth:record(Suite, Case, lists:flatten(["retried: ", Why])),
+            beamdiag_test_lib:retried("~ts", [Why]),
             starved_node(Config, Comp, Node, Tries - 1);
         false ->
             beamdiag_test_lib:starved("3 partial captures in a row, the last ~ts", [Why])

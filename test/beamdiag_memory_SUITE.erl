@@ -113,10 +113,8 @@ heap_growth_finding(Lab, Tries, Slow) ->
         [] when Rate >= 8 * ?MIB ->
             ct:fail({no_memory_growth, {live_bytes_per_s, Rate}, maps:get(memory, D)});
         [] when Tries > 1 ->
-            ok = beamdiag_cth:record(?MODULE, heap_leak,
-                                     lists:flatten(io_lib:format(
-                                       "retried: the store's live data grew ~.1f MiB/s in the "
-                                       "window (8 MiB/s wanted)", [Rate / ?MIB]))),
+            beamdiag_test_lib:retried("the store's live data grew ~.1f MiB/s in the window "
+                                      "(8 MiB/s wanted)", [Rate / ?MIB]),
             heap_growth_finding(Lab, Tries - 1, [Rate | Slow]);
         [] ->
             beamdiag_test_lib:not_produced(

@@ -131,7 +131,7 @@ held_nif_answers(Config) ->
     Held = beamdiag_test_lib:held_schedulers(Lab, 10000),
     ?assertMatch([_], Held),
     ?assertEqual(pong, beamdiag_test_lib:lab_ping(Lab)),
-    {J, Ms} = held_try(Lab, 3),
+    {J, Ms} = beamdiag_test_lib:tries_on_loaded_host(3, fun() -> held_try(Lab) end),
     Ids = [Id || #{<<"id">> := Id} <- maps:get(<<"findings">>, J)],
     Notes = maps:get(<<"notes">>, J, []),
     case [F || F = #{<<"id">> := <<"scheduler_held_native">>} <- maps:get(<<"findings">>, J)] of
@@ -163,13 +163,12 @@ held_nif_answers(Config) ->
 
 %% One diagnosis of the held node, as JSON, and its time. A capture cut
 %% short (the node's ticks too slow for the report to be due on time)
-%% without the finding is measured again, Tries in all, only when the
-%% host's CPUs were 0.85 busy or more over it, read by the test from
-%% /proc/stat: the held NIF takes one CPU, so something beside the case
-%% took most of the other.
-held_try(Lab, Tries) ->
+%% without the finding is to be measured again (`again'), which
+%% tries_on_loaded_host/2 allows only when the host's CPUs were 0.85 busy
+%% or more over it, read by the test from /proc/stat: the held NIF takes
+%% one CPU, so something beside the case took most of the other.
+held_try(Lab) ->
     Node = atom_to_list(beamdiag_lab:node(Lab)),
-    Cpu0 = beamdiag_test_lib:host_cpu(),
     {Code, Out, Err, Ms} = beamdiag_test_lib:lab_cli(
                              ["diagnose", Node, "--json", "--duration", "5"],
                              beamdiag_lab:cookie(Lab)),
@@ -182,14 +181,10 @@ held_try(Lab, Tries) ->
     ct:pal("findings ~p~nnotes ~p", [Ids, Notes]),
     Partial = [N || N <- Notes, binary:match(N, <<"partial capture">>) =/= nomatch],
     case lists:member(<<"scheduler_held_native">>, Ids) of
-        false when Partial =/= [], Tries > 1 ->
-            case beamdiag_test_lib:retry_on_loaded_host(
-                   Cpu0, "no scheduler_held_native finding from a partial capture", []) of
-                true -> held_try(Lab, Tries - 1);
-                false -> {J, Ms}
-            end;
+        false when Partial =/= [] ->
+            {{again, "no scheduler_held_native finding from a partial capture"}, {J, Ms}};
         _ ->
-            {J, Ms}
+            {ok, {J, Ms}}
     end.
 
 %% The raw signal: over 2 s, every dirty IO thread of the node sits in

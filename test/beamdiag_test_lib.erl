@@ -12,7 +12,7 @@
 
 -include_lib("stdlib/include/assert.hrl").
 
--export([perf_usable/0, retry_on_loaded_host/3, retried/2, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
+-export([perf_usable/0, retry_on_loaded_host/3, tries_on_loaded_host/2, retried/2, host_cpu/0, host_busy_since/1, missing/1, fixture/1, fixture_dir/1, fixture_term/1, fixture_capture/1, top/0,
          script/1, escript/0, otp_exec/1, otp_root/1]).
 -export([start_node/2, stop_node/1, with_node/3, eval/2, os_pid_alive/1, kill_os_node/1]).
 -export([start_peers/3, stop_peers/1]).
@@ -884,9 +884,10 @@ atoms(X) -> X.
 %% beamdiag): per thread id, nanoseconds on a CPU and runnable waiting for
 %% one, with the time of the reading. For `sched_wait_since/1'.
 -spec sched_stat(string() | integer()) ->
-    #{pid := string(), t := integer(), threads := #{binary() => {integer(), integer()}}}.
+    #{pid := string() | integer(), t := integer(),
+      threads := #{binary() => {integer(), integer()}}}.
 sched_stat(OsPid) ->
-    Dir = "/proc/" ++ to_list(OsPid) ++ "/task",
+    Dir = lists:concat(["/proc/", OsPid, "/task"]),
     Tids = case file:list_dir(Dir) of
                {ok, L} -> L;
                {error, _} -> []
@@ -900,12 +901,12 @@ sched_stat(OsPid) ->
                     [Run, Wait | _] <- [[binary_to_integer(F)
                                          || F <- binary:split(St, [<<" ">>, <<"\n">>],
                                                               [global, trim_all])]]]),
-    #{pid => to_list(OsPid), t => erlang:monotonic_time(nanosecond), threads => Threads}.
+    #{pid => OsPid, t => erlang:monotonic_time(nanosecond), threads => Threads}.
 
 %% @doc Since a `sched_stat/1' reading: the share of the normal
 %% scheduler threads' wall time they waited runnable for a CPU
 %% (`runq'), and on one (`on_cpu'), with the span in ms and the threads.
--spec sched_wait_since(#{pid := string(), t := integer(), threads := map()}) ->
+-spec sched_wait_since(#{pid := string() | integer(), t := integer(), threads := map()}) ->
     #{atom() => number()}.
 sched_wait_since(#{pid := OsPid, t := T0, threads := Th0}) ->
     #{t := T1, threads := Th1} = sched_stat(OsPid),
@@ -914,10 +915,6 @@ sched_wait_since(#{pid := OsPid, t := T0, threads := Th0}) ->
     #{runq => lists:sum([W1 - W0 || {{_, W0}, {_, W1}} <- Pairs]) / Wall,
       on_cpu => lists:sum([R1 - R0 || {{R0, _}, {R1, _}} <- Pairs]) / Wall,
       span_ms => (T1 - T0) div 1000000, threads => length(Pairs)}.
-
-to_list(I) when is_integer(I) -> integer_to_list(I);
-to_list(S) when is_binary(S) -> binary_to_list(S);
-to_list(S) -> S.
 
 %% Normal scheduler threads: "1_scheduler" (OTP 25, 26), "erts_sched_1"
 %% (OTP 27 on).
@@ -973,6 +970,23 @@ retry_on_loaded_host(Cpu0, Fmt, Args) ->
         false ->
             ct:pal("no retry: ~ts, on a host whose CPUs were only ~.2f busy", [Why, Busy]),
             false
+    end.
+
+%% @doc Try made at most Tries times: a try that returns `{{again, Why},
+%% Result}' is made again only when `retry_on_loaded_host/3' allows it
+%% (the host's CPUs 0.85 busy or more since the try began, read by the
+%% test), and recorded; `{ok, Result}' or the last try gives its Result.
+-spec tries_on_loaded_host(pos_integer(), fun(() -> {ok | {again, iodata()}, T})) -> T.
+tries_on_loaded_host(Tries, Try) ->
+    Cpu0 = host_cpu(),
+    case Try() of
+        {{again, Why}, Result} when Tries > 1 ->
+            case retry_on_loaded_host(Cpu0, "~ts", [Why]) of
+                true -> tries_on_loaded_host(Tries - 1, Try);
+                false -> Result
+            end;
+        {_, Result} ->
+            Result
     end.
 
 %% @doc A try the host spoiled, by a measurement of the test's own (given
