@@ -194,7 +194,11 @@ equal_workers(Config) ->
 
 -spec dirty_cpu_gc_heaps(list()) -> term().
 dirty_cpu_gc_heaps(Config) ->
+    %% The dirty CPU scheduler threads as the kernel counts them, read by
+    %% the test around the diagnosis (for dirty_starved/3).
+    Dirty0 = beamdiag_test_lib:sched_stat(maps:get(os_pid, ?config(lab, Config)), dirty_cpu),
     D = #{findings := F} = diagnose(Config),
+    Dirty = beamdiag_test_lib:sched_wait_since(Dirty0),
     P = procs(D),
     Big = [E || E = #{memory := [_, M]} <- maps:get(heaps, P), M > 4000000],
     ct:pal("heaps over 4 MB: ~p", [[{maps:get(pid, E), maps:get(memory, E), maps:get(like, E)}
@@ -208,11 +212,11 @@ dirty_cpu_gc_heaps(Config) ->
                       end, Big)),
     %% The finding: made by the diagnosis, never built here. It needs the
     %% dirty CPU schedulers to collect; a host that starved them (they
-    %% waited for a CPU, from their threads' counters) is a skip with
-    %% those numbers.
+    %% waited for a CPU, by the test's own reading of their threads) is a
+    %% skip with those numbers.
     G = case [X || X = #{id := dirty_cpu_gc} <- F] of
             [X] -> X;
-            [] -> dirty_starved(D, F)
+            [] -> dirty_starved(Dirty, F)
         end,
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, G))),
     ct:pal("~ts", [Ev]),
@@ -220,29 +224,20 @@ dirty_cpu_gc_heaps(Config) ->
     ?assertMatch({_, _}, binary:match(Ev, maps:get(pid, hd(Big)))).
 
 %% dirty_cpu_gc was not named: a skip when the dirty CPU scheduler threads
-%% waited for a CPU a quarter of the window or more, a failure otherwise.
-dirty_starved(#{capture := #{samples := Samples}}, F) ->
-    Dirty = fun(S) -> maps:filter(fun(_, #{name := N}) -> is_dirty_cpu(N) end,
-                                  maps:get(threads, S)) end,
-    {S0, S1} = {hd(Samples), lists:last(Samples)},
-    {T0, T1} = {Dirty(S0), Dirty(S1)},
-    WallNs = erlang:convert_time_unit(maps:get(t, S1) - maps:get(t, S0), native, nanosecond),
-    Sum = fun(K) -> lists:sum([maps:get(K, T) - maps:get(K, maps:get(Tid, T0))
-                               || {Tid, T} <- maps:to_list(T1), maps:is_key(Tid, T0)]) end,
-    N = max(1, map_size(T1)),
-    Runq = Sum(wait_ns) / (WallNs * N),
-    OnCpu = Sum(run_ns) / (WallNs * N),
+%% waited for a CPU a quarter of the diagnosis's span or more (the test's
+%% own /proc reading, beamdiag_test_lib:sched_wait_since/1), a failure
+%% otherwise.
+dirty_starved(#{runq := Runq, on_cpu := OnCpu, threads := N, span_ms := Span}, F) ->
     case Runq >= 0.25 of
         true ->
             beamdiag_test_lib:starved(
               "dirty_cpu_gc not named (findings ~p): the ~b dirty CPU scheduler threads "
-              "waited for a CPU ~.3f of the window and ran ~.3f", [ids(F), N, Runq, OnCpu]);
+              "waited for a CPU ~.3f of ~b ms and ran ~.3f (read from /proc)",
+              [ids(F), N, Runq, Span, OnCpu]);
         false ->
-            ct:fail({dirty_cpu_gc_not_named, ids(F), #{runq => Runq, on_cpu => OnCpu}})
+            ct:fail({dirty_cpu_gc_not_named, ids(F), #{runq => Runq, on_cpu => OnCpu,
+                                                       threads => N, span_ms => Span}})
     end.
-
-is_dirty_cpu(Name) ->
-    re:run(Name, <<"^([0-9]+_dirty_cpu_sch|erts_dcpus_[0-9]+)">>) =/= nomatch.
 
 %% The walk on this node with a small walk limit: above it, before OTP 28,
 %% only registered processes are read; below it, every process.

@@ -23,7 +23,7 @@
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
 -export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1]).
--export([sched_stat/1, sched_wait_since/1]).
+-export([sched_stat/1, sched_stat/2, sched_wait_since/1]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %% How far into a scheduler's hold a timed call may begin, and on how many
@@ -773,7 +773,7 @@ raw_shares(#{samples := Samples, settings := Settings}) ->
             _ ->
                 {undefined, 0}
         end,
-    Scheds = fun(S) -> maps:filter(fun(_, #{name := Name}) -> is_scheduler(Name) end,
+    Scheds = fun(S) -> maps:filter(fun(_, #{name := Name}) -> is_scheduler(normal, Name) end,
                                    maps:get(threads, S)) end,
     T0s = Scheds(First),
     T1s = Scheds(Last),
@@ -884,9 +884,17 @@ atoms(X) -> X.
 %% beamdiag): per thread id, nanoseconds on a CPU and runnable waiting for
 %% one, with the time of the reading. For `sched_wait_since/1'.
 -spec sched_stat(string() | integer()) ->
-    #{pid := string() | integer(), t := integer(),
+    #{pid := string() | integer(), kind := normal | dirty_cpu, t := integer(),
       threads := #{binary() => {integer(), integer()}}}.
 sched_stat(OsPid) ->
+    sched_stat(OsPid, normal).
+
+%% @doc As `sched_stat/1', for the node's normal scheduler threads or its
+%% dirty CPU scheduler threads (`dirty_cpu').
+-spec sched_stat(string() | integer(), normal | dirty_cpu) ->
+    #{pid := string() | integer(), kind := normal | dirty_cpu, t := integer(),
+      threads := #{binary() => {integer(), integer()}}}.
+sched_stat(OsPid, Kind) ->
     Dir = lists:concat(["/proc/", OsPid, "/task"]),
     Tids = case file:list_dir(Dir) of
                {ok, L} -> L;
@@ -896,20 +904,21 @@ sched_stat(OsPid) ->
                 [{list_to_binary(Tid), {Run, Wait}}
                  || Tid <- Tids,
                     {ok, Comm} <- [file:read_file(filename:join([Dir, Tid, "comm"]))],
-                    is_scheduler(string:trim(Comm)),
+                    is_scheduler(Kind, string:trim(Comm)),
                     {ok, St} <- [file:read_file(filename:join([Dir, Tid, "schedstat"]))],
                     [Run, Wait | _] <- [[binary_to_integer(F)
                                          || F <- binary:split(St, [<<" ">>, <<"\n">>],
                                                               [global, trim_all])]]]),
-    #{pid => OsPid, t => erlang:monotonic_time(nanosecond), threads => Threads}.
+    #{pid => OsPid, kind => Kind, t => erlang:monotonic_time(nanosecond), threads => Threads}.
 
-%% @doc Since a `sched_stat/1' reading: the share of the normal
+%% @doc Since a `sched_stat/1,2' reading: the share of those
 %% scheduler threads' wall time they waited runnable for a CPU
 %% (`runq'), and on one (`on_cpu'), with the span in ms and the threads.
--spec sched_wait_since(#{pid := string() | integer(), t := integer(), threads := map()}) ->
+-spec sched_wait_since(#{pid := string() | integer(), kind := normal | dirty_cpu,
+                          t := integer(), threads := map()}) ->
     #{atom() => number()}.
-sched_wait_since(#{pid := OsPid, t := T0, threads := Th0}) ->
-    #{t := T1, threads := Th1} = sched_stat(OsPid),
+sched_wait_since(#{pid := OsPid, kind := Kind, t := T0, threads := Th0}) ->
+    #{t := T1, threads := Th1} = sched_stat(OsPid, Kind),
     Pairs = [{A, B} || {Tid, B} <- maps:to_list(Th1), {ok, A} <- [maps:find(Tid, Th0)]],
     Wall = max(1, (T1 - T0) * length(Pairs)),
     #{runq => lists:sum([W1 - W0 || {{_, W0}, {_, W1}} <- Pairs]) / Wall,
@@ -917,9 +926,13 @@ sched_wait_since(#{pid := OsPid, t := T0, threads := Th0}) ->
       span_ms => (T1 - T0) div 1000000, threads => length(Pairs)}.
 
 %% Normal scheduler threads: "1_scheduler" (OTP 25, 26), "erts_sched_1"
-%% (OTP 27 on).
-is_scheduler(Name) ->
-    re:run(Name, <<"^([0-9]+_scheduler|erts_sched_[0-9]+)$">>) =/= nomatch.
+%% (OTP 27 on); dirty CPU ones: "1_dirty_cpu_sch" (OTP 25, 26; the
+%% kernel keeps 15 characters of a name, so "10_dirty_cpu_sc"),
+%% "erts_dcpus_1" (OTP 27 on).
+is_scheduler(normal, Name) ->
+    re:run(Name, <<"^([0-9]+_scheduler|erts_sched_[0-9]+)$">>) =/= nomatch;
+is_scheduler(dirty_cpu, Name) ->
+    re:run(Name, <<"^([0-9]+_dirty_cpu_s|erts_dcpus_[0-9]+$)">>) =/= nomatch.
 
 %% @doc The host could not give the pathology its CPUs: the case is
 %% skipped (thrown, so it ends the case wherever it is called), with the
