@@ -1,13 +1,17 @@
 %%% EUnit tests of what names a process to a person, on processes of this
 %%% node: a registered proc_lib server (its proc_lib initial call, not
-%%% proc_lib's own), a plain process, one that did not answer, one gone,
-%%% beamdiag's own helpers (left out), and the count of processes like a
-%%% large heap.
+%%% proc_lib's own), processes spawned from a fun (named by the fun when
+%%% its frame is the stack's outermost, with who spawned them), one that
+%%% did not answer, one gone, beamdiag's own helpers (left out), and the
+%%% count of processes like a large heap.
 -module(beamdiag_agent_proc_identity_tests).
 
 -include_lib("eunit/include/eunit.hrl").
 
 -define(SCOPE, beamdiag_proc_identity_test_scope).
+-define(PARENT, beamdiag_proc_identity_test_parent).
+%% Frames below a fun: more than a stack read gives (64 at most).
+-define(FRAMES, 80).
 
 %% A pg scope is a gen_server: registered, started through proc_lib.
 server_test() ->
@@ -55,17 +59,69 @@ own_frame_test() ->
         exit(P, kill)
     end.
 
-%% A process spawned from a fun: no name, erlang:apply/2 as its initial
-%% call (the spawn's own).
-plain_test() ->
-    P = spawn(fun() -> receive stop -> ok end end),
+%% A process spawned from a fun and waiting in it: the runtime says
+%% erlang:apply/2 (spawn_call); the fun, its stack's one frame, names it,
+%% and its parent is this process, named from the registered names. (The
+%% funs are beamdiag_test_loops': a process running code of this module,
+%% beamdiag_agent*, would be taken for one of beamdiag's helpers.)
+fun_test() ->
+    true = register(?PARENT, self()),
+    P = beamdiag_test_loops:spawn_fun(),
     try
+        wait_until(fun() -> in_fun(P, "-spawn_fun/0-fun-") end),
+        Ids = beamdiag_agent_proc_identity:read([P], #{}),
+        [E] = beamdiag_agent_proc_identity:entries([P], fun info/1, #{},
+                                                   beamdiag_agent_proc_identity:names(), Ids),
+        ?assertMatch(#{name := null, initial_call := <<"a fun in beamdiag_test_loops:spawn_fun/0">>,
+                       spawn_call := <<"erlang:apply/2">>, monitored_by := 0,
+                       parent := #{name := <<"beamdiag_proc_identity_test_parent">>}}, E),
+        ?assertEqual(list_to_binary(pid_to_list(self())), maps:get(pid, maps:get(parent, E)))
+    after
+        unregister(?PARENT),
+        P ! stop
+    end.
+
+%% A fun that tail-called a named function left no frame of its own: the
+%% outermost frame is that function's, so no guess (erlang:apply/2); the
+%% parent, not registered, by its pid alone.
+tail_call_test() ->
+    P = beamdiag_test_loops:spawn_tail_call(),
+    try
+        wait_until(fun() -> erlang:process_info(P, current_function) =:=
+                                {current_function, {beamdiag_test_loops, sink, 0}} end),
         Ids = beamdiag_agent_proc_identity:read([P], #{}),
         [E] = beamdiag_agent_proc_identity:entries([P], fun info/1, #{}, #{}, Ids),
-        ?assertMatch(#{name := null, initial_call := <<"erlang:apply/2">>,
-                       spawn_call := <<"erlang:apply/2">>, monitored_by := 0}, E)
+        ?assertMatch(#{initial_call := <<"erlang:apply/2">>, spawn_call := <<"erlang:apply/2">>,
+                       parent := #{name := null}}, E),
+        ?assertEqual(list_to_binary(pid_to_list(self())), maps:get(pid, maps:get(parent, E)))
     after
-        P ! stop
+        exit(P, kill)
+    end.
+
+%% A stack as deep as the backtrace depth may have lost its outermost
+%% frames (the fun's among them): no guess. A few frames below the fun
+%% leave it named.
+full_stack_test() ->
+    Shallow = beamdiag_test_loops:spawn_frames(3),
+    Deep = beamdiag_test_loops:spawn_frames(?FRAMES),
+    try
+        wait_until(fun() -> waiting_in_frames(Shallow) andalso waiting_in_frames(Deep) end),
+        {current_stacktrace, St} = erlang:process_info(Deep, current_stacktrace),
+        {current_stacktrace, Whole} = erlang:process_info(Shallow, current_stacktrace),
+        %% Cut at the depth (64 at most on any release): the fun's frame
+        %% is gone from the deep one, the outermost of the shallow one.
+        ?assert(length(St) =< 64),
+        ?assertMatch({beamdiag_test_loops, F, 1, _} when F =:= frames_a; F =:= frames_b,
+                     lists:last(St)),
+        %% (Its arity counts the fun's free variable: N.)
+        ?assertMatch({beamdiag_test_loops, '-spawn_frames/1-fun-0-', 1, _}, lists:last(Whole)),
+        Ids = beamdiag_agent_proc_identity:read([Shallow, Deep], #{}),
+        [S, D] = beamdiag_agent_proc_identity:entries([Shallow, Deep], fun info/1, #{}, #{}, Ids),
+        ?assertEqual(<<"a fun in beamdiag_test_loops:spawn_frames/1">>, maps:get(initial_call, S)),
+        ?assertEqual(<<"erlang:apply/2">>, maps:get(initial_call, D))
+    after
+        Shallow ! stop,
+        Deep ! stop
     end.
 
 %% A process known not to answer is not asked: it gets what the runtime
@@ -79,7 +135,7 @@ unanswered_and_gone_test() ->
         Ids = beamdiag_agent_proc_identity:read([P, Gone], #{P => 350}),
         ?assertMatch([#{name := <<"held_one">>, answered := false, waited_ms := 350,
                         initial_call := <<"?">>, current := <<"?">>, status := <<"?">>,
-                        reductions := 42}],
+                        parent := null, reductions := 42}],
                      beamdiag_agent_proc_identity:entries([P, Gone], fun info/1, #{}, Names,
                                                           Ids))
     after
@@ -138,6 +194,22 @@ like_counts_test() ->
 
 info(_P) ->
     #{reductions => 42}.
+
+%% Whether P is in a fun of beamdiag_test_loops whose name begins with
+%% Prefix.
+in_fun(P, Prefix) ->
+    case erlang:process_info(P, current_function) of
+        {current_function, {beamdiag_test_loops, F, 0}} -> lists:prefix(Prefix, atom_to_list(F));
+        _ -> false
+    end.
+
+waiting_in_frames(P) ->
+    case erlang:process_info(P, [current_function, status]) of
+        [{current_function, {beamdiag_test_loops, F, 1}}, {status, waiting}] ->
+            F =:= frames_a orelse F =:= frames_b;
+        _ ->
+            false
+    end.
 
 monitors(P) ->
     {monitored_by, Ms} = erlang:process_info(P, monitored_by),

@@ -100,7 +100,31 @@ text_test_() ->
                                                 "grew; table Elixir.Shop.Cache, in "
                                                 "Elixir.Holdex.Store:handle_cast/2; Elixir.lower stays">>)),
      ?_assertEqual(<<"odd Elixir.Shop.Store:'x y' left whole">>,
-                   beamdiag_elixir_names:text(<<"odd Elixir.Shop.Store:'x y' left whole">>))].
+                   beamdiag_elixir_names:text(<<"odd Elixir.Shop.Store:'x y' left whole">>)),
+     %% The agent's name for a process spawned from a fun, and its spawner.
+     ?_assertEqual(<<"<0.645.0> (anonymous fn in Holdex.Worker.start/1, spawned by Holdex.Sup "
+                     "<0.600.0>); a fun in lists:foldl/3 stays">>,
+                   beamdiag_elixir_names:text(<<"<0.645.0> (a fun in Elixir.Holdex.Worker:start/1, "
+                                                "spawned by Elixir.Holdex.Sup <0.600.0>); "
+                                                "a fun in lists:foldl/3 stays">>))].
+
+%% A process spawned from a fun in an Elixir module, and its spawner
+%% registered under its module's name, in Elixir's words; an Erlang
+%% module's fun keeps Erlang's.
+spawned_from_fun_test() ->
+    E = #{pid => <<"<0.645.0>">>, name => null, initial_call => <<"a fun in Elixir.Holdex.Worker:start/1">>,
+          spawn_call => <<"erlang:apply/2">>, current => <<"Elixir.Enum:reduce_range/5">>,
+          parent => #{pid => <<"<0.600.0>">>, name => <<"Elixir.Holdex.Sup">>}},
+    D = #{capture => #{extras => #{procs => #{top_reductions => [E],
+                                              queues => [E#{initial_call := <<"a fun in holdex:go/0">>}]}}}},
+    #{capture := #{extras := #{procs := #{top_reductions := [P], queues := [Q]}}}} =
+        beamdiag_elixir_names:diagnosis(D#{findings => []}),
+    ?assertMatch(#{initial_call := <<"anonymous fn in Holdex.Worker.start/1">>,
+                   spawn_call := <<"erlang:apply/2">>, current := <<"Enum.reduce_range/5">>,
+                   parent := #{pid := <<"<0.600.0>">>, name := <<"Holdex.Sup">>}}, P),
+    ?assertEqual(<<"a fun in holdex:go/0">>, maps:get(initial_call, Q)),
+    ?assertEqual(<<"<0.645.0> (anonymous fn in Holdex.Worker.start/1, spawned by Holdex.Sup "
+                   "<0.600.0>)">>, iolist_to_binary(beamdiag_proc_rules:who(P))).
 
 %% A fix in Elixir's terms.
 fix_test_() ->

@@ -1,15 +1,22 @@
 %%% @doc What names a process to a person, for the processes a walk
 %%% reports, on the target (erts, kernel and stdlib only): registered name,
 %%% `proc_lib' initial call, process label, current function, the number
-%%% of monitors on it, its status, and for the largest heaps how many
-%%% processes share its initial call.
+%%% of monitors on it, its status, the process that spawned it (`parent',
+%%% OTP 25 and later: its pid, and its name from the runtime's table), and
+%%% for the largest heaps how many processes share its initial call.
 %%%
 %%% The `proc_lib' initial call comes from the process dictionary's
 %%% `$initial_call' key, read alone where the emulator allows (OTP 26.2 and
 %%% later), otherwise from the whole dictionary of the proc_lib processes
 %%% only; the label (`proc_lib:set_label/1', OTP 27 and later) from
-%%% `$process_label' the same way. Callers of `gen:call' monitor the server
-%%% while they wait, so `monitored_by' counts them. All reads go through
+%%% `$process_label' the same way. A process spawned from a fun has
+%%% `erlang:apply/2' as its initial call, which says nothing: when its
+%%% stack is whole (fewer frames than the VM's backtrace depth keeps) and
+%%% its outermost frame is a fun's, that fun names it (`a fun in
+%%% mod:start/1'); a fun that tail-called a named function left no frame,
+%%% and a stack cut at the depth may have lost it: no guess then. Callers
+%%% of `gen:call' monitor the server while they wait, so `monitored_by'
+%%% counts them. All reads go through
 %%% beamdiag_agent_pinfo, in one guarded read: a process that does not
 %%% answer gets what the runtime knows without it (`answered => false').
 %%% beamdiag's own helpers on the target (running code of beamdiag_agent*
@@ -34,13 +41,15 @@
 -export_type([identities/0]).
 
 %% What read/2 found: the answers by pid, the proc_lib processes'
-%% dictionaries (before OTP 26.2), and the pids that did not answer (ms
-%% waited).
+%% dictionaries (before OTP 26.2), the pids that did not answer (ms
+%% waited), the system modules and the frames a stack read gives at most.
 -type identities() :: {#{pid() => list()}, #{pid() => list()}, #{pid() => non_neg_integer()},
-                       #{module() => true}}.
+                       #{module() => true}, non_neg_integer()}.
 
+%% `parent' is an item from OTP 25 (erts 13) on: every release the agent
+%% runs on knows it.
 -define(IDENTITY, [registered_name, initial_call, current_function, monitored_by, status,
-                   current_stacktrace]).
+                   current_stacktrace, parent]).
 %% The applications of OTP and of Elixir: their modules are not the
 %% user's own code (beside erts's, the preloaded ones).
 -define(SYSTEM_APPS, [kernel, stdlib, sasl, compiler, crypto, ssl, public_key, inets, asn1,
@@ -53,6 +62,10 @@
 -define(STACK_TRIES, 5).
 %% Dictionary reads when counting the processes like a large one.
 -define(LIKE_READS, 2000).
+%% Frames of this process's own stack below which backtrace_depth/0 reads
+%% it: more than the VM keeps (system_flag(backtrace_depth, N) holds N at
+%% 64 at most on OTP 25 to 29).
+-define(DEPTH_PROBE, 100).
 
 %%%===================================================================
 %%% API
@@ -76,25 +89,26 @@ read(Pids, Known) ->
                                      <- maps:to_list(Read)],
                       element(1, beamdiag_agent_pinfo:read(Pl, [dictionary], #{}))
               end,
-    %% The system modules only when some process answered (owners and
-    %% spawners are often none).
-    System = case map_size(Read) of
-                 0 -> #{};
-                 _ -> system_modules()
-             end,
-    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled)), System}.
+    %% The system modules and the depth only when some process answered
+    %% (owners and spawners are often none).
+    {System, Depth} = case map_size(Read) of
+                          0 -> {#{}, 0};
+                          _ -> {system_modules(), backtrace_depth()}
+                      end,
+    {Read, PlDicts, maps:merge(Known, maps:from_list(Stalled)), System, Depth}.
 
 %% @doc The report's entries of Pids, in order: Info(P) gives an entry's
 %% figures, Like the counts of processes by initial call (text), Names the
 %% registered names by pid (`names/0'). A process that did not answer gets
 %% what the runtime knows without it (`answered => false'); one gone since,
-%% or one of beamdiag's own helpers, is left out.
+%% or one of beamdiag's own helpers, is left out. Names also names each
+%% one's `parent' (no process is asked).
 -spec entries([pid()], fun((pid()) -> map()), #{binary() => pos_integer()}, #{pid() => atom()},
               identities()) -> [map()].
-entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled, System}) ->
+entries(Pids, Info, Like, Names, {Read, PlDicts, Stalled, System, Depth}) ->
     lists:append([case maps:find(P, Read) of
                       {ok, Items1} -> identify(P, Info(P), Like, Items1, maps:get(P, PlDicts, none),
-                                              System);
+                                              {System, Depth, Names});
                       error ->
                           case maps:find(P, Stalled) of
                               {ok, W} -> [unanswered(P, Info(P), Names, W)];
@@ -158,7 +172,7 @@ like_counts(_, _, _, _) ->
 unanswered(P, Nums, Names, Waited) ->
     Nums#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
           initial_call => <<"?">>, spawn_call => <<"?">>, label => null, current => <<"?">>,
-          monitored_by => 0, status => <<"?">>, like => null, answered => false,
+          monitored_by => 0, status => <<"?">>, like => null, parent => null, answered => false,
           waited_ms => Waited}.
 
 %% A running process's current function and stack, asked in one read, do
@@ -202,20 +216,22 @@ stack_agrees(Items) ->
     end.
 
 %% Running code of beamdiag_agent* modules: one of beamdiag's helpers,
-%% left out as the agent itself is.
-identify(P, Nums, Like, Items, PlDict, System) ->
+%% left out as the agent itself is. Ctx: the system modules, the stack
+%% depth, the registered names.
+identify(P, Nums, Like, Items, PlDict, Ctx) ->
     case Items of
         [_, _, {_, {M, _, _}} | _] when is_atom(M) ->
             case lists:prefix("beamdiag_agent", atom_to_list(M)) of
                 true -> [];
-                false -> identified(P, Nums, Like, Items, PlDict, System)
+                false -> identified(P, Nums, Like, Items, PlDict, Ctx)
             end;
         _ ->
-            identified(P, Nums, Like, Items, PlDict, System)
+            identified(P, Nums, Like, Items, PlDict, Ctx)
     end.
 
-identified(P, Nums, Like, Items, PlDict, System) ->
-    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}, {_, Stack} | DictItems] = Items,
+identified(P, Nums, Like, Items, PlDict, {System, Depth, Names}) ->
+    [{_, Name}, {_, Init}, {_, Cur}, {_, Mons}, {_, Status}, {_, Stack}, {_, Parent} | DictItems] =
+        Items,
     {IcVal, LabelVal} = case DictItems of
                             [{_, I}, {_, L}] -> {I, L};
                             [] ->
@@ -233,14 +249,68 @@ identified(P, Nums, Like, Items, PlDict, System) ->
     [maps:merge(Nums#{
         pid => list_to_binary(pid_to_list(P)),
         name => name(Name),
-        initial_call => mfa(Ic),
+        initial_call => case Ic of
+                            {erlang, apply, 2} -> spawned_fun(Stack, Depth);
+                            _ -> mfa(Ic)
+                        end,
         spawn_call => mfa(Init),
         label => label(LabelVal),
         current => mfa(Cur),
         monitored_by => length(Mons),
         status => atom_to_binary(Status, utf8),
-        like => maps:get(mfa(Ic), Like, null)
+        like => maps:get(mfa(Ic), Like, null),
+        parent => parent(Parent, Names)
     }, own(Cur, Stack, System))].
+
+%% What a process spawned from a fun runs: the fun it was spawned with,
+%% read from the outermost frame of its stack (`a fun in mod:start/1').
+%% That frame is the fun's only while the fun has not returned nor
+%% tail-called a named function (then the outermost frame is that
+%% function's: no guess), and only on a whole stack: a read gives the
+%% backtrace depth's frames at most, the innermost (the runtime folds a
+%% run of one frame into one, so deep recursion does not fill it), and a
+%% stack cut there may have lost the fun's frame. Else erlang:apply/2, as
+%% the runtime says.
+spawned_fun(Stack, Depth) when is_list(Stack), Stack =/= [], length(Stack) < Depth ->
+    {M, F, _, _} = lists:last(Stack),
+    %% A fun of Outer/Arity is the function '-Outer/Arity-fun-K-'.
+    case re:run(atom_to_binary(F, utf8), "^-(.+)/([0-9]+)-fun-[0-9]+-$",
+                [unicode, {capture, all_but_first, binary}]) of
+        {match, [Outer, Arity]} ->
+            iolist_to_binary(["a fun in ", atom_to_binary(M, utf8), $:, Outer, $/, Arity]);
+        nomatch ->
+            mfa({erlang, apply, 2})
+    end;
+spawned_fun(_Stack, _Depth) ->
+    mfa({erlang, apply, 2}).
+
+%% The spawner: its pid and registered name (the runtime's table, read
+%% once for the report: no process is asked). The runtime says
+%% `undefined' for init, the one process with no parent.
+parent(P, Names) when is_pid(P) ->
+    #{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, []))};
+parent(_, _) ->
+    null.
+
+%% Frames a stack read gives at most: the VM's backtrace depth (8 unless
+%% set with erlang:system_flag(backtrace_depth, N)). No call reads it
+%% without setting it (system_info has no such item on OTP 25 to 29), so
+%% it is measured: this process's own stack, read ?DEPTH_PROBE frames
+%% down, two functions in turn (the runtime folds a run of one frame into
+%% one), gives the depth's frames. Measured once a read/2.
+backtrace_depth() ->
+    depth_a(?DEPTH_PROBE) - ?DEPTH_PROBE.
+
+%% Each level adds one to the result, so neither call is a tail call.
+depth_a(0) -> stack_frames();
+depth_a(N) -> 1 + depth_b(N - 1).
+
+depth_b(0) -> stack_frames();
+depth_b(N) -> 1 + depth_a(N - 1).
+
+stack_frames() ->
+    {current_stacktrace, S} = erlang:process_info(self(), current_stacktrace),
+    length(S).
 
 %% The innermost frame of the user's own code below the current function
 %% (`own', with its file and line as `own_at'), when the current function

@@ -83,8 +83,9 @@
 %% One process in a report: its figures over the window (the start's
 %% value `null' when the start walk did not read it) and its identity
 %% (`answered => false' and `waited_ms' for one that did not answer;
-%% `spawn_call', `label' and `like' are absent from a snapshot's entries
-%% for the watched processes that did not answer the start walk).
+%% `spawn_call', `label', `like' and `parent' are absent from a
+%% snapshot's entries for the watched processes that did not answer the
+%% start walk).
 %% `current' is always set here but left optional: readers allow for
 %% entries without it (beamdiag_format_procs' where/1).
 -type entry() :: #{
@@ -104,6 +105,9 @@
     spawn_call => binary() | null,
     label => binary() | null,
     like => pos_integer() | null,
+    %% The process that spawned it, named from the registered names
+    %% (null for init, and for one that did not answer).
+    parent => #{pid := binary(), name := binary() | null} | null,
     %% The innermost frame of the user's code below a current function
     %% that is not theirs, and its file and line
     %% (beamdiag_agent_proc_identity).

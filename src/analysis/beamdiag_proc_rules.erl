@@ -26,8 +26,8 @@
 %%% '''
 -module(beamdiag_proc_rules).
 
--export([findings/3, named/1, annotate/3, who/1, where/1, who_where/1, duration/1,
-         largest_at_end/2]).
+-export([findings/3, named/1, annotate/3, who/1, spawned_by/1, where/1, who_where/1,
+         duration/1, largest_at_end/2]).
 
 %%%===================================================================
 %%% API
@@ -86,7 +86,8 @@ annotate(Findings, _, _) ->
     Findings.
 
 %% @doc How a process is named to a person: registered name or label, then
-%% its initial call, then its pid.
+%% its pid and initial call, and who spawned it when neither names it
+%% (`spawned_by/1'): "NAME <PID> (INITIAL CALL, spawned by NAME <PID>)".
 -spec who(beamdiag_agent_processes:entry()) -> iolist().
 %% @doc Where a process was: its current function and, when that is not
 %% the user's code, the innermost frame of theirs that led there
@@ -123,8 +124,30 @@ who(E = #{pid := Pid}) ->
     case maps:get(initial_call, E, <<"?">>) of
         %% Not read (it did not answer): nothing to say.
         Unknown when Unknown =:= <<"?">>; Unknown =:= null -> [Name, Pid];
-        Ic -> [Name, Pid, " (", Ic, ")"]
+        Ic -> [Name, Pid, " (", Ic, case spawned_by(E) of
+                                        [] -> [];
+                                        By -> [", ", By]
+                                    end, ")"]
     end.
+
+%% @doc Who spawned a process that nothing else names: one with no name
+%% nor label spawned from a fun (`spawn_call' erlang:apply/2, whose
+%% initial call is the fun at best), "spawned by NAME <PID>"; else
+%% nothing. A named process or a proc_lib one says what it is already.
+-spec spawned_by(map()) -> iolist().
+spawned_by(E = #{parent := #{pid := P} = Parent, spawn_call := <<"erlang:apply/2">>})
+  when is_binary(P) ->
+    case {maps:get(name, E, null), maps:get(label, E, null)} of
+        {null, null} ->
+            ["spawned by ", case maps:get(name, Parent, null) of
+                                N when is_binary(N) -> [N, " "];
+                                _ -> []
+                            end, P];
+        _ ->
+            []
+    end;
+spawned_by(_) ->
+    [].
 
 %%%===================================================================
 %%% Internal

@@ -1,7 +1,10 @@
 %%% @doc Names of Elixir code as Elixir prints them in stack traces, for a
 %%% report on a node that runs Elixir: `'Elixir.Shop.Pricing':'-total/1-fun-0-'/2'
 %%% reads `anonymous fn/2 in Shop.Pricing.total/1', `'Elixir.Enum':reduce/3'
-%%% reads `Enum.reduce/3' (the rules of Elixir's `Exception.format_mfa/3').
+%%% reads `Enum.reduce/3' (the rules of Elixir's `Exception.format_mfa/3'),
+%%% and the agent's name for what a process spawned from a fun runs, `a fun
+%%% in Elixir.Shop.Worker:start/1', reads `anonymous fn in
+%%% Shop.Worker.start/1'.
 %%% Names of Erlang modules stay as they are. And on a node that runs
 %%% Elixir, the Erlang terms of a fix in Elixir's (`gen_server:call' is
 %%% `GenServer.call', `{write_concurrency, true}' is
@@ -43,6 +46,10 @@
         "(\\$)?(?:'(Elixir\\.(?:[^'\\\\]|\\\\.)*)'|(Elixir\\.[A-Za-z0-9_.]+)):"
         "(?:'((?:[^'\\\\]|\\\\.)*)'|([^\\s,;()\\[\\]{}'\"]+))/([0-9]+)").
 
+%% The agent's `a fun in' before an Elixir function's name
+%% (beamdiag_agent_proc_identity: a process spawned from a fun).
+-define(FUN_IN_TEXT, "(?<![A-Za-z0-9_])a fun in (?='?Elixir\\.)").
+
 %% A module's name inside free text, not part of a longer word nor of a
 %% call: Elixir. and its alias (each part capitalised; possessive, so
 %% that a name followed by a colon is left whole, not in part).
@@ -83,9 +90,10 @@ mfa(Name) when is_binary(Name) ->
             Name
     end.
 
-%% @doc Every Elixir function name inside a text, the Elixir way, then
-%% every module name left (a process registered under its module's name,
-%% `Elixir.Shop.Store', reads `Shop.Store').
+%% @doc Every Elixir function name inside a text, the Elixir way (`a fun
+%% in' one, the agent's words for a process's fun, as `anonymous fn in'),
+%% then every module name left (a process registered under its module's
+%% name, `Elixir.Shop.Store', reads `Shop.Store').
 -spec text(unicode:chardata()) -> binary().
 text(Text) ->
     Bin = unicode:characters_to_binary(Text),
@@ -93,9 +101,11 @@ text(Text) ->
         nomatch ->
             Bin;
         _ ->
-            Calls = case re:run(Bin, ?IN_TEXT, [global, unicode, {capture, all, index}]) of
-                        {match, Ms} -> replace(Bin, Ms, 0, []);
-                        nomatch -> Bin
+            Funs = re:replace(Bin, ?FUN_IN_TEXT, "anonymous fn in ",
+                              [global, unicode, {return, binary}]),
+            Calls = case re:run(Funs, ?IN_TEXT, [global, unicode, {capture, all, index}]) of
+                        {match, Ms} -> replace(Funs, Ms, 0, []);
+                        nomatch -> Funs
                     end,
             re:replace(Calls, ?MODULE_IN_TEXT, "\\1", [global, unicode, {return, binary}])
     end.
@@ -187,25 +197,25 @@ procs(P) ->
                      V
              end, P).
 
-%% A group of newborn processes: what they run, and who spawned them.
-group(G) when is_map(G) ->
-    G1 = process(G),
-    case G1 of
-        #{parent := Parent} when is_map(Parent) -> G1#{parent := process(Parent)};
-        _ -> G1
-    end;
+%% A group of newborn processes: what they run, and who spawned them (an
+%% entry, its `parent' as process/1 reads any).
 group(G) ->
-    G.
+    process(G).
 
-%% A process entry: its functions, and a registered name that is an
-%% Elixir module's (a GenServer named after its module), the Elixir way.
+%% A process entry: its functions, a registered name that is an Elixir
+%% module's (a GenServer named after its module), and its spawner's, the
+%% Elixir way.
 process(E) when is_map(E) ->
-    maps:map(fun(K, V) when is_binary(V), (K =:= initial_call orelse K =:= spawn_call
+    maps:map(fun(initial_call, <<"a fun in ", _/binary>> = V) ->
+                     text(V);
+                (K, V) when is_binary(V), (K =:= initial_call orelse K =:= spawn_call
                                           orelse K =:= current orelse K =:= in
                                           orelse K =:= out orelse K =:= own) ->
                      mfa(V);
                 (name, <<"Elixir.", _/binary>> = V) ->
                      iolist_to_binary(module(V));
+                (parent, V) when is_map(V) ->
+                     process(V);
                 (_, V) ->
                      V
              end, E);

@@ -145,8 +145,9 @@ queues(Qs) ->
             "  mailboxes: none with messages at the end\n";
         Rows ->
             ["  mailboxes (messages at start -> end)\n",
-             [io_lib:format("  ~12ts -> ~-9ts  ~ts~ts~n",
-                            [qstart(Q0), beamdiag_units:count(Q1), who(E, 52), queue_memory(E)])
+             [[io_lib:format("  ~12ts -> ~-9ts  ~ts~ts~n",
+                             [qstart(Q0), beamdiag_units:count(Q1), who(E, 52), queue_memory(E)]),
+               spawner(E)]
               || E = #{queue := [Q0, Q1]} <- lists:sublist(Rows, ?ROWS)]]
     end.
 
@@ -167,9 +168,10 @@ heaps([]) ->
     "";
 heaps(Hs) ->
     ["  heaps (memory at the end, change over the window)\n",
-     [io_lib:format("  ~12ts ~10ts  ~ts~ts~ts~n",
-                    [[tilde(E), beamdiag_units:bytes(M1)], growth(M0, M1, E), who_short(E),
-                     like(E), estimated(E)])
+     [[io_lib:format("  ~12ts ~10ts  ~ts~ts~ts~n",
+                     [[tilde(E), beamdiag_units:bytes(M1)], growth(M0, M1, E), who_short(E),
+                      like(E), estimated(E)]),
+       spawner(E)]
       || E = #{memory := [M0, M1]} <- lists:sublist(Hs, ?ROWS), is_integer(M1)]].
 
 growth(M0, M1, _) when is_integer(M0) ->
@@ -183,13 +185,14 @@ growth(_, _, _) ->
 like(#{like := N}) when is_integer(N), N > 1 -> io_lib:format(", ~b like it", [N]);
 like(_) -> "".
 
-%% Where it was at the end, under the process's line.
+%% Where it was at the end, and who spawned it, under the process's line.
 where(E = #{current := C, monitored_by := M}) when M > 0 ->
-    [io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_safe_text:safe(C, 40), M]), own(E)];
+    [io_lib:format("~24sin ~ts, ~b monitors~n", ["", beamdiag_safe_text:safe(C, 40), M]), own(E),
+     spawner(E)];
 where(E = #{current := C}) ->
-    [io_lib:format("~24sin ~ts~n", ["", beamdiag_safe_text:safe(C, 50)]), own(E)];
-where(_) ->
-    "".
+    [io_lib:format("~24sin ~ts~n", ["", beamdiag_safe_text:safe(C, 50)]), own(E), spawner(E)];
+where(E) ->
+    spawner(E).
 
 %% The innermost frame of the user's code that led there, when the
 %% current function is not theirs.
@@ -202,6 +205,13 @@ own(#{own := Own} = E) when is_binary(Own) ->
 own(_) ->
     "".
 
+%% Who spawned a process that nothing else names (beamdiag_proc_rules).
+spawner(E) ->
+    case beamdiag_proc_rules:spawned_by(E) of
+        [] -> "";
+        By -> io_lib:format("~24s~ts~n", ["", beamdiag_safe_text:safe(iolist_to_binary(By), 56)])
+    end.
+
 who_short(E = #{pid := Pid}) ->
     case {maps:get(name, E, null), maps:get(label, E, null)} of
         {N, _} when is_binary(N) -> beamdiag_safe_text:safe(N, 24);
@@ -209,8 +219,10 @@ who_short(E = #{pid := Pid}) ->
         _ -> [beamdiag_safe_text:safe(Pid, 16), " ", beamdiag_safe_text:safe(maps:get(initial_call, E, <<>>), 60)]
     end.
 
+%% The spawner has a line of its own under the process (where/1): the
+%% column is too narrow for both.
 who(E, Max) ->
-    beamdiag_safe_text:safe(beamdiag_proc_rules:who(E), Max).
+    beamdiag_safe_text:safe(beamdiag_proc_rules:who(maps:remove(parent, E)), Max).
 
 qstart(null) -> "new";
 qstart(N) -> beamdiag_units:count(N).
