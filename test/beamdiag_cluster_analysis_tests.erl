@@ -195,3 +195,64 @@ host_evidence_test() ->
     ?assertEqual(<<"its 3 members used 0.42 CPUs in all over the window">>, L3),
     ?assertMatch({match, _}, re:run(L4, "0.35 CPU-seconds")),
     ?assertEqual(3, length(beamdiag_cluster_evidence:host_evidence(H#{session => null}))).
+
+%% This host between two /proc readings: the busy share of its CPU time,
+%% the busy CPUs, the load at the end and the span; readings that cannot
+%% be set against each other give undefined.
+host_load_test() ->
+    Ticks = beamdiag_agent_procfs:clock_ticks(),
+    H0 = #{cpu => #{user => 1000, nice => 0, system => 0, idle => 1000, iowait => 0, irq => 0,
+                    softirq => 0, steal => 0}, ncpu => 2},
+    H1 = #{cpu => #{user => 1000 + 9 * Ticks, nice => 0, system => Ticks, idle => 1000,
+                    iowait => 0, irq => 0, softirq => 0, steal => 0},
+           ncpu => 2, loadavg => {84.5, 40.0, 10.0}},
+    L = beamdiag_cluster_analysis:host_load(H0, H1),
+    ?assertMatch(#{ncpu := 2, load1 := 84.5}, L),
+    ?assert(abs(maps:get(busy, L) - 1.0) < 1.0e-9),
+    ?assert(abs(maps:get(cpus, L) - 2.0) < 1.0e-9),
+    ?assert(abs(maps:get(span_s, L) - 5.0) < 1.0e-9),
+    ?assertEqual(undefined, beamdiag_cluster_analysis:host_load(H1, H1)),
+    ?assertEqual(undefined, beamdiag_cluster_analysis:host_load(#{}, H1)).
+
+%% The members on this host that did not answer, said once when the host
+%% was saturated (90% busy, or a load twice its CPUs), and two of them at
+%% least; members elsewhere and a host with CPU to spare give null.
+saturated_host_test() ->
+    Busy = #{ncpu => 2, busy => 0.97, cpus => 1.94, load1 => 3.0, span_s => 5.5},
+    Loaded = Busy#{busy => 0.5, cpus => 1.0, load1 => 60.0},
+    Quiet = Busy#{busy => 0.5, cpus => 1.0, load1 => 1.0},
+    Here = [list_to_atom("m" ++ integer_to_list(I) ++ "@vm") || I <- lists:seq(1, 200)],
+    S = beamdiag_cluster_analysis:saturated_host(['x@elsewhere' | Here], Busy, "vm.example"),
+    ?assertMatch(#{members := 200, ncpu := 2, busy := 0.97, nodes := [_, _, _, _, _]}, S),
+    ?assertMatch(#{members := 200}, beamdiag_cluster_analysis:saturated_host(Here, Loaded, "vm")),
+    ?assertEqual(null, beamdiag_cluster_analysis:saturated_host(Here, Quiet, "vm")),
+    ?assertEqual(null, beamdiag_cluster_analysis:saturated_host(['m1@vm'], Busy, "vm")),
+    ?assertEqual(null, beamdiag_cluster_analysis:saturated_host(['a@h2', 'b@h2'], Busy, "vm")),
+    ?assertEqual(null, beamdiag_cluster_analysis:saturated_host(Here, undefined, "vm")).
+
+%% The text: the saturated host said once, and members with the same
+%% reason in one line, not one line each.
+saturated_text_test() ->
+    Msg = <<"its agent sent nothing usable within 5.5 s of the window's end; it was told to stop">>,
+    Errs = [#{node => iolist_to_binary(["m", integer_to_list(I), "@vm"]), message => Msg}
+            || I <- lists:seq(1, 200)] ++ [#{node => <<"z@vm">>, message => <<"refused">>}],
+    A = beamdiag_cluster_analysis:analyse([result(I, host(?BOOT, <<"vm">>), #{}, [])
+                                           || I <- lists:seq(201, 203)]),
+    C = A#{schema => <<"beamdiag.cluster/2">>, seed => null, source => list,
+          members => [N || #{node := N} <- Errs], window_s => 5.0,
+          windows => #{first_start_ms => 0, start_spread_s => 0.0, overlap_s => 0.0},
+          errors => Errs,
+          saturated_host => #{members => 200, ncpu => 2, busy => 0.99, cpus => 1.98,
+                              load1 => 84.5, span_s => 10.5,
+                              nodes => [<<"m1@vm">>, <<"m10@vm">>]}},
+    Text = beamdiag_format_text:cluster(C, #{}),
+    ?assertMatch({match, _}, re:run(Text, "THIS HOST WAS SATURATED\n  200 members on this host")),
+    ?assertMatch({match, _}, re:run(Text, "99.0% busy \\(1.98 CPUs, load average 84.5\\)")),
+    ?assertMatch({match, _}, re:run(Text, "NOT DIAGNOSED \\(201\\)\n  200 members \\(m1@vm, m2@vm, "
+                                          "m3@vm, ...\\): its agent sent nothing usable")),
+    ?assertMatch({match, _}, re:run(Text, "\n  z@vm: refused\n")),
+    ?assertEqual(1, length(binary:matches(Text, <<"sent nothing usable">>))),
+    ?assertEqual([], [L || L <- binary:split(Text, <<"\n">>, [global]), string:length(L) > 80]),
+    Html = iolist_to_binary(beamdiag_format_html:cluster(C)),
+    ?assertMatch({_, _}, binary:match(Html, <<"This host was saturated:</strong> 200 members">>)),
+    ?assertEqual(null, maps:get(saturated_host, C#{saturated_host => null})).

@@ -41,13 +41,14 @@
 %%% '''
 -module(beamdiag_cluster_analysis).
 
--export([analyse/2, summary_row/1]).
+-export([analyse/2, summary_row/1, host_load/2, saturated_host/3]).
 
 -ifdef(TEST).
 -export([analyse/1, hosts/1, own_outliers/3]).
 -endif.
 
--export_type([host/0, summary_row/0, analysis/0, here/0, cluster/0, member_result/0]).
+-export_type([host/0, summary_row/0, analysis/0, here/0, cluster/0, member_result/0,
+              host_load/0]).
 
 %% A cluster's report, as beamdiag_cluster:diagnose/2 gives it.
 %% What one member gave: its summary row and its findings in full.
@@ -68,6 +69,9 @@
     outliers := [map()],
     rest := map(),
     errors := [map()],
+    %% The members on this host that did not answer while it was
+    %% saturated (saturated_host/3), said once.
+    saturated_host => map() | null,
     findings := #{binary() => [beamdiag_finding:finding()]},
     hosts := [map()]
 }.
@@ -108,6 +112,11 @@
 }.
 %% This session's host and the CPU time its own process used (analyse/2).
 -type here() :: #{boot_id => binary(), cpu_s => number()}.
+%% This session's host over the members' windows (host_load/2): its CPUs,
+%% the share of their time busy, the busy CPUs, the load average at the
+%% end (1 min) and the span read.
+-type host_load() :: #{ncpu := pos_integer(), busy := float(), cpus := float(),
+                       load1 := float() | null, span_s := float()}.
 %% The cluster's analysis (analyse/2): every member's row, each figure's
 %% spread, the outliers, the rest's shared findings and spread, the hosts.
 -type analysis() :: #{
@@ -274,6 +283,57 @@ host_finding(H = #{members := Ms, lifted := Lifted, cpus_used := Used}) ->
                                        beamdiag_finding:figure(worst_runq_share, Share, share),
                                        beamdiag_finding:figure(members_cpus, Used, cpus,
                                                                #{scope => host})] ++ Busy}).
+
+%% @doc This session's host between two readings of its /proc/stat and
+%% /proc/loadavg (`beamdiag_agent_procfs:host/1'): `undefined' when the
+%% two readings cannot be set against each other.
+-spec host_load(beamdiag_agent_procfs:host(), beamdiag_agent_procfs:host()) ->
+    host_load() | undefined.
+host_load(#{cpu := C0}, H1 = #{cpu := C1, ncpu := N}) ->
+    All = fun(C) -> lists:sum(maps:values(C)) end,
+    case All(C1) - All(C0) of
+        D when D > 0 ->
+            Busy = min(1.0, max(0.0, (beamdiag_agent_host:busy(C1) - beamdiag_agent_host:busy(C0)) / D)),
+            #{ncpu => N, busy => Busy, cpus => Busy * N,
+              load1 => case maps:find(loadavg, H1) of
+                           {ok, {L1, _, _}} -> L1;
+                           error -> null
+                       end,
+              %% /proc/stat counts clock ticks summed over the CPUs.
+              span_s => D / N / beamdiag_agent_procfs:clock_ticks()};
+        _ ->
+            undefined
+    end;
+host_load(_, _) ->
+    undefined.
+
+%% @doc The members that did not answer in time and run on this session's
+%% host (their node names' host part is this host's name), when that host
+%% was saturated over their windows: its CPUs 90% busy or more, or a load
+%% average twice its CPUs or more, and two such members or more. Said
+%% once for the host, with its figures, instead of once per member.
+%% Unanswered: the members whose agent or connection did not answer in
+%% time; HostName: this host's name (`inet:gethostname/0').
+-spec saturated_host([node()], host_load() | undefined, string()) -> map() | null.
+saturated_host(Unanswered, Load = #{ncpu := N, busy := Busy, load1 := L1}, HostName) ->
+    Short = hd(string:split(HostName, ".")),
+    Here = [M || M <- Unanswered, on_host(M, Short)],
+    Saturated = Busy >= 0.9 orelse (is_float(L1) andalso L1 >= 2 * N),
+    case Saturated andalso length(Here) >= 2 of
+        true ->
+            Load#{members => length(Here),
+                  nodes => [atom_to_binary(M) || M <- lists:sublist(lists:sort(Here), 5)]};
+        false ->
+            null
+    end;
+saturated_host(_Unanswered, undefined, _HostName) ->
+    null.
+
+on_host(Node, Short) ->
+    case string:split(atom_to_list(Node), "@") of
+        [_, Host] -> lists:member(hd(string:split(Host, ".")), [Short, "localhost", "127", "::1"]);
+        _ -> false
+    end.
 
 %% @doc The summary figures of one diagnosis: the node's CPUs, the normal
 %% schedulers' shares of wall time, reductions per second, findings, and

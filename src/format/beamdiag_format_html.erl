@@ -105,7 +105,8 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}) -
         {"errors", "Not diagnosed",
          case Errs of
              [] -> "<p class=\"none\">Every member answered.</p>\n";
-             _ -> ["<table><thead><tr><th>node</th><th>why</th></tr></thead><tbody>\n",
+             _ -> [saturated_host(maps:get(saturated_host, C, null)),
+                   "<table><thead><tr><th>node</th><th>why</th></tr></thead><tbody>\n",
                    [["<tr><td>", cell_text(N, 200), "</td><td>", esc(M), "</td></tr>\n"]
                     || #{node := N, message := M} <- Errs],
                    "</tbody></table>\n"]
@@ -523,3 +524,13 @@ start_text(_) -> "?".
 
 now_text() ->
     calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]).
+
+%% This host saturated while members on it did not answer (see
+%% beamdiag_cluster_analysis:saturated_host/3): said once, above the table.
+saturated_host(null) ->
+    "";
+saturated_host(#{members := M, ncpu := N, busy := B, cpus := Cpus}) ->
+    ["<p class=\"warning\"><strong>This host was saturated:</strong> ", integer_to_list(M),
+     " members on it did not answer in time while its ", integer_to_list(N), " CPUs were ",
+     esc(beamdiag_units:pct(B)), " busy (", esc(io_lib:format("~.2f", [float(Cpus)])),
+     " CPUs). What the table says of them is this host's doing.</p>\n"].

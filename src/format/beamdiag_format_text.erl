@@ -416,6 +416,7 @@ cluster(C = #{members := Ms, nodes := Nodes, outliers := Out, errors := Errs}, O
         "\n",
         cluster_hosts(maps:get(hosts, C, [])),
         cluster_rest(C),
+        cluster_saturated(maps:get(saturated_host, C, null)),
         cluster_errors(Errs),
         case maps:get(all, Opts, false) of
             true -> ["\n", cluster_rows(Nodes)];
@@ -576,16 +577,53 @@ cluster_timing(#{connect_ms := #{median := CM, max := CX}, load_ms := #{median :
 cluster_timing(_) ->
     "".
 
+%% This host saturated while members on it did not answer: said once,
+%% with the host's figures, before the members not diagnosed.
+cluster_saturated(null) ->
+    "";
+cluster_saturated(#{members := M, ncpu := N, busy := B, cpus := Cpus, load1 := L1,
+                    span_s := Span, nodes := Nodes}) ->
+    Load = case L1 of
+               null -> "";
+               _ -> io_lib:format(", load average ~.1f", [float(L1)])
+           end,
+    ["\nTHIS HOST WAS SATURATED\n",
+     block(io_lib:format("~b members on this host did not answer in time (~ts~ts) while its ~b "
+                         "CPUs were ~ts busy (~.2f CPUs~ts) over the ~.1f s their windows were run: "
+                         "they had no CPU to answer with, so what is said of them below is this "
+                         "host's doing, not theirs. Diagnose fewer at once (--nodes), or "
+                         "members on hosts with CPU to spare.",
+                         [M, lists:join(", ", [safe(X) || X <- Nodes]),
+                          case M > length(Nodes) of true -> ", ..."; false -> "" end,
+                          N, beamdiag_units:pct(B), float(Cpus), Load, float(Span)]), 2)].
+
+%% The members not diagnosed, those with the same reason said once.
 cluster_errors([]) ->
     "";
 cluster_errors(Errs) ->
-    {Shown, More} = lists:split(min(?CLUSTER_ERRORS, length(Errs)), Errs),
+    Groups = error_groups(Errs),
+    {Shown, More} = lists:split(min(?CLUSTER_ERRORS, length(Groups)), Groups),
     ["\nNOT DIAGNOSED (", integer_to_list(length(Errs)), ")\n",
-     [block([safe(N), ": ", M], 2) || #{node := N, message := M} <- Shown],
+     [case Ns of
+          [N] -> block([safe(N), ": ", M], 2);
+          _ -> block(io_lib:format("~b members (~ts~ts): ~ts",
+                                   [length(Ns), lists:join(", ", [safe(X) || X <- lists:sublist(Ns, 3)]),
+                                    case length(Ns) > 3 of true -> ", ..."; false -> "" end, M]), 2)
+      end || {M, Ns} <- Shown],
      case More of
          [] -> "";
-         _ -> io_lib:format("  and ~b more (--json)~n", [length(More)])
+         _ -> io_lib:format("  and ~b more (--json)~n", [lists:sum([length(Ns) || {_, Ns} <- More])])
      end].
+
+%% The errors grouped by their words, in the order each first comes.
+error_groups(Errs) ->
+    {Order, ByMsg} = lists:foldl(fun(#{node := N, message := M}, {O, By}) ->
+                                         case By of
+                                             #{M := Ns} -> {O, By#{M := [N | Ns]}};
+                                             _ -> {[M | O], By#{M => [N]}}
+                                         end
+                                 end, {[], #{}}, Errs),
+    [{M, lists:reverse(maps:get(M, ByMsg))} || M <- lists:reverse(Order)].
 
 cluster_rows(Nodes) ->
     [io_lib:format("~-24s ~5s ~6s ~6s ~6s ~6s ~7s  ~s~n",

@@ -244,7 +244,12 @@ session(SeedNode, Source, Members, Remote, K, Opts, Cpu0) ->
         T1 = erlang:monotonic_time(millisecond),
         Glances = glances([M || {M, {error, _}} <- Prepared]),
         _ = spawn(fun beamdiag_loader:warm/0),
+        Host0 = beamdiag_agent_procfs:host("/proc"),
         {Run, RunMarks} = beamdiag_cluster_start:run_all(Collectors, Starter, Opts),
+        Load = case {Host0, beamdiag_agent_procfs:host("/proc")} of
+                   {{ok, H0}, {ok, H1}} -> beamdiag_cluster_analysis:host_load(H0, H1);
+                   _ -> undefined
+               end,
         Seen = maps:from_list([{M, beamdiag_host_glance:finish(G)} || {M, G} <- Glances]),
         T2 = erlang:monotonic_time(millisecond),
         Errors = [{M, E} || {M, {error, E}} <- Prepared] ++ [{M, E} || {M, {error, E}} <- Run],
@@ -252,7 +257,10 @@ session(SeedNode, Source, Members, Remote, K, Opts, Cpu0) ->
         {Cpu, _} = erlang:statistics(runtime),
         Here = maps:merge(maps:with([boot_id], beamdiag_agent_host:placement("/proc")),
                           #{cpu_s => (Cpu - Cpu0) / 1000}),
-        C = build(SeedNode, Source, Members, Results, Errors, Seen, maps:get(duration, Opts), Here),
+        C0 = build(SeedNode, Source, Members, Results, Errors, Seen, maps:get(duration, Opts), Here),
+        {ok, HostName} = inet:gethostname(),
+        C = C0#{saturated_host => beamdiag_cluster_analysis:saturated_host(
+                                    [M || {M, E} <- Errors, unanswered(E)], Load, HostName)},
         T3 = erlang:monotonic_time(millisecond),
         {C, Late, RunMarks#{prepared => T1, results => T2, built => T3, times => Times,
                             run => Run}}
@@ -344,6 +352,16 @@ build(Seed, Source, Members, Results, Errors, Seen, Duration, Here) ->
         hosts => maps:get(hosts, A),
         errors => [error_entry(M, E, maps:find(M, Seen)) || {M, E} <- lists:keysort(1, Errors)]
     }.
+
+%% A member that did not answer in time (rather than one refused, or one
+%% whose diagnosis crashed).
+unanswered({beamdiag_cluster, {no_answer, _}}) -> true;
+unanswered({beamdiag_cluster, {prepare_timeout, _}}) -> true;
+unanswered({beamdiag_cluster, {agent_start, timeout}}) -> true;
+unanswered({beamdiag_cluster, timeout}) -> true;
+unanswered({beamdiag_collect, timeout}) -> true;
+unanswered({beamdiag_remote, {unreachable, _, {no_answer, _}}}) -> true;
+unanswered(_) -> false.
 
 %% A member not diagnosed: the reason in words and, when it runs on this
 %% host and its process was found, what this host showed of it over the
