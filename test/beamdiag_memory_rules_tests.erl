@@ -442,3 +442,27 @@ heap_peaks_test() ->
     ?assertMatch([memory_growth | _], ids(W4)),
     Saw = Window([300, 600, 300, 300, 600, 300, 300], [400, 420, 440, 460, 480, 500, 520]),
     ?assertNot(lists:member(memory_growth, ids(Saw))).
+
+%% The same relay where the queue process did not answer the end walk (a
+%% process in a long collection of a large heap answers no read; seen on a
+%% loaded host with a real RabbitMQ): it is named by its size at the start,
+%% with why nothing more is known; a small one is not.
+stalled_large_process_named_test() ->
+    C0 = capture(fun(I) -> 40 * ?MIB * I end, flat(50 * ?MIB), flat(20 * ?MIB),
+                 {host, 20000 * ?MIB}),
+    Channel = #{pid => <<"<0.956.0>">>, name => null, initial_call => <<"rabbit_channel:init/1">>,
+                current => <<"gen_server2:process_next_msg/1">>, count => 368,
+                bytes => 1400 * ?MIB, sole_bytes => 0},
+    Queue = #{pid => <<"<0.913.0>">>, name => null, waited_ms => 100,
+              memory_start => 400 * ?MIB},
+    Small = Queue#{pid => <<"<0.7.0>">>, memory_start => 2 * ?MIB},
+    Gone = Queue#{pid => <<"<0.8.0>">>, memory_start => null},
+    C = C0#{extras := (maps:get(extras, C0))#{procs => #{heap_growth => [], heaps => [],
+                                                         binaries => [Channel],
+                                                         stalled => [Small, Gone, Queue]}}},
+    [F] = beamdiag_memory_rules:findings(beamdiag_memory_ledger:build(C), C),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"<0.913.0> holds 419.4 MB at the window's start and "
+                                           "did not answer at its end (a read waited 100 ms">>)),
+    ?assertEqual(nomatch, binary:match(Ev, <<"<0.7.0>">>)),
+    ?assertEqual(nomatch, binary:match(Ev, <<"<0.8.0>">>)).

@@ -250,3 +250,15 @@ where_test_() ->
      ?_assertEqual(<<"st <0.9.0>">>, iolist_to_binary(beamdiag_proc_rules:who(
                                          #{pid => <<"<0.9.0>">>, name => <<"st">>,
                                            initial_call => <<"?">>})))].
+
+%% dirty_cpu_gc with no heap read at the end but large processes that did
+%% not answer there: those are the heaps being collected, not "none".
+gc_heaps_stalled_test() ->
+    Procs = #{heaps => [], stalled => [#{pid => <<"<0.913.0>">>, name => null, waited_ms => 100,
+                                         memory_start => 418023896}]},
+    [F] = beamdiag_proc_rules:annotate(
+            [beamdiag_finding:new(dirty_cpu_gc, warning, [<<"dirty gc">>], #{})], Procs, #{}),
+    Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
+    ?assertMatch({_, _}, binary:match(Ev, <<"the largest processes did not answer">>)),
+    ?assertMatch({_, _}, binary:match(Ev, <<"<0.913.0> holds 418.0 MB at the window's start">>)),
+    ?assertEqual(nomatch, binary:match(Ev, <<"no process heap over 1 MB">>)).

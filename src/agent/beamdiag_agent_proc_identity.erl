@@ -32,7 +32,8 @@
 %%% '''
 -module(beamdiag_agent_proc_identity).
 
--export([read/2, entries/5, entry/3, names/0, stalled_entries/3, like_counts/4]).
+-export([read/2, entries/5, entry/3, names/0, stalled_entries/3, stalled_entries/4,
+         like_counts/4]).
 
 -ifdef(TEST).
 -export([stack_agrees/1]).
@@ -142,6 +143,15 @@ names() ->
 stalled_entries(Stalled, Names, N) ->
     [#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
        waited_ms => W} || {P, W} <- beamdiag_agent_top:largest(N, 2, Stalled)].
+
+%% @doc As stalled_entries/3, each entry with `memory_start': StartMemory(P),
+%% its memory at the window's start when a walk read it there (bytes), or
+%% null.
+-spec stalled_entries([beamdiag_agent_pinfo:stalled()], #{pid() => atom()}, pos_integer(),
+                      fun((pid()) -> non_neg_integer() | null)) -> [map()].
+stalled_entries(Stalled, Names, N, StartMemory) ->
+    [E#{memory_start => StartMemory(list_to_pid(binary_to_list(P)))}
+     || E = #{pid := P} <- stalled_entries(Stalled, Names, N)].
 
 %% @doc For the largest heaps (Pids): how many processes share each one's
 %% initial call (text => count), from an end walk that read the initial

@@ -121,8 +121,11 @@
     sole_bytes => non_neg_integer()
 }.
 %% A process that did not answer a read in time.
+%% `memory_start': its memory at the window's start (bytes) when a walk
+%% read it there (end reports only).
 -type stalled_entry() :: #{pid := binary(), name := binary() | null,
-                           waited_ms := non_neg_integer()}.
+                           waited_ms := non_neg_integer(),
+                           memory_start => non_neg_integer() | null}.
 %% What finish/2, next/1 and snapshot/1 build (pairs: start and end).
 %% A snapshot has `t_ns', `word_bytes' and `partial'; an end report
 %% `identify_us'; wait_chains/2 and the end walk add `waits'.
@@ -357,7 +360,15 @@ report(S = #{mode := Mode, t0 := T0, reds0 := Reds0, base := Base, mem0 := Mem0,
         port_owners => beamdiag_agent_ports:owners(
                          erlang:system_info(port_count) - maps:get(ports0, S, 0), Names),
         tables => beamdiag_agent_tables:grew(maps:get(tables0, S, none), Names),
-        stalled => stalled_entries(Stalled, Names)
+        stalled => beamdiag_agent_proc_identity:stalled_entries(
+                     Stalled, Names, ?TOP,
+                     fun(P) ->
+                             case beamdiag_agent_proc_memory:at_start(P, Mem0, Base) of
+                                 %% 0: read by neither walk.
+                                 M when M > 0 -> M;
+                                 _ -> null
+                             end
+                     end)
     },
     %% Who waits on whom now, with the servers the start's look followed.
     Look0 = maps:get(look0, S, none),

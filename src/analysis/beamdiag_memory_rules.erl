@@ -326,14 +326,21 @@ largest(Procs, Listed, Max, Heading) ->
     Named = [P || #{pid := P} <- Listed],
     Big = [{M1, E} || E = #{pid := P, memory := [_, M1]} <- beamdiag_proc_rules:largest_at_end(Procs, Max),
                       M1 > Max, not lists:member(P, Named)],
-    case lists:sublist(Big, 3) of
-        [] ->
+    %% And those that did not answer at the end, by their size at the
+    %% start: a process in a long collection of a large heap answers no
+    %% read, and may be the largest of all.
+    Stalled = [E || E = #{pid := P} <- beamdiag_proc_rules:stalled_large(Procs, Max + 1),
+                    not lists:member(P, Named)],
+    case {lists:sublist(Big, 3), lists:sublist(Stalled, 3)} of
+        {[], []} ->
             [];
-        Top ->
+        {Top, Late} ->
             [fmt(Heading, [mem(Max)])
              | [fmt("  ~ts holds ~s~s, ~s messages queued; it was in ~ts",
                     [beamdiag_proc_rules:who(E), tilde(E), mem(M1), queued(E),
-                     beamdiag_proc_rules:where(E)]) || {M1, E} <- Top]]
+                     beamdiag_proc_rules:where(E)]) || {M1, E} <- Top]
+               ++ [iolist_to_binary(["  ", beamdiag_proc_rules:stalled_large_line(E)])
+                   || E <- Late]]
     end.
 
 queued(#{queue := [_, Q]}) when is_integer(Q) -> beamdiag_units:count(Q);

@@ -27,7 +27,7 @@
 -module(beamdiag_proc_rules).
 
 -export([findings/3, named/1, annotate/3, who/1, spawned_by/1, where/1, who_where/1,
-         duration/1, largest_at_end/2]).
+         duration/1, largest_at_end/2, stalled_large/2, stalled_large_line/1]).
 
 %%%===================================================================
 %%% API
@@ -88,7 +88,7 @@ annotate(Findings, _, _) ->
 %% @doc How a process is named to a person: registered name or label, then
 %% its pid and initial call, and who spawned it when neither names it
 %% (`spawned_by/1'): "NAME <PID> (INITIAL CALL, spawned by NAME <PID>)".
--spec who(beamdiag_agent_processes:entry()) -> iolist().
+-spec who(beamdiag_agent_processes:entry() | beamdiag_agent_processes:stalled_entry()) -> iolist().
 %% @doc Where a process was: its current function and, when that is not
 %% the user's code, the innermost frame of theirs that led there
 %% (beamdiag_agent_proc_identity: `own', `own_at').
@@ -360,13 +360,37 @@ largest_at_end(Procs, Min) ->
     lists:sort(fun(#{memory := [_, A]}, #{memory := [_, B]}) -> A >= B end,
                [E || E = #{memory := [_, M1]} <- Heaps ++ Flooded, is_integer(M1), M1 >= Min]).
 
+%% @doc The processes that did not answer at the window's end (they were
+%% set aside: a process in a long garbage collection, or held in a NIF,
+%% answers no read) whose memory at the start was Min bytes or more,
+%% largest first.
+-spec stalled_large(map(), non_neg_integer()) -> [map()].
+stalled_large(Procs, Min) ->
+    Big = [E || E = #{memory_start := M} <- maps:get(stalled, Procs, []), is_integer(M), M >= Min],
+    lists:sort(fun(#{memory_start := A}, #{memory_start := B}) -> A >= B end, Big).
+
+%% @doc What is known of such a process: who, its memory at the start, and
+%% why nothing more.
+-spec stalled_large_line(beamdiag_agent_processes:stalled_entry()) -> iolist().
+stalled_large_line(E = #{memory_start := M, waited_ms := W}) ->
+    fmt("~ts holds ~s at the window's start and did not answer at its end (a read waited "
+        "~b ms: a process answers only between its garbage collections, and one that large "
+        "takes long to collect)", [who(E), beamdiag_units:bytes(M), W]).
+
 gc_heaps(F = #{id := dirty_cpu_gc, evidence := Ev, metrics := M}, Procs) ->
     Big = largest_at_end(Procs, map_get(heap_bytes_min, thresholds())),
-    case lists:sublist(Big, 3) of
-        [] ->
+    case {lists:sublist(Big, 3), stalled_large(Procs, map_get(heap_bytes_min, thresholds()))} of
+        {[], []} ->
             F#{evidence => Ev ++ [<<"no process heap over 1 MB at the end of the window: the "
                                     "collected heaps are short-lived">>]};
-        Top ->
+        {[], Stalled} ->
+            %% The heaps being collected did not answer: a process answers
+            %% only between its collections.
+            F#{evidence => Ev ++ [<<"the heaps being collected: the largest processes did not "
+                                    "answer at the window's end">>
+                                  | [iolist_to_binary(stalled_large_line(E))
+                                     || E <- lists:sublist(Stalled, 3)]]};
+        {Top, _} ->
             Lines = [iolist_to_binary(heap_line(E)) || E <- Top],
             Sum = lists:sum([M1 || #{memory := [_, M1]} <- Big]),
             F#{evidence => Ev ++ [<<"the heaps being collected: the largest process heaps">>
