@@ -415,25 +415,36 @@ back_to_back(Config) ->
 %% A diagnosis and its long_schedule finding, with the node's scheduler
 %% threads read by the test from /proc around it. Without the finding,
 %% while those threads waited for a CPU a quarter of the window or more
-%% (the rule leaves a hold out then), the try is recorded and made again,
-%% Tries in all, and then a starved skip; on a host that gave them their
-%% CPU it is a failure that says what the long-schedule watch saw.
+%% (the rule leaves a hold out then), or while the host's CPUs were 0.85
+%% busy or more (/proc/stat), the try is recorded and made again, Tries in
+%% all; after the last, a starved skip if those threads waited a quarter
+%% of the window, else a failure that says what the long-schedule watch
+%% saw.
 long_schedule_try(Lab, Tries) ->
-    Sched0 = beamdiag_test_lib:sched_stat(maps:get(os_pid, Lab)),
+    {Cpu0, Sched0} = {beamdiag_test_lib:host_cpu(), beamdiag_test_lib:sched_stat(maps:get(os_pid, Lab))},
     {D, Took} = timed_diagnose(Lab),
     #{runq := Runq} = Sched = beamdiag_test_lib:sched_wait_since(Sched0),
+    Host = beamdiag_test_lib:host_busy_since(Cpu0),
     #{findings := F, capture := C} = D,
     #{long_schedules := LS} = maps:get(extras, C),
     ct:pal("findings ~p; took ~b ms; complete ~p; notes ~p~nscheduler threads (test's /proc): "
-           "~p~nlong schedules ~P",
+           "~p; host ~.2f busy~nlong schedules ~P",
            [[{Id, S} || #{id := Id, severity := S} <- F], Took, maps:get(complete, C),
-            maps:get(notes, C), Sched, maps:without([events], LS), 60]),
+            maps:get(notes, C), Sched, Host, maps:without([events], LS), 60]),
     case [X || X = #{id := long_schedule} <- F] of
         [X] ->
             {D, Took, X};
         [] when Runq >= 0.25, Tries > 1 ->
             beamdiag_test_lib:retried("no long_schedule finding: the scheduler threads waited for a CPU ~.2f of "
                     "the window (0.25 or more, read from /proc)", [Runq]),
+            long_schedule_try(Lab, Tries - 1);
+        %% On a host with no CPU to spare the sampler that stands in for
+        %% a taken system monitor looks less often than it asks to (seen
+        %% on OTP 29 at 2.00 of 2 CPUs busy: 3 walks in 5 s, no
+        %% candidate): measured again; the last try is judged as above.
+        [] when Host >= 0.85, Tries > 1 ->
+            beamdiag_test_lib:retried("no long_schedule finding: the host's CPUs ~.2f busy (0.85 or more, "
+                    "read from /proc/stat), the scheduler threads waited for a CPU ~.2f", [Host, Runq]),
             long_schedule_try(Lab, Tries - 1);
         [] ->
             no_long_schedule(Runq, LS)
