@@ -216,28 +216,12 @@ dirty_cpu_gc_heaps(Config) ->
     %% skip with those numbers.
     G = case [X || X = #{id := dirty_cpu_gc} <- F] of
             [X] -> X;
-            [] -> dirty_starved(Dirty, F)
+            [] -> beamdiag_test_lib:dirty_starved(Dirty, ids(F))
         end,
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, G))),
     ct:pal("~ts", [Ev]),
     ?assertMatch({_, _}, binary:match(Ev, <<"the heaps being collected">>)),
     ?assertMatch({_, _}, binary:match(Ev, maps:get(pid, hd(Big)))).
-
-%% dirty_cpu_gc was not named: a skip when the dirty CPU scheduler threads
-%% waited for a CPU a quarter of the diagnosis's span or more (the test's
-%% own /proc reading, beamdiag_test_lib:sched_wait_since/1), a failure
-%% otherwise.
-dirty_starved(#{runq := Runq, on_cpu := OnCpu, threads := N, span_ms := Span}, F) ->
-    case Runq >= 0.25 of
-        true ->
-            beamdiag_test_lib:starved(
-              "dirty_cpu_gc not named (findings ~p): the ~b dirty CPU scheduler threads "
-              "waited for a CPU ~.3f of ~b ms and ran ~.3f (read from /proc)",
-              [ids(F), N, Runq, Span, OnCpu]);
-        false ->
-            ct:fail({dirty_cpu_gc_not_named, ids(F), #{runq => Runq, on_cpu => OnCpu,
-                                                       threads => N, span_ms => Span}})
-    end.
 
 %% The walk on this node with a small walk limit: above it, before OTP 28,
 %% only registered processes are read; below it, every process.

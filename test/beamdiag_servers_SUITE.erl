@@ -209,7 +209,7 @@ rabbitmq_backlog(Config) ->
            [Depths, Used, GcWall, Faults]),
     %% No dirty GC in the slice: a skip only if the dirty schedulers were
     %% starved of CPU (their run-queue wait), a failure otherwise.
-    GcWall > 0.05 orelse dirty_starved(Dirty, F),
+    GcWall > 0.05 orelse beamdiag_test_lib:dirty_starved(Dirty, [Id || #{id := Id} <- F]),
     ?assert(GcWall > 0.05),
     ?assert(Faults > 1000),
     %% The diagnosis names dirty GC, within the node's CPU. A host that
@@ -217,7 +217,7 @@ rabbitmq_backlog(Config) ->
     %% counters say) cannot show it: a skip with those numbers.
     Figs = case [Fg || #{id := dirty_cpu_gc, figures := Fg} <- F] of
                [Fg] -> Fg;
-               [] -> dirty_starved(Dirty, F)
+               [] -> beamdiag_test_lib:dirty_starved(Dirty, [Id || #{id := Id} <- F])
            end,
     ct:pal("dirty_cpu_gc figures ~p", [Figs]),
     %% Within the node's CPUs over the same span (msacc's slice).
@@ -467,22 +467,6 @@ runq_share(Cap) ->
 external_cpus(Cap) ->
     #{cpus := Host, node_cpus := Node} = beamdiag_test_lib:raw_host(Cap),
     Host - Node.
-
-%% dirty_cpu_gc not named: a skip when the server's dirty CPU scheduler
-%% threads waited for a CPU a quarter of the diagnosis's span or more (the
-%% test's own /proc reading, beamdiag_test_lib:sched_wait_since/1), a
-%% failure otherwise.
-dirty_starved(#{runq := Runq, on_cpu := OnCpu, threads := N, span_ms := Span}, F) ->
-    case Runq >= 0.25 of
-        true ->
-            beamdiag_test_lib:starved("dirty_cpu_gc not named (findings ~p): the ~b dirty CPU "
-                                      "scheduler threads waited for a CPU ~.3f of ~b ms and ran "
-                                      "~.3f (read from /proc)",
-                                      [[Id || #{id := Id} <- F], N, Runq, Span, OnCpu]);
-        false ->
-            ct:fail({dirty_cpu_gc_not_named, [Id || #{id := Id} <- F],
-                     #{runq => Runq, on_cpu => OnCpu, threads => N, span_ms => Span}})
-    end.
 
 server_sessions(Config) ->
     {ok, Group} = file:read_file(filename:join(?config(rabbit_dir, Config), "group.pid")),

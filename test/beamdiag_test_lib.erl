@@ -23,7 +23,7 @@
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
 -export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1]).
--export([sched_stat/1, sched_stat/2, sched_wait_since/1]).
+-export([sched_stat/1, sched_stat/2, sched_wait_since/1, dirty_starved/2]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
 %% How far into a scheduler's hold a timed call may begin, and on how many
@@ -924,6 +924,23 @@ sched_wait_since(#{pid := OsPid, kind := Kind, t := T0, threads := Th0}) ->
     #{runq => lists:sum([W1 - W0 || {{_, W0}, {_, W1}} <- Pairs]) / Wall,
       on_cpu => lists:sum([R1 - R0 || {{R0, _}, {R1, _}} <- Pairs]) / Wall,
       span_ms => (T1 - T0) div 1000000, threads => length(Pairs)}.
+
+%% @doc dirty_cpu_gc was not named: a starved skip when the dirty CPU
+%% scheduler threads waited for a CPU a quarter of the diagnosis's span or
+%% more (a `sched_wait_since/1' reading of `sched_stat/2' with
+%% `dirty_cpu', the test's own), else a failure with that reading. Ids:
+%% the findings the diagnosis made.
+-spec dirty_starved(#{atom() => number()}, [atom()]) -> no_return().
+dirty_starved(#{runq := Runq, on_cpu := OnCpu, threads := N, span_ms := Span}, Ids) ->
+    case Runq >= 0.25 of
+        true ->
+            starved("dirty_cpu_gc not named (findings ~p): the ~b dirty CPU scheduler threads "
+                    "waited for a CPU ~.3f of ~b ms and ran ~.3f (read from /proc)",
+                    [Ids, N, Runq, Span, OnCpu]);
+        false ->
+            ct:fail({dirty_cpu_gc_not_named, Ids, #{runq => Runq, on_cpu => OnCpu, threads => N,
+                                                    span_ms => Span}})
+    end.
 
 %% Normal scheduler threads: "1_scheduler" (OTP 25, 26), "erts_sched_1"
 %% (OTP 27 on); dirty CPU ones: "1_dirty_cpu_sch" (OTP 25, 26; the

@@ -141,8 +141,7 @@ names() ->
 -spec stalled_entries([beamdiag_agent_pinfo:stalled()], #{pid() => atom()}, pos_integer()) ->
           [#{pid := binary(), name := binary() | null, waited_ms := non_neg_integer()}].
 stalled_entries(Stalled, Names, N) ->
-    [#{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
-       waited_ms => W} || {P, W} <- beamdiag_agent_top:largest(N, 2, Stalled)].
+    [stalled_entry(P, W, Names) || {P, W} <- beamdiag_agent_top:largest(N, 2, Stalled)].
 
 %% @doc As stalled_entries/3, each entry with `memory_start': StartMemory(P),
 %% its memory at the window's start when a walk read it there (bytes), or
@@ -150,8 +149,12 @@ stalled_entries(Stalled, Names, N) ->
 -spec stalled_entries([beamdiag_agent_pinfo:stalled()], #{pid() => atom()}, pos_integer(),
                       fun((pid()) -> non_neg_integer() | null)) -> [map()].
 stalled_entries(Stalled, Names, N, StartMemory) ->
-    [E#{memory_start => StartMemory(list_to_pid(binary_to_list(P)))}
-     || E = #{pid := P} <- stalled_entries(Stalled, Names, N)].
+    [(stalled_entry(P, W, Names))#{memory_start => StartMemory(P)}
+     || {P, W} <- beamdiag_agent_top:largest(N, 2, Stalled)].
+
+stalled_entry(P, W, Names) ->
+    #{pid => list_to_binary(pid_to_list(P)), name => name(maps:get(P, Names, [])),
+      waited_ms => W}.
 
 %% @doc For the largest heaps (Pids): how many processes share each one's
 %% initial call (text => count), from an end walk that read the initial
