@@ -67,6 +67,11 @@
 %% node whose load had ended, and were left out as without the signal).
 -define(LAB_S, 3600).
 
+%% The memory findings a healthy node must not get, at any severity.
+-define(MIB, 1048576).
+-define(MEMORY_FINDINGS, ["memory_growth", "native_memory", "allocator_fragmentation",
+                          "host_memory_low"]).
+
 %% The cases: scenario, variation, what must be named, a fresh node per
 %% try. The first case of a scenario is its default run.
 cases() ->
@@ -124,15 +129,32 @@ cases() ->
         #{scenario => port_leak, expect => [node_limit], fresh => true},
         #{scenario => ets_leak, expect => [node_limit], fresh => true}]
     %% The memory ledger: each leak stops at 1,500 MiB, a node per try;
-    %% varied in payload size and rate, one grower in each.
+    %% varied in payload size and rate, one grower or eight. The raw
+    %% signal, read apart from beamdiag before and after each try: the
+    %% growing part's erlang:memory/1 on the node, and its resident memory
+    %% from /proc (memory_signal/1).
     ++ [#{scenario => binary_leak, params => P, expect => [memory_growth], fresh => true,
-          text => "reference-counted binaries"}
-        || P <- [#{}, #{bytes => 65536, rate => 400}, #{bytes => 4194304, rate => 5}]]
-    ++ [#{scenario => heap_leak, params => P, expect => [memory_growth], fresh => true}
-        || P <- [#{}, #{bytes => 16384, rate => 1000}]]
-    ++ [#{scenario => ets_leak_rows, params => P, expect => [memory_growth], fresh => true}
+          text => "reference-counted binaries", signal => memory_signal(binary),
+          signal_after => fun memory_grew/2}
+        || P <- [#{}, #{bytes => 65536, rate => 400}, #{bytes => 4194304, rate => 5},
+                 #{growers => 8}]]
+    ++ [#{scenario => heap_leak, params => P, expect => [memory_growth], fresh => true,
+          signal => memory_signal(processes), signal_after => fun memory_grew/2}
+        || P <- [#{}, #{bytes => 16384, rate => 1000}, #{growers => 8}]]
+    ++ [#{scenario => ets_leak_rows, params => P, expect => [memory_growth], fresh => true,
+          signal => memory_signal(ets), signal_after => fun memory_grew/2}
         || P <- [#{}, #{table => bag}]]
-    ++ [#{scenario => native_leak, expect => [native_memory], fresh => true}].
+    ++ [#{scenario => native_leak, expect => [native_memory], fresh => true,
+          signal => memory_signal(resident), signal_after => fun memory_grew/2},
+        #{scenario => alloc_burst, expect => [allocator_fragmentation], fresh => true,
+          signal => fun fragmented/1}]
+    %% Healthy nodes get no memory finding at any severity: idle, busy (CPU
+    %% bound), and a 400 MiB heap that stays the same size. The raw
+    %% signal: the node's total memory steady over a second (and the busy
+    %% node's CPU, the heap's size, read on the node).
+    ++ [#{scenario => S, expect => [], forbid => ?MEMORY_FINDINGS, signal => steady_signal(S),
+          label => atom_to_list(S) ++ ":no-memory-finding"}
+        || S <- [idle, cpu_saturated, static_heap]].
 
 main(_) ->
     HostLoad = list_to_integer(env("BENCH_SICK_HOST_LOAD", "0")),
@@ -145,7 +167,8 @@ main(_) ->
     LabOpts = lab_opts(env("BENCH_SICK_OTP", erlang:system_info(otp_release))),
     filelib:is_regular(Exe) orelse halt_with("build the escript first: rebar3 escriptize"),
     true = code:add_patha(filename:absname("_build/default/lib/beamdiag/ebin")),
-    Cases = selected(env("BENCH_SICK_SCENARIOS", ""), [C#{label => label(C)} || C <- cases()]),
+    Cases = selected(env("BENCH_SICK_SCENARIOS", ""), [C#{label => maps:get(label, C, label(C))}
+                                                       || C <- cases()]),
     %% The lab nodes register with epmd, as nodes do: started if need be.
     _ = os:cmd("epmd -daemon"),
     {ok, _} = net_kernel:start(list_to_atom("bds_bench_" ++ os:getpid()), #{name_domain => shortnames}),
@@ -320,8 +343,12 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                _ -> "host-only"
            end,
     Found = serious(Json),
+    %% Forbidden findings count at any severity.
+    Forbidden = [Id || Id <- maps:get(forbid, C, []),
+                       string:find(Json, "\"id\":\"" ++ Id ++ "\"") =/= nomatch],
     Right = lists:all(fun(Id) -> lists:member(atom_to_list(Id), Found) end, Expect)
-        andalso string:find(Json, maps:get(text, C, "")) =/= nomatch,
+        andalso string:find(Json, maps:get(text, C, "")) =/= nomatch
+        andalso Forbidden =:= [],
     Ready = ready(Json),
     OnTime = is_number(Ready) andalso Ready =< Window + 2,
     %% The project's rule for a starved host (as in the Common Test
@@ -332,11 +359,15 @@ try_(C = #{label := Label, expect := Expect}, K, Window, Exe, {BootMs, LoadedMs}
                   F when is_float(F) -> F > 4 * erlang:system_info(logical_processors);
                   _ -> false
               end,
-    io:format("~-62s ~4b ~5s ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~ts~ts~ts~n",
+    io:format("~-62s ~4b ~5s ~8.2f ~10.2f ~10.2f ~7s ~7b ~5s ~10s ~5s  ~ts~ts~ts~ts~ts~n",
               [Label, K, Load, Ms / 1000, (Ms - BootMs) / 1000, (Ms - LoadedMs) / 1000,
                case Ready of none -> "-"; _ -> io_lib:format("~.2f", [Ready]) end,
                Window + 2, Code, Kind, yes_no(Right andalso OnTime),
                lists:join(",", case Found of [] -> ["none"]; _ -> Found end),
+               case Forbidden of
+                   [] -> "";
+                   _ -> ["  FORBIDDEN: ", lists:join(",", Forbidden)]
+               end,
                case Raw of
                    {ok, {_, T}} -> ["  (raw: ", T, ")"];
                    {ok, T} -> ["  (raw: ", T, ")"];
@@ -387,6 +418,94 @@ queue_grew(Peer, {ok, {Before, _}}) ->
         true -> {ok, {Q, Text}};
         false -> {no, Text}
     end.
+
+%% A memory leak's raw signal: the growing part (erlang:memory/1 on the
+%% node, or the resident memory from the node's /proc/PID/statm, read
+%% here) 1 s apart: it grew by 4 MiB/s at least.
+memory_signal(Part) ->
+    fun(Peer) ->
+            {T0, M0} = part_now(Peer, Part),
+            timer:sleep(1000),
+            {T1, M1} = part_now(Peer, Part),
+            Rate = (M1 - M0) * 1000 / max(1, T1 - T0),
+            Text = io_lib:format("~s ~.1f -> ~.1f MiB, ~.1f MiB/s", [Part, M0 / ?MIB, M1 / ?MIB,
+                                                                   Rate / ?MIB]),
+            case Rate >= 4 * ?MIB of
+                true -> {ok, {{Part, M1}, Text}};
+                false -> {no, Text}
+            end
+    end.
+
+%% After the try: the part holds 8 MiB more than before it.
+memory_grew(Peer, {ok, {{Part, Before}, _}}) ->
+    {_, M} = part_now(Peer, Part),
+    Text = io_lib:format("~s ~.1f MiB before the try, ~.1f MiB after it",
+                         [Part, Before / ?MIB, M / ?MIB]),
+    case M - Before >= 8 * ?MIB of
+        true -> {ok, {M, Text}};
+        false -> {no, Text}
+    end.
+
+part_now(Peer, resident) ->
+    {ok, B} = file:read_file("/proc/" ++ peer:call(Peer, os, getpid, []) ++ "/statm"),
+    [_, Pages | _] = string:lexemes(binary_to_list(B), " \n"),
+    {erlang:monotonic_time(millisecond), list_to_integer(Pages) * 4096};
+part_now(Peer, Part) ->
+    {erlang:monotonic_time(millisecond), peer:call(Peer, erlang, memory, [Part], 10000)}.
+
+%% The burst's raw signal: the binary allocator's carriers hold 200 MiB
+%% more than its blocks, read on the node (its own allocator_sizes).
+fragmented(Peer) ->
+    Sizes = peer:call(Peer, erlang, system_info, [{allocator_sizes, binary_alloc}], 10000),
+    {Carriers, Blocks} = {sizes(carriers, Sizes), sizes(blocks, Sizes)},
+    Text = io_lib:format("binary_alloc carriers ~.1f MiB, blocks ~.1f MiB",
+                         [Carriers / ?MIB, Blocks / ?MIB]),
+    case Carriers - Blocks >= 200 * ?MIB of
+        true -> {ok, Text};
+        false -> {no, Text}
+    end.
+
+%% The carriers' or the blocks' current bytes, summed over an
+%% allocator_sizes answer: `{carriers_size, Cur, ...}' anywhere, and the
+%% `{size, Cur, ...}' of each block type under `{blocks, Types}'.
+sizes(carriers, {carriers_size, Cur}) when is_integer(Cur) -> Cur;
+sizes(carriers, {carriers_size, Cur, _, _}) when is_integer(Cur) -> Cur;
+sizes(blocks, {blocks, Types}) when is_list(Types) ->
+    lists:sum([element(2, S) || {_, Props} <- Types, is_list(Props), S <- Props,
+                                is_tuple(S), element(1, S) =:= size, is_integer(element(2, S))]);
+sizes(What, T) when is_tuple(T) -> sizes(What, tuple_to_list(T));
+sizes(What, L) when is_list(L) -> lists:sum([sizes(What, E) || E <- L]);
+sizes(_, _) -> 0.
+
+%% A healthy node's raw signal, read on it: its total memory moved by
+%% less than 4 MiB over a second; the busy node used 0.8 CPUs or more
+%% (its /proc/PID/stat, read here), the static heap holds 400 MiB.
+steady_signal(S) ->
+    fun(Peer) ->
+            Pid = peer:call(Peer, os, getpid, []),
+            M0 = peer:call(Peer, erlang, memory, [total], 10000),
+            C0 = cpu_ticks(Pid),
+            timer:sleep(1000),
+            M1 = peer:call(Peer, erlang, memory, [total], 10000),
+            Cpus = (cpu_ticks(Pid) - C0) / 100,
+            P = peer:call(Peer, erlang, memory, [processes], 10000),
+            Text = io_lib:format("total ~.1f -> ~.1f MiB, ~.2f CPUs, processes ~.1f MiB",
+                                 [M0 / ?MIB, M1 / ?MIB, Cpus, P / ?MIB]),
+            Steady = abs(M1 - M0) < 4 * ?MIB,
+            case S of
+                cpu_saturated when Steady, Cpus >= 0.8 -> {ok, Text};
+                static_heap when Steady, P >= 400 * ?MIB -> {ok, Text};
+                idle when Steady -> {ok, Text};
+                _ -> {no, Text}
+            end
+    end.
+
+%% A process's CPU time in clock ticks (utime + stime of /proc/PID/stat).
+cpu_ticks(Pid) ->
+    {ok, B} = file:read_file("/proc/" ++ Pid ++ "/stat"),
+    [_, After] = string:split(binary_to_list(B), ") ", trailing),
+    Fields = string:lexemes(After, " "),
+    list_to_integer(lists:nth(12, Fields)) + list_to_integer(lists:nth(13, Fields)).
 
 %% A lock scenario's raw signal: the hot table's lock wait over a second,
 %% read from the node's lock counters (erts_debug:lcnt_collect/0, over

@@ -64,6 +64,8 @@ cpu_saturated(Config) ->
     ?assert(raw(busy, Raw) >= 0.85),
     ?assert(lists:member(cpu_saturated, serious(F))),
     ?assertNot(lists:member(scheduler_blocking, ids(F))),
+    %% Busy and healthy: no memory finding.
+    ?assertEqual([], beamdiag_test_lib:memory_findings(F)),
     %% A healthy saturated node is not starved. Other work on a busy host
     %% may really take its CPUs: starvation may then be said, but only with
     %% its raw signal (its schedulers waited for a CPU while the rest of the

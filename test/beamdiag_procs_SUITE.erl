@@ -190,7 +190,9 @@ equal_workers(Config) ->
     %% Raw signal: the work is spread thinly.
     ?assert(Share < 0.10),
     ?assertNot(lists:member(single_process_bottleneck, ids(F))),
-    ?assertNot(lists:member(message_queue_growth, ids(F))).
+    ?assertNot(lists:member(message_queue_growth, ids(F))),
+    %% Busy and healthy: no memory finding.
+    ?assertEqual([], beamdiag_test_lib:memory_findings(F)).
 
 -spec dirty_cpu_gc_heaps(list()) -> term().
 dirty_cpu_gc_heaps(Config) ->

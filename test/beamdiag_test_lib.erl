@@ -22,7 +22,7 @@
 -export([run_exe/3, read_port/2, await_output/3, sh/1, sh/2]).
 -export([capture_io/0, collect_io/0, cli/1]).
 -export([wait_until/2, await/2, poll/2, on_time/2, within/2]).
--export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1]).
+-export([agent_gone/1, agent_gone/2, lab_lost/2, beamdiag_modules/1, msacc_on/1, memory_findings/1]).
 -export([sched_stat/1, sched_stat/2, sched_wait_since/1, dirty_starved/2]).
 -export([read_capture/1, raw_shares/1, raw_threads/2, raw_host/1, raw_msacc/3, starved/2, not_produced/2, png_colours/1, sentence/1]).
 
@@ -668,6 +668,14 @@ await(F, Ms) ->
 %% a lab, or a node name), waited for up to 35 s (an agent whose last word
 %% came late ends by its own deadline, at most 30 s past the window);
 %% msacc, off before the session, is off.
+%% @doc The memory findings among Findings, at any severity: those of the
+%% catalogue's memory area, and the host's memory nearly used up. A
+%% healthy node gets none.
+-spec memory_findings([map()]) -> [atom()].
+memory_findings(Findings) ->
+    [Id || #{id := Id} <- Findings,
+           Id =:= host_memory_low orelse maps:get(area, beamdiag_catalogue:entry(Id)) =:= memory].
+
 -spec agent_gone(pid() | map() | node()) -> ok.
 agent_gone(Target) ->
     agent_gone(Target, 35000).

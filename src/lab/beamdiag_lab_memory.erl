@@ -15,7 +15,14 @@
 %%% <li>`alloc_burst': `mb' MiB of binaries of `bytes' each made at once,
 %%% every `keep'-th kept and the rest collected, before the window: the
 %%% carriers stay mapped, a `keep'-th of them used.</li>
+%%% <li>`static_heap' (negative control): one process holds a heap of `mb'
+%%% MiB (default 400), built and collected before the window, and then
+%%% only waits: a large heap that stays the same size.</li>
 %%% </ul>
+%%%
+%%% The binary and heap leaks take `growers' (default 1): that many relays
+%%% or stores, the payloads dealt out in turn, so that the node grows at
+%%% the same rate by many processes, each growing `growers' times slower.
 %%%
 %%% Each stops growing at `stop_mb' (default 1,500 MiB) so that a lab node
 %%% never runs the host out of memory; the workload's time bound ends it
@@ -39,7 +46,8 @@
     table => set | bag,
     stop_mb => 16..8192,
     mb => 16..4096,
-    keep => 2..1000
+    keep => 2..1000,
+    growers => 1..64
 }.
 
 %% Batches a second.
@@ -78,7 +86,14 @@ scenarios() ->
            warmup_ms => 3000,
            load => {?MODULE, leak, ['$duration_ms', burst, '$params']},
            params => #{mb => 400, bytes => 1024, keep => 20},
-           expect => [allocator_fragmentation]}].
+           expect => [allocator_fragmentation]},
+     Base#{name => static_heap,
+           summary => <<"one process holds a 400 MiB heap that stays the same size (negative "
+                        "control; params: mb)">>,
+           warmup_ms => 3000,
+           load => {?MODULE, leak, ['$duration_ms', static, '$params']},
+           params => #{mb => 400},
+           expect => []}].
 
 %% @doc The variation checked.
 -spec params(beamdiag_lab:params()) -> {ok, params()} | {error, {beamdiag_lab, term()}}.
@@ -89,6 +104,7 @@ params(P) ->
                          (stop_mb, S) -> not (is_integer(S) andalso S >= 16 andalso S =< 8192);
                          (mb, M) -> not (is_integer(M) andalso M >= 16 andalso M =< 4096);
                          (keep, K) -> not (is_integer(K) andalso K >= 2 andalso K =< 1000);
+                         (growers, G) -> not (is_integer(G) andalso G >= 1 andalso G =< 64);
                          (_, _) -> true
                       end, P),
     case map_size(Bad) of
@@ -97,22 +113,32 @@ params(P) ->
     end.
 
 %% @doc The growing part's processes for Ms milliseconds.
--spec leak(pos_integer(), binary | heap | ets | burst, params()) -> ok.
+-spec leak(pos_integer(), binary | heap | ets | burst | static, params()) -> ok.
 leak(Ms, What, P) ->
-    Stop = maps:get(stop_mb, P, 1500) * 1048576,
+    Growers = maps:get(growers, P, 1),
+    %% The stop is the node's: each of many growers stops at its share.
+    Stop = maps:get(stop_mb, P, 1500) * 1048576 div Growers,
     Bytes = maps:get(bytes, P, 1024),
     Batch = max(1, maps:get(rate, P, 1) div ?TICKS),
     beamdiag_lab_ledger:owner(Ms, fun() ->
         case What of
             binary ->
                 Sink = spawn_link(fun sink/0),
-                Relay = spawn_link(fun() -> relay(Sink, [], 0, Stop) end),
-                Producer = spawn_link(fun() -> produce(Relay, Batch, Bytes) end),
-                [Producer, Relay, Sink];
+                Relays = [spawn_link(fun() -> relay(Sink, [], 0, Stop) end)
+                          || _ <- lists:seq(1, Growers)],
+                Producer = spawn_link(fun() -> produce(Relays, Batch, Bytes) end),
+                [Producer, Sink | Relays];
             heap ->
-                Store = spawn_link(fun() -> store([], 0, Stop) end),
-                Producer = spawn_link(fun() -> events(Store, Batch, Bytes) end),
-                [Producer, Store];
+                Stores = [spawn_link(fun() -> store([], 0, Stop) end) || _ <- lists:seq(1, Growers)],
+                Producer = spawn_link(fun() -> events(Stores, Batch, Bytes) end),
+                [Producer | Stores];
+            static ->
+                Holder = spawn_link(fun() ->
+                                        Heap = lists:seq(1, maps:get(mb, P, 400) * 1048576 div 16),
+                                        erlang:garbage_collect(),
+                                        hold(Heap)
+                                    end),
+                [Holder];
             ets ->
                 Writer = spawn_link(fun() ->
                                         T = ets:new(beamdiag_lab_cache_rows,
@@ -149,11 +175,27 @@ burst(N, Bytes, Keep) ->
 hold(Kept) ->
     receive _ -> hold(Kept) end.
 
-%% Fresh payloads, a batch every 1/?TICKS s.
-produce(Relay, Batch, Bytes) ->
-    _ = [Relay ! {payload, fresh_binary(Bytes)} || _ <- lists:seq(1, Batch)],
+%% Fresh payloads, a batch every 1/?TICKS s, dealt out to the relays in
+%% turn.
+produce(Relays, Batch, Bytes) ->
+    produce(Relays, [], Batch, Bytes).
+
+produce(Relays, [], Batch, Bytes) ->
+    produce(Relays, Relays, Batch, Bytes);
+produce(Relays, Next, Batch, Bytes) ->
+    Rest = deal(Relays, Next, Batch, fun() -> {payload, fresh_binary(Bytes)} end),
     receive after 1000 div ?TICKS -> ok end,
-    produce(Relay, Batch, Bytes).
+    produce(Relays, Rest, Batch, Bytes).
+
+%% N messages made by Make, sent to To's processes in turn from Next on
+%% (To again when Next runs out): the turn after the last one.
+deal(_To, Next, 0, _Make) ->
+    Next;
+deal(To, [], N, Make) ->
+    deal(To, To, N, Make);
+deal(To, [P | Next], N, Make) ->
+    P ! Make(),
+    deal(To, Next, N - 1, Make).
 
 %% A binary of Bytes made here (not shared with the last one).
 fresh_binary(Bytes) ->
@@ -171,12 +213,17 @@ relay(Sink, Kept, Size, Stop) ->
             end
     end.
 
-events(Store, Batch, Bytes) ->
+events(Stores, Batch, Bytes) ->
+    events(Stores, [], Batch, Bytes).
+
+events(Stores, [], Batch, Bytes) ->
+    events(Stores, Stores, Batch, Bytes);
+events(Stores, Next, Batch, Bytes) ->
     N = max(1, Bytes div 48),
-    _ = [Store ! {event, [{I, erlang:unique_integer()} || I <- lists:seq(1, N)]}
-         || _ <- lists:seq(1, Batch)],
+    Rest = deal(Stores, Next, Batch,
+                fun() -> {event, [{I, erlang:unique_integer()} || I <- lists:seq(1, N)]} end),
     receive after 1000 div ?TICKS -> ok end,
-    events(Store, Batch, Bytes).
+    events(Stores, Rest, Batch, Bytes).
 
 %% Keeps every event (below the stop); `{size, From}' asks how many bytes
 %% of events it holds (its live data, which its heap's size only follows
