@@ -47,6 +47,8 @@
 %%% BENCH_PROCS (10000) idle processes on every measured node (the
 %%% session walks the process table at the window's start and end);
 %%% BENCH_PROCS_WALK=false measures sessions without the process walks;
+%%% BENCH_SESSION_OPTS (an Erlang map, `#{long_schedules => false}') merges
+%%% agent options over the amplified sessions' (a part left out);
 %%% BENCH_PARTS="throughput amplified session msacc code memory ticks" picks
 %%% parts (`code', the agent's modules loaded and removed as a default
 %%% session does, is not in the default set: the budget's sessions reuse
@@ -327,11 +329,22 @@ amplified(Load, Pairs, What) ->
         peer:stop(Peer)
     end.
 
-%% Agent options for the amplified sessions.
+%% Agent options for the amplified sessions: BENCH_PROCS_WALK=false, and
+%% BENCH_SESSION_OPTS, an Erlang map merged over them (a part left out,
+%% to measure what it costs: `#{long_schedules => false}').
 session_opts() ->
-    case os:getenv("BENCH_PROCS_WALK") of
-        "false" -> #{procs => false};
-        _ -> #{}
+    Walk = case os:getenv("BENCH_PROCS_WALK") of
+               "false" -> #{procs => false};
+               _ -> #{}
+           end,
+    case os:getenv("BENCH_SESSION_OPTS") of
+        false ->
+            Walk;
+        Text ->
+            {ok, Tokens, _} = erl_scan:string(Text ++ "."),
+            {ok, Extra} = erl_parse:parse_term(Tokens),
+            true = is_map(Extra),
+            maps:merge(Walk, Extra)
     end.
 
 mean(Xs) ->

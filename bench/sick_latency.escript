@@ -138,8 +138,11 @@ cases() ->
           signal_after => fun memory_grew/2}
         || P <- [#{}, #{bytes => 65536, rate => 400}, #{bytes => 4194304, rate => 5},
                  #{growers => 8}]]
+    %% A heap climbs in steps (it is resized at its collections) and
+    %% peaks (a copy counts twice): its raw signal is the live data the
+    %% stores count themselves (store_signal/1).
     ++ [#{scenario => heap_leak, params => P, expect => [memory_growth], fresh => true,
-          signal => memory_signal(processes), signal_after => fun memory_grew/2}
+          signal => fun store_signal/1, signal_after => fun store_grew/2}
         || P <- [#{}, #{bytes => 16384, rate => 1000}, #{growers => 8}]]
     ++ [#{scenario => ets_leak_rows, params => P, expect => [memory_growth], fresh => true,
           signal => memory_signal(ets), signal_after => fun memory_grew/2}
@@ -195,8 +198,8 @@ label(#{scenario := S, vary := V}) when map_size(V) > 0 ->
     atom_to_list(S) ++ ":" ++ lists:flatten(lists:join(",", [io_lib:format("~s=~p", [K, X])
                                                             || {K, X} <- lists:sort(maps:to_list(V))]));
 label(#{scenario := S, params := P}) when map_size(P) > 0 ->
-    atom_to_list(S) ++ ":" ++ lists:flatten(lists:join("-", [io_lib:format("~p", [V])
-                                                            || V <- maps:values(P)]));
+    atom_to_list(S) ++ ":" ++ lists:flatten(lists:join(",", [io_lib:format("~s=~p", [K, V])
+                                                            || {K, V} <- lists:sort(maps:to_list(P))]));
 label(#{scenario := S}) ->
     atom_to_list(S).
 
@@ -452,6 +455,47 @@ part_now(Peer, resident) ->
     {erlang:monotonic_time(millisecond), list_to_integer(Pages) * 4096};
 part_now(Peer, Part) ->
     {erlang:monotonic_time(millisecond), peer:call(Peer, erlang, memory, [Part], 10000)}.
+
+%% The heap leak's raw signal: the bytes of events its stores hold, as
+%% they count them (their live data; the heap follows it in steps), 1 s
+%% apart: 4 MiB/s at least.
+store_signal(Peer) ->
+    {T0, B0} = {erlang:monotonic_time(millisecond), store_bytes(Peer)},
+    timer:sleep(1000),
+    {T1, B1} = {erlang:monotonic_time(millisecond), store_bytes(Peer)},
+    Rate = (B1 - B0) * 1000 / max(1, T1 - T0),
+    Text = io_lib:format("stores' live data ~.1f -> ~.1f MiB, ~.1f MiB/s",
+                         [B0 / ?MIB, B1 / ?MIB, Rate / ?MIB]),
+    case Rate >= 4 * ?MIB of
+        true -> {ok, {B1, Text}};
+        false -> {no, Text}
+    end.
+
+%% After the try: the stores hold 8 MiB more than before it.
+store_grew(Peer, {ok, {Before, _}}) ->
+    B = store_bytes(Peer),
+    Text = io_lib:format("stores' live data ~.1f MiB before the try, ~.1f MiB after it",
+                         [Before / ?MIB, B / ?MIB]),
+    case B - Before >= 8 * ?MIB of
+        true -> {ok, {B, Text}};
+        false -> {no, Text}
+    end.
+
+%% The bytes of events the lab's stores hold, each asked on the node
+%% (beamdiag_lab_memory's `{size, From}').
+store_bytes(Peer) ->
+    eval_on(Peer, "Ps = [P || P <- erlang:processes(),"
+                  "           erlang:process_info(P, current_function) =:="
+                  "               {current_function, {beamdiag_lab_memory, store, 3}}],"
+                  "[P ! {size, self()} || P <- Ps],"
+                  "lists:sum([receive {store_size, P, S} -> S after 10000 -> 0 end || P <- Ps]).").
+
+%% An expression's value, evaluated on the lab node.
+eval_on(Peer, Text) ->
+    {ok, Tokens, _} = erl_scan:string(Text),
+    {ok, Exprs} = erl_parse:parse_exprs(Tokens),
+    {value, V, _} = peer:call(Peer, erl_eval, exprs, [Exprs, []], 20000),
+    V.
 
 %% The burst's raw signal: the binary allocator's carriers hold 200 MiB
 %% more than its blocks, read on the node (its own allocator_sizes).

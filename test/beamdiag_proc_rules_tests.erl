@@ -262,3 +262,21 @@ gc_heaps_stalled_test() ->
     ?assertMatch({_, _}, binary:match(Ev, <<"the largest processes did not answer">>)),
     ?assertMatch({_, _}, binary:match(Ev, <<"<0.913.0> holds 418.0 MB at the window's start">>)),
     ?assertEqual(nomatch, binary:match(Ev, <<"no process heap over 1 MB">>)).
+
+%% Processes alike: unnamed ones with the same initial call, spawner and
+%% function share a group, their figures summed; a registered one is
+%% never grouped; groups by their sums.
+alike_test() ->
+    W = fun(Pid, Cur) -> #{pid => Pid, name => null, initial_call => <<"erlang:apply/2">>,
+                           spawn_call => <<"erlang:apply/2">>,
+                           parent => #{pid => <<"<0.95.0>">>}, current => Cur} end,
+    Named = (W(<<"<0.9.0>">>, <<"relay:loop/4">>))#{name => <<"relay">>},
+    Groups = beamdiag_proc_rules:alike([{5, W(<<"<0.1.0>">>, <<"relay:loop/4">>)},
+                                        {9, Named},
+                                        {4, W(<<"<0.2.0>">>, <<"relay:loop/4">>)},
+                                        {3, W(<<"<0.3.0>">>, <<"sink:loop/0">>)}]),
+    ?assertEqual([{9, [<<"<0.1.0>">>, <<"<0.2.0>">>]}, {9, [<<"<0.9.0>">>]}, {3, [<<"<0.3.0>">>]}],
+                 [{S, [P || {_, #{pid := P}} <- G]} || {S, G} <- Groups]),
+    [{_, Two} | _] = Groups,
+    ?assertEqual(<<"2 processes alike (erlang:apply/2, spawned by <0.95.0>: <0.1.0> 5, <0.2.0> 4)">>,
+                 iolist_to_binary(beamdiag_proc_rules:alike_who(Two, fun integer_to_list/1))).

@@ -33,7 +33,7 @@
 %% bounds it (about 130,000 entries).
 -define(BINARIES_MEMORY_MAX, 8388608).
 %% The holders reported, at most.
--define(BINARIES_TOP, 5).
+-define(BINARIES_TOP, 10).
 
 %% Bytes a small queued message holds beyond its data (measured on OTP 25:
 %% 112 bytes for a 3-word tuple, of which 88 outside the heap).

@@ -20,6 +20,14 @@
 %%% A node whose memory saws (collections) or rose in one burst gets
 %%% neither: `steady' and `fall' in the ledger.
 %%%
+%%% A node whose resident memory rose steadily by as much, while no part
+%%% rose in a shape named above and the memory beyond the VM's account did
+%%% not grow alone (a large heap copied at its collections peaks and falls
+%%% back further than a climb does, and the memory its old heaps used
+%%% stays mapped), still gets `memory_growth', of its resident memory: the
+%%% VM's parts that rose are listed with their shapes, the largest one's
+%%% growers named. A node whose memory grows never gets none.
+%%%
 %%% ```
 %%% 1> [Id || #{id := Id} <- beamdiag_memory_rules:findings(Memory, Capture)].
 %%% [memory_growth]
@@ -78,7 +86,10 @@ findings(M = #{accounts := Acc}, Capture) when map_size(Acc) > 0 ->
         [{Part, A} | _] ->
             [growth(Part, A, M, Capture, T)];
         [] ->
-            native(M, T)
+            case native(M, T) of
+                [] -> resident_growth(M, Capture, T);
+                Native -> Native
+            end
     end;
 findings(_, _) ->
     [].
@@ -142,8 +153,107 @@ resident(#{first := F, last := L, rate := R}, M, T) ->
                                     "who grows it; until then, the time left says how soon the "
                                     "node must be restarted or given memory.">>}).
 
+%% The resident memory rose steadily and no part's rule named it: a
+%% growth of the resident memory, the VM's parts that rose beside it (each
+%% with its shape), the largest one's growers, and the memory beyond the
+%% carriers.
+resident_growth(M = #{accounts := Acc = #{rss := Rss = #{first := F, last := L, rate := R}}},
+                Capture, T) ->
+    case grows(Rss, T) of
+        true ->
+            Rose = lists:sort(fun({_, #{change := X}}, {_, #{change := Y}}) -> X >= Y end,
+                              [{P, A} || P <- ?PARTS, A = #{change := C} <- [maps:get(P, Acc, none)],
+                                         C >= ?MIB]),
+            Parts = case Rose of
+                        [] ->
+                            [<<"none of the VM's parts (erlang:memory/0) rose by 1 MiB">>];
+                        _ ->
+                            [fmt("the VM's parts that rose beside it (erlang:memory/0): ~ts",
+                                 [lists:join("; ", [part_rise(P, A) || {P, A} <- lists:sublist(Rose, 3)])])]
+                    end,
+            Top = case Rose of
+                      [{P, A = #{change := C}} | _] when 10 * C >= L - F -> {P, A};
+                      _ -> none
+                  end,
+            Evidence =
+                [fmt("the node's resident memory (/proc) grew from ~s to ~s in ~.1f s: ~s/s, "
+                     "steadily (no fall of more than a tenth of the rise), while no part of the "
+                     "VM's own account rose steadily or climbed in steps",
+                     [mem(F), mem(L), maps:get(span_s, M), beamdiag_units:bytes(R)])] ++
+                Parts ++ untouched_lines(Acc) ++ os_lines(M) ++ outside_lines(Acc) ++
+                time_left_lines(M, R) ++
+                case {Top, Capture} of
+                    {{GrewPart, GrewA}, _} ->
+                        who(GrewPart, GrewA, Capture);
+                    {none, #{extras := #{procs := Procs}}} when is_map(Procs) ->
+                        largest(Procs, [], ?MIB, "the largest processes at the window's end "
+                                                 "(over ~s each):");
+                    _ ->
+                        []
+                end,
+            Metrics = #{part => <<"resident">>, growth_bytes => L - F, rate_bytes_per_s => round(R)},
+            [beamdiag_finding:new(
+               memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
+               #{title => fmt("The node's resident memory grows by ~s/s", [beamdiag_units:bytes(R)]),
+                 fix => case {Top, untouched_lines(Acc)} of
+                            {{FixPart, _}, _} ->
+                                fix(FixPart);
+                            {none, [_]} ->
+                                %% What the VM mapped ahead and fills: its
+                                %% largest part's.
+                                [{_, Largest} | _] = lists:reverse(lists:sort(
+                                                       [{maps:get(last, maps:get(P, Acc, #{}), 0), P}
+                                                        || P <- ?PARTS])),
+                                fix(Largest);
+                            {none, []} ->
+                                <<"Watch the node over a longer window (beamdiag watch) to see "
+                                  "which part climbs; the time left says how soon it must be "
+                                  "restarted or given memory.">>
+                        end})];
+        false ->
+            []
+    end;
+resident_growth(_, _, _) ->
+    [].
+
+%% A part's rise over the window and its shape, in words.
+part_rise(P, #{change := C, fall := Fall, steady := Steady}) ->
+    Shape = case Steady of
+                true -> "steadily";
+                false when Fall > C -> fmt("in peaks: it fell by ~s at once, as a large heap "
+                                           "copied at its collections counts twice until the "
+                                           "old one is freed", [mem(Fall)]);
+                false -> fmt("in steps, falling by ~s at most", [mem(Fall)])
+            end,
+    fmt("~s ~s (~ts)", [P, beamdiag_units:signed_bytes(C), Shape]).
+
+%% When the VM's own account exceeded the resident memory at the start:
+%% the VM had mapped memory it had not touched yet, which the resident
+%% memory fills.
+untouched_lines(#{native := #{first := 0}, rss := #{first := R0}, total := #{first := V0}})
+  when V0 > R0 ->
+    [fmt("at the window's start the VM's own account (~s) exceeded the resident memory (~s): "
+         "the VM had mapped memory it had not touched yet (a heap resized ahead of its data), "
+         "and the resident memory grows as it is filled", [mem(V0), mem(R0)])];
+untouched_lines(_) ->
+    [].
+
+%% The resident memory beyond the VM's carriers, when it grew: memory the
+%% allocators freed but the mapping layer keeps (or a NIF's).
+outside_lines(#{outside := #{first := OF, last := OL}}) when OF > 0, OL - OF >= ?MIB ->
+    [fmt("the resident memory beyond the VM's carriers grew from ~s to ~s: memory the "
+         "allocators no longer count (the old heaps of collections, kept mapped), or a NIF's "
+         "or a driver's", [mem(OF), mem(OL)])];
+outside_lines(_) ->
+    [].
+
+%% Not when the VM's own account exceeded the resident memory at the start
+%% (the gap read 0): the VM had mapped memory it had not touched yet (a
+%% heap resized ahead of its data, 8 stores of 13.8 MB holding 4 MiB
+%% each), and the resident memory grows as the VM fills it, with no part
+%% of its account moving.
 native(M = #{accounts := #{native := N = #{first := F, last := L, rate := R},
-                           total := #{change := VmChange}}}, T) ->
+                           total := #{change := VmChange}}}, T) when F > 0 ->
     case grows(N, T) andalso VmChange =< map_get(native_vm_share_max, T) * (L - F) of
         true ->
             Evidence =
@@ -232,9 +342,14 @@ who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth
     %% the walks read at both ends, and the mailboxes whose memory was
     %% estimated at both ends (a flooded process is not asked for it).
     Queues = maps:get(queues, Procs, []),
+    %% Processes alike (eight stores spawned alike) are one line, their
+    %% growth summed.
     Grew = [{M1 - M0, E} || E = #{memory := [M0, M1]} <- Growth ++ Queues,
-                            is_integer(M0), is_integer(M1), 10 * (M1 - M0) >= Change, M1 > M0],
-    Top = lists:sublist(unique_pids(lists:reverse(lists:keysort(1, Grew))), 3),
+                            is_integer(M0), is_integer(M1), M1 > M0],
+    Groups = lists:sublist([G || G = {D, _} <- beamdiag_proc_rules:alike(
+                                                   unique_pids(lists:reverse(lists:keysort(1, Grew)))),
+                                 10 * D >= Change], 3),
+    Top = lists:append([Pairs || {_, Pairs} <- Groups]),
     %% A mailbox that grew, whose memory at the start is unknown (it did
     %% not answer the start walk), and that holds a tenth of the growth.
     Named = [P || {_, #{pid := P}} <- Top],
@@ -242,10 +357,19 @@ who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth
                     is_integer(Q1), is_integer(M1), 10 * M1 >= Change,
                     Q1 - case Q0 of null -> 0; _ -> Q0 end >= ?FLOODED_MIN,
                     not lists:member(P, Named)],
-    Lines = [fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
-                 [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D),
-                  beamdiag_units:whole_pct(min(1.0, D / Change)), beamdiag_proc_rules:where(E)])
-             || {D, E} <- Top] ++
+    Lines = [case Pairs of
+                 [{_, E}] ->
+                     fmt("~ts grew by ~s (~s of the growth); it was in ~ts",
+                         [beamdiag_proc_rules:who(E), beamdiag_units:bytes(D),
+                          beamdiag_units:whole_pct(min(1.0, D / Change)),
+                          beamdiag_proc_rules:where(E)]);
+                 [{_, E} | _] ->
+                     fmt("~ts grew by ~s together (~s of the growth); they were in ~ts",
+                         [beamdiag_proc_rules:alike_who(Pairs, fun(X) -> ["by ", mem(X)] end),
+                          beamdiag_units:bytes(D), beamdiag_units:whole_pct(min(1.0, D / Change)),
+                          beamdiag_proc_rules:where(E)])
+             end
+             || {D, Pairs} <- Groups] ++
             [fmt("~ts holds ~s~s now and its mailbox grew from ~ts to ~s messages over the "
                  "window (its memory at the start was not read: it did not answer); it was in ~ts",
                  [beamdiag_proc_rules:who(E), tilde(E), beamdiag_units:bytes(M1), qstart(Q0),
@@ -265,13 +389,30 @@ who(processes, #{change := Change}, #{extras := #{procs := Procs = #{heap_growth
             Lines
     end;
 who(binary, _, #{extras := #{procs := Procs = #{binaries := [#{bytes := Most} | _] = Holders}}}) ->
-    %% The holders of a tenth of the largest one's bytes or more.
-    Listed = [H || H = #{bytes := B} <- lists:sublist(Holders, 3), 10 * B >= Most],
-    Lines = [fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by it alone); "
-                 "it was in ~ts",
-                 [beamdiag_proc_rules:who(H), beamdiag_units:count(N), beamdiag_units:bytes(B),
-                  beamdiag_units:bytes(Sole), beamdiag_proc_rules:where(H)])
-             || H = #{count := N, bytes := B, sole_bytes := Sole} <- Listed],
+    %% The holders of a tenth of the largest one's bytes or more, those
+    %% alike (eight relays spawned alike) in one line, three lines at most.
+    Groups = lists:sublist([G || G = {B, _} <- beamdiag_proc_rules:alike(
+                                                   [{B, H} || H = #{bytes := B} <- Holders]),
+                                 10 * B >= Most], 3),
+    Listed = [H || {_, Pairs} <- Groups, {_, H} <- Pairs],
+    Lines = [case Pairs of
+                 [{_, H = #{count := N, sole_bytes := Sole}}] ->
+                     fmt("~ts references ~s reference-counted binaries of ~s (~s of them held by "
+                         "it alone); it was in ~ts",
+                         [beamdiag_proc_rules:who(H), beamdiag_units:count(N),
+                          beamdiag_units:bytes(B), beamdiag_units:bytes(Sole),
+                          beamdiag_proc_rules:where(H)]);
+                 [{_, H} | _] ->
+                     Hs = [X || {_, X} <- Pairs],
+                     fmt("~ts reference ~s reference-counted binaries of ~s together (~s of them "
+                         "held by one of them alone); they were in ~ts",
+                         [beamdiag_proc_rules:alike_who(Pairs, fun mem/1),
+                          beamdiag_units:count(lists:sum([N || #{count := N} <- Hs])),
+                          beamdiag_units:bytes(B),
+                          beamdiag_units:bytes(lists:sum([S || #{sole_bytes := S} <- Hs])),
+                          beamdiag_proc_rules:where(H)])
+             end
+             || {B, Pairs} <- Groups],
     Bytes = lists:sum([B || #{bytes := B} <- Listed]),
     Sole = lists:sum([S || #{sole_bytes := S} <- Listed]),
     %% Binaries they share with others (a message passed on and kept
@@ -331,14 +472,21 @@ largest(Procs, Listed, Max, Heading) ->
     %% read, and may be the largest of all.
     Stalled = [E || E = #{pid := P} <- beamdiag_proc_rules:stalled_large(Procs, Max + 1),
                     not lists:member(P, Named)],
-    case {lists:sublist(Big, 3), lists:sublist(Stalled, 3)} of
+    case {lists:sublist(beamdiag_proc_rules:alike(Big), 3), lists:sublist(Stalled, 3)} of
         {[], []} ->
             [];
         {Top, Late} ->
             [fmt(Heading, [mem(Max)])
-             | [fmt("  ~ts holds ~s~s, ~s messages queued; it was in ~ts",
-                    [beamdiag_proc_rules:who(E), tilde(E), mem(M1), queued(E),
-                     beamdiag_proc_rules:where(E)]) || {M1, E} <- Top]
+             | [case Pairs of
+                    [{_, E}] ->
+                        fmt("  ~ts holds ~s~s, ~s messages queued; it was in ~ts",
+                            [beamdiag_proc_rules:who(E), tilde(E), mem(M1), queued(E),
+                             beamdiag_proc_rules:where(E)]);
+                    [{_, E} | _] ->
+                        fmt("  ~ts hold ~s together; they were in ~ts",
+                            [beamdiag_proc_rules:alike_who(Pairs, fun mem/1), mem(M1),
+                             beamdiag_proc_rules:where(E)])
+                end || {M1, Pairs} <- Top]
                ++ [iolist_to_binary(["  ", beamdiag_proc_rules:stalled_large_line(E)])
                    || E <- Late]]
     end.

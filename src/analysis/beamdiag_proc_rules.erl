@@ -27,7 +27,8 @@
 -module(beamdiag_proc_rules).
 
 -export([findings/3, named/1, annotate/3, who/1, spawned_by/1, where/1, who_where/1,
-         duration/1, largest_at_end/2, stalled_large/2, stalled_large_line/1]).
+         alike/1, alike_who/2, duration/1, largest_at_end/2, stalled_large/2,
+         stalled_large_line/1]).
 
 %%%===================================================================
 %%% API
@@ -128,6 +129,61 @@ who(E = #{pid := Pid}) ->
                                         [] -> [];
                                         By -> [", ", By]
                                     end, ")"]
+    end.
+
+%% @doc Ranked `{Figure, Entry}' pairs grouped by the processes alike:
+%% those with no registered name that share their label, initial call,
+%% spawner, current function and own frame (eight relays a producer
+%% spawned from one fun). Each group is `{Sum, Pairs}', its figures summed
+%% and its pairs in their order; the groups by their sums, largest first.
+-spec alike([{number(), map()}]) -> [{number(), [{number(), map()}]}].
+alike(Pairs) ->
+    {Keys, Groups} = lists:foldl(
+                       fun(Pair = {_, E}, {Ks, Gs}) ->
+                               K = alike_key(E),
+                               case Gs of
+                                   #{K := G} -> {Ks, Gs#{K := [Pair | G]}};
+                                   _ -> {[K | Ks], Gs#{K => [Pair]}}
+                               end
+                       end, {[], #{}}, Pairs),
+    Ranked = [{lists:sum([F || {F, _} <- G]), lists:reverse(G)}
+              || K <- lists:reverse(Keys), G <- [maps:get(K, Groups)]],
+    %% Stable: groups of equal sums keep the order of their first member.
+    lists:sort(fun({A, _}, {B, _}) -> A >= B end, Ranked).
+
+%% @doc A group of processes alike (alike/1) in words: "8 processes alike
+%% (INITIAL CALL, spawned by NAME <PID>)", each one's own figure after its
+%% pid (Figure), three at most and how many more.
+-spec alike_who([{number(), map()}], fun((number()) -> iodata())) -> iolist().
+alike_who(Group = [{_, E} | _], Figure) ->
+    N = length(Group),
+    Shown = [[maps:get(pid, X), " ", Figure(F)] || {F, X} <- lists:sublist(Group, 3)],
+    More = case N > 3 of
+               true -> io_lib:format(" and ~b more", [N - 3]);
+               false -> ""
+           end,
+    [io_lib:format("~b processes alike (", [N]),
+     case maps:get(label, E, null) of
+         L when is_binary(L) -> ["label ", L, ", "];
+         _ -> []
+     end,
+     maps:get(initial_call, E, <<"?">>),
+     case spawned_by(E) of
+         [] -> [];
+         By -> [", ", By]
+     end, ": ", lists:join(", ", Shown), More, ")"].
+
+alike_key(E = #{pid := Pid}) ->
+    case maps:get(name, E, null) of
+        null ->
+            Parent = case maps:get(parent, E, null) of
+                         #{pid := P} -> P;
+                         _ -> null
+                     end,
+            {maps:get(label, E, null), maps:get(initial_call, E, null), Parent,
+             maps:get(current, E, null), maps:get(own, E, null)};
+        _ ->
+            {named, Pid}
     end.
 
 %% @doc Who spawned a process that nothing else names: one with no name

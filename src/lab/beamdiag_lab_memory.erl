@@ -50,7 +50,8 @@
     growers => 1..64
 }.
 
-%% Batches a second.
+%% Batches a second, at most (a rate below it sends one at a time, more
+%% slowly).
 -define(TICKS, 20).
 
 %%%===================================================================
@@ -119,18 +120,18 @@ leak(Ms, What, P) ->
     %% The stop is the node's: each of many growers stops at its share.
     Stop = maps:get(stop_mb, P, 1500) * 1048576 div Growers,
     Bytes = maps:get(bytes, P, 1024),
-    Batch = max(1, maps:get(rate, P, 1) div ?TICKS),
+    Pace = pace(maps:get(rate, P, 1)),
     beamdiag_lab_ledger:owner(Ms, fun() ->
         case What of
             binary ->
                 Sink = spawn_link(fun sink/0),
                 Relays = [spawn_link(fun() -> relay(Sink, [], 0, Stop) end)
                           || _ <- lists:seq(1, Growers)],
-                Producer = spawn_link(fun() -> produce(Relays, Batch, Bytes) end),
+                Producer = spawn_link(fun() -> produce(Relays, Pace, Bytes) end),
                 [Producer, Sink | Relays];
             heap ->
                 Stores = [spawn_link(fun() -> store([], 0, Stop) end) || _ <- lists:seq(1, Growers)],
-                Producer = spawn_link(fun() -> events(Stores, Batch, Bytes) end),
+                Producer = spawn_link(fun() -> events(Stores, Pace, Bytes) end),
                 [Producer | Stores];
             static ->
                 Holder = spawn_link(fun() ->
@@ -143,7 +144,7 @@ leak(Ms, What, P) ->
                 Writer = spawn_link(fun() ->
                                         T = ets:new(beamdiag_lab_cache_rows,
                                                     [maps:get(table, P, set), public]),
-                                        write(T, Batch, Bytes, 0, Stop)
+                                        write(T, Pace, Bytes, 0, Stop)
                                     end),
                 [Writer];
             burst ->
@@ -175,17 +176,23 @@ burst(N, Bytes, Keep) ->
 hold(Kept) ->
     receive _ -> hold(Kept) end.
 
-%% Fresh payloads, a batch every 1/?TICKS s, dealt out to the relays in
-%% turn.
-produce(Relays, Batch, Bytes) ->
-    produce(Relays, [], Batch, Bytes).
+%% A rate a second as a batch and the time between batches (ms): a batch
+%% every 1/?TICKS s, or one at a time for a rate below ?TICKS.
+pace(Rate) when Rate >= ?TICKS ->
+    {Rate div ?TICKS, 1000 div ?TICKS};
+pace(Rate) ->
+    {1, 1000 div Rate}.
 
-produce(Relays, [], Batch, Bytes) ->
-    produce(Relays, Relays, Batch, Bytes);
-produce(Relays, Next, Batch, Bytes) ->
+%% Fresh payloads at the pace, dealt out to the relays in turn.
+produce(Relays, Pace, Bytes) ->
+    produce(Relays, [], Pace, Bytes).
+
+produce(Relays, [], Pace, Bytes) ->
+    produce(Relays, Relays, Pace, Bytes);
+produce(Relays, Next, Pace = {Batch, Ms}, Bytes) ->
     Rest = deal(Relays, Next, Batch, fun() -> {payload, fresh_binary(Bytes)} end),
-    receive after 1000 div ?TICKS -> ok end,
-    produce(Relays, Rest, Batch, Bytes).
+    receive after Ms -> ok end,
+    produce(Relays, Rest, Pace, Bytes).
 
 %% N messages made by Make, sent to To's processes in turn from Next on
 %% (To again when Next runs out): the turn after the last one.
@@ -213,17 +220,17 @@ relay(Sink, Kept, Size, Stop) ->
             end
     end.
 
-events(Stores, Batch, Bytes) ->
-    events(Stores, [], Batch, Bytes).
+events(Stores, Pace, Bytes) ->
+    events(Stores, [], Pace, Bytes).
 
-events(Stores, [], Batch, Bytes) ->
-    events(Stores, Stores, Batch, Bytes);
-events(Stores, Next, Batch, Bytes) ->
+events(Stores, [], Pace, Bytes) ->
+    events(Stores, Stores, Pace, Bytes);
+events(Stores, Next, Pace = {Batch, Ms}, Bytes) ->
     N = max(1, Bytes div 48),
     Rest = deal(Stores, Next, Batch,
                 fun() -> {event, [{I, erlang:unique_integer()} || I <- lists:seq(1, N)]} end),
-    receive after 1000 div ?TICKS -> ok end,
-    events(Stores, Rest, Batch, Bytes).
+    receive after Ms -> ok end,
+    events(Stores, Rest, Pace, Bytes).
 
 %% Keeps every event (below the stop); `{size, From}' asks how many bytes
 %% of events it holds (its live data, which its heap's size only follows
@@ -240,10 +247,10 @@ store(Events, Size, Stop) ->
             store(Events, Size, Stop)
     end.
 
-write(T, Batch, Bytes, N, Stop) ->
+write(T, Pace = {Batch, Ms}, Bytes, N, Stop) ->
     %% A list, copied into the table: the table's own memory grows (a
     %% large binary would be held off it, in binary memory).
     _ = N * Bytes < Stop andalso
         ets:insert(T, [{N + I, lists:duplicate(max(1, Bytes div 16), 0)} || I <- lists:seq(1, Batch)]),
-    receive after 1000 div ?TICKS -> ok end,
-    write(T, Batch, Bytes, N + Batch, Stop).
+    receive after Ms -> ok end,
+    write(T, Pace, Bytes, N + Batch, Stop).
