@@ -152,6 +152,13 @@ processes_spawner_named_test() ->
               <<"18 run erlang:apply/2, spawned by a process that is gone">>]],
     %% A group under a tenth of the largest is left out.
     ?assertEqual(nomatch, binary:match(Text, <<"  2 run">>)),
+    %% Spawned from a fun and still in it: the fun names them.
+    Fun = Born#{groups => [#{count => 200, initial_call => <<"erlang:apply/2">>,
+                             current => <<"lab:-leak/3-fun-1-/0">>, parent => Spawner}]},
+    [#{evidence := EvF}] = beamdiag_limit_rules:findings(
+                             capture(processes, growing(1000, 500), L, #{procs => #{born => Fun}})),
+    ?assertMatch({_, _}, binary:match(iolist_to_binary(lists:join("\n", EvF)),
+                                      <<"200 run a fun in lab:leak/3, spawned by <0.96.0>">>)),
     C2 = capture(processes, growing(1000, 500), L, #{procs => #{born => #{}}}),
     [#{evidence := Ev2}] = beamdiag_limit_rules:findings(C2),
     ?assertMatch({_, _}, binary:match(iolist_to_binary(Ev2), <<"who spawns them was not read">>)).

@@ -122,6 +122,9 @@ nif_long(Config) ->
     ?assert(maps:get(longest_ms, M) >= 90),
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, L))),
     ?assertMatch({_, _}, binary:match(Ev, <<"beamdiag_lab_nif: spin/1">>)),
+    %% The NIF's caller, spawned from a fun that tail-called its loop, is
+    %% named by its spawner, as the walks name processes.
+    ?assertMatch({match, _}, re:run(Ev, "<[0-9.]+> \\(erlang:apply/2, spawned by <[0-9.]+>\\)"), Ev),
     ?assertMatch({_, _}, binary:match(maps:get(fix, L), <<"ERL_NIF_DIRTY_JOB_CPU_BOUND">>)),
     ?assertMatch({_, _}, binary:match(maps:get(fix, L), <<"enif_schedule_nif">>)),
     %% No scheduler balance flag advised anywhere.

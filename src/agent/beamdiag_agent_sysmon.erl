@@ -83,6 +83,9 @@
     pid := binary() | null,
     name := binary() | null,
     initial_call := binary() | null,
+    spawn_call => binary(),
+    label => binary() | null,
+    parent => map() | null,
     count := non_neg_integer(),
     longest_ms := non_neg_integer(),
     total_ms := non_neg_integer(),
@@ -99,6 +102,9 @@
     pid := binary() | null,
     name := binary() | null,
     initial_call := binary() | null,
+    spawn_call => binary(),
+    label => binary() | null,
+    parent => map() | null,
     long := term()
 }.
 %% start/2's options: the threshold (ms), where to send reports as they
@@ -307,10 +313,31 @@ bump(K, M) ->
 location({_, {M, F, A}}) when is_atom(M), is_atom(F), is_integer(A) -> {M, F, A};
 location(_) -> undefined.
 
-%% A name for the process (or port), read once: registered name and
-%% initial call (proc_lib's, from the dictionary key alone where the
-%% emulator allows it).
+%% A name for the process (or port), read once, after its long schedule
+%% ended: what names a walk's processes (beamdiag_agent_proc_identity: the
+%% registered name, proc_lib's initial call or the fun it was spawned
+%% from, its label, its spawner); when that guarded read was not answered
+%% in time (the process is in its NIF again), the registered name and
+%% initial call read directly, waiting for it.
 identify(Pid) when is_pid(Pid) ->
+    Ids = beamdiag_agent_proc_identity:read([Pid], #{}),
+    case beamdiag_agent_proc_identity:entry(Pid, beamdiag_agent_proc_identity:names(), Ids) of
+        #{answered := false} -> identify_directly(Pid);
+        E = #{pid := _} -> maps:with([pid, name, initial_call, spawn_call, label, parent], E);
+        null -> identify_directly(Pid)
+    end;
+identify(Port) when is_port(Port) ->
+    Name = case erlang:port_info(Port, name) of
+               {name, N} -> iolist_to_binary(io_lib:format("~0tp", [N], [{chars_limit, 60}]));
+               _ -> null
+           end,
+    #{pid => list_to_binary(erlang:port_to_list(Port)), name => Name, initial_call => null};
+identify(_) ->
+    #{pid => null, name => null, initial_call => null}.
+
+%% The registered name and initial call (proc_lib's, from the dictionary
+%% key alone where the emulator allows it).
+identify_directly(Pid) ->
     Items = erlang:process_info(Pid, [registered_name, initial_call]),
     {Name, Init} = case Items of
                        [{_, N}, {_, I}] -> {N, I};
@@ -321,15 +348,7 @@ identify(Pid) when is_pid(Pid) ->
                   N2 when is_atom(N2), N2 =/= [] -> atom_to_binary(N2, utf8);
                   _ -> null
               end,
-      initial_call => mfa(proc_lib_initial_call(Pid, Init))};
-identify(Port) when is_port(Port) ->
-    Name = case erlang:port_info(Port, name) of
-               {name, N} -> iolist_to_binary(io_lib:format("~0tp", [N], [{chars_limit, 60}]));
-               _ -> null
-           end,
-    #{pid => list_to_binary(erlang:port_to_list(Port)), name => Name, initial_call => null};
-identify(_) ->
-    #{pid => null, name => null, initial_call => null}.
+      initial_call => mfa(proc_lib_initial_call(Pid, Init))}.
 
 proc_lib_initial_call(P, Init = {proc_lib, init_p, _}) ->
     try erlang:apply(erlang, process_info, [P, {dictionary, '$initial_call'}]) of

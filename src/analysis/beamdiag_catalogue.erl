@@ -583,7 +583,12 @@ written() ->
                   "(resident memory) beside the VM's, gives the time until the tightest limit "
                   "and names who grew it: the processes whose memory grew, the processes that "
                   "reference the binaries, or the ETS tables that grew (name, type, objects, "
-                  "bytes and owner).">>,
+                  "bytes and owner); processes alike (the same initial call, spawner and "
+                  "function) in one line. When the resident memory rose steadily and no part "
+                  "did (a heap copied at its collections peaks and falls back; heaps resized "
+                  "ahead of their data fill pages the VM already counts), the finding is the "
+                  "resident memory's, with the VM's parts beside it: a node whose memory "
+                  "grows never gets none.">>,
             fix =>
                 <<"Bound what grows: drop references to binaries once passed on, evict from "
                   "state and tables, apply backpressure to producers. The finding's fix names "

@@ -235,12 +235,14 @@ sources(processes, #{read := Read, groups := [#{count := Most} | _] = Groups0}) 
     Groups = [G || G = #{count := N} <- Groups0, 10 * N >= Most],
     [fmt("of ~b processes born during the window (read of the newest):", [Read])
      | [fmt("  ~b run ~ts~ts, spawned by ~ts",
-            [N, Ic, case maps:get(current, G, null) of
-                        null -> "";
-                        Ic -> "";
-                        Cur -> [" (most in ", Cur, ")"]
-                    end, spawner(P)])
-        || G = #{count := N, initial_call := Ic, parent := P} <- Groups]];
+            [N, spawned(Ic, Cur), case Cur of
+                                      null -> "";
+                                      Ic -> "";
+                                      _ when Ic =:= <<"erlang:apply/2">> -> in_fun(Cur);
+                                      _ -> [" (most in ", Cur, ")"]
+                                  end, spawner(P)])
+        || G = #{count := N, initial_call := Ic, parent := P} <- Groups,
+           Cur <- [maps:get(current, G, null)]]];
 sources(processes, #{read := Read, groups := []}) ->
     [fmt("none of the ~b newest processes read at the window's end answered: they ended, or "
          "were too busy to answer", [Read])];
@@ -265,6 +267,33 @@ sources(ets_tables, []) ->
        "grew by less than 50 between the walks">>];
 sources(_, _) ->
     [].
+
+%% What processes spawned from a fun run: the fun they are in, when that
+%% is where most of them are (`a fun in mod:make/4'), rather than
+%% erlang:apply/2 and the fun's compiled name.
+spawned(<<"erlang:apply/2">> = Ic, Cur) ->
+    case fun_of(Cur) of
+        {ok, Fun} -> Fun;
+        none -> Ic
+    end;
+spawned(Ic, _Cur) ->
+    Ic.
+
+in_fun(Cur) ->
+    case fun_of(Cur) of
+        {ok, _} -> "";
+        none -> [" (most in ", Cur, ")"]
+    end.
+
+%% `mod:-make/4-fun-1-/0' is a fun in mod:make/4.
+fun_of(Cur) when is_binary(Cur) ->
+    case re:run(Cur, "^(.+):-(.+)/([0-9]+)-fun-[0-9]+-/[0-9]+$",
+                [unicode, {capture, all_but_first, binary}]) of
+        {match, [M, F, A]} -> {ok, iolist_to_binary(["a fun in ", M, $:, F, $/, A])};
+        nomatch -> none
+    end;
+fun_of(_) ->
+    none.
 
 spawner(null) ->
     "a process that is gone";

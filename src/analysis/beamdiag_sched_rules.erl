@@ -233,16 +233,12 @@ imbalance(#{threads := Rows}, Online) when is_integer(Online) ->
 imbalance(_, _) ->
     [].
 
+%% Named as the process findings name a process (its spawner too, for one
+%% spawned from a fun with nothing else to name it).
+who(P = #{pid := Pid}) when is_binary(Pid) ->
+    beamdiag_proc_rules:who(P);
 who(P) ->
-    Name = case maps:get(name, P, null) of
-               N when is_binary(N) -> [N, " "];
-               _ -> []
-           end,
-    Init = case maps:get(initial_call, P, null) of
-               I when is_binary(I) -> [" (", I, ")"];
-               _ -> []
-           end,
-    [Name, maps:get(pid, P, <<"?">>), Init].
+    beamdiag_proc_rules:who(P#{pid => <<"?">>}).
 
 name_or_pid(#{name := N}) when is_binary(N) -> N;
 name_or_pid(#{pid := P}) -> P.
