@@ -557,3 +557,19 @@ untouched_heaps_test() ->
     Ev = iolist_to_binary(lists:join("\n", maps:get(evidence, F))),
     ?assertMatch({_, _}, binary:match(Ev, <<"the VM had mapped memory it had not touched yet">>), Ev),
     ?assertMatch({_, _}, binary:match(Ev, <<"8 processes alike (store:init/1: <0.97.0> 14.7 MB">>), Ev).
+
+%% Seen on OTP 29 (heap_leak, 16 KiB events, 1,000 a second): the heaps
+%% rose 83.5 MiB with a fall of 32.7 (a copy freed), their lows 70.4 MiB
+%% higher; the resident memory rose 197.5 MiB in 3 of its 6 steps, its
+%% largest fall 3.8 MiB: not steady, yet a rise. The heaps' climb is named.
+heap_climb_beside_a_rising_rss_test() ->
+    At = fun(L) -> fun(I) -> round(lists:nth(I + 1, L) * ?MIB) end end,
+    P = At([104.4, 104.4, 137.0, 207.5, 174.8, 188.0, 188.0]),
+    R = At([273.9, 273.9, 340.0, 400.0, 396.2, 471.5, 471.5]),
+    C = capture(flat(1 * ?MIB), P, fun(I) -> R(I) - P(I) - 31 * ?MIB end, {host, 20000 * ?MIB}),
+    M = beamdiag_memory_ledger:build(C),
+    #{rss := Rss} = maps:get(accounts, M),
+    ?assertEqual({false, 3, 6}, {maps:get(steady, Rss), maps:get(rises, Rss), maps:get(steps, Rss)}),
+    [F] = beamdiag_memory_rules:findings(M, C),
+    ?assertEqual({memory_growth, <<"processes">>},
+                 {maps:get(id, F), maps:get(part, maps:get(metrics, F))}).

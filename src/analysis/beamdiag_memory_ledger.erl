@@ -53,6 +53,8 @@
     rate := float(),
     fall := non_neg_integer(),
     low_rise := integer(),
+    rises := non_neg_integer(),
+    steps := non_neg_integer(),
     steady := boolean()
 }.
 -type memory() :: #{
@@ -241,6 +243,7 @@ account(TVs = [{T0, First} | _]) ->
     Half = (length(Vs) + 1) div 2,
     LowRise = lists:min(lists:nthtail(length(Vs) - Half, Vs)) - lists:min(lists:sublist(Vs, Half)),
     #{first => First, last => Last, change => Change, fall => Fall, low_rise => LowRise,
+      rises => Rises, steps => length(Steps),
       rate => case Span > 0 of true -> Change / Span; false -> 0.0 end,
       steady => Change > 0 andalso 3 * Rises >= 2 * length(Steps) andalso 10 * Fall =< Change}.
 

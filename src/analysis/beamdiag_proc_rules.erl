@@ -89,7 +89,7 @@ annotate(Findings, _, _) ->
 %% @doc How a process is named to a person: registered name or label, then
 %% its pid and initial call, and who spawned it when neither names it
 %% (`spawned_by/1'): "NAME <PID> (INITIAL CALL, spawned by NAME <PID>)".
--spec who(beamdiag_agent_processes:entry() | beamdiag_agent_processes:stalled_entry()) -> iolist().
+-spec who(#{pid := binary(), _ => _}) -> iolist().
 %% @doc Where a process was: its current function and, when that is not
 %% the user's code, the innermost frame of theirs that led there
 %% (beamdiag_agent_proc_identity: `own', `own_at').
