@@ -296,11 +296,11 @@ shape(#{steady := true}, _T) ->
     "steadily (no fall of more than a tenth of the rise)";
 shape(#{steady := false, fall := Fall, change := C}, T) when Fall =< map_get(climb_fall_max, T) * C ->
     "in steps, as a heap resized at its collections climbs (no fall of more than a quarter "
-    "of the rise), while the resident memory rose steadily";
+    "of the rise), while the resident memory rose";
 shape(#{steady := false, low_rise := Low}, _T) ->
     fmt("in steps and peaks, as a large heap copied at its collections climbs (it falls back "
         "after each, but its low in the window's second half is ~s above the first half's), "
-        "while the resident memory rose steadily", [mem(Low)]).
+        "while the resident memory rose", [mem(Low)]).
 
 %% Where the memory beyond the VM's account is, by the allocators' own
 %% account (read at the window's ends): outside their carriers (a NIF's or
