@@ -277,6 +277,10 @@ alike_test() ->
                                         {3, W(<<"<0.3.0>">>, <<"sink:loop/0">>)}]),
     ?assertEqual([{9, [<<"<0.1.0>">>, <<"<0.2.0>">>]}, {9, [<<"<0.9.0>">>]}, {3, [<<"<0.3.0>">>]}],
                  [{S, [P || {_, #{pid := P}} <- G]} || {S, G} <- Groups]),
+    %% Two that did not answer are not alike: nothing is known of them.
+    Unread = #{name => null, initial_call => <<"?">>, current => <<"?">>},
+    ?assertEqual(2, length(beamdiag_proc_rules:alike([{2, Unread#{pid => <<"<0.7.0>">>}},
+                                                      {1, Unread#{pid => <<"<0.8.0>">>}}]))),
     [{_, Two} | _] = Groups,
     ?assertEqual(<<"2 processes alike (erlang:apply/2, spawned by <0.95.0>: <0.1.0> 5, <0.2.0> 4)">>,
                  iolist_to_binary(beamdiag_proc_rules:alike_who(Two, fun integer_to_list/1))).

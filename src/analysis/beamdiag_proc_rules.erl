@@ -134,7 +134,8 @@ who(E = #{pid := Pid}) ->
 %% @doc Ranked `{Figure, Entry}' pairs grouped by the processes alike:
 %% those with no registered name that share their label, initial call,
 %% spawner, current function and own frame (eight relays a producer
-%% spawned from one fun). Each group is `{Sum, Pairs}', its figures summed
+%% spawned from one fun). A process whose identity was not read (it did
+%% not answer) is alike to none. Each group is `{Sum, Pairs}', its figures summed
 %% and its pairs in their order; the groups by their sums, largest first.
 -spec alike([{number(), map()}]) -> [{number(), [{number(), map()}]}].
 alike(Pairs) ->
@@ -174,8 +175,9 @@ alike_who(Group = [{_, E} | _], Figure) ->
      end, ": ", lists:join(", ", Shown), More, ")"].
 
 alike_key(E = #{pid := Pid}) ->
+    Known = not lists:member(maps:get(initial_call, E, null), [null, <<"?">>]),
     case maps:get(name, E, null) of
-        null ->
+        null when Known ->
             Parent = case maps:get(parent, E, null) of
                          #{pid := P} -> P;
                          _ -> null
