@@ -175,6 +175,7 @@ resident_growth(M = #{accounts := Acc = #{rss := Rss = #{first := F, last := L, 
                       [{P, A = #{change := C}} | _] when 10 * C >= L - F -> {P, A};
                       _ -> none
                   end,
+            Untouched = untouched_lines(Acc),
             Evidence =
                 [fmt("the node's resident memory (/proc) grew from ~s to ~s in ~.1f s: ~s/s, "
                      "~ts, while no part of the VM's own account rose steadily or climbed in "
@@ -186,7 +187,7 @@ resident_growth(M = #{accounts := Acc = #{rss := Rss = #{first := F, last := L, 
                           #{rises := Rs, steps := Ss, fall := RssFall} ->
                               fmt("in ~b of ~b steps, its largest fall ~s", [Rs, Ss, mem(RssFall)])
                       end])] ++
-                Parts ++ untouched_lines(Acc) ++ os_lines(M) ++ outside_lines(Acc) ++
+                Parts ++ Untouched ++ os_lines(M) ++ outside_lines(Acc) ++
                 time_left_lines(M, R) ++
                 case {Top, Capture} of
                     {{GrewPart, GrewA}, _} ->
@@ -201,7 +202,7 @@ resident_growth(M = #{accounts := Acc = #{rss := Rss = #{first := F, last := L, 
             [beamdiag_finding:new(
                memory_growth, severity(M, T), Evidence, with_time_left(Metrics, M),
                #{title => fmt("The node's resident memory grows by ~s/s", [beamdiag_units:bytes(R)]),
-                 fix => case {Top, untouched_lines(Acc)} of
+                 fix => case {Top, Untouched} of
                             {{FixPart, _}, _} ->
                                 fix(FixPart);
                             {none, [_]} ->
